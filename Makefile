@@ -1,0 +1,47 @@
+# The two commands of README.md live here: `make demo` (the main job) and `make test`.
+# Both start with scripts/setup.sh, so a fresh Debian 12 machine needs nothing else.
+BUILD     ?= build
+ASAN      ?= build-asan
+JOBS      ?= $(shell nproc)
+MODEL_DIR ?= $(BUILD)/models/tiny-llama
+CMAKE_ARGS ?=
+
+SOURCES = $(shell git ls-files '*.c' '*.h' '*.cu' '*.cuh' 2>/dev/null)
+
+.PHONY: all setup build build-asan test test-unit test-gpu demo format format-check clean
+
+all: build
+
+setup:
+	@scripts/setup.sh
+
+build: setup
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release -DPD_WERROR=ON $(CMAKE_ARGS)
+	cmake --build $(BUILD) -j$(JOBS)
+
+build-asan: setup
+	cmake -S . -B $(ASAN) -DCMAKE_BUILD_TYPE=Debug -DPD_WERROR=ON \
+	    -DPD_SANITIZE=address,undefined $(CMAKE_ARGS)
+	cmake --build $(ASAN) -j$(JOBS)
+
+# Everything CI checks: formatting, a -Werror release build with all tests (gpu ones skip
+# without a GPU), and the unit tests again under ASan+UBSan.
+test: format-check build build-asan
+	cd $(BUILD) && ctest --output-on-failure -j$(JOBS)
+	cd $(ASAN) && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
+	    UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 ctest --output-on-failure -j$(JOBS) -L unit
+
+test-unit: build-asan
+	cd $(ASAN) && ctest --output-on-failure -j$(JOBS) -L unit
+
+test-gpu: build
+	cd $(BUILD) && ctest --output-on-failure -L gpu
+
+format:
+	clang-format -i $(SOURCES)
+
+format-check: setup
+	@clang-format --dry-run --Werror $(SOURCES) && echo "format-check: $(words $(SOURCES)) files clean"
+
+clean:
+	rm -rf $(BUILD) $(ASAN)

@@ -1,0 +1,10 @@
+# Third-party libraries, all from Debian packages (DESIGN.md §6; scripts/setup.sh installs them).
+# Each is an imported target; modules link only what they use.
+include_guard(GLOBAL)
+
+find_package(PkgConfig REQUIRED)
+find_package(Threads REQUIRED)
+pkg_check_modules(CJSON REQUIRED IMPORTED_TARGET libcjson)
+find_library(PD_LIBM m REQUIRED)
+
+find_package(Python3 COMPONENTS Interpreter)
