@@ -1,0 +1,38 @@
+/*
+ * dtype.h — element types of checkpoints and tensors (safetensors names: F32, F16, BF16) and the
+ * scalar conversions between them. Conversions round to nearest even, keep NaN a NaN and are
+ * exact where the target can represent the value.
+ */
+#ifndef PD_DTYPE_H
+#define PD_DTYPE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+enum pd_dtype {
+    PD_DTYPE_F32 = 0,
+    PD_DTYPE_F16 = 1,
+    PD_DTYPE_BF16 = 2,
+};
+
+/* Bytes per element. */
+size_t pd_dtype_size(enum pd_dtype t);
+/* Safetensors spelling: "F32", "F16", "BF16". */
+const char *pd_dtype_name(enum pd_dtype t);
+/* Parses a safetensors dtype name; PD_EUNSUPPORTED naming it (and listing F32, F16, BF16) else. */
+int pd_dtype_parse(const char *name, enum pd_dtype *out);
+/* Parses a config.json torch_dtype ("float32", "float16", "bfloat16"). */
+int pd_dtype_parse_torch(const char *name, enum pd_dtype *out);
+const char *pd_dtype_torch_name(enum pd_dtype t);
+
+uint16_t pd_f32_to_bf16(float f);
+float pd_bf16_to_f32(uint16_t h);
+uint16_t pd_f32_to_f16(float f);
+float pd_f16_to_f32(uint16_t h);
+
+/* n elements of type t at src → f32 at dst. */
+void pd_dtype_to_f32(enum pd_dtype t, const void *src, float *dst, size_t n);
+/* n f32 at src → type t at dst. */
+void pd_dtype_from_f32(enum pd_dtype t, const float *src, void *dst, size_t n);
+
+#endif
