@@ -321,9 +321,6 @@ static int check_node(const struct pd_radix_cache *rc, const struct pd_radix_nod
             if (!pd_page_alloc_is_cached(rc->pa, c->pages[i]))
                 return pd_errorf(PD_EINTERNAL, "prefix cache: page %d not held by the cache",
                                  (int)c->pages[i]);
-        for (const struct pd_radix_node *d = c->next; d; d = d->next)
-            if (memcmp(c->tokens, d->tokens, (size_t)rc->page_size * sizeof(int32_t)) == 0)
-                return pd_errorf(PD_EINTERNAL, "prefix cache: two siblings share a first page");
         child_locks += c->lock;
         *nodes += 1;
         *pages += c->n_pages;
