@@ -2,11 +2,13 @@
  * radix_cache.c — radix tree of page runs with path lock counts and an LRU list.
  *
  * Children are found by their first page of tokens (siblings differ there, as in SGLang's paged
- * RadixCache). Matching never splits a node: a prefix that ends inside a node returns the pages
- * up to there and the node itself to lock, which protects a little more than needed and keeps
- * match allocation-free. Insert splits where the new key leaves an existing node. The LRU list
- * holds every node but the root, most recently used at the tail; eviction walks it from the head
- * taking unlocked leaves, so a parent becomes a candidate only after its children are gone.
+ * RadixCache) through one open-addressing index keyed by (parent, hash of that page): a shared
+ * system prompt has thousands of children, and scanning them made a prefill step milliseconds.
+ * Matching never splits a node: a prefix that ends inside a node returns the pages up to there and
+ * the node itself to lock, which protects a little more than needed and keeps match
+ * allocation-free. Insert splits where the new key leaves an existing node. The LRU list holds
+ * every node but the root, most recently used at the tail; eviction walks it from the head taking
+ * unlocked leaves, so a parent becomes a candidate only after its children are gone.
  */
 #include "common/radix_cache.h"
 
@@ -20,11 +22,13 @@ struct pd_radix_node {
     struct pd_radix_node *parent;
     struct pd_radix_node *child; /* first child */
     struct pd_radix_node *next;  /* next sibling */
+    struct pd_radix_node *prev;  /* previous sibling: unlinking a leaf is O(1) however many */
     struct pd_radix_node *lru_prev, *lru_next;
     int32_t *tokens; /* [n_pages * page_size] */
     int32_t *pages;  /* [n_pages] */
     int32_t n_pages;
     int32_t lock; /* live locks in this subtree */
+    uint64_t key; /* hash of (parent, first page): its place in the child index */
 };
 
 struct pd_radix_cache {
@@ -35,7 +39,77 @@ struct pd_radix_cache {
     struct pd_radix_node *lru_head, *lru_tail;
     int32_t n_pages;
     int32_t n_nodes;
+    struct pd_radix_node **index; /* [index_mask + 1] child index, NULL = empty, load <= 1/2 */
+    uint32_t index_mask;
 };
+
+static uint64_t child_key(const struct pd_radix_cache *rc, const struct pd_radix_node *parent,
+                          const int32_t *page_tokens) {
+    uint64_t h = (uint64_t)(uintptr_t)parent * 0x9E3779B97F4A7C15ull;
+    for (int32_t i = 0; i < rc->page_size; i++)
+        h = (h ^ (uint32_t)page_tokens[i]) * 0x100000001B3ull;
+    return h ^ (h >> 29);
+}
+
+static struct pd_radix_node *find_child(const struct pd_radix_cache *rc,
+                                        const struct pd_radix_node *n, const int32_t *page_tokens) {
+    uint64_t k = child_key(rc, n, page_tokens);
+    size_t bytes = (size_t)rc->page_size * sizeof(int32_t);
+    for (uint32_t i = (uint32_t)k & rc->index_mask; rc->index[i]; i = (i + 1) & rc->index_mask) {
+        struct pd_radix_node *c = rc->index[i];
+        if (c->key == k && c->parent == n && memcmp(c->tokens, page_tokens, bytes) == 0)
+            return c;
+    }
+    return NULL;
+}
+
+static void index_put(struct pd_radix_cache *rc, struct pd_radix_node *c) {
+    uint32_t i = (uint32_t)c->key & rc->index_mask;
+    while (rc->index[i])
+        i = (i + 1) & rc->index_mask;
+    rc->index[i] = c;
+}
+
+static uint32_t index_slot(const struct pd_radix_cache *rc, const struct pd_radix_node *c) {
+    uint32_t i = (uint32_t)c->key & rc->index_mask;
+    while (rc->index[i] != c)
+        i = (i + 1) & rc->index_mask;
+    return i;
+}
+
+static void index_del(struct pd_radix_cache *rc, const struct pd_radix_node *c) {
+    uint32_t hole = index_slot(rc, c), m = rc->index_mask;
+    for (uint32_t j = (hole + 1) & m; rc->index[j]; j = (j + 1) & m) {
+        uint32_t h = (uint32_t)rc->index[j]->key & m;
+        if (((j - h) & m) >= ((j - hole) & m)) { /* j may move back into the hole */
+            rc->index[hole] = rc->index[j];
+            hole = j;
+        }
+    }
+    rc->index[hole] = NULL;
+}
+
+/* Room for `extra` more nodes at load <= 1/2, so a structural change cannot fail halfway. */
+static int index_reserve(struct pd_radix_cache *rc, int32_t extra) {
+    uint32_t cap = rc->index_mask + 1;
+    if ((uint64_t)(rc->n_nodes + extra) * 2 <= cap)
+        return PD_OK;
+    while ((uint64_t)(rc->n_nodes + extra) * 2 > cap)
+        cap *= 2;
+    struct pd_radix_node **old = rc->index;
+    uint32_t old_cap = rc->index_mask + 1;
+    rc->index = pd_calloc(cap, sizeof(*rc->index));
+    if (!rc->index) {
+        rc->index = old;
+        return PD_ENOMEM;
+    }
+    rc->index_mask = cap - 1;
+    for (uint32_t i = 0; i < old_cap; i++)
+        if (old[i])
+            index_put(rc, old[i]);
+    pd_free(old);
+    return PD_OK;
+}
 
 int pd_radix_cache_new(struct pd_page_alloc *pa, int32_t page_size, bool disabled,
                        struct pd_radix_cache **out) {
@@ -48,6 +122,12 @@ int pd_radix_cache_new(struct pd_page_alloc *pa, int32_t page_size, bool disable
     rc->pa = pa;
     rc->page_size = page_size;
     rc->disabled = disabled;
+    rc->index_mask = 63;
+    rc->index = pd_calloc(rc->index_mask + 1, sizeof(*rc->index));
+    if (!rc->index) {
+        pd_free(rc);
+        return pd_error_wrap(PD_ENOMEM, "creating the prefix cache");
+    }
     *out = rc;
     return PD_OK;
 }
@@ -85,15 +165,6 @@ static void touch_path(struct pd_radix_cache *rc, struct pd_radix_node *n) {
         lru_unlink(rc, n);
         lru_append(rc, n);
     }
-}
-
-static struct pd_radix_node *find_child(const struct pd_radix_cache *rc,
-                                        const struct pd_radix_node *n, const int32_t *page_tokens) {
-    size_t bytes = (size_t)rc->page_size * sizeof(int32_t);
-    for (struct pd_radix_node *c = n->child; c; c = c->next)
-        if (memcmp(c->tokens, page_tokens, bytes) == 0)
-            return c;
-    return NULL;
 }
 
 /* Whole pages of c matching key[0..max_pages) (the first is known to match). */
@@ -146,16 +217,21 @@ static struct pd_radix_node *node_new(int32_t n_pages, int32_t page_size) {
 
 static void link_child(struct pd_radix_node *parent, struct pd_radix_node *c) {
     c->parent = parent;
+    c->prev = NULL;
     c->next = parent->child;
+    if (c->next)
+        c->next->prev = c;
     parent->child = c;
 }
 
 static void unlink_child(struct pd_radix_node *c) {
-    struct pd_radix_node **pp = &c->parent->child;
-    while (*pp != c)
-        pp = &(*pp)->next;
-    *pp = c->next;
-    c->next = NULL;
+    if (c->prev)
+        c->prev->next = c->next;
+    else
+        c->parent->child = c->next;
+    if (c->next)
+        c->next->prev = c->prev;
+    c->next = c->prev = NULL;
 }
 
 /* Splits c after j pages: a new node takes c's first j pages and becomes c's parent. */
@@ -174,10 +250,14 @@ static struct pd_radix_node *split(struct pd_radix_cache *rc, struct pd_radix_no
     c->pages = np;
     c->n_pages = rest;
     p->lock = c->lock; /* every lock below c is below p too */
+    p->key = c->key;   /* same parent, same first page */
+    rc->index[index_slot(rc, c)] = p;
     struct pd_radix_node *parent = c->parent;
     unlink_child(c);
     link_child(parent, p);
     link_child(p, c);
+    c->key = child_key(rc, p, c->tokens);
+    index_put(rc, c);
     /* p is as recent as c, and older than it in the list so c goes first */
     p->lru_prev = c->lru_prev;
     p->lru_next = c;
@@ -200,6 +280,8 @@ int pd_radix_cache_insert(struct pd_radix_cache *rc, const int32_t *tokens, int3
     size_t ps = (size_t)rc->page_size;
     while (done < n_pages) {
         const int32_t *key = tokens + (size_t)done * ps;
+        if (index_reserve(rc, 2) != PD_OK)
+            goto fail;
         struct pd_radix_node *c = find_child(rc, n, key);
         if (!c) {
             int32_t k = n_pages - done;
@@ -211,6 +293,8 @@ int pd_radix_cache_insert(struct pd_radix_cache *rc, const int32_t *tokens, int3
             for (int32_t i = 0; i < k; i++)
                 pd_page_alloc_cache_hold(rc->pa, leaf->pages[i]);
             link_child(n, leaf);
+            leaf->key = child_key(rc, n, leaf->tokens);
+            index_put(rc, leaf);
             lru_append(rc, leaf);
             rc->n_nodes++;
             rc->n_pages += k;
@@ -261,6 +345,7 @@ static int32_t evict_leaf(struct pd_radix_cache *rc, struct pd_radix_node *n) {
     }
     rc->n_pages -= n->n_pages;
     rc->n_nodes--;
+    index_del(rc, n);
     unlink_child(n);
     lru_unlink(rc, n);
     pd_free(n);
@@ -294,6 +379,7 @@ void pd_radix_cache_free(struct pd_radix_cache *rc) {
         return;
     pd_radix_cache_flush(rc);
     PD_ASSERT(rc->n_nodes == 0); /* a locked entry outlived its request */
+    pd_free(rc->index);
     pd_free(rc);
 }
 
@@ -313,14 +399,16 @@ static int check_node(const struct pd_radix_cache *rc, const struct pd_radix_nod
                       int32_t *nodes, int32_t *pages) {
     int32_t child_locks = 0;
     for (const struct pd_radix_node *c = n->child; c; c = c->next) {
-        if (c->parent != n)
-            return pd_errorf(PD_EINTERNAL, "prefix cache: child with a wrong parent");
+        if (c->parent != n || (c->prev ? c->prev->next != c : n->child != c))
+            return pd_errorf(PD_EINTERNAL, "prefix cache: child with a wrong parent or sibling");
         if (c->n_pages <= 0)
             return pd_errorf(PD_EINTERNAL, "prefix cache: empty node");
         for (int32_t i = 0; i < c->n_pages; i++)
             if (!pd_page_alloc_is_cached(rc->pa, c->pages[i]))
                 return pd_errorf(PD_EINTERNAL, "prefix cache: page %d not held by the cache",
                                  (int)c->pages[i]);
+        if (find_child(rc, n, c->tokens) != c)
+            return pd_errorf(PD_EINTERNAL, "prefix cache: child index misses a node");
         child_locks += c->lock;
         *nodes += 1;
         *pages += c->n_pages;
