@@ -1,0 +1,77 @@
+/*
+ * sched_common.h — what both schedulers share: how a request's end is reported, and the
+ * intrusive FIFO of request slots their queues are made of.
+ *
+ * A request ends exactly once; its end waits in the scheduler's ended queue until the daemon pops
+ * it (answers the client, logs "room=... end=timeout"), and only then is its slot reused. Its room
+ * is unmapped at the end itself, so a retry with the same room may arrive before the pop.
+ * Slot lists hold indices into the scheduler's slot array, each slot in at most one list; they
+ * never allocate.
+ */
+#ifndef PD_SCHED_COMMON_H
+#define PD_SCHED_COMMON_H
+
+#include <stdint.h>
+
+enum pd_sched_end_reason {
+    PD_END_DONE = 0,      /* prefill: KV transferred; decode: generation finished */
+    PD_END_ABORTED = 1,   /* user or peer abort */
+    PD_END_TIMEOUT = 2,   /* --bootstrap-timeout (prefill) or --waiting-timeout (decode) */
+    PD_END_FAILED = 3,    /* the KV transfer failed */
+    PD_END_RETRACTED = 4, /* decode: pages taken back; the daemon recomputes it locally */
+};
+
+static inline const char *pd_sched_end_reason_str(int r) {
+    switch (r) {
+    case PD_END_DONE: return "done";
+    case PD_END_ABORTED: return "aborted";
+    case PD_END_TIMEOUT: return "timeout";
+    case PD_END_FAILED: return "failed";
+    case PD_END_RETRACTED: return "retracted";
+    default: return "unknown";
+    }
+}
+
+struct pd_sched_end {
+    uint64_t room;
+    int reason;            /* enum pd_sched_end_reason */
+    int32_t cached_tokens; /* prefill: prompt tokens served from the prefix cache */
+    int32_t n_output;      /* decode: tokens generated before the end */
+};
+
+struct pd__slot_list {
+    int32_t head, tail, n;
+};
+
+static inline void pd__slot_list_init(struct pd__slot_list *l) {
+    l->head = l->tail = -1;
+    l->n = 0;
+}
+
+static inline void pd__slot_list_push(struct pd__slot_list *l, int32_t *prev, int32_t *next,
+                                      int32_t s) {
+    prev[s] = l->tail;
+    next[s] = -1;
+    if (l->tail >= 0)
+        next[l->tail] = s;
+    else
+        l->head = s;
+    l->tail = s;
+    l->n++;
+}
+
+static inline void pd__slot_list_remove(struct pd__slot_list *l, int32_t *prev, int32_t *next,
+                                        int32_t s) {
+    if (prev[s] >= 0)
+        next[prev[s]] = next[s];
+    else
+        l->head = next[s];
+    if (next[s] >= 0)
+        prev[next[s]] = prev[s];
+    else
+        l->tail = prev[s];
+    prev[s] = next[s] = -1;
+    l->n--;
+}
+
+#endif

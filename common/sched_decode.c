@@ -1,0 +1,481 @@
+/*
+ * sched_decode.c — request slots, the prealloc/transfer/running queues, admission with the
+ * new_token_ratio reservation, page growth and retraction.
+ *
+ * `remaining` = Σ (max_new_tokens - n_output) over requests in transfer + running is kept
+ * incrementally, so the admission check is O(1) per candidate and a step is O(running).
+ * Requests hold exactly their page list; every ending puts it back (check() recounts).
+ */
+#include "common/sched_decode.h"
+
+#include "common/alloc.h"
+#include "common/page_alloc.h"
+#include "common/room_map.h"
+#include "common/status.h"
+
+#include <math.h>
+
+enum { ST_FREE, ST_PREALLOC, ST_TRANSFER, ST_RUNNING, ST_DRAINING, ST_ENDED };
+
+static const char *const state_names[] = {"free",    "prealloc", "transfer",
+                                          "running", "draining", "ended"};
+
+struct dreq {
+    uint64_t room;
+    int32_t prompt_len;
+    int32_t max_new;
+    int32_t n_out;  /* output tokens so far, the prefill's first one included */
+    int32_t *pages; /* [cap_pages] */
+    int32_t n_pages;
+    int32_t cap_pages;
+    uint8_t state;
+    bool in_batch;
+    int8_t pending_end; /* -1 none */
+    int8_t end_reason;
+    double t_queue;
+};
+
+struct pd_sched_decode {
+    struct pd_sched_decode_config cfg;
+    struct pd_page_alloc *pa;
+    int32_t cap;
+    struct dreq *reqs;
+    int32_t *prev, *next;
+    int32_t *free_slots;
+    int32_t n_free_slots;
+    struct pd_room_map rooms;
+    struct pd__slot_list prealloc, transfer, running, draining, ended;
+    int64_t remaining; /* Σ max_new - n_out over transfer + running */
+    double ratio;
+    bool outstanding;
+    struct pd_decode_admit *admitted; /* [max_running] */
+    uint64_t *quiesce;                /* [cap] */
+    struct pd_decode_entry *batch;    /* [max_running] */
+};
+
+void pd_sched_decode_config_defaults(struct pd_sched_decode_config *cfg) {
+    cfg->init_new_token_ratio = 0.7;
+    cfg->min_new_token_ratio = 0.1;
+    cfg->new_token_ratio_decay = (0.7 - 0.1) / 600;
+    cfg->retract_decode_steps = 20;
+}
+
+int pd_sched_decode_new(const struct pd_sched_decode_config *cfg, struct pd_page_alloc *pa,
+                        struct pd_sched_decode **out) {
+    *out = NULL;
+    if (cfg->page_size <= 0 || cfg->max_running_requests <= 0 || cfg->max_queued_requests <= 0 ||
+        !(cfg->min_new_token_ratio >= 0 && cfg->min_new_token_ratio <= cfg->init_new_token_ratio &&
+          cfg->init_new_token_ratio <= 1) ||
+        !(cfg->new_token_ratio_decay >= 0) || cfg->retract_decode_steps < 0)
+        return pd_errorf(PD_EINVAL,
+                         "decode scheduler: page size %d, max running %d, max queued %d, token "
+                         "ratio %g..%g decay %g: need positive sizes and 0 <= min <= init <= 1",
+                         (int)cfg->page_size, (int)cfg->max_running_requests,
+                         (int)cfg->max_queued_requests, cfg->min_new_token_ratio,
+                         cfg->init_new_token_ratio, cfg->new_token_ratio_decay);
+    struct pd_sched_decode *s = pd_calloc(1, sizeof(*s));
+    if (!s)
+        goto fail;
+    s->cfg = *cfg;
+    s->pa = pa;
+    s->cap = cfg->max_queued_requests;
+    s->ratio = cfg->init_new_token_ratio;
+    int32_t mr = cfg->max_running_requests;
+    s->reqs = pd_calloc((size_t)s->cap, sizeof(*s->reqs));
+    s->prev = pd_calloc((size_t)s->cap, sizeof(int32_t));
+    s->next = pd_calloc((size_t)s->cap, sizeof(int32_t));
+    s->free_slots = pd_calloc((size_t)s->cap, sizeof(int32_t));
+    s->admitted = pd_calloc((size_t)mr, sizeof(*s->admitted));
+    s->quiesce = pd_calloc((size_t)s->cap, sizeof(uint64_t));
+    s->batch = pd_calloc((size_t)mr, sizeof(*s->batch));
+    if (!s->reqs || !s->prev || !s->next || !s->free_slots || !s->admitted || !s->quiesce ||
+        !s->batch)
+        goto fail_arrays;
+    if (pd_room_map_init(&s->rooms, s->cap) != PD_OK)
+        goto fail_arrays;
+    for (int32_t i = 0; i < s->cap; i++)
+        s->free_slots[i] = s->cap - 1 - i;
+    s->n_free_slots = s->cap;
+    pd__slot_list_init(&s->prealloc);
+    pd__slot_list_init(&s->transfer);
+    pd__slot_list_init(&s->running);
+    pd__slot_list_init(&s->draining);
+    pd__slot_list_init(&s->ended);
+    *out = s;
+    return PD_OK;
+
+fail_arrays:
+    pd_free(s->reqs);
+    pd_free(s->prev);
+    pd_free(s->next);
+    pd_free(s->free_slots);
+    pd_free(s->admitted);
+    pd_free(s->quiesce);
+    pd_free(s->batch);
+    pd_free(s);
+fail:
+    return pd_error_wrap(PD_ENOMEM, "creating the decode scheduler (%d requests)",
+                         (int)cfg->max_queued_requests);
+}
+
+static struct pd__slot_list *list_of(struct pd_sched_decode *s, int state) {
+    switch (state) {
+    case ST_PREALLOC: return &s->prealloc;
+    case ST_TRANSFER: return &s->transfer;
+    case ST_RUNNING: return &s->running;
+    case ST_DRAINING: return &s->draining;
+    case ST_ENDED: return &s->ended;
+    default: return NULL;
+    }
+}
+
+static bool counts_remaining(int state) {
+    return state == ST_TRANSFER || state == ST_RUNNING;
+}
+
+static void move_to(struct pd_sched_decode *s, int32_t slot, int state, double now_s) {
+    struct dreq *r = &s->reqs[slot];
+    struct pd__slot_list *from = list_of(s, r->state);
+    if (from)
+        pd__slot_list_remove(from, s->prev, s->next, slot);
+    if (counts_remaining(r->state) && !counts_remaining(state))
+        s->remaining -= r->max_new - r->n_out;
+    else if (!counts_remaining(r->state) && counts_remaining(state))
+        s->remaining += r->max_new - r->n_out;
+    r->state = (uint8_t)state;
+    r->t_queue = now_s;
+    pd__slot_list_push(list_of(s, state), s->prev, s->next, slot);
+}
+
+static void end_req(struct pd_sched_decode *s, int32_t slot, int reason) {
+    struct dreq *r = &s->reqs[slot];
+    PD_ASSERT(!r->in_batch && r->state != ST_ENDED && r->state != ST_FREE);
+    pd_page_alloc_put(s->pa, r->pages, r->n_pages);
+    r->n_pages = 0;
+    pd_room_map_del(&s->rooms, r->room);
+    r->end_reason = (int8_t)reason;
+    move_to(s, slot, ST_ENDED, r->t_queue);
+}
+
+void pd_sched_decode_free(struct pd_sched_decode *s) {
+    if (!s)
+        return;
+    for (int32_t i = 0; i < s->cap; i++) {
+        struct dreq *r = &s->reqs[i];
+        r->in_batch = false;
+        if (r->state != ST_FREE && r->state != ST_ENDED)
+            end_req(s, i, PD_END_ABORTED);
+        if (r->state == ST_ENDED)
+            pd_free(r->pages);
+    }
+    pd_room_map_free(&s->rooms);
+    pd_free(s->reqs);
+    pd_free(s->prev);
+    pd_free(s->next);
+    pd_free(s->free_slots);
+    pd_free(s->admitted);
+    pd_free(s->quiesce);
+    pd_free(s->batch);
+    pd_free(s);
+}
+
+static int32_t pages_for(const struct pd_sched_decode *s, int64_t tokens) {
+    return (int32_t)((tokens + s->cfg.page_size - 1) / s->cfg.page_size);
+}
+
+int pd_sched_decode_add(struct pd_sched_decode *s, uint64_t room, int32_t prompt_len,
+                        int32_t max_new_tokens, double now_s) {
+    if (pd_room_map_get(&s->rooms, room) >= 0)
+        return pd_errorf(PD_EINVAL, "room %llu already has a live request",
+                         (unsigned long long)room);
+    if (prompt_len <= 0 || max_new_tokens <= 0)
+        return pd_errorf(PD_EINVAL, "room %llu: prompt of %d tokens, max_new_tokens %d",
+                         (unsigned long long)room, (int)prompt_len, (int)max_new_tokens);
+    /* the last output token is never fed back, so its KV is never written */
+    int32_t cap_pages = pages_for(s, (int64_t)prompt_len + max_new_tokens - 1);
+    if (cap_pages > pd_page_alloc_n_total(s->pa))
+        return pd_errorf(PD_ERANGE,
+                         "room %llu: %d prompt + %d new tokens need %d pages, the pool has %d",
+                         (unsigned long long)room, (int)prompt_len, (int)max_new_tokens,
+                         (int)cap_pages, (int)pd_page_alloc_n_total(s->pa));
+    if (s->n_free_slots == 0)
+        return pd_errorf(PD_EFULL, "room %llu: %d requests queued already",
+                         (unsigned long long)room, (int)s->cap);
+    int32_t *pages = pd_malloc((size_t)cap_pages * sizeof(int32_t));
+    if (!pages)
+        return pd_error_wrap(PD_ENOMEM, "room %llu: page list", (unsigned long long)room);
+    int32_t slot = s->free_slots[--s->n_free_slots];
+    int rc = pd_room_map_put(&s->rooms, room, slot);
+    PD_ASSERT(rc == PD_OK);
+    s->reqs[slot] = (struct dreq){.room = room,
+                                  .prompt_len = prompt_len,
+                                  .max_new = max_new_tokens,
+                                  .n_out = 1,
+                                  .pages = pages,
+                                  .cap_pages = cap_pages,
+                                  .state = ST_FREE,
+                                  .pending_end = -1};
+    move_to(s, slot, ST_PREALLOC, now_s);
+    return PD_OK;
+}
+
+static int find(struct pd_sched_decode *s, uint64_t room, int32_t *slot) {
+    *slot = pd_room_map_get(&s->rooms, room);
+    if (*slot < 0)
+        return pd_errorf(PD_ENOENT, "room %llu: no live request", (unsigned long long)room);
+    return PD_OK;
+}
+
+int pd_sched_decode_transfer_done(struct pd_sched_decode *s, uint64_t room, int status,
+                                  double now_s) {
+    int32_t slot;
+    int rc = find(s, room, &slot);
+    if (rc)
+        return rc;
+    struct dreq *r = &s->reqs[slot];
+    if (r->state == ST_DRAINING)
+        return PD_OK; /* a late notice for a room already given up: release still decides */
+    if (r->state != ST_TRANSFER)
+        return pd_errorf(PD_EINVAL, "room %llu: transfer done while %s", (unsigned long long)room,
+                         state_names[r->state]);
+    if (status != PD_OK) {
+        r->end_reason = PD_END_FAILED; /* applied at release */
+        move_to(s, slot, ST_DRAINING, now_s);
+    } else if (r->n_out >= r->max_new) {
+        end_req(s, slot, PD_END_DONE); /* the prefill's token was all that was asked */
+    } else {
+        move_to(s, slot, ST_RUNNING, now_s);
+    }
+    return PD_OK;
+}
+
+/* The running request that loses least: fewest tokens generated, then the longest prompt. */
+static int32_t pick_victim(const struct pd_sched_decode *s) {
+    int32_t best = -1;
+    for (int32_t i = s->running.head; i >= 0; i = s->next[i]) {
+        const struct dreq *r = &s->reqs[i], *b = best >= 0 ? &s->reqs[best] : NULL;
+        if (!b || r->n_out < b->n_out || (r->n_out == b->n_out && r->prompt_len > b->prompt_len))
+            best = i;
+    }
+    return best;
+}
+
+static void update_ratio_after_retract(struct pd_sched_decode *s) {
+    int64_t decoded = 0, max_new = 0;
+    for (int32_t i = s->running.head; i >= 0; i = s->next[i]) {
+        decoded += s->reqs[i].n_out;
+        max_new += s->reqs[i].max_new;
+    }
+    double est = max_new ? (double)(decoded + (int64_t)s->cfg.retract_decode_steps * s->running.n) /
+                               (double)max_new
+                         : s->cfg.init_new_token_ratio;
+    s->ratio = est < 1.0 ? est : 1.0;
+    if (s->ratio < s->cfg.min_new_token_ratio)
+        s->ratio = s->cfg.min_new_token_ratio;
+}
+
+int pd_sched_decode_step(struct pd_sched_decode *s, double now_s, struct pd_decode_step *st) {
+    if (s->outstanding)
+        return pd_errorf(PD_EINVAL, "decode step while the previous batch is not done");
+    *st =
+        (struct pd_decode_step){.admitted = s->admitted, .quiesce = s->quiesce, .batch = s->batch};
+    int32_t ps = s->cfg.page_size;
+
+    for (int32_t i = s->transfer.head, nx; i >= 0; i = nx) {
+        nx = s->next[i];
+        if (now_s - s->reqs[i].t_queue >= s->cfg.waiting_timeout_s) {
+            s->reqs[i].end_reason = PD_END_TIMEOUT;
+            s->quiesce[st->n_quiesce++] = s->reqs[i].room;
+            move_to(s, i, ST_DRAINING, now_s);
+        }
+    }
+
+    /* Page growth first: running requests have priority over admissions. */
+    bool retracted = false;
+    for (int32_t i = s->running.head, nx; i >= 0; i = nx) {
+        nx = s->next[i];
+        struct dreq *r = &s->reqs[i];
+        int32_t pos = r->prompt_len + r->n_out - 1;
+        while (r->n_pages < pos / ps + 1) {
+            PD_ASSERT(r->n_pages < r->cap_pages);
+            int32_t hint = r->n_pages ? r->pages[r->n_pages - 1] : -1;
+            if (pd_page_alloc_get(s->pa, 1, hint, r->pages + r->n_pages) == PD_OK) {
+                r->n_pages++;
+                continue;
+            }
+            int32_t v = pick_victim(s);
+            PD_ASSERT(v >= 0); /* r itself is running */
+            if (v == nx)
+                nx = s->next[v];
+            end_req(s, v, PD_END_RETRACTED);
+            st->n_retracted++;
+            retracted = true;
+            if (v == i)
+                break;
+        }
+    }
+    if (retracted)
+        update_ratio_after_retract(s);
+    else if (s->ratio - s->cfg.new_token_ratio_decay > s->cfg.min_new_token_ratio)
+        s->ratio -= s->cfg.new_token_ratio_decay;
+    else
+        s->ratio = s->cfg.min_new_token_ratio;
+    st->new_token_ratio = s->ratio;
+
+    /* Admission: FIFO, with room for the output the admitted ones may still produce. */
+    while (s->prealloc.head >= 0 && !retracted &&
+           s->transfer.n + s->running.n < s->cfg.max_running_requests) {
+        int32_t slot = s->prealloc.head;
+        struct dreq *r = &s->reqs[slot];
+        int32_t need = pages_for(s, r->prompt_len);
+        int32_t reserve =
+            (int32_t)ceil(s->ratio * (double)(s->remaining + r->max_new - r->n_out) / ps);
+        if (pd_page_alloc_n_free(s->pa) - need < reserve ||
+            pd_page_alloc_get(s->pa, need, -1, r->pages) != PD_OK)
+            break;
+        r->n_pages = need;
+        move_to(s, slot, ST_TRANSFER, now_s);
+        s->admitted[st->n_admitted++] =
+            (struct pd_decode_admit){.room = r->room, .pages = r->pages, .n_pages = need};
+    }
+
+    for (int32_t i = s->running.head; i >= 0; i = s->next[i]) {
+        struct dreq *r = &s->reqs[i];
+        r->in_batch = true;
+        s->batch[st->n_batch++] = (struct pd_decode_entry){.room = r->room,
+                                                           .pos = r->prompt_len + r->n_out - 1,
+                                                           .pages = r->pages,
+                                                           .n_pages = r->n_pages,
+                                                           .slot_ = i};
+    }
+    s->outstanding = st->n_batch > 0;
+    return PD_OK;
+}
+
+int pd_sched_decode_batch_done(struct pd_sched_decode *s, const struct pd_decode_step *st,
+                               const bool *stopped, double now_s) {
+    if (!s->outstanding)
+        return st->n_batch == 0 ? PD_OK : pd_errorf(PD_EINVAL, "decode batch done without a step");
+    for (int32_t i = 0; i < st->n_batch; i++) {
+        int32_t slot = st->batch[i].slot_;
+        struct dreq *r = &s->reqs[slot];
+        PD_ASSERT(r->in_batch && r->state == ST_RUNNING);
+        r->in_batch = false;
+        if (r->pending_end >= 0) {
+            end_req(s, slot, r->pending_end);
+            continue;
+        }
+        r->n_out++;
+        s->remaining--;
+        if ((stopped && stopped[i]) || r->n_out >= r->max_new)
+            end_req(s, slot, PD_END_DONE);
+    }
+    (void)now_s;
+    s->outstanding = false;
+    return PD_OK;
+}
+
+int pd_sched_decode_abort(struct pd_sched_decode *s, uint64_t room, bool *quiesce) {
+    *quiesce = false;
+    int32_t slot;
+    int rc = find(s, room, &slot);
+    if (rc)
+        return rc;
+    struct dreq *r = &s->reqs[slot];
+    if (r->state == ST_DRAINING)
+        return PD_OK;
+    if (r->in_batch) {
+        r->pending_end = PD_END_ABORTED;
+        return PD_OK;
+    }
+    if (r->state == ST_TRANSFER) {
+        r->end_reason = PD_END_ABORTED;
+        move_to(s, slot, ST_DRAINING, r->t_queue);
+        *quiesce = true;
+        return PD_OK;
+    }
+    end_req(s, slot, PD_END_ABORTED);
+    return PD_OK;
+}
+
+int pd_sched_decode_release(struct pd_sched_decode *s, uint64_t room) {
+    int32_t slot;
+    int rc = find(s, room, &slot);
+    if (rc)
+        return rc;
+    if (s->reqs[slot].state != ST_DRAINING)
+        return pd_errorf(PD_EINVAL, "room %llu: released while %s", (unsigned long long)room,
+                         state_names[s->reqs[slot].state]);
+    end_req(s, slot, s->reqs[slot].end_reason);
+    return PD_OK;
+}
+
+int pd_sched_decode_pop_ended(struct pd_sched_decode *s, struct pd_sched_end *e) {
+    int32_t slot = s->ended.head;
+    if (slot < 0)
+        return PD_EAGAIN;
+    struct dreq *r = &s->reqs[slot];
+    *e = (struct pd_sched_end){.room = r->room, .reason = r->end_reason, .n_output = r->n_out};
+    pd__slot_list_remove(&s->ended, s->prev, s->next, slot);
+    pd_free(r->pages);
+    *r = (struct dreq){.state = ST_FREE};
+    s->free_slots[s->n_free_slots++] = slot;
+    return PD_OK;
+}
+
+void pd_sched_decode_counts(const struct pd_sched_decode *s, struct pd_decode_counts *c) {
+    c->prealloc = s->prealloc.n;
+    c->transfer = s->transfer.n;
+    c->running = s->running.n;
+    c->draining = s->draining.n;
+    c->ended_unpopped = s->ended.n;
+}
+
+int pd_sched_decode_check(const struct pd_sched_decode *s) {
+    int rc = pd_page_alloc_check(s->pa);
+    if (rc)
+        return rc;
+    int32_t n_pool = pd_page_alloc_n_total(s->pa);
+    int32_t *holders = pd_calloc((size_t)n_pool, sizeof(int32_t));
+    if (!holders)
+        return PD_ENOMEM;
+    int32_t per_state[ST_ENDED + 1] = {0};
+    int64_t remaining = 0;
+    for (int32_t i = 0; i < s->cap; i++) {
+        const struct dreq *r = &s->reqs[i];
+        per_state[r->state]++;
+        if (r->state != ST_FREE && r->state != ST_ENDED &&
+            pd_room_map_get(&s->rooms, r->room) != i) {
+            rc = pd_errorf(PD_EINTERNAL, "room %llu: not mapped to its slot",
+                           (unsigned long long)r->room);
+            goto out;
+        }
+        if (counts_remaining(r->state))
+            remaining += r->max_new - r->n_out;
+        if (r->state == ST_RUNNING && r->n_pages * s->cfg.page_size < r->prompt_len) {
+            rc = pd_errorf(PD_EINTERNAL, "room %llu: running without its prompt pages",
+                           (unsigned long long)r->room);
+            goto out;
+        }
+        for (int32_t p = 0; p < r->n_pages; p++)
+            holders[r->pages[p]]++;
+    }
+    for (int32_t p = 0; p < n_pool; p++) {
+        if (holders[p] != pd_page_alloc_refcount(s->pa, p)) {
+            rc = pd_errorf(PD_EINTERNAL, "page %d: %d holders, count %d", (int)p, (int)holders[p],
+                           (int)pd_page_alloc_refcount(s->pa, p));
+            goto out;
+        }
+    }
+    if (remaining != s->remaining || per_state[ST_PREALLOC] != s->prealloc.n ||
+        per_state[ST_TRANSFER] != s->transfer.n || per_state[ST_RUNNING] != s->running.n ||
+        per_state[ST_DRAINING] != s->draining.n || per_state[ST_ENDED] != s->ended.n ||
+        per_state[ST_FREE] != s->n_free_slots ||
+        s->transfer.n + s->running.n > s->cfg.max_running_requests) {
+        rc = pd_errorf(PD_EINTERNAL, "decode queues disagree with request states");
+        goto out;
+    }
+out:
+    pd_free(holders);
+    return rc;
+}

@@ -1,0 +1,532 @@
+/*
+ * sched_prefill.c — request slots, the three queues, and the chunked-prefill batch builder.
+ *
+ * A request's states: bootstrap → waiting → prefilling (admitted: holds all its prompt pages;
+ * in the running step or the half-done one) → inflight → ended, with draining as the detour of an
+ * abort after sends. Pages are taken once, at admission, for the whole prompt: the budget check
+ * and the memory check then happen in one place, and a chunk never stalls for memory halfway.
+ * The admitted request holds one reference on every page of its prompt (cached prefix pages
+ * included) and a lock on its prefix-cache node; its end puts both, whatever the ending.
+ */
+#include "common/sched_prefill.h"
+
+#include "common/alloc.h"
+#include "common/page_alloc.h"
+#include "common/radix_cache.h"
+#include "common/room_map.h"
+#include "common/status.h"
+
+#include <string.h>
+
+enum {
+    ST_FREE,
+    ST_BOOTSTRAP,
+    ST_WAITING,
+    ST_PREFILLING,
+    ST_INFLIGHT,
+    ST_DRAINING,
+    ST_ENDED,
+};
+
+static const char *const state_names[] = {"free",     "bootstrap", "waiting", "prefilling",
+                                          "inflight", "draining",  "ended"};
+
+struct preq {
+    uint64_t room;
+    const int32_t *tokens; /* [n_tokens] borrowed */
+    int32_t n_tokens;
+    int32_t n_pages;
+    int32_t *pages; /* [n_pages] all held once admitted */
+    bool admitted;
+    bool in_batch;
+    uint8_t state;
+    int8_t pending_end; /* end reason to apply at batch_done, -1 none */
+    int8_t end_reason;
+    int32_t cached_tokens;
+    int32_t done_tokens; /* computed or cached, always page-aligned until the last chunk */
+    int32_t chunk_end;   /* done_tokens after the running step */
+    int32_t sent_pages;  /* pages made sendable so far */
+    struct pd_radix_node *node;
+    double t_queue; /* when it entered its current queue */
+};
+
+struct pd_sched_prefill {
+    struct pd_sched_prefill_config cfg;
+    int32_t budget;
+    bool unchunked;
+    struct pd_page_alloc *pa;
+    struct pd_radix_cache *rc;
+    int32_t cap;
+    struct preq *reqs; /* [cap] */
+    int32_t *prev;     /* [cap] list links */
+    int32_t *next;     /* [cap] */
+    int32_t *free_slots;
+    int32_t n_free_slots;
+    struct pd_room_map rooms;
+    struct pd__slot_list bootstrap, waiting, inflight, draining, ended;
+    int32_t chunked;                 /* slot of the half-done request, -1 */
+    struct pd_prefill_chunk *chunks; /* [cap] */
+    bool outstanding;
+};
+
+int pd_sched_prefill_new(const struct pd_sched_prefill_config *cfg, struct pd_page_alloc *pa,
+                         struct pd_radix_cache *rc, struct pd_sched_prefill **out) {
+    *out = NULL;
+    if (cfg->page_size <= 0 || cfg->max_queued_requests <= 0)
+        return pd_errorf(PD_EINVAL, "prefill scheduler: page size %d, max queued requests %d",
+                         (int)cfg->page_size, (int)cfg->max_queued_requests);
+    int32_t budget = cfg->max_prefill_tokens;
+    if (cfg->chunked_prefill_size > 0 && (budget <= 0 || cfg->chunked_prefill_size < budget))
+        budget = cfg->chunked_prefill_size;
+    if (budget < cfg->page_size)
+        return pd_errorf(PD_EINVAL,
+                         "prefill token budget %d (chunked prefill size %d, max prefill tokens "
+                         "%d) is smaller than a page (%d tokens)",
+                         (int)budget, (int)cfg->chunked_prefill_size, (int)cfg->max_prefill_tokens,
+                         (int)cfg->page_size);
+    struct pd_sched_prefill *s = pd_calloc(1, sizeof(*s));
+    if (!s)
+        goto fail;
+    s->cfg = *cfg;
+    s->budget = budget;
+    s->unchunked = cfg->chunked_prefill_size <= 0;
+    s->pa = pa;
+    s->rc = rc;
+    s->cap = cfg->max_queued_requests;
+    s->chunked = -1;
+    s->reqs = pd_calloc((size_t)s->cap, sizeof(*s->reqs));
+    s->prev = pd_calloc((size_t)s->cap, sizeof(int32_t));
+    s->next = pd_calloc((size_t)s->cap, sizeof(int32_t));
+    s->free_slots = pd_calloc((size_t)s->cap, sizeof(int32_t));
+    s->chunks = pd_calloc((size_t)s->cap, sizeof(*s->chunks));
+    if (!s->reqs || !s->prev || !s->next || !s->free_slots || !s->chunks)
+        goto fail_arrays;
+    if (pd_room_map_init(&s->rooms, s->cap) != PD_OK)
+        goto fail_arrays;
+    for (int32_t i = 0; i < s->cap; i++)
+        s->free_slots[i] = s->cap - 1 - i; /* slot 0 first */
+    s->n_free_slots = s->cap;
+    pd__slot_list_init(&s->bootstrap);
+    pd__slot_list_init(&s->waiting);
+    pd__slot_list_init(&s->inflight);
+    pd__slot_list_init(&s->draining);
+    pd__slot_list_init(&s->ended);
+    *out = s;
+    return PD_OK;
+
+fail_arrays:
+    pd_free(s->reqs);
+    pd_free(s->prev);
+    pd_free(s->next);
+    pd_free(s->free_slots);
+    pd_free(s->chunks);
+    pd_free(s);
+fail:
+    return pd_error_wrap(PD_ENOMEM, "creating the prefill scheduler (%d requests)",
+                         (int)cfg->max_queued_requests);
+}
+
+static struct pd__slot_list *list_of(struct pd_sched_prefill *s, int state) {
+    switch (state) {
+    case ST_BOOTSTRAP: return &s->bootstrap;
+    case ST_WAITING: return &s->waiting;
+    case ST_INFLIGHT: return &s->inflight;
+    case ST_DRAINING: return &s->draining;
+    case ST_ENDED: return &s->ended;
+    default: return NULL; /* prefilling: the running step or the half-done slot */
+    }
+}
+
+static void move_to(struct pd_sched_prefill *s, int32_t slot, int state, double now_s) {
+    struct preq *r = &s->reqs[slot];
+    struct pd__slot_list *from = list_of(s, r->state);
+    if (from)
+        pd__slot_list_remove(from, s->prev, s->next, slot);
+    if (s->chunked == slot)
+        s->chunked = -1;
+    r->state = (uint8_t)state;
+    r->t_queue = now_s;
+    struct pd__slot_list *to = list_of(s, state);
+    if (to)
+        pd__slot_list_push(to, s->prev, s->next, slot);
+}
+
+/* The one way a request ends: pages and cache lock go back, the room is free for reuse. */
+static void end_req(struct pd_sched_prefill *s, int32_t slot, int reason) {
+    struct preq *r = &s->reqs[slot];
+    PD_ASSERT(!r->in_batch && r->state != ST_ENDED && r->state != ST_FREE);
+    if (r->admitted)
+        pd_page_alloc_put(s->pa, r->pages, r->n_pages);
+    r->admitted = false;
+    if (s->rc)
+        pd_radix_cache_unlock(s->rc, r->node);
+    r->node = NULL;
+    pd_room_map_del(&s->rooms, r->room);
+    r->end_reason = (int8_t)reason;
+    move_to(s, slot, ST_ENDED, r->t_queue);
+}
+
+void pd_sched_prefill_free(struct pd_sched_prefill *s) {
+    if (!s)
+        return;
+    for (int32_t i = 0; i < s->cap; i++) {
+        struct preq *r = &s->reqs[i];
+        r->in_batch = false;
+        if (r->state != ST_FREE && r->state != ST_ENDED)
+            end_req(s, i, PD_END_ABORTED);
+        if (r->state == ST_ENDED)
+            pd_free(r->pages);
+    }
+    pd_room_map_free(&s->rooms);
+    pd_free(s->reqs);
+    pd_free(s->prev);
+    pd_free(s->next);
+    pd_free(s->free_slots);
+    pd_free(s->chunks);
+    pd_free(s);
+}
+
+int pd_sched_prefill_add(struct pd_sched_prefill *s, uint64_t room, const int32_t *tokens,
+                         int32_t n_tokens, double now_s) {
+    if (pd_room_map_get(&s->rooms, room) >= 0)
+        return pd_errorf(PD_EINVAL, "room %llu already has a live request",
+                         (unsigned long long)room);
+    if (n_tokens <= 0 || !tokens)
+        return pd_errorf(PD_EINVAL, "room %llu: empty prompt", (unsigned long long)room);
+    int32_t n_pages = (n_tokens + s->cfg.page_size - 1) / s->cfg.page_size;
+    if (n_pages > pd_page_alloc_n_total(s->pa))
+        return pd_errorf(PD_ERANGE,
+                         "room %llu: prompt of %d tokens needs %d pages, the pool has %d",
+                         (unsigned long long)room, (int)n_tokens, (int)n_pages,
+                         (int)pd_page_alloc_n_total(s->pa));
+    if (s->n_free_slots == 0)
+        return pd_errorf(PD_EFULL, "room %llu: %d requests queued already",
+                         (unsigned long long)room, (int)s->cap);
+    int32_t *pages = pd_malloc((size_t)n_pages * sizeof(int32_t));
+    if (!pages)
+        return pd_error_wrap(PD_ENOMEM, "room %llu: page list", (unsigned long long)room);
+    int32_t slot = s->free_slots[--s->n_free_slots];
+    int rc = pd_room_map_put(&s->rooms, room, slot);
+    PD_ASSERT(rc == PD_OK); /* checked above; the map is as large as the slot array */
+    struct preq *r = &s->reqs[slot];
+    *r = (struct preq){.room = room,
+                       .tokens = tokens,
+                       .n_tokens = n_tokens,
+                       .n_pages = n_pages,
+                       .pages = pages,
+                       .state = ST_FREE,
+                       .pending_end = -1};
+    move_to(s, slot, ST_BOOTSTRAP, now_s);
+    return PD_OK;
+}
+
+static int find(struct pd_sched_prefill *s, uint64_t room, int32_t *slot) {
+    *slot = pd_room_map_get(&s->rooms, room);
+    if (*slot < 0)
+        return pd_errorf(PD_ENOENT, "room %llu: no live request", (unsigned long long)room);
+    return PD_OK;
+}
+
+int pd_sched_prefill_bootstrapped(struct pd_sched_prefill *s, uint64_t room, double now_s) {
+    int32_t slot;
+    int rc = find(s, room, &slot);
+    if (rc)
+        return rc;
+    if (s->reqs[slot].state != ST_BOOTSTRAP)
+        return pd_errorf(PD_EINVAL, "room %llu: bootstrapped while %s", (unsigned long long)room,
+                         state_names[s->reqs[slot].state]);
+    move_to(s, slot, ST_WAITING, now_s);
+    return PD_OK;
+}
+
+/* Tokens of `rest` to run with `rem` budget left: all of it, a page-aligned cut, or 0 (does not
+ * fit). *stop: nothing may follow in this batch (after a cut, or a prompt over the cap running
+ * alone because chunking is off and it could never fit otherwise). */
+static int32_t chunk_len(const struct pd_sched_prefill *s, int32_t rest, int32_t rem,
+                         bool batch_empty, bool *stop) {
+    *stop = false;
+    if (rest <= rem)
+        return rest;
+    if (s->unchunked) {
+        if (!batch_empty)
+            return 0;
+        *stop = true;
+        return rest;
+    }
+    int32_t len = rem / s->cfg.page_size * s->cfg.page_size;
+    *stop = len > 0;
+    return len;
+}
+
+static void add_chunk(struct pd_sched_prefill *s, struct pd_prefill_batch *b, int32_t slot,
+                      int32_t len) {
+    struct preq *r = &s->reqs[slot];
+    struct pd_prefill_chunk *c = &b->chunks[b->n++];
+    int32_t end = r->done_tokens + len;
+    *c = (struct pd_prefill_chunk){.room = r->room,
+                                   .start = r->done_tokens,
+                                   .len = len,
+                                   .last = end == r->n_tokens,
+                                   .send_begin = r->sent_pages,
+                                   .send_end =
+                                       end == r->n_tokens ? r->n_pages : end / s->cfg.page_size,
+                                   .pages = r->pages,
+                                   .n_pages = r->n_pages,
+                                   .cached_tokens = r->cached_tokens,
+                                   .slot_ = slot};
+    r->chunk_end = end;
+    r->in_batch = true;
+    b->n_tokens += len;
+}
+
+/* Admits the waiting head if its uncached pages can be taken; false leaves it waiting. */
+static bool admit(struct pd_sched_prefill *s, int32_t slot, int32_t rem, bool batch_empty,
+                  int32_t *len, bool *stop) {
+    struct preq *r = &s->reqs[slot];
+    int32_t ps = s->cfg.page_size;
+    struct pd_radix_match m = {0, NULL};
+    /* at least the last token is computed: its logits give the first output token */
+    if (s->rc)
+        pd_radix_cache_match(s->rc, r->tokens, r->n_tokens - 1, r->pages, &m);
+    *len = chunk_len(s, r->n_tokens - m.n_pages * ps, rem, batch_empty, stop);
+    if (*len == 0)
+        return false;
+    if (s->rc) /* before evicting: the matched path must survive it */
+        pd_radix_cache_lock(s->rc, m.node);
+    int32_t need = r->n_pages - m.n_pages;
+    int32_t n_free = pd_page_alloc_n_free(s->pa);
+    if (n_free < need && s->rc)
+        pd_radix_cache_evict(s->rc, need - n_free);
+    int32_t hint = m.n_pages ? r->pages[m.n_pages - 1] : -1;
+    if (pd_page_alloc_get(s->pa, need, hint, r->pages + m.n_pages) != PD_OK) {
+        if (s->rc)
+            pd_radix_cache_unlock(s->rc, m.node);
+        return false;
+    }
+    for (int32_t i = 0; i < m.n_pages; i++)
+        pd_page_alloc_ref(s->pa, r->pages[i]);
+    r->admitted = true;
+    r->node = m.node;
+    r->cached_tokens = r->done_tokens = m.n_pages * ps;
+    move_to(s, slot, ST_PREFILLING, r->t_queue);
+    return true;
+}
+
+int pd_sched_prefill_step(struct pd_sched_prefill *s, double now_s, struct pd_prefill_batch *b) {
+    if (s->outstanding)
+        return pd_errorf(PD_EINVAL, "prefill step while the previous batch is not done");
+    b->chunks = s->chunks;
+    b->n = 0;
+    b->n_tokens = 0;
+
+    for (int32_t i = s->bootstrap.head, nx; i >= 0; i = nx) {
+        nx = s->next[i];
+        if (now_s - s->reqs[i].t_queue >= s->cfg.bootstrap_timeout_s)
+            end_req(s, i, PD_END_TIMEOUT);
+    }
+
+    int32_t rem = s->budget;
+    bool stop = false;
+    if (s->chunked >= 0) {
+        int32_t slot = s->chunked;
+        struct preq *r = &s->reqs[slot];
+        int32_t len = chunk_len(s, r->n_tokens - r->done_tokens, rem, true, &stop);
+        PD_ASSERT(len > 0); /* a whole budget holds at least one page */
+        add_chunk(s, b, slot, len);
+        rem -= len;
+        if (b->chunks[b->n - 1].last)
+            s->chunked = -1;
+    }
+    while (!stop && rem > 0 && s->waiting.head >= 0) {
+        int32_t slot = s->waiting.head, len;
+        if (!admit(s, slot, rem, b->n == 0, &len, &stop))
+            break; /* FIFO: nobody overtakes the head */
+        add_chunk(s, b, slot, len);
+        rem -= len;
+        if (!b->chunks[b->n - 1].last)
+            s->chunked = slot; /* the half-done one: first in the next step */
+    }
+    s->outstanding = b->n > 0;
+    return PD_OK;
+}
+
+static void to_draining(struct pd_sched_prefill *s, int32_t slot) {
+    move_to(s, slot, ST_DRAINING, s->reqs[slot].t_queue);
+}
+
+int pd_sched_prefill_batch_done(struct pd_sched_prefill *s, struct pd_prefill_batch *b,
+                                double now_s) {
+    if (!s->outstanding)
+        return b->n == 0 ? PD_OK : pd_errorf(PD_EINVAL, "prefill batch done without a step");
+    int32_t ps = s->cfg.page_size;
+    for (int32_t i = 0; i < b->n; i++) {
+        struct pd_prefill_chunk *c = &b->chunks[i];
+        int32_t slot = c->slot_;
+        struct preq *r = &s->reqs[slot];
+        PD_ASSERT(r->in_batch && r->state == ST_PREFILLING);
+        r->in_batch = false;
+        if (r->pending_end >= 0) {
+            int reason = r->pending_end;
+            r->pending_end = -1;
+            c->dropped = true;
+            c->send_end = c->send_begin;
+            /* a failure comes from the engine, which has quiesced already */
+            c->quiesce = reason == PD_END_ABORTED && r->sent_pages > 0;
+            if (c->quiesce)
+                to_draining(s, slot);
+            else
+                end_req(s, slot, reason);
+            continue;
+        }
+        r->done_tokens = r->chunk_end;
+        r->sent_pages = c->send_end;
+        if (s->rc && r->done_tokens >= ps) {
+            struct pd_radix_node *node;
+            /* on PD_ENOMEM node is the deepest prefix that made it: still a valid lock */
+            (void)pd_radix_cache_insert(s->rc, r->tokens, r->done_tokens / ps, r->pages, &node);
+            pd_radix_cache_lock(s->rc, node);
+            pd_radix_cache_unlock(s->rc, r->node);
+            r->node = node;
+        }
+        if (c->last)
+            move_to(s, slot, ST_INFLIGHT, now_s);
+    }
+    s->outstanding = false;
+    return PD_OK;
+}
+
+int pd_sched_prefill_transfer_done(struct pd_sched_prefill *s, uint64_t room, int status,
+                                   double now_s) {
+    int32_t slot;
+    int rc = find(s, room, &slot);
+    if (rc)
+        return rc;
+    struct preq *r = &s->reqs[slot];
+    if (status == PD_OK) {
+        if (r->state != ST_INFLIGHT)
+            return pd_errorf(PD_EINVAL, "room %llu: transfer done while %s",
+                             (unsigned long long)room, state_names[r->state]);
+        end_req(s, slot, PD_END_DONE);
+    } else if (r->in_batch) {
+        r->pending_end = PD_END_FAILED;
+    } else {
+        end_req(s, slot, r->state == ST_DRAINING ? PD_END_ABORTED : PD_END_FAILED);
+    }
+    (void)now_s;
+    return PD_OK;
+}
+
+int pd_sched_prefill_abort(struct pd_sched_prefill *s, uint64_t room, bool *quiesce) {
+    *quiesce = false;
+    int32_t slot;
+    int rc = find(s, room, &slot);
+    if (rc)
+        return rc;
+    struct preq *r = &s->reqs[slot];
+    if (r->state == ST_DRAINING)
+        return PD_OK;
+    if (r->in_batch) {
+        if (r->pending_end < 0)
+            r->pending_end = PD_END_ABORTED;
+        return PD_OK;
+    }
+    if (r->sent_pages > 0) {
+        to_draining(s, slot);
+        *quiesce = true;
+        return PD_OK;
+    }
+    end_req(s, slot, PD_END_ABORTED);
+    return PD_OK;
+}
+
+int pd_sched_prefill_release(struct pd_sched_prefill *s, uint64_t room) {
+    int32_t slot;
+    int rc = find(s, room, &slot);
+    if (rc)
+        return rc;
+    if (s->reqs[slot].state != ST_DRAINING)
+        return pd_errorf(PD_EINVAL, "room %llu: released while %s", (unsigned long long)room,
+                         state_names[s->reqs[slot].state]);
+    end_req(s, slot, PD_END_ABORTED);
+    return PD_OK;
+}
+
+int pd_sched_prefill_pop_ended(struct pd_sched_prefill *s, struct pd_sched_end *e) {
+    int32_t slot = s->ended.head;
+    if (slot < 0)
+        return PD_EAGAIN;
+    struct preq *r = &s->reqs[slot];
+    *e = (struct pd_sched_end){
+        .room = r->room, .reason = r->end_reason, .cached_tokens = r->cached_tokens};
+    pd__slot_list_remove(&s->ended, s->prev, s->next, slot);
+    pd_free(r->pages);
+    *r = (struct preq){.state = ST_FREE};
+    s->free_slots[s->n_free_slots++] = slot;
+    return PD_OK;
+}
+
+void pd_sched_prefill_counts(const struct pd_sched_prefill *s, struct pd_prefill_counts *c) {
+    c->bootstrap = s->bootstrap.n;
+    c->waiting = s->waiting.n + (s->chunked >= 0); /* the half-done one waits for its next chunk */
+    c->inflight = s->inflight.n;
+    c->draining = s->draining.n;
+    c->ended_unpopped = s->ended.n;
+}
+
+int pd_sched_prefill_check(const struct pd_sched_prefill *s) {
+    int32_t n_pool = pd_page_alloc_n_total(s->pa);
+    int rc = pd_page_alloc_check(s->pa);
+    if (rc == PD_OK && s->rc)
+        rc = pd_radix_cache_check(s->rc);
+    if (rc)
+        return rc;
+    int32_t *holders = pd_calloc((size_t)n_pool, sizeof(int32_t));
+    if (!holders)
+        return PD_ENOMEM;
+    int32_t per_state[ST_ENDED + 1] = {0};
+    for (int32_t i = 0; i < s->cap; i++) {
+        const struct preq *r = &s->reqs[i];
+        per_state[r->state]++;
+        if (r->state != ST_FREE && r->state != ST_ENDED &&
+            pd_room_map_get(&s->rooms, r->room) != i) {
+            rc = pd_errorf(PD_EINTERNAL, "room %llu: not mapped to its slot",
+                           (unsigned long long)r->room);
+            goto out;
+        }
+        if (r->admitted !=
+            (r->state == ST_PREFILLING || r->state == ST_INFLIGHT || r->state == ST_DRAINING)) {
+            rc = pd_errorf(PD_EINTERNAL, "room %llu: %s but admitted=%d",
+                           (unsigned long long)r->room, state_names[r->state], (int)r->admitted);
+            goto out;
+        }
+        if (r->admitted)
+            for (int32_t p = 0; p < r->n_pages; p++)
+                holders[r->pages[p]]++;
+    }
+    int32_t n_cached = 0;
+    for (int32_t p = 0; p < n_pool; p++) {
+        bool cached = pd_page_alloc_is_cached(s->pa, p);
+        n_cached += cached;
+        if (holders[p] + cached != pd_page_alloc_refcount(s->pa, p)) {
+            rc = pd_errorf(PD_EINTERNAL, "page %d: %d request holders%s, count %d", (int)p,
+                           (int)holders[p], cached ? " + cache" : "",
+                           (int)pd_page_alloc_refcount(s->pa, p));
+            goto out;
+        }
+    }
+    if (s->rc && n_cached != pd_radix_cache_n_pages(s->rc)) {
+        rc = pd_errorf(PD_EINTERNAL, "%d pages marked cached, the tree holds %d", (int)n_cached,
+                       (int)pd_radix_cache_n_pages(s->rc));
+        goto out;
+    }
+    if (per_state[ST_BOOTSTRAP] != s->bootstrap.n || per_state[ST_WAITING] != s->waiting.n ||
+        per_state[ST_INFLIGHT] != s->inflight.n || per_state[ST_DRAINING] != s->draining.n ||
+        per_state[ST_ENDED] != s->ended.n || per_state[ST_FREE] != s->n_free_slots ||
+        s->rooms.n != s->cap - per_state[ST_FREE] - per_state[ST_ENDED]) {
+        rc = pd_errorf(PD_EINTERNAL, "prefill queues disagree with request states");
+        goto out;
+    }
+out:
+    pd_free(holders);
+    return rc;
+}

@@ -1,0 +1,248 @@
+/* Decode scheduler: page growth on boundary crossings, admission with the output reservation,
+ * retraction of the request that loses least and the ratio jump, timeouts, aborts, failures,
+ * bounds and allocation failures. */
+#include "pd_test.h"
+
+#include "common/alloc.h"
+#include "common/page_alloc.h"
+#include "common/sched_decode.h"
+
+static struct pd_sched_decode *mk(struct pd_page_alloc **pa, int32_t ps, int32_t pool,
+                                  int32_t max_running, double ratio) {
+    struct pd_sched_decode_config cfg = {.page_size = ps,
+                                         .max_running_requests = max_running,
+                                         .max_queued_requests = 8,
+                                         .waiting_timeout_s = 300};
+    pd_sched_decode_config_defaults(&cfg);
+    cfg.init_new_token_ratio = cfg.min_new_token_ratio = ratio;
+    struct pd_sched_decode *s = NULL;
+    CHECK_OK(pd_page_alloc_new(pool, pa));
+    CHECK_OK(pd_sched_decode_new(&cfg, *pa, &s));
+    return s;
+}
+
+static void done(struct pd_sched_decode *s, struct pd_page_alloc *pa) {
+    CHECK_OK(pd_sched_decode_check(s));
+    pd_sched_decode_free(s);
+    CHECK_INT(pd_page_alloc_n_free(pa), pd_page_alloc_n_total(pa));
+    pd_page_alloc_free(pa);
+}
+
+static int pop(struct pd_sched_decode *s, uint64_t room, int32_t *n_out) {
+    struct pd_sched_end e = {0};
+    CHECK_OK(pd_sched_decode_pop_ended(s, &e));
+    CHECK_INT(e.room, room);
+    if (n_out)
+        *n_out = e.n_output;
+    return e.reason;
+}
+
+/* Page size 4, prompt 6 (2 pages), max_new 4: steps write positions 6, 7, 8; only 8 crosses
+ * into a third page, which continues the request's run. The 4th token ends it. */
+static void test_growth_and_finish(void) {
+    struct pd_page_alloc *pa;
+    struct pd_sched_decode *s = mk(&pa, 4, 16, 4, 0.5);
+    CHECK_OK(pd_sched_decode_add(s, 9, 6, 4, 0));
+    struct pd_decode_step st;
+    CHECK_OK(pd_sched_decode_step(s, 0, &st));
+    CHECK_INT(st.n_admitted, 1);
+    CHECK_INT(st.admitted[0].n_pages, 2);
+    CHECK_INT(st.n_batch, 0);
+    CHECK_OK(pd_sched_decode_transfer_done(s, 9, PD_OK, 1));
+    int32_t want_pos[3] = {6, 7, 8}, want_pages[3] = {2, 2, 3};
+    for (int k = 0; k < 3; k++) {
+        CHECK_OK(pd_sched_decode_step(s, 1 + k, &st));
+        CHECK_INT(st.n_batch, 1);
+        CHECK_INT(st.batch[0].pos, want_pos[k]);
+        CHECK_INT(st.batch[0].n_pages, want_pages[k]);
+        if (k == 2)
+            CHECK_INT(st.batch[0].pages[2], st.batch[0].pages[1] + 1);
+        CHECK_OK(pd_sched_decode_check(s));
+        CHECK_OK(pd_sched_decode_batch_done(s, &st, NULL, 1 + k));
+    }
+    int32_t n_out;
+    CHECK_INT(pop(s, 9, &n_out), PD_END_DONE);
+    CHECK_INT(n_out, 4);
+    /* a stop (EOS) ends it early; max_new_tokens 1 ends at the done notice */
+    CHECK_OK(pd_sched_decode_add(s, 10, 3, 20, 5));
+    CHECK_OK(pd_sched_decode_add(s, 11, 3, 1, 5));
+    CHECK_OK(pd_sched_decode_step(s, 5, &st));
+    CHECK_INT(st.n_admitted, 2);
+    CHECK_OK(pd_sched_decode_transfer_done(s, 10, PD_OK, 5));
+    CHECK_OK(pd_sched_decode_transfer_done(s, 11, PD_OK, 5));
+    CHECK_INT(pop(s, 11, &n_out), PD_END_DONE);
+    CHECK_INT(n_out, 1);
+    CHECK_OK(pd_sched_decode_step(s, 6, &st));
+    bool stop = true;
+    CHECK_OK(pd_sched_decode_batch_done(s, &st, &stop, 6));
+    CHECK_INT(pop(s, 10, &n_out), PD_END_DONE);
+    CHECK_INT(n_out, 2);
+    done(s, pa);
+}
+
+/* Page size 1, pool 100, ratio 0.5, requests of prompt 30 / max_new 40 (39 tokens to come):
+ * 1st: 100-30 = 70 >= ceil(0.5*39) = 20; 2nd: 70-30 = 40 >= ceil(0.5*78) = 39;
+ * 3rd: 40-30 = 10 < ceil(0.5*117) = 59, so it waits, and so does the 4th behind it (FIFO). */
+static void test_admission_reserve(void) {
+    struct pd_page_alloc *pa;
+    struct pd_sched_decode *s = mk(&pa, 1, 100, 8, 0.5);
+    for (uint64_t r = 1; r <= 3; r++)
+        CHECK_OK(pd_sched_decode_add(s, r, 30, 40, 0));
+    CHECK_OK(pd_sched_decode_add(s, 4, 1, 2, 0));
+    struct pd_decode_step st;
+    CHECK_OK(pd_sched_decode_step(s, 0, &st));
+    CHECK_INT(st.n_admitted, 2);
+    CHECK_INT(st.admitted[0].room, 1);
+    CHECK_INT(st.admitted[1].room, 2);
+    struct pd_decode_counts c;
+    pd_sched_decode_counts(s, &c);
+    CHECK_INT(c.prealloc, 2);
+    CHECK_INT(c.transfer, 2);
+    /* max_running_requests bounds transfer + running */
+    struct pd_page_alloc *pa2;
+    struct pd_sched_decode *s2 = mk(&pa2, 1, 100, 1, 0.0);
+    CHECK_OK(pd_sched_decode_add(s2, 1, 5, 5, 0));
+    CHECK_OK(pd_sched_decode_add(s2, 2, 5, 5, 0));
+    CHECK_OK(pd_sched_decode_step(s2, 0, &st));
+    CHECK_INT(st.n_admitted, 1);
+    done(s2, pa2);
+    done(s, pa);
+}
+
+/* Page size 1, pool 10, ratio 0: A (prompt 4) and B (prompt 5), max_new 6 each, fill 9 pages.
+ * Step 1: A takes the last page for position 4; B needs a 6th page, none is free: both have 1
+ * token, B has the longer prompt, so B is retracted. The ratio becomes
+ * min(1, (1 decoded + 20 * 1 running) / 6 max) = 1. */
+static void test_retraction(void) {
+    struct pd_page_alloc *pa;
+    struct pd_sched_decode *s = mk(&pa, 1, 10, 4, 0.0);
+    CHECK_OK(pd_sched_decode_add(s, 0xA, 4, 6, 0));
+    CHECK_OK(pd_sched_decode_add(s, 0xB, 5, 6, 0));
+    struct pd_decode_step st;
+    CHECK_OK(pd_sched_decode_step(s, 0, &st));
+    CHECK_INT(st.n_admitted, 2);
+    CHECK_OK(pd_sched_decode_transfer_done(s, 0xA, PD_OK, 0));
+    CHECK_OK(pd_sched_decode_transfer_done(s, 0xB, PD_OK, 0));
+    CHECK_OK(pd_sched_decode_step(s, 1, &st));
+    CHECK_INT(st.n_retracted, 1);
+    CHECK_INT(st.n_batch, 1);
+    CHECK_INT(st.batch[0].room, 0xA);
+    CHECK_DBL(st.new_token_ratio, 1.0, 1e-12);
+    int32_t n_out;
+    CHECK_INT(pop(s, 0xB, &n_out), PD_END_RETRACTED);
+    CHECK_INT(n_out, 1);
+    CHECK_OK(pd_sched_decode_batch_done(s, &st, NULL, 1));
+    done(s, pa);
+}
+
+/* Pool 12: A (4, 6) decodes alone to 3 tokens and 6 pages; C (6, 6) then takes the other 6.
+ * Step 3: A needs a 7th page; C has 1 token against A's 3, so C loses least and is retracted
+ * although A is the one asking. */
+static void test_retraction_victim_not_asker(void) {
+    struct pd_page_alloc *pa;
+    struct pd_sched_decode *s = mk(&pa, 1, 12, 4, 0.0);
+    struct pd_decode_step st;
+    CHECK_OK(pd_sched_decode_add(s, 0xA, 4, 6, 0));
+    CHECK_OK(pd_sched_decode_step(s, 0, &st));
+    CHECK_OK(pd_sched_decode_transfer_done(s, 0xA, PD_OK, 0));
+    CHECK_OK(pd_sched_decode_step(s, 1, &st));
+    CHECK_OK(pd_sched_decode_batch_done(s, &st, NULL, 1));
+    CHECK_OK(pd_sched_decode_add(s, 0xC, 6, 6, 1));
+    CHECK_OK(pd_sched_decode_step(s, 2, &st));
+    CHECK_INT(st.n_admitted, 1);
+    CHECK_INT(pd_page_alloc_n_free(pa), 0);
+    CHECK_OK(pd_sched_decode_batch_done(s, &st, NULL, 2));
+    CHECK_OK(pd_sched_decode_transfer_done(s, 0xC, PD_OK, 2));
+    CHECK_OK(pd_sched_decode_step(s, 3, &st));
+    CHECK_INT(st.n_retracted, 1);
+    CHECK_INT(st.n_batch, 1);
+    CHECK_INT(st.batch[0].room, 0xA);
+    CHECK_INT(st.batch[0].n_pages, 7);
+    int32_t n_out;
+    CHECK_INT(pop(s, 0xC, &n_out), PD_END_RETRACTED);
+    CHECK_OK(pd_sched_decode_batch_done(s, &st, NULL, 3));
+    done(s, pa);
+}
+
+static void test_timeouts_aborts_failures(void) {
+    struct pd_page_alloc *pa;
+    struct pd_sched_decode *s = mk(&pa, 4, 64, 8, 0.1);
+    struct pd_decode_step st;
+    bool q;
+    for (uint64_t r = 1; r <= 6; r++)
+        CHECK_OK(pd_sched_decode_add(s, r, 8, 8, 0));
+    CHECK_OK(pd_sched_decode_abort(s, 6, &q)); /* prealloc: at once */
+    CHECK(!q);
+    CHECK_INT(pop(s, 6, NULL), PD_END_ABORTED);
+    CHECK_OK(pd_sched_decode_step(s, 0, &st));
+    CHECK_INT(st.n_admitted, 5);
+    CHECK_OK(pd_sched_decode_abort(s, 1, &q)); /* transfer: prefill may write: drain */
+    CHECK(q);
+    CHECK_OK(pd_sched_decode_transfer_done(s, 1, PD_OK, 1));    /* late notice: ignored */
+    CHECK_OK(pd_sched_decode_transfer_done(s, 2, PD_EPEER, 1)); /* failed: drain too */
+    struct pd_decode_counts c;
+    pd_sched_decode_counts(s, &c);
+    CHECK_INT(c.draining, 2);
+    CHECK_OK(pd_sched_decode_release(s, 1));
+    CHECK_OK(pd_sched_decode_release(s, 2));
+    CHECK_INT(pop(s, 1, NULL), PD_END_ABORTED);
+    CHECK_INT(pop(s, 2, NULL), PD_END_FAILED);
+    CHECK_ERR(pd_sched_decode_release(s, 3), PD_EINVAL, "released while transfer");
+    CHECK_OK(pd_sched_decode_transfer_done(s, 3, PD_OK, 1));
+    CHECK_OK(pd_sched_decode_step(s, 1, &st));
+    CHECK_INT(st.n_batch, 1);
+    CHECK_ERR(pd_sched_decode_step(s, 1, &st), PD_EINVAL, "not done");
+    CHECK_OK(pd_sched_decode_abort(s, 3, &q)); /* in the running step: at batch_done */
+    CHECK(!q);
+    CHECK_OK(pd_sched_decode_batch_done(s, &st, NULL, 1));
+    CHECK_INT(pop(s, 3, NULL), PD_END_ABORTED);
+    /* 4 and 5 wait for their notice past --waiting-timeout */
+    CHECK_OK(pd_sched_decode_step(s, 299, &st));
+    CHECK_INT(st.n_quiesce, 0);
+    CHECK_OK(pd_sched_decode_step(s, 300, &st));
+    CHECK_INT(st.n_quiesce, 2);
+    CHECK_ERR(pd_sched_decode_transfer_done(s, 99, PD_OK, 300), PD_ENOENT, "room 99");
+    CHECK_OK(pd_sched_decode_release(s, 4));
+    CHECK_OK(pd_sched_decode_release(s, 5));
+    CHECK_INT(pop(s, 4, NULL), PD_END_TIMEOUT);
+    CHECK_INT(pop(s, 5, NULL), PD_END_TIMEOUT);
+    struct pd_sched_end e;
+    CHECK_INT(pd_sched_decode_pop_ended(s, &e), PD_EAGAIN);
+    done(s, pa);
+}
+
+static void test_bounds_and_errors(void) {
+    struct pd_page_alloc *pa;
+    CHECK_OK(pd_page_alloc_new(10, &pa));
+    struct pd_sched_decode_config cfg = {.page_size = 4,
+                                         .max_running_requests = 2,
+                                         .max_queued_requests = 2,
+                                         .waiting_timeout_s = 1};
+    pd_sched_decode_config_defaults(&cfg);
+    struct pd_sched_decode *s;
+    cfg.min_new_token_ratio = 0.9;
+    CHECK_ERR(pd_sched_decode_new(&cfg, pa, &s), PD_EINVAL, "min <= init");
+    pd_sched_decode_config_defaults(&cfg);
+    for (long k = 0; k < 10; k++) {
+        pd_alloc_fail_after(k);
+        CHECK_ERR(pd_sched_decode_new(&cfg, pa, &s), PD_ENOMEM, "decode scheduler");
+    }
+    pd_alloc_fail_after(-1);
+    CHECK_OK(pd_sched_decode_new(&cfg, pa, &s));
+    CHECK_ERR(pd_sched_decode_add(s, 1, 30, 12, 0), PD_ERANGE, "need 11 pages, the pool has 10");
+    CHECK_ERR(pd_sched_decode_add(s, 1, 30, 0, 0), PD_EINVAL, "max_new_tokens 0");
+    pd_alloc_fail_after(0);
+    CHECK_ERR(pd_sched_decode_add(s, 1, 4, 4, 0), PD_ENOMEM, "room 1: page list");
+    pd_alloc_fail_after(-1);
+    CHECK_OK(pd_sched_decode_add(s, 1, 4, 4, 0));
+    CHECK_ERR(pd_sched_decode_add(s, 1, 4, 4, 0), PD_EINVAL, "already has a live request");
+    CHECK_OK(pd_sched_decode_add(s, 2, 4, 4, 0));
+    CHECK_ERR(pd_sched_decode_add(s, 3, 4, 4, 0), PD_EFULL, "queued already");
+    CHECK_OK(pd_sched_decode_check(s));
+    pd_sched_decode_free(s);
+    pd_page_alloc_free(pa);
+}
+
+PD_TEST_MAIN(PD_TEST(test_growth_and_finish), PD_TEST(test_admission_reserve),
+             PD_TEST(test_retraction), PD_TEST(test_retraction_victim_not_asker),
+             PD_TEST(test_timeouts_aborts_failures), PD_TEST(test_bounds_and_errors))
