@@ -136,23 +136,14 @@ static struct shard *shard_add(struct pd_checkpoint *ck, const char *path, size_
 
 /* Maps path as a new shard of ck. */
 static int shard_map(struct pd_checkpoint *ck, const char *path, size_t *idx) {
-    struct stat st;
-    int rc;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return pd_errorf(pd_status_from_errno(errno), "cannot open %s: %s", path, strerror(errno));
-    if (fstat(fd, &st) != 0) {
-        rc = pd_errorf(pd_status_from_errno(errno), "cannot stat %s: %s", path, strerror(errno));
-        goto fail;
-    }
-    if (!S_ISREG(st.st_mode)) {
-        rc = pd_errorf(PD_EINVAL, "%s is not a regular file", path);
-        goto fail;
-    }
-    if (st.st_size < 8) {
+    int rc, fd;
+    size_t fsize;
+    if ((rc = pd_file_open_regular(path, &fd, &fsize)) != PD_OK)
+        return rc;
+    if (fsize < 8) {
         rc = pd_errorf(PD_EFORMAT,
                        "%s: file is %lld bytes, too short for a safetensors header (truncated?)",
-                       path, (long long)st.st_size);
+                       path, (long long)fsize);
         goto fail;
     }
     struct shard *s = shard_add(ck, path, idx);
@@ -160,13 +151,13 @@ static int shard_map(struct pd_checkpoint *ck, const char *path, size_t *idx) {
         rc = pd_error_wrap(PD_ENOMEM, "opening %s", path);
         goto fail;
     }
-    void *m = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+    void *m = mmap(NULL, fsize, PROT_READ, MAP_PRIVATE, fd, 0);
     if (m == MAP_FAILED) {
         rc = pd_errorf(pd_status_from_errno(errno), "cannot map %s: %s", path, strerror(errno));
         goto fail; /* the shard stays listed with map == NULL; pd_checkpoint_free copes */
     }
     s->map = m;
-    s->size = (size_t)st.st_size;
+    s->size = fsize;
     close(fd);
     return PD_OK;
 fail:
