@@ -54,8 +54,11 @@ static void test_bytelevel_alphabet(void) {
     CHECK_STR(v.tokens[188], "\xC4\x80"); /* byte 0 -> U+0100 */
     check_vocab(&v);
     /* the most frequent pair of an English corpus is a space before a letter or "he" */
-    CHECK(strcmp(v.tokens[256], "\xC4\xA0" "t") == 0 || strcmp(v.tokens[256], "he") == 0 ||
-          strcmp(v.tokens[256], "\xC4\xA0" "a") == 0);
+    CHECK(strcmp(v.tokens[256], "\xC4\xA0"
+                                "t") == 0 ||
+          strcmp(v.tokens[256], "he") == 0 ||
+          strcmp(v.tokens[256], "\xC4\xA0"
+                                "a") == 0);
     pd_bpe_vocab_free(&v);
 }
 
