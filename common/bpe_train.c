@@ -185,6 +185,7 @@ struct tok_map {
     size_t n;
 };
 
+/* Slot of text s: *slot is where it is, or the empty slot where it would go (returns -1). */
 static int tok_map_find(const struct tok_map *m, const struct tok *toks, const void *s, size_t len,
                         size_t *slot) {
     size_t i = fnv1a(s, len) & (m->cap - 1);
@@ -195,8 +196,10 @@ static int tok_map_find(const struct tok_map *m, const struct tok *toks, const v
             return -1;
         }
         const struct tok *t = &toks[v - 1];
-        if (t->len == len && memcmp(t->bytes, s, len) == 0)
+        if (t->len == len && memcmp(t->bytes, s, len) == 0) {
+            *slot = i;
             return v - 1;
+        }
     }
 }
 
