@@ -14,6 +14,7 @@
  * removes the partial file.
  */
 #include "common/safetensors.h"
+#include "common/safetensors_index.h"
 #include "common/alloc.h"
 #include "common/file.h"
 #include "common/status.h"
@@ -31,8 +32,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#define INDEX_NAME "model.safetensors.index.json"
-#define SINGLE_NAME "model.safetensors"
+#define INDEX_NAME PD_SAFETENSORS_INDEX_NAME
+#define SINGLE_NAME PD_SAFETENSORS_SINGLE_NAME
 /* The Hugging Face reader refuses headers over 100 MB; so do we, before parsing one. */
 #define MAX_HEADER_BYTES (100u << 20)
 /* Integers in a header are read through a double: only those below 2^53 are exact. */
@@ -669,15 +670,6 @@ out:
     return rc;
 }
 
-struct index_entry {
-    const char *name;
-    size_t shard;
-};
-
-static int cmp_entry_by_name(const void *a, const void *b) {
-    return strcmp(((const struct index_entry *)a)->name, ((const struct index_entry *)b)->name);
-}
-
 /* Removes dir/name if present; a stale index next to a fresh single file (or the reverse) would
  * make pd_checkpoint_open read the wrong one. */
 static int remove_stale(const char *dir, const char *name) {
@@ -694,107 +686,54 @@ static int remove_stale(const char *dir, const char *name) {
 
 int pd_checkpoint_write(const char *dir, const struct pd_tensor_write *t, size_t n,
                         size_t max_shard_bytes) {
-    struct pd_tensor_write *order = NULL; /* tensors grouped by shard */
-    size_t *shard_end = NULL;             /* shard s holds order[shard_end[s-1]..shard_end[s]) */
-    struct index_entry *by_name = NULL;   /* weight_map, to be sorted by name */
-    size_t n_shards = 0, k = 0;
+    uint64_t *nbytes = pd_calloc(n, sizeof(*nbytes)), total = 0;
+    int *shard_of = pd_calloc(n, sizeof(*shard_of));
+    const char **names = pd_calloc(n, sizeof(*names));
+    struct pd_tensor_write *group = pd_calloc(n, sizeof(*group)); /* one shard's tensors */
     char *path = NULL;
-    struct sbuf idx = {0};
-    uint64_t total = 0;
-    int rc;
-
-    for (size_t i = 0; i < n; i++)
-        total += tensor_bytes(&t[i]);
-    if (max_shard_bytes == 0 || total <= max_shard_bytes) {
-        if (!(path = path_join(dir, SINGLE_NAME)))
-            return pd_error_wrap(PD_ENOMEM, "writing checkpoint %s", dir);
-        rc = pd_safetensors_write(path, t, n);
-        if (rc == PD_OK)
-            rc = remove_stale(dir, INDEX_NAME);
-        pd_free(path);
-        return rc;
-    }
-
-    order = pd_calloc(n, sizeof(*order));
-    shard_end = pd_calloc(n + 1, sizeof(*shard_end));
-    by_name = pd_calloc(n, sizeof(*by_name));
-    if (!order || !shard_end || !by_name) {
+    int rc = PD_OK;
+    if (!nbytes || !shard_of || !names || !group) {
         rc = pd_error_wrap(PD_ENOMEM, "writing checkpoint %s", dir);
         goto out;
     }
-    /* huggingface_hub's split_state_dict_into_shards: in order, a tensor larger than the limit
-     * gets a shard of its own right away; otherwise a tensor that would tip the current shard
-     * over the limit closes it. The current shard comes after any such oversize shards. */
-    {
-        size_t *cur = pd_calloc(n, sizeof(*cur)), n_cur = 0;
-        uint64_t cur_bytes = 0;
-        if (!cur) {
+    for (size_t i = 0; i < n; i++) {
+        nbytes[i] = tensor_bytes(&t[i]);
+        names[i] = t[i].name;
+        total += nbytes[i];
+    }
+    int n_shards = pd_safetensors_shard_plan(nbytes, n, max_shard_bytes, shard_of);
+    if (n_shards <= 1) {
+        if (!(path = path_join(dir, SINGLE_NAME))) {
             rc = pd_error_wrap(PD_ENOMEM, "writing checkpoint %s", dir);
             goto out;
         }
-        for (size_t i = 0; i < n; i++) {
-            uint64_t b = tensor_bytes(&t[i]);
-            if (b > max_shard_bytes) {
-                order[k++] = t[i];
-                shard_end[n_shards++] = k;
-                continue;
-            }
-            if (cur_bytes + b > max_shard_bytes) {
-                for (size_t j = 0; j < n_cur; j++)
-                    order[k++] = t[cur[j]];
-                shard_end[n_shards++] = k;
-                n_cur = 0;
-                cur_bytes = 0;
-            }
-            cur[n_cur++] = i;
-            cur_bytes += b;
-        }
-        if (n_cur) {
-            for (size_t j = 0; j < n_cur; j++)
-                order[k++] = t[cur[j]];
-            shard_end[n_shards++] = k;
-        }
-        pd_free(cur);
+        if ((rc = pd_safetensors_write(path, t, n)) == PD_OK)
+            rc = remove_stale(dir, INDEX_NAME);
+        goto out;
     }
-    PD_ASSERT(k == n);
-
     size_t plen = strlen(dir) + 64;
     if (!(path = pd_malloc(plen))) {
         rc = pd_error_wrap(PD_ENOMEM, "writing checkpoint %s", dir);
         goto out;
     }
-    for (size_t s = 0, begin = 0; s < n_shards; begin = shard_end[s++]) {
-        snprintf(path, plen, "%s/model-%05zu-of-%05zu.safetensors", dir, s + 1, n_shards);
-        if ((rc = pd_safetensors_write(path, order + begin, shard_end[s] - begin)) != PD_OK)
+    for (int s = 0; s < n_shards; s++) {
+        size_t k = 0;
+        for (size_t i = 0; i < n; i++)
+            if (shard_of[i] == s)
+                group[k++] = t[i];
+        char name[64];
+        pd_safetensors_shard_name(s, n_shards, name, sizeof(name));
+        snprintf(path, plen, "%s/%s", dir, name);
+        if ((rc = pd_safetensors_write(path, group, k)) != PD_OK)
             goto out;
-        for (size_t j = begin; j < shard_end[s]; j++)
-            by_name[j] = (struct index_entry){order[j].name, s};
     }
-
-    /* the index, as json.dumps(index, indent=2, sort_keys=True) + "\n" */
-    qsort(by_name, n, sizeof(*by_name), cmp_entry_by_name);
-    sb_printf(&idx, "{\n  \"metadata\": {\n    \"total_size\": %" PRIu64 "\n  },\n", total);
-    sb_append(&idx, "  \"weight_map\": {\n", 18);
-    for (size_t i = 0; i < n; i++) {
-        sb_append(&idx, "    ", 4);
-        sb_json_string(&idx, by_name[i].name);
-        sb_printf(&idx, ": \"model-%05zu-of-%05zu.safetensors\"%s\n", by_name[i].shard + 1,
-                  n_shards, i + 1 < n ? "," : "");
-    }
-    sb_append(&idx, "  }\n}\n", 6);
-    if (idx.rc != PD_OK) {
-        rc = pd_error_wrap(idx.rc, "writing checkpoint %s", dir);
-        goto out;
-    }
-    snprintf(path, plen, "%s/%s", dir, INDEX_NAME);
-    if ((rc = pd_file_write_all(path, idx.p, idx.len)) != PD_OK)
-        goto out;
-    rc = remove_stale(dir, SINGLE_NAME);
+    if ((rc = pd_safetensors_index_write(dir, names, shard_of, n, n_shards, total)) == PD_OK)
+        rc = remove_stale(dir, SINGLE_NAME);
 out:
-    pd_free(idx.p);
     pd_free(path);
-    pd_free(by_name);
-    pd_free(shard_end);
-    pd_free(order);
+    pd_free(group);
+    pd_free(names);
+    pd_free(shard_of);
+    pd_free(nbytes);
     return rc;
 }
