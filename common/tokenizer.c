@@ -10,10 +10,10 @@
 #include "common/tokenizer_internal.h"
 
 #include "common/alloc.h"
+#include "common/file.h"
 #include "common/status.h"
 
 #include <cjson/cJSON.h>
-#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1162,43 +1162,17 @@ fail:
     return rc;
 }
 
-static int read_file(const char *path, char **out, size_t *len) {
-    *out = NULL;
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return pd_errorf(pd_status_from_errno(errno), "cannot open %s: %s", path, strerror(errno));
-    struct pd__buf b = {0};
-    char chunk[65536];
-    size_t n;
-    int rc = PD_OK;
-    while ((n = fread(chunk, 1, sizeof(chunk), f)) > 0)
-        if ((rc = pd__buf_put(&b, chunk, n)) != PD_OK)
-            break;
-    if (rc == PD_OK && ferror(f))
-        rc = pd_errorf(PD_EIO, "reading %s failed", path);
-    fclose(f);
-    if (rc == PD_OK && !b.p)
-        rc = pd__buf_put(&b, "", 0);
-    if (rc != PD_OK) {
-        pd__buf_free(&b);
-        return rc;
-    }
-    *out = b.p;
-    *len = b.n;
-    return PD_OK;
-}
-
 int pd_tokenizer_new(const char *dir, struct pd_tokenizer **out) {
     *out = NULL;
     char path[4096];
     char *json = NULL, *cfg = NULL, *jinja = NULL;
     size_t len = 0, cfg_len = 0, jinja_len = 0;
     snprintf(path, sizeof(path), "%s/tokenizer.json", dir);
-    int rc = read_file(path, &json, &len);
+    int rc = pd_file_read_all(path, &json, &len);
     if (rc != PD_OK)
         return pd_error_wrap(rc, "loading the tokenizer of %s", dir);
     snprintf(path, sizeof(path), "%s/tokenizer_config.json", dir);
-    rc = read_file(path, &cfg, &cfg_len);
+    rc = pd_file_read_all(path, &cfg, &cfg_len);
     if (rc == PD_ENOENT) {
         pd_error_clear();
         rc = PD_OK;
@@ -1210,7 +1184,7 @@ int pd_tokenizer_new(const char *dir, struct pd_tokenizer **out) {
     if (rc != PD_OK)
         goto out;
     snprintf(path, sizeof(path), "%s/chat_template.jinja", dir);
-    rc = read_file(path, &jinja, &jinja_len);
+    rc = pd_file_read_all(path, &jinja, &jinja_len);
     if (rc == PD_ENOENT) {
         pd_error_clear();
         rc = PD_OK;
