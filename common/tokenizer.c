@@ -14,6 +14,7 @@
 #include "common/status.h"
 
 #include <cjson/cJSON.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -139,7 +140,7 @@ void pd__pairmap_free(struct pd__pairmap *m) {
 }
 
 int pd__buf_put(struct pd__buf *b, const void *p, size_t n) {
-    if (pd_array_grow((void **)&b->p, &b->cap, b->n + n + 1, 1) != PD_OK)
+    if (b->n + n + 1 > b->cap && pd_array_grow((void **)&b->p, &b->cap, b->n + n + 1, 1) != PD_OK)
         return PD_ENOMEM;
     if (n)
         memcpy(b->p + b->n, p, n);
@@ -250,25 +251,35 @@ static bool byte_is_printable(unsigned b) {
     return (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255);
 }
 
-uint32_t pd__byte_to_char(uint8_t b) {
-    if (byte_is_printable(b))
-        return b;
+/* Both directions as tables: they sit on the encode and decode paths of every token. */
+struct byte_tables {
+    uint16_t cp[256];  /* byte → code point */
+    int16_t byte[324]; /* code point → byte, -1 */
+};
+static struct byte_tables tables;
+static pthread_once_t tables_once = PTHREAD_ONCE_INIT;
+
+static void tables_init(void) {
     uint32_t n = 0;
-    for (unsigned i = 0; i < b; i++)
-        n += !byte_is_printable(i);
-    return 256 + n;
+    for (int i = 0; i < 324; i++)
+        tables.byte[i] = -1;
+    for (unsigned b = 0; b < 256; b++) {
+        tables.cp[b] = (uint16_t)(byte_is_printable(b) ? b : 256 + n++);
+        tables.byte[tables.cp[b]] = (int16_t)b;
+    }
+}
+
+static const struct byte_tables *byte_tables(void) {
+    pthread_once(&tables_once, tables_init);
+    return &tables;
+}
+
+uint32_t pd__byte_to_char(uint8_t b) {
+    return byte_tables()->cp[b];
 }
 
 int pd__char_to_byte(uint32_t cp) {
-    if (cp < 256)
-        return byte_is_printable(cp) ? (int)cp : -1;
-    if (cp >= 256 + 68)
-        return -1;
-    uint32_t n = 0;
-    for (unsigned b = 0; b < 256; b++)
-        if (!byte_is_printable(b) && n++ == cp - 256)
-            return (int)b;
-    return -1;
+    return cp < 324 ? byte_tables()->byte[cp] : -1;
 }
 
 /* ---------------------------------------------------------------- JSON access */

@@ -51,6 +51,11 @@ static size_t prev_char(const char *s, size_t n) {
 /* ---------------------------------------------------------------- normalizers */
 
 static int utf8proc_norm(const char *s, size_t n, int options, struct pd__buf *out) {
+    size_t i = 0;
+    while (i < n && (uint8_t)s[i] < 0x80)
+        i++;
+    if (i == n) /* ASCII is already in every normal form */
+        return pd__buf_put(out, s, n);
     utf8proc_uint8_t *dst = NULL;
     utf8proc_ssize_t r = utf8proc_map((const utf8proc_uint8_t *)s, (utf8proc_ssize_t)n, &dst,
                                       (utf8proc_option_t)options);
@@ -275,7 +280,7 @@ static int bpe_word(struct ctx *c, const char *w, size_t wl) {
         if (t->byte_level) {
             uint8_t b = (uint8_t)w[i++];
             id = t->byte_char_id[b];
-            ul = pd__utf8_encode(pd__byte_to_char(b), u);
+            ul = id >= 0 ? 1 : pd__utf8_encode(pd__byte_to_char(b), u);
             unit = u;
         } else {
             ul = pd__utf8_valid_len((const uint8_t *)w + i, wl - i);
