@@ -8,3 +8,5 @@ pkg_check_modules(CJSON REQUIRED IMPORTED_TARGET libcjson)
 find_library(PD_LIBM m REQUIRED)
 
 find_package(Python3 COMPONENTS Interpreter)
+# The cpu backend's large matrix products (common/backend_cpu.c).
+pkg_check_modules(OPENBLAS REQUIRED IMPORTED_TARGET openblas)
