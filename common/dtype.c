@@ -1,0 +1,175 @@
+/*
+ * dtype.c — element sizes, names and the f32 <-> f16/bf16 scalar conversions.
+ *
+ * Conversions are done on the bit patterns, not with the compiler's _Float16/__bf16, so they
+ * behave the same on every host and compiler: round to nearest even, NaN stays a (quiet) NaN with
+ * its sign, overflow becomes infinity, and f16 subnormals are produced and read exactly. They run
+ * on weight loading and in the CPU backend, so they avoid branches on the common (normal) path
+ * where that is free, but correctness wins over speed here.
+ */
+#include "common/dtype.h"
+#include "common/status.h"
+
+#include <string.h>
+
+static const struct {
+    const char *name;  /* safetensors */
+    const char *torch; /* config.json torch_dtype */
+    size_t size;       /* bytes */
+} dtype_info[] = {
+    [PD_DTYPE_F32] = {"F32", "float32", 4},
+    [PD_DTYPE_F16] = {"F16", "float16", 2},
+    [PD_DTYPE_BF16] = {"BF16", "bfloat16", 2},
+};
+
+static int dtype_valid(enum pd_dtype t) {
+    return (unsigned)t < PD_ARRAY_LEN(dtype_info);
+}
+
+size_t pd_dtype_size(enum pd_dtype t) {
+    PD_ASSERT(dtype_valid(t));
+    return dtype_info[t].size;
+}
+
+const char *pd_dtype_name(enum pd_dtype t) {
+    return dtype_valid(t) ? dtype_info[t].name : "?";
+}
+
+const char *pd_dtype_torch_name(enum pd_dtype t) {
+    return dtype_valid(t) ? dtype_info[t].torch : "?";
+}
+
+int pd_dtype_parse(const char *name, enum pd_dtype *out) {
+    for (size_t i = 0; name && i < PD_ARRAY_LEN(dtype_info); i++) {
+        if (strcmp(name, dtype_info[i].name) == 0) {
+            *out = (enum pd_dtype)i;
+            return PD_OK;
+        }
+    }
+    return pd_errorf(PD_EUNSUPPORTED, "dtype '%s' is not supported (supported: F32, F16, BF16)",
+                     name ? name : "(null)");
+}
+
+int pd_dtype_parse_torch(const char *name, enum pd_dtype *out) {
+    for (size_t i = 0; name && i < PD_ARRAY_LEN(dtype_info); i++) {
+        if (strcmp(name, dtype_info[i].torch) == 0) {
+            *out = (enum pd_dtype)i;
+            return PD_OK;
+        }
+    }
+    return pd_errorf(PD_EUNSUPPORTED,
+                     "torch_dtype '%s' is not supported (supported: float32, float16, bfloat16)",
+                     name ? name : "(null)");
+}
+
+static uint32_t f32_bits(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof(u));
+    return u;
+}
+
+static float bits_f32(uint32_t u) {
+    float f;
+    memcpy(&f, &u, sizeof(f));
+    return f;
+}
+
+uint16_t pd_f32_to_bf16(float f) {
+    uint32_t u = f32_bits(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) /* NaN: truncating could clear the payload → inf */
+        return (uint16_t)((u >> 16) | 0x0040u);
+    /* Adding 0x7fff plus the lowest kept bit rounds half to even; a carry into the exponent is
+     * the correct result (up to infinity). */
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+float pd_bf16_to_f32(uint16_t h) {
+    return bits_f32((uint32_t)h << 16);
+}
+
+uint16_t pd_f32_to_f16(float f) {
+    uint32_t u = f32_bits(f);
+    uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
+    uint32_t a = u & 0x7fffffffu;
+
+    if (a > 0x7f800000u) /* NaN: quiet it, keep the top payload bits */
+        return (uint16_t)(sign | 0x7e00u | ((a >> 13) & 0x3ffu));
+    if (a >= 0x477ff000u) /* >= 65520 (halfway past 65504, the largest f16) rounds to inf */
+        return (uint16_t)(sign | 0x7c00u);
+    if (a >= 0x38800000u) { /* normal f16: >= 2^-14 */
+        uint32_t h = ((a >> 23) - 127 + 15) << 10 | ((a >> 13) & 0x3ffu);
+        uint32_t rest = a & 0x1fffu;
+        if (rest > 0x1000u || (rest == 0x1000u && (h & 1u)))
+            h++; /* a carry into the exponent is the right answer */
+        return (uint16_t)(sign | h);
+    }
+    if (a <= 0x33000000u) /* <= 2^-25: half the smallest subnormal or less → ±0 (ties to even) */
+        return sign;
+    /* subnormal f16: value in units of 2^-24 is mant * 2^(e - 126), e = biased f32 exponent */
+    uint32_t e = a >> 23;
+    uint32_t mant = (a & 0x7fffffu) | 0x800000u;
+    uint32_t shift = 126 - e; /* 14..24 */
+    uint32_t h = mant >> shift;
+    uint32_t rest = mant & ((1u << shift) - 1u);
+    uint32_t half = 1u << (shift - 1);
+    if (rest > half || (rest == half && (h & 1u)))
+        h++; /* 0x3ff + 1 becomes the smallest normal, which is correct */
+    return (uint16_t)(sign | h);
+}
+
+float pd_f16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t e = (h >> 10) & 0x1fu;
+    uint32_t mant = h & 0x3ffu;
+    if (e == 0) {
+        /* zero or subnormal: mant * 2^-24 is exact in f32 */
+        float v = (float)mant * 5.9604644775390625e-8f;
+        return sign ? -v : v;
+    }
+    if (e == 31)
+        return bits_f32(sign | 0x7f800000u | (mant << 13));
+    return bits_f32(sign | ((e + 112) << 23) | (mant << 13));
+}
+
+void pd_dtype_to_f32(enum pd_dtype t, const void *src, float *dst, size_t n) {
+    if (n == 0)
+        return;
+    switch (t) {
+    case PD_DTYPE_F32: memmove(dst, src, n * sizeof(float)); return;
+    case PD_DTYPE_F16: {
+        const uint16_t *s = src;
+        for (size_t i = 0; i < n; i++)
+            dst[i] = pd_f16_to_f32(s[i]);
+        return;
+    }
+    case PD_DTYPE_BF16: {
+        const uint16_t *s = src;
+        for (size_t i = 0; i < n; i++)
+            dst[i] = pd_bf16_to_f32(s[i]);
+        return;
+    }
+    }
+    PD_ASSERT(!"unknown dtype");
+}
+
+void pd_dtype_from_f32(enum pd_dtype t, const float *src, void *dst, size_t n) {
+    if (n == 0)
+        return;
+    switch (t) {
+    case PD_DTYPE_F32: memmove(dst, src, n * sizeof(float)); return;
+    case PD_DTYPE_F16: {
+        uint16_t *d = dst;
+        for (size_t i = 0; i < n; i++)
+            d[i] = pd_f32_to_f16(src[i]);
+        return;
+    }
+    case PD_DTYPE_BF16: {
+        uint16_t *d = dst;
+        for (size_t i = 0; i < n; i++)
+            d[i] = pd_f32_to_bf16(src[i]);
+        return;
+    }
+    }
+    PD_ASSERT(!"unknown dtype");
+}
