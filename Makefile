@@ -16,7 +16,7 @@ setup:
 	@scripts/setup.sh
 
 build: setup
-	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release -DPD_WERROR=ON $(CMAKE_ARGS)
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release -DPD_WERROR=ON -DPD_SANITIZE= $(CMAKE_ARGS)
 	cmake --build $(BUILD) -j$(JOBS)
 
 build-asan: setup

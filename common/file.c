@@ -13,11 +13,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-int pd_file_read_all(const char *path, char **out, size_t *len) {
-    int rc;
-    char *buf = NULL;
-    size_t cap = 0, n = 0;
+int pd_file_open_regular(const char *path, int *fd_out, size_t *size) {
     struct stat st;
+    int rc;
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
         return pd_errorf(pd_status_from_errno(errno), "cannot open %s: %s", path, strerror(errno));
@@ -29,6 +27,21 @@ int pd_file_read_all(const char *path, char **out, size_t *len) {
         rc = pd_errorf(PD_EINVAL, "%s is not a regular file", path);
         goto fail;
     }
+    *fd_out = fd;
+    if (size)
+        *size = (size_t)st.st_size;
+    return PD_OK;
+fail:
+    close(fd);
+    return rc;
+}
+
+int pd_file_read_all(const char *path, char **out, size_t *len) {
+    int rc, fd;
+    char *buf = NULL;
+    size_t cap = 0, n = 0;
+    if ((rc = pd_file_open_regular(path, &fd, NULL)) != PD_OK)
+        return rc;
     for (;;) {
         if (pd_array_grow((void **)&buf, &cap, n + 4096 + 1, 1) != PD_OK) {
             rc = pd_error_wrap(PD_ENOMEM, "reading %s", path);

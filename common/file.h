@@ -12,6 +12,10 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+/* Opens path read-only and checks it is a regular file; *fd is open and *size (bytes) set on
+ * success (size may be NULL), nothing is open on failure. */
+int pd_file_open_regular(const char *path, int *fd, size_t *size);
+
 /* Reads all of path into *out (NUL-terminated, *len bytes without the NUL; caller pd_frees). */
 int pd_file_read_all(const char *path, char **out, size_t *len);
 

@@ -91,7 +91,7 @@ extern const char *const pd_device_names[]; /* "cpu", "cuda" */
 
 struct pd_server_args {
     const char *model_path;
-    const char *tokenizer_path; /* defaults to model_path */
+    const char *tokenizer_path;    /* defaults to model_path */
     const char *served_model_name; /* defaults to model_path */
     const char *host;
     int port;
@@ -107,8 +107,8 @@ struct pd_server_args {
     int disaggregation_mode; /* enum pd_disagg_mode */
     int disaggregation_bootstrap_port;
     const char *disaggregation_ib_device;
-    int device; /* enum pd_device_kind */
-    int threads; /* CPU backend threads; 0 = all cores */
+    int device;    /* enum pd_device_kind */
+    int threads;   /* CPU backend threads; 0 = all cores */
     int log_level; /* enum pd_log_level */
     bool disable_prefix_cache;
     int64_t random_seed;

@@ -199,7 +199,7 @@ static int parse_eos(const char *src, const cJSON *root, struct pd_model_config 
     return add_eos(src, c, id);
 }
 
-/* A token id: int >= 0, or null/absent (-1 then, or def). */
+/* A token id: int >= 0; null or -1 mean none (-1); absent means def. */
 static int get_token_id(const char *src, const cJSON *root, const char *key, int def, int *out) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, key);
     int rc;
@@ -209,8 +209,9 @@ static int get_token_id(const char *src, const cJSON *root, const char *key, int
     }
     if ((rc = get_int(src, root, key, false, def, out)) != PD_OK)
         return rc;
-    if (*out < -1 || (v && *out < 0))
-        return pd_errorf(PD_ERANGE, "%s: key '%s' is %d, must be >= 0", src, key, *out);
+    if (*out < -1) /* -1 is how some older configs say "none" */
+        return pd_errorf(PD_ERANGE, "%s: key '%s' is %d, must be >= 0 (or -1/null for none)", src,
+                         key, *out);
     return PD_OK;
 }
 

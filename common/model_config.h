@@ -27,7 +27,7 @@ enum pd_arch {
 
 /* "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM" */
 extern const char pd_arch_supported_list[];
-const char *pd_arch_hf_name(enum pd_arch a);  /* "LlamaForCausalLM" */
+const char *pd_arch_hf_name(enum pd_arch a);    /* "LlamaForCausalLM" */
 const char *pd_arch_model_type(enum pd_arch a); /* "llama" */
 
 enum pd_rope_type {
@@ -37,9 +37,9 @@ enum pd_rope_type {
 
 struct pd_rope_scaling {
     enum pd_rope_type type;
-    double factor;           /* llama3: 8.0 for Llama-3.1 */
-    double low_freq_factor;  /* llama3: 1.0 */
-    double high_freq_factor; /* llama3: 4.0 */
+    double factor;                        /* llama3: 8.0 for Llama-3.1 */
+    double low_freq_factor;               /* llama3: 1.0 */
+    double high_freq_factor;              /* llama3: 4.0 */
     int original_max_position_embeddings; /* llama3: 8192 */
 };
 
@@ -52,14 +52,16 @@ struct pd_model_config {
     int intermediate_size;
     int num_hidden_layers;
     int num_attention_heads;
-    int num_key_value_heads; /* defaults to num_attention_heads when absent */
-    int head_dim;            /* explicit in config or hidden_size / num_attention_heads */
+    int num_key_value_heads; /* absent: transformers' default (llama: num_attention_heads,
+                                mistral 8, qwen2/qwen3 32); null: num_attention_heads */
+    int head_dim; /* explicit in config, else hidden_size / num_attention_heads (qwen3: 128) */
     int max_position_embeddings;
     double rms_norm_eps;
     double rope_theta; /* default 10000 */
     struct pd_rope_scaling rope_scaling;
     bool tie_word_embeddings;
-    bool attention_bias; /* bias on q/k/v projections (always for qwen2) */
+    bool attention_bias; /* bias on q/k/v projections (always for qwen2); for llama and
+                            qwen3 also on o_proj, as transformers builds them */
     bool qk_norm;        /* per-head RMSNorm on q and k (qwen3) */
     int sliding_window;  /* 0 = none (mistral/qwen may set it; we record it) */
     enum pd_dtype torch_dtype;

@@ -136,23 +136,14 @@ static struct shard *shard_add(struct pd_checkpoint *ck, const char *path, size_
 
 /* Maps path as a new shard of ck. */
 static int shard_map(struct pd_checkpoint *ck, const char *path, size_t *idx) {
-    struct stat st;
-    int rc;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return pd_errorf(pd_status_from_errno(errno), "cannot open %s: %s", path, strerror(errno));
-    if (fstat(fd, &st) != 0) {
-        rc = pd_errorf(pd_status_from_errno(errno), "cannot stat %s: %s", path, strerror(errno));
-        goto fail;
-    }
-    if (!S_ISREG(st.st_mode)) {
-        rc = pd_errorf(PD_EINVAL, "%s is not a regular file", path);
-        goto fail;
-    }
-    if (st.st_size < 8) {
+    int rc, fd;
+    size_t fsize;
+    if ((rc = pd_file_open_regular(path, &fd, &fsize)) != PD_OK)
+        return rc;
+    if (fsize < 8) {
         rc = pd_errorf(PD_EFORMAT,
                        "%s: file is %lld bytes, too short for a safetensors header (truncated?)",
-                       path, (long long)st.st_size);
+                       path, (long long)fsize);
         goto fail;
     }
     struct shard *s = shard_add(ck, path, idx);
@@ -160,13 +151,13 @@ static int shard_map(struct pd_checkpoint *ck, const char *path, size_t *idx) {
         rc = pd_error_wrap(PD_ENOMEM, "opening %s", path);
         goto fail;
     }
-    void *m = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+    void *m = mmap(NULL, fsize, PROT_READ, MAP_PRIVATE, fd, 0);
     if (m == MAP_FAILED) {
         rc = pd_errorf(pd_status_from_errno(errno), "cannot map %s: %s", path, strerror(errno));
         goto fail; /* the shard stays listed with map == NULL; pd_checkpoint_free copes */
     }
     s->map = m;
-    s->size = (size_t)st.st_size;
+    s->size = fsize;
     close(fd);
     return PD_OK;
 fail:
@@ -567,11 +558,22 @@ int pd_checkpoint_validate(const struct pd_checkpoint *ck, const struct pd_model
 
 /* ---- writing ---- */
 
+static uint64_t tensor_bytes(const struct pd_tensor_write *w) {
+    uint64_t b = (unsigned)w->dtype <= PD_DTYPE_BF16 ? pd_dtype_size(w->dtype) : 0;
+    for (int d = 0; d < w->ndim && d < PD_TENSOR_MAX_DIMS; d++)
+        b *= w->shape[d] > 0 ? (uint64_t)w->shape[d] : 0;
+    return b;
+}
+
+/* Data goes out widest element first (F32, then F16/BF16), each class in the given order, as
+ * safetensors' serialize does: with the header padded to 8 bytes, every tensor then starts at a
+ * multiple of its element size, so readers may use the mapping as float/uint16 arrays. */
+static const size_t data_classes[] = {4, 2};
+
 /* Validates t[0..n) and returns the header (padded) and the data size. */
 static int build_header(const char *path, const struct pd_tensor_write *t, size_t n,
                         struct sbuf *hdr, uint64_t *data_bytes) {
-    uint64_t off = 0;
-    sb_append(hdr, "{\"__metadata__\":{\"format\":\"pt\"}", 31);
+    uint64_t total = 0, wide = 0; /* bytes: all, and those of 4-byte tensors */
     for (size_t i = 0; i < n; i++) {
         const struct pd_tensor_write *w = &t[i];
         uint64_t count = 1;
@@ -588,29 +590,39 @@ static int build_header(const char *path, const struct pd_tensor_write *t, size_
                 return pd_errorf(PD_EINVAL, "writing %s: tensor '%s' has a negative dimension",
                                  path, w->name);
             uint64_t dim = (uint64_t)w->shape[d];
-            if (dim && count > (1ull << 53) / dim)
+            if (dim && count > (1ull << 50) / dim)
                 return pd_errorf(PD_ERANGE, "writing %s: tensor '%s' is too large", path, w->name);
             count *= dim;
         }
         uint64_t bytes = count * pd_dtype_size(w->dtype);
         if (bytes && !w->data)
             return pd_errorf(PD_EINVAL, "writing %s: tensor '%s' has no data", path, w->name);
+        total += bytes;
+        if (pd_dtype_size(w->dtype) == 4)
+            wide += bytes;
+        if (total > (1ull << 53))
+            return pd_errorf(PD_ERANGE, "writing %s: more than 2^53 bytes of tensors", path);
+    }
+    uint64_t off_wide = 0, off_narrow = wide;
+    sb_append(hdr, "{\"__metadata__\":{\"format\":\"pt\"}", 31);
+    for (size_t i = 0; i < n; i++) {
+        const struct pd_tensor_write *w = &t[i];
+        uint64_t bytes = tensor_bytes(w);
+        uint64_t *off = pd_dtype_size(w->dtype) == 4 ? &off_wide : &off_narrow;
         sb_append(hdr, ",", 1);
         sb_json_string(hdr, w->name);
         sb_printf(hdr, ":{\"dtype\":\"%s\",\"shape\":[", pd_dtype_name(w->dtype));
         for (int d = 0; d < w->ndim; d++)
             sb_printf(hdr, "%s%" PRId64, d ? "," : "", w->shape[d]);
-        sb_printf(hdr, "],\"data_offsets\":[%" PRIu64 ",%" PRIu64 "]}", off, off + bytes);
-        off += bytes;
-        if (off > (1ull << 53))
-            return pd_errorf(PD_ERANGE, "writing %s: more than 2^53 bytes of tensors", path);
+        sb_printf(hdr, "],\"data_offsets\":[%" PRIu64 ",%" PRIu64 "]}", *off, *off + bytes);
+        *off += bytes;
     }
     sb_append(hdr, "}", 1);
     while (hdr->rc == PD_OK && hdr->len % 8)
         sb_append(hdr, " ", 1);
     if (hdr->rc != PD_OK)
         return pd_error_wrap(hdr->rc, "writing %s", path);
-    *data_bytes = off;
+    *data_bytes = total;
     return PD_OK;
 }
 
@@ -634,12 +646,13 @@ int pd_safetensors_write(const char *path, const struct pd_tensor_write *t, size
     if ((rc = pd_file_write_fd(fd, len8, 8, path)) != PD_OK ||
         (rc = pd_file_write_fd(fd, hdr.p, hdr.len, path)) != PD_OK)
         goto out;
-    for (size_t i = 0; i < n; i++) {
-        size_t bytes = pd_dtype_size(t[i].dtype);
-        for (int d = 0; d < t[i].ndim; d++)
-            bytes *= (size_t)t[i].shape[d];
-        if ((rc = pd_file_write_fd(fd, t[i].data, bytes, path)) != PD_OK)
-            goto out;
+    for (size_t c = 0; c < PD_ARRAY_LEN(data_classes); c++) {
+        for (size_t i = 0; i < n; i++) {
+            if (pd_dtype_size(t[i].dtype) != data_classes[c])
+                continue;
+            if ((rc = pd_file_write_fd(fd, t[i].data, (size_t)tensor_bytes(&t[i]), path)) != PD_OK)
+                goto out;
+        }
     }
     if (close(fd) != 0) {
         fd = -1;
@@ -654,13 +667,6 @@ out:
         unlink(path); /* no half-written checkpoint left behind */
     pd_free(hdr.p);
     return rc;
-}
-
-static uint64_t tensor_bytes(const struct pd_tensor_write *w) {
-    uint64_t b = (unsigned)w->dtype <= PD_DTYPE_BF16 ? pd_dtype_size(w->dtype) : 0;
-    for (int d = 0; d < w->ndim && d < PD_TENSOR_MAX_DIMS; d++)
-        b *= w->shape[d] > 0 ? (uint64_t)w->shape[d] : 0;
-    return b;
 }
 
 struct index_entry {

@@ -29,7 +29,7 @@ struct pd_tensor_view {
     int64_t shape[PD_TENSOR_MAX_DIMS];
     const void *data; /* into the read-only mapping */
     size_t nbytes;
-    int shard; /* index of the file it lives in */
+    int shard; /* index of the file it lives in (shard files in name order, from 0) */
 };
 
 struct pd_checkpoint;
@@ -61,7 +61,9 @@ struct pd_tensor_write {
     const void *data; /* nbytes = product(shape) * dtype size */
 };
 
-/* Writes one safetensors file with tensors in the given order ("__metadata__": {"format":"pt"}). */
+/* Writes one safetensors file with tensors in the given order ("__metadata__": {"format":"pt"}).
+ * The header lists them in that order; the data puts F32 tensors before 2-byte ones (as the
+ * safetensors library does) so every tensor is aligned to its element size in a mapping. */
 int pd_safetensors_write(const char *path, const struct pd_tensor_write *t, size_t n);
 
 /* Writes a checkpoint into dir: one model.safetensors when max_shard_bytes == 0 or everything

@@ -113,6 +113,7 @@ static void check_same_tensors(const struct pd_checkpoint *ck, const struct mode
         CHECK_INT(v->shape[0], m->w[i].shape[0]);
         CHECK_INT(v->nbytes, tensor_nbytes(&m->w[i]));
         CHECK(memcmp(v->data, m->w[i].data, v->nbytes) == 0);
+        CHECK((uintptr_t)v->data % pd_dtype_size(v->dtype) == 0); /* usable as an array */
     }
     for (size_t i = 1; i < pd_checkpoint_count(ck); i++) /* name order */
         CHECK(strcmp(pd_checkpoint_at(ck, i - 1)->name, pd_checkpoint_at(ck, i)->name) < 0);
@@ -211,6 +212,19 @@ static void test_file_layout(void) {
         CHECK(((uintptr_t)v->data) % 8 == 0); /* header padding keeps data 8-byte aligned */
     }
     pd_checkpoint_free(ck);
+
+    /* F32 data goes first whatever the order given, so it stays 4-byte aligned */
+    struct pd_tensor_write rev[2] = {t[1], t[0]};
+    CHECK_OK(pd_safetensors_write(path, rev, 2));
+    text = NULL;
+    CHECK_OK(pd_file_read_all(path, &text, &len));
+    if (text && len > 8) {
+        char *b_at = strstr(text + 8, "\"b\":{\"dtype\":\"BF16\",\"shape\":[3],"
+                                      "\"data_offsets\":[24,30]}");
+        char *w_at = strstr(text + 8, "\"data_offsets\":[0,24]");
+        CHECK(b_at && w_at && b_at < w_at); /* header keeps the given order */
+    }
+    pd_free(text);
 
     /* huggingface_hub's shard plan: a tensor over the limit gets its own shard, first */
     static uint8_t zeros[100];
