@@ -22,7 +22,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#define PD_CPU_GEMV_ROWS 16      /* activation rows up to which the GEMV route is taken */
+#define PD_CPU_GEMV_ROWS 32      /* activation rows up to which the GEMV route is taken */
 #define PD_CPU_GEMM_BLOCK 128    /* weight rows per sgemm block */
 #define PD_CPU_INLINE_WORK 32768 /* elementwise ops smaller than this run on the caller alone */
 

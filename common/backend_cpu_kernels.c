@@ -115,37 +115,59 @@ PD_AVX2 static void to_f32_avx2(enum pd_dtype t, const void *src, float *dst, in
         dst[i] = load1(t, src, i);
 }
 
-/* Up to four x rows against one w row: the w row is widened once per 8 values and feeds every
- * x row's accumulator, so w is read from memory once per four tokens. */
+/* NR (1..4) x rows against one w row: the w row is widened once per 16 values and feeds every x
+ * row's two accumulators (two, so the FMA latency chain does not bound a single row), so w is
+ * read from memory once per four tokens. Inlined per NR so unused rows cost nothing. */
+PD_AVX2 static inline __attribute__((always_inline)) void
+gemv_rows(const int NR, enum pd_dtype wt, const void *w, int64_t k, const float *x, float *y,
+          int64_t ldy, int64_t j0, int64_t j1) {
+    size_t esz = wt == PD_DTYPE_F32 ? 4 : 2;
+    for (int64_t j = j0; j < j1; j++) {
+        const void *wr = (const char *)w + (size_t)j * (size_t)k * esz;
+        __m256 a[4][2];
+#pragma GCC unroll 4
+        for (int r = 0; r < NR; r++)
+            a[r][0] = a[r][1] = _mm256_setzero_ps();
+        int64_t c = 0;
+        for (; c + 16 <= k; c += 16) {
+            __m256 w0 = load8(wt, wr, c), w1 = load8(wt, wr, c + 8);
+#pragma GCC unroll 4
+            for (int r = 0; r < NR; r++) {
+                a[r][0] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + r * k + c), a[r][0]);
+                a[r][1] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x + r * k + c + 8), a[r][1]);
+            }
+        }
+        for (; c + 8 <= k; c += 8) {
+            __m256 w0 = load8(wt, wr, c);
+#pragma GCC unroll 4
+            for (int r = 0; r < NR; r++)
+                a[r][0] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + r * k + c), a[r][0]);
+        }
+#pragma GCC unroll 4
+        for (int r = 0; r < NR; r++) {
+            float s = hsum8(_mm256_add_ps(a[r][0], a[r][1]));
+            for (int64_t cc = c; cc < k; cc++)
+                s += load1(wt, wr, cc) * x[r * k + cc];
+            y[r * ldy + j] = s;
+        }
+    }
+}
+
+/* Blocks of 8 w rows stay in L1/L2 while every group of four x rows passes over them, so w
+ * comes from memory once per step whatever the batch. */
 PD_AVX2 static void gemv_avx2(enum pd_dtype wt, const void *w, int64_t k, const float *x, int nx,
                               float *y, int64_t ldy, int64_t j0, int64_t j1) {
-    size_t esz = wt == PD_DTYPE_F32 ? 4 : 2;
-    for (int i0 = 0; i0 < nx; i0 += 4) {
-        int nr = nx - i0 < 4 ? nx - i0 : 4;
-        const float *x0 = x + (int64_t)i0 * k;
-        const float *x1 = nr > 1 ? x0 + k : x0, *x2 = nr > 2 ? x0 + 2 * k : x0;
-        const float *x3 = nr > 3 ? x0 + 3 * k : x0;
-        for (int64_t j = j0; j < j1; j++) {
-            const void *wr = (const char *)w + (size_t)j * (size_t)k * esz;
-            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-            int64_t c = 0;
-            for (; c + 8 <= k; c += 8) {
-                __m256 wv = load8(wt, wr, c);
-                a0 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x0 + c), a0);
-                a1 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x1 + c), a1);
-                a2 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x2 + c), a2);
-                a3 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x3 + c), a3);
+    for (int64_t jb = j0; jb < j1; jb += 8) {
+        int64_t je = jb + 8 < j1 ? jb + 8 : j1;
+        for (int i0 = 0; i0 < nx; i0 += 4) {
+            const float *xs = x + (int64_t)i0 * k;
+            float *ys = y + (int64_t)i0 * ldy;
+            switch (nx - i0 < 4 ? nx - i0 : 4) {
+            case 1: gemv_rows(1, wt, w, k, xs, ys, ldy, jb, je); break;
+            case 2: gemv_rows(2, wt, w, k, xs, ys, ldy, jb, je); break;
+            case 3: gemv_rows(3, wt, w, k, xs, ys, ldy, jb, je); break;
+            default: gemv_rows(4, wt, w, k, xs, ys, ldy, jb, je); break;
             }
-            float s[4] = {hsum8(a0), hsum8(a1), hsum8(a2), hsum8(a3)};
-            for (; c < k; c++) {
-                float wv = load1(wt, wr, c);
-                s[0] += wv * x0[c];
-                s[1] += wv * x1[c];
-                s[2] += wv * x2[c];
-                s[3] += wv * x3[c];
-            }
-            for (int r = 0; r < nr; r++)
-                y[(int64_t)(i0 + r) * ldy + j] = s[r];
         }
     }
 }
