@@ -63,7 +63,7 @@ static int parse_ids(const char *s, struct pd_token_ids *out) {
 }
 
 /* Collects every prompt's ids. */
-static int collect_prompts(const struct args *a, int argc, char **argv, int first_pos,
+static int collect_prompts(const struct args *a, int n_args, char **args,
                            const struct pd_tokenizer *tok, struct pd_token_ids **out, int *n_out) {
     struct pd_token_ids *ps = NULL;
     size_t cap = 0;
@@ -72,10 +72,10 @@ static int collect_prompts(const struct args *a, int argc, char **argv, int firs
     /* texts: positional args, then lines of the prompt file */
     char **texts = NULL;
     size_t ntext = 0, tcap = 0;
-    for (int i = first_pos; i < argc; i++) {
+    for (int i = 0; i < n_args; i++) {
         if (pd_array_grow((void **)&texts, &tcap, ntext + 1, sizeof(char *)))
             goto nomem;
-        texts[ntext++] = argv[i];
+        texts[ntext++] = args[i];
     }
     if (a->prompt_file) {
         FILE *f = fopen(a->prompt_file, "r");
@@ -190,7 +190,7 @@ static void print_result(const struct args *a, const struct pd_tokenizer *tok,
         printf("# sum logprob %.6f over %d tokens\n", p->logprob_sum, p->n_out);
 }
 
-static int run(const struct args *a, int argc, char **argv, int first_pos) {
+static int run(const struct args *a, int n_texts, char **texts_in) {
     struct pd_backend *be = NULL;
     struct pd_model *m = NULL;
     struct pd_tokenizer *tok = NULL;
@@ -217,7 +217,7 @@ static int run(const struct args *a, int argc, char **argv, int first_pos) {
                 goto out;
         }
     }
-    if ((rc = collect_prompts(a, argc, argv, first_pos, tok, &pids, &n)) != PD_OK)
+    if ((rc = collect_prompts(a, n_texts, texts_in, tok, &pids, &n)) != PD_OK)
         goto out;
     int max_prompt = 0;
     for (int i = 0; i < n; i++)
@@ -417,33 +417,52 @@ int main(int argc, char **argv) {
     pd_flag_int(&fs, "--chunked-prefill-size", &a.chunk, "TOKENS", 1, 1 << 20,
                 "prompt tokens per extend step");
     pd_flag_log_level(&fs, &a.log_level);
-    /* positional arguments are the text prompts: parse flags only up to the first of them */
-    int first_pos = 1;
-    while (first_pos < argc) {
-        const char *s = argv[first_pos];
-        if (s[0] != '-' || s[1] != '-')
-            break;
-        struct pd_flag *f = NULL;
-        for (int i = 0; i < fs.n; i++) {
-            size_t len = strlen(fs.flags[i].name);
-            if (strncmp(s, fs.flags[i].name, len) == 0 && (s[len] == '\0' || s[len] == '='))
-                f = &fs.flags[i];
-        }
-        first_pos += (f && f->kind != PD_FLAG_BOOL && !strchr(s, '=')) ? 2 : 1;
+    /* flags and text prompts may be mixed: known "--name" words (and their values) go to the
+     * flag parser, every other word is a prompt; "--" ends the flags */
+    char **flag_argv = calloc((size_t)argc + 1, sizeof(char *));
+    char **texts = calloc((size_t)argc + 1, sizeof(char *));
+    if (!flag_argv || !texts) {
+        fprintf(stderr, "pdserve-generate: out of memory\n");
+        return 1;
     }
-    if (first_pos > argc)
-        first_pos = argc;
-    int rc = pd_flags_parse(&fs, first_pos, argv);
+    int nf = 1, nt = 0;
+    flag_argv[0] = argv[0];
+    for (int i = 1; i < argc; i++) {
+        const char *w = argv[i];
+        if (strcmp(w, "--") == 0) {
+            while (++i < argc)
+                texts[nt++] = argv[i];
+            break;
+        }
+        if (w[0] != '-' || w[1] != '-') {
+            texts[nt++] = argv[i];
+            continue;
+        }
+        flag_argv[nf++] = argv[i]; /* unknown flags too: the parser names them */
+        for (int f = 0; f < fs.n; f++) {
+            size_t len = strlen(fs.flags[f].name);
+            if (strncmp(w, fs.flags[f].name, len) == 0 && w[len] == '\0' &&
+                fs.flags[f].kind != PD_FLAG_BOOL && i + 1 < argc)
+                flag_argv[nf++] = argv[++i];
+        }
+    }
+    int rc = pd_flags_parse(&fs, nf, flag_argv);
     if (rc) {
         fprintf(stderr, "pdserve-generate: %s\n", pd_error_msg());
+        free(flag_argv);
+        free(texts);
         return 2;
     }
     if (fs.help) {
         pd_flags_usage(&fs, stdout);
+        free(flag_argv);
+        free(texts);
         return 0;
     }
     pd_log_set_level((enum pd_log_level)a.log_level);
-    rc = run(&a, argc, argv, first_pos);
+    rc = run(&a, nt, texts);
+    free(flag_argv);
+    free(texts);
     if (rc) {
         fprintf(stderr, "pdserve-generate: %s\n", pd_error_msg());
         return 1;
