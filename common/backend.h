@@ -1,0 +1,146 @@
+/*
+ * backend.h — the compute interface the model runs on (DESIGN.md §4): a device with its own
+ * memory, a stream that executes ops in the order they were enqueued, and the handful of ops a
+ * Llama-family forward needs. Two backends implement it: cpu (common/backend_cpu*.c) and cuda
+ * (kernels/, linked in when built); common/model* only ever calls what is declared here.
+ *
+ * Invariants:
+ *  - Every pointer an op takes is a device pointer (from pd_backend_alloc or a weight tensor),
+ *    except where a parameter says "host". Ops enqueue and may return before the work is done;
+ *    pd_backend_sync waits for the stream. Results reach the host only through pd_backend_download.
+ *  - Device memory is taken at init (weights, KV pool, activation buffers): nothing here
+ *    allocates on the per-step path. Per-step metadata (positions, page tables, KV slots) is
+ *    planned once per step by pd_backend_set_batch into buffers sized by pd_backend_reserve,
+ *    then every layer's ops read it (STYLE.md rule 9: plan once, run per layer).
+ *  - Activations are f32; weights may be f32, bf16 or f16 and stay in that type on the device.
+ * This interface owns no model knowledge beyond the op shapes; it does not sample or schedule.
+ */
+#ifndef PD_BACKEND_H
+#define PD_BACKEND_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/dtype.h"
+
+enum pd_backend_kind {
+    PD_BACKEND_CPU = 0,
+    PD_BACKEND_CUDA = 1,
+};
+
+struct pd_backend_opts {
+    enum pd_backend_kind kind;
+    int threads;      /* cpu: worker threads incl. the caller; 0 = one per online core */
+    int device_index; /* cuda: which GPU */
+};
+
+/* A 2-D row-major tensor that lives on a backend's device (1-D: rows == 1). */
+struct pd_tensor {
+    enum pd_dtype dtype;
+    int64_t rows, cols;
+    const void *data; /* device */
+};
+
+/* KV pool geometry (DESIGN.md §3, page-major): page p starts at base + p * page_bytes and holds,
+ * for layer 0..n_layers-1, K then V, each [page_size][kv_heads][head_dim] of dtype. */
+struct pd_kv_layout {
+    void *base; /* device */
+    int64_t n_pages;
+    int n_layers, page_size, kv_heads, head_dim;
+    enum pd_dtype dtype;
+    size_t page_bytes; /* n_layers * 2 * page_size * kv_heads * head_dim * dtype size */
+};
+
+/* One step's batch, described on the host by the model; the backend copies it to the device.
+ * Tokens of request r are rows req_tok_start[r] .. req_tok_start[r+1]-1 of every activation;
+ * their K/V go to slots[i] (= page * page_size + offset) and they attend causally to the
+ * req_kv_len[r] tokens the request has in its pages once this step's are written. */
+struct pd_batch_plan {
+    int n_reqs, n_tokens;
+    const int32_t *token_ids;      /* host [n_tokens] */
+    const int32_t *positions;      /* host [n_tokens] */
+    const int32_t *slots;          /* host [n_tokens] */
+    const int32_t *req_tok_start;  /* host [n_reqs + 1] */
+    const int32_t *req_kv_len;     /* host [n_reqs] */
+    const int32_t *req_page_start; /* host [n_reqs + 1] offsets into page_table */
+    const int32_t *page_table;     /* host [req_page_start[n_reqs]] page indices */
+    int n_out_rows;                /* rows whose logits are wanted */
+    const int32_t *out_rows;       /* host [n_out_rows] token rows, ascending */
+};
+
+/* Capacities pd_backend_reserve sizes the per-step metadata and scratch for. */
+struct pd_backend_limits {
+    int max_tokens;  /* tokens in one step */
+    int max_reqs;    /* requests in one step */
+    int max_pages;   /* page-table entries in one step */
+    int max_context; /* longest kv_len of one request */
+    int max_heads;   /* query heads */
+    int max_head_dim;
+    int max_dim; /* widest matmul input (k) */
+};
+
+struct pd_backend;
+
+/* Creates a backend. kind cuda without the CUDA backend linked in is PD_EUNSUPPORTED. */
+int pd_backend_new(const struct pd_backend_opts *opts, struct pd_backend **out);
+void pd_backend_free(struct pd_backend *be);
+enum pd_backend_kind pd_backend_kind_of(const struct pd_backend *be);
+const char *pd_backend_name(const struct pd_backend *be); /* "cpu (8 threads)" */
+/* Device memory: total and currently available to us, bytes. */
+int pd_backend_mem_info(struct pd_backend *be, size_t *total, size_t *avail);
+
+/* Device buffers (process lifetime: call at init). Contents are zeroed. */
+int pd_backend_alloc(struct pd_backend *be, size_t bytes, void **out);
+void pd_backend_release(struct pd_backend *be, void *p);
+/* Sizes per-step metadata and op scratch; call once after weights are known, before any op. */
+int pd_backend_reserve(struct pd_backend *be, const struct pd_backend_limits *lim);
+
+/* A weight for the device from host bytes (e.g. a checkpoint mapping) that stay valid and
+ * unchanged until pd_backend_free: a backend sharing memory with the host may alias them,
+ * others copy. rows*cols*dtype size bytes at host. */
+int pd_backend_weight(struct pd_backend *be, enum pd_dtype dtype, int64_t rows, int64_t cols,
+                      const void *host, struct pd_tensor *out);
+
+int pd_backend_upload(struct pd_backend *be, void *dst /* device */, const void *src /* host */,
+                      size_t bytes);
+/* Waits for the stream, then copies. */
+int pd_backend_download(struct pd_backend *be, void *dst /* host */, const void *src /* device */,
+                        size_t bytes);
+int pd_backend_sync(struct pd_backend *be);
+
+/* ---- per step ---- */
+
+/* Copies the plan to the device. PD_ERANGE when it exceeds the reserved limits. */
+int pd_backend_set_batch(struct pd_backend *be, const struct pd_batch_plan *plan);
+
+/* ---- ops on the current batch (all enqueue; n = the batch's n_tokens unless stated) ---- */
+
+/* out[i] = table[token_ids[i]] as f32.  table [vocab][hidden]; out [n][hidden] f32 */
+void pd_backend_embed(struct pd_backend *be, const struct pd_tensor *table, float *out);
+/* out[r] = x[r] / rms(x[r]) * w for rows rows of width dim (out may equal x). w [dim] */
+void pd_backend_rmsnorm(struct pd_backend *be, const float *x, const struct pd_tensor *w,
+                        int64_t rows, int dim, float eps, float *out);
+/* y = x · wᵀ (+ bias).  x [rows][k] f32; w [m][k]; bias [m] or NULL; y [rows][m] f32 */
+void pd_backend_matmul(struct pd_backend *be, const float *x, int64_t rows,
+                       const struct pd_tensor *w, const struct pd_tensor *bias, float *y);
+/* Rotary embedding in place, half-split (rotate_half) convention, at the batch's positions.
+ * x [n][heads][head_dim] f32; inv_freq [head_dim/2] f32 (device) */
+void pd_backend_rope(struct pd_backend *be, float *x, int heads, int head_dim,
+                     const float *inv_freq);
+/* out = silu(gate) * up, elementwise over count values. */
+void pd_backend_silu_mul(struct pd_backend *be, const float *gate, const float *up, float *out,
+                         int64_t count);
+/* x += y over count values. */
+void pd_backend_add(struct pd_backend *be, float *x, const float *y, int64_t count);
+/* Writes the batch's K and V rows of layer into their slots.  k, v [n][kv_heads][head_dim] f32 */
+void pd_backend_kv_store(struct pd_backend *be, const struct pd_kv_layout *kv, int layer,
+                         const float *k, const float *v);
+/* Causal attention of the batch's queries over each request's pages (after kv_store), GQA by
+ * heads / kv_heads, scaled by scale.  q [n][heads][head_dim]; out [n][heads][head_dim] f32 */
+void pd_backend_attention(struct pd_backend *be, const struct pd_kv_layout *kv, int layer,
+                          const float *q, int heads, float scale, float *out);
+/* dst[j] = src[out_rows[j]] for the plan's out rows.  src [n][width]; dst [n_out_rows][width] */
+void pd_backend_gather_out_rows(struct pd_backend *be, const float *src, int width, float *dst);
+
+#endif

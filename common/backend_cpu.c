@@ -1,0 +1,598 @@
+/*
+ * backend_cpu.c — the cpu backend: "device" memory is host memory, the stream is the calling
+ * thread (every op has finished when it returns), and work is split over a fixed thread pool.
+ *
+ * Matrix products take two routes: up to PD_CPU_GEMV_ROWS activation rows (decode) use our own
+ * GEMV that reads bf16/f16 weights in place — decode is bound by weight bytes, so compact weights
+ * are the speed-up; more rows (prefill) go to OpenBLAS sgemm on blocks of weight rows, widened to
+ * f32 per block in per-thread scratch, one single-threaded sgemm per pool thread (OpenBLAS's own
+ * threads are switched off so the two pools never fight over cores).
+ * Weights alias the caller's host bytes (the checkpoint mapping); nothing is copied.
+ * Per-step metadata and all scratch are sized once by reserve; ops never allocate.
+ */
+#include "common/alloc.h"
+#include "common/backend_cpu.h"
+#include "common/backend_impl.h"
+#include "common/status.h"
+
+#include <cblas.h>
+#include <math.h>
+#include <sched.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#define PD_CPU_GEMV_ROWS 32      /* activation rows up to which the GEMV route is taken */
+#define PD_CPU_GEMM_BLOCK 128    /* weight rows per sgemm block */
+#define PD_CPU_INLINE_WORK 32768 /* elementwise ops smaller than this run on the caller alone */
+
+void openblas_set_num_threads(int num_threads); /* OpenBLAS extension, not in cblas.h */
+
+struct cpu_backend {
+    struct pd_backend base;
+    struct pd__cpu_pool *pool;
+    int nth;
+    bool reserved;
+    struct pd_backend_limits lim;
+    /* current batch (copies of the plan's arrays) */
+    int n_reqs, n_tokens, n_out_rows;
+    int32_t *token_ids, *positions, *slots;  /* [max_tokens] */
+    int32_t *tok_req;                        /* [max_tokens] request of each token row */
+    int32_t *out_rows;                       /* [max_tokens] */
+    int32_t *req_tok_start, *req_page_start; /* [max_reqs + 1] */
+    int32_t *req_kv_len;                     /* [max_reqs] */
+    int32_t *page_table;                     /* [max_pages] */
+    float *scratch;                          /* [nth][scratch_floats] */
+    size_t scratch_floats;                   /* per thread */
+};
+
+static struct cpu_backend *cpu(struct pd_backend *be) {
+    return (struct cpu_backend *)be;
+}
+
+static float *thread_scratch(struct cpu_backend *c, int tid) {
+    return c->scratch + (size_t)tid * c->scratch_floats;
+}
+
+static size_t dtype_bytes(enum pd_dtype t) {
+    return t == PD_DTYPE_F32 ? 4 : 2;
+}
+
+/* ---- memory ---- */
+
+static int cpu_mem_info(struct pd_backend *be, size_t *total, size_t *avail) {
+    long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+    *total = pages > 0 && psz > 0 ? (size_t)pages * (size_t)psz : 0;
+    *avail = 0;
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (f) {
+        char line[128];
+        unsigned long long kb;
+        while (fgets(line, sizeof(line), f)) {
+            if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) {
+                *avail = (size_t)kb * 1024;
+                break;
+            }
+        }
+        fclose(f);
+    }
+    if (!*avail) {
+        long av = sysconf(_SC_AVPHYS_PAGES);
+        *avail = av > 0 && psz > 0 ? (size_t)av * (size_t)psz : 0;
+    }
+    if (!*total)
+        return pd_errorf(PD_EIO, "reading the size of host memory");
+    return PD_OK;
+}
+
+static int cpu_alloc(struct pd_backend *be, size_t bytes, void **out) {
+    *out = pd_calloc(1, bytes);
+    if (!*out)
+        return pd_error_wrap(PD_ENOMEM, "cpu backend buffer of %zu bytes", bytes);
+    return PD_OK;
+}
+
+static void cpu_release(struct pd_backend *be, void *p) {
+    pd_free(p);
+}
+
+static void free_batch_arrays(struct cpu_backend *c) {
+    pd_free(c->token_ids);
+    pd_free(c->positions);
+    pd_free(c->slots);
+    pd_free(c->tok_req);
+    pd_free(c->out_rows);
+    pd_free(c->req_tok_start);
+    pd_free(c->req_page_start);
+    pd_free(c->req_kv_len);
+    pd_free(c->page_table);
+    pd_free(c->scratch);
+    c->token_ids = c->positions = c->slots = c->tok_req = c->out_rows = NULL;
+    c->req_tok_start = c->req_page_start = c->req_kv_len = c->page_table = NULL;
+    c->scratch = NULL;
+    c->reserved = false;
+}
+
+static int cpu_reserve(struct pd_backend *be, const struct pd_backend_limits *lim) {
+    struct cpu_backend *c = cpu(be);
+    free_batch_arrays(c);
+    size_t nt = (size_t)lim->max_tokens, nr = (size_t)lim->max_reqs;
+    /* attention: scores of every query head of one kv group + widened K/V rows and a query;
+     * matmul: one block of weight rows widened to f32; rope: cos and sin of one position */
+    size_t att = (size_t)lim->max_heads * (size_t)lim->max_context + 4 * (size_t)lim->max_head_dim;
+    size_t gemm = (size_t)PD_CPU_GEMM_BLOCK * (size_t)lim->max_dim;
+    c->scratch_floats = att > gemm ? att : gemm;
+    c->token_ids = pd_calloc(nt, sizeof(int32_t));
+    c->positions = pd_calloc(nt, sizeof(int32_t));
+    c->slots = pd_calloc(nt, sizeof(int32_t));
+    c->tok_req = pd_calloc(nt, sizeof(int32_t));
+    c->out_rows = pd_calloc(nt, sizeof(int32_t));
+    c->req_tok_start = pd_calloc(nr + 1, sizeof(int32_t));
+    c->req_page_start = pd_calloc(nr + 1, sizeof(int32_t));
+    c->req_kv_len = pd_calloc(nr, sizeof(int32_t));
+    c->page_table = pd_calloc((size_t)lim->max_pages, sizeof(int32_t));
+    c->scratch = pd_calloc((size_t)c->nth, c->scratch_floats * sizeof(float));
+    if (!c->token_ids || !c->positions || !c->slots || !c->tok_req || !c->out_rows ||
+        !c->req_tok_start || !c->req_page_start || !c->req_kv_len || !c->page_table ||
+        !c->scratch) {
+        free_batch_arrays(c);
+        return pd_error_wrap(PD_ENOMEM, "reserving cpu backend step buffers");
+    }
+    c->lim = *lim;
+    c->reserved = true;
+    return PD_OK;
+}
+
+static int cpu_weight(struct pd_backend *be, enum pd_dtype dtype, int64_t rows, int64_t cols,
+                      const void *host, struct pd_tensor *out) {
+    *out = (struct pd_tensor){dtype, rows, cols, host};
+    return PD_OK;
+}
+
+static int cpu_copy(struct pd_backend *be, void *dst, const void *src, size_t bytes) {
+    if (bytes)
+        memcpy(dst, src, bytes);
+    return PD_OK;
+}
+
+static int cpu_sync(struct pd_backend *be) {
+    return PD_OK;
+}
+
+/* ---- batch ---- */
+
+static int cpu_set_batch(struct pd_backend *be, const struct pd_batch_plan *p) {
+    struct cpu_backend *c = cpu(be);
+    if (!c->reserved)
+        return pd_errorf(PD_EINVAL, "cpu backend: set_batch before reserve");
+    if (p->n_reqs < 1 || p->n_reqs > c->lim.max_reqs)
+        return pd_errorf(PD_ERANGE, "batch of %d requests, limit %d", p->n_reqs, c->lim.max_reqs);
+    if (p->n_tokens < 1 || p->n_tokens > c->lim.max_tokens)
+        return pd_errorf(PD_ERANGE, "batch of %d tokens, limit %d", p->n_tokens, c->lim.max_tokens);
+    int n_pages = p->req_page_start[p->n_reqs];
+    if (n_pages > c->lim.max_pages)
+        return pd_errorf(PD_ERANGE, "batch page table of %d entries, limit %d", n_pages,
+                         c->lim.max_pages);
+    if (p->n_out_rows < 0 || p->n_out_rows > p->n_tokens)
+        return pd_errorf(PD_ERANGE, "%d output rows for %d tokens", p->n_out_rows, p->n_tokens);
+    if (p->req_tok_start[0] != 0 || p->req_tok_start[p->n_reqs] != p->n_tokens ||
+        p->req_page_start[0] != 0)
+        return pd_errorf(PD_EINVAL, "batch plan offsets do not cover the batch");
+    for (int r = 0; r < p->n_reqs; r++) {
+        int n_new = p->req_tok_start[r + 1] - p->req_tok_start[r];
+        int pages = p->req_page_start[r + 1] - p->req_page_start[r];
+        if (n_new < 1 || pages < 0 || p->req_kv_len[r] < n_new ||
+            p->req_kv_len[r] > c->lim.max_context)
+            return pd_errorf(PD_ERANGE, "request %d of the batch: %d new tokens, %d in cache", r,
+                             n_new, p->req_kv_len[r]);
+        for (int i = p->req_tok_start[r]; i < p->req_tok_start[r + 1]; i++)
+            c->tok_req[i] = r;
+    }
+    for (int j = 0; j < p->n_out_rows; j++)
+        if (p->out_rows[j] < 0 || p->out_rows[j] >= p->n_tokens)
+            return pd_errorf(PD_ERANGE, "output row %d outside the batch", p->out_rows[j]);
+    size_t nt = (size_t)p->n_tokens * sizeof(int32_t);
+    memcpy(c->token_ids, p->token_ids, nt);
+    memcpy(c->positions, p->positions, nt);
+    memcpy(c->slots, p->slots, nt);
+    if (p->n_out_rows)
+        memcpy(c->out_rows, p->out_rows, (size_t)p->n_out_rows * sizeof(int32_t));
+    memcpy(c->req_tok_start, p->req_tok_start, ((size_t)p->n_reqs + 1) * sizeof(int32_t));
+    memcpy(c->req_page_start, p->req_page_start, ((size_t)p->n_reqs + 1) * sizeof(int32_t));
+    memcpy(c->req_kv_len, p->req_kv_len, (size_t)p->n_reqs * sizeof(int32_t));
+    memcpy(c->page_table, p->page_table, (size_t)n_pages * sizeof(int32_t));
+    c->n_reqs = p->n_reqs;
+    c->n_tokens = p->n_tokens;
+    c->n_out_rows = p->n_out_rows;
+    return PD_OK;
+}
+
+/* ---- elementwise and row ops ---- */
+
+struct rows_task {
+    struct cpu_backend *c;
+    const float *x, *y;
+    float *out;
+    const struct pd_tensor *w;
+    const float *inv_freq;
+    int64_t rows, count;
+    int dim, heads;
+    float eps;
+};
+
+/* Row tasks below split rows (or values) over threads; small ones stay on the caller. */
+static void run_rows(struct cpu_backend *c, pd__cpu_task fn, struct rows_task *t, int64_t work) {
+    if (work < PD_CPU_INLINE_WORK || c->nth == 1)
+        fn(t, 0, 1);
+    else
+        pd__cpu_pool_run(c->pool, fn, t);
+}
+
+static void embed_task(void *ctx, int tid, int nth) {
+    struct rows_task *t = ctx;
+    int64_t i0, i1;
+    pd__cpu_split(t->rows, tid, nth, &i0, &i1);
+    int64_t d = t->w->cols;
+    for (int64_t i = i0; i < i1; i++) {
+        int64_t id = t->c->token_ids[i];
+        PD_ASSERT(id >= 0 && id < t->w->rows);
+        pd__cpu_to_f32(t->w->dtype,
+                       (const char *)t->w->data + (size_t)(id * d) * dtype_bytes(t->w->dtype),
+                       t->out + i * d, d);
+    }
+}
+
+static void cpu_embed(struct pd_backend *be, const struct pd_tensor *table, float *out) {
+    struct cpu_backend *c = cpu(be);
+    struct rows_task t = {.c = c, .w = table, .out = out, .rows = c->n_tokens};
+    run_rows(c, embed_task, &t, c->n_tokens * table->cols);
+}
+
+static float weight_at(const struct pd_tensor *w, int64_t i) {
+    float f;
+    pd__cpu_to_f32(w->dtype, (const char *)w->data + (size_t)i * dtype_bytes(w->dtype), &f, 1);
+    return f;
+}
+
+/* As transformers' LlamaRMSNorm: mean of squares in f32, x * rsqrt(var + eps), then * weight. */
+static void rmsnorm_task(void *ctx, int tid, int nth) {
+    struct rows_task *t = ctx;
+    int64_t i0, i1;
+    pd__cpu_split(t->rows, tid, nth, &i0, &i1);
+    float *wf = thread_scratch(t->c, tid); /* [dim] widened weight */
+    pd__cpu_to_f32(t->w->dtype, t->w->data, wf, t->dim);
+    for (int64_t i = i0; i < i1; i++) {
+        const float *x = t->x + i * t->dim;
+        float *o = t->out + i * t->dim;
+        float ss = pd__cpu_dot(x, x, t->dim);
+        float r = 1.0f / sqrtf(ss / (float)t->dim + t->eps);
+        for (int d = 0; d < t->dim; d++)
+            o[d] = wf[d] * (x[d] * r);
+    }
+}
+
+static void cpu_rmsnorm(struct pd_backend *be, const float *x, const struct pd_tensor *w,
+                        int64_t rows, int dim, float eps, float *out) {
+    struct cpu_backend *c = cpu(be);
+    PD_ASSERT((size_t)dim <= c->scratch_floats);
+    struct rows_task t = {.c = c, .x = x, .w = w, .out = out, .rows = rows, .dim = dim, .eps = eps};
+    run_rows(c, rmsnorm_task, &t, rows * dim);
+}
+
+/* Half-split rotary embedding as transformers' apply_rotary_pos_emb: angle = pos * inv_freq in
+ * f32, x[d] * cos - x[d + h] * sin and x[d + h] * cos + x[d] * sin. */
+static void rope_task(void *ctx, int tid, int nth) {
+    struct rows_task *t = ctx;
+    int64_t i0, i1;
+    pd__cpu_split(t->rows, tid, nth, &i0, &i1);
+    int half = t->dim / 2;
+    float *cs = thread_scratch(t->c, tid), *sn = cs + half;
+    for (int64_t i = i0; i < i1; i++) {
+        float pos = (float)t->c->positions[i];
+        for (int d = 0; d < half; d++) {
+            float a = pos * t->inv_freq[d];
+            cs[d] = cosf(a);
+            sn[d] = sinf(a);
+        }
+        for (int h = 0; h < t->heads; h++) {
+            float *x = t->out + (i * t->heads + h) * t->dim;
+            for (int d = 0; d < half; d++) {
+                float x0 = x[d], x1 = x[d + half];
+                x[d] = x0 * cs[d] - x1 * sn[d];
+                x[d + half] = x1 * cs[d] + x0 * sn[d];
+            }
+        }
+    }
+}
+
+static void cpu_rope(struct pd_backend *be, float *x, int heads, int head_dim,
+                     const float *inv_freq) {
+    struct cpu_backend *c = cpu(be);
+    struct rows_task t = {.c = c,
+                          .out = x,
+                          .inv_freq = inv_freq,
+                          .rows = c->n_tokens,
+                          .dim = head_dim,
+                          .heads = heads};
+    run_rows(c, rope_task, &t, (int64_t)c->n_tokens * heads * head_dim);
+}
+
+static void silu_mul_task(void *ctx, int tid, int nth) {
+    struct rows_task *t = ctx;
+    int64_t i0, i1;
+    pd__cpu_split(t->count, tid, nth, &i0, &i1);
+    for (int64_t i = i0; i < i1; i++) {
+        float g = t->x[i];
+        t->out[i] = g / (1.0f + expf(-g)) * t->y[i];
+    }
+}
+
+static void cpu_silu_mul(struct pd_backend *be, const float *gate, const float *up, float *out,
+                         int64_t count) {
+    struct cpu_backend *c = cpu(be);
+    struct rows_task t = {.c = c, .x = gate, .y = up, .out = out, .count = count};
+    run_rows(c, silu_mul_task, &t, count);
+}
+
+static void add_task(void *ctx, int tid, int nth) {
+    struct rows_task *t = ctx;
+    int64_t i0, i1;
+    pd__cpu_split(t->count, tid, nth, &i0, &i1);
+    for (int64_t i = i0; i < i1; i++)
+        t->out[i] += t->y[i];
+}
+
+static void cpu_add(struct pd_backend *be, float *x, const float *y, int64_t count) {
+    struct cpu_backend *c = cpu(be);
+    struct rows_task t = {.c = c, .y = y, .out = x, .count = count};
+    run_rows(c, add_task, &t, count);
+}
+
+static void cpu_gather_out_rows(struct pd_backend *be, const float *src, int width, float *dst) {
+    struct cpu_backend *c = cpu(be);
+    for (int j = 0; j < c->n_out_rows; j++)
+        memmove(dst + (size_t)j * (size_t)width, src + (size_t)c->out_rows[j] * (size_t)width,
+                (size_t)width * sizeof(float));
+}
+
+/* ---- matmul ---- */
+
+struct matmul_task {
+    struct cpu_backend *c;
+    const float *x;
+    int64_t rows, m, k;
+    const struct pd_tensor *w, *bias;
+    float *y;
+    int64_t block;
+};
+
+static void add_bias(const struct matmul_task *t, int64_t j0, int64_t j1) {
+    if (!t->bias)
+        return;
+    for (int64_t j = j0; j < j1; j++) {
+        float b = weight_at(t->bias, j);
+        for (int64_t i = 0; i < t->rows; i++)
+            t->y[i * t->m + j] += b;
+    }
+}
+
+static void gemv_task(void *ctx, int tid, int nth) {
+    struct matmul_task *t = ctx;
+    int64_t j0, j1;
+    pd__cpu_split(t->m, tid, nth, &j0, &j1);
+    pd__cpu_gemv(t->w->dtype, t->w->data, t->k, t->x, (int)t->rows, t->y, t->m, j0, j1);
+    add_bias(t, j0, j1);
+}
+
+static void gemm_task(void *ctx, int tid, int nth) {
+    struct matmul_task *t = ctx;
+    int64_t nblk = (t->m + t->block - 1) / t->block, b0, b1;
+    pd__cpu_split(nblk, tid, nth, &b0, &b1);
+    size_t esz = dtype_bytes(t->w->dtype);
+    float *wf = thread_scratch(t->c, tid); /* [block][k] widened weight rows */
+    for (int64_t b = b0; b < b1; b++) {
+        int64_t j0 = b * t->block, j1 = j0 + t->block < t->m ? j0 + t->block : t->m;
+        const void *wsrc = (const char *)t->w->data + (size_t)(j0 * t->k) * esz;
+        const float *wb = wsrc;
+        if (t->w->dtype != PD_DTYPE_F32) {
+            pd__cpu_to_f32(t->w->dtype, wsrc, wf, (j1 - j0) * t->k);
+            wb = wf;
+        }
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)t->rows, (int)(j1 - j0),
+                    (int)t->k, 1.0f, t->x, (int)t->k, wb, (int)t->k, 0.0f, t->y + j0, (int)t->m);
+        add_bias(t, j0, j1);
+    }
+}
+
+static void cpu_matmul(struct pd_backend *be, const float *x, int64_t rows,
+                       const struct pd_tensor *w, const struct pd_tensor *bias, float *y) {
+    struct cpu_backend *c = cpu(be);
+    PD_ASSERT(w->cols <= c->lim.max_dim);
+    struct matmul_task t = {c, x, rows, w->rows, w->cols, w, bias, y, PD_CPU_GEMM_BLOCK};
+    if (rows <= PD_CPU_GEMV_ROWS) {
+        pd__cpu_pool_run(c->pool, gemv_task, &t);
+        return;
+    }
+    /* blocks small enough that every thread gets work, large enough for sgemm to be efficient */
+    int64_t per = (t.m + c->nth - 1) / c->nth;
+    if (per < t.block)
+        t.block = per < 16 ? 16 : (per + 15) / 16 * 16;
+    pd__cpu_pool_run(c->pool, gemm_task, &t);
+}
+
+/* ---- KV cache ---- */
+
+static char *kv_row(const struct pd_kv_layout *kv, int layer, int which, int32_t page, int off) {
+    size_t esz = dtype_bytes(kv->dtype);
+    size_t plane = (size_t)kv->page_size * (size_t)kv->kv_heads * (size_t)kv->head_dim * esz;
+    return (char *)kv->base + (size_t)page * kv->page_bytes + ((size_t)layer * 2 + which) * plane +
+           (size_t)off * (size_t)kv->kv_heads * (size_t)kv->head_dim * esz;
+}
+
+static void store_row(enum pd_dtype t, char *dst, const float *src, int n) {
+    if (t == PD_DTYPE_F32) {
+        memcpy(dst, src, (size_t)n * sizeof(float));
+        return;
+    }
+    uint16_t *d = (uint16_t *)dst;
+    for (int i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, &src[i], sizeof(u));
+        if (t == PD_DTYPE_BF16) {
+            if ((u & 0x7fffffffu) > 0x7f800000u)
+                d[i] = (uint16_t)((u >> 16) | 0x40); /* quiet NaN */
+            else
+                d[i] = (uint16_t)((u + 0x7fffu + ((u >> 16) & 1)) >> 16);
+        } else {
+            PD_ASSERT(!"f16 KV cache is not supported by the cpu backend");
+        }
+    }
+}
+
+static void cpu_kv_store(struct pd_backend *be, const struct pd_kv_layout *kv, int layer,
+                         const float *k, const float *v) {
+    struct cpu_backend *c = cpu(be);
+    int width = kv->kv_heads * kv->head_dim;
+    for (int i = 0; i < c->n_tokens; i++) {
+        int32_t slot = c->slots[i], page = slot / kv->page_size, off = slot % kv->page_size;
+        PD_ASSERT(slot >= 0 && page < kv->n_pages);
+        store_row(kv->dtype, kv_row(kv, layer, 0, page, off), k + (size_t)i * width, width);
+        store_row(kv->dtype, kv_row(kv, layer, 1, page, off), v + (size_t)i * width, width);
+    }
+}
+
+struct attn_task {
+    struct cpu_backend *c;
+    const struct pd_kv_layout *kv;
+    int layer, heads;
+    float scale;
+    const float *q;
+    float *out;
+};
+
+/* One work item = one query token × one kv head: the kv head's `group` query heads share every K
+ * and V row read, which is what makes GQA cheap on memory. Scores are kept whole per row
+ * (two-pass softmax, as the reference computes it), in per-thread scratch. */
+static void attn_task_fn(void *ctx, int tid, int nth) {
+    struct attn_task *t = ctx;
+    struct cpu_backend *c = t->c;
+    const struct pd_kv_layout *kv = t->kv;
+    int hd = kv->head_dim, kvh = kv->kv_heads, group = t->heads / kvh;
+    int64_t items = (int64_t)c->n_tokens * kvh, w0, w1;
+    pd__cpu_split(items, tid, nth, &w0, &w1);
+    float *sc = thread_scratch(c, tid); /* [group][max_context] */
+    float *kf = sc + (size_t)group * (size_t)c->lim.max_context, *vf = kf + hd;
+    for (int64_t w = w0; w < w1; w++) {
+        int i = (int)(w / kvh), h = (int)(w % kvh), r = c->tok_req[i];
+        int n_new = c->req_tok_start[r + 1] - c->req_tok_start[r];
+        int q_pos = c->req_kv_len[r] - n_new + (i - c->req_tok_start[r]);
+        int len = q_pos + 1; /* causal: keys 0..q_pos */
+        const int32_t *pages = c->page_table + c->req_page_start[r];
+        const float *q = t->q + ((size_t)i * t->heads + (size_t)h * group) * hd;
+        for (int j = 0; j < len; j++) {
+            const char *kr = kv_row(kv, t->layer, 0, pages[j / kv->page_size], j % kv->page_size) +
+                             (size_t)h * hd * dtype_bytes(kv->dtype);
+            const float *kp = (const float *)kr;
+            if (kv->dtype != PD_DTYPE_F32) {
+                pd__cpu_to_f32(kv->dtype, kr, kf, hd);
+                kp = kf;
+            }
+            for (int g = 0; g < group; g++)
+                sc[(size_t)g * c->lim.max_context + j] =
+                    pd__cpu_dot(q + (size_t)g * hd, kp, hd) * t->scale;
+        }
+        float *o = t->out + ((size_t)i * t->heads + (size_t)h * group) * hd;
+        for (int g = 0; g < group; g++) {
+            float *s = sc + (size_t)g * c->lim.max_context, mx = -INFINITY, sum = 0.0f;
+            for (int j = 0; j < len; j++)
+                mx = s[j] > mx ? s[j] : mx;
+            for (int j = 0; j < len; j++) {
+                s[j] = expf(s[j] - mx);
+                sum += s[j];
+            }
+            float inv = 1.0f / sum;
+            for (int j = 0; j < len; j++)
+                s[j] *= inv;
+            memset(o + (size_t)g * hd, 0, (size_t)hd * sizeof(float));
+        }
+        for (int j = 0; j < len; j++) {
+            const char *vr = kv_row(kv, t->layer, 1, pages[j / kv->page_size], j % kv->page_size) +
+                             (size_t)h * hd * dtype_bytes(kv->dtype);
+            const float *vp = (const float *)vr;
+            if (kv->dtype != PD_DTYPE_F32) {
+                pd__cpu_to_f32(kv->dtype, vr, vf, hd);
+                vp = vf;
+            }
+            for (int g = 0; g < group; g++)
+                pd__cpu_axpy(sc[(size_t)g * c->lim.max_context + j], vp, o + (size_t)g * hd, hd);
+        }
+    }
+}
+
+static void cpu_attention(struct pd_backend *be, const struct pd_kv_layout *kv, int layer,
+                          const float *q, int heads, float scale, float *out) {
+    struct cpu_backend *c = cpu(be);
+    PD_ASSERT(heads <= c->lim.max_heads && kv->head_dim <= c->lim.max_head_dim);
+    struct attn_task t = {c, kv, layer, heads, scale, q, out};
+    pd__cpu_pool_run(c->pool, attn_task_fn, &t);
+}
+
+/* ---- lifetime ---- */
+
+static void cpu_free(struct pd_backend *be) {
+    struct cpu_backend *c = cpu(be);
+    free_batch_arrays(c);
+    pd__cpu_pool_free(c->pool);
+    pd_free(c);
+}
+
+static const struct pd__backend_ops cpu_ops = {
+    .free = cpu_free,
+    .mem_info = cpu_mem_info,
+    .alloc = cpu_alloc,
+    .release = cpu_release,
+    .reserve = cpu_reserve,
+    .weight = cpu_weight,
+    .upload = cpu_copy,
+    .download = cpu_copy,
+    .sync = cpu_sync,
+    .set_batch = cpu_set_batch,
+    .embed = cpu_embed,
+    .rmsnorm = cpu_rmsnorm,
+    .matmul = cpu_matmul,
+    .rope = cpu_rope,
+    .silu_mul = cpu_silu_mul,
+    .add = cpu_add,
+    .kv_store = cpu_kv_store,
+    .attention = cpu_attention,
+    .gather_out_rows = cpu_gather_out_rows,
+};
+
+static int online_cores(void) {
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof(set), &set) == 0 && CPU_COUNT(&set) > 0)
+        return CPU_COUNT(&set);
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? (int)n : 1;
+}
+
+int pd__backend_cpu_new(const struct pd_backend_opts *opts, struct pd_backend **out) {
+    if (opts->threads < 0)
+        return pd_errorf(PD_EINVAL, "--threads %d: must be >= 0 (0 = one per core)", opts->threads);
+    struct cpu_backend *c = pd_calloc(1, sizeof(*c));
+    if (!c)
+        return PD_ENOMEM;
+    c->base.ops = &cpu_ops;
+    c->base.kind = PD_BACKEND_CPU;
+    c->nth = opts->threads ? opts->threads : online_cores();
+    int rc = pd__cpu_pool_new(c->nth, &c->pool);
+    if (rc) {
+        pd_free(c);
+        return pd_error_wrap(rc, "starting the cpu backend");
+    }
+    /* our pool splits the work; each thread's sgemm must stay on that thread */
+    openblas_set_num_threads(1);
+    snprintf(c->base.name, sizeof(c->base.name), "cpu (%d threads)", c->nth);
+    *out = &c->base;
+    return PD_OK;
+}

@@ -1,0 +1,44 @@
+/*
+ * backend_cpu.h — internals shared by the cpu backend's files: the thread pool
+ * (backend_cpu_pool.c) and the vectorised inner loops (backend_cpu_kernels.c) that
+ * backend_cpu.c builds its ops from. Not for use outside the cpu backend.
+ *
+ * The pool runs one task at a time on all its threads (the caller is thread 0); a task splits
+ * its work by (tid, nth) itself, so no queue and no allocation happens per op. Kernels pick an
+ * AVX2/FMA version at run time when the CPU has it, else a portable loop.
+ */
+#ifndef PD_BACKEND_CPU_H
+#define PD_BACKEND_CPU_H
+
+#include <stdint.h>
+
+#include "common/dtype.h"
+
+struct pd__cpu_pool;
+typedef void (*pd__cpu_task)(void *ctx, int tid, int nth);
+
+int pd__cpu_pool_new(int n_threads, struct pd__cpu_pool **out);
+void pd__cpu_pool_free(struct pd__cpu_pool *p);
+int pd__cpu_pool_size(const struct pd__cpu_pool *p);
+/* Runs fn(ctx, tid, nth) for tid = 0..nth-1 (tid 0 on the caller) and returns when all are done. */
+void pd__cpu_pool_run(struct pd__cpu_pool *p, pd__cpu_task fn, void *ctx);
+
+/* [i0, i1) of n items for thread tid of nth, in contiguous runs. */
+static inline void pd__cpu_split(int64_t n, int tid, int nth, int64_t *i0, int64_t *i1) {
+    int64_t per = n / nth, rem = n % nth;
+    *i0 = tid * per + (tid < rem ? tid : rem);
+    *i1 = *i0 + per + (tid < rem ? 1 : 0);
+}
+
+float pd__cpu_dot(const float *a, const float *b, int64_t n);
+/* y += a * x over n values. */
+void pd__cpu_axpy(float a, const float *x, float *y, int64_t n);
+/* n values of type t → f32. */
+void pd__cpu_to_f32(enum pd_dtype t, const void *src, float *dst, int64_t n);
+/* y[i][j] = Σ_c x[i][c] · w[j][c] for i < nx and j in [j0, j1), reading each row of w once per
+ * group of four x rows: the memory-bound decode product.
+ * w [m][k] of type wt; x [nx][k] f32; y [nx][ldy] f32 */
+void pd__cpu_gemv(enum pd_dtype wt, const void *w, int64_t k, const float *x, int nx, float *y,
+                  int64_t ldy, int64_t j0, int64_t j1);
+
+#endif

@@ -1,0 +1,53 @@
+/*
+ * backend_impl.h — what a backend implements: the op table behind common/backend.h. Internal to
+ * backends (cpu here, cuda in kernels/); the model never includes it.
+ *
+ * A backend's state struct starts with struct pd_backend, whose ops point at its table. The cuda
+ * backend joins by defining pd__backend_cuda_new (referenced weakly in backend.c), so linking
+ * kernels/ is all it takes; common/ needs no change for it.
+ */
+#ifndef PD_BACKEND_IMPL_H
+#define PD_BACKEND_IMPL_H
+
+#include "common/backend.h"
+
+struct pd__backend_ops {
+    void (*free)(struct pd_backend *be);
+    int (*mem_info)(struct pd_backend *be, size_t *total, size_t *avail);
+    int (*alloc)(struct pd_backend *be, size_t bytes, void **out);
+    void (*release)(struct pd_backend *be, void *p);
+    int (*reserve)(struct pd_backend *be, const struct pd_backend_limits *lim);
+    int (*weight)(struct pd_backend *be, enum pd_dtype dtype, int64_t rows, int64_t cols,
+                  const void *host, struct pd_tensor *out);
+    int (*upload)(struct pd_backend *be, void *dst, const void *src, size_t bytes);
+    int (*download)(struct pd_backend *be, void *dst, const void *src, size_t bytes);
+    int (*sync)(struct pd_backend *be);
+    int (*set_batch)(struct pd_backend *be, const struct pd_batch_plan *plan);
+    void (*embed)(struct pd_backend *be, const struct pd_tensor *table, float *out);
+    void (*rmsnorm)(struct pd_backend *be, const float *x, const struct pd_tensor *w, int64_t rows,
+                    int dim, float eps, float *out);
+    void (*matmul)(struct pd_backend *be, const float *x, int64_t rows, const struct pd_tensor *w,
+                   const struct pd_tensor *bias, float *y);
+    void (*rope)(struct pd_backend *be, float *x, int heads, int head_dim, const float *inv_freq);
+    void (*silu_mul)(struct pd_backend *be, const float *gate, const float *up, float *out,
+                     int64_t count);
+    void (*add)(struct pd_backend *be, float *x, const float *y, int64_t count);
+    void (*kv_store)(struct pd_backend *be, const struct pd_kv_layout *kv, int layer,
+                     const float *k, const float *v);
+    void (*attention)(struct pd_backend *be, const struct pd_kv_layout *kv, int layer,
+                      const float *q, int heads, float scale, float *out);
+    void (*gather_out_rows)(struct pd_backend *be, const float *src, int width, float *dst);
+};
+
+struct pd_backend {
+    const struct pd__backend_ops *ops;
+    enum pd_backend_kind kind;
+    char name[64];
+};
+
+int pd__backend_cpu_new(const struct pd_backend_opts *opts, struct pd_backend **out);
+/* Defined by kernels/ when the CUDA backend is linked in. */
+int pd__backend_cuda_new(const struct pd_backend_opts *opts, struct pd_backend **out)
+    __attribute__((weak));
+
+#endif

@@ -1,0 +1,93 @@
+/*
+ * sampling.h — choosing the next token from a request's logits (DESIGN.md §4), with SGLang's
+ * parameter meanings: penalties, then temperature, then top-k / top-p / min-p on the
+ * probabilities, then a draw from the request's own random stream. temperature 0 is greedy.
+ *
+ * A pd_sampler is request-lifetime state: parameters, the random stream (seeded from the
+ * request's seed, so the same seed and prompt give the same text whatever else is in the
+ * batch), output-token counts for the penalties, and the stop conditions. A pd_sampling_scratch
+ * is step-lifetime working memory one thread reuses for every request it samples; nothing is
+ * allocated per token. Logprobs are those of the model's own distribution (log-softmax of the
+ * raw logits, before penalties and temperature), as vLLM reports them by default.
+ */
+#ifndef PD_SAMPLING_H
+#define PD_SAMPLING_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#define PD_SAMPLING_MAX_LOGPROBS 20
+#define PD_SAMPLING_MAX_STOP_IDS 16
+
+struct pd_sampling_params {
+    float temperature;        /* 0 = greedy; default 1 */
+    int top_k;                /* keep the k most likely; <= 0 (default) = all */
+    float top_p;              /* keep the smallest set with mass >= top_p; default 1 = all */
+    float min_p;              /* drop tokens below min_p * p(top token); default 0 */
+    float repetition_penalty; /* over prompt and output tokens, as transformers; default 1 */
+    float frequency_penalty;  /* minus count × this over output tokens, as OpenAI; default 0 */
+    float presence_penalty;   /* minus this once per output token seen; default 0 */
+    int max_new_tokens;       /* default 128 */
+    bool has_seed;            /* without a seed the stream is seeded from the clock */
+    uint64_t seed;
+    bool ignore_eos; /* EOS does not finish the request */
+    int n_logprobs;  /* top-n logprobs to report, 0..PD_SAMPLING_MAX_LOGPROBS */
+    int32_t stop_token_ids[PD_SAMPLING_MAX_STOP_IDS]; /* finish on any of these */
+    int n_stop_token_ids;
+};
+
+enum pd_finish {
+    PD_FINISH_NONE = 0,   /* keep going */
+    PD_FINISH_STOP = 1,   /* EOS or a stop token was produced */
+    PD_FINISH_LENGTH = 2, /* max_new_tokens reached */
+};
+
+struct pd_sample {
+    int32_t token;
+    float logprob; /* of token under the model's distribution */
+    int n_top;
+    int32_t top_ids[PD_SAMPLING_MAX_LOGPROBS]; /* most likely first */
+    float top_logprobs[PD_SAMPLING_MAX_LOGPROBS];
+    enum pd_finish finish;
+};
+
+struct pd_sampler {
+    struct pd_sampling_params p;
+    int vocab;
+    uint64_t rng[4];     /* xoshiro256** state */
+    int32_t *out_counts; /* [vocab] output-token counts; NULL without penalties */
+    uint8_t *in_prompt;  /* [vocab] 1 where the prompt has the token; NULL without rep. penalty */
+    int32_t eos_ids[8];
+    int n_eos;
+    int n_generated;
+};
+
+/* Per-thread working memory for vocabularies up to vocab. */
+struct pd_sampling_scratch {
+    int vocab;
+    int32_t *idx; /* [vocab] */
+    float *prob;  /* [vocab] */
+    float *raw;   /* [vocab] the logits before penalties */
+};
+
+void pd_sampling_params_default(struct pd_sampling_params *p);
+/* PD_EINVAL naming the field when a value is out of its range (temperature < 0, top_p outside
+ * (0, 1], min_p outside [0, 1], repetition_penalty <= 0, frequency/presence outside [-2, 2],
+ * n_logprobs outside [0, 20], max_new_tokens < 0). */
+int pd_sampling_params_check(const struct pd_sampling_params *p);
+
+int pd_sampling_scratch_init(struct pd_sampling_scratch *s, int vocab);
+void pd_sampling_scratch_free(struct pd_sampling_scratch *s);
+
+/* Sets up a request's sampler; the prompt feeds the repetition penalty. eos ids (up to 8) finish
+ * the request unless ignore_eos. */
+int pd_sampler_init(struct pd_sampler *s, const struct pd_sampling_params *p, int vocab,
+                    const int32_t *prompt, int n_prompt, const int32_t *eos_ids, int n_eos);
+void pd_sampler_free(struct pd_sampler *s);
+
+/* Picks the next token from logits (host [vocab] f32, modified in place), records it in the
+ * penalties' counts, and says whether the request is finished. */
+void pd_sampler_next(struct pd_sampler *s, struct pd_sampling_scratch *scratch, float *logits,
+                     struct pd_sample *out);
+
+#endif

@@ -1,0 +1,330 @@
+/*
+ * test_backend_cpu.c — every cpu backend op against a plain double-precision reference, over
+ * shapes that hit the edges: 1 row, row counts on both sides of the GEMV/GEMM switch, widths that
+ * are not multiples of the vector width, bf16/f16/f32 weights, KV pages given out of order,
+ * partial last pages, GQA groups of 1, 2 and 4, and 1 vs 3 threads.
+ */
+#include "pd_test.h"
+
+#include "common/alloc.h"
+#include "common/backend.h"
+
+#include <math.h>
+#include <stdint.h>
+
+static uint64_t rng_state = 42;
+static float frand(void) { /* uniform in [-1, 1) */
+    rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
+    return (float)((rng_state >> 40) & 0xffffff) / 8388608.0f - 1.0f;
+}
+
+static uint16_t to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return (uint16_t)((u + 0x7fff + ((u >> 16) & 1)) >> 16);
+}
+static float from_bf16(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+/* exact for the values we use: |x| < 1 rounded to 10 mantissa bits, normal range */
+static uint16_t to_f16(float f, float *back) {
+    if (f == 0.0f) {
+        *back = 0.0f;
+        return 0;
+    }
+    int e;
+    float m = frexpf(fabsf(f), &e); /* f = m * 2^e, m in [0.5, 1) */
+    if (e < -13)                    /* keep it normal */
+        e = -13, m = 0.5f;
+    int man = (int)lrintf((m * 2.0f - 1.0f) * 1024.0f);
+    int ex = e - 1 + 15;
+    if (man == 1024)
+        man = 0, ex++;
+    *back = (f < 0 ? -1.0f : 1.0f) * ldexpf(1.0f + (float)man / 1024.0f, ex - 15);
+    return (uint16_t)((f < 0 ? 0x8000 : 0) | (ex << 10) | man);
+}
+
+static struct pd_backend *make(int threads) {
+    struct pd_backend *be = NULL;
+    struct pd_backend_opts o = {.kind = PD_BACKEND_CPU, .threads = threads};
+    CHECK_OK(pd_backend_new(&o, &be));
+    struct pd_backend_limits lim = {.max_tokens = 64,
+                                    .max_reqs = 4,
+                                    .max_pages = 64,
+                                    .max_context = 128,
+                                    .max_heads = 8,
+                                    .max_head_dim = 32,
+                                    .max_dim = 300};
+    CHECK_OK(pd_backend_reserve(be, &lim));
+    return be;
+}
+
+/* A one-request batch of n tokens at positions 0..n-1, pages identity, for row ops. */
+static void simple_batch(struct pd_backend *be, int n, const int32_t *ids) {
+    int32_t pos[64], slots[64], start[2] = {0, n}, kvlen[1] = {n}, pstart[2] = {0, 8}, pt[8];
+    for (int i = 0; i < n; i++)
+        pos[i] = slots[i] = i;
+    for (int i = 0; i < 8; i++)
+        pt[i] = i;
+    struct pd_batch_plan p = {1, n, ids, pos, slots, start, kvlen, pstart, pt, 0, NULL};
+    CHECK_OK(pd_backend_set_batch(be, &p));
+}
+
+static void test_matmul(void) {
+    static const int rows_list[] = {1, 3, 5, 16, 17, 40};
+    static const enum pd_dtype types[] = {PD_DTYPE_F32, PD_DTYPE_BF16, PD_DTYPE_F16};
+    for (int th = 1; th <= 3; th += 2) {
+        struct pd_backend *be = make(th);
+        for (size_t ti = 0; ti < 3; ti++) {
+            for (size_t ri = 0; ri < PD_ARRAY_LEN(rows_list); ri++) {
+                int rows = rows_list[ri], m = 291, k = 37 + 8 * (int)ri;
+                float *x = pd_malloc(sizeof(float) * rows * k),
+                      *wf = pd_malloc(sizeof(float) * m * k);
+                float *y = pd_malloc(sizeof(float) * rows * m), bias[291];
+                uint16_t *wh = pd_malloc(2 * (size_t)m * k);
+                for (int i = 0; i < rows * k; i++)
+                    x[i] = frand();
+                for (int i = 0; i < m * k; i++) {
+                    float v = frand();
+                    if (types[ti] == PD_DTYPE_BF16) {
+                        wh[i] = to_bf16(v);
+                        wf[i] = from_bf16(wh[i]);
+                    } else if (types[ti] == PD_DTYPE_F16) {
+                        wh[i] = to_f16(v, &wf[i]);
+                    } else {
+                        wf[i] = v;
+                    }
+                }
+                for (int j = 0; j < m; j++)
+                    bias[j] = frand();
+                struct pd_tensor w, b;
+                CHECK_OK(pd_backend_weight(
+                    be, types[ti], m, k, types[ti] == PD_DTYPE_F32 ? (void *)wf : (void *)wh, &w));
+                CHECK_OK(pd_backend_weight(be, PD_DTYPE_F32, 1, m, bias, &b));
+                pd_backend_matmul(be, x, rows, &w, &b, y);
+                double maxerr = 0;
+                for (int i = 0; i < rows; i++)
+                    for (int j = 0; j < m; j++) {
+                        double s = bias[j];
+                        for (int c = 0; c < k; c++)
+                            s += (double)x[i * k + c] * wf[j * k + c];
+                        maxerr = fmax(maxerr, fabs(s - y[i * m + j]));
+                    }
+                CHECK(maxerr < 1e-4);
+                if (maxerr >= 1e-4)
+                    fprintf(stderr, "  dtype %d rows %d threads %d: err %g\n", (int)types[ti], rows,
+                            th, maxerr);
+                pd_free(x);
+                pd_free(wf);
+                pd_free(wh);
+                pd_free(y);
+            }
+        }
+        pd_backend_free(be);
+    }
+}
+
+static void test_rows_ops(void) {
+    struct pd_backend *be = make(2);
+    int n = 5, dim = 19, vocab = 7;
+    int32_t ids[5] = {3, 0, 6, 3, 1};
+    simple_batch(be, n, ids);
+    uint16_t table[7 * 19];
+    float tablef[7 * 19], out[5 * 19], w[19];
+    for (int i = 0; i < vocab * dim; i++)
+        tablef[i] = from_bf16(table[i] = to_bf16(frand()));
+    for (int i = 0; i < dim; i++)
+        w[i] = frand();
+    struct pd_tensor t, wt;
+    CHECK_OK(pd_backend_weight(be, PD_DTYPE_BF16, vocab, dim, table, &t));
+    CHECK_OK(pd_backend_weight(be, PD_DTYPE_F32, 1, dim, w, &wt));
+    pd_backend_embed(be, &t, out);
+    int same = 1;
+    for (int i = 0; i < n; i++)
+        for (int d = 0; d < dim; d++)
+            same &= out[i * dim + d] == tablef[ids[i] * dim + d];
+    CHECK(same);
+
+    float normed[5 * 19];
+    pd_backend_rmsnorm(be, out, &wt, n, dim, 1e-6f, normed);
+    double err = 0;
+    for (int i = 0; i < n; i++) {
+        double ss = 0;
+        for (int d = 0; d < dim; d++)
+            ss += (double)out[i * dim + d] * out[i * dim + d];
+        double r = 1.0 / sqrt(ss / dim + 1e-6);
+        for (int d = 0; d < dim; d++)
+            err = fmax(err, fabs(out[i * dim + d] * r * w[d] - normed[i * dim + d]));
+    }
+    CHECK(err < 1e-5);
+
+    /* rope: 5 tokens x 2 heads x head_dim 8 at positions 0..4 */
+    float q[5 * 2 * 8], q0[5 * 2 * 8], inv[4];
+    for (int d = 0; d < 4; d++)
+        inv[d] = (float)(1.0 / pow(10000.0, 2.0 * d / 8));
+    for (size_t i = 0; i < PD_ARRAY_LEN(q); i++)
+        q0[i] = q[i] = frand();
+    pd_backend_rope(be, q, 2, 8, inv);
+    err = 0;
+    for (int i = 0; i < n; i++)
+        for (int h = 0; h < 2; h++)
+            for (int d = 0; d < 4; d++) {
+                const float *x = q0 + (i * 2 + h) * 8;
+                double a = (double)i * inv[d];
+                err = fmax(err, fabs(x[d] * cos(a) - x[d + 4] * sin(a) - q[(i * 2 + h) * 8 + d]));
+                err =
+                    fmax(err, fabs(x[d + 4] * cos(a) + x[d] * sin(a) - q[(i * 2 + h) * 8 + d + 4]));
+            }
+    CHECK(err < 1e-5);
+
+    float g[40], u[40], o[40];
+    for (int i = 0; i < 40; i++)
+        g[i] = 4 * frand(), u[i] = frand();
+    pd_backend_silu_mul(be, g, u, o, 40);
+    err = 0;
+    for (int i = 0; i < 40; i++)
+        err = fmax(err, fabs(g[i] / (1 + exp(-g[i])) * u[i] - o[i]));
+    CHECK(err < 1e-6);
+    memcpy(o, g, sizeof(o));
+    pd_backend_add(be, o, u, 40);
+    CHECK(o[7] == g[7] + u[7]);
+    pd_backend_free(be);
+}
+
+/* Two requests, pages scattered, prefix already cached for one: attention over the pages must
+ * equal attention over the plain token sequence. */
+static void check_attention(enum pd_dtype kv_dtype, int heads, int kv_heads, int threads) {
+    struct pd_backend *be = make(threads);
+    enum { PS = 4, HD = 16, NPAGES = 16, L = 2 };
+    int esz = kv_dtype == PD_DTYPE_F32 ? 4 : 2;
+    struct pd_kv_layout kv = {.n_pages = NPAGES,
+                              .n_layers = L,
+                              .page_size = PS,
+                              .kv_heads = kv_heads,
+                              .head_dim = HD,
+                              .dtype = kv_dtype};
+    kv.page_bytes = (size_t)L * 2 * PS * kv_heads * HD * esz;
+    CHECK_OK(pd_backend_alloc(be, kv.page_bytes * NPAGES, &kv.base));
+    /* request 0: 6 tokens cached, 5 new (total 11, 3 pages); request 1: 0 cached, 3 new */
+    int n_prefix[2] = {6, 0}, n_new[2] = {5, 3};
+    int32_t pages0[3] = {9, 2, 14}, pages1[1] = {5};
+    const int32_t *pagesr[2] = {pages0, pages1};
+    int total[2] = {11, 3};
+    /* full K/V/Q sequences per request, [pos][kv_heads][HD] and [pos][heads][HD] */
+    float kseq[2][11][4 * HD], vseq[2][11][4 * HD], qseq[2][11][8 * HD];
+    for (int r = 0; r < 2; r++)
+        for (int p = 0; p < total[r]; p++) {
+            for (int i = 0; i < kv_heads * HD; i++) {
+                kseq[r][p][i] = frand();
+                vseq[r][p][i] = frand();
+                if (kv_dtype == PD_DTYPE_BF16) {
+                    kseq[r][p][i] = from_bf16(to_bf16(kseq[r][p][i]));
+                    vseq[r][p][i] = from_bf16(to_bf16(vseq[r][p][i]));
+                }
+            }
+            for (int i = 0; i < heads * HD; i++)
+                qseq[r][p][i] = frand();
+        }
+    int layer = 1;
+    /* step 1: the prefix of request 0 (6 tokens) */
+    int32_t ids[16] = {0}, pos[16], slots[16], start[3], kvlen[2], pstart[3], pt[4];
+    float kin[16 * 4 * HD], vin[16 * 4 * HD], qin[16 * 8 * HD], out[16 * 8 * HD];
+    for (int i = 0; i < 6; i++) {
+        pos[i] = i;
+        slots[i] = pages0[i / PS] * PS + i % PS;
+        memcpy(kin + i * kv_heads * HD, kseq[0][i], sizeof(float) * kv_heads * HD);
+        memcpy(vin + i * kv_heads * HD, vseq[0][i], sizeof(float) * kv_heads * HD);
+    }
+    start[0] = 0, start[1] = 6, kvlen[0] = 6, pstart[0] = 0, pstart[1] = 2;
+    memcpy(pt, pages0, sizeof(int32_t) * 2);
+    struct pd_batch_plan p1 = {1, 6, ids, pos, slots, start, kvlen, pstart, pt, 0, NULL};
+    CHECK_OK(pd_backend_set_batch(be, &p1));
+    pd_backend_kv_store(be, &kv, layer, kin, vin);
+    /* step 2: both requests' new tokens */
+    int n = 0;
+    start[0] = 0;
+    pstart[0] = 0;
+    for (int r = 0; r < 2; r++) {
+        for (int i = 0; i < n_new[r]; i++, n++) {
+            int p = n_prefix[r] + i;
+            pos[n] = p;
+            slots[n] = pagesr[r][p / PS] * PS + p % PS;
+            memcpy(kin + n * kv_heads * HD, kseq[r][p], sizeof(float) * kv_heads * HD);
+            memcpy(vin + n * kv_heads * HD, vseq[r][p], sizeof(float) * kv_heads * HD);
+            memcpy(qin + n * heads * HD, qseq[r][p], sizeof(float) * heads * HD);
+        }
+        start[r + 1] = n;
+        kvlen[r] = total[r];
+    }
+    memcpy(pt, pages0, sizeof(pages0));
+    pt[3] = pages1[0];
+    pstart[1] = 3, pstart[2] = 4;
+    struct pd_batch_plan p2 = {2, n, ids, pos, slots, start, kvlen, pstart, pt, 0, NULL};
+    CHECK_OK(pd_backend_set_batch(be, &p2));
+    pd_backend_kv_store(be, &kv, layer, kin, vin);
+    float scale = 1.0f / sqrtf(HD);
+    pd_backend_attention(be, &kv, layer, qin, heads, scale, out);
+    double err = 0;
+    n = 0;
+    int group = heads / kv_heads;
+    for (int r = 0; r < 2; r++)
+        for (int i = 0; i < n_new[r]; i++, n++) {
+            int p = n_prefix[r] + i;
+            for (int h = 0; h < heads; h++) {
+                double s[11], mx = -1e30, sum = 0;
+                const float *qq = qseq[r][p] + h * HD;
+                for (int j = 0; j <= p; j++) {
+                    s[j] = 0;
+                    for (int d = 0; d < HD; d++)
+                        s[j] += (double)qq[d] * kseq[r][j][(h / group) * HD + d];
+                    s[j] *= scale;
+                    mx = fmax(mx, s[j]);
+                }
+                for (int j = 0; j <= p; j++)
+                    sum += s[j] = exp(s[j] - mx);
+                for (int d = 0; d < HD; d++) {
+                    double o = 0;
+                    for (int j = 0; j <= p; j++)
+                        o += s[j] / sum * vseq[r][j][(h / group) * HD + d];
+                    err = fmax(err, fabs(o - out[(n * heads + h) * HD + d]));
+                }
+            }
+        }
+    CHECK(err < 1e-5);
+    if (err >= 1e-5)
+        fprintf(stderr, "  attention heads %d kv %d: err %g\n", heads, kv_heads, err);
+    pd_backend_release(be, kv.base);
+    pd_backend_free(be);
+}
+
+static void test_attention(void) {
+    check_attention(PD_DTYPE_F32, 4, 4, 1);
+    check_attention(PD_DTYPE_F32, 4, 2, 3);
+    check_attention(PD_DTYPE_F32, 8, 2, 2);
+    check_attention(PD_DTYPE_BF16, 8, 1, 2);
+}
+
+static void test_bad_plans(void) {
+    struct pd_backend *be = make(1);
+    int32_t ids[2] = {0}, pos[2] = {0, 1}, slots[2] = {0, 1}, start[2] = {0, 2}, kvlen[1] = {1};
+    int32_t pstart[2] = {0, 1}, pt[1] = {0};
+    struct pd_batch_plan p = {1, 2, ids, pos, slots, start, kvlen, pstart, pt, 0, NULL};
+    CHECK_ERR(pd_backend_set_batch(be, &p), PD_ERANGE, "in cache"); /* kv_len < new tokens */
+    kvlen[0] = 1000;
+    CHECK_ERR(pd_backend_set_batch(be, &p), PD_ERANGE, "in cache"); /* beyond max_context */
+    kvlen[0] = 2;
+    p.n_tokens = 65;
+    CHECK_ERR(pd_backend_set_batch(be, &p), PD_ERANGE, "tokens");
+    pd_backend_free(be);
+
+    struct pd_backend_opts cuda = {.kind = PD_BACKEND_CUDA};
+    struct pd_backend *none = NULL;
+    CHECK_ERR(pd_backend_new(&cuda, &none), PD_EUNSUPPORTED, "cuda");
+    CHECK(none == NULL);
+}
+
+PD_TEST_MAIN(PD_TEST(test_matmul), PD_TEST(test_rows_ops), PD_TEST(test_attention),
+             PD_TEST(test_bad_plans))

@@ -1,0 +1,353 @@
+/*
+ * test_model.c — properties of the forward pass that need no reference implementation:
+ * chunking does not change results (one extend vs chunks of 1, 7, 16, 64 tokens over scattered
+ * pages, partial pages included), a batch of mixed lengths equals each request alone, decode
+ * equals extend of one token, and bad requests are refused before anything is written
+ * (too long for the context, page list too short, page outside the pool, token outside the
+ * vocabulary). Models are small random ones built in memory, one per family feature: plain
+ * Llama with GQA, Qwen2 (q/k/v bias, tied embeddings), Qwen3 (q/k norm) with bf16 weights.
+ * Agreement with transformers itself is test_golden's job.
+ */
+#include "pd_test.h"
+
+#include "common/alloc.h"
+#include "common/model.h"
+
+#include <math.h>
+
+#define MAX_T 64
+
+struct fake_ckpt {
+    struct pd_tensor_view t[128];
+    char names[128][96];
+    int n;
+};
+
+static uint64_t rng = 7;
+static float frand(void) {
+    rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+    return (float)((rng >> 40) & 0xffffff) / 8388608.0f - 1.0f;
+}
+
+static void add(struct fake_ckpt *ck, const char *name, int64_t rows, int64_t cols, float amp,
+                float offset, enum pd_dtype dt) {
+    struct pd_tensor_view *t = &ck->t[ck->n];
+    snprintf(ck->names[ck->n], sizeof(ck->names[0]), "%s", name);
+    t->name = ck->names[ck->n];
+    t->dtype = dt;
+    t->ndim = rows == 1 ? 1 : 2;
+    t->shape[0] = rows == 1 ? cols : rows;
+    t->shape[1] = rows == 1 ? 0 : cols;
+    size_t n = (size_t)(rows * cols);
+    t->nbytes = n * pd_dtype_size(dt);
+    float *f = pd_malloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++)
+        f[i] = offset + amp * frand();
+    void *d = pd_malloc(t->nbytes);
+    pd_dtype_from_f32(dt, f, d, n);
+    pd_free(f);
+    t->data = d;
+    ck->n++;
+}
+
+static const struct pd_tensor_view *find(void *ctx, const char *name) {
+    struct fake_ckpt *ck = ctx;
+    for (int i = 0; i < ck->n; i++)
+        if (strcmp(ck->t[i].name, name) == 0)
+            return &ck->t[i];
+    return NULL;
+}
+
+static void fake_free(struct fake_ckpt *ck) {
+    for (int i = 0; i < ck->n; i++)
+        pd_free((void *)ck->t[i].data);
+    ck->n = 0;
+}
+
+static struct pd_model_config tiny_config(enum pd_arch arch) {
+    struct pd_model_config c = {0};
+    c.arch = arch;
+    c.vocab_size = 97;
+    c.hidden_size = 48;
+    c.intermediate_size = 80;
+    c.num_hidden_layers = 2;
+    c.num_attention_heads = 4;
+    c.num_key_value_heads = 2;
+    c.head_dim = 12;
+    c.max_position_embeddings = 160;
+    c.rms_norm_eps = 1e-6;
+    c.rope_theta = 10000;
+    c.attention_bias = arch == PD_ARCH_QWEN2;
+    c.qk_norm = arch == PD_ARCH_QWEN3;
+    c.tie_word_embeddings = arch == PD_ARCH_QWEN2;
+    if (arch == PD_ARCH_LLAMA)
+        c.rope_scaling = (struct pd_rope_scaling){PD_ROPE_LLAMA3, 8.0, 1.0, 4.0, 32};
+    return c;
+}
+
+static void fake_weights(const struct pd_model_config *c, enum pd_dtype dt, struct fake_ckpt *ck) {
+    int64_t hid = c->hidden_size, qd = (int64_t)c->num_attention_heads * c->head_dim;
+    int64_t kvd = (int64_t)c->num_key_value_heads * c->head_dim, in = c->intermediate_size;
+    float a = 0.3f;
+    char n[96];
+    ck->n = 0;
+    add(ck, "model.embed_tokens.weight", c->vocab_size, hid, 1.0f, 0, dt);
+    add(ck, "model.norm.weight", 1, hid, 0.2f, 1.0f, dt);
+    if (!c->tie_word_embeddings)
+        add(ck, "lm_head.weight", c->vocab_size, hid, a, 0, dt);
+    for (int l = 0; l < c->num_hidden_layers; l++) {
+#define L(s, r, co, amp, off)                                                                      \
+    snprintf(n, sizeof(n), "model.layers.%d.%s", l, s);                                            \
+    add(ck, n, r, co, amp, off, dt)
+        L("input_layernorm.weight", 1, hid, 0.2f, 1.0f);
+        L("post_attention_layernorm.weight", 1, hid, 0.2f, 1.0f);
+        L("self_attn.q_proj.weight", qd, hid, a, 0);
+        L("self_attn.k_proj.weight", kvd, hid, a, 0);
+        L("self_attn.v_proj.weight", kvd, hid, a, 0);
+        L("self_attn.o_proj.weight", hid, qd, a, 0);
+        if (c->attention_bias) {
+            L("self_attn.q_proj.bias", 1, qd, a, 0);
+            L("self_attn.k_proj.bias", 1, kvd, a, 0);
+            L("self_attn.v_proj.bias", 1, kvd, a, 0);
+        }
+        if (c->qk_norm) {
+            L("self_attn.q_norm.weight", 1, c->head_dim, 0.2f, 1.0f);
+            L("self_attn.k_norm.weight", 1, c->head_dim, 0.2f, 1.0f);
+        }
+        L("mlp.gate_proj.weight", in, hid, a, 0);
+        L("mlp.up_proj.weight", in, hid, a, 0);
+        L("mlp.down_proj.weight", hid, in, a, 0);
+#undef L
+    }
+}
+
+struct rig {
+    struct pd_backend *be;
+    struct pd_model *m;
+    struct pd_kv_pool kv;
+    struct fake_ckpt ck;
+    int vocab;
+};
+
+static int rig_init(struct rig *r, enum pd_arch arch, enum pd_dtype dt, int max_tokens) {
+    memset(r, 0, sizeof(*r));
+    struct pd_backend_opts bo = {.kind = PD_BACKEND_CPU, .threads = 2};
+    struct pd_model_config c = tiny_config(arch);
+    fake_weights(&c, dt, &r->ck);
+    r->vocab = c.vocab_size;
+    struct pd_model_opts mo = {.max_tokens = max_tokens, .max_reqs = 4, .page_size = 16};
+    int rc = pd_backend_new(&bo, &r->be);
+    if (!rc)
+        rc = pd_model_new(r->be, &c, find, &r->ck, &mo, &r->m);
+    if (!rc) {
+        struct pd_kv_pool_opts ko = pd_model_kv_opts(r->m, PD_DTYPE_F32);
+        ko.n_pages = 40;
+        rc = pd_kv_pool_init(&r->kv, r->be, &ko);
+    }
+    return rc;
+}
+
+static void rig_free(struct rig *r) {
+    pd_kv_pool_free(&r->kv);
+    pd_model_free(r->m);
+    pd_backend_free(r->be);
+    fake_free(&r->ck);
+}
+
+static int argmax(const float *x, int n) {
+    int b = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[b])
+            b = i;
+    return b;
+}
+
+/* max |a - b| / max |b| */
+static double rel_err(const float *a, const float *b, size_t n) {
+    double d = 0, mx = 1e-30;
+    for (size_t i = 0; i < n; i++) {
+        d = fmax(d, fabs((double)a[i] - b[i]));
+        mx = fmax(mx, fabs((double)b[i]));
+    }
+    return d / mx;
+}
+
+#define PROMPT 100
+#define GEN 6
+
+/* Runs the prompt in chunks of `chunk` (all logits), then GEN greedy decode steps. */
+static void run_chunked(struct rig *r, const int32_t *prompt, const int32_t *pages, int chunk,
+                        float *all_logits /* [PROMPT][vocab] */, int32_t *gen /* [GEN] */) {
+    for (int done = 0; done < PROMPT; done += chunk) {
+        int n = PROMPT - done < chunk ? PROMPT - done : chunk;
+        struct pd_model_seq s = {prompt + done, n, done, pages, 8};
+        CHECK_OK(pd_model_extend(r->m, &r->kv, &s, 1, true, all_logits + (size_t)done * r->vocab));
+    }
+    int32_t tok = argmax(all_logits + (size_t)(PROMPT - 1) * r->vocab, r->vocab);
+    float *lg = pd_malloc(sizeof(float) * r->vocab);
+    for (int i = 0; i < GEN; i++) {
+        gen[i] = tok;
+        struct pd_model_seq s = {&tok, 1, PROMPT + i, pages, 8};
+        CHECK_OK(pd_model_decode(r->m, &r->kv, &s, 1, lg));
+        tok = argmax(lg, r->vocab);
+    }
+    pd_free(lg);
+}
+
+static void check_chunking(enum pd_arch arch, enum pd_dtype dt) {
+    struct rig r;
+    CHECK_OK(rig_init(&r, arch, dt, 2 * MAX_T));
+    if (!r.m) {
+        rig_free(&r);
+        return;
+    }
+    int32_t prompt[PROMPT], pages[8] = {31, 4, 17, 0, 22, 9, 38, 12}; /* scattered on purpose */
+    for (int i = 0; i < PROMPT; i++)
+        prompt[i] = (int32_t)((i * 37 + 11) % r.vocab);
+    size_t nl = (size_t)PROMPT * r.vocab;
+    float *ref = pd_malloc(sizeof(float) * nl), *got = pd_malloc(sizeof(float) * nl);
+    int32_t gref[GEN], ggot[GEN];
+    run_chunked(&r, prompt, pages, PROMPT, ref, gref); /* the whole prompt in one extend */
+    static const int chunks[] = {1, 7, 16, 64};
+    for (size_t c = 0; c < PD_ARRAY_LEN(chunks); c++) {
+        memset(got, 0, sizeof(float) * nl);
+        run_chunked(&r, prompt, pages, chunks[c], got, ggot);
+        double e = rel_err(got, ref, nl);
+        CHECK(e < 1e-5);
+        if (e >= 1e-5)
+            fprintf(stderr, "  arch %d chunk %d: rel err %g\n", (int)arch, chunks[c], e);
+        CHECK(memcmp(ggot, gref, sizeof(gref)) == 0);
+    }
+    /* the logits are not degenerate: greedy tokens vary with the prompt */
+    CHECK(rel_err(ref, ref + r.vocab, r.vocab) > 1e-3);
+    pd_free(ref);
+    pd_free(got);
+    rig_free(&r);
+}
+
+static void test_chunking_llama(void) {
+    check_chunking(PD_ARCH_LLAMA, PD_DTYPE_F32);
+}
+static void test_chunking_qwen2(void) {
+    check_chunking(PD_ARCH_QWEN2, PD_DTYPE_F32);
+}
+static void test_chunking_qwen3_bf16(void) {
+    check_chunking(PD_ARCH_QWEN3, PD_DTYPE_BF16);
+}
+
+/* Three requests of lengths 5, 23 and 40 (one with a cached prefix) in one step give the same
+ * last-position logits as each run alone; so does a mixed decode step. */
+static void test_batch_equals_alone(void) {
+    struct rig r;
+    CHECK_OK(rig_init(&r, PD_ARCH_QWEN2, PD_DTYPE_F32, MAX_T * 2));
+    if (!r.m) {
+        rig_free(&r);
+        return;
+    }
+    int lens[3] = {5, 23, 40}, cached[3] = {0, 0, 17};
+    int32_t toks[3][48], pages[3][4] = {{1, 2, 3, 4}, {10, 5, 6, 7}, {20, 30, 25, 8}};
+    for (int q = 0; q < 3; q++)
+        for (int i = 0; i < 48; i++)
+            toks[q][i] = (int32_t)((i * (q + 3) + 5 * q) % r.vocab);
+    float alone[3][97], batch[3][97];
+    struct pd_model_seq s[3];
+    for (int q = 0; q < 3; q++) {
+        if (cached[q]) { /* put the prefix into the pages first */
+            struct pd_model_seq p = {toks[q], cached[q], 0, pages[q], 4};
+            CHECK_OK(pd_model_extend(r.m, &r.kv, &p, 1, false, alone[q]));
+        }
+        s[q] =
+            (struct pd_model_seq){toks[q] + cached[q], lens[q] - cached[q], cached[q], pages[q], 4};
+        CHECK_OK(pd_model_extend(r.m, &r.kv, &s[q], 1, false, alone[q]));
+    }
+    CHECK_OK(pd_model_extend(r.m, &r.kv, s, 3, false, &batch[0][0]));
+    for (int q = 0; q < 3; q++)
+        CHECK(rel_err(batch[q], alone[q], 97) < 1e-5);
+
+    int32_t next[3] = {1, 2, 3};
+    float dal[3][97], dba[3][97];
+    for (int q = 0; q < 3; q++) {
+        s[q] = (struct pd_model_seq){&next[q], 1, lens[q], pages[q], 4};
+        CHECK_OK(pd_model_decode(r.m, &r.kv, &s[q], 1, dal[q]));
+    }
+    CHECK_OK(pd_model_decode(r.m, &r.kv, s, 3, &dba[0][0]));
+    for (int q = 0; q < 3; q++)
+        CHECK(rel_err(dba[q], dal[q], 97) < 1e-5);
+    rig_free(&r);
+}
+
+static void test_bad_input(void) {
+    struct rig r;
+    CHECK_OK(rig_init(&r, PD_ARCH_LLAMA, PD_DTYPE_F32, MAX_T));
+    if (!r.m) {
+        rig_free(&r);
+        return;
+    }
+    float lg[4 * 97];
+    int32_t toks[64] = {0}, pages[12] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11};
+    /* context is 160: 150 cached + 20 new is too long */
+    struct pd_model_seq s = {toks, 20, 150, pages, 12};
+    CHECK_ERR(pd_model_extend(r.m, &r.kv, &s, 1, false, lg), PD_ERANGE, "context length 160");
+    /* 40 tokens need 3 pages of 16 */
+    s = (struct pd_model_seq){toks, 40, 0, pages, 2};
+    CHECK_ERR(pd_model_extend(r.m, &r.kv, &s, 1, false, lg), PD_ERANGE, "need 3 pages");
+    /* the pool has 40 pages */
+    int32_t bad[3] = {0, 40, 1};
+    s = (struct pd_model_seq){toks, 40, 0, bad, 3};
+    CHECK_ERR(pd_model_extend(r.m, &r.kv, &s, 1, false, lg), PD_ERANGE, "page index 40");
+    bad[1] = -3;
+    CHECK_ERR(pd_model_extend(r.m, &r.kv, &s, 1, false, lg), PD_ERANGE, "page index -3");
+    toks[5] = 97;
+    s = (struct pd_model_seq){toks, 10, 0, pages, 1};
+    CHECK_ERR(pd_model_extend(r.m, &r.kv, &s, 1, false, lg), PD_ERANGE, "vocabulary");
+    toks[5] = 0;
+    s = (struct pd_model_seq){toks, 65, 0, pages, 12}; /* step limit 64 */
+    CHECK_ERR(pd_model_extend(r.m, &r.kv, &s, 1, false, lg), PD_ERANGE, "step limit");
+    s = (struct pd_model_seq){toks, 2, 0, pages, 1};
+    CHECK_ERR(pd_model_decode(r.m, &r.kv, &s, 1, lg), PD_EINVAL, "must have 1");
+    /* a pool of another geometry is refused */
+    struct pd_kv_pool other;
+    struct pd_kv_pool_opts ko = pd_model_kv_opts(r.m, PD_DTYPE_F32);
+    ko.n_pages = 2;
+    ko.page_size = 8;
+    CHECK_OK(pd_kv_pool_init(&other, r.be, &ko));
+    s = (struct pd_model_seq){toks, 2, 0, pages, 1};
+    CHECK_ERR(pd_model_extend(r.m, &other, &s, 1, false, lg), PD_EMISMATCH, "does not fit");
+    pd_kv_pool_free(&other);
+    /* after all that, a good request still works */
+    CHECK_OK(pd_model_extend(r.m, &r.kv, &s, 1, false, lg));
+    rig_free(&r);
+}
+
+static void test_missing_tensor(void) {
+    struct pd_backend *be;
+    struct pd_backend_opts bo = {.kind = PD_BACKEND_CPU, .threads = 1};
+    CHECK_OK(pd_backend_new(&bo, &be));
+    struct pd_model_config c = tiny_config(PD_ARCH_QWEN3);
+    struct fake_ckpt ck;
+    fake_weights(&c, PD_DTYPE_F32, &ck);
+    for (int i = 0; i < ck.n; i++)
+        if (strcmp(ck.t[i].name, "model.layers.1.self_attn.k_norm.weight") == 0)
+            ck.names[i][0] = 'X';
+    struct pd_model *m = NULL;
+    CHECK_ERR(pd_model_new(be, &c, find, &ck, NULL, &m), PD_ENOENT,
+              "'model.layers.1.self_attn.k_norm.weight' missing");
+    CHECK(m == NULL);
+    /* allocation failures anywhere during creation are reported, never leaked */
+    for (long k = 0; k < 40; k += 3) {
+        fake_free(&ck);
+        fake_weights(&c, PD_DTYPE_F32, &ck);
+        pd_alloc_fail_after(k);
+        int rc = pd_model_new(be, &c, find, &ck, NULL, &m);
+        pd_alloc_fail_after(-1);
+        CHECK(rc == PD_OK || rc == PD_ENOMEM);
+        pd_model_free(m);
+        m = NULL;
+    }
+    fake_free(&ck);
+    pd_backend_free(be);
+}
+
+PD_TEST_MAIN(PD_TEST(test_chunking_llama), PD_TEST(test_chunking_qwen2),
+             PD_TEST(test_chunking_qwen3_bf16), PD_TEST(test_batch_equals_alone),
+             PD_TEST(test_bad_input), PD_TEST(test_missing_tensor))
