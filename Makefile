@@ -34,6 +34,9 @@ test: format-check build build-asan
 test-unit: build-asan
 	cd $(ASAN) && ctest --output-on-failure -j$(JOBS) -L unit
 
+demo: build
+	scripts/demo.sh $(BUILD) $(MODEL_DIR)
+
 test-gpu: build
 	cd $(BUILD) && ctest --output-on-failure -L gpu
 

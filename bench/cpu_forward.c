@@ -1,5 +1,5 @@
 /*
- * cpu_forward.c — bench-cpu-forward: speed of the cpu backend's forward pass on a
+ * cpu_forward.c — pdserve-bench-cpu-forward: speed of the cpu backend's forward pass on a
  * qwen2.5-0.5b-shaped model with random bf16 (or f32) weights built in memory, each figure next
  * to a limit measured in the same run on the same machine:
  *   - decode tok/s at batch 1, 8, 32 vs weight bytes / memory-streaming read rate;
@@ -346,7 +346,7 @@ int main(int argc, char **argv) {
            pf, flops / 1e9, 100.0 * flops / gemm);
 out:
     if (rc)
-        fprintf(stderr, "bench-cpu-forward: %s\n", pd_error_msg());
+        fprintf(stderr, "pdserve-bench-cpu-forward: %s\n", pd_error_msg());
     pd_kv_pool_free(&kv);
     pd_model_free(m);
     pd_backend_free(be);
