@@ -54,10 +54,6 @@ static float *thread_scratch(struct cpu_backend *c, int tid) {
     return c->scratch + (size_t)tid * c->scratch_floats;
 }
 
-static size_t dtype_bytes(enum pd_dtype t) {
-    return t == PD_DTYPE_F32 ? 4 : 2;
-}
-
 /* ---- memory ---- */
 
 static int cpu_mem_info(struct pd_backend *be, size_t *total, size_t *avail) {
@@ -237,7 +233,7 @@ static void embed_task(void *ctx, int tid, int nth) {
         int64_t id = t->c->token_ids[i];
         PD_ASSERT(id >= 0 && id < t->w->rows);
         pd__cpu_to_f32(t->w->dtype,
-                       (const char *)t->w->data + (size_t)(id * d) * dtype_bytes(t->w->dtype),
+                       (const char *)t->w->data + (size_t)(id * d) * pd_dtype_size(t->w->dtype),
                        t->out + i * d, d);
     }
 }
@@ -250,7 +246,7 @@ static void cpu_embed(struct pd_backend *be, const struct pd_tensor *table, floa
 
 static float weight_at(const struct pd_tensor *w, int64_t i) {
     float f;
-    pd__cpu_to_f32(w->dtype, (const char *)w->data + (size_t)i * dtype_bytes(w->dtype), &f, 1);
+    pd__cpu_to_f32(w->dtype, (const char *)w->data + (size_t)i * pd_dtype_size(w->dtype), &f, 1);
     return f;
 }
 
@@ -388,7 +384,7 @@ static void gemm_task(void *ctx, int tid, int nth) {
     struct matmul_task *t = ctx;
     int64_t nblk = (t->m + t->block - 1) / t->block, b0, b1;
     pd__cpu_split(nblk, tid, nth, &b0, &b1);
-    size_t esz = dtype_bytes(t->w->dtype);
+    size_t esz = pd_dtype_size(t->w->dtype);
     float *wf = thread_scratch(t->c, tid); /* [block][k] widened weight rows */
     for (int64_t b = b0; b < b1; b++) {
         int64_t j0 = b * t->block, j1 = j0 + t->block < t->m ? j0 + t->block : t->m;
@@ -423,30 +419,10 @@ static void cpu_matmul(struct pd_backend *be, const float *x, int64_t rows,
 /* ---- KV cache ---- */
 
 static char *kv_row(const struct pd_kv_layout *kv, int layer, int which, int32_t page, int off) {
-    size_t esz = dtype_bytes(kv->dtype);
+    size_t esz = pd_dtype_size(kv->dtype);
     size_t plane = (size_t)kv->page_size * (size_t)kv->kv_heads * (size_t)kv->head_dim * esz;
     return (char *)kv->base + (size_t)page * kv->page_bytes + ((size_t)layer * 2 + which) * plane +
            (size_t)off * (size_t)kv->kv_heads * (size_t)kv->head_dim * esz;
-}
-
-static void store_row(enum pd_dtype t, char *dst, const float *src, int n) {
-    if (t == PD_DTYPE_F32) {
-        memcpy(dst, src, (size_t)n * sizeof(float));
-        return;
-    }
-    uint16_t *d = (uint16_t *)dst;
-    for (int i = 0; i < n; i++) {
-        uint32_t u;
-        memcpy(&u, &src[i], sizeof(u));
-        if (t == PD_DTYPE_BF16) {
-            if ((u & 0x7fffffffu) > 0x7f800000u)
-                d[i] = (uint16_t)((u >> 16) | 0x40); /* quiet NaN */
-            else
-                d[i] = (uint16_t)((u + 0x7fffu + ((u >> 16) & 1)) >> 16);
-        } else {
-            PD_ASSERT(!"f16 KV cache is not supported by the cpu backend");
-        }
-    }
 }
 
 static void cpu_kv_store(struct pd_backend *be, const struct pd_kv_layout *kv, int layer,
@@ -456,8 +432,8 @@ static void cpu_kv_store(struct pd_backend *be, const struct pd_kv_layout *kv, i
     for (int i = 0; i < c->n_tokens; i++) {
         int32_t slot = c->slots[i], page = slot / kv->page_size, off = slot % kv->page_size;
         PD_ASSERT(slot >= 0 && page < kv->n_pages);
-        store_row(kv->dtype, kv_row(kv, layer, 0, page, off), k + (size_t)i * width, width);
-        store_row(kv->dtype, kv_row(kv, layer, 1, page, off), v + (size_t)i * width, width);
+        pd_dtype_from_f32(kv->dtype, k + (size_t)i * width, kv_row(kv, layer, 0, page, off), width);
+        pd_dtype_from_f32(kv->dtype, v + (size_t)i * width, kv_row(kv, layer, 1, page, off), width);
     }
 }
 
@@ -491,7 +467,7 @@ static void attn_task_fn(void *ctx, int tid, int nth) {
         const float *q = t->q + ((size_t)i * t->heads + (size_t)h * group) * hd;
         for (int j = 0; j < len; j++) {
             const char *kr = kv_row(kv, t->layer, 0, pages[j / kv->page_size], j % kv->page_size) +
-                             (size_t)h * hd * dtype_bytes(kv->dtype);
+                             (size_t)h * hd * pd_dtype_size(kv->dtype);
             const float *kp = (const float *)kr;
             if (kv->dtype != PD_DTYPE_F32) {
                 pd__cpu_to_f32(kv->dtype, kr, kf, hd);
@@ -517,7 +493,7 @@ static void attn_task_fn(void *ctx, int tid, int nth) {
         }
         for (int j = 0; j < len; j++) {
             const char *vr = kv_row(kv, t->layer, 1, pages[j / kv->page_size], j % kv->page_size) +
-                             (size_t)h * hd * dtype_bytes(kv->dtype);
+                             (size_t)h * hd * pd_dtype_size(kv->dtype);
             const float *vp = (const float *)vr;
             if (kv->dtype != PD_DTYPE_F32) {
                 pd__cpu_to_f32(kv->dtype, vr, vf, hd);

@@ -14,41 +14,11 @@
 #define PD_HAVE_X86 1
 #endif
 
-static float bf16_to_f32(uint16_t h) {
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, sizeof(f));
-    return f;
-}
-
-static float f16_to_f32(uint16_t h) {
-    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff, u;
-    if (exp == 0) {
-        if (man == 0) {
-            u = sign;
-        } else { /* subnormal: renormalise */
-            exp = 127 - 15 + 1;
-            while (!(man & 0x400)) {
-                man <<= 1;
-                exp--;
-            }
-            u = sign | (exp << 23) | ((man & 0x3ff) << 13);
-        }
-    } else if (exp == 31) {
-        u = sign | 0x7f800000u | (man << 13);
-    } else {
-        u = sign | ((exp + 127 - 15) << 23) | (man << 13);
-    }
-    float f;
-    memcpy(&f, &u, sizeof(f));
-    return f;
-}
-
 static float load1(enum pd_dtype t, const void *p, int64_t i) {
     switch (t) {
     case PD_DTYPE_F32: return ((const float *)p)[i];
-    case PD_DTYPE_BF16: return bf16_to_f32(((const uint16_t *)p)[i]);
-    case PD_DTYPE_F16: return f16_to_f32(((const uint16_t *)p)[i]);
+    case PD_DTYPE_BF16: return pd_bf16_to_f32(((const uint16_t *)p)[i]);
+    case PD_DTYPE_F16: return pd_f16_to_f32(((const uint16_t *)p)[i]);
     }
     return 0.0f;
 }

@@ -68,12 +68,6 @@ static uint32_t f32_bits(float f) {
     return u;
 }
 
-static float bits_f32(uint32_t u) {
-    float f;
-    memcpy(&f, &u, sizeof(f));
-    return f;
-}
-
 uint16_t pd_f32_to_bf16(float f) {
     uint32_t u = f32_bits(f);
     if ((u & 0x7fffffffu) > 0x7f800000u) /* NaN: truncating could clear the payload → inf */
@@ -82,10 +76,6 @@ uint16_t pd_f32_to_bf16(float f) {
      * the correct result (up to infinity). */
     u += 0x7fffu + ((u >> 16) & 1u);
     return (uint16_t)(u >> 16);
-}
-
-float pd_bf16_to_f32(uint16_t h) {
-    return bits_f32((uint32_t)h << 16);
 }
 
 uint16_t pd_f32_to_f16(float f) {
@@ -116,20 +106,6 @@ uint16_t pd_f32_to_f16(float f) {
     if (rest > half || (rest == half && (h & 1u)))
         h++; /* 0x3ff + 1 becomes the smallest normal, which is correct */
     return (uint16_t)(sign | h);
-}
-
-float pd_f16_to_f32(uint16_t h) {
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
-    uint32_t e = (h >> 10) & 0x1fu;
-    uint32_t mant = h & 0x3ffu;
-    if (e == 0) {
-        /* zero or subnormal: mant * 2^-24 is exact in f32 */
-        float v = (float)mant * 5.9604644775390625e-8f;
-        return sign ? -v : v;
-    }
-    if (e == 31)
-        return bits_f32(sign | 0x7f800000u | (mant << 13));
-    return bits_f32(sign | ((e + 112) << 23) | (mant << 13));
 }
 
 void pd_dtype_to_f32(enum pd_dtype t, const void *src, float *dst, size_t n) {

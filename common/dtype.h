@@ -8,6 +8,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 enum pd_dtype {
     PD_DTYPE_F32 = 0,
@@ -26,9 +27,31 @@ int pd_dtype_parse_torch(const char *name, enum pd_dtype *out);
 const char *pd_dtype_torch_name(enum pd_dtype t);
 
 uint16_t pd_f32_to_bf16(float f);
-float pd_bf16_to_f32(uint16_t h);
 uint16_t pd_f32_to_f16(float f);
-float pd_f16_to_f32(uint16_t h);
+
+/* Widening is exact; inline because backends call it per element in their scalar paths. */
+static inline float pd_bf16_to_f32(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, sizeof(f));
+    return f;
+}
+
+static inline float pd_f16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t e = (h >> 10) & 0x1fu;
+    uint32_t mant = h & 0x3ffu;
+    uint32_t u;
+    if (e == 0) {
+        /* zero or subnormal: mant * 2^-24 is exact in f32 */
+        float v = (float)mant * 5.9604644775390625e-8f;
+        return sign ? -v : v;
+    }
+    u = e == 31 ? (sign | 0x7f800000u | (mant << 13)) : (sign | ((e + 112) << 23) | (mant << 13));
+    float f;
+    memcpy(&f, &u, sizeof(f));
+    return f;
+}
 
 /* n elements of type t at src → f32 at dst. */
 void pd_dtype_to_f32(enum pd_dtype t, const void *src, float *dst, size_t n);
