@@ -1,7 +1,7 @@
 /*
  * tokenizer.c — loads tokenizer.json (+ tokenizer_config.json, chat_template.jinja) into the
- * immutable struct pd_tokenizer of tokenizer_internal.h, plus the small shared helpers (hash
- * maps, UTF-8, GPT-2's byte table).
+ * struct pd_tokenizer of tokenizer_internal.h (immutable after load but for its word cache), plus
+ * the small shared helpers (hash maps, UTF-8, GPT-2's byte table).
  *
  * Every problem in the file is reported with its JSON path ("model.merges[12]: ...") so a user
  * can find it; a construct we do not implement is PD_EUNSUPPORTED and names the construct, never
@@ -191,6 +191,14 @@ size_t pd__utf8_valid_len(const uint8_t *s, size_t n) {
 size_t pd__utf8_check(const uint8_t *s, size_t n) {
     size_t i = 0;
     while (i < n) {
+        if (n - i >= 8) { /* prompts are mostly ASCII: step over it eight bytes at a time */
+            uint64_t w;
+            memcpy(&w, s + i, 8);
+            if ((w & 0x8080808080808080ull) == 0) {
+                i += 8;
+                continue;
+            }
+        }
         if (s[i] < 0x80) {
             i++;
             continue;
@@ -496,7 +504,47 @@ static int load_model(const struct load *ld, struct pd_tokenizer *t, const cJSON
         snprintf(name, sizeof(name), "<0x%02X>", b);
         t->byte_token_id[b] = pd__strmap_get(&t->vocab, name, 6);
     }
+    for (int b = 0; b < 128; b++) {
+        char c = (char)b;
+        t->ascii_id[b] = pd__strmap_get(&t->vocab, &c, 1);
+    }
     return PD_OK;
+}
+
+static bool starts_with_marker(const char *s, size_t n) {
+    return n >= PD__SPM_MARKER_LEN && memcmp(s, PD__SPM_MARKER, PD__SPM_MARKER_LEN) == 0;
+}
+static bool ends_with_marker(const char *s, size_t n) {
+    return n >= PD__SPM_MARKER_LEN &&
+           memcmp(s + n - PD__SPM_MARKER_LEN, PD__SPM_MARKER, PD__SPM_MARKER_LEN) == 0;
+}
+
+/* Decides split_before_marker. Cut a text before a marker that follows another character: the
+ * last symbol left of the cut covers that character, so its token string ends in something else
+ * (a vocabulary character, a "<0xNN>" byte token, or unk, checked here), and every merge keeps
+ * that true; the first symbol right of the cut starts with the marker (which must be in the
+ * vocabulary, or byte fallback would turn it into "<0xE2>"...). If no merge joins such a pair,
+ * nothing ever merges across the cut, and since BPE picks merges by rank and then position, each
+ * side goes through the same merges in the same order alone as together. ignore_merges looks the
+ * whole word up first, which a cut would change, so it keeps whole words; byte-level models are
+ * split by their regex instead. */
+static void plan_marker_split(struct pd_tokenizer *t) {
+    t->split_before_marker = false;
+    if (t->byte_level || t->ignore_merges ||
+        pd__strmap_get(&t->vocab, PD__SPM_MARKER, PD__SPM_MARKER_LEN) < 0)
+        return;
+    if (t->unk_id >= 0 && ends_with_marker(t->tokens[t->unk_id], t->token_len[t->unk_id]))
+        return;
+    for (size_t i = 0; i < t->merges.cap; i++) {
+        uint64_t k = t->merges.keys[i];
+        if (k == UINT64_MAX)
+            continue;
+        int32_t a = (int32_t)(k >> 32), b = (int32_t)(uint32_t)k;
+        if (starts_with_marker(t->tokens[b], t->token_len[b]) &&
+            !ends_with_marker(t->tokens[a], t->token_len[a]))
+            return;
+    }
+    t->split_before_marker = true;
 }
 
 /* Byte-level mode: BPE runs on raw bytes, so index the vocabulary by the bytes each token
@@ -673,7 +721,7 @@ static const char gpt2_pattern[] =
     "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
 
 static int compile_regex(const struct load *ld, const char *path, const char *pattern,
-                         pcre2_code **out) {
+                         pcre2_code **out, bool *jit) {
     int err;
     PCRE2_SIZE off;
     /* UTF + UCP: \s, \w, \d and POSIX classes follow Unicode as Oniguruma does in HF */
@@ -686,7 +734,7 @@ static int compile_regex(const struct load *ld, const char *path, const char *pa
                          ld->what, path, pattern, (size_t)off, (char *)msg);
     }
     /* JIT makes the split several times faster; without it (no JIT on this CPU) we still work */
-    (void)pcre2_jit_compile(re, PCRE2_JIT_COMPLETE);
+    *jit = pcre2_jit_compile(re, PCRE2_JIT_COMPLETE) == 0;
     *out = re;
     return PD_OK;
 }
@@ -735,7 +783,7 @@ static int load_pre(const struct load *ld, struct pd_tokenizer *t, const cJSON *
         char rp[160];
         snprintf(rp, sizeof(rp), "%s.pattern", path);
         if (re) {
-            int rc = compile_regex(ld, rp, re, &p->re);
+            int rc = compile_regex(ld, rp, re, &p->re, &p->jit);
             if (rc != PD_OK)
                 return rc;
         } else if (str && *str) {
@@ -746,7 +794,7 @@ static int load_pre(const struct load *ld, struct pd_tokenizer *t, const cJSON *
                 return PD_ENOMEM;
             snprintf(q, l * 2 + 8, "\\Q%s\\E", str);
             int rc = strstr(str, "\\E") ? unsupported(ld, rp, "a String pattern containing \\E")
-                                        : compile_regex(ld, rp, q, &p->re);
+                                        : compile_regex(ld, rp, q, &p->re, &p->jit);
             pd_free(q);
             if (rc != PD_OK)
                 return rc;
@@ -757,7 +805,7 @@ static int load_pre(const struct load *ld, struct pd_tokenizer *t, const cJSON *
         p->kind = PD__PRE_BYTELEVEL;
         p->add_prefix_space = get_bool(n, "add_prefix_space", true);
         if (get_bool(n, "use_regex", true)) {
-            int rc = compile_regex(ld, path, gpt2_pattern, &p->re);
+            int rc = compile_regex(ld, path, gpt2_pattern, &p->re, &p->jit);
             if (rc != PD_OK)
                 return rc;
         }
@@ -1139,6 +1187,18 @@ int pd_tokenizer_new_from_json(const char *tokenizer_json, size_t len, const cha
         rc = build_byte_level(t);
     if (rc != PD_OK)
         goto fail;
+    plan_marker_split(t);
+    t->wcache = pd_calloc(1, sizeof(*t->wcache));
+    if (!t->wcache) {
+        rc = PD_ENOMEM;
+        goto fail;
+    }
+    if (pthread_mutex_init(&t->wcache->mu, NULL) != 0) {
+        pd_free(t->wcache);
+        t->wcache = NULL;
+        rc = pd_errorf(PD_ENOMEM, "%s: cannot initialise the word cache lock", what);
+        goto fail;
+    }
     /* normalized added tokens match the normalized text, so index their normalized form */
     for (size_t i = 0; i < t->n_added; i++) {
         struct pd__added *a = &t->added[i];
@@ -1249,6 +1309,10 @@ void pd_tokenizer_free(struct pd_tokenizer *t) {
     pd_free(t->bos_token);
     pd_free(t->eos_token);
     pd_free(t->chat_template);
+    if (t->wcache) {
+        pthread_mutex_destroy(&t->wcache->mu);
+        pd_free(t->wcache);
+    }
     pd_free(t);
 }
 

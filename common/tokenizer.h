@@ -13,8 +13,9 @@
  * Invalid UTF-8 in text to encode is rejected (PD_EINVAL, byte offset in the message): HF's
  * Python API cannot even receive such text, so there is no reference behaviour to copy.
  * Decoding follows HF: bytes that do not form UTF-8 become U+FFFD as HF's decoders make them.
- * A loaded tokenizer is immutable; every function taking `const struct pd_tokenizer *` may be
- * called from many threads at once.
+ * A loaded tokenizer does not change, but for a bounded internal cache of word encodings (1 MiB,
+ * locked); every function taking `const struct pd_tokenizer *` may be called from many threads
+ * at once.
  */
 #ifndef PD_TOKENIZER_H
 #define PD_TOKENIZER_H

@@ -6,8 +6,11 @@
  *
  * Pieces never leave the call: each pre-tokenizer stage owns one scratch buffer and recurses
  * into the next stage before it reuses it, so nothing is copied twice and nothing outlives the
- * call. BPE follows HF's word.rs merge loop (lowest rank first, then leftmost) exactly, which
- * matters: a different tie-break gives different ids.
+ * call. The one thing kept between calls is the word cache (BPE ids of short words, shared by
+ * all threads, see struct pd__wcache), which is why encode is fast on real text: most words have
+ * been seen before. Normalizers hand utf8proc only the pieces that need it. BPE follows HF's
+ * word.rs merge loop (lowest rank first, then leftmost) exactly, which matters: a different
+ * tie-break gives different ids.
  */
 #include "common/tokenizer_internal.h"
 
@@ -50,12 +53,26 @@ static size_t prev_char(const char *s, size_t n) {
 
 /* ---------------------------------------------------------------- normalizers */
 
-static int utf8proc_norm(const char *s, size_t n, int options, struct pd__buf *out) {
-    size_t i = 0;
-    while (i < n && (uint8_t)s[i] < 0x80)
-        i++;
-    if (i == n) /* ASCII is already in every normal form */
-        return pd__buf_put(out, s, n);
+/* A character that every normal form leaves alone and that nothing before it can combine with:
+ * no decomposition at all, combining class 0, and not a mark or a Hangul jamo (the only kinds
+ * of character that are the second half of a canonical composition). Reordering and composing
+ * never look across such a character, so normalizing text piece by piece, cutting before each
+ * one, gives the same result as normalizing it whole, and a run of them is copied as it is.
+ * Hangul syllables decompose algorithmically (not in the table): inert only when composing. */
+static bool norm_inert(uint32_t cp, bool compose) {
+    if (cp < 0x80)
+        return true;
+    if (cp >= 0x1100 && cp <= 0x11FF)
+        return false;
+    if (cp >= 0xAC00 && cp <= 0xD7A3)
+        return compose;
+    const utf8proc_property_t *p = utf8proc_get_property((utf8proc_int32_t)cp);
+    return p->combining_class == 0 && p->decomp_seqindex == UINT16_MAX &&
+           p->category != UTF8PROC_CATEGORY_MN && p->category != UTF8PROC_CATEGORY_MC &&
+           p->category != UTF8PROC_CATEGORY_ME;
+}
+
+static int utf8proc_map_put(const char *s, size_t n, int options, struct pd__buf *out) {
     utf8proc_uint8_t *dst = NULL;
     utf8proc_ssize_t r = utf8proc_map((const utf8proc_uint8_t *)s, (utf8proc_ssize_t)n, &dst,
                                       (utf8proc_option_t)options);
@@ -64,6 +81,44 @@ static int utf8proc_norm(const char *s, size_t n, int options, struct pd__buf *o
     int rc = pd__buf_put(out, dst, (size_t)r);
     free(dst); /* utf8proc's own allocation */
     return rc;
+}
+
+/* Most text is already normalized and made of inert characters: copy those runs, and hand
+ * utf8proc only the pieces that hold something else (from the inert character before it). */
+static int utf8proc_norm(const char *s, size_t n, int options, struct pd__buf *out) {
+    bool compose = options & UTF8PROC_COMPOSE;
+    size_t done = 0;   /* s[0..done) is in out */
+    size_t piece = 0;  /* start of the piece being scanned: 0 or an inert character */
+    bool plain = true; /* the piece is all inert */
+    for (size_t i = 0; i < n;) {
+        uint32_t cp = (uint8_t)s[i];
+        size_t l = 1;
+        if (cp >= 0x80) {
+            l = pd__utf8_valid_len((const uint8_t *)s + i, n - i);
+            if (!l)
+                return pd_errorf(PD_EINVAL, "normalizing text: invalid UTF-8 at byte %zu", i);
+            pd__utf8_decode((const uint8_t *)s + i, &cp);
+        }
+        if (norm_inert(cp, compose)) {
+            if (!plain) {
+                int rc = utf8proc_map_put(s + piece, i - piece, options, out);
+                if (rc != PD_OK)
+                    return rc;
+                done = i;
+                plain = true;
+            }
+            piece = i;
+        } else if (plain) {
+            if (pd__buf_put(out, s + done, piece - done) != PD_OK)
+                return PD_ENOMEM;
+            done = piece;
+            plain = false;
+        }
+        i += l;
+    }
+    if (!plain)
+        return utf8proc_map_put(s + piece, n - piece, options, out);
+    return pd__buf_put(out, s + done, n - done);
 }
 
 static int norm_one(const struct pd__norm *m, const char *s, size_t n, struct pd__buf *out) {
@@ -185,6 +240,43 @@ static int push_id(struct ctx *c, int32_t id) {
     return PD_OK;
 }
 
+/* ---------------------------------------------------------------- word cache */
+
+/* On a hit appends the cached ids of w to c->out and returns true; false on a miss or when
+ * another thread holds the lock. */
+static bool wcache_get(struct ctx *c, const char *w, size_t wl, uint32_t h) {
+    struct pd__wcache *wc = c->t->wcache;
+    struct pd_token_ids *o = c->out;
+    /* room for a whole slot, so the copy below has a fixed size (a few vector moves, where a
+     * variable-size copy costs more than the rest of a hit) */
+    if (o->n + PD__WCACHE_IDS > o->cap &&
+        pd_array_grow((void **)&o->ids, &o->cap, o->n + PD__WCACHE_IDS, sizeof(int32_t)) != PD_OK)
+        return false; /* the slow path reports the failure */
+    if (pthread_mutex_trylock(&wc->mu) != 0)
+        return false;
+    const struct pd__wcache_slot *sl = &wc->slots[h & (PD__WCACHE_SLOTS - 1)];
+    bool hit = sl->key_len == wl && sl->hash == h && memcmp(sl->key, w, wl) == 0;
+    if (hit) {
+        memcpy(o->ids + o->n, sl->ids, sizeof(sl->ids));
+        o->n += sl->n_ids;
+    }
+    pthread_mutex_unlock(&wc->mu);
+    return hit;
+}
+
+static void wcache_put(struct pd__wcache *wc, const char *w, size_t wl, uint32_t h,
+                       const int32_t *ids, size_t n) {
+    if (n > PD__WCACHE_IDS || pthread_mutex_trylock(&wc->mu) != 0)
+        return;
+    struct pd__wcache_slot *sl = &wc->slots[h & (PD__WCACHE_SLOTS - 1)];
+    sl->hash = h;
+    sl->key_len = (uint8_t)wl;
+    sl->n_ids = (uint8_t)n;
+    memcpy(sl->key, w, wl);
+    memcpy(sl->ids, ids, n * sizeof(int32_t));
+    pthread_mutex_unlock(&wc->mu);
+}
+
 /* ---------------------------------------------------------------- BPE */
 
 static bool ent_less(const struct merge_ent *a, const struct merge_ent *b) {
@@ -260,10 +352,27 @@ static int unknown_unit(struct ctx *c, size_t *n, const char *u, size_t ul, bool
     return PD_OK;
 }
 
+static int bpe_merge(struct ctx *c, const char *w, size_t wl);
+
+/* BPE of one word through the word cache. */
 static int bpe_word(struct ctx *c, const char *w, size_t wl) {
-    const struct pd_tokenizer *t = c->t;
     if (wl == 0)
         return PD_OK;
+    if (wl > PD__WCACHE_KEY)
+        return bpe_merge(c, w, wl);
+    uint32_t h = pd__hash_bytes(w, wl);
+    if (wcache_get(c, w, wl, h))
+        return PD_OK;
+    size_t n0 = c->out->n;
+    int rc = bpe_merge(c, w, wl);
+    if (rc == PD_OK)
+        wcache_put(c->t->wcache, w, wl, h, c->out->ids + n0, c->out->n - n0);
+    return rc;
+}
+
+/* HF's Word::merge_all on one word, appending its ids. */
+static int bpe_merge(struct ctx *c, const char *w, size_t wl) {
+    const struct pd_tokenizer *t = c->t;
     if (t->ignore_merges) {
         int32_t id =
             t->byte_level ? pd__strmap_get(&t->raw_vocab, w, wl) : pd__strmap_get(&t->vocab, w, wl);
@@ -282,6 +391,10 @@ static int bpe_word(struct ctx *c, const char *w, size_t wl) {
             id = t->byte_char_id[b];
             ul = id >= 0 ? 1 : pd__utf8_encode(pd__byte_to_char(b), u);
             unit = u;
+        } else if ((uint8_t)w[i] < 0x80) {
+            unit = w + i;
+            ul = 1;
+            id = t->ascii_id[(uint8_t)w[i++]];
         } else {
             ul = pd__utf8_valid_len((const uint8_t *)w + i, wl - i);
             if (!ul)
@@ -348,17 +461,39 @@ static int bpe_word(struct ctx *c, const char *w, size_t wl) {
     return PD_OK;
 }
 
+/* The model's share of a pre-tokenized piece: BPE of the whole piece, or of its marker-started
+ * words when the tokenizer showed at load that this gives the same ids (split_before_marker). */
+static int model_piece(struct ctx *c, const char *s, size_t n) {
+    if (!c->t->split_before_marker)
+        return bpe_word(c, s, n);
+    const size_t ml = PD__SPM_MARKER_LEN;
+    size_t start = 0;
+    for (size_t i = 1; i + ml <= n; i++) {
+        /* a marker that follows another character (so not the second of a run) starts a word */
+        if (memcmp(s + i, PD__SPM_MARKER, ml) == 0 &&
+            !(i >= ml && memcmp(s + i - ml, PD__SPM_MARKER, ml) == 0)) {
+            int rc = bpe_word(c, s + start, i - start);
+            if (rc != PD_OK)
+                return rc;
+            start = i;
+            i += ml - 1;
+        }
+    }
+    return bpe_word(c, s + start, n - start);
+}
+
 /* ---------------------------------------------------------------- pre-tokenizers */
 
 static int pre_stage(struct ctx *c, int stage, const char *s, size_t n, bool at_start);
 
 /* Regex split: matches and the text between them are pieces (Isolated), or only the text
  * between them (Removed). Empty pieces are dropped, as HF drops them. */
-static int regex_split(struct ctx *c, int stage, const pcre2_code *re, bool removed, const char *s,
-                       size_t n, bool at_start) {
+static int regex_split(struct ctx *c, int stage, const struct pd__pre *p, bool removed,
+                       const char *s, size_t n, bool at_start) {
     size_t pos = 0, last = 0;
     while (pos <= n) {
-        int r = pcre2_match(re, (PCRE2_SPTR)s, n, pos, PCRE2_NO_UTF_CHECK, c->md, NULL);
+        int r = p->jit ? pcre2_jit_match(p->re, (PCRE2_SPTR)s, n, pos, 0, c->md, NULL)
+                       : pcre2_match(p->re, (PCRE2_SPTR)s, n, pos, PCRE2_NO_UTF_CHECK, c->md, NULL);
         if (r == PCRE2_ERROR_NOMATCH)
             break;
         if (r < 0)
@@ -394,11 +529,11 @@ static int pre_stage(struct ctx *c, int stage, const char *s, size_t n, bool at_
     if (n == 0)
         return PD_OK;
     if (stage == t->n_pre)
-        return bpe_word(c, s, n);
+        return model_piece(c, s, n);
     const struct pd__pre *p = &t->pre[stage];
     struct pd__buf *b = &c->stage[stage];
     switch (p->kind) {
-    case PD__PRE_SPLIT: return regex_split(c, stage, p->re, p->removed, s, n, at_start);
+    case PD__PRE_SPLIT: return regex_split(c, stage, p, p->removed, s, n, at_start);
     case PD__PRE_BYTELEVEL:
         if (p->add_prefix_space && s[0] != ' ') {
             b->n = 0;
@@ -408,7 +543,7 @@ static int pre_stage(struct ctx *c, int stage, const char *s, size_t n, bool at_
             n = b->n;
         }
         if (p->re)
-            return regex_split(c, stage, p->re, false, s, n, at_start);
+            return regex_split(c, stage, p, false, s, n, at_start);
         return pre_stage(c, stage + 1, s, n, at_start);
     case PD__PRE_METASPACE: {
         b->n = 0;

@@ -19,6 +19,7 @@
 
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
+#include <pthread.h>
 
 /* ---- string → id and (id, id) → (rank, id) hash maps, open addressing ---- */
 struct pd__strmap_slot {
@@ -95,6 +96,7 @@ enum pd__prepend { PD__PREPEND_ALWAYS, PD__PREPEND_FIRST, PD__PREPEND_NEVER };
 struct pd__pre {
     enum pd__pre_kind kind;
     pcre2_code *re; /* Split, ByteLevel with use_regex */
+    bool jit;       /* re was JIT-compiled: pcre2_jit_match skips the interpreter's checks */
     bool removed;   /* Split behavior Removed: matches are dropped */
     bool add_prefix_space;
     char repl[8]; /* Metaspace replacement (UTF-8) */
@@ -139,6 +141,30 @@ struct pd__added_index {
     size_t n;
 };
 
+/*
+ * Word cache: BPE output of recently seen words, as HF's BPE cache. BPE of a word depends on the
+ * word's bytes alone, so a hit returns exactly what the merge loop would. Direct-mapped and fixed
+ * in size: a colliding word replaces the old one, memory never grows. Words longer than
+ * PD__WCACHE_KEY bytes or with more than PD__WCACHE_IDS ids are not cached. The tokenizer may be
+ * used from many threads at once, so slots are read and written under `mu`, taken with trylock:
+ * a thread that finds it busy computes the word itself (HF's try_read/try_write), so the cache
+ * never makes one encode wait for another.
+ */
+#define PD__WCACHE_SLOTS 8192 /* power of two; 128 bytes each, 1 MiB per tokenizer */
+#define PD__WCACHE_KEY 40     /* bytes */
+#define PD__WCACHE_IDS 20
+struct pd__wcache_slot {
+    uint32_t hash;
+    uint8_t key_len; /* 0: empty (empty words never reach BPE) */
+    uint8_t n_ids;
+    char key[PD__WCACHE_KEY];
+    int32_t ids[PD__WCACHE_IDS];
+};
+struct pd__wcache {
+    pthread_mutex_t mu;
+    struct pd__wcache_slot slots[PD__WCACHE_SLOTS];
+};
+
 #define PD__MAX_NORM 8
 #define PD__MAX_PRE 8
 #define PD__MAX_DEC 8
@@ -153,6 +179,14 @@ struct pd_tokenizer {
     int32_t unk_id; /* -1 when the model has no unk token */
     bool byte_fallback, fuse_unk, ignore_merges;
     int32_t byte_token_id[256]; /* "<0xNN>" ids, -1 when absent */
+    int32_t ascii_id[128];      /* id of each one-character ASCII token, -1 when absent */
+    /* SentencePiece-style models: no merge joins a token ending in something other than "▁"
+     * to one starting with "▁" (checked at load), so BPE of a text equals BPE of its pieces cut
+     * before every "▁" that follows another character; cutting keeps words short and cacheable. */
+    bool split_before_marker;
+#define PD__SPM_MARKER "\xE2\x96\x81" /* U+2581 */
+#define PD__SPM_MARKER_LEN 3
+    struct pd__wcache *wcache; /* owned; NULL when it could not be allocated */
 
     /* byte-level mode (ByteLevel pre-tokenizer): BPE on raw bytes */
     bool byte_level;

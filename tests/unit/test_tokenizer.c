@@ -4,8 +4,12 @@
 
 #include "common/alloc.h"
 #include "common/tokenizer.h"
+#include "common/tokenizer_internal.h"
 
 #include <cjson/cJSON.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <utf8proc.h>
 
 static const char *const fixture_names[] = {"qwen2", "llama3", "gpt2", "llama2", "mistral"};
 
@@ -217,6 +221,55 @@ static void test_fixture_corpus(void) {
     free_jsonl(lines, n_lines);
 }
 
+/* One tokenizer shared by several threads (its word cache is shared): every thread still gets
+ * HF's ids for every corpus line. */
+struct encode_job {
+    const struct pd_tokenizer *t;
+    cJSON **lines, **gold;
+    size_t n;
+    int wrong;
+};
+
+static void *encode_all(void *arg) {
+    struct encode_job *j = arg;
+    for (size_t i = 0; i < j->n; i++) {
+        struct pd_token_ids v = {0};
+        const char *line = j->lines[i]->valuestring;
+        if (pd_tokenizer_encode(j->t, line, strlen(line), PD_TOK_DEFAULT, &v) != PD_OK ||
+            !ids_equal(&v, cJSON_GetObjectItem(j->gold[i], "a")))
+            j->wrong++;
+        pd_token_ids_free(&v);
+    }
+    return NULL;
+}
+
+static void test_concurrent_encode(void) {
+    size_t n_lines, n_gold;
+    cJSON **lines = read_jsonl(PD_FIXTURES_DIR "/tokenizer_corpus.jsonl", &n_lines);
+    cJSON **gold = read_jsonl(PD_FIXTURES_DIR "/tokenizers/qwen2/encode.jsonl", &n_gold);
+    struct pd_tokenizer *t = NULL;
+    load_fixture("qwen2", &t);
+    CHECK_INT(n_gold, n_lines);
+    if (t && n_gold == n_lines) {
+        struct encode_job jobs[4];
+        pthread_t th[4];
+        int started = 0;
+        for (; started < 4; started++) {
+            jobs[started] = (struct encode_job){t, lines, gold, n_lines, 0};
+            if (pthread_create(&th[started], NULL, encode_all, &jobs[started]) != 0)
+                break;
+        }
+        CHECK_INT(started, 4);
+        for (int k = 0; k < started; k++) {
+            pthread_join(th[k], NULL);
+            CHECK_INT(jobs[k].wrong, 0);
+        }
+    }
+    pd_tokenizer_free(t);
+    free_jsonl(gold, n_gold);
+    free_jsonl(lines, n_lines);
+}
+
 static void test_fixture_decode_random(void) {
     for (size_t f = 0; f < PD_ARRAY_LEN(fixture_names); f++) {
         const char *name = fixture_names[f];
@@ -402,6 +455,97 @@ static void test_malformed(void) {
               "/nonexistent/model/tokenizer.json");
 }
 
+/* SentencePiece-style models cut their text before "▁" only when the merges allow it: a merge
+ * across the cut must keep the whole-text BPE result, and so must a merge inside a "▁" run. */
+static void test_marker_split(void) {
+    static const char fmt[] =
+        "{\"normalizer\": {\"type\": \"Replace\", \"pattern\": {\"String\": \" \"},"
+        " \"content\": \"\u2581\"}, \"model\": {\"type\": \"BPE\", \"vocab\": {\"\u2581\": 0,"
+        " \"a\": 1, \"b\": 2, \"a\u2581\": 3, \"\u2581b\": 4, \"\u2581\u2581\": 5}, \"merges\": "
+        "[%s]}}";
+    struct {
+        const char *merges;
+        int32_t want[3];
+        size_t n;
+    } cases[] = {
+        /* "a▁" crosses the cut before "▁b" and has the lower rank: "a▁" "b", never "a" "▁b" */
+        {"\"a \u2581\", \"\u2581 b\"", {3, 2}, 2},
+        /* no merge crosses a cut; "▁▁" (rank 0) joins inside the run, before "▁b" */
+        {"\"\u2581 \u2581\", \"\u2581 b\"", {1, 5, 2}, 3},
+    };
+    const char *text[] = {"a b", "a  b"};
+    for (size_t i = 0; i < PD_ARRAY_LEN(cases); i++) {
+        char js[1024];
+        snprintf(js, sizeof(js), fmt, cases[i].merges);
+        struct pd_tokenizer *t = NULL;
+        CHECK_OK(pd_tokenizer_new_from_json(js, strlen(js), NULL, "spm.json", &t));
+        if (!t)
+            continue;
+        struct pd_token_ids v = {0};
+        for (int rep = 0; rep < 2; rep++) { /* the second time from the word cache */
+            v.n = 0;
+            CHECK_OK(pd_tokenizer_encode(t, text[i], strlen(text[i]), 0, &v));
+            CHECK_INT(v.n, cases[i].n);
+            for (size_t k = 0; k < v.n && k < cases[i].n; k++)
+                CHECK_INT(v.ids[k], cases[i].want[k]);
+        }
+        pd_token_ids_free(&v);
+        pd_tokenizer_free(t);
+    }
+}
+
+/* Normalizers hand utf8proc only the pieces that are not inert; the result must equal
+ * normalizing the whole text, for every form, on random strings of characters that compose,
+ * decompose, reorder or do nothing. */
+static void test_normalize_pieces(void) {
+    static const uint32_t alphabet[] = {
+        'a',    'e',    ' ',    0x00E9, 0x0301, 0x0327,  0x0323, 0x0344, 0x212B,
+        0xFB01, 0x00BD, 0x1100, 0x1161, 0x11A8, 0xAC00,  0xAC01, 0x4E2D, 0xF900,
+        0x0627, 0x064E, 0x0651, 0xFE0F, 0x200D, 0x1F600, 0x0BC6, 0x0BBE, 0x0B47,
+        0x0B3E, 0x0B56, 0x1025, 0x102E, 0x0F73, 0x0958,  0x2126, 0x1E9B,
+    };
+    static const char *const forms[] = {"NFC", "NFD", "NFKC", "NFKD"};
+    static const int options[] = {
+        UTF8PROC_STABLE | UTF8PROC_COMPOSE,
+        UTF8PROC_STABLE | UTF8PROC_DECOMPOSE,
+        UTF8PROC_STABLE | UTF8PROC_COMPOSE | UTF8PROC_COMPAT,
+        UTF8PROC_STABLE | UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT,
+    };
+    uint32_t rng = 12345;
+    for (size_t f = 0; f < PD_ARRAY_LEN(forms); f++) {
+        char extra[96];
+        snprintf(extra, sizeof(extra), "\"normalizer\": {\"type\": \"%s\"},", forms[f]);
+        struct pd_tokenizer *t = NULL;
+        CHECK_OK(load_tiny(extra, tiny_model, &t));
+        if (!t)
+            continue;
+        int bad = 0;
+        for (int it = 0; it < 5000; it++) {
+            char s[64];
+            size_t n = 0;
+            int len = 1 + it % 12;
+            for (int k = 0; k < len; k++) {
+                rng = rng * 1103515245u + 12345u;
+                n += pd__utf8_encode(alphabet[(rng >> 16) % PD_ARRAY_LEN(alphabet)], s + n);
+            }
+            utf8proc_uint8_t *want = NULL;
+            utf8proc_ssize_t wn = utf8proc_map((const utf8proc_uint8_t *)s, (utf8proc_ssize_t)n,
+                                               &want, (utf8proc_option_t)options[f]);
+            struct pd__buf got = {0};
+            CHECK_OK(pd__normalize(t, s, n, &got));
+            if (wn < 0 || (size_t)wn != got.n || memcmp(want, got.p, got.n) != 0)
+                bad++;
+            free(want); /* utf8proc's allocation */
+            pd__buf_free(&got);
+        }
+        if (bad)
+            fprintf(stderr, "%s: %d of 5000 strings differ from utf8proc on the whole\n", forms[f],
+                    bad);
+        CHECK_INT(bad, 0);
+        pd_tokenizer_free(t);
+    }
+}
+
 /* Every allocation failure during load, encode and decode is reported, never crashes or leaks
  * (ASan checks the leaks). */
 static void test_alloc_failures(void) {
@@ -438,6 +582,8 @@ static void test_alloc_failures(void) {
     CHECK(loaded);
 }
 
-PD_TEST_MAIN(PD_TEST(test_fixture_corpus), PD_TEST(test_fixture_decode_random),
-             PD_TEST(test_stream_property), PD_TEST(test_invalid_utf8), PD_TEST(test_accessors),
-             PD_TEST(test_malformed), PD_TEST(test_alloc_failures))
+PD_TEST_MAIN(PD_TEST(test_fixture_corpus), PD_TEST(test_concurrent_encode),
+             PD_TEST(test_fixture_decode_random), PD_TEST(test_stream_property),
+             PD_TEST(test_invalid_utf8), PD_TEST(test_accessors), PD_TEST(test_malformed),
+             PD_TEST(test_marker_split), PD_TEST(test_normalize_pieces),
+             PD_TEST(test_alloc_failures))
