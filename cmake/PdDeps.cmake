@@ -8,3 +8,12 @@ pkg_check_modules(CJSON REQUIRED IMPORTED_TARGET libcjson)
 find_library(PD_LIBM m REQUIRED)
 
 find_package(Python3 COMPONENTS Interpreter)
+
+# Disaggregation planes (DESIGN.md §1): UCX for KV pages, gRPC core + protobuf-c for bootstrap,
+# libuv for the loop both are driven from, libibverbs to check --disaggregation-ib-device.
+pkg_check_modules(UCX REQUIRED IMPORTED_TARGET ucx)
+pkg_check_modules(GRPC REQUIRED IMPORTED_TARGET grpc)
+pkg_check_modules(PROTOBUF_C REQUIRED IMPORTED_TARGET libprotobuf-c)
+pkg_check_modules(LIBUV REQUIRED IMPORTED_TARGET libuv)
+pkg_check_modules(IBVERBS REQUIRED IMPORTED_TARGET libibverbs)
+find_program(PD_PROTOC_C protoc-c REQUIRED)
