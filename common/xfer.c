@@ -97,6 +97,7 @@ struct pd_xfer {
     bool timer_armed;
     bool freeing;
     bool in_run;
+    bool peer_failed_flag; /* a peer failed during this progress round */
 
     void *worker_addr;
     size_t worker_addr_len;
@@ -339,8 +340,11 @@ static void peer_mark_failed(struct pd_xfer_peer *p, int status) {
     if (!p->failed) {
         p->failed = true;
         p->fail_status = status;
+        p->x->peer_failed_flag = true;
     }
 }
+
+static void peer_start_close(struct pd_xfer_peer *p, int status);
 
 static void on_ep_error(void *arg, ucp_ep_h ep, ucs_status_t st) {
     struct pd_xfer_peer *p = arg;
@@ -349,6 +353,11 @@ static void on_ep_error(void *arg, ucp_ep_h ep, ucs_status_t st) {
     (void)ep;
     (void)rc;
     peer_mark_failed(p, PD_EPEER);
+    /* Close now, not after this progress round: UCX 1.13's software RMA (tcp, posix) would
+     * otherwise go on handling puts that were already buffered from the dead peer and abort the
+     * process when their acknowledgement cannot be sent on the failed endpoint. A closed endpoint
+     * makes UCX drop them. on_peer_failed is still reported from xfer_run. */
+    peer_start_close(p, PD_EPEER);
 }
 
 static void on_flush_done(void *req, ucs_status_t st, void *user_data) {
@@ -598,7 +607,9 @@ static void xfer_run(pd_xfer_t *x) {
     for (int round = 0; round < 64; round++) {
         /* Bounded: a worker that always has something to do must not starve the loop. */
         for (int i = 0; i < 256 && ucp_worker_progress(x->worker); i++)
-            ;
+            if (x->peer_failed_flag) /* handle it before anything else arrives */
+                break;
+        x->peer_failed_flag = false;
         bool changed = false;
         while (x->flushed_head) {
             struct room *r = x->flushed_head;
@@ -925,6 +936,8 @@ void pd_xfer_get_info(const pd_xfer_t *x, struct pd_xfer_info *out) {
     out->rdma = x->rdma;
     out->live_rooms = x->n_rooms;
     out->live_peers = x->n_peers;
+    out->pool_pages = x->n_pages;
+    out->page_bytes = x->page_bytes;
 }
 
 int pd_xfer_register_pool(pd_xfer_t *x, void *base, size_t page_bytes, uint32_t n_pages) {

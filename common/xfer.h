@@ -83,6 +83,8 @@ struct pd_xfer_info {
     bool rdma;               /* an RDMA device is in use */
     uint32_t live_rooms;
     uint32_t live_peers;
+    uint32_t pool_pages; /* registered pool; 0 before pd_xfer_register_pool */
+    size_t page_bytes;
 };
 
 /* Remote side of a pair, as exchanged at Pair. The receiver's side of the pair (decode connects
