@@ -759,6 +759,8 @@ int pd_xfer_new(uv_loop_t *loop, const struct pd_xfer_config *cfg,
         x->cfg.abort_timeout_ms = 5000;
     if (x->cfg.keepalive_ms <= 0)
         x->cfg.keepalive_ms = 1000;
+    if (x->cfg.max_put_bytes == 0)
+        x->cfg.max_put_bytes = (size_t)8 << 20;
     x->end_tail = &x->end_head;
     x->efd = -1;
     if (getrandom(&x->id, sizeof(x->id), 0) != (ssize_t)sizeof(x->id)) {
@@ -1147,7 +1149,7 @@ static int room_get(const pd_xfer_t *x, uint64_t room, struct room **out) {
 
 int pd_xfer_room_send(pd_xfer_t *x, uint64_t room, uint32_t first, const uint32_t *src_pages,
                       uint32_t n) {
-    struct room *r;
+    struct room *r = NULL;
     int rc = room_get(x, room, &r);
     if (rc)
         return rc;
@@ -1169,9 +1171,11 @@ int pd_xfer_room_send(pd_xfer_t *x, uint64_t room, uint32_t first, const uint32_
         .op_attr_mask = UCP_OP_ATTR_FIELD_MEMH,
         .memh = x->memh,
     };
+    /* Very long runs are split: puts of a few MiB pipeline better on the transports measured. */
+    uint32_t max_len = x->cfg.max_put_bytes / pb ? (uint32_t)(x->cfg.max_put_bytes / pb) : 1;
     for (uint32_t i = 0; i < n;) {
         uint32_t len = 1;
-        while (i + len < n && src_pages[i + len] == src_pages[i] + len &&
+        while (i + len < n && len < max_len && src_pages[i + len] == src_pages[i] + len &&
                dst[i + len] == dst[i] + len)
             len++;
         const char *src = (const char *)x->pool_base + (size_t)src_pages[i] * pb;
@@ -1205,7 +1209,7 @@ static void set_notice(pd_xfer_t *x, struct room *r, const struct pd_xfer_notice
 }
 
 int pd_xfer_room_finish(pd_xfer_t *x, uint64_t room, const struct pd_xfer_notice *n) {
-    struct room *r;
+    struct room *r = NULL;
     int rc = room_get(x, room, &r);
     if (rc)
         return rc;
@@ -1228,7 +1232,7 @@ int pd_xfer_room_expect(pd_xfer_t *x, pd_xfer_peer_t *p, uint64_t room, void *ro
 }
 
 int pd_xfer_room_release(pd_xfer_t *x, uint64_t room, int status) {
-    struct room *r;
+    struct room *r = NULL;
     int rc = room_get(x, room, &r);
     if (rc)
         return rc;
@@ -1240,7 +1244,7 @@ int pd_xfer_room_release(pd_xfer_t *x, uint64_t room, int status) {
 }
 
 int pd_xfer_room_abort(pd_xfer_t *x, uint64_t room, int status, const char *why) {
-    struct room *r;
+    struct room *r = NULL;
     int rc = room_get(x, room, &r);
     if (rc)
         return rc;

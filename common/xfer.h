@@ -73,6 +73,7 @@ struct pd_xfer_config {
     int abort_timeout_ms; /* receiver abort waits this long for the sender's ack; 0 = 5000 */
     int keepalive_ms;     /* UCX keepalive (peer death on shm); 0 = 1000; env UCX_* wins */
     bool spin;            /* progress every loop iteration while busy (bench), not a 1 ms timer */
+    size_t max_put_bytes; /* longer runs are split into puts of at most this; 0 = 8 MiB */
 };
 
 /* Facts about the engine, for logs and /server_info. Strings owned by the engine. */
