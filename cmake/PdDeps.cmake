@@ -13,3 +13,12 @@ pkg_check_modules(OPENBLAS REQUIRED IMPORTED_TARGET openblas)
 # Tokenizer: pre-tokenizer regexes with Unicode properties (PCRE2), NFC & co. (utf8proc).
 pkg_check_modules(PCRE2 REQUIRED IMPORTED_TARGET libpcre2-8)
 pkg_check_modules(UTF8PROC REQUIRED IMPORTED_TARGET libutf8proc)
+
+# Disaggregation planes (DESIGN.md §1): UCX for KV pages, gRPC core + protobuf-c for bootstrap,
+# libuv for the loop both are driven from, libibverbs to check --disaggregation-ib-device.
+pkg_check_modules(UCX REQUIRED IMPORTED_TARGET ucx)
+pkg_check_modules(GRPC REQUIRED IMPORTED_TARGET grpc)
+pkg_check_modules(PROTOBUF_C REQUIRED IMPORTED_TARGET libprotobuf-c)
+pkg_check_modules(LIBUV REQUIRED IMPORTED_TARGET libuv)
+pkg_check_modules(IBVERBS REQUIRED IMPORTED_TARGET libibverbs)
+find_program(PD_PROTOC_C protoc-c REQUIRED)

@@ -18,6 +18,7 @@ packages=(
     libibverbs-dev librdmacm-dev
     libgrpc-dev           # bootstrap service (gRPC core C API)
     libprotobuf-c-dev protobuf-c-compiler
+    ucx-utils             # ucx_perftest: bench/xfer's reference in the same run
 )
 
 missing=()

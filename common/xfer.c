@@ -1,0 +1,1284 @@
+/*
+ * xfer.c — the UCX transfer engine behind xfer.h.
+ *
+ * Owns: the ucp context and worker, the pool's memory handle and packed rkey, one endpoint per
+ * peer, the room table, and two libuv handles (a uv_poll_t on the worker's event fd, a uv_timer_t
+ * that keeps progress going while requests are outstanding and runs deferred work).
+ *
+ * Invariants: UCX callbacks never call the user and never post new operations — they only change
+ * state and queue work; xfer_run() (from the poll or the timer) posts and calls the user, so
+ * user callbacks may re-enter the engine freely. A room's memory lives until every UCX request
+ * that carries it as user_data has completed (room->pending == 0). A room of a failed peer ends
+ * only once the peer's endpoint is force-closed (UCX completes the peer's requests with
+ * UCS_ERR_CANCELED first). Any failed request on a peer force-closes that peer: after an unknown
+ * failure, what landed where is unknown, and the closed endpoint is the only safe fence.
+ */
+#include "common/xfer.h"
+
+#include <infiniband/verbs.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <ucp/api/ucp.h>
+
+#include "common/alloc.h"
+#include "common/log.h"
+#include "common/status.h"
+
+enum room_role { ROOM_SENDER, ROOM_RECEIVER };
+
+enum room_state {
+    ROOM_LIVE,      /* sender: chunks may be posted; receiver: waiting for the notice */
+    ROOM_FLUSHING,  /* sender: flush posted, notice next */
+    ROOM_NOTIFYING, /* sender: notice posted */
+    ROOM_ABORTING,  /* receiver: abort asked, waiting for the sender's failed notice */
+    ROOM_ENDED,     /* on the end queue: on_room_end next, then freed */
+};
+
+struct room {
+    uint64_t id;
+    struct room *hnext;         /* hash chain */
+    struct room *pprev, *pnext; /* peer's room list */
+    struct room *qnext;         /* end queue or flushed queue */
+    struct pd_xfer_peer *peer;
+    void *user;
+    enum room_role role;
+    enum room_state state;
+    int pending;                /* UCX requests in flight carrying this room as user_data */
+    bool unflushed;             /* sender: puts posted since the last flush */
+    bool flushed;               /* sender: flush completed, notice to post */
+    bool has_notice;            /* receiver: `notice` holds the received notice */
+    int status;                 /* status the room ends with */
+    uint64_t abort_deadline_ms; /* receiver, ROOM_ABORTING: loop time */
+    uint32_t *dst;              /* [n_dst] receiver pool page indices (sender) */
+    uint32_t n_dst;
+    struct pd_xfer_notice notice;
+    uint8_t wire[PD_XFER_NOTICE_WIRE_MIN + PD_XFER_ERROR_TEXT_MAX];
+    size_t wire_len;
+};
+
+enum peer_state { PEER_UP, PEER_CLOSING, PEER_CLOSED };
+
+struct pd_xfer_peer {
+    pd_xfer_t *x;
+    struct pd_xfer_peer *prev, *next;
+    void *user;
+    ucp_ep_h ep;
+    ucp_rkey_h rkey; /* NULL: peer is not a receiver of ours */
+    uint64_t remote_id;
+    uint64_t base;
+    uint64_t page_bytes;
+    uint32_t n_pages;
+    enum peer_state state;
+    bool failed;        /* UCX reported an endpoint error; handled in xfer_run */
+    bool fail_reported; /* on_peer_failed called */
+    int fail_status;
+    int close_status;   /* rooms end with this */
+    bool close_pending; /* ucp_ep_close_nbx request in flight */
+    struct room *rooms;
+    uint32_t n_rooms;
+    char transport[96];
+};
+
+struct pd_xfer {
+    uv_loop_t *loop;
+    struct pd_xfer_callbacks cb;
+    struct pd_xfer_config cfg;
+    uint64_t id;
+    ucp_context_h ctx;
+    ucp_worker_h worker;
+    int efd;
+    uv_poll_t poll;
+    uv_timer_t timer;
+    int handles_open; /* uv handles not yet through their close callback */
+    bool handles_closing;
+    bool timer_armed;
+    bool freeing;
+    bool in_run;
+    bool peer_failed_flag; /* a peer failed during this progress round */
+
+    void *worker_addr;
+    size_t worker_addr_len;
+    ucp_mem_h memh;
+    void *pool_base;
+    size_t page_bytes;
+    uint32_t n_pages;
+    void *rkey_buf;
+    size_t rkey_len;
+
+    struct room **buckets;
+    size_t n_buckets; /* power of two */
+    uint32_t n_rooms;
+    uint32_t n_unflushed; /* sender rooms with puts posted but not flushed */
+    uint32_t n_receiving; /* receiver rooms: incoming puts may need our progress (sw RMA) */
+    int outstanding;      /* UCX requests with callbacks, all kinds */
+    struct room *flushed_head;
+    struct room *end_head, **end_tail;
+    struct pd_xfer_peer *peers;
+    uint32_t n_peers;
+
+    char tls[128];
+    char net_devices[256];
+    bool cuda_memory;
+    bool rdma;
+};
+
+/* ---- status translation: the one place ucs_status_t is interpreted ---- */
+
+static int pd__ucs_error(ucs_status_t s, const char *doing) {
+    int code;
+    switch (s) {
+    case UCS_OK: return PD_OK;
+    case UCS_INPROGRESS: code = PD_EAGAIN; break;
+    case UCS_ERR_NO_MEMORY: code = PD_ENOMEM; break;
+    case UCS_ERR_INVALID_PARAM: code = PD_EINVAL; break;
+    case UCS_ERR_UNSUPPORTED: code = PD_EUNSUPPORTED; break;
+    case UCS_ERR_NO_DEVICE:
+    case UCS_ERR_NO_ELEM: code = PD_ENOENT; break;
+    case UCS_ERR_TIMED_OUT:
+    case UCS_ERR_ENDPOINT_TIMEOUT: code = PD_ETIMEDOUT; break;
+    case UCS_ERR_CANCELED: code = PD_ECANCELED; break;
+    case UCS_ERR_CONNECTION_RESET:
+    case UCS_ERR_UNREACHABLE:
+    case UCS_ERR_REJECTED:
+    case UCS_ERR_NOT_CONNECTED: code = PD_EPEER; break;
+    default: code = PD_EIO; break;
+    }
+    return pd_errorf(code, "%s: UCX: %s", doing, ucs_status_string(s));
+}
+
+/* ---- notice wire format ---- */
+
+static void put_u16(uint8_t *p, uint16_t v) {
+    p[0] = (uint8_t)v;
+    p[1] = (uint8_t)(v >> 8);
+}
+static void put_u32(uint8_t *p, uint32_t v) {
+    for (int i = 0; i < 4; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+static void put_u64(uint8_t *p, uint64_t v) {
+    for (int i = 0; i < 8; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+static uint16_t get_u16(const uint8_t *p) {
+    return (uint16_t)(p[0] | (p[1] << 8));
+}
+static uint32_t get_u32(const uint8_t *p) {
+    uint32_t v = 0;
+    for (int i = 0; i < 4; i++)
+        v |= (uint32_t)p[i] << (8 * i);
+    return v;
+}
+static uint64_t get_u64(const uint8_t *p) {
+    uint64_t v = 0;
+    for (int i = 0; i < 8; i++)
+        v |= (uint64_t)p[i] << (8 * i);
+    return v;
+}
+
+/* Layout: magic u16 | sender_id u64 | room u64 | status i32 | first_token i32 | logprob f32 |
+ * cached_tokens u32 | error_len u16 | error bytes (no NUL). */
+#define NOTICE_MAGIC 0x5044u
+
+size_t pd_xfer_notice_encode(const struct pd_xfer_notice *n, uint64_t sender_id, uint8_t *buf,
+                             size_t cap) {
+    size_t elen = strnlen(n->error, PD_XFER_ERROR_TEXT_MAX);
+    if (cap < PD_XFER_NOTICE_WIRE_MIN + elen)
+        return 0;
+    uint32_t lp;
+    memcpy(&lp, &n->first_logprob, sizeof(lp));
+    put_u16(buf, NOTICE_MAGIC);
+    put_u64(buf + 2, sender_id);
+    put_u64(buf + 10, n->room);
+    put_u32(buf + 18, (uint32_t)n->status);
+    put_u32(buf + 22, (uint32_t)n->first_token);
+    put_u32(buf + 26, lp);
+    put_u32(buf + 30, n->cached_tokens);
+    put_u16(buf + 34, (uint16_t)elen);
+    memcpy(buf + PD_XFER_NOTICE_WIRE_MIN, n->error, elen);
+    return PD_XFER_NOTICE_WIRE_MIN + elen;
+}
+
+int pd_xfer_notice_decode(const void *buf, size_t len, struct pd_xfer_notice *n,
+                          uint64_t *sender_id) {
+    const uint8_t *p = buf;
+    if (len < PD_XFER_NOTICE_WIRE_MIN)
+        return pd_errorf(PD_EFORMAT, "room notice of %zu bytes, shorter than %d", len,
+                         PD_XFER_NOTICE_WIRE_MIN);
+    if (get_u16(p) != NOTICE_MAGIC)
+        return pd_errorf(PD_EFORMAT, "room notice with bad magic 0x%04x", get_u16(p));
+    size_t elen = get_u16(p + 34);
+    if (elen > PD_XFER_ERROR_TEXT_MAX || len != PD_XFER_NOTICE_WIRE_MIN + elen)
+        return pd_errorf(PD_EFORMAT, "room notice length %zu disagrees with its text length %zu",
+                         len, elen);
+    memset(n, 0, sizeof(*n));
+    *sender_id = get_u64(p + 2);
+    n->room = get_u64(p + 10);
+    n->status = (int32_t)get_u32(p + 18);
+    n->first_token = (int32_t)get_u32(p + 22);
+    uint32_t lp = get_u32(p + 26);
+    memcpy(&n->first_logprob, &lp, sizeof(lp));
+    n->cached_tokens = get_u32(p + 30);
+    memcpy(n->error, p + PD_XFER_NOTICE_WIRE_MIN, elen);
+    n->error[elen] = '\0';
+    if (n->status > 0 || n->status < PD_EINTERNAL)
+        n->status = PD_EPEER; /* an unknown failure is still a failure */
+    return PD_OK;
+}
+
+/* ---- room table ---- */
+
+static size_t room_hash(uint64_t id, size_t n_buckets) {
+    id ^= id >> 33;
+    id *= 0xff51afd7ed558ccdull;
+    id ^= id >> 33;
+    return (size_t)id & (n_buckets - 1);
+}
+
+static struct room *room_find(const pd_xfer_t *x, uint64_t id) {
+    for (struct room *r = x->buckets[room_hash(id, x->n_buckets)]; r; r = r->hnext)
+        if (r->id == id)
+            return r;
+    return NULL;
+}
+
+static int room_table_grow(pd_xfer_t *x) {
+    size_t nb = x->n_buckets * 2;
+    struct room **b = pd_calloc(nb, sizeof(*b));
+    if (!b)
+        return pd_error_wrap(PD_ENOMEM, "growing the room table to %zu buckets", nb);
+    for (size_t i = 0; i < x->n_buckets; i++) {
+        struct room *r = x->buckets[i];
+        while (r) {
+            struct room *next = r->hnext;
+            size_t h = room_hash(r->id, nb);
+            r->hnext = b[h];
+            b[h] = r;
+            r = next;
+        }
+    }
+    pd_free(x->buckets);
+    x->buckets = b;
+    x->n_buckets = nb;
+    return PD_OK;
+}
+
+static int room_new(pd_xfer_t *x, struct pd_xfer_peer *p, uint64_t id, enum room_role role,
+                    void *user, struct room **out) {
+    if (room_find(x, id))
+        return pd_errorf(PD_EINVAL, "room %" PRIu64 " is already live", id);
+    if (p->state != PEER_UP || p->failed)
+        return pd_errorf(PD_EPEER, "room %" PRIu64 ": peer %016" PRIx64 " has failed", id,
+                         p->remote_id);
+    if (x->n_rooms + 1 > 2 * x->n_buckets) {
+        int rc = room_table_grow(x);
+        if (rc)
+            return rc;
+    }
+    struct room *r = pd_calloc(1, sizeof(*r));
+    if (!r)
+        return pd_error_wrap(PD_ENOMEM, "room %" PRIu64, id);
+    r->id = id;
+    r->peer = p;
+    r->user = user;
+    r->role = role;
+    r->state = ROOM_LIVE;
+    size_t h = room_hash(id, x->n_buckets);
+    r->hnext = x->buckets[h];
+    x->buckets[h] = r;
+    r->pnext = p->rooms;
+    if (p->rooms)
+        p->rooms->pprev = r;
+    p->rooms = r;
+    p->n_rooms++;
+    x->n_rooms++;
+    x->n_receiving += role == ROOM_RECEIVER;
+    *out = r;
+    return PD_OK;
+}
+
+/* Moves a room to the end queue; xfer_run calls on_room_end and frees it once pending == 0. */
+static void room_end(pd_xfer_t *x, struct room *r, int status) {
+    if (r->state == ROOM_ENDED)
+        return;
+    if (r->unflushed) {
+        r->unflushed = false;
+        x->n_unflushed--;
+    }
+    r->state = ROOM_ENDED;
+    r->status = status;
+    r->qnext = NULL;
+    *x->end_tail = r;
+    x->end_tail = &r->qnext;
+}
+
+static void room_unlink_and_free(pd_xfer_t *x, struct room *r) {
+    struct room **pp = &x->buckets[room_hash(r->id, x->n_buckets)];
+    while (*pp != r)
+        pp = &(*pp)->hnext;
+    *pp = r->hnext;
+    struct pd_xfer_peer *p = r->peer;
+    if (r->pprev)
+        r->pprev->pnext = r->pnext;
+    else
+        p->rooms = r->pnext;
+    if (r->pnext)
+        r->pnext->pprev = r->pprev;
+    p->n_rooms--;
+    x->n_rooms--;
+    x->n_receiving -= r->role == ROOM_RECEIVER;
+    pd_free(r->dst);
+    pd_free(r);
+}
+
+/* ---- UCX callbacks: state changes only ---- */
+
+static void peer_mark_failed(struct pd_xfer_peer *p, int status) {
+    if (!p->failed) {
+        p->failed = true;
+        p->fail_status = status;
+        p->x->peer_failed_flag = true;
+    }
+}
+
+static void peer_start_close(struct pd_xfer_peer *p, int status);
+
+static void on_ep_error(void *arg, ucp_ep_h ep, ucs_status_t st) {
+    struct pd_xfer_peer *p = arg;
+    int rc = pd__ucs_error(st, "endpoint to peer");
+    pd_warn("xfer: peer %016" PRIx64 " endpoint failed: %s", p->remote_id, pd_error_msg());
+    (void)ep;
+    (void)rc;
+    peer_mark_failed(p, PD_EPEER);
+    /* Close now, not after this progress round: UCX 1.13's software RMA (tcp, posix) would
+     * otherwise go on handling puts that were already buffered from the dead peer and abort the
+     * process when their acknowledgement cannot be sent on the failed endpoint. A closed endpoint
+     * makes UCX drop them. on_peer_failed is still reported from xfer_run. */
+    peer_start_close(p, PD_EPEER);
+}
+
+static void on_flush_done(void *req, ucs_status_t st, void *user_data) {
+    struct room *r = user_data;
+    pd_xfer_t *x = r->peer->x;
+    r->pending--;
+    x->outstanding--;
+    if (st == UCS_OK && r->state == ROOM_FLUSHING) {
+        r->flushed = true;
+        r->qnext = x->flushed_head;
+        x->flushed_head = r;
+    } else if (st != UCS_OK) {
+        pd__ucs_error(st, "flushing the room's puts");
+        pd_warn("xfer: room %" PRIu64 ": %s", r->id, pd_error_msg());
+        peer_mark_failed(r->peer, PD_EPEER);
+    }
+    ucp_request_free(req);
+}
+
+static void on_notice_sent(void *req, ucs_status_t st, void *user_data) {
+    struct room *r = user_data;
+    pd_xfer_t *x = r->peer->x;
+    r->pending--;
+    x->outstanding--;
+    if (st == UCS_OK && r->state == ROOM_NOTIFYING) {
+        room_end(x, r, r->notice.status);
+    } else if (st != UCS_OK) {
+        pd__ucs_error(st, "sending the room's notice");
+        pd_warn("xfer: room %" PRIu64 ": %s", r->id, pd_error_msg());
+        peer_mark_failed(r->peer, PD_EPEER);
+    }
+    ucp_request_free(req);
+}
+
+static void on_ep_closed(void *req, ucs_status_t st, void *user_data) {
+    struct pd_xfer_peer *p = user_data;
+    p->x->outstanding--;
+    p->close_pending = false;
+    p->state = PEER_CLOSED;
+    (void)st; /* a forced close reports nothing we can act on */
+    ucp_request_free(req);
+}
+
+static ucs_status_t on_notice_am(void *arg, const void *header, size_t header_length, void *data,
+                                 size_t length, const ucp_am_recv_param_t *param) {
+    pd_xfer_t *x = arg;
+    (void)header;
+    (void)header_length;
+    if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) {
+        pd_warn("xfer: dropped a %zu-byte rendezvous room notice (notices are small)", length);
+        return UCS_OK;
+    }
+    struct pd_xfer_notice n;
+    uint64_t sender;
+    if (pd_xfer_notice_decode(data, length, &n, &sender)) {
+        pd_warn("xfer: dropped a room notice: %s", pd_error_msg());
+        return UCS_OK;
+    }
+    struct room *r = room_find(x, n.room);
+    if (!r || r->role != ROOM_RECEIVER || r->state == ROOM_ENDED) {
+        pd_debug("xfer: room %" PRIu64 ": notice for a room not live here, ignored", n.room);
+        return UCS_OK;
+    }
+    if (r->peer->remote_id != sender) {
+        pd_warn("xfer: room %" PRIu64 ": notice from %016" PRIx64 ", expected %016" PRIx64
+                ", ignored",
+                n.room, sender, r->peer->remote_id);
+        return UCS_OK;
+    }
+    r->notice = n;
+    r->has_notice = true;
+    room_end(x, r, r->state == ROOM_ABORTING && n.status == PD_OK ? PD_OK : n.status);
+    return UCS_OK;
+}
+
+/* ---- the run step: progress, post deferred work, call the user ---- */
+
+static void xfer_run(pd_xfer_t *x);
+
+static void arm_timer(pd_xfer_t *x);
+
+static void on_timer(uv_timer_t *t) {
+    xfer_run(t->data);
+}
+
+static void on_poll(uv_poll_t *h, int status, int events) {
+    (void)status;
+    (void)events;
+    xfer_run(h->data);
+}
+
+static void kick(pd_xfer_t *x) {
+    if (x->in_run || x->handles_closing)
+        return;
+    uv_timer_start(&x->timer, on_timer, 0, 0);
+    x->timer_armed = true;
+}
+
+static void peer_start_close(struct pd_xfer_peer *p, int status) {
+    if (p->state != PEER_UP)
+        return;
+    p->state = PEER_CLOSING;
+    p->close_status = status;
+    pd_info("xfer: peer %016" PRIx64 ": force-closing endpoint (%u rooms): %s", p->remote_id,
+            p->n_rooms, pd_status_str(status));
+    ucp_request_param_t prm = {
+        .op_attr_mask =
+            UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
+        .flags = UCP_EP_CLOSE_FLAG_FORCE,
+        .cb.send = on_ep_closed,
+        .user_data = p,
+    };
+    ucs_status_ptr_t req = ucp_ep_close_nbx(p->ep, &prm);
+    p->ep = NULL;
+    if (req == NULL || UCS_PTR_IS_ERR(req)) {
+        p->state = PEER_CLOSED;
+    } else {
+        p->close_pending = true;
+        p->x->outstanding++;
+    }
+}
+
+static void post_notice(pd_xfer_t *x, struct room *r) {
+    r->state = ROOM_NOTIFYING;
+    ucp_request_param_t prm = {
+        .op_attr_mask =
+            UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS,
+        .flags = UCP_AM_SEND_FLAG_EAGER,
+        .cb.send = on_notice_sent,
+        .user_data = r,
+    };
+    ucs_status_ptr_t req =
+        ucp_am_send_nbx(r->peer->ep, PD_XFER_AM_NOTICE, NULL, 0, r->wire, r->wire_len, &prm);
+    if (req == NULL) {
+        room_end(x, r, r->notice.status);
+    } else if (UCS_PTR_IS_ERR(req)) {
+        pd__ucs_error(UCS_PTR_STATUS(req), "posting the room's notice");
+        pd_warn("xfer: room %" PRIu64 ": %s", r->id, pd_error_msg());
+        peer_mark_failed(r->peer, PD_EPEER);
+    } else {
+        r->pending++;
+        x->outstanding++;
+    }
+}
+
+static void post_flush(pd_xfer_t *x, struct room *r) {
+    r->state = ROOM_FLUSHING;
+    if (r->unflushed) {
+        r->unflushed = false;
+        x->n_unflushed--;
+    }
+    ucp_request_param_t prm = {
+        .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
+        .cb.send = on_flush_done,
+        .user_data = r,
+    };
+    ucs_status_ptr_t req = ucp_ep_flush_nbx(r->peer->ep, &prm);
+    if (req == NULL) {
+        post_notice(x, r);
+    } else if (UCS_PTR_IS_ERR(req)) {
+        pd__ucs_error(UCS_PTR_STATUS(req), "flushing the room's puts");
+        pd_warn("xfer: room %" PRIu64 ": %s", r->id, pd_error_msg());
+        peer_mark_failed(r->peer, PD_EPEER);
+    } else {
+        r->pending++;
+        x->outstanding++;
+    }
+}
+
+static void peer_free(pd_xfer_t *x, struct pd_xfer_peer *p) {
+    if (p->prev)
+        p->prev->next = p->next;
+    else
+        x->peers = p->next;
+    if (p->next)
+        p->next->prev = p->prev;
+    x->n_peers--;
+    if (p->rkey)
+        ucp_rkey_destroy(p->rkey);
+    pd_free(p);
+}
+
+/* Handles failed and closed peers. Returns true when anything changed. */
+static bool run_peers(pd_xfer_t *x) {
+    bool changed = false;
+    struct pd_xfer_peer *next;
+    for (struct pd_xfer_peer *p = x->peers; p; p = next) {
+        next = p->next;
+        if (p->failed && !p->fail_reported) {
+            p->fail_reported = true;
+            changed = true;
+            if (x->cb.on_peer_failed)
+                x->cb.on_peer_failed(x->cb.ctx, p, p->user, p->fail_status);
+            peer_start_close(p, p->fail_status);
+        }
+        if (p->state != PEER_CLOSED)
+            continue;
+        /* The endpoint is gone: no write of ours or theirs through it can still land. */
+        bool busy = false;
+        for (struct room *r = p->rooms; r; r = r->pnext) {
+            if (r->state != ROOM_ENDED)
+                room_end(x, r, p->close_status);
+            busy |= r->pending > 0;
+        }
+        if (p->n_rooms == 0 && !busy) {
+            changed = true;
+            void *user = p->user;
+            peer_free(x, p);
+            if (x->cb.on_peer_closed)
+                x->cb.on_peer_closed(x->cb.ctx, p, user);
+        }
+    }
+    return changed;
+}
+
+static void run_deadlines(pd_xfer_t *x) {
+    uint64_t now = uv_now(x->loop);
+    for (struct pd_xfer_peer *p = x->peers; p; p = p->next) {
+        if (p->state != PEER_UP)
+            continue;
+        for (struct room *r = p->rooms; r; r = r->pnext) {
+            if (r->state == ROOM_ABORTING && now >= r->abort_deadline_ms) {
+                pd_warn("xfer: room %" PRIu64 ": no abort acknowledgement from peer %016" PRIx64
+                        " in %d ms; force-closing it",
+                        r->id, p->remote_id, x->cfg.abort_timeout_ms);
+                peer_start_close(p, PD_ETIMEDOUT);
+                break;
+            }
+        }
+    }
+}
+
+static bool any_aborting(const pd_xfer_t *x) {
+    for (struct pd_xfer_peer *p = x->peers; p; p = p->next)
+        for (struct room *r = p->rooms; r; r = r->pnext)
+            if (r->state == ROOM_ABORTING)
+                return true;
+    return false;
+}
+
+static void close_handles(pd_xfer_t *x);
+
+static void xfer_run(pd_xfer_t *x) {
+    if (x->in_run || x->handles_closing)
+        return;
+    x->in_run = true;
+    for (int round = 0; round < 64; round++) {
+        /* Bounded: a worker that always has something to do must not starve the loop. */
+        for (int i = 0; i < 256 && ucp_worker_progress(x->worker); i++)
+            if (x->peer_failed_flag) /* handle it before anything else arrives */
+                break;
+        x->peer_failed_flag = false;
+        bool changed = false;
+        while (x->flushed_head) {
+            struct room *r = x->flushed_head;
+            x->flushed_head = r->qnext;
+            r->flushed = false;
+            if (r->state == ROOM_FLUSHING && !r->peer->failed && r->peer->state == PEER_UP)
+                post_notice(x, r);
+            changed = true;
+        }
+        run_deadlines(x);
+        changed |= run_peers(x);
+        /* The end queue: call the user, free what UCX no longer holds. */
+        struct room *q = x->end_head, *keep = NULL, **keep_tail = &keep;
+        x->end_head = NULL;
+        x->end_tail = &x->end_head;
+        while (q) {
+            struct room *r = q;
+            q = q->qnext;
+            if (r->pending > 0) { /* a forced close is still completing its requests */
+                r->qnext = NULL;
+                *keep_tail = r;
+                keep_tail = &r->qnext;
+                continue;
+            }
+            changed = true;
+            uint64_t id = r->id;
+            void *user = r->user;
+            int status = r->status;
+            struct pd_xfer_notice n = r->notice;
+            bool has_notice = r->has_notice;
+            room_unlink_and_free(x, r);
+            if (x->cb.on_room_end)
+                x->cb.on_room_end(x->cb.ctx, id, user, status, has_notice ? &n : NULL);
+        }
+        if (keep) { /* put back in front of anything the callbacks queued */
+            *keep_tail = x->end_head;
+            if (!x->end_head)
+                x->end_tail = keep_tail;
+            x->end_head = keep;
+        }
+        if (!changed)
+            break;
+    }
+    /* Re-arm the event fd; BUSY means events arrived meanwhile: go round again via the timer. */
+    ucs_status_t st = ucp_worker_arm(x->worker);
+    x->in_run = false;
+    if (x->freeing && x->n_peers == 0 && !x->end_head) {
+        close_handles(x);
+        return;
+    }
+    if (st == UCS_ERR_BUSY) {
+        uv_timer_start(&x->timer, on_timer, 0, 0);
+        x->timer_armed = true;
+        return;
+    }
+    arm_timer(x);
+}
+
+static void arm_timer(pd_xfer_t *x) {
+    /* Transports without hardware RMA (tcp, posix) emulate puts with active messages that the
+     * receiver must progress, and not all of them wake the event fd: a receiver with rooms
+     * open polls too. */
+    bool busy = x->outstanding > 0 || x->n_unflushed > 0 || x->n_receiving > 0 || x->end_head ||
+                x->flushed_head;
+    for (struct pd_xfer_peer *p = x->peers; !busy && p; p = p->next)
+        busy = p->state != PEER_UP || (p->failed && !p->fail_reported);
+    if (busy) {
+        uv_timer_start(&x->timer, on_timer, x->cfg.spin ? 0 : 1, 0);
+        x->timer_armed = true;
+    } else if (any_aborting(x)) {
+        uv_timer_start(&x->timer, on_timer, 50, 0);
+        x->timer_armed = true;
+    } else if (x->timer_armed) {
+        uv_timer_stop(&x->timer);
+        x->timer_armed = false;
+    }
+}
+
+/* ---- engine life ---- */
+
+/* Checks --disaggregation-ib-device against libibverbs and builds UCX_NET_DEVICES from it. */
+static int check_ib_devices(pd_xfer_t *x, const char *want, char *net, size_t net_cap) {
+    int n = 0;
+    struct ibv_device **list = ibv_get_device_list(&n);
+    char present[256] = "";
+    size_t used = 0;
+    for (int i = 0; list && i < n; i++)
+        used +=
+            (size_t)snprintf(present + used, used < sizeof(present) ? sizeof(present) - used : 0,
+                             "%s%s", i ? ", " : "", ibv_get_device_name(list[i]));
+    if (!want || !*want) {
+        x->rdma = n > 0;
+        net[0] = '\0';
+        if (list)
+            ibv_free_device_list(list);
+        return PD_OK;
+    }
+    char buf[256];
+    snprintf(buf, sizeof(buf), "%s", want);
+    size_t off = 0;
+    net[0] = '\0';
+    int rc = PD_OK;
+    for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok;
+         tok = strtok_r(NULL, ",", &save)) {
+        bool found = false;
+        for (int i = 0; list && i < n; i++)
+            found |= strcmp(ibv_get_device_name(list[i]), tok) == 0;
+        if (!found) {
+            rc = pd_errorf(PD_ENOENT,
+                           "--disaggregation-ib-device: no RDMA device '%s'; devices present: %s",
+                           tok, n > 0 ? present : "none");
+            break;
+        }
+        off += (size_t)snprintf(net + off, off < net_cap ? net_cap - off : 0, "%s%s:1",
+                                off ? "," : "", tok);
+    }
+    if (list)
+        ibv_free_device_list(list);
+    x->rdma = rc == PD_OK;
+    return rc;
+}
+
+static int config_set(ucp_config_t *c, const char *name, const char *value) {
+    char env[64];
+    snprintf(env, sizeof(env), "UCX_%s", name);
+    if (getenv(env))
+        return PD_OK; /* the operator's environment wins */
+    ucs_status_t st = ucp_config_modify(c, name, value);
+    if (st != UCS_OK)
+        return pd__ucs_error(st, "setting UCX configuration");
+    return PD_OK;
+}
+
+int pd_xfer_new(uv_loop_t *loop, const struct pd_xfer_config *cfg,
+                const struct pd_xfer_callbacks *cb, pd_xfer_t **out) {
+    int rc;
+    ucs_status_t st;
+    *out = NULL;
+    pd_xfer_t *x = pd_calloc(1, sizeof(*x));
+    if (!x)
+        return pd_error_wrap(PD_ENOMEM, "creating the transfer engine");
+    x->loop = loop;
+    x->cb = *cb;
+    if (cfg)
+        x->cfg = *cfg;
+    if (x->cfg.abort_timeout_ms <= 0)
+        x->cfg.abort_timeout_ms = 5000;
+    if (x->cfg.keepalive_ms <= 0)
+        x->cfg.keepalive_ms = 1000;
+    if (x->cfg.max_put_bytes == 0)
+        x->cfg.max_put_bytes = (size_t)8 << 20;
+    x->end_tail = &x->end_head;
+    x->efd = -1;
+    if (getrandom(&x->id, sizeof(x->id), 0) != (ssize_t)sizeof(x->id)) {
+        rc = pd_errorf(PD_EIO, "drawing the transfer engine id");
+        goto fail_alloc;
+    }
+    x->n_buckets = 64;
+    x->buckets = pd_calloc(x->n_buckets, sizeof(*x->buckets));
+    if (!x->buckets) {
+        rc = pd_error_wrap(PD_ENOMEM, "creating the room table");
+        goto fail_alloc;
+    }
+
+    char net[256];
+    rc = check_ib_devices(x, x->cfg.ib_devices, net, sizeof(net));
+    if (rc)
+        goto fail_buckets;
+
+    ucp_config_t *ucfg;
+    st = ucp_config_read(NULL, NULL, &ucfg);
+    if (st != UCS_OK) {
+        rc = pd__ucs_error(st, "reading UCX configuration");
+        goto fail_buckets;
+    }
+    char ka[32];
+    snprintf(ka, sizeof(ka), "%dms", x->cfg.keepalive_ms);
+    if ((rc = config_set(ucfg, "KEEPALIVE_INTERVAL", ka)) ||
+        (net[0] && (rc = config_set(ucfg, "NET_DEVICES", net)))) {
+        ucp_config_release(ucfg);
+        goto fail_buckets;
+    }
+    const char *tls = getenv("UCX_TLS");
+    snprintf(x->tls, sizeof(x->tls), "%s", tls ? tls : "all");
+    const char *nd = getenv("UCX_NET_DEVICES");
+    snprintf(x->net_devices, sizeof(x->net_devices), "%s", nd ? nd : net[0] ? net : "all");
+    if (!x->rdma)
+        pd_warn("xfer: no RDMA device present; KV pages go over shared memory/TCP "
+                "(UCX_TLS=%s)",
+                x->tls);
+
+    ucp_params_t params = {
+        .field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED,
+        .features = UCP_FEATURE_RMA | UCP_FEATURE_AM | UCP_FEATURE_WAKEUP,
+        .mt_workers_shared = 0,
+    };
+    st = ucp_init(&params, ucfg, &x->ctx);
+    ucp_config_release(ucfg);
+    if (st != UCS_OK) {
+        rc = pd__ucs_error(st, "initializing UCX");
+        goto fail_buckets;
+    }
+    ucp_context_attr_t cattr = {.field_mask = UCP_ATTR_FIELD_MEMORY_TYPES};
+    st = ucp_context_query(x->ctx, &cattr);
+    if (st != UCS_OK) {
+        rc = pd__ucs_error(st, "querying the UCX context");
+        goto fail_ctx;
+    }
+    x->cuda_memory = (cattr.memory_types & UCS_BIT(UCS_MEMORY_TYPE_CUDA)) != 0;
+
+    ucp_worker_params_t wp = {
+        .field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE,
+        .thread_mode = UCS_THREAD_MODE_SINGLE,
+    };
+    st = ucp_worker_create(x->ctx, &wp, &x->worker);
+    if (st != UCS_OK) {
+        rc = pd__ucs_error(st, "creating the UCX worker");
+        goto fail_ctx;
+    }
+    ucp_am_handler_param_t ap = {
+        .field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
+                      UCP_AM_HANDLER_PARAM_FIELD_ARG,
+        .id = PD_XFER_AM_NOTICE,
+        .cb = on_notice_am,
+        .arg = x,
+    };
+    st = ucp_worker_set_am_recv_handler(x->worker, &ap);
+    if (st != UCS_OK) {
+        rc = pd__ucs_error(st, "registering the room notice handler");
+        goto fail_worker;
+    }
+    ucp_address_t *addr;
+    st = ucp_worker_get_address(x->worker, &addr, &x->worker_addr_len);
+    if (st != UCS_OK) {
+        rc = pd__ucs_error(st, "getting the UCX worker address");
+        goto fail_worker;
+    }
+    x->worker_addr = pd_malloc(x->worker_addr_len);
+    if (!x->worker_addr) {
+        ucp_worker_release_address(x->worker, addr);
+        rc = pd_error_wrap(PD_ENOMEM, "copying the UCX worker address");
+        goto fail_worker;
+    }
+    memcpy(x->worker_addr, addr, x->worker_addr_len);
+    ucp_worker_release_address(x->worker, addr);
+    st = ucp_worker_get_efd(x->worker, &x->efd);
+    if (st != UCS_OK) {
+        rc = pd__ucs_error(st, "getting the UCX worker event fd");
+        goto fail_addr;
+    }
+    int urc = uv_poll_init(loop, &x->poll, x->efd);
+    if (urc) {
+        rc = pd_errorf(pd_status_from_errno(-urc), "watching the UCX event fd: %s",
+                       uv_strerror(urc));
+        goto fail_addr;
+    }
+    x->poll.data = x;
+    uv_timer_init(loop, &x->timer);
+    x->timer.data = x;
+    x->handles_open = 2;
+    uv_poll_start(&x->poll, UV_READABLE, on_poll);
+    ucp_worker_arm(x->worker);
+    pd_info("xfer: engine %016" PRIx64 " up: UCX %s, UCX_TLS=%s, net devices %s, CUDA memory %s",
+            x->id, ucp_get_version_string(), x->tls, x->net_devices,
+            x->cuda_memory ? "yes" : "no (host-only UCX: GPU pages need CUDA IPC or staging)");
+    *out = x;
+    return PD_OK;
+
+fail_addr:
+    pd_free(x->worker_addr);
+fail_worker:
+    ucp_worker_destroy(x->worker);
+fail_ctx:
+    ucp_cleanup(x->ctx);
+fail_buckets:
+    pd_free(x->buckets);
+fail_alloc:
+    pd_free(x);
+    return rc;
+}
+
+static void on_handle_closed(uv_handle_t *h) {
+    pd_xfer_t *x = h->data;
+    if (--x->handles_open > 0)
+        return;
+    if (x->rkey_buf)
+        ucp_rkey_buffer_release(x->rkey_buf);
+    if (x->memh)
+        ucp_mem_unmap(x->ctx, x->memh);
+    ucp_worker_destroy(x->worker);
+    ucp_cleanup(x->ctx);
+    pd_free(x->worker_addr);
+    pd_free(x->buckets);
+    pd_free(x);
+}
+
+static void close_handles(pd_xfer_t *x) {
+    if (x->handles_closing)
+        return;
+    x->handles_closing = true;
+    uv_poll_stop(&x->poll);
+    uv_timer_stop(&x->timer);
+    uv_close((uv_handle_t *)&x->poll, on_handle_closed);
+    uv_close((uv_handle_t *)&x->timer, on_handle_closed);
+}
+
+void pd_xfer_free(pd_xfer_t *x) {
+    if (!x || x->freeing)
+        return;
+    x->freeing = true;
+    for (struct pd_xfer_peer *p = x->peers; p; p = p->next)
+        peer_start_close(p, PD_ECANCELED);
+    if (x->in_run)
+        return; /* xfer_run finishes the job */
+    xfer_run(x);
+}
+
+uint64_t pd_xfer_id(const pd_xfer_t *x) {
+    return x->id;
+}
+
+void pd_xfer_get_info(const pd_xfer_t *x, struct pd_xfer_info *out) {
+    out->transports = x->tls;
+    out->net_devices = x->net_devices;
+    out->cuda_memory = x->cuda_memory;
+    out->rdma = x->rdma;
+    out->live_rooms = x->n_rooms;
+    out->live_peers = x->n_peers;
+    out->pool_pages = x->n_pages;
+    out->page_bytes = x->page_bytes;
+}
+
+int pd_xfer_register_pool(pd_xfer_t *x, void *base, size_t page_bytes, uint32_t n_pages) {
+    PD_ASSERT(!x->memh);
+    if (!base || page_bytes == 0 || n_pages == 0)
+        return pd_errorf(PD_EINVAL, "registering the KV pool: empty pool");
+    ucp_mem_map_params_t mp = {
+        .field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH,
+        .address = base,
+        .length = page_bytes * n_pages,
+    };
+    ucs_status_t st = ucp_mem_map(x->ctx, &mp, &x->memh);
+    if (st != UCS_OK)
+        return pd__ucs_error(st, "registering the KV pool with UCX");
+    st = ucp_rkey_pack(x->ctx, x->memh, &x->rkey_buf, &x->rkey_len);
+    if (st != UCS_OK) {
+        int rc = pd__ucs_error(st, "packing the KV pool rkey");
+        ucp_mem_unmap(x->ctx, x->memh);
+        x->memh = NULL;
+        return rc;
+    }
+    x->pool_base = base;
+    x->page_bytes = page_bytes;
+    x->n_pages = n_pages;
+    pd_info("xfer: KV pool registered: %u pages of %zu bytes at %p", n_pages, page_bytes, base);
+    return PD_OK;
+}
+
+void pd_xfer_local_address(const pd_xfer_t *x, const void **addr, size_t *len) {
+    *addr = x->worker_addr;
+    *len = x->worker_addr_len;
+}
+
+void pd_xfer_local_rkey(const pd_xfer_t *x, const void **rkey, size_t *len, uint64_t *base) {
+    *rkey = x->rkey_buf;
+    *len = x->rkey_len;
+    *base = (uint64_t)(uintptr_t)x->pool_base;
+}
+
+/* Names the lanes UCX picked out of ucp_ep_print_info (1.13 has no endpoint transport query),
+ * e.g. "rc_mlx5/mlx5_0:1" or "tcp/lo(sw-rma)" when puts are emulated over active messages. */
+static void peer_find_transport(struct pd_xfer_peer *p) {
+    snprintf(p->transport, sizeof(p->transport), "unknown");
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    if (!f)
+        return;
+    ucp_ep_print_info(p->ep, f);
+    fclose(f);
+    size_t used = 0;
+    bool hw_rma = false;
+    for (char *save = NULL, *line = strtok_r(buf, "\n", &save); line;
+         line = strtok_r(NULL, "\n", &save)) {
+        /* "#                 lane[0]:  0:tcp/lo.0 md[0]    -> md[0]/tcp/sysdev[255] am am_bw#0" */
+        char *lane = strstr(line, "lane[");
+        char *colon = lane ? strstr(lane, "]:") : NULL;
+        char *tl = colon ? strchr(colon + 2, ':') : NULL;
+        if (!tl)
+            continue;
+        tl++;
+        size_t n = strcspn(tl, " ");
+        if (n > 2 && tl[n - 2] == '.') /* drop the ".0" path index */
+            n -= 2;
+        char *arrow = strstr(tl, "->");
+        hw_rma |= arrow && (strstr(arrow, " rma") != NULL);
+        if (used + n + 2 < sizeof(p->transport))
+            used += (size_t)snprintf(p->transport + used, sizeof(p->transport) - used, "%s%.*s",
+                                     used ? "+" : "", (int)n, tl);
+    }
+    if (used && !hw_rma && p->rkey)
+        snprintf(p->transport + used, sizeof(p->transport) - used, "(sw-rma)");
+    free(buf); /* open_memstream's buffer comes from the C library */
+}
+
+int pd_xfer_peer_connect(pd_xfer_t *x, const struct pd_xfer_peer_info *info, void *peer_user,
+                         pd_xfer_peer_t **out) {
+    int rc;
+    *out = NULL;
+    if (x->freeing)
+        return pd_errorf(PD_ECANCELED, "connecting a peer: the engine is shutting down");
+    if (info->rkey_len && info->page_bytes != x->page_bytes)
+        return pd_errorf(PD_EMISMATCH,
+                         "connecting peer %016" PRIx64 ": its pages are %" PRIu64
+                         " bytes, ours %zu",
+                         info->remote_id, info->page_bytes, x->page_bytes);
+    if (info->rkey_len && !x->memh)
+        return pd_errorf(PD_EINVAL, "connecting a receiver peer before registering our pool");
+    struct pd_xfer_peer *p = pd_calloc(1, sizeof(*p));
+    if (!p)
+        return pd_error_wrap(PD_ENOMEM, "connecting peer %016" PRIx64, info->remote_id);
+    p->x = x;
+    p->user = peer_user;
+    p->remote_id = info->remote_id;
+    p->base = info->base;
+    p->page_bytes = info->page_bytes;
+    p->n_pages = info->n_pages;
+    ucp_ep_params_t ep = {
+        .field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                      UCP_EP_PARAM_FIELD_ERR_HANDLER,
+        .address = info->worker_addr,
+        .err_mode = UCP_ERR_HANDLING_MODE_PEER,
+        .err_handler = {.cb = on_ep_error, .arg = p},
+    };
+    ucs_status_t st = ucp_ep_create(x->worker, &ep, &p->ep);
+    if (st != UCS_OK) {
+        rc = pd__ucs_error(st, "connecting to the peer's UCX worker");
+        goto fail_alloc;
+    }
+    if (info->rkey_len) {
+        st = ucp_ep_rkey_unpack(p->ep, info->rkey, &p->rkey);
+        if (st != UCS_OK) {
+            rc = pd__ucs_error(st, "unpacking the peer's KV pool rkey");
+            goto fail_ep;
+        }
+    }
+    peer_find_transport(p);
+    p->next = x->peers;
+    if (x->peers)
+        x->peers->prev = p;
+    x->peers = p;
+    x->n_peers++;
+    pd_info("xfer: peer %016" PRIx64 " connected (%s): data lane %s", p->remote_id,
+            info->rkey_len ? "receiver" : "sender", p->transport);
+    *out = p;
+    return PD_OK;
+
+fail_ep : {
+    ucp_request_param_t prm = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
+                               .flags = UCP_EP_CLOSE_FLAG_FORCE};
+    ucs_status_ptr_t req = ucp_ep_close_nbx(p->ep, &prm);
+    if (req && !UCS_PTR_IS_ERR(req))
+        ucp_request_free(req); /* completes inside UCX; nothing of ours refers to it */
+}
+fail_alloc:
+    pd_free(p);
+    return rc;
+}
+
+void pd_xfer_peer_close(pd_xfer_peer_t *p, int status) {
+    if (!p)
+        return;
+    peer_start_close(p, status);
+    kick(p->x);
+}
+
+const char *pd_xfer_peer_transport(const pd_xfer_peer_t *p) {
+    return p->transport;
+}
+uint64_t pd_xfer_peer_remote_id(const pd_xfer_peer_t *p) {
+    return p->remote_id;
+}
+
+static int cmp_u32(const void *a, const void *b) {
+    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+int pd_xfer_room_add(pd_xfer_t *x, pd_xfer_peer_t *p, uint64_t room, const uint32_t *dst_pages,
+                     uint32_t n, void *room_user) {
+    if (!p->rkey)
+        return pd_errorf(PD_EINVAL, "room %" PRIu64 ": peer has no KV pool to write to", room);
+    for (uint32_t i = 0; i < n; i++)
+        if (dst_pages[i] >= p->n_pages)
+            return pd_errorf(PD_ERANGE,
+                             "room %" PRIu64 ": destination page %u (entry %u) outside the "
+                             "peer's pool of %u pages",
+                             room, dst_pages[i], i, p->n_pages);
+    uint32_t *dst = pd_malloc((size_t)(n ? n : 1) * sizeof(*dst));
+    uint32_t *sorted = pd_malloc((size_t)(n ? n : 1) * sizeof(*sorted));
+    if (!dst || !sorted) {
+        pd_free(dst);
+        pd_free(sorted);
+        return pd_error_wrap(PD_ENOMEM, "room %" PRIu64 ": copying %u destination pages", room, n);
+    }
+    memcpy(dst, dst_pages, (size_t)n * sizeof(*dst));
+    memcpy(sorted, dst_pages, (size_t)n * sizeof(*dst));
+    qsort(sorted, n, sizeof(*sorted), cmp_u32);
+    for (uint32_t i = 1; i < n; i++) {
+        if (sorted[i] == sorted[i - 1]) {
+            int rc = pd_errorf(PD_EINVAL, "room %" PRIu64 ": destination page %u listed twice",
+                               room, sorted[i]);
+            pd_free(dst);
+            pd_free(sorted);
+            return rc;
+        }
+    }
+    pd_free(sorted);
+    struct room *r;
+    int rc = room_new(x, p, room, ROOM_SENDER, room_user, &r);
+    if (rc) {
+        pd_free(dst);
+        return rc;
+    }
+    r->dst = dst;
+    r->n_dst = n;
+    return PD_OK;
+}
+
+static int room_get(const pd_xfer_t *x, uint64_t room, struct room **out) {
+    struct room *r = room_find(x, room);
+    if (!r || r->state == ROOM_ENDED)
+        return pd_errorf(PD_ENOENT, "room %" PRIu64 " is not live", room);
+    *out = r;
+    return PD_OK;
+}
+
+int pd_xfer_room_send(pd_xfer_t *x, uint64_t room, uint32_t first, const uint32_t *src_pages,
+                      uint32_t n) {
+    struct room *r = NULL;
+    int rc = room_get(x, room, &r);
+    if (rc)
+        return rc;
+    if (r->role != ROOM_SENDER || r->state != ROOM_LIVE)
+        return pd_errorf(PD_EINVAL, "room %" PRIu64 ": not a sending room open for pages", room);
+    if ((uint64_t)first + n > r->n_dst)
+        return pd_errorf(PD_ERANGE, "room %" PRIu64 ": pages [%u, %u) beyond its %u destinations",
+                         room, first, first + n, r->n_dst);
+    for (uint32_t i = 0; i < n; i++)
+        if (src_pages[i] >= x->n_pages)
+            return pd_errorf(PD_ERANGE, "room %" PRIu64 ": source page %u outside our pool of %u",
+                             room, src_pages[i], x->n_pages);
+    struct pd_xfer_peer *p = r->peer;
+    if (p->failed || p->state != PEER_UP)
+        return pd_errorf(PD_EPEER, "room %" PRIu64 ": peer has failed", room);
+    const uint32_t *dst = r->dst + first;
+    const size_t pb = x->page_bytes;
+    ucp_request_param_t prm = {
+        .op_attr_mask = UCP_OP_ATTR_FIELD_MEMH,
+        .memh = x->memh,
+    };
+    /* Very long runs are split: puts of a few MiB pipeline better on the transports measured. */
+    uint32_t max_len = x->cfg.max_put_bytes / pb ? (uint32_t)(x->cfg.max_put_bytes / pb) : 1;
+    for (uint32_t i = 0; i < n;) {
+        uint32_t len = 1;
+        while (i + len < n && len < max_len && src_pages[i + len] == src_pages[i] + len &&
+               dst[i + len] == dst[i] + len)
+            len++;
+        const char *src = (const char *)x->pool_base + (size_t)src_pages[i] * pb;
+        uint64_t raddr = p->base + (uint64_t)dst[i] * pb;
+        ucs_status_ptr_t req = ucp_put_nbx(p->ep, src, (size_t)len * pb, raddr, p->rkey, &prm);
+        if (UCS_PTR_IS_ERR(req)) {
+            rc = pd__ucs_error(UCS_PTR_STATUS(req), "posting a put");
+            pd_warn("xfer: room %" PRIu64 ": %s", room, pd_error_msg());
+            peer_mark_failed(p, PD_EPEER);
+            kick(x);
+            return rc;
+        }
+        if (req)
+            ucp_request_free(req); /* completion is observed through the room's flush */
+        i += len;
+    }
+    if (!r->unflushed && n) {
+        r->unflushed = true;
+        x->n_unflushed++;
+    }
+    kick(x);
+    return PD_OK;
+}
+
+static void set_notice(pd_xfer_t *x, struct room *r, const struct pd_xfer_notice *n) {
+    r->notice = *n;
+    r->notice.room = r->id;
+    r->notice.error[PD_XFER_ERROR_TEXT_MAX] = '\0';
+    r->wire_len = pd_xfer_notice_encode(&r->notice, x->id, r->wire, sizeof(r->wire));
+    PD_ASSERT(r->wire_len > 0);
+}
+
+int pd_xfer_room_finish(pd_xfer_t *x, uint64_t room, const struct pd_xfer_notice *n) {
+    struct room *r = NULL;
+    int rc = room_get(x, room, &r);
+    if (rc)
+        return rc;
+    if (r->role != ROOM_SENDER || r->state != ROOM_LIVE)
+        return pd_errorf(PD_EINVAL, "room %" PRIu64 ": already finishing", room);
+    if (r->peer->failed || r->peer->state != PEER_UP)
+        return pd_errorf(PD_EPEER, "room %" PRIu64 ": peer has failed", room);
+    set_notice(x, r, n);
+    post_flush(x, r);
+    kick(x);
+    return PD_OK;
+}
+
+int pd_xfer_room_expect(pd_xfer_t *x, pd_xfer_peer_t *p, uint64_t room, void *room_user) {
+    struct room *r;
+    int rc = room_new(x, p, room, ROOM_RECEIVER, room_user, &r);
+    if (rc == PD_OK)
+        kick(x); /* the room's incoming puts may need our progress */
+    return rc;
+}
+
+int pd_xfer_room_release(pd_xfer_t *x, uint64_t room, int status) {
+    struct room *r = NULL;
+    int rc = room_get(x, room, &r);
+    if (rc)
+        return rc;
+    if (r->role != ROOM_RECEIVER)
+        return pd_errorf(PD_EINVAL, "room %" PRIu64 ": only a receiving room is released", room);
+    room_end(x, r, status);
+    kick(x);
+    return PD_OK;
+}
+
+int pd_xfer_room_abort(pd_xfer_t *x, uint64_t room, int status, const char *why) {
+    struct room *r = NULL;
+    int rc = room_get(x, room, &r);
+    if (rc)
+        return rc;
+    if (status == PD_OK)
+        status = PD_ECANCELED;
+    if (r->role == ROOM_RECEIVER) {
+        if (r->state == ROOM_LIVE) {
+            r->state = ROOM_ABORTING;
+            r->status = status;
+            r->abort_deadline_ms = uv_now(x->loop) + (uint64_t)x->cfg.abort_timeout_ms;
+            pd_info("xfer: room %" PRIu64 ": aborting (%s); waiting for the sender's flush", room,
+                    why ? why : pd_status_str(status));
+        }
+        kick(x);
+        return PD_OK;
+    }
+    struct pd_xfer_notice n = {.room = room, .status = status, .first_token = -1};
+    snprintf(n.error, sizeof(n.error), "%s", why ? why : pd_status_str(status));
+    switch (r->state) {
+    case ROOM_LIVE:
+        if (r->peer->failed || r->peer->state != PEER_UP)
+            break; /* the peer's close ends it */
+        set_notice(x, r, &n);
+        post_flush(x, r);
+        break;
+    case ROOM_FLUSHING: set_notice(x, r, &n); break; /* the notice is not out yet: swap it */
+    default: break;                                  /* the notice is out; it stands */
+    }
+    pd_info("xfer: room %" PRIu64 ": aborted (%s)", room, n.error);
+    kick(x);
+    return PD_OK;
+}
+
+bool pd_xfer_room_live(const pd_xfer_t *x, uint64_t room) {
+    const struct room *r = room_find(x, room);
+    return r && r->state != ROOM_ENDED;
+}

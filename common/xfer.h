@@ -1,0 +1,159 @@
+/*
+ * xfer.h — the KV transfer engine: UCX (ucp) puts of whole KV pages from a prefill's pool straight
+ * into pages a decode reserved, then a per-room notice as an active message (DESIGN.md §1, §3).
+ *
+ * One engine per daemon, driven from that daemon's libuv loop: the worker's event fd sits in a
+ * uv_poll_t, and a short timer keeps progress going while requests are outstanding. All calls and
+ * all callbacks happen on the loop thread. The pool (base, page_bytes, n_pages) is registered once
+ * with ucp_mem_map; its rkey is packed once and handed to peers at pairing. Nothing is registered
+ * on the request path.
+ *
+ * Rooms. A room is one request's transfer, identified by a 64-bit id unique per side. The sender
+ * (prefill) adds a room with the receiver's destination pages (validated: inside the receiver's
+ * pool, no duplicates), sends it in chunks — each run of consecutive (src, dst) pages is one
+ * ucp_put_nbx — and finishes it: one flush of the endpoint, then the notice. The receiver (decode)
+ * expects a room and hears its notice. Because the flush completes only when every earlier put
+ * is complete at the receiver, a notice never overtakes its data.
+ *
+ * Ending. on_room_end fires exactly once per room, when that side may reuse the room's pages:
+ * sender — after the notice left (or the failed notice, after an abort); receiver — when the
+ * notice arrived. A room on a failed peer ends with PD_EPEER only after that peer's endpoint is
+ * force-closed, because UCX cannot cancel a put already posted: a late write must never land in a
+ * reused page. An abort on the receiver ends when the sender's failed notice (sent after a flush)
+ * arrives, when the control plane says no write can land (pd_xfer_room_release), or — bounded —
+ * abort_timeout_ms later by force-closing the peer.
+ *
+ * Not here: the page allocator (callers own page indices), the bootstrap RPCs (common/bootstrap.h),
+ * GPU memory (UCX here is host-only; pd_xfer_info says whether it takes CUDA memory — the CUDA
+ * path will hand this engine a pinned staging ring instead).
+ */
+#ifndef PD_XFER_H
+#define PD_XFER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <uv.h>
+
+/* The UCX active-message id of room notices. Fixed: both sides of a pair must agree. */
+#define PD_XFER_AM_NOTICE 0x5044u
+#define PD_XFER_ERROR_TEXT_MAX 240 /* bytes of a notice's error text, NUL excluded */
+
+typedef struct pd_xfer pd_xfer_t;
+typedef struct pd_xfer_peer pd_xfer_peer_t;
+
+/* What a room's notice carries: "done" when status == PD_OK, else "failed" with a reason. */
+struct pd_xfer_notice {
+    uint64_t room;
+    int32_t status;         /* PD_OK or a PD_E* code */
+    int32_t first_token;    /* token id sampled by prefill; -1 when none */
+    float first_logprob;    /* of first_token */
+    uint32_t cached_tokens; /* prompt tokens prefill found in its prefix cache */
+    char error[PD_XFER_ERROR_TEXT_MAX + 1];
+};
+
+struct pd_xfer_callbacks {
+    void *ctx;
+    /* The room is over and its pages on this side may be reused. notice is the received notice
+     * (receiver, when one arrived), else NULL. */
+    void (*on_room_end)(void *ctx, uint64_t room, void *room_user, int status,
+                        const struct pd_xfer_notice *notice);
+    /* The peer's endpoint failed (the peer died or the network broke). Its rooms end with
+     * PD_EPEER once its endpoint is closed; then on_peer_closed follows. May be NULL. */
+    void (*on_peer_failed)(void *ctx, pd_xfer_peer_t *peer, void *peer_user, int status);
+    /* The peer's endpoint is closed, every room of it has ended; the handle is gone after this. */
+    void (*on_peer_closed)(void *ctx, pd_xfer_peer_t *peer, void *peer_user);
+};
+
+struct pd_xfer_config {
+    /* Comma list of RDMA devices ("mlx5_0,mlx5_1"), checked against libibverbs; NULL or "" =
+     * none given: RDMA devices are used if present, else shared memory/TCP with a warning. */
+    const char *ib_devices;
+    int abort_timeout_ms; /* receiver abort waits this long for the sender's ack; 0 = 5000 */
+    int keepalive_ms;     /* UCX keepalive (peer death on shm); 0 = 1000; env UCX_* wins */
+    bool spin;            /* progress every loop iteration while busy (bench), not a 1 ms timer */
+    size_t max_put_bytes; /* longer runs are split into puts of at most this; 0 = 8 MiB */
+};
+
+/* Facts about the engine, for logs and /server_info. Strings owned by the engine. */
+struct pd_xfer_info {
+    const char *transports;  /* UCX_TLS in effect, e.g. "all" or "tcp" */
+    const char *net_devices; /* UCX_NET_DEVICES in effect */
+    bool cuda_memory;        /* this UCX can put from/to CUDA memory */
+    bool rdma;               /* an RDMA device is in use */
+    uint32_t live_rooms;
+    uint32_t live_peers;
+    uint32_t pool_pages; /* registered pool; 0 before pd_xfer_register_pool */
+    size_t page_bytes;
+};
+
+/* Remote side of a pair, as exchanged at Pair. The receiver's side of the pair (decode connects
+ * back to prefill only to watch its liveness) has rkey_len == 0 and no pool. */
+struct pd_xfer_peer_info {
+    uint64_t remote_id; /* the remote engine's id (pd_xfer_id), checked on every notice */
+    const void *worker_addr;
+    size_t worker_addr_len;
+    const void *rkey; /* packed rkey of the remote pool; NULL when the peer is not a receiver */
+    size_t rkey_len;
+    uint64_t base;       /* remote pool base address */
+    uint64_t page_bytes; /* must equal ours */
+    uint32_t n_pages;
+};
+
+/* Engine. cb is copied. The engine lives until pd_xfer_free's close completes on the loop. */
+int pd_xfer_new(uv_loop_t *loop, const struct pd_xfer_config *cfg,
+                const struct pd_xfer_callbacks *cb, pd_xfer_t **out);
+/* Force-closes every peer (their rooms end with PD_ECANCELED), then closes the loop handles;
+ * memory is released in the last close callback, so run the loop afterwards. Accepts NULL. */
+void pd_xfer_free(pd_xfer_t *x);
+
+uint64_t pd_xfer_id(const pd_xfer_t *x); /* random, per process start */
+void pd_xfer_get_info(const pd_xfer_t *x, struct pd_xfer_info *out);
+
+/* Registers the KV pool (host memory): [base, base + page_bytes * n_pages). Once per engine. */
+int pd_xfer_register_pool(pd_xfer_t *x, void *base, size_t page_bytes, uint32_t n_pages);
+/* Our worker address (always) and packed pool rkey (after register_pool; else NULL, 0). Valid
+ * for the engine's life. */
+void pd_xfer_local_address(const pd_xfer_t *x, const void **addr, size_t *len);
+void pd_xfer_local_rkey(const pd_xfer_t *x, const void **rkey, size_t *len, uint64_t *base);
+
+/* One endpoint per peer, with UCP_ERR_HANDLING_MODE_PEER. */
+int pd_xfer_peer_connect(pd_xfer_t *x, const struct pd_xfer_peer_info *info, void *peer_user,
+                         pd_xfer_peer_t **out);
+/* Force-closes the endpoint; its rooms end with `status`, then on_peer_closed. Idempotent. */
+void pd_xfer_peer_close(pd_xfer_peer_t *p, int status);
+/* The transport UCX chose for puts to this peer ("tcp/lo", "posix/memory+cma/memory", ...). */
+const char *pd_xfer_peer_transport(const pd_xfer_peer_t *p);
+uint64_t pd_xfer_peer_remote_id(const pd_xfer_peer_t *p);
+
+/* Sender. dst_pages (n of them) index the peer's pool: each < its n_pages, no two equal, else
+ * PD_ERANGE / PD_EINVAL. A room id already live → PD_EINVAL. The list is copied. */
+int pd_xfer_room_add(pd_xfer_t *x, pd_xfer_peer_t *p, uint64_t room, const uint32_t *dst_pages,
+                     uint32_t n, void *room_user);
+/* Posts src_pages[i] → dst_pages[first + i] for i < n; consecutive runs on both sides become one
+ * put each. Source pages must stay untouched until the room ends. */
+int pd_xfer_room_send(pd_xfer_t *x, uint64_t room, uint32_t first, const uint32_t *src_pages,
+                      uint32_t n);
+/* Flush, then notice (n->room is ignored; the room's id is used). Nothing may be sent after. */
+int pd_xfer_room_finish(pd_xfer_t *x, uint64_t room, const struct pd_xfer_notice *n);
+
+/* Receiver. The room's notice is accepted only from peer p. */
+int pd_xfer_room_expect(pd_xfer_t *x, pd_xfer_peer_t *p, uint64_t room, void *room_user);
+/* Control plane confirmed that no write of this room can still land: end it now (aborting or
+ * not). PD_ENOENT if the room is not live. */
+int pd_xfer_room_release(pd_xfer_t *x, uint64_t room, int status);
+
+/* Either side. Sender: flush what was posted, then send a failed notice with status and why;
+ * the room ends with status. Receiver: mark it aborting (see above). PD_ENOENT if not live. */
+int pd_xfer_room_abort(pd_xfer_t *x, uint64_t room, int status, const char *why);
+bool pd_xfer_room_live(const pd_xfer_t *x, uint64_t room);
+
+/* Notice wire format (fixed, little-endian): exposed for tests of malformed notices. */
+#define PD_XFER_NOTICE_WIRE_MIN 36 /* bytes before the error text */
+size_t pd_xfer_notice_encode(const struct pd_xfer_notice *n, uint64_t sender_id, uint8_t *buf,
+                             size_t cap);
+int pd_xfer_notice_decode(const void *buf, size_t len, struct pd_xfer_notice *n,
+                          uint64_t *sender_id);
+
+#endif

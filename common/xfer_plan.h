@@ -1,0 +1,35 @@
+/*
+ * xfer_plan.h — page sets and page contents for exercising the transfer engine: the self-test
+ * tool (pdserve-xfer-test), bench/xfer and the tests share them so that a sender and a receiver
+ * in different processes agree on what should arrive without talking about it.
+ *
+ * A page set is drawn from a seed: n (src, dst) pairs whose runs of consecutive pages follow a
+ * "scatter" fraction (0 = one run, 1 = no two neighbours adjacent on either side), with every
+ * index distinct within its pool range. Page contents are a pure function of (room, position),
+ * so the receiver checks them byte for byte and the checksum a notice carries independently.
+ */
+#ifndef PD_XFER_PLAN_H
+#define PD_XFER_PLAN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* splitmix64 step: the one generator every side uses. */
+uint64_t pd_xfer_plan_rand(uint64_t *state);
+
+/* Fills src[n], dst[n] with distinct indices from [src_lo, src_lo + src_span) and
+ * [dst_lo, dst_lo + dst_span); needs n <= both spans, and for scatter > 0 about twice n.
+ * scatter in [0, 1]: the chance that a pair starts a new run. PD_OK or PD_EINVAL. */
+int pd_xfer_plan_pages(uint64_t seed, uint32_t n, double scatter, uint32_t src_lo,
+                       uint32_t src_span, uint32_t dst_lo, uint32_t dst_span, uint32_t *src,
+                       uint32_t *dst);
+
+/* Writes the content of the room's page at `pos` (its index in the room) into page[bytes]. */
+void pd_xfer_plan_fill(uint64_t room, uint32_t pos, void *page, size_t bytes);
+/* Byte-exact check of one page; returns the first differing offset, or -1 when equal. */
+long pd_xfer_plan_check(uint64_t room, uint32_t pos, const void *page, size_t bytes);
+/* FNV-1a over the room's n pages at base[pages[i]] (page_bytes each), in room order. */
+uint32_t pd_xfer_plan_checksum(const void *base, size_t page_bytes, const uint32_t *pages,
+                               uint32_t n);
+
+#endif

@@ -1,0 +1,321 @@
+/*
+ * test_xfer_loopback.c — the transfer engine end to end inside one process: a sender engine and a
+ * receiver engine on one libuv loop, talking over whatever UCX_TLS the test runs with (CTest runs
+ * it on tcp and on posix,cma). Checks page sets arriving byte-exact with the notice's checksum,
+ * thousands of rooms back to back, validation of destination pages and room ids, and aborts from
+ * either side (acknowledged, and unacknowledged → peer force-closed after the abort timeout).
+ * The two-process and kill tests are tests/integration/xfer_pair.c driving pdserve-xfer-test.
+ */
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+#include <uv.h>
+
+#include "common/alloc.h"
+#include "common/log.h"
+#include "common/xfer.h"
+#include "common/xfer_plan.h"
+#include "pd_test.h"
+
+#define PAGE_BYTES 512
+#define POOL_PAGES 16384
+#define SLOT_PAGES 4096
+#define WAVE_ROOMS 4
+
+struct side {
+    pd_xfer_t *x;
+    uint8_t *pool;
+    pd_xfer_peer_t *peer;
+    int ended, failed, closed;
+    int last_status;
+    struct pd_xfer_notice last_notice;
+    bool got_notice;
+};
+
+static struct side snd, rcv;
+static uv_loop_t loop;
+
+static void on_end(void *ctx, uint64_t room, void *user, int status,
+                   const struct pd_xfer_notice *n) {
+    struct side *s = ctx;
+    (void)room;
+    (void)user;
+    s->ended++;
+    s->failed += status != PD_OK;
+    s->last_status = status;
+    s->got_notice = n != NULL;
+    if (n)
+        s->last_notice = *n;
+}
+
+static void on_closed(void *ctx, pd_xfer_peer_t *p, void *user) {
+    struct side *s = ctx;
+    (void)user;
+    s->closed++;
+    if (s->peer == p)
+        s->peer = NULL;
+}
+
+struct wait {
+    const int *done;
+    int want;
+    bool expired;
+};
+
+static void on_deadline(uv_timer_t *t) {
+    ((struct wait *)t->data)->expired = true;
+    uv_stop(t->loop);
+}
+
+/* Before the loop would block: stop it once the condition holds (callbacks of this iteration may
+ * have met it, and nothing else would wake the loop). */
+static void on_prepare(uv_prepare_t *p) {
+    struct wait *w = p->data;
+    if (*w->done >= w->want)
+        uv_stop(p->loop);
+}
+
+/* Runs the loop until *done >= want or ms pass; false on timeout. */
+static bool run_until(const int *done, int want, int ms) {
+    struct wait w = {done, want, false};
+    uv_timer_t t;
+    uv_prepare_t p;
+    uv_timer_init(&loop, &t);
+    uv_prepare_init(&loop, &p);
+    t.data = p.data = &w;
+    uv_timer_start(&t, on_deadline, (uint64_t)ms, 0);
+    uv_prepare_start(&p, on_prepare);
+    while (*done < want && !w.expired)
+        uv_run(&loop, UV_RUN_DEFAULT);
+    uv_close((uv_handle_t *)&t, NULL);
+    uv_close((uv_handle_t *)&p, NULL);
+    uv_run(&loop, UV_RUN_NOWAIT);
+    return *done >= want;
+}
+
+static void pair_up(int abort_timeout_ms) {
+    struct pd_xfer_config cfg = {.abort_timeout_ms = abort_timeout_ms};
+    struct pd_xfer_callbacks cs = {.ctx = &snd, .on_room_end = on_end, .on_peer_closed = on_closed};
+    struct pd_xfer_callbacks cr = {.ctx = &rcv, .on_room_end = on_end, .on_peer_closed = on_closed};
+    memset(&snd, 0, sizeof(snd));
+    memset(&rcv, 0, sizeof(rcv));
+    snd.pool = pd_calloc(POOL_PAGES, PAGE_BYTES);
+    rcv.pool = pd_calloc(POOL_PAGES, PAGE_BYTES);
+    PD_ASSERT(snd.pool && rcv.pool);
+    CHECK_OK(pd_xfer_new(&loop, &cfg, &cs, &snd.x));
+    CHECK_OK(pd_xfer_new(&loop, &cfg, &cr, &rcv.x));
+    CHECK_OK(pd_xfer_register_pool(snd.x, snd.pool, PAGE_BYTES, POOL_PAGES));
+    CHECK_OK(pd_xfer_register_pool(rcv.x, rcv.pool, PAGE_BYTES, POOL_PAGES));
+    /* receiver's side of the pair: its pool (what Pair carries) */
+    struct pd_xfer_peer_info ri = {
+        .remote_id = pd_xfer_id(rcv.x), .page_bytes = PAGE_BYTES, .n_pages = POOL_PAGES};
+    pd_xfer_local_address(rcv.x, &ri.worker_addr, &ri.worker_addr_len);
+    pd_xfer_local_rkey(rcv.x, &ri.rkey, &ri.rkey_len, &ri.base);
+    CHECK_OK(pd_xfer_peer_connect(snd.x, &ri, NULL, &snd.peer));
+    /* sender's side (what PairReply carries): no pool, liveness only */
+    struct pd_xfer_peer_info si = {.remote_id = pd_xfer_id(snd.x)};
+    pd_xfer_local_address(snd.x, &si.worker_addr, &si.worker_addr_len);
+    CHECK_OK(pd_xfer_peer_connect(rcv.x, &si, NULL, &rcv.peer));
+    fprintf(stderr, "data lane: %s\n", pd_xfer_peer_transport(snd.peer));
+}
+
+static void unpair(void) {
+    pd_xfer_free(snd.x);
+    pd_xfer_free(rcv.x);
+    uv_run(&loop, UV_RUN_DEFAULT); /* until both engines' handles are closed */
+    pd_free(snd.pool);
+    pd_free(rcv.pool);
+}
+
+static uint32_t room_pages(uint64_t *rng, int i) {
+    if (i % 97 == 0)
+        return SLOT_PAGES; /* the largest a room gets */
+    switch (pd_xfer_plan_rand(rng) % 4) {
+    case 0: return 1;
+    case 1: return 1 + (uint32_t)(pd_xfer_plan_rand(rng) % 16);
+    case 2: return 1 + (uint32_t)(pd_xfer_plan_rand(rng) % 256);
+    default: return 1 + (uint32_t)(pd_xfer_plan_rand(rng) % 1024);
+    }
+}
+
+/* Thousands of rooms, 4 at a time, runs and scattered sets of 1..4096 pages, each sent in up to
+ * three chunks; every page checked byte for byte and against the notice's checksum. */
+static void test_rooms_byte_exact(void) {
+    pair_up(0);
+    const char *env_rooms = getenv("PD_XFER_TEST_ROOMS");
+    const int n_rooms = env_rooms ? atoi(env_rooms) : 2000;
+    uint64_t rng = 42;
+    static uint32_t src[WAVE_ROOMS][SLOT_PAGES], dst[WAVE_ROOMS][SLOT_PAGES];
+    uint32_t n[WAVE_ROOMS];
+    int bad_pages = 0, bad_sums = 0, bad_status = 0;
+    long pages_total = 0;
+    for (int base = 0; base < n_rooms; base += WAVE_ROOMS) {
+        int want = rcv.ended + WAVE_ROOMS;
+        int want_s = snd.ended + WAVE_ROOMS;
+        for (int k = 0; k < WAVE_ROOMS; k++) {
+            uint64_t room = 1000000 + (uint64_t)base + (uint64_t)k;
+            n[k] = room_pages(&rng, base + k);
+            double scatter = (double)(pd_xfer_plan_rand(&rng) % 5) / 4.0; /* 0 .. 1 */
+            CHECK_OK(pd_xfer_plan_pages(room, n[k], scatter, (uint32_t)k * SLOT_PAGES, SLOT_PAGES,
+                                        (uint32_t)k * SLOT_PAGES, SLOT_PAGES, src[k], dst[k]));
+            for (uint32_t i = 0; i < n[k]; i++) {
+                pd_xfer_plan_fill(room, i, snd.pool + (size_t)src[k][i] * PAGE_BYTES, PAGE_BYTES);
+                memset(rcv.pool + (size_t)dst[k][i] * PAGE_BYTES, 0, PAGE_BYTES);
+            }
+            CHECK_OK(pd_xfer_room_expect(rcv.x, rcv.peer, room, NULL));
+            CHECK_OK(pd_xfer_room_add(snd.x, snd.peer, room, dst[k], n[k], NULL));
+            uint32_t a = n[k] / 3, b = 2 * n[k] / 3;
+            CHECK_OK(pd_xfer_room_send(snd.x, room, 0, src[k], a));
+            CHECK_OK(pd_xfer_room_send(snd.x, room, a, src[k] + a, b - a));
+            CHECK_OK(pd_xfer_room_send(snd.x, room, b, src[k] + b, n[k] - b));
+            struct pd_xfer_notice done = {
+                .first_token = (int32_t)pd_xfer_plan_checksum(snd.pool, PAGE_BYTES, src[k], n[k]),
+                .first_logprob = -0.5f,
+                .cached_tokens = n[k],
+            };
+            CHECK_OK(pd_xfer_room_finish(snd.x, room, &done));
+        }
+        /* The receiver checks each room as its notice lands: on_end runs in order, so check
+         * after each end by polling the count. */
+        int seen = rcv.ended;
+        while (rcv.ended < want) {
+            if (!run_until(&rcv.ended, seen + 1, 10000))
+                break;
+            seen = rcv.ended;
+            uint64_t room = rcv.last_notice.room;
+            int k = (int)(room - 1000000 - (uint64_t)base);
+            bad_status += rcv.last_status != PD_OK || !rcv.got_notice || k < 0 || k >= WAVE_ROOMS;
+            if (k < 0 || k >= WAVE_ROOMS)
+                break;
+            for (uint32_t i = 0; i < n[k]; i++)
+                bad_pages += pd_xfer_plan_check(room, i, rcv.pool + (size_t)dst[k][i] * PAGE_BYTES,
+                                                PAGE_BYTES) >= 0;
+            bad_sums += rcv.last_notice.first_token !=
+                        (int32_t)pd_xfer_plan_checksum(rcv.pool, PAGE_BYTES, dst[k], n[k]);
+            bad_sums += rcv.last_notice.cached_tokens != n[k];
+            pages_total += n[k];
+        }
+        CHECK(run_until(&snd.ended, want_s, 10000));
+        if (rcv.ended < want)
+            break;
+    }
+    CHECK_INT(rcv.ended, n_rooms);
+    CHECK_INT(snd.ended, n_rooms);
+    CHECK_INT(bad_pages, 0);
+    CHECK_INT(bad_sums, 0);
+    CHECK_INT(bad_status, 0);
+    CHECK_INT(snd.failed + rcv.failed, 0);
+    struct pd_xfer_info info;
+    pd_xfer_get_info(snd.x, &info);
+    CHECK_INT(info.live_rooms, 0);
+    fprintf(stderr, "rooms %d, pages %ld verified\n", rcv.ended, pages_total);
+    unpair();
+}
+
+static void test_validation(void) {
+    pair_up(0);
+    uint32_t out_of_pool[] = {1, 2, POOL_PAGES};
+    CHECK_ERR(pd_xfer_room_add(snd.x, snd.peer, 7, out_of_pool, 3, NULL), PD_ERANGE,
+              "outside the peer's pool");
+    uint32_t dup[] = {5, 9, 5};
+    CHECK_ERR(pd_xfer_room_add(snd.x, snd.peer, 7, dup, 3, NULL), PD_EINVAL, "listed twice");
+    uint32_t ok[] = {5, 6};
+    CHECK_OK(pd_xfer_room_add(snd.x, snd.peer, 7, ok, 2, NULL));
+    CHECK_ERR(pd_xfer_room_add(snd.x, snd.peer, 7, ok, 2, NULL), PD_EINVAL, "already live");
+    uint32_t src[] = {0, 1, 2};
+    CHECK_ERR(pd_xfer_room_send(snd.x, 7, 0, src, 3), PD_ERANGE, "beyond its 2 destinations");
+    uint32_t bad_src[] = {POOL_PAGES + 1};
+    CHECK_ERR(pd_xfer_room_send(snd.x, 7, 0, bad_src, 1), PD_ERANGE, "outside our pool");
+    CHECK_OK(pd_xfer_room_expect(rcv.x, rcv.peer, 7, NULL));
+    CHECK_ERR(pd_xfer_room_expect(rcv.x, rcv.peer, 7, NULL), PD_EINVAL, "already live");
+    CHECK_ERR(pd_xfer_room_send(snd.x, 8, 0, src, 1), PD_ENOENT, "not live");
+    struct pd_xfer_notice done = {.first_token = 1};
+    CHECK_OK(pd_xfer_room_finish(snd.x, 7, &done));
+    CHECK(run_until(&rcv.ended, 1, 5000));
+    CHECK_INT(rcv.last_status, PD_OK);
+    /* garbage notices are refused, never trusted */
+    struct pd_xfer_notice n;
+    uint64_t sender;
+    uint8_t junk[64] = {1, 2, 3};
+    CHECK_ERR(pd_xfer_notice_decode(junk, 10, &n, &sender), PD_EFORMAT, "shorter");
+    CHECK_ERR(pd_xfer_notice_decode(junk, sizeof(junk), &n, &sender), PD_EFORMAT, "magic");
+    unpair();
+}
+
+/* Sender aborts mid-room: what was posted is flushed, then the failed notice; both sides end. */
+static void test_abort_from_sender(void) {
+    pair_up(0);
+    uint32_t src[64], dst[64];
+    CHECK_OK(pd_xfer_plan_pages(3, 64, 0.5, 0, 256, 0, 256, src, dst));
+    CHECK_OK(pd_xfer_room_expect(rcv.x, rcv.peer, 11, NULL));
+    CHECK_OK(pd_xfer_room_add(snd.x, snd.peer, 11, dst, 64, NULL));
+    CHECK_OK(pd_xfer_room_send(snd.x, 11, 0, src, 32));
+    CHECK_OK(pd_xfer_room_abort(snd.x, 11, PD_ECANCELED, "client went away"));
+    CHECK(run_until(&rcv.ended, 1, 5000));
+    CHECK(run_until(&snd.ended, 1, 5000));
+    CHECK_INT(rcv.last_status, PD_ECANCELED);
+    CHECK_STR(rcv.last_notice.error, "client went away");
+    CHECK_INT(snd.last_status, PD_ECANCELED);
+    CHECK(!pd_xfer_room_live(snd.x, 11) && !pd_xfer_room_live(rcv.x, 11));
+    unpair();
+}
+
+/* Receiver aborts: acknowledged by the sender's failed notice; then one nobody acknowledges,
+ * which force-closes the peer after the abort timeout and ends every room of it. */
+static void test_abort_from_receiver(void) {
+    pair_up(300);
+    uint32_t src[8], dst[8];
+    CHECK_OK(pd_xfer_plan_pages(4, 8, 0.0, 0, 64, 0, 64, src, dst));
+    CHECK_OK(pd_xfer_room_expect(rcv.x, rcv.peer, 21, NULL));
+    CHECK_OK(pd_xfer_room_add(snd.x, snd.peer, 21, dst, 8, NULL));
+    CHECK_OK(pd_xfer_room_send(snd.x, 21, 0, src, 8));
+    CHECK_OK(pd_xfer_room_abort(rcv.x, 21, PD_ECANCELED, "user abort"));
+    CHECK(pd_xfer_room_live(rcv.x, 21)); /* not before the sender's flush is acknowledged */
+    /* the control plane (Abort RPC) carries it to the sender */
+    CHECK_OK(pd_xfer_room_abort(snd.x, 21, PD_ECANCELED, "aborted by decode"));
+    CHECK(run_until(&rcv.ended, 1, 5000));
+    CHECK_INT(rcv.last_status, PD_ECANCELED);
+    CHECK(run_until(&snd.ended, 1, 5000));
+
+    CHECK_OK(pd_xfer_room_expect(rcv.x, rcv.peer, 22, NULL));
+    CHECK_OK(pd_xfer_room_expect(rcv.x, rcv.peer, 23, NULL));
+    CHECK_OK(pd_xfer_room_abort(rcv.x, 22, PD_ECANCELED, "user abort"));
+    uint64_t t0 = uv_now(&loop);
+    CHECK(run_until(&rcv.ended, 3, 3000));
+    uint64_t waited = uv_now(&loop) - t0;
+    CHECK(waited >= 250 && waited < 2000);
+    CHECK_INT(rcv.last_status, PD_ETIMEDOUT);
+    CHECK(run_until(&rcv.closed, 1, 3000));
+    unpair();
+}
+
+/* Closing a peer with rooms in flight ends them all with the given status, after the close. */
+static void test_peer_close_fails_rooms(void) {
+    pair_up(0);
+    static uint32_t src[1024], dst[1024];
+    CHECK_OK(pd_xfer_plan_pages(5, 1024, 0.3, 0, 4096, 0, 4096, src, dst));
+    for (uint64_t room = 31; room < 35; room++) {
+        CHECK_OK(pd_xfer_room_add(snd.x, snd.peer, room, dst, 1024, NULL));
+        CHECK_OK(pd_xfer_room_send(snd.x, room, 0, src, 1024));
+    }
+    pd_xfer_peer_close(snd.peer, PD_EPEER);
+    CHECK(run_until(&snd.ended, 4, 5000));
+    CHECK_INT(snd.failed, 4);
+    CHECK_INT(snd.last_status, PD_EPEER);
+    CHECK(run_until(&snd.closed, 1, 5000));
+    CHECK(snd.peer == NULL);
+    unpair();
+}
+
+static void loop_open(void) {
+    CHECK_INT(uv_loop_init(&loop), 0);
+    pd_log_set_level(PD_LOG_WARNING);
+}
+
+static void loop_close(void) {
+    CHECK_INT(uv_loop_close(&loop), 0);
+}
+
+PD_TEST_MAIN(PD_TEST(loop_open), PD_TEST(test_validation), PD_TEST(test_abort_from_sender),
+             PD_TEST(test_abort_from_receiver), PD_TEST(test_peer_close_fails_rooms),
+             PD_TEST(test_rooms_byte_exact), PD_TEST(loop_close))

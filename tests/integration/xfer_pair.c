@@ -1,0 +1,256 @@
+/*
+ * xfer_pair.c — two-process tests of the KV transfer path: runs pdserve-xfer-test as a sender
+ * (prefill side) and a receiver (decode side) on 127.0.0.1, under whatever UCX_TLS CTest set,
+ * and checks what a user of the daemons would notice: rooms arrive byte-exact (the receiver
+ * checks every page and the done notice's checksum), aborts from either side release both,
+ * a SIGKILLed peer fails every room of the survivor within 5 s with its pages back, and the
+ * bootstrap port refuses bad calls and keeps serving. argv[1] is the pdserve-xfer-test binary.
+ */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "pd_test.h"
+
+static const char *tool;
+
+struct proc {
+    pid_t pid;
+    int out; /* its stdout */
+    char buf[16384];
+    size_t len;
+};
+
+static uint64_t ms_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+static int free_port(void) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof(a);
+    if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof(a)) ||
+        getsockname(fd, (struct sockaddr *)&a, &len)) {
+        perror("free_port");
+        exit(1);
+    }
+    close(fd);
+    return ntohs(a.sin_port);
+}
+
+static void spawn(struct proc *p, const char *const *args) {
+    int fds[2];
+    if (pipe(fds)) {
+        perror("pipe");
+        exit(1);
+    }
+    memset(p, 0, sizeof(*p));
+    p->pid = fork();
+    if (p->pid == 0) {
+        dup2(fds[1], 1);
+        close(fds[0]);
+        close(fds[1]);
+        const char *argv[32] = {tool};
+        int n = 1;
+        for (; args[n - 1] && n < 31; n++)
+            argv[n] = args[n - 1];
+        argv[n] = NULL;
+        execv(tool, (char *const *)argv);
+        _exit(127);
+    }
+    close(fds[1]);
+    p->out = fds[0];
+}
+
+/* Reads the process's stdout until `needle` shows up; false after timeout_ms or at EOF. */
+static bool wait_for(struct proc *p, const char *needle, int timeout_ms) {
+    uint64_t end = ms_now() + (uint64_t)timeout_ms;
+    for (;;) {
+        if (strstr(p->buf, needle))
+            return true;
+        uint64_t now = ms_now();
+        if (now >= end)
+            return false;
+        struct pollfd pf = {.fd = p->out, .events = POLLIN};
+        if (poll(&pf, 1, (int)(end - now)) <= 0)
+            continue;
+        ssize_t n = read(p->out, p->buf + p->len, sizeof(p->buf) - 1 - p->len);
+        if (n <= 0)
+            return strstr(p->buf, needle) != NULL;
+        p->len += (size_t)n;
+        p->buf[p->len] = '\0';
+        if (p->len > sizeof(p->buf) / 2) { /* keep the tail */
+            size_t keep = sizeof(p->buf) / 4;
+            memmove(p->buf, p->buf + p->len - keep, keep);
+            p->len = keep;
+            p->buf[p->len] = '\0';
+        }
+    }
+}
+
+/* Waits for exit; returns the exit code, or -1 (after SIGKILL) when it outlived timeout_ms. */
+static int wait_exit(struct proc *p, int timeout_ms) {
+    uint64_t end = ms_now() + (uint64_t)timeout_ms;
+    int st;
+    for (;;) {
+        pid_t r = waitpid(p->pid, &st, WNOHANG);
+        if (r == p->pid)
+            break;
+        if (ms_now() >= end) {
+            kill(p->pid, SIGKILL);
+            waitpid(p->pid, &st, 0);
+            close(p->out);
+            fprintf(stderr, "process %d did not exit in %d ms; killed\n", (int)p->pid, timeout_ms);
+            return -1;
+        }
+        wait_for(p, "\x01never", 20); /* drain its output meanwhile */
+    }
+    wait_for(p, "\x01never", 50);
+    close(p->out);
+    fprintf(stderr, "--- pid %d output tail:\n%s\n", (int)p->pid, p->buf);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+static void start_sender(struct proc *s, const char *port, const char *extra1, const char *extra2) {
+    const char *args[] = {"--role", "sender", "--port", port, extra1, extra2, NULL};
+    spawn(s, args);
+    if (!wait_for(s, "READY", 15000)) {
+        fprintf(stderr, "sender did not come up: %s\n", s->buf);
+        CHECK(false);
+    }
+}
+
+static void stop_sender(struct proc *s) {
+    kill(s->pid, SIGTERM);
+    CHECK_INT(wait_exit(s, 15000), 0);
+}
+
+/* 2000 rooms of 1..4096 pages, runs and scattered, 4 in flight. */
+static void test_rooms_byte_exact(void) {
+    char port[16];
+    snprintf(port, sizeof(port), "%d", free_port());
+    struct proc s, r;
+    start_sender(&s, port, NULL, NULL);
+    const char *args[] = {"--role", "receiver", "--port", port, "--rooms", "2000", NULL};
+    spawn(&r, args);
+    CHECK_INT(wait_exit(&r, 90000), 0);
+    CHECK(strstr(r.buf, "ok=2000 ") != NULL);
+    CHECK(strstr(r.buf, "bad_pages=0 bad_checksums=0") != NULL);
+    stop_sender(&s);
+    CHECK(strstr(s.buf, "done=2000 ") != NULL);
+}
+
+/* Every bad bootstrap call is refused with its status; the server then still serves rooms. */
+static void test_bootstrap_rejections(void) {
+    char port[16];
+    snprintf(port, sizeof(port), "%d", free_port());
+    struct proc s, p, r;
+    start_sender(&s, port, NULL, NULL);
+    const char *pargs[] = {"--role", "probe", "--port", port, NULL};
+    spawn(&p, pargs);
+    CHECK_INT(wait_exit(&p, 30000), 0);
+    CHECK(strstr(p.buf, "role=probe checks=14 wrong=0 result=PASS") != NULL);
+    const char *rargs[] = {"--role", "receiver", "--port", port, "--rooms", "100", NULL};
+    spawn(&r, rargs);
+    CHECK_INT(wait_exit(&r, 30000), 0);
+    CHECK(strstr(r.buf, "ok=100 ") != NULL);
+    stop_sender(&s);
+}
+
+/* Aborts from both sides mid-transfer: every room ends, ok or canceled, none corrupt. */
+static void test_aborts_both_sides(void) {
+    char port[16];
+    snprintf(port, sizeof(port), "%d", free_port());
+    struct proc s, r;
+    start_sender(&s, port, "--abort-every", "5");
+    const char *args[] = {"--role", "receiver",      "--port", port, "--rooms",
+                          "600",    "--abort-every", "7",      NULL};
+    spawn(&r, args);
+    CHECK_INT(wait_exit(&r, 60000), 0);
+    CHECK(strstr(r.buf, "rooms=600 ") != NULL);
+    CHECK(strstr(r.buf, "canceled=0 ") == NULL); /* some were canceled */
+    CHECK(strstr(r.buf, "peer_failed=0 other_failed=0 bad_pages=0") != NULL);
+    stop_sender(&s);
+    CHECK(strstr(s.buf, "live_rooms=0") != NULL);
+}
+
+/* SIGKILL the receiver mid-transfer: the sender fails every room and frees them within 5 s. */
+static void test_kill_receiver(void) {
+    char port[16];
+    snprintf(port, sizeof(port), "%d", free_port());
+    struct proc s, r;
+    start_sender(&s, port, "--expect-peer-death", NULL);
+    const char *args[] = {"--role", "receiver", "--port", port, "--rooms", "10000000", NULL};
+    spawn(&r, args);
+    CHECK(wait_for(&r, "progress rooms=500", 30000));
+    uint64_t t0 = ms_now();
+    kill(r.pid, SIGKILL);
+    wait_exit(&r, 5000);
+    CHECK_INT(wait_exit(&s, 10000), 0);
+    uint64_t took = ms_now() - t0;
+    fprintf(stderr, "sender failed its rooms %llu ms after the receiver's SIGKILL\n",
+            (unsigned long long)took);
+    CHECK(took < 5000);
+    CHECK(strstr(s.buf, "live_rooms=0 ") != NULL);
+}
+
+/* SIGKILL the sender mid-transfer: the receiver fails its rooms and frees them within 5 s. */
+static void test_kill_sender(void) {
+    char port[16];
+    snprintf(port, sizeof(port), "%d", free_port());
+    struct proc s, r;
+    start_sender(&s, port, NULL, NULL);
+    const char *args[] = {
+        "--role", "receiver", "--port", port, "--rooms", "10000000", "--expect-peer-death", NULL};
+    spawn(&r, args);
+    CHECK(wait_for(&r, "progress rooms=500", 30000));
+    uint64_t t0 = ms_now();
+    kill(s.pid, SIGKILL);
+    wait_exit(&s, 5000);
+    CHECK_INT(wait_exit(&r, 10000), 0);
+    uint64_t took = ms_now() - t0;
+    fprintf(stderr, "receiver failed its rooms %llu ms after the sender's SIGKILL\n",
+            (unsigned long long)took);
+    CHECK(took < 5000);
+    CHECK(strstr(r.buf, "pages_in_use=0 result=PASS") != NULL);
+}
+
+static const char *only;
+
+static void run(const char *name, void (*fn)(void)) {
+    if (!only || strcmp(only, name) == 0)
+        fn();
+}
+
+static void all(void) {
+    run("rooms", test_rooms_byte_exact);
+    run("rejections", test_bootstrap_rejections);
+    run("aborts", test_aborts_both_sides);
+    run("kill_receiver", test_kill_receiver);
+    run("kill_sender", test_kill_sender);
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        fprintf(stderr, "usage: %s PDSERVE_XFER_TEST [case]\n", argv[0]);
+        return 2;
+    }
+    tool = argv[1];
+    only = argc > 2 ? argv[2] : NULL;
+    setenv("PDSERVE_CLUSTER_KEY", "xfer-pair-test-secret", 1);
+    signal(SIGPIPE, SIG_IGN);
+    static const struct pd_test_case cases[] = {PD_TEST(all)};
+    return pd_test_run(argv[0], cases, 1);
+}
