@@ -8,7 +8,7 @@ CMAKE_ARGS ?=
 
 SOURCES = $(shell git ls-files '*.c' '*.h' '*.cu' '*.cuh' 2>/dev/null)
 
-.PHONY: all setup build build-asan test test-unit test-gpu demo format format-check clean
+.PHONY: all setup build build-asan test test-unit test-gpu test-flaky demo format format-check clean
 
 all: build
 
@@ -27,7 +27,7 @@ build-asan: setup
 # Everything CI checks: formatting, a -Werror release build with all tests (gpu ones skip
 # without a GPU), and the unit tests again under ASan+UBSan.
 test: format-check build build-asan
-	cd $(BUILD) && ctest --output-on-failure -j$(JOBS)
+	cd $(BUILD) && ctest --output-on-failure -j$(JOBS) -LE flaky
 	cd $(ASAN) && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
 	    UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 ctest --output-on-failure -j$(JOBS) -L unit
 
@@ -36,6 +36,10 @@ test-unit: build-asan
 
 demo: build
 	scripts/demo.sh $(BUILD) $(MODEL_DIR)
+
+# Tests known to fail intermittently (label flaky), kept runnable while they are being fixed.
+test-flaky: build
+	cd $(BUILD) && ctest --output-on-failure -L flaky --repeat until-fail:5
 
 test-gpu: build
 	cd $(BUILD) && ctest --output-on-failure -L gpu
