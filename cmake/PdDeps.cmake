@@ -13,3 +13,8 @@ pkg_check_modules(OPENBLAS REQUIRED IMPORTED_TARGET openblas)
 # Tokenizer: pre-tokenizer regexes with Unicode properties (PCRE2), NFC & co. (utf8proc).
 pkg_check_modules(PCRE2 REQUIRED IMPORTED_TARGET libpcre2-8)
 pkg_check_modules(UTF8PROC REQUIRED IMPORTED_TARGET libutf8proc)
+# HTTP user plane: h2o (libuv build; pkg-config `libh2o`, not `libh2o-evloop`) on libuv loops.
+pkg_check_modules(H2O REQUIRED IMPORTED_TARGET libh2o)
+pkg_check_modules(LIBUV REQUIRED IMPORTED_TARGET libuv)
+# Integration tests drive the HTTP server with a real client (optional: skipped without it).
+pkg_check_modules(CURL IMPORTED_TARGET libcurl)
