@@ -635,7 +635,9 @@ static int on_req(h2o_handler_t *self, h2o_req_t *hreq) {
     } else {
         rt->fn(r, rt->ud);
         /* still open: watch the socket for the client leaving (see the top comment) */
-        if (r->hreq && !r->user_done && !r->gone && hreq->entity.base && r->conn && r->conn->sock) {
+        /* (HTTP/1 only: an HTTP/2 socket carries other streams and h2o keeps reading it) */
+        if (r->hreq && !r->user_done && !r->gone && hreq->entity.base && hreq->version < 0x200 &&
+            r->conn && r->conn->sock) {
             r->watching = true;
             h2o_socket_read_start(r->conn->sock, on_watch_read);
         }
@@ -764,6 +766,7 @@ int pd_http_server_new(uv_loop_t *loop, const struct pd_http_server_config *c,
     h2o_config_init(&s->globalconf);
     s->globalconf.max_request_entity_size = s->max_body;
     s->globalconf.server_name = h2o_iovec_init(H2O_STRLIT("pdserve"));
+    s->globalconf.http1.upgrade_to_http2 = 0; /* HTTP/1.1 only: the read watch assumes it */
     h2o_hostconf_t *host =
         h2o_config_register_host(&s->globalconf, h2o_iovec_init(H2O_STRLIT("default")), 65535);
     h2o_pathconf_t *path = h2o_config_register_path(host, "/", 0);

@@ -199,6 +199,14 @@ static void h_chat(struct pd_http_req *r, void *ud) {
         pd_http_respond_json(r, 200, "{\"object\":\"chat.completion\"}");
         return;
     }
+    if (api.rid && strcmp(api.rid, "fail") == 0) { /* a mid-stream failure */
+        pd_api_request_free(&api);
+        CHECK_OK(pd_http_sse_start(r));
+        CHECK_OK(pd_http_sse_send(r, "{\"partial\":1}", 13));
+        pd_api_error_set(&e, 500, "server_error", NULL, NULL, "the model failed");
+        pd_http_sse_fail(r, &e);
+        return;
+    }
     int slot = -1;
     for (int i = 0; i < MAX_JOBS && slot < 0; i++)
         if (!streams[i].req && atomic_load(&jobs[i].state) != 1)
@@ -594,6 +602,19 @@ static void test_stream(void) {
     curl_easy_cleanup(c);
 }
 
+static void test_stream_error(void) {
+    struct resp r = {0};
+    const char *b = "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"stream\":true,"
+                    "\"rid\":\"fail\"}";
+    CHECK_INT(http(keepalive, "POST", "/v1/chat/completions", b, strlen(b), NULL, 5000, &r),
+              CURLE_OK);
+    CHECK_INT(r.status, 200);
+    CHECK_STR(r.body,
+              "data: {\"partial\":1}\n\ndata: {\"error\":{\"message\":\"the model failed\","
+              "\"type\":\"server_error\",\"param\":null,\"code\":null}}\n\ndata: [DONE]\n\n");
+    resp_free(&r);
+}
+
 struct client_arg {
     int n_tokens;
     struct resp r;
@@ -736,6 +757,7 @@ int main(int argc, char **argv) {
         PD_TEST(test_body_limit),
         PD_TEST(test_bad_requests),
         PD_TEST(test_stream),
+        PD_TEST(test_stream_error),
         PD_TEST(test_concurrent_streams),
         PD_TEST(test_disconnect_mid_stream),
         PD_TEST(test_disconnect_before_response),
