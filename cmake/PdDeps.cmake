@@ -13,3 +13,7 @@ pkg_check_modules(OPENBLAS REQUIRED IMPORTED_TARGET openblas)
 # Tokenizer: pre-tokenizer regexes with Unicode properties (PCRE2), NFC & co. (utf8proc).
 pkg_check_modules(PCRE2 REQUIRED IMPORTED_TARGET libpcre2-8)
 pkg_check_modules(UTF8PROC REQUIRED IMPORTED_TARGET libutf8proc)
+# Event loop of the daemons and the router (DESIGN.md §2a).
+pkg_check_modules(LIBUV REQUIRED IMPORTED_TARGET libuv)
+# The router's upstream HTTP client: curl's multi interface runs on the router's libuv loop.
+pkg_check_modules(CURL REQUIRED IMPORTED_TARGET libcurl)
