@@ -17,3 +17,5 @@ pkg_check_modules(UTF8PROC REQUIRED IMPORTED_TARGET libutf8proc)
 pkg_check_modules(LIBUV REQUIRED IMPORTED_TARGET libuv)
 # The router's upstream HTTP client: curl's multi interface runs on the router's libuv loop.
 pkg_check_modules(CURL REQUIRED IMPORTED_TARGET libcurl)
+# HTTP server of the daemons and the router: h2o, libuv build.
+pkg_check_modules(H2O REQUIRED IMPORTED_TARGET libh2o)

@@ -180,7 +180,8 @@ static void register_flags(struct pd_router_config *cfg) {
                    "how to pick the prefill worker; decode is always least load. cache_aware "
                    "runs power_of_two for now");
     pd_flag_string(fs, "--host", &cfg->host, "HOST", "address to listen on");
-    pd_flag_int(fs, "--port", &cfg->port, "PORT", 1, 65535, "port to listen on");
+    pd_flag_int(fs, "--port", &cfg->port, "PORT", 0, 65535,
+                "port to listen on; 0 = any free port (the log line says which)");
     pd_flag_string(fs, "--api-key", &cfg->api_key, "KEY",
                    "require 'Authorization: Bearer KEY' from clients (not on /health); the "
                    "header is forwarded to the workers");
