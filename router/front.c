@@ -7,7 +7,12 @@
  * disposal or after h2o stopped the generator (client gone). A stream has at most one h2o_send in
  * flight; data arriving meanwhile waits in `pending` and goes out on proceed. Buffers handed to
  * h2o are freed only with the request, since h2o may still be writing the final one.
- * Accepted sockets are malloc'd and released by h2o's close callback (free), h2o's own convention.
+ * Accepted sockets are malloc'd (struct conn) and released by h2o's close callback.
+ * h2o 2.2 does not read from an HTTP/1 connection while a request on it is being handled, so a
+ * client that leaves before the answer starts would go unnoticed until the upstream answers; a
+ * 200 ms timer therefore peeks (MSG_PEEK) at the sockets of requests still waiting for their
+ * answer and treats EOF as "client gone". The answer is still handed to h2o afterwards, which
+ * fails to write it and closes the connection: that is how h2o releases it.
  */
 #include "router/front.h"
 
@@ -15,14 +20,27 @@
 #include "common/log.h"
 #include "common/status.h"
 
+#include <errno.h>
 #include <h2o.h>
 #include <netdb.h>
+#include <sys/socket.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* An accepted connection; `tcp` first: h2o's close callback gets &tcp. */
+struct conn {
+    uv_tcp_t tcp;
+    h2o_socket_t *sock;
+    struct pd_front *f;
+    struct conn *prev, *next;
+};
 
 struct pd_front {
     uv_loop_t *loop;
     uv_tcp_t listener;
+    uv_timer_t peek_timer;
+    struct conn *conns;           /* open connections */
+    struct pd_front_req *waiting; /* requests whose answer has not started */
     bool listening;
     h2o_globalconf_t config;
     h2o_context_t ctx;
@@ -44,6 +62,9 @@ struct bytes {
 
 struct pd_front_req {
     h2o_generator_t gen;
+    struct pd_front *f;
+    struct pd_front_req *wprev, *wnext; /* in f->waiting while `in_waiting` */
+    bool in_waiting;
     h2o_req_t *req; /* NULL once h2o disposed it */
     int refs;
     bool finished;   /* the router's finish happened */
@@ -63,6 +84,19 @@ struct pd_front_req {
 struct dispose_hook {
     struct pd_front_req *r;
 };
+
+static void waiting_remove(struct pd_front_req *r) {
+    if (!r->in_waiting)
+        return;
+    r->in_waiting = false;
+    if (r->wprev)
+        r->wprev->wnext = r->wnext;
+    else
+        r->f->waiting = r->wnext;
+    if (r->wnext)
+        r->wnext->wprev = r->wprev;
+    r->wprev = r->wnext = NULL;
+}
 
 static void req_release(struct pd_front_req *r) {
     if (--r->refs > 0)
@@ -89,6 +123,7 @@ static void mark_gone(struct pd_front_req *r) {
 static void on_req_disposed(void *p) {
     struct pd_front_req *r = ((struct dispose_hook *)p)->r;
     r->req = NULL;
+    waiting_remove(r);
     mark_gone(r);
     req_release(r);
 }
@@ -104,6 +139,7 @@ static const char *reason_phrase(int status) {
     case 408: return "Request Timeout";
     case 413: return "Payload Too Large";
     case 429: return "Too Many Requests";
+    case 499: return "Client Closed Request";
     case 500: return "Internal Server Error";
     case 502: return "Bad Gateway";
     case 503: return "Service Unavailable";
@@ -112,8 +148,9 @@ static const char *reason_phrase(int status) {
     }
 }
 
+/* Also after the client left: h2o must see the answer fail to release the connection. */
 static bool can_send(const struct pd_front_req *r) {
-    return r->req && !r->stopped && !r->gone;
+    return r->req && !r->stopped;
 }
 
 static void set_head(struct pd_front_req *r, int status, const char *content_type) {
@@ -128,6 +165,7 @@ static void set_head(struct pd_front_req *r, int status, const char *content_typ
 void pd_front_respond(struct pd_front_req *r, int status, const char *content_type,
                       const char *body, size_t len) {
     PD_ASSERT(!r->finished);
+    waiting_remove(r);
     if (can_send(r)) {
         set_head(r, status, content_type);
         r->req->res.content_length = len;
@@ -178,6 +216,7 @@ static void on_stop(h2o_generator_t *gen, h2o_req_t *req) {
 
 void pd_front_stream_start(struct pd_front_req *r, int status, const char *content_type) {
     PD_ASSERT(!r->finished);
+    waiting_remove(r);
     if (!can_send(r))
         return;
     set_head(r, status, content_type);
@@ -203,6 +242,7 @@ void pd_front_stream_send(struct pd_front_req *r, const char *data, size_t len) 
 
 void pd_front_stream_end(struct pd_front_req *r) {
     PD_ASSERT(!r->finished);
+    waiting_remove(r);
     r->end_queued = true;
     r->finished = true;
     flush(r);
@@ -251,7 +291,13 @@ static int on_req(h2o_handler_t *self, h2o_req_t *req) {
     struct dispose_hook *hook = h2o_mem_alloc_shared(&req->pool, sizeof(*hook), on_req_disposed);
     hook->r = r;
     r->req = req;
+    r->f = f;
     r->refs = 2; /* h2o's (the hook) and the router's */
+    r->in_waiting = true;
+    r->wnext = f->waiting;
+    if (f->waiting)
+        f->waiting->wprev = r;
+    f->waiting = r;
     f->on_request(f->ud, r);
     return 0;
 
@@ -266,21 +312,68 @@ fail:
     return 0;
 }
 
+static void on_conn_closed(uv_handle_t *h) {
+    struct conn *c = (struct conn *)h;
+    if (c->f) {
+        if (c->prev)
+            c->prev->next = c->next;
+        else
+            c->f->conns = c->next;
+        if (c->next)
+            c->next->prev = c->prev;
+    }
+    pd_free(c);
+}
+
+/* EOF (or a hard error) on the socket of a request still waiting: its client is gone. */
+static bool peer_closed(struct pd_front *f, h2o_req_t *req) {
+    if (!req->conn->callbacks->get_socket)
+        return false;
+    h2o_socket_t *sock = req->conn->callbacks->get_socket(req->conn);
+    for (struct conn *c = f->conns; c; c = c->next) {
+        if (c->sock != sock)
+            continue;
+        uv_os_fd_t fd;
+        if (uv_fileno((uv_handle_t *)&c->tcp, &fd) != 0)
+            return false;
+        char b;
+        ssize_t n = recv(fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+        return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+    }
+    return false;
+}
+
+static void on_peek_timer(uv_timer_t *t) {
+    struct pd_front *f = t->data;
+    for (struct pd_front_req *r = f->waiting, *next; r; r = next) {
+        next = r->wnext;
+        if (r->req && !r->gone && peer_closed(f, r->req)) {
+            waiting_remove(r);
+            mark_gone(r); /* may finish r (router) but h2o's reference keeps it alive */
+        }
+    }
+}
+
 static void on_accept(uv_stream_t *listener, int status) {
     struct pd_front *f = listener->data;
     if (status != 0)
         return;
-    uv_tcp_t *conn = malloc(sizeof(*conn)); /* freed by h2o's close callback */
-    if (!conn)
+    struct conn *c = pd_calloc(1, sizeof(*c)); /* freed by on_conn_closed, via h2o */
+    if (!c)
         return;
-    uv_tcp_init(f->loop, conn);
-    if (uv_accept(listener, (uv_stream_t *)conn) != 0) {
-        uv_close((uv_handle_t *)conn, (uv_close_cb)free);
+    uv_tcp_init(f->loop, &c->tcp);
+    if (uv_accept(listener, (uv_stream_t *)&c->tcp) != 0) {
+        uv_close((uv_handle_t *)&c->tcp, on_conn_closed);
         return;
     }
-    uv_tcp_nodelay(conn, 1);
-    h2o_socket_t *sock = h2o_uv_socket_create((uv_stream_t *)conn, (uv_close_cb)free);
-    h2o_accept(&f->accept_ctx, sock);
+    uv_tcp_nodelay(&c->tcp, 1);
+    c->f = f;
+    c->next = f->conns;
+    if (f->conns)
+        f->conns->prev = c;
+    f->conns = c;
+    c->sock = h2o_uv_socket_create((uv_stream_t *)&c->tcp, on_conn_closed);
+    h2o_accept(&f->accept_ctx, c->sock);
 }
 
 int pd_front_new(uv_loop_t *loop, const char *host, int port, size_t max_body_bytes,
@@ -326,6 +419,9 @@ int pd_front_new(uv_loop_t *loop, const char *host, int port, size_t max_body_by
         return pd_errorf(PD_EIO, "listening on %s:%d: %s", host, port, uv_strerror(rc));
     }
     f->listening = true;
+    uv_timer_init(loop, &f->peek_timer);
+    f->peek_timer.data = f;
+    uv_timer_start(&f->peek_timer, on_peek_timer, 200, 200);
     struct sockaddr_storage sa;
     int salen = sizeof(sa);
     uv_tcp_getsockname(&f->listener, (struct sockaddr *)&sa, &salen);
@@ -343,5 +439,6 @@ void pd_front_stop_listening(struct pd_front *f) {
     if (f->listening) {
         f->listening = false;
         uv_close((uv_handle_t *)&f->listener, NULL); /* embedded in f, which outlives the loop */
+        uv_timer_stop(&f->peek_timer);
     }
 }

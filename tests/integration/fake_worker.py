@@ -104,13 +104,14 @@ class Handler(BaseHTTPRequestHandler):
             self.reply(200, json.dumps({"text": "", "meta_info": {
                 "id": rid, "finish_reason": {"type": "abort"}}}))
             return
+        if ROLE == "prefill":
+            time.sleep(cfg["prefill_delay_ms"] / 1000.0)
         if cfg["fail"]:
             self.reply(cfg["fail"], json.dumps({"error": {"message": "fake %s failure" % ROLE,
                                                           "type": "server_error", "param": None,
                                                           "code": cfg["fail"]}}))
             return
         if ROLE == "prefill":
-            time.sleep(cfg["prefill_delay_ms"] / 1000.0)
             self.reply(200, json.dumps({"text": "", "meta_info": {"id": rid}}))
             return
         self.decode_answer(body, rid, cfg)

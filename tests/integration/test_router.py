@@ -256,6 +256,32 @@ def test_failures(router, p, d, auth):
           "client disconnect: abort on both workers")
     d.config(tokens=5, token_delay_ms=10)
 
+    # client gone before decode's first byte (decode hangs) -> both aborted too
+    d.config(hang=True)
+    s = socket.create_connection(("127.0.0.1", router.port))
+    body = json.dumps({"text": "x", "stream": True, "rid": "cd2"})
+    s.sendall(("POST /generate HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer secret\r\n"
+               "Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+               % (len(body), body)).encode())
+    wait_for(lambda: any(r["body"].get("rid") == "cd2" for r in d.log()["requests"]))
+    s.close()
+    check(wait_for(lambda: "cd2" in d.log()["aborts"] and "cd2" in p.log()["aborts"]),
+          "client gone before the first byte: abort on both workers")
+    d.config(hang=False)
+
+    # prefill fails after decode's stream started -> SSE error event + [DONE]
+    d.config(tokens=40, token_delay_ms=20)
+    p.config(fail=500, prefill_delay_ms=200)
+    st, ct, data = router.request("POST", "/generate", {"text": "x", "stream": True,
+                                                        "rid": "pf2"}, headers=h)
+    text = data.decode()
+    check(st == 200 and '"error"' in text and text.endswith("data: [DONE]\n\n")
+          and text.count("[DONE]") == 1,
+          "prefill failure mid-stream: SSE error event then [DONE]: %r" % text[-300:])
+    check(wait_for(lambda: "pf2" in d.log()["aborts"]), "mid-stream prefill failure: decode aborted")
+    p.config(fail=0, prefill_delay_ms=0)
+    d.config(tokens=5, token_delay_ms=10)
+
     # decode error status passes through
     d.config(fail=503)
     st, _, data = router.request("POST", "/generate", {"text": "x"}, headers=h)
