@@ -13,9 +13,9 @@ pkg_check_modules(OPENBLAS REQUIRED IMPORTED_TARGET openblas)
 # Tokenizer: pre-tokenizer regexes with Unicode properties (PCRE2), NFC & co. (utf8proc).
 pkg_check_modules(PCRE2 REQUIRED IMPORTED_TARGET libpcre2-8)
 pkg_check_modules(UTF8PROC REQUIRED IMPORTED_TARGET libutf8proc)
-# Event loop of the daemons and the router (DESIGN.md §2a).
-pkg_check_modules(LIBUV REQUIRED IMPORTED_TARGET libuv)
-# The router's upstream HTTP client: curl's multi interface runs on the router's libuv loop.
-pkg_check_modules(CURL REQUIRED IMPORTED_TARGET libcurl)
-# HTTP server of the daemons and the router: h2o, libuv build.
+# HTTP user plane: h2o (libuv build; pkg-config `libh2o`, not `libh2o-evloop`) on libuv loops.
 pkg_check_modules(H2O REQUIRED IMPORTED_TARGET libh2o)
+pkg_check_modules(LIBUV REQUIRED IMPORTED_TARGET libuv)
+# pdserve-router's upstream client (curl's multi interface on the router's libuv loop); the
+# HTTP server's integration test drives the server with it too.
+pkg_check_modules(CURL REQUIRED IMPORTED_TARGET libcurl)
