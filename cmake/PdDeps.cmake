@@ -24,5 +24,6 @@ pkg_check_modules(IBVERBS REQUIRED IMPORTED_TARGET libibverbs)
 find_program(PD_PROTOC_C protoc-c REQUIRED)
 # HTTP user plane: h2o (libuv build; pkg-config `libh2o`, not `libh2o-evloop`) on libuv loops.
 pkg_check_modules(H2O REQUIRED IMPORTED_TARGET libh2o)
-# Integration tests drive the HTTP server with a real client (optional: skipped without it).
-pkg_check_modules(CURL IMPORTED_TARGET libcurl)
+# pdserve-router's upstream client (curl's multi interface on the router's libuv loop); the
+# HTTP server's integration test drives the server with it too.
+pkg_check_modules(CURL REQUIRED IMPORTED_TARGET libcurl)

@@ -1,0 +1,284 @@
+/*
+ * body.c — the bootstrap-field rewrite of generation bodies (see body.h). cJSON parses the body
+ * only to inspect it (batch shape, n, stream, rid); the output is the client's text with the
+ * router's fields spliced in after '{', except when the client sent bootstrap fields of its own.
+ * Rooms are printed as integers from uint64_t, never through a double (2^63 > 2^53).
+ */
+#include "router/body.h"
+#include "router/config.h"
+
+#include "common/alloc.h"
+#include "common/status.h"
+
+#include <cjson/cJSON.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+
+/* A growable string. */
+struct sbuf {
+    char *p;
+    size_t len, cap;
+    int err;
+};
+
+static void sb_put(struct sbuf *b, const char *s, size_t n) {
+    if (b->err)
+        return;
+    if (pd_array_grow((void **)&b->p, &b->cap, b->len + n + 1, 1) != PD_OK) {
+        b->err = PD_ENOMEM;
+        return;
+    }
+    memcpy(b->p + b->len, s, n);
+    b->len += n;
+    b->p[b->len] = '\0';
+}
+
+static void sb_str(struct sbuf *b, const char *s) {
+    sb_put(b, s, strlen(s));
+}
+
+/* s as a JSON string literal. */
+static void sb_json_str(struct sbuf *b, const char *s) {
+    sb_put(b, "\"", 1);
+    for (const unsigned char *c = (const unsigned char *)s; *c; c++) {
+        char esc[8];
+        if (*c == '"' || *c == '\\') {
+            esc[0] = '\\';
+            esc[1] = (char)*c;
+            sb_put(b, esc, 2);
+        } else if (*c < 0x20) {
+            snprintf(esc, sizeof(esc), "\\u%04x", *c);
+            sb_str(b, esc);
+        } else {
+            sb_put(b, (const char *)c, 1);
+        }
+    }
+    sb_put(b, "\"", 1);
+}
+
+void pd_router_body_info_free(struct pd_router_body_info *info) {
+    if (!info)
+        return;
+    if (info->rids)
+        for (int i = 0; i < info->n; i++)
+            pd_free(info->rids[i]);
+    pd_free(info->rids);
+    pd_free(info->rooms);
+    memset(info, 0, sizeof(*info));
+}
+
+/* Batch size of the body: 0 when it holds one prompt, -1 for an empty prompt list. */
+static int batch_size(int route, const cJSON *root) {
+    const cJSON *list = NULL;
+    if (route == PD_ROUTER_ROUTE_GENERATE) {
+        const cJSON *text = cJSON_GetObjectItemCaseSensitive(root, "text");
+        const cJSON *ids = cJSON_GetObjectItemCaseSensitive(root, "input_ids");
+        if (cJSON_IsArray(text))
+            list = text;
+        else if (cJSON_IsArray(ids) &&
+                 (cJSON_GetArraySize(ids) == 0 || cJSON_IsArray(cJSON_GetArrayItem(ids, 0))))
+            list = ids; /* [[ids], ...]; [] is an empty list either way */
+    } else if (route == PD_ROUTER_ROUTE_COMPLETIONS) {
+        const cJSON *prompt = cJSON_GetObjectItemCaseSensitive(root, "prompt");
+        const cJSON *first = cJSON_GetArrayItem(prompt, 0);
+        if (cJSON_IsArray(prompt) && (!first || cJSON_IsString(first) || cJSON_IsArray(first)))
+            list = prompt; /* [int...] is one tokenized prompt */
+    }
+    if (!list)
+        return 0;
+    int n = cJSON_GetArraySize(list);
+    return n > 0 ? n : -1;
+}
+
+static int samples_n(int route, const cJSON *root, double *n) {
+    const cJSON *item = NULL;
+    if (route == PD_ROUTER_ROUTE_GENERATE)
+        item = cJSON_GetObjectItemCaseSensitive(
+            cJSON_GetObjectItemCaseSensitive(root, "sampling_params"), "n");
+    else
+        item = cJSON_GetObjectItemCaseSensitive(root, "n");
+    *n = cJSON_IsNumber(item) ? item->valuedouble : 1;
+    return PD_OK;
+}
+
+static const char *const owned_keys[] = {"bootstrap_host", "bootstrap_port", "bootstrap_room"};
+
+/* The client's rid(s) into info->rids, or rooms as strings when there is none. */
+static int collect_rids(const cJSON *root, struct pd_router_body_info *info) {
+    const cJSON *rid = cJSON_GetObjectItemCaseSensitive(root, "rid");
+    info->rids = pd_calloc((size_t)info->n, sizeof(char *));
+    if (!info->rids)
+        return pd_errorf(PD_ENOMEM, "rids");
+    if (!rid || cJSON_IsNull(rid)) {
+        info->rid_added = true;
+        for (int i = 0; i < info->n; i++) {
+            char s[24];
+            snprintf(s, sizeof(s), "%" PRIu64, info->rooms[i]);
+            if (!(info->rids[i] = pd_strdup(s)))
+                return pd_errorf(PD_ENOMEM, "rids");
+        }
+        return PD_OK;
+    }
+    if (!info->batch) {
+        if (!cJSON_IsString(rid))
+            return pd_errorf(PD_EINVAL, "'rid' must be a string");
+        return (info->rids[0] = pd_strdup(rid->valuestring)) ? PD_OK : pd_errorf(PD_ENOMEM, "rids");
+    }
+    if (!cJSON_IsArray(rid) || cJSON_GetArraySize(rid) != info->n)
+        return pd_errorf(PD_EINVAL, "'rid' must be a list of %d strings, one per prompt", info->n);
+    int i = 0;
+    const cJSON *r;
+    cJSON_ArrayForEach(r, rid) {
+        if (!cJSON_IsString(r))
+            return pd_errorf(PD_EINVAL, "'rid' must be a list of %d strings, one per prompt",
+                             info->n);
+        if (!(info->rids[i++] = pd_strdup(r->valuestring)))
+            return pd_errorf(PD_ENOMEM, "rids");
+    }
+    return PD_OK;
+}
+
+/* The spliced fields, without braces: "bootstrap_host":...,"rid":... */
+static void put_fields(struct sbuf *b, const struct pd_router_body_info *info, const char *host,
+                       int port) {
+    char num[24];
+    const char *open = info->batch ? "[" : "", *close = info->batch ? "]" : "";
+    sb_str(b, "\"bootstrap_host\":");
+    sb_str(b, open);
+    for (int i = 0; i < info->n; i++) {
+        if (i)
+            sb_str(b, ",");
+        sb_json_str(b, host);
+    }
+    sb_str(b, close);
+    sb_str(b, ",\"bootstrap_port\":");
+    sb_str(b, open);
+    for (int i = 0; i < info->n; i++) {
+        if (i)
+            sb_str(b, ",");
+        if (port == PD_ROUTER_BOOTSTRAP_PORT_NULL)
+            sb_str(b, "null");
+        else {
+            snprintf(num, sizeof(num), "%d", port);
+            sb_str(b, num);
+        }
+    }
+    sb_str(b, close);
+    sb_str(b, ",\"bootstrap_room\":");
+    sb_str(b, open);
+    for (int i = 0; i < info->n; i++) {
+        if (i)
+            sb_str(b, ",");
+        snprintf(num, sizeof(num), "%" PRIu64, info->rooms[i]);
+        sb_str(b, num);
+    }
+    sb_str(b, close);
+    if (info->rid_added) {
+        sb_str(b, ",\"rid\":");
+        sb_str(b, open);
+        for (int i = 0; i < info->n; i++) {
+            if (i)
+                sb_str(b, ",");
+            sb_json_str(b, info->rids[i]);
+        }
+        sb_str(b, close);
+    }
+}
+
+int pd_router_body_rewrite(int route, const char *body, size_t len, const char *bootstrap_host,
+                           int bootstrap_port, struct pd_router_rng *rng, char **out,
+                           size_t *out_len, struct pd_router_body_info *info) {
+    int rc;
+    char *printed = NULL;
+    struct sbuf b = {0};
+    memset(info, 0, sizeof(*info));
+    *out = NULL;
+    *out_len = 0;
+    cJSON *root = cJSON_ParseWithLength(body, len);
+    if (!root)
+        return pd_errorf(PD_EINVAL, "request body is not valid JSON");
+    if (!cJSON_IsObject(root)) {
+        rc = pd_errorf(PD_EINVAL, "request body must be a JSON object");
+        goto fail;
+    }
+    double n_samples;
+    samples_n(route, root, &n_samples);
+    if (n_samples > 1) {
+        rc = pd_errorf(PD_EUNSUPPORTED,
+                       "n > 1 is not supported through pdserve-router yet; send n separate "
+                       "requests");
+        goto fail;
+    }
+    int bs = batch_size(route, root);
+    if (bs < 0) {
+        rc = pd_errorf(PD_EINVAL, "the prompt list is empty");
+        goto fail;
+    }
+    info->batch = bs > 0;
+    info->n = bs > 0 ? bs : 1;
+    info->stream = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(root, "stream"));
+    info->rooms = pd_calloc((size_t)info->n, sizeof(uint64_t));
+    if (!info->rooms) {
+        rc = pd_errorf(PD_ENOMEM, "rooms");
+        goto fail;
+    }
+    for (int i = 0; i < info->n; i++)
+        info->rooms[i] = pd_router_rng_room(rng);
+    if ((rc = collect_rids(root, info)))
+        goto fail;
+
+    /* the text to splice into: the client's, or a re-print without its bootstrap fields */
+    const char *src = body;
+    size_t src_len = len;
+    bool owned_present = false;
+    for (size_t k = 0; k < PD_ARRAY_LEN(owned_keys); k++)
+        owned_present |= cJSON_GetObjectItemCaseSensitive(root, owned_keys[k]) != NULL;
+    if (owned_present) {
+        for (size_t k = 0; k < PD_ARRAY_LEN(owned_keys); k++)
+            cJSON_DeleteItemFromObjectCaseSensitive(root, owned_keys[k]);
+        if (!(printed = cJSON_PrintUnformatted(root))) {
+            rc = pd_errorf(PD_ENOMEM, "re-printing the request body");
+            goto fail;
+        }
+        src = printed;
+        src_len = strlen(printed);
+    }
+    size_t brace = 0;
+    while (brace < src_len && src[brace] != '{')
+        brace++;
+    PD_ASSERT(brace < src_len); /* cJSON said it is an object */
+    sb_put(&b, "{", 1);
+    put_fields(&b, info, bootstrap_host, bootstrap_port);
+    if (root->child)
+        sb_put(&b, ",", 1);
+    sb_put(&b, src + brace + 1, src_len - brace - 1);
+    if (b.err) {
+        rc = pd_errorf(PD_ENOMEM, "rewriting the request body");
+        goto fail;
+    }
+    cJSON_free(printed);
+    cJSON_Delete(root);
+    *out = b.p;
+    *out_len = b.len;
+    return PD_OK;
+
+fail:
+    pd_free(b.p);
+    cJSON_free(printed);
+    cJSON_Delete(root);
+    pd_router_body_info_free(info);
+    return rc;
+}
+
+char *pd_router_abort_body(const char *rid) {
+    struct sbuf b = {0};
+    sb_str(&b, "{\"rid\":");
+    sb_json_str(&b, rid);
+    sb_str(&b, "}");
+    if (b.err) {
+        pd_free(b.p);
+        return NULL;
+    }
+    return b.p;
+}

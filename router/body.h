@@ -1,0 +1,50 @@
+/*
+ * body.h — what the router adds to a generation body before sending it to a prefill and a decode
+ * worker: bootstrap_host, bootstrap_port, bootstrap_room (fresh, uniform in [0, 2^63)) and, when
+ * the client gave none, rid = the room in decimal, so that the router can later abort the request
+ * on either worker with POST /abort_request {"rid": ...}. With a batch (/generate `text` list or
+ * `input_ids` list of lists, /v1/completions `prompt` list of strings or of token lists) every
+ * field is an array with one entry per prompt. `n` > 1 is refused (PD_EUNSUPPORTED → 400) until
+ * the daemons define how rooms map to parallel samples.
+ *
+ * The client's bytes are kept: the fields are spliced in after the opening brace, so numbers the
+ * router never reads (a 64-bit seed, say) are not rounded through a double. Only when the client
+ * itself sent bootstrap_* fields is the body re-serialised without them (the router owns them).
+ */
+#ifndef PD_ROUTER_BODY_H
+#define PD_ROUTER_BODY_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "router/policy.h"
+
+enum pd_router_route {
+    PD_ROUTER_ROUTE_GENERATE = 0, /* POST /generate */
+    PD_ROUTER_ROUTE_COMPLETIONS,  /* POST /v1/completions */
+    PD_ROUTER_ROUTE_CHAT,         /* POST /v1/chat/completions */
+};
+
+struct pd_router_body_info {
+    int n;           /* prompts in the request: 1, or the batch size */
+    bool batch;      /* the fields went in as arrays */
+    bool stream;     /* "stream": true */
+    bool rid_added;  /* rid came from the router (= room), not the client */
+    uint64_t *rooms; /* [n] owned */
+    char **rids;     /* [n] owned NUL-terminated strings, as sent */
+};
+
+/* Rewrites body (len bytes, any JSON) for the prefill at bootstrap_host:bootstrap_port
+ * (PD_ROUTER_BOOTSTRAP_PORT_NULL → null). *out (*out_len bytes, NUL-terminated) and info are
+ * owned by the caller (pd_free, pd_router_body_info_free). Errors: PD_EINVAL (not a JSON object,
+ * rid of the wrong type or length, empty batch) or PD_EUNSUPPORTED (n > 1), message for a 400. */
+int pd_router_body_rewrite(int route, const char *body, size_t len, const char *bootstrap_host,
+                           int bootstrap_port, struct pd_router_rng *rng, char **out,
+                           size_t *out_len, struct pd_router_body_info *info);
+void pd_router_body_info_free(struct pd_router_body_info *info);
+
+/* {"rid":"..."} for /abort_request; caller pd_frees. NULL on allocation failure. */
+char *pd_router_abort_body(const char *rid);
+
+#endif

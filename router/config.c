@@ -1,0 +1,253 @@
+/*
+ * config.c — pdserve-router's flags: the pre-pass for the repeatable, two-valued --prefill and the
+ * repeatable --decode, then the shared parser for everything else.
+ *
+ * The pre-pass only removes what it understands; anything else reaches pd_flags_parse unchanged,
+ * so unknown flags and stray values get the shared parser's messages. --prefill and --decode are
+ * also registered on the flagset (their destinations are never written: the pre-pass consumed
+ * them) so that --help documents them next to the other flags.
+ */
+#include "router/config.h"
+
+#include "common/alloc.h"
+#include "common/log.h"
+#include "common/status.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+const char *const pd_router_policy_names[] = {"round_robin", "random", "power_of_two",
+                                              "cache_aware", NULL};
+
+int pd_router_url_parse(const char *url, struct pd_router_worker_spec *out) {
+    memset(out, 0, sizeof(*out));
+    static const char scheme[] = "http://";
+    if (strncmp(url, scheme, sizeof(scheme) - 1) != 0)
+        return pd_errorf(PD_EINVAL, "worker URL '%s' must start with http://", url);
+    const char *h = url + sizeof(scheme) - 1;
+    const char *host_end, *rest;
+    const char *host = h;
+    if (*h == '[') { /* [v6]:port */
+        host = h + 1;
+        host_end = strchr(host, ']');
+        if (!host_end)
+            return pd_errorf(PD_EINVAL, "worker URL '%s': unterminated [IPv6 address]", url);
+        rest = host_end + 1;
+    } else {
+        host_end = h + strcspn(h, ":/");
+        rest = host_end;
+    }
+    if (host_end == host)
+        return pd_errorf(PD_EINVAL, "worker URL '%s' has no host", url);
+    long port = 80;
+    if (*rest == ':') {
+        char *end;
+        errno = 0;
+        port = strtol(rest + 1, &end, 10);
+        if (end == rest + 1 || errno || port < 1 || port > 65535)
+            return pd_errorf(PD_EINVAL, "worker URL '%s': port must be 1..65535", url);
+        rest = end;
+    }
+    if (*rest == '/')
+        rest++;
+    if (*rest)
+        return pd_errorf(PD_EINVAL, "worker URL '%s' must be http://host:port with no path", url);
+    size_t url_len = strlen(url);
+    while (url_len > sizeof(scheme) && url[url_len - 1] == '/')
+        url_len--;
+    out->url = pd_strndup(url, url_len);
+    out->host = pd_strndup(host, (size_t)(host_end - host));
+    out->port = (int)port;
+    out->bootstrap_port = PD_ROUTER_BOOTSTRAP_PORT_NULL;
+    if (!out->url || !out->host) {
+        pd_free(out->url);
+        pd_free(out->host);
+        memset(out, 0, sizeof(*out));
+        return pd_errorf(PD_ENOMEM, "copying worker URL");
+    }
+    return PD_OK;
+}
+
+static int add_worker(struct pd_router_worker_spec **list, int *n, const char *url, int bport) {
+    struct pd_router_worker_spec spec;
+    int rc = pd_router_url_parse(url, &spec);
+    if (rc)
+        return rc;
+    spec.bootstrap_port = bport;
+    struct pd_router_worker_spec *grown = pd_realloc(*list, sizeof(spec) * (size_t)(*n + 1));
+    if (!grown) {
+        pd_free(spec.url);
+        pd_free(spec.host);
+        return pd_errorf(PD_ENOMEM, "adding worker %s", url);
+    }
+    grown[*n] = spec;
+    *list = grown;
+    (*n)++;
+    return PD_OK;
+}
+
+/* "8998" → 8998; "none" / "null" → PD_ROUTER_BOOTSTRAP_PORT_NULL. */
+static int parse_bootstrap_port(const char *url, const char *v, int *out) {
+    if (strcmp(v, "none") == 0 || strcmp(v, "null") == 0) {
+        *out = PD_ROUTER_BOOTSTRAP_PORT_NULL;
+        return PD_OK;
+    }
+    char *end;
+    errno = 0;
+    long p = strtol(v, &end, 10);
+    if (end == v || *end || errno || p < 1 || p > 65535)
+        return pd_errorf(PD_EINVAL, "--prefill %s %s: BOOTSTRAP_PORT must be 1..65535 or none", url,
+                         v);
+    *out = (int)p;
+    return PD_OK;
+}
+
+/* Value of "--name=v" or "--name v" at argv[*i]; advances *i past it. NULL when absent. */
+static const char *flag_value(int argc, char **argv, int *i, const char *name, bool *inline_eq) {
+    size_t len = strlen(name);
+    const char *a = argv[*i];
+    *inline_eq = a[len] == '=';
+    if (*inline_eq)
+        return a + len + 1;
+    if (*i + 1 >= argc || strncmp(argv[*i + 1], "--", 2) == 0)
+        return NULL;
+    return argv[++*i];
+}
+
+static bool is_flag(const char *a, const char *name) {
+    size_t len = strlen(name);
+    return strncmp(a, name, len) == 0 && (a[len] == '\0' || a[len] == '=');
+}
+
+static int prepass(struct pd_router_config *cfg, int argc, char **argv, char **rest, int *n_rest) {
+    *n_rest = 0;
+    rest[(*n_rest)++] = argv[0];
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        bool eq;
+        int rc;
+        if (is_flag(a, "--prefill")) {
+            const char *url = flag_value(argc, argv, &i, "--prefill", &eq);
+            if (!url || !*url)
+                return pd_errorf(PD_EINVAL,
+                                 "--prefill needs a URL: --prefill URL [BOOTSTRAP_PORT]");
+            int bport = PD_ROUTER_BOOTSTRAP_PORT_NULL;
+            /* the optional second value: whatever follows that is not a flag */
+            if (!eq && i + 1 < argc && strncmp(argv[i + 1], "--", 2) != 0) {
+                rc = parse_bootstrap_port(url, argv[++i], &bport);
+                if (rc)
+                    return rc;
+            }
+            rc = add_worker(&cfg->prefill, &cfg->n_prefill, url, bport);
+            if (rc)
+                return pd_error_wrap(rc, "--prefill");
+        } else if (is_flag(a, "--decode")) {
+            const char *url = flag_value(argc, argv, &i, "--decode", &eq);
+            if (!url || !*url)
+                return pd_errorf(PD_EINVAL, "--decode needs a URL: --decode URL");
+            rc = add_worker(&cfg->decode, &cfg->n_decode, url, PD_ROUTER_BOOTSTRAP_PORT_NULL);
+            if (rc)
+                return pd_error_wrap(rc, "--decode");
+        } else {
+            rest[(*n_rest)++] = argv[i];
+        }
+    }
+    rest[*n_rest] = NULL;
+    return PD_OK;
+}
+
+static void register_flags(struct pd_router_config *cfg) {
+    static const char *doc_only; /* --prefill/--decode are consumed by the pre-pass */
+    struct pd_flagset *fs = &cfg->fs;
+    pd_flagset_init(fs, "pdserve-router",
+                    "Routes each generation request to one prefill and one decode worker "
+                    "(prefill/decode disaggregation, the sglang-router protocol): adds "
+                    "bootstrap_host/bootstrap_port/bootstrap_room to the body, sends it to both "
+                    "at once, streams the decode worker's answer back, drains the prefill's. "
+                    "Workers are health-checked; an unreachable one leaves rotation until its "
+                    "/health answers 200 again.");
+    pd_flag_bool(fs, "--pd-disaggregation", &cfg->pd_disaggregation,
+                 "prefill/decode disaggregated routing (the only mode; accepted for "
+                 "sglang-router compatibility)");
+    pd_flag_string(fs, "--prefill", &doc_only, "URL [BOOTSTRAP_PORT]",
+                   "a prefill worker, e.g. http://10.0.0.1:30000 8998; repeatable; "
+                   "BOOTSTRAP_PORT 'none' or absent = null in the body (the worker's default, "
+                   "8998)");
+    pd_flag_string(fs, "--decode", &doc_only, "URL",
+                   "a decode worker, e.g. http://10.0.0.2:30000; repeatable");
+    pd_flag_choice(fs, "--policy", &cfg->policy, pd_router_policy_names,
+                   "how to pick the prefill worker; decode is always least load. cache_aware "
+                   "runs power_of_two for now");
+    pd_flag_string(fs, "--host", &cfg->host, "HOST", "address to listen on");
+    pd_flag_int(fs, "--port", &cfg->port, "PORT", 0, 65535,
+                "port to listen on; 0 = any free port (the log line says which)");
+    pd_flag_string(fs, "--api-key", &cfg->api_key, "KEY",
+                   "require 'Authorization: Bearer KEY' from clients (not on /health); the "
+                   "header is forwarded to the workers");
+    pd_flag_int(fs, "--request-timeout-secs", &cfg->request_timeout_secs, "S", 1, 86400 * 7,
+                "whole-request deadline for each upstream request");
+    pd_flag_int(fs, "--max-concurrent-requests", &cfg->max_concurrent_requests, "N", 0, 1e7,
+                "generation requests in flight before 429; 0 = unlimited");
+    pd_flag_double(fs, "--health-check-interval-secs", &cfg->health_check_interval_secs, "S", 0.05,
+                   3600, "period of the /health and /get_load polls of every worker");
+    pd_flag_log_level(fs, &cfg->log_level);
+}
+
+int pd_router_config_parse(struct pd_router_config *cfg, int argc, char **argv) {
+    memset(cfg, 0, sizeof(*cfg));
+    cfg->policy = PD_ROUTER_POLICY_ROUND_ROBIN;
+    cfg->host = "127.0.0.1";
+    cfg->port = 30000;
+    cfg->request_timeout_secs = 1800;
+    cfg->max_concurrent_requests = 256;
+    cfg->health_check_interval_secs = 5;
+    cfg->log_level = PD_LOG_INFO;
+    register_flags(cfg);
+
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+            cfg->help = true;
+            cfg->fs.help = true;
+            return PD_OK;
+        }
+    }
+    char **rest = pd_calloc((size_t)argc + 1, sizeof(char *));
+    if (!rest)
+        return pd_errorf(PD_ENOMEM, "parsing the command line");
+    int n_rest = 0;
+    int rc = prepass(cfg, argc, argv, rest, &n_rest);
+    if (rc == PD_OK)
+        rc = pd_flags_parse(&cfg->fs, n_rest, rest);
+    pd_free(rest);
+    if (rc)
+        return rc;
+    if (cfg->n_prefill == 0)
+        return pd_errorf(PD_EINVAL, "at least one --prefill URL [BOOTSTRAP_PORT] is required");
+    if (cfg->n_decode == 0)
+        return pd_errorf(PD_EINVAL, "at least one --decode URL is required");
+    if (cfg->api_key && !*cfg->api_key)
+        cfg->api_key = NULL;
+    return PD_OK;
+}
+
+void pd_router_config_usage(const struct pd_router_config *cfg, FILE *out) {
+    pd_flags_usage(&cfg->fs, out);
+}
+
+void pd_router_config_free(struct pd_router_config *cfg) {
+    if (!cfg)
+        return;
+    for (int i = 0; i < cfg->n_prefill; i++) {
+        pd_free(cfg->prefill[i].url);
+        pd_free(cfg->prefill[i].host);
+    }
+    for (int i = 0; i < cfg->n_decode; i++) {
+        pd_free(cfg->decode[i].url);
+        pd_free(cfg->decode[i].host);
+    }
+    pd_free(cfg->prefill);
+    pd_free(cfg->decode);
+    cfg->prefill = cfg->decode = NULL;
+    cfg->n_prefill = cfg->n_decode = 0;
+}

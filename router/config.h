@@ -1,0 +1,64 @@
+/*
+ * config.h — pdserve-router's command line: the sglang-router flag shape
+ * (`--pd-disaggregation --prefill URL [BOOTSTRAP_PORT] --decode URL --policy ...`).
+ *
+ * --prefill takes an optional second positional value and both --prefill and --decode repeat,
+ * which the shared parser (common/flags.h, one value per flag, each flag once) does not do; a
+ * pre-pass here lifts them out of argv and hands the rest to pd_flags_parse. Worker URLs are
+ * parsed once here (scheme, host, port) so the request path never re-parses them.
+ * Strings point into argv or into the config's own copies; pd_router_config_free releases them.
+ */
+#ifndef PD_ROUTER_CONFIG_H
+#define PD_ROUTER_CONFIG_H
+
+#include <stdbool.h>
+#include <stdio.h>
+
+#include "common/flags.h"
+
+enum pd_router_policy {
+    PD_ROUTER_POLICY_ROUND_ROBIN = 0,
+    PD_ROUTER_POLICY_RANDOM = 1,
+    PD_ROUTER_POLICY_POWER_OF_TWO = 2,
+    PD_ROUTER_POLICY_CACHE_AWARE = 3, /* accepted; runs power_of_two (logged at start) */
+};
+extern const char *const pd_router_policy_names[]; /* NULL-terminated, enum order */
+
+#define PD_ROUTER_BOOTSTRAP_PORT_DEFAULT 8998
+#define PD_ROUTER_BOOTSTRAP_PORT_NULL (-1) /* "none": the body carries null = the default */
+
+struct pd_router_worker_spec {
+    char *url;          /* "http://host:port", no trailing slash; owned */
+    char *host;         /* "host" without brackets; owned */
+    int port;           /* HTTP port */
+    int bootstrap_port; /* prefill only; PD_ROUTER_BOOTSTRAP_PORT_NULL when not given */
+};
+
+struct pd_router_config {
+    struct pd_router_worker_spec *prefill; /* [n_prefill] owned */
+    int n_prefill;
+    struct pd_router_worker_spec *decode; /* [n_decode] owned */
+    int n_decode;
+    bool pd_disaggregation;
+    int policy; /* enum pd_router_policy */
+    const char *host;
+    int port;
+    const char *api_key; /* NULL = no check */
+    int request_timeout_secs;
+    int max_concurrent_requests;
+    double health_check_interval_secs; /* /health and /get_load poll period */
+    int log_level;
+    bool help; /* --help given: print pd_router_config_usage, exit 0 */
+    struct pd_flagset fs;
+};
+
+/* Parses argv into cfg (initialised here). PD_OK, or PD_EINVAL with pd_error_msg() saying which
+ * argument is wrong. On --help returns PD_OK with cfg->help set and checks nothing else. */
+int pd_router_config_parse(struct pd_router_config *cfg, int argc, char **argv);
+void pd_router_config_usage(const struct pd_router_config *cfg, FILE *out);
+void pd_router_config_free(struct pd_router_config *cfg);
+
+/* "http://host:port[/]" → spec fields (url, host, port). Only http:// is accepted. */
+int pd_router_url_parse(const char *url, struct pd_router_worker_spec *out);
+
+#endif

@@ -1,0 +1,154 @@
+/*
+ * policy.c — prefill/decode selection and the room generator (see policy.h). Pure functions over
+ * caller-owned state; the only system call is getrandom(2) in pd_router_rng_seed.
+ */
+#include "router/policy.h"
+#include "router/config.h"
+
+#include "common/status.h"
+
+#include <errno.h>
+#include <sys/random.h>
+
+static uint64_t rotl(uint64_t x, int k) {
+    return (x << k) | (x >> (64 - k));
+}
+
+uint64_t pd_router_rng_next(struct pd_router_rng *r) {
+    uint64_t *s = r->s;
+    uint64_t result = rotl(s[1] * 5, 7) * 9;
+    uint64_t t = s[1] << 17;
+    s[2] ^= s[0];
+    s[3] ^= s[1];
+    s[1] ^= s[2];
+    s[0] ^= s[3];
+    s[2] ^= t;
+    s[3] = rotl(s[3], 45);
+    return result;
+}
+
+static uint64_t splitmix64(uint64_t *x) {
+    uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+void pd_router_rng_seed_with(struct pd_router_rng *r, uint64_t seed) {
+    for (int i = 0; i < 4; i++)
+        r->s[i] = splitmix64(&seed);
+}
+
+int pd_router_rng_seed(struct pd_router_rng *r) {
+    uint64_t seed[4];
+    size_t got = 0;
+    while (got < sizeof(seed)) {
+        ssize_t n = getrandom((char *)seed + got, sizeof(seed) - got, 0);
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            return pd_errorf(pd_status_from_errno(errno), "seeding the room generator: getrandom");
+        }
+        got += (size_t)n;
+    }
+    /* an all-zero state is xoshiro's one fixed point */
+    if ((seed[0] | seed[1] | seed[2] | seed[3]) == 0)
+        seed[0] = 1;
+    for (int i = 0; i < 4; i++)
+        r->s[i] = seed[i];
+    return PD_OK;
+}
+
+uint64_t pd_router_rng_below(struct pd_router_rng *r, uint64_t n) {
+    PD_ASSERT(n > 0);
+    uint64_t limit = UINT64_MAX - UINT64_MAX % n; /* reject the short last bucket */
+    uint64_t x;
+    do {
+        x = pd_router_rng_next(r);
+    } while (x >= limit);
+    return x % n;
+}
+
+uint64_t pd_router_rng_room(struct pd_router_rng *r) {
+    return pd_router_rng_next(r) >> 1;
+}
+
+int64_t pd_router_load_effective(const struct pd_router_load *l) {
+    return l->polled > l->inflight ? l->polled : l->inflight;
+}
+
+static bool eligible(const struct pd_router_load *w, int i, int exclude) {
+    return i != exclude && w[i].healthy;
+}
+
+static int pick_round_robin(const struct pd_router_load *w, int n, int exclude, uint64_t *cursor) {
+    for (int k = 0; k < n; k++) {
+        int i = (int)((*cursor + (uint64_t)k) % (uint64_t)n);
+        if (eligible(w, i, exclude)) {
+            *cursor = (uint64_t)i + 1;
+            return i;
+        }
+    }
+    return -1;
+}
+
+int pd_router_pick(int policy, const struct pd_router_load *w, int n, int exclude,
+                   uint64_t *rr_cursor, struct pd_router_rng *rng) {
+    int cand[2];
+    int n_ok = 0;
+    for (int i = 0; i < n; i++)
+        n_ok += eligible(w, i, exclude);
+    if (n_ok == 0)
+        return -1;
+    switch (policy) {
+    case PD_ROUTER_POLICY_ROUND_ROBIN: return pick_round_robin(w, n, exclude, rr_cursor);
+    case PD_ROUTER_POLICY_RANDOM:
+    case PD_ROUTER_POLICY_POWER_OF_TWO:
+    case PD_ROUTER_POLICY_CACHE_AWARE: {
+        /* draw among the eligible ones: the k-th eligible index */
+        int draws = policy == PD_ROUTER_POLICY_RANDOM || n_ok == 1 ? 1 : 2;
+        uint64_t first = pd_router_rng_below(rng, (uint64_t)n_ok);
+        uint64_t second = draws == 2 ? pd_router_rng_below(rng, (uint64_t)n_ok - 1) : 0;
+        if (draws == 2 && second >= first)
+            second++; /* distinct from the first */
+        uint64_t want[2] = {first, second};
+        for (int d = 0; d < draws; d++) {
+            uint64_t k = 0;
+            for (int i = 0; i < n; i++) {
+                if (!eligible(w, i, exclude))
+                    continue;
+                if (k++ == want[d]) {
+                    cand[d] = i;
+                    break;
+                }
+            }
+        }
+        if (draws == 1)
+            return cand[0];
+        return pd_router_load_effective(&w[cand[1]]) < pd_router_load_effective(&w[cand[0]])
+                   ? cand[1]
+                   : cand[0];
+    }
+    default: PD_ASSERT(!"unknown policy");
+    }
+    return -1;
+}
+
+int pd_router_pick_least_load(const struct pd_router_load *w, int n, int exclude,
+                              uint64_t *rr_cursor) {
+    int best = -1;
+    int64_t best_load = 0;
+    for (int k = 0; k < n; k++) {
+        int i = (int)((*rr_cursor + (uint64_t)k) % (uint64_t)n);
+        if (!eligible(w, i, exclude))
+            continue;
+        int64_t l = pd_router_load_effective(&w[i]);
+        if (best < 0 || l < best_load) {
+            best = i;
+            best_load = l;
+        }
+    }
+    if (best >= 0)
+        *rr_cursor = (uint64_t)best + 1;
+    return best;
+}

@@ -1,0 +1,358 @@
+#!/usr/bin/env python3
+"""pdserve-router end to end: the real router binary on 127.0.0.1 in front of fake workers
+(tests/integration/fake_worker.py, a test fixture) on ephemeral ports.
+
+Checks what a user or operator would notice: routing and SSE pass-through byte for byte, the
+bootstrap fields identical in the prefill and decode copies, prefill failure -> decode aborted +
+502, client disconnect -> both aborted, unreachable worker -> retried once on another pair and
+out of rotation, health recovery, timeout -> 504, 429 over --max-concurrent-requests, 401 without
+the API key, clean SIGTERM exit without sanitizer reports.
+Usage: test_router.py PDSERVE_ROUTER_BINARY
+"""
+import http.client
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROUTER = sys.argv[1]
+FAILURES = []
+PROCS = []
+
+
+def check(cond, what):
+    if not cond:
+        FAILURES.append(what)
+        print("FAIL: " + what, flush=True)
+    return cond
+
+
+class Fake:
+    def __init__(self, role, port=0):
+        self.role = role
+        self.proc = subprocess.Popen([sys.executable, os.path.join(HERE, "fake_worker.py"),
+                                      "--role", role, "--port", str(port)],
+                                     stdout=subprocess.PIPE, text=True)
+        PROCS.append(self.proc)
+        line = self.proc.stdout.readline()
+        self.port = int(line.split()[1])
+        self.url = "http://127.0.0.1:%d" % self.port
+
+    def call(self, method, path, body=None):
+        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
+        c.request(method, path, body=json.dumps(body) if body is not None else None)
+        r = c.getresponse()
+        data = r.read()
+        c.close()
+        return json.loads(data) if data else None
+
+    def log(self):
+        return self.call("GET", "/_fake/log")
+
+    def config(self, **kw):
+        self.call("POST", "/_fake/config", kw)
+
+    def kill(self):
+        self.proc.kill()
+        self.proc.wait()
+
+
+class Router:
+    def __init__(self, args):
+        self.proc = subprocess.Popen([ROUTER, "--port", "0", "--host", "127.0.0.1"] + args,
+                                     stderr=subprocess.PIPE, text=True)
+        PROCS.append(self.proc)
+        self.lines = []
+        self.port = None
+        ready = threading.Event()
+
+        def pump():
+            for line in self.proc.stderr:
+                self.lines.append(line)
+                m = re.search(r"listening on http://[^:]+:(\d+)", line)
+                if m:
+                    self.port = int(m.group(1))
+                    ready.set()
+            ready.set()
+
+        threading.Thread(target=pump, daemon=True).start()
+        if not ready.wait(10) or not self.port:
+            raise RuntimeError("router did not start:\n" + "".join(self.lines))
+
+    def request(self, method, path, body=None, headers=None, timeout=15):
+        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+        h = {"Content-Type": "application/json"}
+        h.update(headers or {})
+        c.request(method, path, body=json.dumps(body) if isinstance(body, dict) else body,
+                  headers=h)
+        r = c.getresponse()
+        data = r.read()
+        c.close()
+        return r.status, r.getheader("Content-Type") or "", data
+
+    def wait_healthy(self, want=200, timeout=10):
+        end = time.time() + timeout
+        while time.time() < end:
+            if self.request("GET", "/health")[0] == want:
+                return True
+            time.sleep(0.05)
+        return False
+
+    def info(self, headers=None):
+        return json.loads(self.request("GET", "/server_info", headers=headers)[2])
+
+    def stop(self):
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            rc = self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            rc = "hung"
+        time.sleep(0.1)
+        log = "".join(self.lines)
+        if FAILURES or os.environ.get("PD_TEST_VERBOSE"):
+            print("---- router log\n" + log[-6000:], flush=True)
+        check(rc == 0, "router exits 0 on SIGTERM (got %s)" % rc)
+        check("Sanitizer" not in log and "runtime error" not in log,
+              "router stderr free of sanitizer reports:\n" + log[-4000:])
+
+
+def wait_for(pred, timeout=5):
+    end = time.time() + timeout
+    while time.time() < end:
+        if pred():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def bodies(fake, rid):
+    return [r["body"] for r in fake.log()["requests"] if r["body"].get("rid") == rid]
+
+
+def test_routing_and_streaming(router, prefills, decodes):
+    # streamed /generate: the client gets decode's bytes exactly
+    st, ct, data = router.request("POST", "/generate", {"text": "hi", "stream": True,
+                                                        "rid": "s1", "sampling_params": {}})
+    check(st == 200 and ct.startswith("text/event-stream"), "stream: 200 event-stream")
+    sent = [d.log()["sent"].get("s1") for d in decodes]
+    sent = [s for s in sent if s]
+    check(len(sent) == 1 and data.decode() == sent[0],
+          "stream passes through byte-exact: %r vs %r" % (data[:200], sent[:1]))
+    check(data.decode().endswith("data: [DONE]\n\n"), "stream ends with [DONE]")
+    # the same bootstrap fields in both copies
+    pb = [b for p in prefills for b in bodies(p, "s1")]
+    db = [b for d in decodes for b in bodies(d, "s1")]
+    check(len(pb) == 1 and len(db) == 1, "one prefill copy and one decode copy")
+    if pb and db:
+        for k in ("bootstrap_host", "bootstrap_port", "bootstrap_room", "text", "stream"):
+            check(pb[0].get(k) == db[0].get(k), "field %s equal in both copies" % k)
+        check(pb[0]["bootstrap_host"] == "127.0.0.1", "bootstrap_host is the prefill's host")
+        room = pb[0]["bootstrap_room"]
+        check(isinstance(room, int) and 0 <= room < 2 ** 63, "room in [0, 2^63)")
+
+    # no rid from the client: rid = room; round robin spreads over both prefills; ports
+    for i in range(4):
+        st, ct, data = router.request("POST", "/v1/chat/completions", {
+            "messages": [{"role": "user", "content": "q%d" % i}]})
+        check(st == 200 and json.loads(data)["object"] == "chat.completion",
+              "chat non-stream 200: %r" % data[:200])
+    used = [sum(1 for r in p.log()["requests"] if r["path"] == "/v1/chat/completions")
+            for p in prefills]
+    check(used == [2, 2], "round robin over the prefills: %s" % used)
+    for i, p in enumerate(prefills):
+        for r in p.log()["requests"]:
+            b = r["body"]
+            if r["path"] != "/v1/chat/completions":
+                continue
+            check(b["rid"] == str(b["bootstrap_room"]), "rid = room when the client gave none")
+            check(b["bootstrap_port"] == (9001 if i == 0 else None),
+                  "bootstrap_port from --prefill URL [PORT] (%r)" % b["bootstrap_port"])
+            d = [x for dd in decodes for x in bodies(dd, b["rid"])]
+            check(len(d) == 1 and d[0]["bootstrap_room"] == b["bootstrap_room"],
+                  "decode copy has the same room")
+    # batch: arrays
+    st, _, data = router.request("POST", "/generate", {"text": ["a", "b"], "rid": ["b1", "b2"]})
+    pb = [r["body"] for p in prefills for r in p.log()["requests"]
+          if r["body"].get("rid") == ["b1", "b2"]]
+    check(len(pb) == 1 and len(pb[0]["bootstrap_room"]) == 2 and
+          len(set(pb[0]["bootstrap_room"])) == 2, "batch: one room per prompt")
+    st, _, data = router.request("POST", "/generate", {"text": "a", "sampling_params": {"n": 2}})
+    check(st == 400 and b"n > 1" in data, "n > 1 refused with 400")
+    st, _, data = router.request("POST", "/generate", "{not json")
+    check(st == 400 and json.loads(data)["error"]["code"] == 400, "bad JSON: 400 OpenAI error")
+    # pass-through GETs
+    st, _, data = router.request("GET", "/v1/models")
+    check(st == 200 and json.loads(data)["data"][0]["owned_by"] == "sglang", "/v1/models")
+    info = router.info()
+    check(len(info["workers"]) == 4 and info["internal_states"] == [{}], "/server_info")
+    st, _, data = router.request("GET", "/get_load")
+    check(st == 200 and "load" in json.loads(data), "/get_load")
+    st, _, data = router.request("GET", "/nope")
+    check(st == 404, "unknown path: 404")
+
+
+def test_unreachable_retry(router, prefills, decodes):
+    # kill a prefill, then a decode: the router only learns it from the requests themselves
+    # (health interval is long here); each request that hits the dead one is retried once on
+    # another pair. (Two unknown-dead workers at once can still fail a request: one retry.)
+    for victim in (prefills[1], decodes[1]):
+        victim.kill()
+        for i in range(3):
+            rid = "r%d-%d" % (victim.port, i)
+            st, _, data = router.request("POST", "/generate", {"text": rid, "rid": rid})
+            check(st == 200, "%s succeeds despite a dead worker: %d %r" % (rid, st, data[:200]))
+    info = router.info()
+    dead = [w for w in info["workers"] if not w["healthy"]]
+    check(sorted(w["url"] for w in dead) == sorted([prefills[1].url, decodes[1].url]),
+          "dead workers out of rotation: %s" % dead)
+    check(info["num_retried_requests_total"] >= 1, "a retry happened")
+    # the live decode got an abort for the room whose prefill was unreachable
+    aborts = decodes[0].log()["aborts"]
+    reqs = {r["body"]["rid"]: r["body"] for r in prefills[0].log()["requests"]}
+    check(all(a in reqs or a.startswith("r") for a in aborts), "aborts name real rids")
+
+
+def test_failures(router, p, d, auth):
+    h = {"Authorization": "Bearer secret"}
+    # 401
+    st, _, data = router.request("POST", "/generate", {"text": "x"})
+    check(st == 401 and json.loads(data)["error"]["code"] == 401, "no key: 401")
+    st, _, _ = router.request("POST", "/generate", {"text": "x"},
+                              headers={"Authorization": "Bearer wrong"})
+    check(st == 401, "wrong key: 401")
+    check(router.request("GET", "/health")[0] == 200, "/health needs no key")
+    st, _, _ = router.request("POST", "/generate", {"text": "x", "rid": "k1"}, headers=h)
+    check(st == 200, "right key: 200")
+    check(any(r["auth"] == "Bearer secret" for r in d.log()["requests"]),
+          "Authorization forwarded to the workers")
+
+    # prefill failure -> decode aborted, 502
+    d.config(hang=True)
+    p.config(fail=500)
+    st, _, data = router.request("POST", "/generate", {"text": "x", "rid": "pf1"}, headers=h)
+    check(st == 502 and b"prefill" in data, "prefill failure: 502 (%d %r)" % (st, data[:200]))
+    check(wait_for(lambda: "pf1" in d.log()["aborts"]), "prefill failure: decode aborted")
+    p.config(fail=0)
+    d.config(hang=False)
+
+    # client disconnect mid-stream -> both aborted
+    d.config(tokens=200, token_delay_ms=20)
+    s = socket.create_connection(("127.0.0.1", router.port))
+    body = json.dumps({"text": "x", "stream": True, "rid": "cd1"})
+    s.sendall(("POST /generate HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer secret\r\n"
+               "Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+               % (len(body), body)).encode())
+    first = s.recv(4096)
+    check(b"200" in first.split(b"\r\n")[0], "disconnect test: stream started")
+    s.close()
+    check(wait_for(lambda: "cd1" in d.log()["aborts"] and "cd1" in p.log()["aborts"]),
+          "client disconnect: abort on both workers")
+    d.config(tokens=5, token_delay_ms=10)
+
+    # client gone before decode's first byte (decode hangs) -> both aborted too
+    d.config(hang=True)
+    s = socket.create_connection(("127.0.0.1", router.port))
+    body = json.dumps({"text": "x", "stream": True, "rid": "cd2"})
+    s.sendall(("POST /generate HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer secret\r\n"
+               "Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+               % (len(body), body)).encode())
+    wait_for(lambda: any(r["body"].get("rid") == "cd2" for r in d.log()["requests"]))
+    s.close()
+    check(wait_for(lambda: "cd2" in d.log()["aborts"] and "cd2" in p.log()["aborts"]),
+          "client gone before the first byte: abort on both workers")
+    d.config(hang=False)
+
+    # prefill fails after decode's stream started -> SSE error event + [DONE]
+    d.config(tokens=40, token_delay_ms=20)
+    p.config(fail=500, prefill_delay_ms=200)
+    st, ct, data = router.request("POST", "/generate", {"text": "x", "stream": True,
+                                                        "rid": "pf2"}, headers=h)
+    text = data.decode()
+    check(st == 200 and '"error"' in text and text.endswith("data: [DONE]\n\n")
+          and text.count("[DONE]") == 1,
+          "prefill failure mid-stream: SSE error event then [DONE]: %r" % text[-300:])
+    check(wait_for(lambda: "pf2" in d.log()["aborts"]), "mid-stream prefill failure: decode aborted")
+    p.config(fail=0, prefill_delay_ms=0)
+    d.config(tokens=5, token_delay_ms=10)
+
+    # decode error status passes through
+    d.config(fail=503)
+    st, _, data = router.request("POST", "/generate", {"text": "x"}, headers=h)
+    check(st == 503, "decode's own error status reaches the client (%d)" % st)
+    d.config(fail=0)
+
+    # timeout -> 504 and aborts (--request-timeout-secs 2)
+    d.config(hang=True)
+    t0 = time.time()
+    st, _, data = router.request("POST", "/generate", {"text": "x", "rid": "to1"}, headers=h)
+    check(st == 504 and 1.5 < time.time() - t0 < 6, "timeout: 504 after ~2 s (%d)" % st)
+    check(wait_for(lambda: "to1" in d.log()["aborts"]), "timeout: decode aborted")
+
+    # 429 over --max-concurrent-requests 2 (decode still hangs)
+    results = []
+
+    def bg(i):
+        results.append(router.request("POST", "/generate", {"text": "x", "rid": "c%d" % i},
+                                      headers=h)[0])
+
+    ts = [threading.Thread(target=bg, args=(i,)) for i in range(2)]
+    for t in ts:
+        t.start()
+    wait_for(lambda: router.info(h)["num_running_reqs"] == 2)
+    st, _, data = router.request("POST", "/generate", {"text": "x"}, headers=h)
+    check(st == 429 and json.loads(data)["error"]["code"] == 429, "third request: 429")
+    d.config(hang=False)
+    for t in ts:
+        t.join(10)
+    check(results == [200, 200], "the two admitted requests finish: %s" % results)
+
+    # health: decode unhealthy -> out of rotation, router not ready; back on 200
+    d.config(health=503)
+    check(router.wait_healthy(503), "decode /health 503: router /health 503")
+    st, _, data = router.request("POST", "/generate", {"text": "x"}, headers=h)
+    check(st == 503 and b"no healthy decode" in data, "no healthy decode: 503")
+    d.config(health=200)
+    check(router.wait_healthy(200), "decode /health 200 again: back in rotation")
+    st, _, _ = router.request("POST", "/generate", {"text": "x"}, headers=h)
+    check(st == 200, "serving again after recovery")
+
+
+def main():
+    t0 = time.time()
+    try:
+        prefills = [Fake("prefill"), Fake("prefill")]
+        decodes = [Fake("decode"), Fake("decode")]
+        r1 = Router(["--pd-disaggregation", "--prefill", prefills[0].url, "9001", "--prefill",
+                     prefills[1].url, "--decode", decodes[0].url, "--decode", decodes[1].url,
+                     "--policy", "round_robin", "--health-check-interval-secs", "3600"])
+        check(r1.wait_healthy(), "router 1 healthy")
+        test_routing_and_streaming(r1, prefills, decodes)
+        test_unreachable_retry(r1, prefills, decodes)
+        r1.stop()
+
+        p, d = Fake("prefill"), Fake("decode")
+        r2 = Router(["--prefill", p.url, "--decode", d.url, "--api-key", "secret",
+                     "--request-timeout-secs", "2", "--max-concurrent-requests", "2",
+                     "--health-check-interval-secs", "0.1", "--policy", "cache_aware"])
+        check(r2.wait_healthy(), "router 2 healthy")
+        test_failures(r2, p, d, "secret")
+        r2.stop()
+    finally:
+        for proc in PROCS:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    print("%s: %d failures in %.1f s" % (os.path.basename(__file__), len(FAILURES),
+                                           time.time() - t0))
+    return 1 if FAILURES else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

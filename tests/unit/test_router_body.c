@@ -1,0 +1,192 @@
+/* The bootstrap rewrite of generation bodies: the three fields and rid are added with the
+ * prefill's host and port, rooms in [0, 2^63) printed exactly, arrays for batches, the client's
+ * bytes kept, the client's own bootstrap fields replaced, its rid kept, bad bodies refused. */
+#include "pd_test.h"
+
+#include "common/alloc.h"
+#include "router/body.h"
+#include "router/config.h"
+
+#include <cjson/cJSON.h>
+#include <inttypes.h>
+
+static struct pd_router_rng rng;
+
+static cJSON *rewrite(int route, const char *body, const char *host, int port,
+                      struct pd_router_body_info *info, char **text) {
+    size_t len = 0;
+    int rc = pd_router_body_rewrite(route, body, strlen(body), host, port, &rng, text, &len, info);
+    CHECK_OK(rc);
+    if (rc)
+        return NULL;
+    CHECK_INT(len, strlen(*text));
+    cJSON *j = cJSON_Parse(*text);
+    CHECK(j != NULL);
+    return j;
+}
+
+/* The room printed in text must be exactly `room` (no double rounding). */
+static void check_room_text(const char *text, uint64_t room) {
+    char want[64];
+    snprintf(want, sizeof(want), "\"bootstrap_room\":%" PRIu64, room);
+    CHECK(strstr(text, want) != NULL);
+}
+
+static void test_single(void) {
+    struct pd_router_body_info info;
+    char *text;
+    const char *body = " {\"text\":\"hi\",\"seed\":18446744073709551615,\"stream\":true}";
+    cJSON *j = rewrite(PD_ROUTER_ROUTE_GENERATE, body, "10.0.0.1", 9000, &info, &text);
+    CHECK_INT(info.n, 1);
+    CHECK(!info.batch);
+    CHECK(info.stream);
+    CHECK(info.rid_added);
+    CHECK(info.rooms[0] < (UINT64_C(1) << 63));
+    CHECK_STR(cJSON_GetObjectItem(j, "bootstrap_host")->valuestring, "10.0.0.1");
+    CHECK_INT(cJSON_GetObjectItem(j, "bootstrap_port")->valueint, 9000);
+    char room[24];
+    snprintf(room, sizeof(room), "%" PRIu64, info.rooms[0]);
+    CHECK_STR(cJSON_GetObjectItem(j, "rid")->valuestring, room);
+    CHECK_STR(info.rids[0], room);
+    check_room_text(text, info.rooms[0]);
+    CHECK(strstr(text, "\"seed\":18446744073709551615") != NULL); /* client bytes kept */
+    CHECK_STR(cJSON_GetObjectItem(j, "text")->valuestring, "hi");
+    cJSON_Delete(j);
+    pd_free(text);
+    pd_router_body_info_free(&info);
+}
+
+static void test_null_port_rid_kept_empty_object(void) {
+    struct pd_router_body_info info;
+    char *text;
+    cJSON *j = rewrite(PD_ROUTER_ROUTE_CHAT,
+                       "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"rid\":\"mine\"}",
+                       "pf", PD_ROUTER_BOOTSTRAP_PORT_NULL, &info, &text);
+    CHECK(cJSON_IsNull(cJSON_GetObjectItem(j, "bootstrap_port")));
+    CHECK(!info.rid_added);
+    CHECK_STR(info.rids[0], "mine");
+    CHECK_STR(cJSON_GetObjectItem(j, "rid")->valuestring, "mine");
+    CHECK(!info.stream);
+    cJSON_Delete(j);
+    pd_free(text);
+    pd_router_body_info_free(&info);
+
+    j = rewrite(PD_ROUTER_ROUTE_COMPLETIONS, "{}", "h\"q", 1, &info, &text);
+    CHECK_STR(cJSON_GetObjectItem(j, "bootstrap_host")->valuestring, "h\"q"); /* escaped */
+    CHECK_INT(cJSON_GetArraySize(j), 4);
+    cJSON_Delete(j);
+    pd_free(text);
+    pd_router_body_info_free(&info);
+}
+
+static void test_batches(void) {
+    static const struct {
+        int route;
+        const char *body;
+        int n;
+    } cases[] = {
+        {PD_ROUTER_ROUTE_GENERATE, "{\"text\":[\"a\",\"b\",\"c\"]}", 3},
+        {PD_ROUTER_ROUTE_GENERATE, "{\"input_ids\":[[1,2],[3]]}", 2},
+        {PD_ROUTER_ROUTE_GENERATE, "{\"input_ids\":[1,2,3]}", 1},
+        {PD_ROUTER_ROUTE_COMPLETIONS, "{\"prompt\":[\"a\",\"b\"]}", 2},
+        {PD_ROUTER_ROUTE_COMPLETIONS, "{\"prompt\":[[1],[2],[3],[4]]}", 4},
+        {PD_ROUTER_ROUTE_COMPLETIONS, "{\"prompt\":[1,2]}", 1},
+        {PD_ROUTER_ROUTE_COMPLETIONS, "{\"prompt\":\"a\"}", 1},
+    };
+    for (size_t c = 0; c < PD_ARRAY_LEN(cases); c++) {
+        struct pd_router_body_info info;
+        char *text;
+        cJSON *j = rewrite(cases[c].route, cases[c].body, "h", 8998, &info, &text);
+        CHECK_INT(info.n, cases[c].n);
+        CHECK(info.batch == (cases[c].n > 1));
+        cJSON *rooms = cJSON_GetObjectItem(j, "bootstrap_room");
+        if (info.batch) {
+            CHECK_INT(cJSON_GetArraySize(rooms), info.n);
+            CHECK_INT(cJSON_GetArraySize(cJSON_GetObjectItem(j, "bootstrap_host")), info.n);
+            CHECK_INT(cJSON_GetArraySize(cJSON_GetObjectItem(j, "bootstrap_port")), info.n);
+            CHECK_INT(cJSON_GetArraySize(cJSON_GetObjectItem(j, "rid")), info.n);
+            for (int i = 0; i < info.n; i++) {
+                char want[24];
+                snprintf(want, sizeof(want), "%" PRIu64, info.rooms[i]);
+                CHECK(strstr(text, want) != NULL);
+                CHECK_STR(cJSON_GetArrayItem(cJSON_GetObjectItem(j, "rid"), i)->valuestring, want);
+                for (int k = 0; k < i; k++)
+                    CHECK(info.rooms[k] != info.rooms[i]);
+            }
+        } else {
+            CHECK(cJSON_IsNumber(rooms));
+            check_room_text(text, info.rooms[0]);
+        }
+        cJSON_Delete(j);
+        pd_free(text);
+        pd_router_body_info_free(&info);
+    }
+}
+
+static void test_client_bootstrap_fields_replaced(void) {
+    struct pd_router_body_info info;
+    char *text;
+    cJSON *j = rewrite(PD_ROUTER_ROUTE_GENERATE,
+                       "{\"text\":\"x\",\"bootstrap_room\":5,\"bootstrap_host\":\"evil\"}", "good",
+                       7, &info, &text);
+    CHECK_STR(cJSON_GetObjectItem(j, "bootstrap_host")->valuestring, "good");
+    CHECK(strstr(text, "evil") == NULL);
+    CHECK(strstr(text, "\"bootstrap_room\":5,") == NULL);
+    check_room_text(text, info.rooms[0]);
+    cJSON_Delete(j);
+    pd_free(text);
+    pd_router_body_info_free(&info);
+}
+
+static void test_refusals(void) {
+    struct pd_router_body_info info;
+    char *text;
+    size_t len;
+#define REFUSE(route, body, code, needle)                                                          \
+    CHECK_ERR(pd_router_body_rewrite(route, body, strlen(body), "h", 1, &rng, &text, &len, &info), \
+              code, needle)
+    REFUSE(PD_ROUTER_ROUTE_GENERATE, "{\"text\":", PD_EINVAL, "not valid JSON");
+    REFUSE(PD_ROUTER_ROUTE_GENERATE, "[1]", PD_EINVAL, "JSON object");
+    REFUSE(PD_ROUTER_ROUTE_GENERATE, "{\"text\":\"a\",\"sampling_params\":{\"n\":2}}",
+           PD_EUNSUPPORTED, "n > 1");
+    REFUSE(PD_ROUTER_ROUTE_CHAT, "{\"messages\":[],\"n\":3}", PD_EUNSUPPORTED, "n > 1");
+    REFUSE(PD_ROUTER_ROUTE_GENERATE, "{\"text\":[]}", PD_EINVAL, "empty");
+    REFUSE(PD_ROUTER_ROUTE_GENERATE, "{\"text\":\"a\",\"rid\":5}", PD_EINVAL, "'rid' must be");
+    REFUSE(PD_ROUTER_ROUTE_GENERATE, "{\"text\":[\"a\",\"b\"],\"rid\":[\"x\"]}", PD_EINVAL,
+           "list of 2 strings");
+    CHECK(info.rooms == NULL && info.rids == NULL); /* nothing left to free on failure */
+#undef REFUSE
+}
+
+static void test_alloc_failures_leak_nothing(void) {
+    /* every allocation point fails once; ASan's leak check sees the rest */
+    for (long k = 0; k < 40; k++) {
+        struct pd_router_body_info info;
+        char *text = NULL;
+        size_t len;
+        const char *body = "{\"text\":[\"a\",\"b\"],\"bootstrap_port\":3}";
+        pd_alloc_fail_after(k);
+        int rc = pd_router_body_rewrite(PD_ROUTER_ROUTE_GENERATE, body, strlen(body), "h", 1, &rng,
+                                        &text, &len, &info);
+        pd_alloc_fail_after(-1);
+        CHECK(rc == PD_OK || rc == PD_ENOMEM);
+        pd_free(text);
+        pd_router_body_info_free(&info);
+    }
+}
+
+static void test_abort_body(void) {
+    char *b = pd_router_abort_body("r\"1");
+    CHECK_STR(b, "{\"rid\":\"r\\\"1\"}");
+    pd_free(b);
+}
+
+int main(void) {
+    pd_router_rng_seed_with(&rng, 99);
+    static const struct pd_test_case cases[] = {
+        PD_TEST(test_single),    PD_TEST(test_null_port_rid_kept_empty_object),
+        PD_TEST(test_batches),   PD_TEST(test_client_bootstrap_fields_replaced),
+        PD_TEST(test_refusals),  PD_TEST(test_alloc_failures_leak_nothing),
+        PD_TEST(test_abort_body)};
+    return pd_test_run("unit_router_body", cases, PD_ARRAY_LEN(cases));
+}
