@@ -22,3 +22,7 @@ pkg_check_modules(PROTOBUF_C REQUIRED IMPORTED_TARGET libprotobuf-c)
 pkg_check_modules(LIBUV REQUIRED IMPORTED_TARGET libuv)
 pkg_check_modules(IBVERBS REQUIRED IMPORTED_TARGET libibverbs)
 find_program(PD_PROTOC_C protoc-c REQUIRED)
+# HTTP user plane: h2o (libuv build; pkg-config `libh2o`, not `libh2o-evloop`) on libuv loops.
+pkg_check_modules(H2O REQUIRED IMPORTED_TARGET libh2o)
+# Integration tests drive the HTTP server with a real client (optional: skipped without it).
+pkg_check_modules(CURL IMPORTED_TARGET libcurl)

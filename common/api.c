@@ -1,0 +1,1355 @@
+/*
+ * api.c — request parsing/validation and response rendering for the HTTP user plane (API.md).
+ *
+ * Parsing is two passes over one cJSON tree: the prompt (text / input_ids / prompt / messages),
+ * then the sampling fields, which live in "sampling_params" for /generate and at the top level
+ * for the OpenAI endpoints under OpenAI's names (max_tokens, logprobs, ...). Every check names
+ * the field as the client spelled it. Unknown fields are ignored, as OpenAI and SGLang do.
+ * The whole body is checked for UTF-8 before JSON parsing, so every string that reaches the
+ * tokenizer is valid; cJSON itself refuses lone surrogates in \u escapes.
+ *
+ * Rendering builds a cJSON tree and prints it unformatted; cJSON allocates with malloc, which
+ * pd_free releases, so callers free every rendered body with pd_free.
+ */
+#include "common/api.h"
+
+#include "common/alloc.h"
+#include "common/chat_template.h"
+#include "common/flags.h"
+#include "common/log.h"
+#include "common/status.h"
+
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---------------------------------------------------------------- errors */
+
+int pd_api_error_set(struct pd_api_error *e, int status, const char *type, const char *param,
+                     const char *code, const char *fmt, ...) {
+    e->status = status;
+    snprintf(e->type, sizeof(e->type), "%s", type ? type : "invalid_request_error");
+    snprintf(e->param, sizeof(e->param), "%s", param ? param : "");
+    snprintf(e->code, sizeof(e->code), "%s", code ? code : "");
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e->message, sizeof(e->message), fmt, ap);
+    va_end(ap);
+    return PD_EINVAL;
+}
+
+static int bad(struct pd_api_error *e, const char *param, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static int bad(struct pd_api_error *e, const char *param, const char *fmt, ...) {
+    e->status = 400;
+    snprintf(e->type, sizeof(e->type), "invalid_request_error");
+    snprintf(e->param, sizeof(e->param), "%s", param ? param : "");
+    e->code[0] = '\0';
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e->message, sizeof(e->message), fmt, ap);
+    va_end(ap);
+    return PD_EINVAL;
+}
+
+static int oom(struct pd_api_error *e) {
+    pd_api_error_set(e, 500, "server_error", NULL, NULL, "out of memory parsing the request");
+    return PD_ENOMEM;
+}
+
+static int print_json(cJSON *root, char **out) {
+    *out = NULL;
+    if (!root)
+        return pd_errorf(PD_ENOMEM, "out of memory rendering a response");
+    char *s = cJSON_PrintUnformatted(root);
+    cJSON_Delete(root);
+    if (!s)
+        return pd_errorf(PD_ENOMEM, "out of memory rendering a response");
+    *out = s;
+    return PD_OK;
+}
+
+int pd_api_error_render(const struct pd_api_error *e, char **out) {
+    cJSON *root = cJSON_CreateObject();
+    cJSON *err = cJSON_AddObjectToObject(root, "error");
+    if (!err) {
+        cJSON_Delete(root);
+        return print_json(NULL, out);
+    }
+    cJSON_AddStringToObject(err, "message", e->message);
+    cJSON_AddStringToObject(err, "type", e->type[0] ? e->type : "invalid_request_error");
+    if (e->param[0])
+        cJSON_AddStringToObject(err, "param", e->param);
+    else
+        cJSON_AddNullToObject(err, "param");
+    if (e->code[0])
+        cJSON_AddStringToObject(err, "code", e->code);
+    else
+        cJSON_AddNullToObject(err, "code");
+    return print_json(root, out);
+}
+
+/* ---------------------------------------------------------------- small helpers */
+
+bool pd_api_utf8_valid(const char *str, size_t len, size_t *bad_at) {
+    const unsigned char *s = (const unsigned char *)str;
+    size_t i = 0;
+    while (i < len) {
+        unsigned c = s[i];
+        size_t n;
+        unsigned cp;
+        if (c < 0x80) {
+            i++;
+            continue;
+        } else if (c >= 0xC2 && c <= 0xDF) {
+            n = 1;
+            cp = c & 0x1F;
+        } else if (c >= 0xE0 && c <= 0xEF) {
+            n = 2;
+            cp = c & 0x0F;
+        } else if (c >= 0xF0 && c <= 0xF4) {
+            n = 3;
+            cp = c & 0x07;
+        } else {
+            goto fail;
+        }
+        if (len - i <= n)
+            goto fail;
+        for (size_t k = 1; k <= n; k++) {
+            if ((s[i + k] & 0xC0) != 0x80)
+                goto fail;
+            cp = (cp << 6) | (s[i + k] & 0x3F);
+        }
+        if ((n == 2 && cp < 0x800) || (n == 3 && cp < 0x10000) || cp > 0x10FFFF ||
+            (cp >= 0xD800 && cp <= 0xDFFF))
+            goto fail;
+        i += n + 1;
+    }
+    return true;
+fail:
+    if (bad_at)
+        *bad_at = i;
+    return false;
+}
+
+void pd_api_format_id(char *buf, size_t cap, const char *prefix, uint64_t hi, uint64_t lo) {
+    snprintf(buf, cap, "%s%016llx%016llx", prefix, (unsigned long long)hi, (unsigned long long)lo);
+}
+
+static const char *type_name(const cJSON *v) {
+    if (cJSON_IsString(v))
+        return "a string";
+    if (cJSON_IsNumber(v))
+        return "a number";
+    if (cJSON_IsBool(v))
+        return "a boolean";
+    if (cJSON_IsArray(v))
+        return "a list";
+    if (cJSON_IsObject(v))
+        return "an object";
+    return "null";
+}
+
+/* Field lookups. Each returns PD_OK leaving *dst untouched when the field is absent or null. */
+static int get_bool(const cJSON *obj, const char *key, const char *param, bool *dst,
+                    struct pd_api_error *e) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
+    if (!v || cJSON_IsNull(v))
+        return PD_OK;
+    if (!cJSON_IsBool(v))
+        return bad(e, param, "'%s' must be a boolean, got %s", param, type_name(v));
+    *dst = cJSON_IsTrue(v);
+    return PD_OK;
+}
+
+static bool is_integer(const cJSON *v) {
+    return cJSON_IsNumber(v) && isfinite(v->valuedouble) && v->valuedouble == floor(v->valuedouble);
+}
+
+static int get_int(const cJSON *obj, const char *key, const char *param, double lo, double hi,
+                   int *dst, bool *given, struct pd_api_error *e) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
+    if (!v || cJSON_IsNull(v))
+        return PD_OK;
+    if (!is_integer(v))
+        return bad(e, param, "'%s' must be an integer, got %s", param,
+                   cJSON_IsNumber(v) ? "a fractional number" : type_name(v));
+    if (v->valuedouble < lo || v->valuedouble > hi)
+        return bad(e, param, "'%s' is %.17g: must be in [%.17g, %.17g]", param, v->valuedouble, lo,
+                   hi);
+    *dst = (int)v->valuedouble;
+    if (given)
+        *given = true;
+    return PD_OK;
+}
+
+/* A number in [lo, hi] (lo excluded when lo_open). */
+static int get_float(const cJSON *obj, const char *key, const char *param, double lo, bool lo_open,
+                     double hi, float *dst, struct pd_api_error *e) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
+    if (!v || cJSON_IsNull(v))
+        return PD_OK;
+    if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble))
+        return bad(e, param, "'%s' must be a number, got %s", param, type_name(v));
+    double x = v->valuedouble;
+    if ((lo_open ? !(x > lo) : !(x >= lo)) || !(x <= hi)) {
+        if (isinf(hi))
+            return bad(e, param, "'%s' is %g: must be %s %g", param, x, lo_open ? ">" : ">=", lo);
+        return bad(e, param, "'%s' is %g: must be in %c%g, %g]", param, x, lo_open ? '(' : '[', lo,
+                   hi);
+    }
+    *dst = (float)x;
+    return PD_OK;
+}
+
+static int get_string(const cJSON *obj, const char *key, const char *param, char **dst,
+                      struct pd_api_error *e) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
+    if (!v || cJSON_IsNull(v))
+        return PD_OK;
+    if (!cJSON_IsString(v))
+        return bad(e, param, "'%s' must be a string, got %s", param, type_name(v));
+    char *s = pd_strdup(v->valuestring);
+    if (!s)
+        return oom(e);
+    pd_free(*dst);
+    *dst = s;
+    return PD_OK;
+}
+
+/* The raw text of a top-level member's value in an already-validated JSON object, so integers
+ * beyond 2^53 are read exactly. Keys written with escapes are not recognized. */
+static const char *skip_ws(const char *p, const char *end) {
+    while (p < end && (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r'))
+        p++;
+    return p;
+}
+
+static const char *skip_string(const char *p, const char *end) {
+    for (p++; p < end && *p != '"'; p++)
+        if (*p == '\\')
+            p++;
+    return p < end ? p + 1 : end;
+}
+
+static const char *skip_value(const char *p, const char *end) {
+    if (p < end && *p == '"')
+        return skip_string(p, end);
+    int depth = 0;
+    while (p < end) {
+        char c = *p;
+        if (c == '"') {
+            p = skip_string(p, end);
+            continue;
+        }
+        if (c == '{' || c == '[') {
+            depth++;
+        } else if (c == '}' || c == ']') {
+            if (depth == 0)
+                return p;
+            if (--depth == 0)
+                return p + 1;
+        } else if (depth == 0 && (c == ',' || c == ' ' || c == '\t' || c == '\n' || c == '\r')) {
+            return p;
+        }
+        p++;
+    }
+    return p;
+}
+
+static bool raw_member(const char *body, size_t len, const char *key, const char **val,
+                       size_t *val_len) {
+    const char *p = body, *end = body + len;
+    size_t klen = strlen(key);
+    p = skip_ws(p, end);
+    if (p >= end || *p != '{')
+        return false;
+    p++;
+    for (;;) {
+        p = skip_ws(p, end);
+        if (p >= end || *p != '"')
+            return false;
+        const char *k = p + 1;
+        p = skip_string(p, end);
+        bool match = (size_t)(p - 1 - k) == klen && memcmp(k, key, klen) == 0;
+        p = skip_ws(p, end);
+        if (p >= end || *p != ':')
+            return false;
+        p = skip_ws(p + 1, end);
+        const char *v = p;
+        p = skip_value(p, end);
+        if (match) {
+            *val = v;
+            *val_len = (size_t)(p - v);
+            return true;
+        }
+        p = skip_ws(p, end);
+        if (p >= end || *p != ',')
+            return false;
+        p++;
+    }
+}
+
+/* ---------------------------------------------------------------- prompt */
+
+static int parse_ids(const cJSON *arr, const char *param, int32_t **ids, int *n,
+                     struct pd_api_error *e) {
+    int count = cJSON_GetArraySize(arr);
+    if (count == 0)
+        return bad(e, param, "'%s' must not be empty", param);
+    int32_t *v = pd_malloc((size_t)count * sizeof(int32_t));
+    if (!v)
+        return oom(e);
+    int i = 0;
+    const cJSON *it;
+    cJSON_ArrayForEach(it, arr) {
+        if (!is_integer(it) || it->valuedouble < 0 || it->valuedouble > INT32_MAX) {
+            pd_free(v);
+            return bad(e, param, "'%s'[%d] must be a token id (an integer >= 0), got %s", param, i,
+                       is_integer(it) ? "a negative or too large number" : type_name(it));
+        }
+        v[i++] = (int32_t)it->valuedouble;
+    }
+    *ids = v;
+    *n = count;
+    return PD_OK;
+}
+
+static int set_text(struct pd_api_request *r, const char *s, struct pd_api_error *e) {
+    r->text_len = strlen(s);
+    if (!(r->text = pd_strndup(s, r->text_len)))
+        return oom(e);
+    return PD_OK;
+}
+
+static int batch_unsupported(struct pd_api_error *e, const char *param) {
+    return bad(e, param,
+               "'%s' holds a batch (a list of prompts); batches are not supported: send one "
+               "request per prompt",
+               param);
+}
+
+static int parse_generate_prompt(const cJSON *root, struct pd_api_request *r,
+                                 struct pd_api_error *e) {
+    const cJSON *text = cJSON_GetObjectItemCaseSensitive(root, "text");
+    const cJSON *ids = cJSON_GetObjectItemCaseSensitive(root, "input_ids");
+    if (text && cJSON_IsNull(text))
+        text = NULL;
+    if (ids && cJSON_IsNull(ids))
+        ids = NULL;
+    if (text && ids)
+        return bad(e, "text", "give either 'text' or 'input_ids', not both");
+    if (!text && !ids)
+        return bad(e, "text", "the request needs 'text' or 'input_ids'");
+    if (text) {
+        if (cJSON_IsArray(text))
+            return batch_unsupported(e, "text");
+        if (!cJSON_IsString(text))
+            return bad(e, "text", "'text' must be a string, got %s", type_name(text));
+        return set_text(r, text->valuestring, e);
+    }
+    if (!cJSON_IsArray(ids))
+        return bad(e, "input_ids", "'input_ids' must be a list of token ids, got %s",
+                   type_name(ids));
+    if (cJSON_IsArray(cJSON_GetArrayItem(ids, 0)))
+        return batch_unsupported(e, "input_ids");
+    return parse_ids(ids, "input_ids", &r->input_ids, &r->n_input_ids, e);
+}
+
+static int parse_completion_prompt(const cJSON *root, struct pd_api_request *r,
+                                   struct pd_api_error *e) {
+    const cJSON *p = cJSON_GetObjectItemCaseSensitive(root, "prompt");
+    if (!p || cJSON_IsNull(p))
+        return bad(e, "prompt", "the request needs 'prompt'");
+    if (cJSON_IsString(p))
+        return set_text(r, p->valuestring, e);
+    if (!cJSON_IsArray(p))
+        return bad(e, "prompt", "'prompt' must be a string or a list of token ids, got %s",
+                   type_name(p));
+    const cJSON *first = cJSON_GetArrayItem(p, 0);
+    if (cJSON_IsString(first) || cJSON_IsArray(first))
+        return batch_unsupported(e, "prompt");
+    return parse_ids(p, "prompt", &r->input_ids, &r->n_input_ids, e);
+}
+
+/* Copies messages as [{"role", "content": string}], joining text parts with "\n" (vLLM's
+ * "string" content format); other part types are refused. */
+static int parse_messages(const cJSON *root, struct pd_api_request *r, struct pd_api_error *e) {
+    const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(root, "messages");
+    if (!msgs || cJSON_IsNull(msgs))
+        return bad(e, "messages", "the request needs 'messages'");
+    if (!cJSON_IsArray(msgs))
+        return bad(e, "messages", "'messages' must be a list, got %s", type_name(msgs));
+    if (cJSON_GetArraySize(msgs) == 0)
+        return bad(e, "messages", "'messages' must not be empty");
+    cJSON *out = cJSON_CreateArray();
+    char *joined = NULL;
+    if (!out)
+        return oom(e);
+    int i = 0;
+    const cJSON *m;
+    cJSON_ArrayForEach(m, msgs) {
+        char param[64];
+        snprintf(param, sizeof(param), "messages[%d]", i);
+        if (!cJSON_IsObject(m)) {
+            bad(e, param, "'%s' must be an object, got %s", param, type_name(m));
+            goto fail;
+        }
+        const cJSON *role = cJSON_GetObjectItemCaseSensitive(m, "role");
+        if (!cJSON_IsString(role)) {
+            snprintf(param, sizeof(param), "messages[%d].role", i);
+            bad(e, param, "'%s' must be a string, got %s", param,
+                role ? type_name(role) : "nothing");
+            goto fail;
+        }
+        const cJSON *content = cJSON_GetObjectItemCaseSensitive(m, "content");
+        snprintf(param, sizeof(param), "messages[%d].content", i);
+        const char *text = "";
+        if (cJSON_IsString(content)) {
+            text = content->valuestring;
+        } else if (cJSON_IsArray(content)) {
+            size_t cap = 1, n = 0;
+            const cJSON *part;
+            int k = 0;
+            cJSON_ArrayForEach(part, content) {
+                const cJSON *type = cJSON_GetObjectItemCaseSensitive(part, "type");
+                const cJSON *pt = cJSON_GetObjectItemCaseSensitive(part, "text");
+                if (!cJSON_IsObject(part) || !cJSON_IsString(type)) {
+                    bad(e, param, "'%s'[%d] must be an object with a 'type'", param, k);
+                    goto fail;
+                }
+                if (strcmp(type->valuestring, "text") != 0) {
+                    bad(e, param, "'%s'[%d] has type '%s'; only 'text' parts are supported", param,
+                        k, type->valuestring);
+                    goto fail;
+                }
+                if (!cJSON_IsString(pt)) {
+                    bad(e, param, "'%s'[%d].text must be a string", param, k);
+                    goto fail;
+                }
+                size_t tl = strlen(pt->valuestring);
+                if (pd_array_grow((void **)&joined, &cap, n + tl + 2, 1) != PD_OK) {
+                    oom(e);
+                    goto fail;
+                }
+                if (k > 0)
+                    joined[n++] = '\n';
+                memcpy(joined + n, pt->valuestring, tl);
+                n += tl;
+                joined[n] = '\0';
+                k++;
+            }
+            text = joined ? joined : "";
+        } else if (content && !cJSON_IsNull(content)) {
+            bad(e, param, "'%s' must be a string or a list of text parts, got %s", param,
+                type_name(content));
+            goto fail;
+        }
+        cJSON *o = cJSON_CreateObject();
+        if (!o || !cJSON_AddItemToArray(out, o) ||
+            !cJSON_AddStringToObject(o, "role", role->valuestring) ||
+            !cJSON_AddStringToObject(o, "content", text)) {
+            oom(e);
+            goto fail;
+        }
+        const cJSON *name = cJSON_GetObjectItemCaseSensitive(m, "name");
+        if (cJSON_IsString(name) && !cJSON_AddStringToObject(o, "name", name->valuestring)) {
+            oom(e);
+            goto fail;
+        }
+        pd_free(joined);
+        joined = NULL;
+        i++;
+    }
+    r->messages = out;
+    return PD_OK;
+fail:
+    pd_free(joined);
+    cJSON_Delete(out);
+    return e->status == 500 ? PD_ENOMEM : PD_EINVAL;
+}
+
+/* ---------------------------------------------------------------- sampling */
+
+static int parse_stop(const cJSON *obj, const char *param, struct pd_api_request *r,
+                      struct pd_api_error *e) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, "stop");
+    if (!v || cJSON_IsNull(v))
+        return PD_OK;
+    if (cJSON_IsString(v)) {
+        if (!v->valuestring[0])
+            return PD_OK;
+        if (!(r->stop[0] = pd_strdup(v->valuestring)))
+            return oom(e);
+        r->n_stop = 1;
+        return PD_OK;
+    }
+    if (!cJSON_IsArray(v))
+        return bad(e, param, "'%s' must be a string or a list of strings, got %s", param,
+                   type_name(v));
+    const cJSON *it;
+    cJSON_ArrayForEach(it, v) {
+        if (!cJSON_IsString(it))
+            return bad(e, param, "'%s' must hold strings, got %s", param, type_name(it));
+        if (!it->valuestring[0])
+            continue;
+        if (r->n_stop == PD_API_MAX_STOP)
+            return bad(e, param, "'%s' has more than %d strings", param, PD_API_MAX_STOP);
+        if (!(r->stop[r->n_stop] = pd_strdup(it->valuestring)))
+            return oom(e);
+        r->n_stop++;
+    }
+    return PD_OK;
+}
+
+static int parse_stop_ids(const cJSON *obj, const char *param, struct pd_sampling_params *sp,
+                          struct pd_api_error *e) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, "stop_token_ids");
+    if (!v || cJSON_IsNull(v))
+        return PD_OK;
+    if (!cJSON_IsArray(v))
+        return bad(e, param, "'%s' must be a list of token ids, got %s", param, type_name(v));
+    const cJSON *it;
+    cJSON_ArrayForEach(it, v) {
+        if (!is_integer(it) || it->valuedouble < 0 || it->valuedouble > INT32_MAX)
+            return bad(e, param, "'%s' must hold token ids (integers >= 0)", param);
+        if (sp->n_stop_token_ids == PD_SAMPLING_MAX_STOP_IDS)
+            return bad(e, param, "'%s' has more than %d ids", param, PD_SAMPLING_MAX_STOP_IDS);
+        sp->stop_token_ids[sp->n_stop_token_ids++] = (int32_t)it->valuedouble;
+    }
+    return PD_OK;
+}
+
+/* The sampling fields shared by all three endpoints. obj is sampling_params (generate) or the
+ * body (OpenAI); pfx is prepended to param names ("sampling_params." or ""). */
+static int parse_sampling(const cJSON *obj, const char *pfx, struct pd_api_request *r,
+                          struct pd_api_error *e) {
+    struct pd_sampling_params *sp = &r->sampling;
+    char p[96];
+#define P(name) (snprintf(p, sizeof(p), "%s%s", pfx, name), p)
+    int rc;
+    if ((rc = get_float(obj, "temperature", P("temperature"), 0, false, INFINITY, &sp->temperature,
+                        e)) ||
+        (rc = get_float(obj, "top_p", P("top_p"), 0, true, 1, &sp->top_p, e)) ||
+        (rc = get_float(obj, "min_p", P("min_p"), 0, false, 1, &sp->min_p, e)) ||
+        (rc = get_float(obj, "frequency_penalty", P("frequency_penalty"), -2, false, 2,
+                        &sp->frequency_penalty, e)) ||
+        (rc = get_float(obj, "presence_penalty", P("presence_penalty"), -2, false, 2,
+                        &sp->presence_penalty, e)) ||
+        (rc = get_float(obj, "repetition_penalty", P("repetition_penalty"), 0, true, 2,
+                        &sp->repetition_penalty, e)))
+        return rc;
+    int top_k = sp->top_k;
+    if ((rc = get_int(obj, "top_k", P("top_k"), -1, INT32_MAX, &top_k, NULL, e)))
+        return rc;
+    sp->top_k = top_k < 0 ? 0 : top_k;
+    if ((rc = get_bool(obj, "ignore_eos", P("ignore_eos"), &sp->ignore_eos, e)) ||
+        (rc = get_bool(obj, "skip_special_tokens", P("skip_special_tokens"),
+                       &r->skip_special_tokens, e)) ||
+        (rc = get_bool(obj, "no_stop_trim", P("no_stop_trim"), &r->no_stop_trim, e)) ||
+        (rc = get_int(obj, "min_tokens", P("min_tokens"), 0, INT32_MAX, &r->min_tokens, NULL, e)) ||
+        (rc = parse_stop(obj, P("stop"), r, e)) ||
+        (rc = parse_stop_ids(obj, P("stop_token_ids"), sp, e)))
+        return rc;
+    int n = 1;
+    if ((rc = get_int(obj, "n", P("n"), -INFINITY, INFINITY, &n, NULL, e)))
+        return rc;
+    if (n != 1)
+        return bad(e, P("n"), "'%s' is %d: only n = 1 is supported", p, n);
+    const char *seed_key = r->kind == PD_API_GENERATE ? "sampling_seed" : "seed";
+    const cJSON *seed = cJSON_GetObjectItemCaseSensitive(obj, seed_key);
+    if (seed && !cJSON_IsNull(seed)) {
+        if (!is_integer(seed) || fabs(seed->valuedouble) > 18446744073709551615.0)
+            return bad(e, P(seed_key), "'%s' must be an integer", p);
+        sp->has_seed = true;
+        sp->seed = seed->valuedouble < 0 ? (uint64_t)(int64_t)seed->valuedouble
+                                         : (uint64_t)seed->valuedouble;
+    }
+#undef P
+    return PD_OK;
+}
+
+static int parse_max_tokens(const cJSON *obj, const char *key, const char *param, int min,
+                            struct pd_api_request *r, struct pd_api_error *e) {
+    return get_int(obj, key, param, min, INT32_MAX, &r->sampling.max_new_tokens,
+                   &r->max_tokens_given, e);
+}
+
+static int parse_openai(const cJSON *root, struct pd_api_request *r, struct pd_api_error *e) {
+    int rc;
+    if ((rc = parse_sampling(root, "", r, e)))
+        return rc;
+    if (r->kind == PD_API_CHAT) {
+        if ((rc = parse_max_tokens(root, "max_tokens", "max_tokens", 1, r, e)) ||
+            (rc =
+                 parse_max_tokens(root, "max_completion_tokens", "max_completion_tokens", 1, r, e)))
+            return rc;
+        bool logprobs = false;
+        int top = 0;
+        if ((rc = get_bool(root, "logprobs", "logprobs", &logprobs, e)) ||
+            (rc = get_int(root, "top_logprobs", "top_logprobs", 0, PD_SAMPLING_MAX_LOGPROBS, &top,
+                          NULL, e)))
+            return rc;
+        if (top > 0 && !logprobs)
+            return bad(e, "top_logprobs", "'top_logprobs' needs 'logprobs': true");
+        r->return_logprob = logprobs;
+        r->sampling.n_logprobs = top;
+        if ((rc = get_bool(root, "add_generation_prompt", "add_generation_prompt",
+                           &r->add_generation_prompt, e)))
+            return rc;
+        const cJSON *kw = cJSON_GetObjectItemCaseSensitive(root, "chat_template_kwargs");
+        if (kw && !cJSON_IsNull(kw)) {
+            if (!cJSON_IsObject(kw))
+                return bad(e, "chat_template_kwargs", "'chat_template_kwargs' must be an object");
+            if (!(r->chat_template_kwargs = cJSON_Duplicate(kw, true)))
+                return oom(e);
+        }
+        const cJSON *tools = cJSON_GetObjectItemCaseSensitive(root, "tools");
+        if (cJSON_IsArray(tools) && cJSON_GetArraySize(tools) > 0)
+            return bad(e, "tools", "'tools' (function calling) is not supported");
+    } else {
+        if ((rc = parse_max_tokens(root, "max_tokens", "max_tokens", 1, r, e)))
+            return rc;
+        int lp = -1;
+        if ((rc = get_int(root, "logprobs", "logprobs", 0, PD_SAMPLING_MAX_LOGPROBS, &lp, NULL, e)))
+            return rc;
+        if (lp >= 0) {
+            r->return_logprob = true;
+            r->sampling.n_logprobs = lp;
+        }
+        bool echo = false;
+        if ((rc = get_bool(root, "echo", "echo", &echo, e)))
+            return rc;
+        if (echo)
+            return bad(e, "echo", "'echo' is not supported");
+        const cJSON *suffix = cJSON_GetObjectItemCaseSensitive(root, "suffix");
+        if (cJSON_IsString(suffix) && suffix->valuestring[0])
+            return bad(e, "suffix", "'suffix' is not supported");
+    }
+    int best_of = 1;
+    if ((rc = get_int(root, "best_of", "best_of", -INFINITY, INFINITY, &best_of, NULL, e)))
+        return rc;
+    if (best_of != 1)
+        return bad(e, "best_of", "'best_of' is %d: only 1 is supported", best_of);
+    const cJSON *lb = cJSON_GetObjectItemCaseSensitive(root, "logit_bias");
+    if (lb && !cJSON_IsNull(lb)) {
+        if (!cJSON_IsObject(lb))
+            return bad(e, "logit_bias", "'logit_bias' must be an object, got %s", type_name(lb));
+        if (cJSON_GetArraySize(lb) > 0)
+            return bad(e, "logit_bias", "'logit_bias' is not supported");
+    }
+    bool stream = false;
+    if ((rc = get_bool(root, "stream", "stream", &stream, e)))
+        return rc;
+    r->stream = stream;
+    const cJSON *so = cJSON_GetObjectItemCaseSensitive(root, "stream_options");
+    if (so && !cJSON_IsNull(so)) {
+        if (!cJSON_IsObject(so))
+            return bad(e, "stream_options", "'stream_options' must be an object");
+        if ((rc = get_bool(so, "include_usage", "stream_options.include_usage", &r->include_usage,
+                           e)))
+            return rc;
+    }
+    return get_string(root, "rid", "rid", &r->rid, e);
+}
+
+static int parse_generate(const cJSON *root, struct pd_api_request *r, struct pd_api_error *e) {
+    int rc;
+    const cJSON *sp = cJSON_GetObjectItemCaseSensitive(root, "sampling_params");
+    if (sp && !cJSON_IsNull(sp)) {
+        if (cJSON_IsArray(sp))
+            return batch_unsupported(e, "sampling_params");
+        if (!cJSON_IsObject(sp))
+            return bad(e, "sampling_params", "'sampling_params' must be an object, got %s",
+                       type_name(sp));
+        if ((rc = parse_sampling(sp, "sampling_params.", r, e)) ||
+            (rc =
+                 parse_max_tokens(sp, "max_new_tokens", "sampling_params.max_new_tokens", 0, r, e)))
+            return rc;
+    }
+    if ((rc = get_bool(root, "stream", "stream", &r->stream, e)) ||
+        (rc = get_bool(root, "return_logprob", "return_logprob", &r->return_logprob, e)) ||
+        (rc = get_int(root, "top_logprobs_num", "top_logprobs_num", 0, PD_SAMPLING_MAX_LOGPROBS,
+                      &r->sampling.n_logprobs, NULL, e)) ||
+        (rc = get_int(root, "logprob_start_len", "logprob_start_len", -1, INT32_MAX,
+                      &r->logprob_start_len, NULL, e)))
+        return rc;
+    const cJSON *rid = cJSON_GetObjectItemCaseSensitive(root, "rid");
+    if (cJSON_IsArray(rid))
+        return batch_unsupported(e, "rid");
+    return get_string(root, "rid", "rid", &r->rid, e);
+}
+
+static int parse_bootstrap(const cJSON *root, const char *body, size_t len,
+                           const struct pd_api_config *cfg, struct pd_api_request *r,
+                           struct pd_api_error *e) {
+    int rc;
+    const cJSON *host = cJSON_GetObjectItemCaseSensitive(root, "bootstrap_host");
+    const cJSON *port = cJSON_GetObjectItemCaseSensitive(root, "bootstrap_port");
+    const cJSON *room = cJSON_GetObjectItemCaseSensitive(root, "bootstrap_room");
+    if (cJSON_IsArray(host))
+        return batch_unsupported(e, "bootstrap_host");
+    if (cJSON_IsArray(port))
+        return batch_unsupported(e, "bootstrap_port");
+    if (cJSON_IsArray(room))
+        return batch_unsupported(e, "bootstrap_room");
+    if ((rc = get_string(root, "bootstrap_host", "bootstrap_host", &r->bootstrap_host, e)) ||
+        (rc = get_int(root, "bootstrap_port", "bootstrap_port", 1, 65535, &r->bootstrap_port, NULL,
+                      e)))
+        return rc;
+    if (room && !cJSON_IsNull(room)) {
+        const char *raw;
+        size_t n;
+        if (!cJSON_IsNumber(room) || !raw_member(body, len, "bootstrap_room", &raw, &n))
+            return bad(e, "bootstrap_room", "'bootstrap_room' must be an integer, got %s",
+                       type_name(room));
+        if (n > 0 && raw[0] == '-')
+            return bad(e, "bootstrap_room", "'bootstrap_room' must be in [0, 2^63), got %.*s",
+                       (int)n, raw);
+        uint64_t v = 0;
+        for (size_t i = 0; i < n; i++) {
+            if (raw[i] < '0' || raw[i] > '9')
+                return bad(e, "bootstrap_room", "'bootstrap_room' must be an integer, got %.*s",
+                           (int)n, raw);
+            unsigned d = (unsigned)(raw[i] - '0');
+            if (v > (UINT64_MAX >> 1) / 10 || v * 10 + d > (UINT64_MAX >> 1))
+                return bad(e, "bootstrap_room", "'bootstrap_room' must be in [0, 2^63), got %.*s",
+                           (int)n, raw);
+            v = v * 10 + d;
+        }
+        r->bootstrap_room = v;
+        r->has_bootstrap_room = true;
+    }
+    if (cfg->disaggregated && !r->has_bootstrap_room)
+        return bad(e, "bootstrap_room",
+                   "this server runs disaggregated: the request needs 'bootstrap_room' (and "
+                   "'bootstrap_host', 'bootstrap_port'); send it through the router");
+    return PD_OK;
+}
+
+static int check_model(const cJSON *root, const struct pd_api_config *cfg, struct pd_api_request *r,
+                       struct pd_api_error *e) {
+    int rc = get_string(root, "model", "model", &r->model, e);
+    if (rc || !r->model || !r->model[0] || !cfg->served_model_name)
+        return rc;
+    if (strcmp(r->model, cfg->served_model_name) == 0 ||
+        (cfg->model_path && strcmp(r->model, cfg->model_path) == 0))
+        return PD_OK;
+    pd_api_error_set(e, 404, "invalid_request_error", "model", "model_not_found",
+                     "The model `%s` does not exist. This server serves `%s`.", r->model,
+                     cfg->served_model_name);
+    return PD_EINVAL;
+}
+
+void pd_api_request_free(struct pd_api_request *r) {
+    if (!r)
+        return;
+    pd_free(r->rid);
+    pd_free(r->model);
+    pd_free(r->text);
+    pd_free(r->input_ids);
+    cJSON_Delete(r->messages);
+    cJSON_Delete(r->chat_template_kwargs);
+    for (int i = 0; i < r->n_stop; i++)
+        pd_free(r->stop[i]);
+    pd_free(r->bootstrap_host);
+    memset(r, 0, sizeof(*r));
+}
+
+int pd_api_parse(enum pd_api_kind kind, const char *body, size_t len,
+                 const struct pd_api_config *cfg, struct pd_api_request *r,
+                 struct pd_api_error *e) {
+    memset(r, 0, sizeof(*r));
+    memset(e, 0, sizeof(*e));
+    r->kind = kind;
+    pd_sampling_params_default(&r->sampling);
+    if (kind == PD_API_COMPLETIONS)
+        r->sampling.max_new_tokens = 16; /* OpenAI's and SGLang's default for completions */
+    r->skip_special_tokens = true;
+    r->add_generation_prompt = true;
+    r->logprob_start_len = -1;
+    r->bootstrap_port = PD_API_DEFAULT_BOOTSTRAP_PORT;
+
+    size_t bad_at;
+    if (!pd_api_utf8_valid(body, len, &bad_at))
+        return bad(e, NULL, "the request body is not valid UTF-8 (byte %zu)", bad_at);
+    const char *end = NULL;
+    cJSON *root = cJSON_ParseWithLengthOpts(body, len, &end, false);
+    if (root && skip_ws(end, body + len) != body + len) {
+        cJSON_Delete(root);
+        root = NULL; /* trailing bytes after the value */
+    }
+    if (!root) {
+        size_t at = end && end >= body ? (size_t)(end - body) : 0;
+        return bad(e, NULL, "the request body is not valid JSON (near byte %zu)", at);
+    }
+    int rc;
+    if (!cJSON_IsObject(root)) {
+        rc = bad(e, NULL, "the request body must be a JSON object, got %s", type_name(root));
+        goto fail;
+    }
+    if (kind == PD_API_GENERATE)
+        rc = parse_generate_prompt(root, r, e);
+    else if (kind == PD_API_COMPLETIONS)
+        rc = parse_completion_prompt(root, r, e);
+    else
+        rc = parse_messages(root, r, e);
+    if (rc ||
+        (rc = kind == PD_API_GENERATE ? parse_generate(root, r, e) : parse_openai(root, r, e)))
+        goto fail;
+    if (kind != PD_API_GENERATE && (rc = check_model(root, cfg, r, e)))
+        goto fail;
+    if ((rc = parse_bootstrap(root, body, len, cfg, r, e)))
+        goto fail;
+    if (pd_sampling_params_check(&r->sampling) != PD_OK) {
+        rc = bad(e, NULL, "%s", pd_error_msg());
+        goto fail;
+    }
+    cJSON_Delete(root);
+    return PD_OK;
+fail:
+    cJSON_Delete(root);
+    pd_api_request_free(r);
+    r->kind = kind;
+    return rc;
+}
+
+/* ---------------------------------------------------------------- after tokenizing */
+
+int pd_api_render_chat_prompt(const struct pd_api_request *r, const struct pd_chat_template *t,
+                              const char *bos_token, const char *eos_token, char **out,
+                              size_t *out_len, struct pd_api_error *e) {
+    PD_ASSERT(r->kind == PD_API_CHAT && r->messages);
+    struct pd_chat_args args = {
+        .messages = r->messages,
+        .add_generation_prompt = r->add_generation_prompt,
+        .bos_token = bos_token,
+        .eos_token = eos_token,
+        .extra = r->chat_template_kwargs,
+    };
+    int rc = pd_chat_template_render(t, &args, out, out_len);
+    if (rc == PD_ENOMEM)
+        return oom(e);
+    if (rc)
+        return bad(e, "messages", "the chat template refused the messages: %s", pd_error_msg());
+    return PD_OK;
+}
+
+int pd_api_check_length(struct pd_api_request *r, int n_prompt_tokens, int context_length,
+                        struct pd_api_error *e) {
+    const char *param = r->kind == PD_API_CHAT          ? "messages"
+                        : r->kind == PD_API_COMPLETIONS ? "prompt"
+                        : r->input_ids                  ? "input_ids"
+                                                        : "text";
+    if (n_prompt_tokens <= 0)
+        return bad(e, param, "the prompt is empty");
+    if (context_length <= 0)
+        return PD_OK;
+    if (n_prompt_tokens >= context_length)
+        return pd_api_error_set(e, 400, "invalid_request_error", param, "context_length_exceeded",
+                                "The input (%d tokens) is longer than the model's context length "
+                                "(%d tokens).",
+                                n_prompt_tokens, context_length);
+    if (!r->max_tokens_given && r->kind == PD_API_CHAT) {
+        r->sampling.max_new_tokens = context_length - n_prompt_tokens;
+        return PD_OK;
+    }
+    long long total = (long long)n_prompt_tokens + r->sampling.max_new_tokens;
+    if (total > context_length) {
+        const char *mp =
+            r->kind == PD_API_GENERATE ? "sampling_params.max_new_tokens" : "max_tokens";
+        return pd_api_error_set(e, 400, "invalid_request_error", mp, "context_length_exceeded",
+                                "Requested token count exceeds the model's maximum context length "
+                                "of %d tokens. You requested a total of %lld tokens: %d tokens "
+                                "from the input and %d tokens for the completion. Please reduce "
+                                "the input or the completion to fit within the limit.",
+                                context_length, total, n_prompt_tokens, r->sampling.max_new_tokens);
+    }
+    return PD_OK;
+}
+
+int pd_api_check_token_ids(const struct pd_api_request *r, int32_t vocab, struct pd_api_error *e) {
+    const char *param = r->kind == PD_API_GENERATE ? "input_ids" : "prompt";
+    for (int i = 0; i < r->n_input_ids; i++)
+        if (r->input_ids[i] < 0 || r->input_ids[i] >= vocab)
+            return bad(e, param, "'%s'[%d] = %d is not a token id (vocabulary size %d)", param, i,
+                       r->input_ids[i], vocab);
+    for (int i = 0; i < r->sampling.n_stop_token_ids; i++)
+        if (r->sampling.stop_token_ids[i] >= vocab)
+            return bad(e, "stop_token_ids", "stop token id %d is outside the vocabulary (size %d)",
+                       r->sampling.stop_token_ids[i], vocab);
+    return PD_OK;
+}
+
+/* ---------------------------------------------------------------- responses */
+
+static cJSON *add_text(cJSON *obj, const char *key, const char *s, size_t len) {
+    char small[256];
+    char *tmp = len < sizeof(small) ? small : pd_malloc(len + 1);
+    if (!tmp)
+        return NULL;
+    if (len)
+        memcpy(tmp, s, len);
+    tmp[len] = '\0';
+    cJSON *v = cJSON_AddStringToObject(obj, key, tmp);
+    if (tmp != small)
+        pd_free(tmp);
+    return v;
+}
+
+static const char *finish_str(enum pd_api_finish f) {
+    switch (f) {
+    case PD_API_FINISH_STOP: return "stop";
+    case PD_API_FINISH_LENGTH: return "length";
+    case PD_API_FINISH_ABORT: return "abort";
+    default: return NULL;
+    }
+}
+
+static void add_finish_reason(cJSON *obj, const char *key, enum pd_api_finish f) {
+    const char *s = finish_str(f);
+    if (s)
+        cJSON_AddStringToObject(obj, key, s);
+    else
+        cJSON_AddNullToObject(obj, key);
+}
+
+/* Token text for logprobs; invalid UTF-8 (a token that is half a character) becomes U+FFFD so
+ * the JSON stays valid; raw bytes go to *raw (for chat's "bytes"). */
+struct tok_text {
+    char raw[256];
+    size_t raw_len;
+    char text[256 * 3 + 1];
+};
+
+static void token_text(const struct pd_api_result *res, int32_t id, struct tok_text *t) {
+    t->raw_len = 0;
+    if (res->token_text) {
+        size_t n = res->token_text(res->token_text_ud, id, t->raw, sizeof(t->raw));
+        t->raw_len = n < sizeof(t->raw) ? n : sizeof(t->raw);
+    } else {
+        t->raw_len = (size_t)snprintf(t->raw, sizeof(t->raw), "<%d>", (int)id);
+    }
+    size_t o = 0, i = 0;
+    while (i < t->raw_len) {
+        size_t badpos;
+        if (pd_api_utf8_valid(t->raw + i, t->raw_len - i, &badpos)) {
+            memcpy(t->text + o, t->raw + i, t->raw_len - i);
+            o += t->raw_len - i;
+            break;
+        }
+        memcpy(t->text + o, t->raw + i, badpos);
+        o += badpos;
+        memcpy(t->text + o, "\xEF\xBF\xBD", 3);
+        o += 3;
+        i += badpos + 1;
+    }
+    t->text[o] = '\0';
+}
+
+static cJSON *usage_json(const struct pd_api_result *res) {
+    cJSON *u = cJSON_CreateObject();
+    if (!u)
+        return NULL;
+    cJSON_AddNumberToObject(u, "prompt_tokens", res->prompt_tokens);
+    cJSON_AddNumberToObject(u, "completion_tokens", res->completion_tokens);
+    cJSON_AddNumberToObject(u, "total_tokens", res->prompt_tokens + res->completion_tokens);
+    cJSON *d = cJSON_AddObjectToObject(u, "prompt_tokens_details");
+    if (d)
+        cJSON_AddNumberToObject(d, "cached_tokens", res->cached_tokens);
+    return u;
+}
+
+/* SGLang's [logprob, token_id, null] triples. */
+static cJSON *sglang_logprobs(const struct pd_api_result *res, bool top) {
+    cJSON *arr = cJSON_CreateArray();
+    for (int i = 0; arr && i < res->n_logprobs; i++) {
+        const struct pd_sample *s = &res->logprobs[i];
+        if (!top) {
+            cJSON *t = cJSON_CreateArray();
+            cJSON_AddItemToArray(arr, t);
+            cJSON_AddItemToArray(t, cJSON_CreateNumber(s->logprob));
+            cJSON_AddItemToArray(t, cJSON_CreateNumber(s->token));
+            cJSON_AddItemToArray(t, cJSON_CreateNull());
+            continue;
+        }
+        cJSON *pos = cJSON_CreateArray();
+        cJSON_AddItemToArray(arr, pos);
+        for (int k = 0; k < s->n_top; k++) {
+            cJSON *t = cJSON_CreateArray();
+            cJSON_AddItemToArray(pos, t);
+            cJSON_AddItemToArray(t, cJSON_CreateNumber(s->top_logprobs[k]));
+            cJSON_AddItemToArray(t, cJSON_CreateNumber(s->top_ids[k]));
+            cJSON_AddItemToArray(t, cJSON_CreateNull());
+        }
+    }
+    return arr;
+}
+
+int pd_api_render_generate(const struct pd_api_request *r, const struct pd_api_result *res,
+                           char **out) {
+    cJSON *root = cJSON_CreateObject();
+    if (!root || !add_text(root, "text", res->text ? res->text : "", res->text_len))
+        goto fail;
+    cJSON *ids = cJSON_AddArrayToObject(root, "output_ids");
+    for (int i = 0; ids && i < res->n_output_ids; i++)
+        cJSON_AddItemToArray(ids, cJSON_CreateNumber(res->output_ids[i]));
+    cJSON *mi = cJSON_AddObjectToObject(root, "meta_info");
+    if (!mi)
+        goto fail;
+    cJSON_AddStringToObject(mi, "id", res->id ? res->id : "");
+    if (res->finish == PD_API_FINISH_NONE) {
+        cJSON_AddNullToObject(mi, "finish_reason");
+    } else {
+        cJSON *fr = cJSON_AddObjectToObject(mi, "finish_reason");
+        if (!fr)
+            goto fail;
+        cJSON_AddStringToObject(fr, "type", finish_str(res->finish));
+        if (res->finish == PD_API_FINISH_STOP) {
+            if (res->matched_stop)
+                cJSON_AddStringToObject(fr, "matched", res->matched_stop);
+            else if (res->matched_token >= 0)
+                cJSON_AddNumberToObject(fr, "matched", res->matched_token);
+            else
+                cJSON_AddNullToObject(fr, "matched");
+        } else if (res->finish == PD_API_FINISH_LENGTH) {
+            cJSON_AddNumberToObject(fr, "length", res->completion_tokens);
+        } else {
+            cJSON_AddStringToObject(fr, "message",
+                                    res->abort_message ? res->abort_message : "aborted");
+        }
+    }
+    cJSON_AddNumberToObject(mi, "prompt_tokens", res->prompt_tokens);
+    cJSON_AddNumberToObject(mi, "completion_tokens", res->completion_tokens);
+    cJSON_AddNumberToObject(mi, "cached_tokens", res->cached_tokens);
+    cJSON_AddNumberToObject(mi, "e2e_latency", res->e2e_latency);
+    if (r->return_logprob) {
+        cJSON_AddItemToObject(mi, "output_token_logprobs", sglang_logprobs(res, false));
+        if (r->sampling.n_logprobs > 0)
+            cJSON_AddItemToObject(mi, "output_top_logprobs", sglang_logprobs(res, true));
+    }
+    return print_json(root, out);
+fail:
+    cJSON_Delete(root);
+    return print_json(NULL, out);
+}
+
+/* OpenAI completions logprobs: {tokens, token_logprobs, top_logprobs[{tok: lp}], text_offset} */
+static cJSON *completion_logprobs(const struct pd_api_request *r, const struct pd_api_result *res) {
+    if (!r->return_logprob)
+        return cJSON_CreateNull();
+    cJSON *lp = cJSON_CreateObject();
+    cJSON *toks = cJSON_AddArrayToObject(lp, "tokens");
+    cJSON *tlp = cJSON_AddArrayToObject(lp, "token_logprobs");
+    cJSON *top = cJSON_AddArrayToObject(lp, "top_logprobs");
+    cJSON *off = cJSON_AddArrayToObject(lp, "text_offset");
+    if (!off)
+        return lp;
+    struct tok_text *t = pd_malloc(sizeof(*t));
+    if (!t)
+        return lp;
+    int offset = res->logprob_offset;
+    for (int i = 0; i < res->n_logprobs; i++) {
+        const struct pd_sample *s = &res->logprobs[i];
+        token_text(res, s->token, t);
+        cJSON_AddItemToArray(toks, cJSON_CreateString(t->text));
+        cJSON_AddItemToArray(tlp, cJSON_CreateNumber(s->logprob));
+        cJSON_AddItemToArray(off, cJSON_CreateNumber(offset));
+        offset += (int)t->raw_len;
+        cJSON *m = cJSON_CreateObject();
+        cJSON_AddItemToArray(top, m);
+        for (int k = 0; m && k < s->n_top; k++) {
+            token_text(res, s->top_ids[k], t);
+            cJSON_AddNumberToObject(m, t->text, s->top_logprobs[k]);
+        }
+    }
+    pd_free(t);
+    return lp;
+}
+
+static cJSON *bytes_json(const struct tok_text *t) {
+    cJSON *b = cJSON_CreateArray();
+    for (size_t i = 0; b && i < t->raw_len; i++)
+        cJSON_AddItemToArray(b, cJSON_CreateNumber((unsigned char)t->raw[i]));
+    return b;
+}
+
+/* OpenAI chat logprobs: {content: [{token, logprob, bytes, top_logprobs: [...]}]} */
+static cJSON *chat_logprobs(const struct pd_api_request *r, const struct pd_api_result *res) {
+    if (!r->return_logprob)
+        return cJSON_CreateNull();
+    cJSON *lp = cJSON_CreateObject();
+    cJSON *content = cJSON_AddArrayToObject(lp, "content");
+    struct tok_text *t = content ? pd_malloc(sizeof(*t)) : NULL;
+    if (!t)
+        return lp;
+    for (int i = 0; i < res->n_logprobs; i++) {
+        const struct pd_sample *s = &res->logprobs[i];
+        cJSON *c = cJSON_CreateObject();
+        cJSON_AddItemToArray(content, c);
+        token_text(res, s->token, t);
+        cJSON_AddStringToObject(c, "token", t->text);
+        cJSON_AddNumberToObject(c, "logprob", s->logprob);
+        cJSON_AddItemToObject(c, "bytes", bytes_json(t));
+        cJSON *top = cJSON_AddArrayToObject(c, "top_logprobs");
+        for (int k = 0; top && k < s->n_top && k < r->sampling.n_logprobs; k++) {
+            cJSON *o = cJSON_CreateObject();
+            cJSON_AddItemToArray(top, o);
+            token_text(res, s->top_ids[k], t);
+            cJSON_AddStringToObject(o, "token", t->text);
+            cJSON_AddNumberToObject(o, "logprob", s->top_logprobs[k]);
+            cJSON_AddItemToObject(o, "bytes", bytes_json(t));
+        }
+    }
+    pd_free(t);
+    return lp;
+}
+
+static cJSON *openai_head(const struct pd_api_result *res, const char *object) {
+    cJSON *root = cJSON_CreateObject();
+    if (!root)
+        return NULL;
+    cJSON_AddStringToObject(root, "id", res->id ? res->id : "");
+    cJSON_AddStringToObject(root, "object", object);
+    cJSON_AddNumberToObject(root, "created", (double)res->created);
+    cJSON_AddStringToObject(root, "model", res->model ? res->model : "");
+    return root;
+}
+
+/* OpenAI has no "abort" finish reason; an aborted request that still renders a body says
+ * "stop" (errors travel as error objects, not as choices). */
+static enum pd_api_finish openai_finish(enum pd_api_finish f) {
+    return f == PD_API_FINISH_ABORT ? PD_API_FINISH_STOP : f;
+}
+
+static int render_openai(const struct pd_api_request *r, const struct pd_api_result *res,
+                         bool chunk, bool first, char **out) {
+    bool chat = r->kind == PD_API_CHAT;
+    const char *object =
+        chat ? (chunk ? "chat.completion.chunk" : "chat.completion") : "text_completion";
+    cJSON *root = openai_head(res, object);
+    cJSON *choices = root ? cJSON_AddArrayToObject(root, "choices") : NULL;
+    cJSON *c = cJSON_CreateObject();
+    if (!choices || !c || !cJSON_AddItemToArray(choices, c)) {
+        cJSON_Delete(c);
+        goto fail;
+    }
+    cJSON_AddNumberToObject(c, "index", 0);
+    const char *text = res->text ? res->text : "";
+    if (!chat) {
+        if (!add_text(c, "text", text, res->text_len))
+            goto fail;
+        cJSON_AddItemToObject(c, "logprobs", completion_logprobs(r, res));
+    } else {
+        cJSON *msg = cJSON_AddObjectToObject(c, chunk ? "delta" : "message");
+        if (!msg)
+            goto fail;
+        if (!chunk || first)
+            cJSON_AddStringToObject(msg, "role", "assistant");
+        if (!add_text(msg, "content", text, res->text_len))
+            goto fail;
+        cJSON_AddItemToObject(c, "logprobs", chat_logprobs(r, res));
+    }
+    add_finish_reason(c, "finish_reason", openai_finish(res->finish));
+    if (!chunk) {
+        if (res->finish == PD_API_FINISH_STOP && res->matched_stop)
+            cJSON_AddStringToObject(c, "matched_stop", res->matched_stop);
+        else if (res->finish == PD_API_FINISH_STOP && res->matched_token >= 0)
+            cJSON_AddNumberToObject(c, "matched_stop", res->matched_token);
+        cJSON_AddItemToObject(root, "usage", usage_json(res));
+    } else if (r->include_usage) {
+        cJSON_AddNullToObject(root, "usage");
+    }
+    return print_json(root, out);
+fail:
+    cJSON_Delete(root);
+    return print_json(NULL, out);
+}
+
+int pd_api_render_completion(const struct pd_api_request *r, const struct pd_api_result *res,
+                             char **out) {
+    return render_openai(r, res, false, false, out);
+}
+
+int pd_api_render_chat(const struct pd_api_request *r, const struct pd_api_result *res,
+                       char **out) {
+    return render_openai(r, res, false, false, out);
+}
+
+int pd_api_render_completion_chunk(const struct pd_api_request *r, const struct pd_api_result *res,
+                                   char **out) {
+    return render_openai(r, res, true, false, out);
+}
+
+int pd_api_render_chat_chunk(const struct pd_api_request *r, const struct pd_api_result *res,
+                             bool first, char **out) {
+    return render_openai(r, res, true, first, out);
+}
+
+int pd_api_render_usage_chunk(const struct pd_api_request *r, const struct pd_api_result *res,
+                              char **out) {
+    cJSON *root =
+        openai_head(res, r->kind == PD_API_CHAT ? "chat.completion.chunk" : "text_completion");
+    if (!root || !cJSON_AddArrayToObject(root, "choices")) {
+        cJSON_Delete(root);
+        return print_json(NULL, out);
+    }
+    cJSON_AddItemToObject(root, "usage", usage_json(res));
+    return print_json(root, out);
+}
+
+/* ---------------------------------------------------------------- info endpoints */
+
+int pd_api_render_models(const char *served_model_name, const char *model_path, int64_t created,
+                         int max_model_len, char **out) {
+    cJSON *root = cJSON_CreateObject();
+    cJSON_AddStringToObject(root, "object", "list");
+    cJSON *data = cJSON_AddArrayToObject(root, "data");
+    cJSON *m = cJSON_CreateObject();
+    if (!data || !m || !cJSON_AddItemToArray(data, m)) {
+        cJSON_Delete(m);
+        cJSON_Delete(root);
+        return print_json(NULL, out);
+    }
+    cJSON_AddStringToObject(m, "id", served_model_name);
+    cJSON_AddStringToObject(m, "object", "model");
+    cJSON_AddNumberToObject(m, "created", (double)created);
+    cJSON_AddStringToObject(m, "owned_by", "sglang");
+    cJSON_AddStringToObject(m, "root", model_path ? model_path : served_model_name);
+    cJSON_AddNumberToObject(m, "max_model_len", max_model_len);
+    return print_json(root, out);
+}
+
+static void add_str_or_null(cJSON *o, const char *k, const char *v) {
+    if (v)
+        cJSON_AddStringToObject(o, k, v);
+    else
+        cJSON_AddNullToObject(o, k);
+}
+
+int pd_api_render_server_info(const struct pd_server_args *a, const struct pd_api_runtime_info *rt,
+                              char **out) {
+    cJSON *root = cJSON_CreateObject();
+    if (!root)
+        return print_json(NULL, out);
+    add_str_or_null(root, "model_path", a->model_path);
+    add_str_or_null(root, "tokenizer_path", a->tokenizer_path);
+    add_str_or_null(root, "served_model_name", a->served_model_name);
+    add_str_or_null(root, "host", a->host);
+    cJSON_AddNumberToObject(root, "port", a->port);
+    cJSON_AddNumberToObject(root, "tp_size", a->tp_size);
+    cJSON_AddNumberToObject(root, "dp_size", 1);
+    cJSON_AddStringToObject(root, "disaggregation_mode",
+                            pd_disagg_mode_names[a->disaggregation_mode]);
+    cJSON_AddNumberToObject(root, "disaggregation_bootstrap_port",
+                            a->disaggregation_bootstrap_port);
+    add_str_or_null(root, "disaggregation_ib_device", a->disaggregation_ib_device);
+    cJSON_AddStringToObject(root, "disaggregation_transfer_backend", "ucx");
+    cJSON_AddNumberToObject(root, "context_length",
+                            rt->context_length ? rt->context_length : a->context_length);
+    cJSON_AddNumberToObject(root, "max_total_tokens",
+                            rt->max_total_tokens ? rt->max_total_tokens : a->max_total_tokens);
+    cJSON_AddNumberToObject(root, "max_running_requests", a->max_running_requests);
+    cJSON_AddNumberToObject(root, "max_queued_requests", a->max_queued_requests);
+    cJSON_AddNumberToObject(root, "max_prefill_tokens", a->max_prefill_tokens);
+    cJSON_AddNumberToObject(root, "chunked_prefill_size", a->chunked_prefill_size);
+    cJSON_AddNumberToObject(root, "page_size", a->page_size);
+    cJSON_AddNumberToObject(root, "mem_fraction_static", a->mem_fraction_static);
+    cJSON_AddStringToObject(root, "device", pd_device_names[a->device]);
+    cJSON_AddNumberToObject(root, "threads", a->threads);
+    cJSON_AddStringToObject(root, "log_level", pd_log_level_names[a->log_level]);
+    cJSON_AddBoolToObject(root, "disable_radix_cache", a->disable_prefix_cache);
+    cJSON_AddNumberToObject(root, "random_seed", (double)a->random_seed);
+    add_str_or_null(root, "version", rt->version);
+    add_str_or_null(root, "backend", rt->backend);
+    add_str_or_null(root, "transfer_transport", rt->transport);
+    cJSON *pool = cJSON_AddObjectToObject(root, "kv_pool");
+    if (pool) {
+        cJSON_AddNumberToObject(pool, "num_pages", rt->num_pages);
+        cJSON_AddNumberToObject(pool, "free_pages", rt->free_pages);
+        cJSON_AddNumberToObject(pool, "used_pages", rt->num_pages - rt->free_pages);
+        cJSON_AddNumberToObject(pool, "page_size", a->page_size);
+    }
+    cJSON *states = cJSON_AddArrayToObject(root, "internal_states");
+    cJSON *st = cJSON_CreateObject();
+    if (!states || !st || !cJSON_AddItemToArray(states, st)) {
+        cJSON_Delete(st);
+        cJSON_Delete(root);
+        return print_json(NULL, out);
+    }
+    cJSON_AddNumberToObject(st, "last_gen_throughput", rt->last_gen_throughput);
+    cJSON_AddNumberToObject(st, "num_pages", rt->num_pages);
+    cJSON_AddNumberToObject(st, "free_pages", rt->free_pages);
+    if (rt->extra && cJSON_IsObject(rt->extra)) {
+        const cJSON *it;
+        cJSON_ArrayForEach(it, rt->extra) {
+            cJSON_DeleteItemFromObjectCaseSensitive(root, it->string);
+            cJSON_AddItemToObject(root, it->string, cJSON_Duplicate(it, true));
+        }
+    }
+    return print_json(root, out);
+}
+
+int pd_api_render_model_info(const char *model_path, const char *tokenizer_path,
+                             const char *model_type, const char *const *architectures,
+                             int n_architectures, char **out) {
+    cJSON *root = cJSON_CreateObject();
+    if (!root)
+        return print_json(NULL, out);
+    add_str_or_null(root, "model_path", model_path);
+    add_str_or_null(root, "tokenizer_path", tokenizer_path ? tokenizer_path : model_path);
+    cJSON_AddBoolToObject(root, "is_generation", true);
+    add_str_or_null(root, "model_type", model_type);
+    cJSON *arch = cJSON_AddArrayToObject(root, "architectures");
+    for (int i = 0; arch && i < n_architectures; i++)
+        cJSON_AddItemToArray(arch, cJSON_CreateString(architectures[i]));
+    return print_json(root, out);
+}
+
+int pd_api_render_get_load(int load, char **out) {
+    cJSON *root = cJSON_CreateObject();
+    if (root)
+        cJSON_AddNumberToObject(root, "load", load);
+    return print_json(root, out);
+}
+
+int pd_api_render_loads(const struct pd_api_rank_load *ranks, int n_ranks, const char *timestamp,
+                        char **out) {
+    cJSON *root = cJSON_CreateObject();
+    if (!root)
+        return print_json(NULL, out);
+    add_str_or_null(root, "timestamp", timestamp);
+    cJSON_AddNumberToObject(root, "dp_rank_count", n_ranks);
+    cJSON *loads = cJSON_AddArrayToObject(root, "loads");
+    long long running = 0, waiting = 0;
+    double usage_sum = 0;
+    for (int i = 0; loads && i < n_ranks; i++) {
+        const struct pd_api_rank_load *l = &ranks[i];
+        double usage = l->max_total_num_tokens > 0
+                           ? (double)l->num_used_tokens / (double)l->max_total_num_tokens
+                           : 0.0;
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddItemToArray(loads, o);
+        cJSON_AddNumberToObject(o, "dp_rank", i);
+        cJSON_AddNumberToObject(o, "num_running_reqs", l->num_running_reqs);
+        cJSON_AddNumberToObject(o, "num_waiting_reqs", l->num_waiting_reqs);
+        cJSON_AddNumberToObject(o, "num_total_reqs", l->num_running_reqs + l->num_waiting_reqs);
+        cJSON_AddNumberToObject(o, "num_used_tokens", (double)l->num_used_tokens);
+        cJSON_AddNumberToObject(o, "max_total_num_tokens", (double)l->max_total_num_tokens);
+        cJSON_AddNumberToObject(o, "token_usage", usage);
+        running += l->num_running_reqs;
+        waiting += l->num_waiting_reqs;
+        usage_sum += usage;
+    }
+    cJSON *agg = cJSON_AddObjectToObject(root, "aggregate");
+    if (agg) {
+        cJSON_AddNumberToObject(agg, "total_running_reqs", (double)running);
+        cJSON_AddNumberToObject(agg, "total_waiting_reqs", (double)waiting);
+        cJSON_AddNumberToObject(agg, "total_reqs", (double)(running + waiting));
+        cJSON_AddNumberToObject(agg, "avg_token_usage", n_ranks ? usage_sum / n_ranks : 0.0);
+    }
+    return print_json(root, out);
+}

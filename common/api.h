@@ -1,0 +1,218 @@
+/*
+ * api.h — the JSON side of the HTTP user plane (API.md): request bodies of SGLang /generate,
+ * OpenAI /v1/completions and /v1/chat/completions parsed and validated into one pd_api_request,
+ * and every response body (final JSON, SSE chunk, error object, info endpoints) rendered from
+ * plain structs. Pure functions: no I/O, no clock, no randomness — the daemon passes ids, times
+ * and token texts in — so unit tests pin every field.
+ *
+ * Validation failures fill a pd_api_error (HTTP status, OpenAI type/param/code, a message that
+ * names the field and what is allowed) and return PD_EINVAL; the daemon renders it with
+ * pd_api_error_render. Only a failed allocation returns PD_ENOMEM (and a 500 error).
+ *
+ * Supported: one prompt per request. A batch (text/prompt as a list of strings, input_ids as a
+ * list of lists), n != 1 and a non-empty logit_bias are refused with a 400 that names the field.
+ * bootstrap_room is read exactly from the body text (a double would round ids above 2^53).
+ */
+#ifndef PD_API_H
+#define PD_API_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/sampling.h"
+
+struct pd_chat_template;
+struct pd_server_args;
+
+enum pd_api_kind {
+    PD_API_GENERATE = 0,    /* POST /generate (SGLang native) */
+    PD_API_COMPLETIONS = 1, /* POST /v1/completions */
+    PD_API_CHAT = 2,        /* POST /v1/chat/completions */
+};
+
+#define PD_API_MAX_STOP 16             /* stop strings per request */
+#define PD_API_DEFAULT_BODY (8u << 20) /* bytes: default request body limit */
+#define PD_API_DEFAULT_BOOTSTRAP_PORT 8998
+
+struct pd_api_error {
+    int status;     /* HTTP status: 400, 401, 404, 413, 429, 500, 503 */
+    char type[32];  /* "invalid_request_error", "authentication_error", "server_error", ... */
+    char param[64]; /* offending field; "" renders as null */
+    char code[40];  /* machine code ("model_not_found"); "" renders as null */
+    char message[512];
+};
+
+/* Fills e (status, type, param, code may be NULL) and returns PD_EINVAL. */
+int pd_api_error_set(struct pd_api_error *e, int status, const char *type, const char *param,
+                     const char *code, const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+/* {"error":{"message","type","param","code"}}; heap string, caller pd_free's. */
+int pd_api_error_render(const struct pd_api_error *e, char **out);
+
+/* What the daemon accepts; everything the parser needs to know about the server. */
+struct pd_api_config {
+    const char *served_model_name; /* `model` must equal this (or model_path); NULL: any */
+    const char *model_path;        /* also accepted as a model name; may be NULL */
+    bool disaggregated;            /* prefill/decode mode: bootstrap_room is required */
+    int context_length;            /* tokens; 0 = unknown (no default from it) */
+};
+
+struct pd_api_request {
+    enum pd_api_kind kind;
+    bool stream;
+    bool include_usage; /* stream_options.include_usage (OpenAI streams) */
+    char *rid;          /* SGLang rid / nothing: NULL (heap) */
+    char *model;        /* as sent, NULL when absent (heap) */
+
+    /* The prompt: text (generate text, completions string prompt; chat: NULL — render the
+     * messages with pd_api_render_chat_prompt) or token ids (input_ids, completions [int]). */
+    char *text; /* heap, NUL-terminated; text_len bytes */
+    size_t text_len;
+    int32_t *input_ids; /* heap [n_input_ids]; NULL when the prompt is text */
+    int n_input_ids;
+
+    /* chat only: [{"role": str, "content": str}], content parts already joined (owned). */
+    struct cJSON *messages;
+    struct cJSON *chat_template_kwargs; /* object or NULL (owned) */
+    bool add_generation_prompt;         /* default true */
+
+    struct pd_sampling_params sampling; /* max_new_tokens, temperature, ..., n_logprobs */
+    bool max_tokens_given;              /* false: chat defaults to the rest of the context */
+    char *stop[PD_API_MAX_STOP];        /* heap strings */
+    int n_stop;
+    int min_tokens;           /* EOS/stop ignored before this many tokens */
+    bool skip_special_tokens; /* default true */
+    bool no_stop_trim;        /* SGLang: keep the matched stop string in the text */
+
+    bool return_logprob; /* generate return_logprob, completions logprobs != null, chat logprobs */
+    int logprob_start_len; /* generate; -1 = none of the prompt */
+
+    char *bootstrap_host; /* heap or NULL */
+    int bootstrap_port;   /* PD_API_DEFAULT_BOOTSTRAP_PORT when absent or null */
+    bool has_bootstrap_room;
+    uint64_t bootstrap_room; /* [0, 2^63) */
+};
+
+/* Parses and validates body (len bytes, need not be NUL-terminated) for endpoint kind. On
+ * success *out owns its strings (free with pd_api_request_free); on failure *out is left empty
+ * and e says why (400/404; 500 for PD_ENOMEM). */
+int pd_api_parse(enum pd_api_kind kind, const char *body, size_t len,
+                 const struct pd_api_config *cfg, struct pd_api_request *out,
+                 struct pd_api_error *e);
+void pd_api_request_free(struct pd_api_request *r);
+
+/* Renders a chat request's messages through the model's template (chat_template_kwargs become
+ * template variables). Template errors (raise_exception) are the user's: a 400. *out heap. */
+int pd_api_render_chat_prompt(const struct pd_api_request *r, const struct pd_chat_template *t,
+                              const char *bos_token, const char *eos_token, char **out,
+                              size_t *out_len, struct pd_api_error *e);
+
+/* After tokenizing: refuses a prompt that does not fit the context (the message names both
+ * lengths) or prompt + max_new_tokens beyond it, and sets chat's default max_new_tokens to the
+ * rest of the context. context_length <= 0 skips the checks. */
+int pd_api_check_length(struct pd_api_request *r, int n_prompt_tokens, int context_length,
+                        struct pd_api_error *e);
+/* Every input id and stop token id must be in [0, vocab). */
+int pd_api_check_token_ids(const struct pd_api_request *r, int32_t vocab, struct pd_api_error *e);
+
+/* true when s[0..len) is well-formed UTF-8 (no overlongs, surrogates, > U+10FFFF); else false
+ * and *bad (may be NULL) = offset of the first bad byte. */
+bool pd_api_utf8_valid(const char *s, size_t len, size_t *bad);
+
+/* "<prefix><32 hex digits>" from 128 caller-supplied random bits: "chatcmpl-0123...". */
+void pd_api_format_id(char *buf, size_t cap, const char *prefix, uint64_t hi, uint64_t lo);
+
+/* ---- responses ---- */
+
+enum pd_api_finish {
+    PD_API_FINISH_NONE = 0, /* still running: finish_reason null */
+    PD_API_FINISH_STOP = 1, /* EOS, a stop token or a stop string */
+    PD_API_FINISH_LENGTH = 2,
+    PD_API_FINISH_ABORT = 3,
+};
+
+/* Token id → its text, for logprobs. Writes up to cap bytes into buf, returns the full length. */
+typedef size_t (*pd_api_token_text_fn)(void *ud, int32_t id, char *buf, size_t cap);
+
+/* One response (final) or one streamed step. Text semantics: for /generate always the whole
+ * output so far (SGLang streams cumulative text); for OpenAI chunks the new delta. */
+struct pd_api_result {
+    const char *id; /* "chatcmpl-…", "cmpl-…", or the rid for /generate */
+    const char *model;
+    int64_t created; /* unix seconds */
+    const char *text;
+    size_t text_len;
+    const int32_t *output_ids; /* [n_output_ids]: all output ids so far (generate only) */
+    int n_output_ids;
+    int prompt_tokens;
+    int completion_tokens;
+    int cached_tokens;
+    enum pd_api_finish finish;
+    int32_t matched_token;     /* finish STOP on a token: its id; -1 otherwise */
+    const char *matched_stop;  /* finish STOP on a stop string: it; NULL otherwise */
+    const char *abort_message; /* finish ABORT: why */
+    double e2e_latency;        /* seconds */
+    /* logprobs of the tokens this body covers (generate: all so far; OpenAI chunk: the delta) */
+    const struct pd_sample *logprobs; /* [n_logprobs] or NULL */
+    int n_logprobs;
+    int logprob_offset; /* completions text_offset of the first covered token */
+    pd_api_token_text_fn token_text;
+    void *token_text_ud;
+};
+
+/* /generate body or stream event (finish NONE renders finish_reason null). */
+int pd_api_render_generate(const struct pd_api_request *r, const struct pd_api_result *res,
+                           char **out);
+/* OpenAI non-streamed: text_completion / chat.completion with usage. */
+int pd_api_render_completion(const struct pd_api_request *r, const struct pd_api_result *res,
+                             char **out);
+int pd_api_render_chat(const struct pd_api_request *r, const struct pd_api_result *res, char **out);
+/* OpenAI stream chunks. Chat: first carries delta.role "assistant"; finish NONE = null reason.
+ * With include_usage every chunk carries "usage": null. */
+int pd_api_render_completion_chunk(const struct pd_api_request *r, const struct pd_api_result *res,
+                                   char **out);
+int pd_api_render_chat_chunk(const struct pd_api_request *r, const struct pd_api_result *res,
+                             bool first, char **out);
+/* The last chunk when include_usage: "choices": [] and usage. */
+int pd_api_render_usage_chunk(const struct pd_api_request *r, const struct pd_api_result *res,
+                              char **out);
+
+/* ---- info endpoints ---- */
+
+/* GET /v1/models */
+int pd_api_render_models(const char *served_model_name, const char *model_path, int64_t created,
+                         int max_model_len, char **out);
+
+/* What only the running daemon knows, for /server_info. */
+struct pd_api_runtime_info {
+    const char *version;        /* PD_VERSION */
+    int context_length;         /* effective */
+    int max_total_tokens;       /* effective KV pool size, tokens */
+    int num_pages, free_pages;  /* KV page pool */
+    const char *transport;      /* "ucx:tcp,sm" / "none" */
+    const char *backend;        /* "cpu" / "cuda" */
+    double last_gen_throughput; /* tokens/s, for internal_states */
+    const struct cJSON *extra;  /* merged into the top level when non-NULL */
+};
+/* GET /server_info: every effective setting of a, the runtime info, internal_states [{…}]. */
+int pd_api_render_server_info(const struct pd_server_args *a, const struct pd_api_runtime_info *rt,
+                              char **out);
+/* GET /model_info */
+int pd_api_render_model_info(const char *model_path, const char *tokenizer_path,
+                             const char *model_type, const char *const *architectures,
+                             int n_architectures, char **out);
+/* GET /get_load: {"load": N} */
+int pd_api_render_get_load(int load, char **out);
+
+struct pd_api_rank_load {
+    int num_running_reqs;
+    int num_waiting_reqs;
+    int64_t num_used_tokens;
+    int64_t max_total_num_tokens;
+};
+/* GET /v1/loads: {"timestamp", "dp_rank_count", "loads":[{dp_rank, num_running_reqs, …,
+ * token_usage}], "aggregate":{…}}; timestamp is the caller's ISO-8601 string. */
+int pd_api_render_loads(const struct pd_api_rank_load *ranks, int n_ranks, const char *timestamp,
+                        char **out);
+
+#endif

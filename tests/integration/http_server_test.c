@@ -1,0 +1,782 @@
+/* common/http_server on 127.0.0.1 (ephemeral port), in-process on its own uv loop thread, driven
+ * by libcurl as a client would: JSON routes, 404/405, 401 API key, 413 for a 10 MB body (with
+ * and without Expect: 100-continue, and chunked), 400 from the API parser, SSE streams whose
+ * tokens come from a separate "compute" thread through uv_async (one and several at once),
+ * a client leaving mid-stream and before any byte (the daemon's on_gone fires and the compute
+ * side stops), and a graceful shutdown that finishes a running stream, cuts a stuck request at
+ * the deadline and closes every handle (uv_loop_close succeeds). */
+#include "pd_test.h"
+
+#include "common/alloc.h"
+#include "common/api.h"
+#include "common/http_server.h"
+#include "common/log.h"
+
+#include <cjson/cJSON.h>
+#include <curl/curl.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <time.h>
+#include <unistd.h>
+#include <uv.h>
+
+#define API_KEY "sk-test"
+#define MAX_JOBS 64
+
+/* ---------------------------------------------------------------- fake compute thread */
+
+struct job {
+    atomic_int state; /* 0 free, 1 queued/running, 2 finished */
+    atomic_int cancel;
+    atomic_int produced;
+    int n_tokens;
+    int delay_ms;
+    int64_t next_at_ms;
+};
+
+struct token_event {
+    int job;
+    int index;
+    bool last;
+};
+
+static struct job jobs[MAX_JOBS];
+static pthread_mutex_t ev_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct token_event events[4096];
+static int n_events;
+static atomic_int compute_stop;
+static uv_async_t token_async; /* compute → loop */
+static uv_async_t ctl_async;   /* main → loop: shutdown */
+
+static int64_t now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static void *compute_main(void *arg) {
+    (void)arg;
+    while (!atomic_load(&compute_stop)) {
+        int64_t t = now_ms();
+        bool any = false;
+        for (int i = 0; i < MAX_JOBS; i++) {
+            struct job *j = &jobs[i];
+            if (atomic_load(&j->state) != 1 || t < j->next_at_ms)
+                continue;
+            if (atomic_load(&j->cancel)) {
+                atomic_store(&j->state, 2);
+                continue;
+            }
+            int k = atomic_load(&j->produced);
+            pthread_mutex_lock(&ev_mu);
+            bool room = n_events < (int)PD_ARRAY_LEN(events);
+            if (room)
+                events[n_events++] = (struct token_event){i, k, k + 1 == j->n_tokens};
+            pthread_mutex_unlock(&ev_mu);
+            if (!room)
+                continue;
+            atomic_store(&j->produced, k + 1);
+            j->next_at_ms = t + j->delay_ms;
+            if (k + 1 == j->n_tokens)
+                atomic_store(&j->state, 2);
+            any = true;
+        }
+        if (any)
+            uv_async_send(&token_async);
+        usleep(1000);
+    }
+    return NULL;
+}
+
+/* ---------------------------------------------------------------- the daemon side (loop) */
+
+struct stream {
+    struct pd_http_req *req; /* NULL when finished or gone */
+    struct pd_api_request api;
+    int job;
+    char id[64];
+};
+
+static struct stream streams[MAX_JOBS];
+static struct pd_http_server *srv;
+static atomic_int gone_count;
+static atomic_int closed_called;
+static struct pd_http_req *stuck_req; /* /slow: never answered */
+static uv_loop_t loop;
+
+static void stream_gone(struct pd_http_req *req, void *user) {
+    struct stream *st = user;
+    (void)req;
+    atomic_fetch_add(&gone_count, 1);
+    if (st) {
+        atomic_store(&jobs[st->job].cancel, 1); /* the daemon aborts the request */
+        st->req = NULL;
+        pd_api_request_free(&st->api);
+    } else {
+        stuck_req = NULL;
+    }
+}
+
+static void on_tokens(uv_async_t *a) {
+    (void)a;
+    struct token_event batch[4096];
+    pthread_mutex_lock(&ev_mu);
+    int n = n_events;
+    memcpy(batch, events, (size_t)n * sizeof(batch[0]));
+    n_events = 0;
+    pthread_mutex_unlock(&ev_mu);
+    for (int i = 0; i < n; i++) {
+        struct stream *st = &streams[batch[i].job];
+        if (!st->req)
+            continue;
+        char piece[32];
+        snprintf(piece, sizeof(piece), "tok%d ", batch[i].index);
+        struct pd_api_result res = {.id = st->id,
+                                    .model = "tiny",
+                                    .created = 1,
+                                    .text = piece,
+                                    .text_len = strlen(piece),
+                                    .prompt_tokens = 3,
+                                    .completion_tokens = batch[i].index + 1,
+                                    .matched_token = -1,
+                                    .finish =
+                                        batch[i].last ? PD_API_FINISH_LENGTH : PD_API_FINISH_NONE};
+        char *json = NULL;
+        CHECK_OK(pd_api_render_chat_chunk(&st->api, &res, batch[i].index == 0, &json));
+        int rc = pd_http_sse_send(st->req, json, strlen(json));
+        pd_free(json);
+        if (rc != PD_OK)
+            continue; /* gone: on_gone already ran */
+        if (batch[i].last) {
+            if (st->api.include_usage) {
+                CHECK_OK(pd_api_render_usage_chunk(&st->api, &res, &json));
+                pd_http_sse_send(st->req, json, strlen(json));
+                pd_free(json);
+            }
+            pd_http_sse_end(st->req);
+            st->req = NULL;
+            pd_api_request_free(&st->api);
+        }
+    }
+}
+
+static void h_health(struct pd_http_req *r, void *ud) {
+    (void)ud;
+    pd_http_respond_json(r, 200, "{\"status\":\"ok\"}");
+}
+
+static void h_echo(struct pd_http_req *r, void *ud) {
+    (void)ud;
+    size_t len;
+    pd_http_req_body(r, &len);
+    char out[128];
+    snprintf(out, sizeof(out), "{\"len\":%zu,\"query\":\"%s\"}", len, pd_http_req_query(r));
+    pd_http_req_add_header(r, "X-Request-Id", "abc");
+    pd_http_respond_json(r, 200, out);
+}
+
+static void h_slow(struct pd_http_req *r, void *ud) {
+    (void)ud;
+    stuck_req = r; /* answered by nobody: only a disconnect or the shutdown deadline ends it */
+    pd_http_req_on_gone(r, stream_gone, NULL);
+}
+
+/* /v1/chat/completions: the real parser; "max_tokens" = number of tokens, "temperature" × 100 =
+ * ms between tokens (a test convenience). */
+static void h_chat(struct pd_http_req *r, void *ud) {
+    (void)ud;
+    const struct pd_api_config cfg = {.served_model_name = "tiny", .context_length = 4096};
+    size_t len;
+    const char *body = pd_http_req_body(r, &len);
+    struct pd_api_request api;
+    struct pd_api_error e;
+    if (pd_api_parse(PD_API_CHAT, body, len, &cfg, &api, &e) != PD_OK) {
+        pd_http_respond_error(r, &e);
+        return;
+    }
+    if (!api.stream) {
+        pd_api_request_free(&api);
+        pd_http_respond_json(r, 200, "{\"object\":\"chat.completion\"}");
+        return;
+    }
+    if (api.rid && strcmp(api.rid, "fail") == 0) { /* a mid-stream failure */
+        pd_api_request_free(&api);
+        CHECK_OK(pd_http_sse_start(r));
+        CHECK_OK(pd_http_sse_send(r, "{\"partial\":1}", 13));
+        pd_api_error_set(&e, 500, "server_error", NULL, NULL, "the model failed");
+        pd_http_sse_fail(r, &e);
+        return;
+    }
+    int slot = -1;
+    for (int i = 0; i < MAX_JOBS && slot < 0; i++)
+        if (!streams[i].req && atomic_load(&jobs[i].state) != 1)
+            slot = i;
+    if (slot < 0) {
+        pd_api_error_set(&e, 503, "server_error", NULL, NULL, "too many streams");
+        pd_api_request_free(&api);
+        pd_http_respond_error(r, &e);
+        return;
+    }
+    struct stream *st = &streams[slot];
+    st->api = api;
+    st->req = r;
+    st->job = slot;
+    snprintf(st->id, sizeof(st->id), "chatcmpl-%d", slot);
+    CHECK_OK(pd_http_sse_start(r));
+    pd_http_req_on_gone(r, stream_gone, st);
+    struct job *j = &jobs[slot];
+    j->n_tokens = api.sampling.max_new_tokens;
+    j->delay_ms = (int)(api.sampling.temperature * 100);
+    j->next_at_ms = 0;
+    atomic_store(&j->produced, 0);
+    atomic_store(&j->cancel, 0);
+    atomic_store(&j->state, 1); /* handed to the compute thread */
+}
+
+static void on_closed(struct pd_http_server *s, void *ud) {
+    (void)s;
+    (void)ud;
+    atomic_store(&closed_called, 1);
+    uv_close((uv_handle_t *)&token_async, NULL);
+    uv_close((uv_handle_t *)&ctl_async, NULL);
+}
+
+static atomic_int shutdown_timeout_ms;
+static void on_ctl(uv_async_t *a) {
+    (void)a;
+    pd_http_server_shutdown(srv, (uint64_t)atomic_load(&shutdown_timeout_ms), on_closed, NULL);
+}
+
+static void *loop_main(void *arg) {
+    (void)arg;
+    uv_run(&loop, UV_RUN_DEFAULT);
+    return NULL;
+}
+
+/* ---------------------------------------------------------------- client helpers */
+
+struct resp {
+    long status;
+    char *body;
+    size_t len;
+    char ctype[128];
+    int abort_after_events; /* > 0: drop the connection after this many SSE events */
+};
+
+static size_t on_body(char *p, size_t sz, size_t n, void *ud) {
+    struct resp *r = ud;
+    size_t k = sz * n;
+    char *nb = realloc(r->body, r->len + k + 1);
+    if (!nb)
+        return 0;
+    r->body = nb;
+    memcpy(r->body + r->len, p, k);
+    r->len += k;
+    r->body[r->len] = '\0';
+    if (r->abort_after_events > 0) {
+        int n_ev = 0;
+        for (const char *q = r->body; (q = strstr(q, "\n\n")); q += 2)
+            n_ev++;
+        if (n_ev >= r->abort_after_events)
+            return 0; /* curl aborts the transfer and closes the connection */
+    }
+    return k;
+}
+
+static size_t on_header(char *p, size_t sz, size_t n, void *ud) {
+    struct resp *r = ud;
+    size_t k = sz * n;
+    if (k > 14 && strncasecmp(p, "content-type: ", 14) == 0)
+        snprintf(r->ctype, sizeof(r->ctype), "%.*s", (int)(k - 16), p + 14);
+    return k;
+}
+
+static char url_base[64];
+
+/* body NULL = GET; extra: NULL-terminated headers (an Authorization one replaces the key) */
+static CURLcode http(CURL *c, const char *method, const char *path, const char *body, size_t len,
+                     const char *const *extra, long timeout_ms, struct resp *out) {
+    char url[256];
+    snprintf(url, sizeof(url), "%s%s", url_base, path);
+    struct curl_slist *h = NULL;
+    bool own_auth = false;
+    for (int i = 0; extra && extra[i]; i++) {
+        h = curl_slist_append(h, extra[i]);
+        own_auth |= strncasecmp(extra[i], "Authorization:", 14) == 0;
+    }
+    if (!own_auth)
+        h = curl_slist_append(h, "Authorization: Bearer " API_KEY);
+    h = curl_slist_append(h, "Content-Type: application/json");
+    curl_easy_reset(c);
+    curl_easy_setopt(c, CURLOPT_URL, url);
+    curl_easy_setopt(c, CURLOPT_HTTPHEADER, h);
+    curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, method);
+    if (body) {
+        curl_easy_setopt(c, CURLOPT_POSTFIELDS, body);
+        curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)len);
+    }
+    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_body);
+    curl_easy_setopt(c, CURLOPT_WRITEDATA, out);
+    curl_easy_setopt(c, CURLOPT_HEADERFUNCTION, on_header);
+    curl_easy_setopt(c, CURLOPT_HEADERDATA, out);
+    curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, timeout_ms);
+    curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
+    CURLcode rc = curl_easy_perform(c);
+    curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &out->status);
+    curl_slist_free_all(h);
+    return rc;
+}
+
+static void resp_free(struct resp *r) {
+    free(r->body);
+    memset(r, 0, sizeof(*r));
+}
+
+static bool wait_for(atomic_int *v, int want, int timeout_ms) {
+    for (int t = 0; t < timeout_ms; t += 5) {
+        if (atomic_load(v) >= want)
+            return true;
+        usleep(5000);
+    }
+    return atomic_load(v) >= want;
+}
+
+/* An OpenAI error body: {"error":{"message","type","param","code"}} */
+static void check_error_json(const struct resp *r, const char *code) {
+    cJSON *j = r->body ? cJSON_Parse(r->body) : NULL;
+    const cJSON *e = cJSON_GetObjectItem(j, "error");
+    CHECK(cJSON_IsString(cJSON_GetObjectItem(e, "message")));
+    CHECK(cJSON_IsString(cJSON_GetObjectItem(e, "type")));
+    CHECK(cJSON_GetObjectItem(e, "param") != NULL);
+    const cJSON *c = cJSON_GetObjectItem(e, "code");
+    if (code)
+        CHECK(cJSON_IsString(c) && strcmp(c->valuestring, code) == 0);
+    if (!e)
+        fprintf(stderr, "not an error object: %s\n", r->body ? r->body : "(none)");
+    CHECK_STR(r->ctype, "application/json");
+    cJSON_Delete(j);
+}
+
+/* Checks an SSE chat stream body: n content chunks "tok0 tok1 ...", usage chunk, [DONE]. */
+static void check_stream(const struct resp *r, int n, bool usage) {
+    CHECK_INT(r->status, 200);
+    CHECK_STR(r->ctype, "text/event-stream");
+    char want[4096] = "", got[4096] = "";
+    for (int i = 0; i < n; i++)
+        snprintf(want + strlen(want), sizeof(want) - strlen(want), "tok%d ", i);
+    int chunks = 0, usage_chunks = 0, done = 0;
+    const char *p = r->body ? r->body : "";
+    while (*p) {
+        const char *end = strstr(p, "\n\n");
+        if (!end || strncmp(p, "data: ", 6) != 0) {
+            CHECK(!"malformed SSE event");
+            break;
+        }
+        char ev[2048];
+        snprintf(ev, sizeof(ev), "%.*s", (int)(end - p - 6), p + 6);
+        if (strcmp(ev, "[DONE]") == 0) {
+            done++;
+        } else {
+            CHECK(done == 0);
+            cJSON *j = cJSON_Parse(ev);
+            const cJSON *choices = cJSON_GetObjectItem(j, "choices");
+            if (cJSON_GetArraySize(choices) == 0) {
+                usage_chunks++;
+                CHECK(cJSON_IsObject(cJSON_GetObjectItem(j, "usage")));
+            } else {
+                const cJSON *c0 = cJSON_GetArrayItem(choices, 0);
+                const cJSON *d = cJSON_GetObjectItem(c0, "delta");
+                strncat(got, cJSON_GetObjectItem(d, "content")->valuestring,
+                        sizeof(got) - strlen(got) - 1);
+                CHECK((chunks == 0) == (cJSON_GetObjectItem(d, "role") != NULL));
+                chunks++;
+                const cJSON *fr = cJSON_GetObjectItem(c0, "finish_reason");
+                CHECK(chunks == n ? cJSON_IsString(fr) : cJSON_IsNull(fr));
+            }
+            cJSON_Delete(j);
+        }
+        p = end + 2;
+    }
+    CHECK_INT(chunks, n);
+    CHECK_INT(usage_chunks, usage ? 1 : 0);
+    CHECK_INT(done, 1);
+    CHECK_STR(got, want);
+}
+
+static char *stream_body(int n_tokens, int delay_ms, bool usage) {
+    char *b = malloc(512);
+    snprintf(b, 512,
+             "{\"model\":\"tiny\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],"
+             "\"stream\":true,\"max_tokens\":%d,\"temperature\":%g%s}",
+             n_tokens, delay_ms / 100.0,
+             usage ? ",\"stream_options\":{\"include_usage\":true}" : "");
+    return b;
+}
+
+/* ---------------------------------------------------------------- tests */
+
+static CURL *keepalive; /* reused across tests: an idle keep-alive connection at shutdown */
+
+static void test_routes(void) {
+    struct resp r = {0};
+    CHECK_INT(http(keepalive, "GET", "/health", NULL, 0, NULL, 5000, &r), CURLE_OK);
+    CHECK_INT(r.status, 200);
+    CHECK_STR(r.body, "{\"status\":\"ok\"}");
+    CHECK_STR(r.ctype, "application/json");
+    resp_free(&r);
+
+    CHECK_INT(http(keepalive, "POST", "/echo?x=1", "{\"a\":1}", 7, NULL, 5000, &r), CURLE_OK);
+    CHECK_INT(r.status, 200);
+    CHECK_STR(r.body, "{\"len\":7,\"query\":\"x=1\"}");
+    resp_free(&r);
+
+    CHECK_INT(http(keepalive, "GET", "/nope", NULL, 0, NULL, 5000, &r), CURLE_OK);
+    CHECK_INT(r.status, 404);
+    check_error_json(&r, "not_found");
+    resp_free(&r);
+
+    CHECK_INT(http(keepalive, "POST", "/health", "{}", 2, NULL, 5000, &r), CURLE_OK);
+    CHECK_INT(r.status, 405);
+    check_error_json(&r, "method_not_allowed");
+    resp_free(&r);
+}
+
+static void test_api_key(void) {
+    CURL *c = curl_easy_init();
+    struct resp r = {0};
+    char url[256];
+    snprintf(url, sizeof(url), "%s/echo", url_base);
+    /* no Authorization header at all */
+    curl_easy_setopt(c, CURLOPT_URL, url);
+    curl_easy_setopt(c, CURLOPT_POSTFIELDS, "{}");
+    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_body);
+    curl_easy_setopt(c, CURLOPT_WRITEDATA, &r);
+    curl_easy_setopt(c, CURLOPT_HEADERFUNCTION, on_header);
+    curl_easy_setopt(c, CURLOPT_HEADERDATA, &r);
+    curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, 5000L);
+    CHECK_INT(curl_easy_perform(c), CURLE_OK);
+    curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &r.status);
+    CHECK_INT(r.status, 401);
+    check_error_json(&r, "invalid_api_key");
+    resp_free(&r);
+    /* a wrong key */
+    const char *wrong[] = {"Authorization: Bearer sk-nope", NULL};
+    CHECK_INT(http(c, "POST", "/echo", "{}", 2, wrong, 5000, &r), CURLE_OK);
+    CHECK_INT(r.status, 401);
+    resp_free(&r);
+    /* /health is public */
+    curl_easy_reset(c);
+    snprintf(url, sizeof(url), "%s/health", url_base);
+    curl_easy_setopt(c, CURLOPT_URL, url);
+    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_body);
+    curl_easy_setopt(c, CURLOPT_WRITEDATA, &r);
+    curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, 5000L);
+    CHECK_INT(curl_easy_perform(c), CURLE_OK);
+    curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &r.status);
+    CHECK_INT(r.status, 200);
+    resp_free(&r);
+    curl_easy_cleanup(c);
+}
+
+static size_t read_zeros(char *p, size_t sz, size_t n, void *ud) {
+    size_t *left = ud;
+    size_t k = sz * n < *left ? sz * n : *left;
+    memset(p, ' ', k);
+    *left -= k;
+    return k;
+}
+
+static void test_body_limit(void) {
+    size_t big = 10u << 20; /* the 10 MB body against the 8 MB default */
+    char *body = malloc(big);
+    memset(body, ' ', big);
+    body[0] = '{';
+    body[big - 1] = '}';
+    struct resp r = {0};
+    /* curl sends Expect: 100-continue for a body this size: refused before the body is sent */
+    CURL *c = curl_easy_init();
+    CHECK_INT(http(c, "POST", "/v1/chat/completions", body, big, NULL, 10000, &r), CURLE_OK);
+    CHECK_INT(r.status, 413);
+    check_error_json(&r, "request_too_large");
+    resp_free(&r);
+    /* without Expect: the client is already sending; it still gets the 413 */
+    const char *noexpect[] = {"Expect:", NULL};
+    CURLcode rc = http(c, "POST", "/v1/chat/completions", body, big, noexpect, 10000, &r);
+    if (rc == CURLE_OK) {
+        CHECK_INT(r.status, 413);
+        check_error_json(&r, "request_too_large");
+    } else {
+        /* the server closed while the client was still writing; the kernel may reset before the
+         * client reads the answer. Acceptable, but say so. */
+        fprintf(stderr, "note: 413 without Expect: curl %s (status %ld)\n", curl_easy_strerror(rc),
+                r.status);
+        CHECK(r.status == 413 || r.status == 0);
+    }
+    resp_free(&r);
+    /* chunked, no length announced: refused once the limit is passed, long before the client
+     * could push 64 MB through the socket buffers */
+    size_t left = 64u << 20;
+    char url[256];
+    snprintf(url, sizeof(url), "%s/echo", url_base);
+    struct curl_slist *h = curl_slist_append(NULL, "Transfer-Encoding: chunked");
+    h = curl_slist_append(h, "Authorization: Bearer " API_KEY);
+    curl_easy_reset(c);
+    curl_easy_setopt(c, CURLOPT_URL, url);
+    curl_easy_setopt(c, CURLOPT_POST, 1L);
+    curl_easy_setopt(c, CURLOPT_HTTPHEADER, h);
+    curl_easy_setopt(c, CURLOPT_READFUNCTION, read_zeros);
+    curl_easy_setopt(c, CURLOPT_READDATA, &left);
+    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_body);
+    curl_easy_setopt(c, CURLOPT_WRITEDATA, &r);
+    curl_easy_setopt(c, CURLOPT_HEADERFUNCTION, on_header);
+    curl_easy_setopt(c, CURLOPT_HEADERDATA, &r);
+    curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, 10000L);
+    rc = curl_easy_perform(c);
+    curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &r.status);
+    if (rc == CURLE_OK) {
+        CHECK_INT(r.status, 413);
+        check_error_json(&r, "request_too_large");
+    } else {
+        fprintf(stderr, "note: chunked 413: curl %s (status %ld)\n", curl_easy_strerror(rc),
+                r.status);
+    }
+    CHECK(left > 0); /* the server did not take the whole body */
+    resp_free(&r);
+    curl_slist_free_all(h);
+    curl_easy_cleanup(c);
+    /* a body just under the limit is taken */
+    size_t ok = PD_HTTP_DEFAULT_MAX_BODY - 1;
+    CHECK_INT(http(keepalive, "POST", "/echo", body, ok, NULL, 10000, &r), CURLE_OK);
+    CHECK_INT(r.status, 200);
+    char want[64];
+    snprintf(want, sizeof(want), "{\"len\":%zu,", ok);
+    CHECK(r.body && strncmp(r.body, want, strlen(want)) == 0);
+    resp_free(&r);
+    free(body);
+    /* and the server still serves */
+    CHECK_INT(http(keepalive, "GET", "/health", NULL, 0, NULL, 5000, &r), CURLE_OK);
+    CHECK_INT(r.status, 200);
+    resp_free(&r);
+}
+
+static void test_bad_requests(void) {
+    struct resp r = {0};
+    const char *bodies[] = {
+        "{not json",
+        "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"temperature\":-1}",
+        "{\"model\":\"tiny\"}",
+        "{\"messages\":[{\"role\":\"user\",\"content\":\"\xff\"}]}",
+    };
+    for (size_t i = 0; i < PD_ARRAY_LEN(bodies); i++) {
+        CHECK_INT(http(keepalive, "POST", "/v1/chat/completions", bodies[i], strlen(bodies[i]),
+                       NULL, 5000, &r),
+                  CURLE_OK);
+        CHECK_INT(r.status, 400);
+        check_error_json(&r, NULL);
+        resp_free(&r);
+    }
+    const char *unknown =
+        "{\"model\":\"gpt-9\",\"messages\":[{\"role\":\"user\",\"content\":\"a\"}]}";
+    CHECK_INT(
+        http(keepalive, "POST", "/v1/chat/completions", unknown, strlen(unknown), NULL, 5000, &r),
+        CURLE_OK);
+    CHECK_INT(r.status, 404);
+    check_error_json(&r, "model_not_found");
+    resp_free(&r);
+}
+
+static void test_stream(void) {
+    CURL *c = curl_easy_init();
+    struct resp r = {0};
+    char *b = stream_body(20, 2, true);
+    CHECK_INT(http(c, "POST", "/v1/chat/completions", b, strlen(b), NULL, 20000, &r), CURLE_OK);
+    check_stream(&r, 20, true);
+    resp_free(&r);
+    free(b);
+    /* the same connection serves a second stream (keep-alive after a chunked response) */
+    b = stream_body(5, 0, false);
+    CHECK_INT(http(c, "POST", "/v1/chat/completions", b, strlen(b), NULL, 20000, &r), CURLE_OK);
+    check_stream(&r, 5, false);
+    resp_free(&r);
+    free(b);
+    curl_easy_cleanup(c);
+}
+
+static void test_stream_error(void) {
+    struct resp r = {0};
+    const char *b = "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"stream\":true,"
+                    "\"rid\":\"fail\"}";
+    CHECK_INT(http(keepalive, "POST", "/v1/chat/completions", b, strlen(b), NULL, 5000, &r),
+              CURLE_OK);
+    CHECK_INT(r.status, 200);
+    CHECK_STR(r.body,
+              "data: {\"partial\":1}\n\ndata: {\"error\":{\"message\":\"the model failed\","
+              "\"type\":\"server_error\",\"param\":null,\"code\":null}}\n\ndata: [DONE]\n\n");
+    resp_free(&r);
+}
+
+struct client_arg {
+    int n_tokens;
+    struct resp r;
+    CURLcode rc;
+};
+
+static void *client_main(void *p) {
+    struct client_arg *a = p;
+    CURL *c = curl_easy_init();
+    char *b = stream_body(a->n_tokens, 1, true);
+    a->rc = http(c, "POST", "/v1/chat/completions", b, strlen(b), NULL, 30000, &a->r);
+    free(b);
+    curl_easy_cleanup(c);
+    return NULL;
+}
+
+static void test_concurrent_streams(void) {
+    enum { N = 16 };
+    pthread_t t[N];
+    struct client_arg args[N];
+    memset(args, 0, sizeof(args));
+    for (int i = 0; i < N; i++) {
+        args[i].n_tokens = 10 + i * 3;
+        pthread_create(&t[i], NULL, client_main, &args[i]);
+    }
+    for (int i = 0; i < N; i++) {
+        pthread_join(t[i], NULL);
+        CHECK_INT(args[i].rc, CURLE_OK);
+        check_stream(&args[i].r, args[i].n_tokens, true);
+        resp_free(&args[i].r);
+    }
+}
+
+static void test_disconnect_mid_stream(void) {
+    int before = atomic_load(&gone_count);
+    CURL *c = curl_easy_init();
+    struct resp r = {.abort_after_events = 3};
+    char *b = stream_body(1000, 5, false); /* 5 s of tokens if nobody stops it */
+    CURLcode rc = http(c, "POST", "/v1/chat/completions", b, strlen(b), NULL, 20000, &r);
+    CHECK_INT(rc, CURLE_WRITE_ERROR); /* we dropped it */
+    curl_easy_cleanup(c);
+    int64_t t0 = now_ms();
+    CHECK(wait_for(&gone_count, before + 1, 3000)); /* on_gone: the daemon aborts */
+    fprintf(stderr, "note: on_gone %lld ms after the client left\n", (long long)(now_ms() - t0));
+    /* the compute side was told to stop long before the 1000 tokens */
+    int produced = 0;
+    for (int i = 0; i < MAX_JOBS; i++)
+        if (jobs[i].n_tokens == 1000)
+            produced = atomic_load(&jobs[i].produced);
+    CHECK(produced > 0 && produced < 1000);
+    resp_free(&r);
+    free(b);
+}
+
+static void test_disconnect_before_response(void) {
+    int before = atomic_load(&gone_count);
+    CURL *c = curl_easy_init();
+    struct resp r = {0};
+    /* the handler never answers; the client gives up after 300 ms */
+    CURLcode rc = http(c, "POST", "/slow", "{\"x\":1}", 7, NULL, 300, &r);
+    CHECK_INT(rc, CURLE_OPERATION_TIMEDOUT);
+    curl_easy_cleanup(c);
+    CHECK(wait_for(&gone_count, before + 1, 3000));
+    resp_free(&r);
+}
+
+static void *slow_client_main(void *p) {
+    struct client_arg *a = p;
+    CURL *c = curl_easy_init();
+    a->rc = http(c, "POST", "/slow", "{\"x\":1}", 7, NULL, 30000, &a->r);
+    curl_easy_cleanup(c);
+    return NULL;
+}
+
+static void test_graceful_shutdown(void) {
+    /* a stream that needs ~600 ms, and a request nobody answers */
+    struct client_arg streaming = {.n_tokens = 30};
+    struct client_arg stuck = {0};
+    pthread_t ts, tk;
+    pthread_create(&ts, NULL, client_main, &streaming);
+    pthread_create(&tk, NULL, slow_client_main, &stuck);
+    /* let both reach the server */
+    for (int i = 0; i < 400 && !stuck_req; i++)
+        usleep(5000);
+    usleep(100000);
+    CHECK(stuck_req != NULL);
+    int before = atomic_load(&gone_count);
+    int64_t t0 = now_ms();
+    atomic_store(&shutdown_timeout_ms, 1500);
+    uv_async_send(&ctl_async);
+    usleep(50000);
+    /* no new connections */
+    CURL *c = curl_easy_init();
+    struct resp r = {0};
+    CURLcode rc = http(c, "GET", "/health", NULL, 0, NULL, 2000, &r);
+    CHECK(rc == CURLE_COULDNT_CONNECT);
+    resp_free(&r);
+    curl_easy_cleanup(c);
+    pthread_join(ts, NULL);
+    /* the running stream finished whole */
+    CHECK_INT(streaming.rc, CURLE_OK);
+    check_stream(&streaming.r, 30, true);
+    resp_free(&streaming.r);
+    pthread_join(tk, NULL);
+    int64_t took = now_ms() - t0;
+    /* the stuck one was cut at the deadline (on_gone), not earlier, not much later */
+    CHECK(stuck.rc != CURLE_OK || stuck.r.status == 499);
+    CHECK(wait_for(&gone_count, before + 1, 3000));
+    CHECK(took >= 1400 && took < 5000);
+    fprintf(stderr, "note: shutdown: stuck request ended after %lld ms\n", (long long)took);
+    resp_free(&stuck.r);
+    CHECK(wait_for(&closed_called, 1, 5000));
+}
+
+int main(int argc, char **argv) {
+    (void)argc;
+    pd_log_set_level(PD_LOG_WARNING);
+    curl_global_init(CURL_GLOBAL_DEFAULT);
+    CHECK_INT(uv_loop_init(&loop), 0);
+    uv_async_init(&loop, &token_async, on_tokens);
+    uv_async_init(&loop, &ctl_async, on_ctl);
+    struct pd_http_server_config cfg = {.host = "127.0.0.1", .port = 0, .api_key = API_KEY};
+    CHECK_OK(pd_http_server_new(&loop, &cfg, &srv));
+    CHECK_OK(pd_http_server_route(srv, "GET", "/health", PD_HTTP_PUBLIC, h_health, NULL));
+    CHECK_OK(pd_http_server_route(srv, "POST", "/echo", 0, h_echo, NULL));
+    CHECK_OK(pd_http_server_route(srv, "POST", "/slow", 0, h_slow, NULL));
+    CHECK_OK(pd_http_server_route(srv, "POST", "/v1/chat/completions", 0, h_chat, NULL));
+    CHECK_OK(pd_http_server_listen(srv));
+    CHECK(pd_http_server_port(srv) > 0);
+    snprintf(url_base, sizeof(url_base), "http://127.0.0.1:%d", pd_http_server_port(srv));
+
+    pthread_t loop_thread, compute_thread;
+    pthread_create(&compute_thread, NULL, compute_main, NULL);
+    pthread_create(&loop_thread, NULL, loop_main, NULL);
+
+    keepalive = curl_easy_init();
+    static const struct pd_test_case cases[] = {
+        PD_TEST(test_routes),
+        PD_TEST(test_api_key),
+        PD_TEST(test_body_limit),
+        PD_TEST(test_bad_requests),
+        PD_TEST(test_stream),
+        PD_TEST(test_stream_error),
+        PD_TEST(test_concurrent_streams),
+        PD_TEST(test_disconnect_mid_stream),
+        PD_TEST(test_disconnect_before_response),
+        PD_TEST(test_graceful_shutdown),
+    };
+    int rc = pd_test_run(argv[0], cases, PD_ARRAY_LEN(cases));
+
+    pthread_join(loop_thread, NULL); /* returns once every handle is closed */
+    atomic_store(&compute_stop, 1);
+    pthread_join(compute_thread, NULL);
+    pd_http_server_free(srv);
+    int lc = uv_loop_close(&loop);
+    if (lc != 0) {
+        fprintf(stderr, "uv_loop_close: %s\n", uv_strerror(lc));
+        rc = 1;
+    }
+    curl_easy_cleanup(keepalive);
+    curl_global_cleanup();
+    for (int i = 0; i < MAX_JOBS; i++)
+        pd_api_request_free(&streams[i].api);
+    return rc;
+}

@@ -1,0 +1,890 @@
+/* HTTP API bodies (common/api.h): every field of /generate, /v1/completions and
+ * /v1/chat/completions lands in the request struct; every bad input the issue lists is a 4xx
+ * with an OpenAI error naming the field; responses and chunks carry API.md's fields. */
+#include "pd_test.h"
+
+#include "common/alloc.h"
+#include "common/api.h"
+#include "common/chat_template.h"
+#include "common/flags.h"
+
+#include <cjson/cJSON.h>
+
+static const struct pd_api_config cfg = {
+    .served_model_name = "tiny",
+    .model_path = "/models/tiny",
+    .disaggregated = false,
+    .context_length = 100,
+};
+
+static int parse(enum pd_api_kind kind, const char *body, struct pd_api_request *r,
+                 struct pd_api_error *e) {
+    return pd_api_parse(kind, body, strlen(body), &cfg, r, e);
+}
+
+/* The body must fail with status and an error whose param is `param` and message has needle. */
+static void expect_bad_cfg(const struct pd_api_config *c, enum pd_api_kind kind, const char *body,
+                           int status, const char *param, const char *needle, int line) {
+    struct pd_api_request r;
+    struct pd_api_error e;
+    int rc = pd_api_parse(kind, body, strlen(body), c, &r, &e);
+    pd_test_checks++;
+    if (rc != PD_EINVAL || e.status != status || strcmp(e.param, param) != 0 ||
+        !strstr(e.message, needle)) {
+        pd_test_failures++;
+        fprintf(stderr,
+                "line %d: %s\n  want %d param '%s' containing '%s'\n  got rc %d %d '%s' '%s'\n",
+                line, body, status, param, needle, rc, e.status, e.param, e.message);
+    }
+    CHECK(r.text == NULL && r.messages == NULL && r.input_ids == NULL && r.n_stop == 0);
+    pd_api_request_free(&r);
+}
+#define EXPECT_BAD(kind, body, status, param, needle)                                              \
+    expect_bad_cfg(&cfg, kind, body, status, param, needle, __LINE__)
+
+static void test_generate_fields(void) {
+    struct pd_api_request r;
+    struct pd_api_error e;
+    CHECK_INT(
+        parse(PD_API_GENERATE,
+              "{\"text\":\"Hello\",\"sampling_params\":{\"max_new_tokens\":7,"
+              "\"temperature\":0.5,\"top_p\":0.9,\"top_k\":20,\"min_p\":0.05,\"stop\":[\"\\n\","
+              "\"END\"],\"stop_token_ids\":[2,3],\"ignore_eos\":true,\"n\":1,"
+              "\"frequency_penalty\":0.5,\"presence_penalty\":-0.5,\"repetition_penalty\":1.1,"
+              "\"skip_special_tokens\":false,\"sampling_seed\":42},\"stream\":true,"
+              "\"return_logprob\":true,\"top_logprobs_num\":3,\"logprob_start_len\":0,"
+              "\"rid\":\"req-1\",\"bootstrap_host\":\"10.0.0.1\",\"bootstrap_port\":9000,"
+              "\"bootstrap_room\":9223372036854775807}",
+              &r, &e),
+        PD_OK);
+    CHECK_STR(r.text, "Hello");
+    CHECK_INT(r.text_len, 5);
+    CHECK(r.input_ids == NULL);
+    CHECK_INT(r.sampling.max_new_tokens, 7);
+    CHECK(r.max_tokens_given);
+    CHECK_DBL(r.sampling.temperature, 0.5, 1e-6);
+    CHECK_DBL(r.sampling.top_p, 0.9, 1e-6);
+    CHECK_INT(r.sampling.top_k, 20);
+    CHECK_DBL(r.sampling.min_p, 0.05, 1e-6);
+    CHECK_INT(r.n_stop, 2);
+    CHECK_STR(r.stop[0], "\n");
+    CHECK_STR(r.stop[1], "END");
+    CHECK_INT(r.sampling.n_stop_token_ids, 2);
+    CHECK_INT(r.sampling.stop_token_ids[1], 3);
+    CHECK(r.sampling.ignore_eos);
+    CHECK_DBL(r.sampling.frequency_penalty, 0.5, 1e-6);
+    CHECK_DBL(r.sampling.presence_penalty, -0.5, 1e-6);
+    CHECK_DBL(r.sampling.repetition_penalty, 1.1, 1e-6);
+    CHECK(!r.skip_special_tokens);
+    CHECK(r.sampling.has_seed);
+    CHECK_INT(r.sampling.seed, 42);
+    CHECK(r.stream);
+    CHECK(r.return_logprob);
+    CHECK_INT(r.sampling.n_logprobs, 3);
+    CHECK_INT(r.logprob_start_len, 0);
+    CHECK_STR(r.rid, "req-1");
+    CHECK_STR(r.bootstrap_host, "10.0.0.1");
+    CHECK_INT(r.bootstrap_port, 9000);
+    CHECK(r.has_bootstrap_room);
+    CHECK(r.bootstrap_room == 9223372036854775807ull); /* exact, beyond a double's 2^53 */
+    pd_api_request_free(&r);
+
+    /* defaults */
+    CHECK_INT(parse(PD_API_GENERATE, "{\"input_ids\":[1,2,3],\"bootstrap_port\":null}", &r, &e),
+              PD_OK);
+    CHECK_INT(r.n_input_ids, 3);
+    CHECK_INT(r.input_ids[2], 3);
+    CHECK(r.text == NULL);
+    CHECK_INT(r.sampling.max_new_tokens, 128);
+    CHECK(!r.max_tokens_given);
+    CHECK_DBL(r.sampling.temperature, 1.0, 0);
+    CHECK_DBL(r.sampling.top_p, 1.0, 0);
+    CHECK_INT(r.sampling.top_k, 0);
+    CHECK(r.skip_special_tokens);
+    CHECK(!r.stream && !r.return_logprob && !r.has_bootstrap_room);
+    CHECK_INT(r.bootstrap_port, PD_API_DEFAULT_BOOTSTRAP_PORT);
+    CHECK(r.rid == NULL);
+    pd_api_request_free(&r);
+
+    /* top_k -1 = all; max_new_tokens 0 allowed on /generate; stop as a string */
+    CHECK_INT(parse(PD_API_GENERATE,
+                    "{\"text\":\"x\",\"sampling_params\":{\"top_k\":-1,\"max_new_tokens\":0,"
+                    "\"stop\":\"##\"}}",
+                    &r, &e),
+              PD_OK);
+    CHECK_INT(r.sampling.top_k, 0);
+    CHECK_INT(r.sampling.max_new_tokens, 0);
+    CHECK_INT(r.n_stop, 1);
+    CHECK_STR(r.stop[0], "##");
+    pd_api_request_free(&r);
+}
+
+static void test_generate_bad(void) {
+    EXPECT_BAD(PD_API_GENERATE, "{}", 400, "text", "needs 'text' or 'input_ids'");
+    EXPECT_BAD(PD_API_GENERATE, "{\"text\":\"a\",\"input_ids\":[1]}", 400, "text", "not both");
+    EXPECT_BAD(PD_API_GENERATE, "{\"text\":[\"a\",\"b\"]}", 400, "text", "batch");
+    EXPECT_BAD(PD_API_GENERATE, "{\"input_ids\":[[1],[2]]}", 400, "input_ids", "batch");
+    EXPECT_BAD(PD_API_GENERATE, "{\"text\":5}", 400, "text", "must be a string, got a number");
+    EXPECT_BAD(PD_API_GENERATE, "{\"input_ids\":[1,-2]}", 400, "input_ids", "[1]");
+    EXPECT_BAD(PD_API_GENERATE, "{\"input_ids\":[1,\"a\"]}", 400, "input_ids", "got a string");
+    EXPECT_BAD(PD_API_GENERATE, "{\"input_ids\":[]}", 400, "input_ids", "must not be empty");
+    EXPECT_BAD(PD_API_GENERATE, "{\"text\":\"a\",\"sampling_params\":{\"max_new_tokens\":-1}}", 400,
+               "sampling_params.max_new_tokens", "must be in [0, 2147483647]");
+    EXPECT_BAD(PD_API_GENERATE, "{\"text\":\"a\",\"sampling_params\":{\"max_new_tokens\":1e12}}",
+               400, "sampling_params.max_new_tokens", "must be in");
+    EXPECT_BAD(PD_API_GENERATE, "{\"text\":\"a\",\"sampling_params\":{\"max_new_tokens\":1.5}}",
+               400, "sampling_params.max_new_tokens", "fractional");
+    EXPECT_BAD(PD_API_GENERATE, "{\"text\":\"a\",\"sampling_params\":{\"temperature\":-0.1}}", 400,
+               "sampling_params.temperature", "must be >= 0");
+    EXPECT_BAD(PD_API_GENERATE, "{\"text\":\"a\",\"sampling_params\":{\"temperature\":\"hot\"}}",
+               400, "sampling_params.temperature", "must be a number, got a string");
+    EXPECT_BAD(PD_API_GENERATE, "{\"text\":\"a\",\"sampling_params\":{\"top_p\":0}}", 400,
+               "sampling_params.top_p", "(0, 1]");
+    EXPECT_BAD(PD_API_GENERATE, "{\"text\":\"a\",\"sampling_params\":{\"top_p\":1.01}}", 400,
+               "sampling_params.top_p", "(0, 1]");
+    EXPECT_BAD(PD_API_GENERATE, "{\"text\":\"a\",\"sampling_params\":{\"top_k\":-2}}", 400,
+               "sampling_params.top_k", "must be in [-1,");
+    EXPECT_BAD(PD_API_GENERATE, "{\"text\":\"a\",\"sampling_params\":{\"min_p\":2}}", 400,
+               "sampling_params.min_p", "[0, 1]");
+    EXPECT_BAD(PD_API_GENERATE, "{\"text\":\"a\",\"sampling_params\":{\"n\":2}}", 400,
+               "sampling_params.n", "only n = 1");
+    EXPECT_BAD(PD_API_GENERATE, "{\"text\":\"a\",\"sampling_params\":{\"stop\":[1]}}", 400,
+               "sampling_params.stop", "must hold strings");
+    EXPECT_BAD(PD_API_GENERATE, "{\"text\":\"a\",\"sampling_params\":{\"stop_token_ids\":[-1]}}",
+               400, "sampling_params.stop_token_ids", "token ids");
+    EXPECT_BAD(PD_API_GENERATE, "{\"text\":\"a\",\"sampling_params\":{\"ignore_eos\":1}}", 400,
+               "sampling_params.ignore_eos", "must be a boolean");
+    EXPECT_BAD(PD_API_GENERATE, "{\"text\":\"a\",\"sampling_params\":{\"frequency_penalty\":3}}",
+               400, "sampling_params.frequency_penalty", "[-2, 2]");
+    EXPECT_BAD(PD_API_GENERATE, "{\"text\":\"a\",\"sampling_params\":[]}", 400, "sampling_params",
+               "batch");
+    EXPECT_BAD(PD_API_GENERATE, "{\"text\":\"a\",\"sampling_params\":3}", 400, "sampling_params",
+               "must be an object");
+    EXPECT_BAD(PD_API_GENERATE, "{\"text\":\"a\",\"stream\":\"yes\"}", 400, "stream",
+               "must be a boolean");
+    EXPECT_BAD(PD_API_GENERATE, "{\"text\":\"a\",\"top_logprobs_num\":21}", 400, "top_logprobs_num",
+               "[0, 20]");
+    EXPECT_BAD(PD_API_GENERATE, "{\"text\":\"a\",\"rid\":5}", 400, "rid", "must be a string");
+    EXPECT_BAD(PD_API_GENERATE, "{\"text\":\"a\",\"rid\":[\"a\"]}", 400, "rid", "batch");
+    char many[1024] = "{\"text\":\"a\",\"sampling_params\":{\"stop\":[";
+    for (int i = 0; i <= PD_API_MAX_STOP; i++)
+        strcat(many, i ? ",\"s\"" : "\"s\"");
+    strcat(many, "]}}");
+    EXPECT_BAD(PD_API_GENERATE, many, 400, "sampling_params.stop", "more than 16");
+}
+
+static void test_body_errors(void) {
+    EXPECT_BAD(PD_API_GENERATE, "{\"text\":", 400, "", "not valid JSON");
+    EXPECT_BAD(PD_API_CHAT, "not json", 400, "", "not valid JSON");
+    EXPECT_BAD(PD_API_CHAT, "", 400, "", "not valid JSON");
+    EXPECT_BAD(PD_API_CHAT, "[1,2]", 400, "", "must be a JSON object, got a list");
+    EXPECT_BAD(PD_API_GENERATE, "{\"text\":\"a\"} trailing", 400, "", "not valid JSON");
+    /* raw non-UTF-8 bytes anywhere in the body: a lone continuation byte, an overlong, a
+     * surrogate encoded in UTF-8, a truncated sequence */
+    EXPECT_BAD(PD_API_GENERATE, "{\"text\":\"a\x80\"}", 400, "", "not valid UTF-8 (byte 10)");
+    EXPECT_BAD(PD_API_GENERATE, "{\"text\":\"\xC0\xAF\"}", 400, "", "not valid UTF-8");
+    EXPECT_BAD(PD_API_GENERATE, "{\"text\":\"\xED\xA0\x80\"}", 400, "", "not valid UTF-8");
+    EXPECT_BAD(PD_API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"\xE2\x82\"}]}", 400,
+               "", "not valid UTF-8");
+    /* a lone surrogate escape is refused by the JSON parser */
+    EXPECT_BAD(PD_API_GENERATE, "{\"text\":\"\\ud800\"}", 400, "", "not valid JSON");
+    /* a body that is not NUL-terminated is read only up to len */
+    struct pd_api_request r;
+    struct pd_api_error e;
+    const char body[] = "{\"text\":\"hi\"}GARBAGE";
+    CHECK_INT(pd_api_parse(PD_API_GENERATE, body, 13, &cfg, &r, &e), PD_OK);
+    CHECK_STR(r.text, "hi");
+    pd_api_request_free(&r);
+    /* valid multi-byte UTF-8 passes untouched */
+    CHECK_INT(
+        parse(PD_API_GENERATE, "{\"text\":\"h\xC3\xA9llo \xE4\xB8\x96 \xF0\x9F\x98\x80\"}", &r, &e),
+        PD_OK);
+    CHECK_STR(r.text, "h\xC3\xA9llo \xE4\xB8\x96 \xF0\x9F\x98\x80");
+    pd_api_request_free(&r);
+}
+
+static void test_utf8(void) {
+    size_t at = 99;
+    CHECK(pd_api_utf8_valid("", 0, &at));
+    CHECK(pd_api_utf8_valid("\xF4\x8F\xBF\xBF", 4, &at));  /* U+10FFFF */
+    CHECK(!pd_api_utf8_valid("\xF4\x90\x80\x80", 4, &at)); /* > U+10FFFF */
+    CHECK_INT(at, 0);
+    CHECK(!pd_api_utf8_valid("ab\xE0\x80\x80", 5, &at)); /* overlong 3-byte */
+    CHECK_INT(at, 2);
+    CHECK(!pd_api_utf8_valid("abc\xF0\x9F\x98", 6, &at)); /* truncated */
+    CHECK_INT(at, 3);
+    CHECK(!pd_api_utf8_valid("\xFF", 1, NULL));
+}
+
+static void test_bootstrap(void) {
+    struct pd_api_config dis = cfg;
+    dis.disaggregated = true;
+    struct pd_api_request r;
+    struct pd_api_error e;
+    expect_bad_cfg(&dis, PD_API_GENERATE, "{\"text\":\"a\"}", 400, "bootstrap_room",
+                   "disaggregated", __LINE__);
+    expect_bad_cfg(&dis, PD_API_CHAT,
+                   "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"bootstrap_room\":null}",
+                   400, "bootstrap_room", "needs 'bootstrap_room'", __LINE__);
+    EXPECT_BAD(PD_API_GENERATE, "{\"text\":\"a\",\"bootstrap_room\":-1}", 400, "bootstrap_room",
+               "[0, 2^63)");
+    EXPECT_BAD(PD_API_GENERATE, "{\"text\":\"a\",\"bootstrap_room\":9223372036854775808}", 400,
+               "bootstrap_room", "[0, 2^63)");
+    EXPECT_BAD(PD_API_GENERATE, "{\"text\":\"a\",\"bootstrap_room\":99999999999999999999999}", 400,
+               "bootstrap_room", "[0, 2^63)");
+    EXPECT_BAD(PD_API_GENERATE, "{\"text\":\"a\",\"bootstrap_room\":1.5}", 400, "bootstrap_room",
+               "must be an integer");
+    EXPECT_BAD(PD_API_GENERATE, "{\"text\":\"a\",\"bootstrap_room\":\"7\"}", 400, "bootstrap_room",
+               "must be an integer, got a string");
+    EXPECT_BAD(PD_API_GENERATE, "{\"text\":\"a\",\"bootstrap_room\":[1,2]}", 400, "bootstrap_room",
+               "batch");
+    EXPECT_BAD(PD_API_GENERATE, "{\"text\":\"a\",\"bootstrap_port\":70000}", 400, "bootstrap_port",
+               "[1, 65535]");
+    EXPECT_BAD(PD_API_GENERATE, "{\"text\":\"a\",\"bootstrap_host\":1}", 400, "bootstrap_host",
+               "must be a string");
+    /* the exact value, read from the text even when nested values and strings come first */
+    const char *body = "{\"text\":\"bootstrap_room\",\"x\":{\"bootstrap_room\":1},\"arr\":[1,[2]],"
+                       "\"bootstrap_room\" : 9007199254740993 ,\"bootstrap_host\":\"h\"}";
+    CHECK_INT(pd_api_parse(PD_API_GENERATE, body, strlen(body), &dis, &r, &e), PD_OK);
+    CHECK(r.bootstrap_room == 9007199254740993ull); /* 2^53 + 1: a double would say ...992 */
+    CHECK_STR(r.bootstrap_host, "h");
+    pd_api_request_free(&r);
+    body = "{\"bootstrap_room\":0,\"text\":\"a\"}";
+    CHECK_INT(pd_api_parse(PD_API_GENERATE, body, strlen(body), &dis, &r, &e), PD_OK);
+    CHECK(r.has_bootstrap_room && r.bootstrap_room == 0);
+    pd_api_request_free(&r);
+}
+
+static void test_completions(void) {
+    struct pd_api_request r;
+    struct pd_api_error e;
+    CHECK_INT(parse(PD_API_COMPLETIONS,
+                    "{\"model\":\"tiny\",\"prompt\":\"Once upon\",\"max_tokens\":5,\"logprobs\":2,"
+                    "\"stream\":true,\"stream_options\":{\"include_usage\":true},\"seed\":7,"
+                    "\"stop\":\".\",\"user\":\"bob\",\"logit_bias\":{},\"echo\":false,\"n\":1}",
+                    &r, &e),
+              PD_OK);
+    CHECK_STR(r.text, "Once upon");
+    CHECK_STR(r.model, "tiny");
+    CHECK_INT(r.sampling.max_new_tokens, 5);
+    CHECK(r.return_logprob);
+    CHECK_INT(r.sampling.n_logprobs, 2);
+    CHECK(r.stream && r.include_usage);
+    CHECK(r.sampling.has_seed && r.sampling.seed == 7);
+    CHECK_INT(r.n_stop, 1);
+    pd_api_request_free(&r);
+
+    CHECK_INT(parse(PD_API_COMPLETIONS, "{\"prompt\":[5,6,7],\"model\":\"/models/tiny\"}", &r, &e),
+              PD_OK);
+    CHECK_INT(r.n_input_ids, 3);
+    CHECK_INT(r.sampling.max_new_tokens, 16); /* OpenAI's completions default */
+    CHECK(!r.return_logprob);
+    pd_api_request_free(&r);
+
+    CHECK_INT(parse(PD_API_COMPLETIONS, "{\"prompt\":\"x\",\"logprobs\":0}", &r, &e), PD_OK);
+    CHECK(r.return_logprob);
+    CHECK_INT(r.sampling.n_logprobs, 0);
+    pd_api_request_free(&r);
+
+    EXPECT_BAD(PD_API_COMPLETIONS, "{\"model\":\"tiny\"}", 400, "prompt", "needs 'prompt'");
+    EXPECT_BAD(PD_API_COMPLETIONS, "{\"prompt\":{}}", 400, "prompt", "got an object");
+    EXPECT_BAD(PD_API_COMPLETIONS, "{\"prompt\":[\"a\",\"b\"]}", 400, "prompt", "batch");
+    EXPECT_BAD(PD_API_COMPLETIONS, "{\"prompt\":[[1],[2]]}", 400, "prompt", "batch");
+    EXPECT_BAD(PD_API_COMPLETIONS, "{\"prompt\":\"a\",\"max_tokens\":-5}", 400, "max_tokens",
+               "must be in [1, 2147483647]");
+    EXPECT_BAD(PD_API_COMPLETIONS, "{\"prompt\":\"a\",\"max_tokens\":0}", 400, "max_tokens",
+               "must be in [1,");
+    EXPECT_BAD(PD_API_COMPLETIONS, "{\"prompt\":\"a\",\"max_tokens\":99999999999}", 400,
+               "max_tokens", "must be in [1, 2147483647]");
+    EXPECT_BAD(PD_API_COMPLETIONS, "{\"prompt\":\"a\",\"max_tokens\":\"5\"}", 400, "max_tokens",
+               "must be an integer, got a string");
+    EXPECT_BAD(PD_API_COMPLETIONS, "{\"prompt\":\"a\",\"temperature\":-1}", 400, "temperature",
+               "must be >= 0");
+    EXPECT_BAD(PD_API_COMPLETIONS, "{\"prompt\":\"a\",\"top_p\":1.5}", 400, "top_p", "(0, 1]");
+    EXPECT_BAD(PD_API_COMPLETIONS, "{\"prompt\":\"a\",\"n\":3}", 400, "n", "only n = 1");
+    EXPECT_BAD(PD_API_COMPLETIONS, "{\"prompt\":\"a\",\"best_of\":2}", 400, "best_of", "only 1");
+    EXPECT_BAD(PD_API_COMPLETIONS, "{\"prompt\":\"a\",\"logit_bias\":{\"5\":10}}", 400,
+               "logit_bias", "not supported");
+    EXPECT_BAD(PD_API_COMPLETIONS, "{\"prompt\":\"a\",\"logprobs\":true}", 400, "logprobs",
+               "must be an integer");
+    EXPECT_BAD(PD_API_COMPLETIONS, "{\"prompt\":\"a\",\"echo\":true}", 400, "echo",
+               "not supported");
+    EXPECT_BAD(PD_API_COMPLETIONS, "{\"prompt\":\"a\",\"stream_options\":{\"include_usage\":1}}",
+               400, "stream_options.include_usage", "must be a boolean");
+    EXPECT_BAD(PD_API_COMPLETIONS, "{\"prompt\":\"a\",\"seed\":1.5}", 400, "seed",
+               "must be an integer");
+}
+
+static void test_model_name(void) {
+    struct pd_api_request r;
+    struct pd_api_error e;
+    EXPECT_BAD(PD_API_COMPLETIONS, "{\"model\":\"gpt-4\",\"prompt\":\"a\"}", 404, "model",
+               "`gpt-4` does not exist");
+    CHECK_INT(parse(PD_API_CHAT,
+                    "{\"model\":\"other\",\"messages\":[{\"role\":\"user\",\"content\":\"a\"}]}",
+                    &r, &e),
+              PD_EINVAL);
+    CHECK_INT(e.status, 404);
+    CHECK_STR(e.code, "model_not_found");
+    EXPECT_BAD(PD_API_CHAT, "{\"model\":5,\"messages\":[{\"role\":\"user\",\"content\":\"a\"}]}",
+               400, "model", "must be a string");
+    /* absent or empty model: the served one; a config without a name accepts anything */
+    CHECK_OK(parse(PD_API_COMPLETIONS, "{\"prompt\":\"a\"}", &r, &e));
+    pd_api_request_free(&r);
+    CHECK_OK(parse(PD_API_COMPLETIONS, "{\"prompt\":\"a\",\"model\":\"\"}", &r, &e));
+    pd_api_request_free(&r);
+    struct pd_api_config any = {0};
+    const char *b = "{\"prompt\":\"a\",\"model\":\"whatever\"}";
+    CHECK_OK(pd_api_parse(PD_API_COMPLETIONS, b, strlen(b), &any, &r, &e));
+    pd_api_request_free(&r);
+}
+
+static void test_chat(void) {
+    struct pd_api_request r;
+    struct pd_api_error e;
+    CHECK_INT(
+        parse(PD_API_CHAT,
+              "{\"model\":\"tiny\",\"messages\":[{\"role\":\"system\",\"content\":\"Be brief.\"},"
+              "{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"Hi\"},{\"type\":"
+              "\"text\",\"text\":\"there\"}],\"name\":\"bob\"},{\"role\":\"assistant\","
+              "\"content\":null}],\"max_completion_tokens\":9,\"logprobs\":true,"
+              "\"top_logprobs\":4,\"stream\":true,\"stream_options\":{\"include_usage\":true},"
+              "\"top_k\":5,\"min_p\":0.1,\"repetition_penalty\":1.2,\"ignore_eos\":true,"
+              "\"min_tokens\":2,\"stop_token_ids\":[7],\"skip_special_tokens\":false,"
+              "\"chat_template_kwargs\":{\"enable_thinking\":false},"
+              "\"add_generation_prompt\":false,\"seed\":3,\"user\":\"u\"}",
+              &r, &e),
+        PD_OK);
+    CHECK(r.text == NULL);
+    CHECK_INT(cJSON_GetArraySize(r.messages), 3);
+    const cJSON *m1 = cJSON_GetArrayItem(r.messages, 1);
+    CHECK_STR(cJSON_GetObjectItem(m1, "content")->valuestring, "Hi\nthere");
+    CHECK_STR(cJSON_GetObjectItem(m1, "name")->valuestring, "bob");
+    CHECK_STR(cJSON_GetObjectItem(cJSON_GetArrayItem(r.messages, 2), "content")->valuestring, "");
+    CHECK_INT(r.sampling.max_new_tokens, 9);
+    CHECK(r.max_tokens_given);
+    CHECK(r.return_logprob);
+    CHECK_INT(r.sampling.n_logprobs, 4);
+    CHECK(r.stream && r.include_usage);
+    CHECK_INT(r.sampling.top_k, 5);
+    CHECK_DBL(r.sampling.min_p, 0.1, 1e-6);
+    CHECK_DBL(r.sampling.repetition_penalty, 1.2, 1e-6);
+    CHECK(r.sampling.ignore_eos);
+    CHECK_INT(r.min_tokens, 2);
+    CHECK_INT(r.sampling.stop_token_ids[0], 7);
+    CHECK(!r.skip_special_tokens);
+    CHECK(cJSON_IsFalse(cJSON_GetObjectItem(r.chat_template_kwargs, "enable_thinking")));
+    CHECK(!r.add_generation_prompt);
+    CHECK(r.sampling.has_seed && r.sampling.seed == 3);
+    pd_api_request_free(&r);
+
+    /* defaults: max_tokens not given (filled from the context later), add_generation_prompt */
+    CHECK_OK(parse(PD_API_CHAT,
+                   "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],"
+                   "\"max_tokens\":null}",
+                   &r, &e));
+    CHECK(!r.max_tokens_given);
+    CHECK(r.add_generation_prompt);
+    CHECK(!r.return_logprob);
+    pd_api_request_free(&r);
+
+    EXPECT_BAD(PD_API_CHAT, "{\"model\":\"tiny\"}", 400, "messages", "needs 'messages'");
+    EXPECT_BAD(PD_API_CHAT, "{\"messages\":[]}", 400, "messages", "must not be empty");
+    EXPECT_BAD(PD_API_CHAT, "{\"messages\":\"hi\"}", 400, "messages", "must be a list");
+    EXPECT_BAD(PD_API_CHAT, "{\"messages\":[\"hi\"]}", 400, "messages[0]", "must be an object");
+    EXPECT_BAD(PD_API_CHAT, "{\"messages\":[{\"content\":\"hi\"}]}", 400, "messages[0].role",
+               "must be a string, got nothing");
+    EXPECT_BAD(PD_API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":5}]}", 400,
+               "messages[0].content", "string or a list of text parts");
+    EXPECT_BAD(PD_API_CHAT,
+               "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image_url\","
+               "\"image_url\":{}}]}]}",
+               400, "messages[0].content", "only 'text' parts");
+    EXPECT_BAD(PD_API_CHAT,
+               "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"text\"}]}]}", 400,
+               "messages[0].content", ".text must be a string");
+    const char *ok = "\"messages\":[{\"role\":\"user\",\"content\":\"a\"}]";
+    char b[512];
+#define CHAT_BAD(extra, param, needle)                                                             \
+    snprintf(b, sizeof(b), "{%s,%s}", ok, extra);                                                  \
+    EXPECT_BAD(PD_API_CHAT, b, 400, param, needle)
+    CHAT_BAD("\"max_tokens\":-1", "max_tokens", "must be in [1,");
+    CHAT_BAD("\"max_completion_tokens\":3e10", "max_completion_tokens", "must be in [1,");
+    CHAT_BAD("\"temperature\":-0.5", "temperature", "must be >= 0");
+    CHAT_BAD("\"temperature\":\"0\"", "temperature", "must be a number");
+    CHAT_BAD("\"top_p\":0", "top_p", "(0, 1]");
+    CHAT_BAD("\"logprobs\":1", "logprobs", "must be a boolean");
+    CHAT_BAD("\"top_logprobs\":2", "top_logprobs", "needs 'logprobs': true");
+    CHAT_BAD("\"logprobs\":true,\"top_logprobs\":21", "top_logprobs", "[0, 20]");
+    CHAT_BAD("\"n\":2", "n", "only n = 1");
+    CHAT_BAD("\"stop\":{}", "stop", "string or a list");
+    CHAT_BAD("\"chat_template_kwargs\":[]", "chat_template_kwargs", "must be an object");
+    CHAT_BAD("\"logit_bias\":{\"1\":-100}", "logit_bias", "not supported");
+    CHAT_BAD("\"tools\":[{\"type\":\"function\"}]", "tools", "not supported");
+    CHAT_BAD("\"stream\":1", "stream", "must be a boolean");
+    CHAT_BAD("\"presence_penalty\":-2.5", "presence_penalty", "[-2, 2]");
+    CHAT_BAD("\"repetition_penalty\":0", "repetition_penalty", "(0, 2]");
+    CHAT_BAD("\"min_tokens\":-1", "min_tokens", "[0,");
+#undef CHAT_BAD
+}
+
+static void test_length_and_ids(void) {
+    struct pd_api_request r;
+    struct pd_api_error e;
+    CHECK_OK(parse(PD_API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}]}", &r, &e));
+    CHECK_INT(pd_api_check_length(&r, 100, 100, &e), PD_EINVAL);
+    CHECK_INT(e.status, 400);
+    CHECK(strstr(e.message, "100 tokens") && strstr(e.message, "context length (100 tokens)"));
+    CHECK_STR(e.param, "messages");
+    CHECK_INT(pd_api_check_length(&r, 250, 100, &e), PD_EINVAL);
+    CHECK(strstr(e.message, "250 tokens") && strstr(e.message, "100 tokens"));
+    CHECK_OK(pd_api_check_length(&r, 30, 100, &e));
+    CHECK_INT(r.sampling.max_new_tokens, 70); /* chat default: the rest of the context */
+    CHECK_INT(pd_api_check_length(&r, 0, 100, &e), PD_EINVAL);
+    CHECK(strstr(e.message, "empty") != NULL);
+    pd_api_request_free(&r);
+
+    CHECK_OK(parse(PD_API_COMPLETIONS, "{\"prompt\":[1,2,99],\"max_tokens\":60}", &r, &e));
+    CHECK_OK(pd_api_check_length(&r, 40, 100, &e));
+    CHECK_INT(pd_api_check_length(&r, 41, 100, &e), PD_EINVAL);
+    CHECK_STR(e.param, "max_tokens");
+    CHECK(strstr(e.message, "101 tokens") && strstr(e.message, "41 tokens") &&
+          strstr(e.message, "60 tokens"));
+    CHECK_OK(pd_api_check_length(&r, 41, 0, &e)); /* unknown context: no check */
+    CHECK_OK(pd_api_check_token_ids(&r, 100, &e));
+    CHECK_INT(pd_api_check_token_ids(&r, 99, &e), PD_EINVAL);
+    CHECK_STR(e.param, "prompt");
+    CHECK(strstr(e.message, "[2] = 99") != NULL);
+    pd_api_request_free(&r);
+
+    CHECK_OK(parse(PD_API_GENERATE, "{\"text\":\"a\",\"sampling_params\":{\"stop_token_ids\":[5]}}",
+                   &r, &e));
+    CHECK_INT(pd_api_check_token_ids(&r, 5, &e), PD_EINVAL);
+    CHECK_STR(e.param, "stop_token_ids");
+    CHECK_INT(pd_api_check_length(&r, 10, 100, &e), PD_EINVAL); /* 10 + 128 > 100 */
+    CHECK_STR(e.param, "sampling_params.max_new_tokens");
+    pd_api_request_free(&r);
+}
+
+static void test_chat_prompt(void) {
+    struct pd_chat_template *t = NULL;
+    CHECK_OK(pd_chat_template_new(
+        "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}"
+        "{% if add_generation_prompt %}<assistant>{% endif %}{% if enable_thinking is defined and "
+        "not enable_thinking %}[nothink]{% endif %}"
+        "{% if messages[0].content == 'boom' %}{{ raise_exception('no boom') }}{% endif %}",
+        &t));
+    struct pd_api_request r;
+    struct pd_api_error e;
+    CHECK_OK(parse(PD_API_CHAT,
+                   "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":"
+                   "\"a\"},{\"type\":\"text\",\"text\":\"b\"}]}],"
+                   "\"chat_template_kwargs\":{\"enable_thinking\":false}}",
+                   &r, &e));
+    char *s = NULL;
+    size_t n = 0;
+    CHECK_OK(pd_api_render_chat_prompt(&r, t, "<s>", "</s>", &s, &n, &e));
+    CHECK_STR(s, "<user>a\nb<assistant>[nothink]");
+    CHECK_INT(n, strlen("<user>a\nb<assistant>[nothink]"));
+    pd_free(s);
+    pd_api_request_free(&r);
+    CHECK_OK(parse(PD_API_CHAT,
+                   "{\"messages\":[{\"role\":\"user\",\"content\":\"boom\"}],"
+                   "\"add_generation_prompt\":false}",
+                   &r, &e));
+    CHECK_INT(pd_api_render_chat_prompt(&r, t, NULL, NULL, &s, &n, &e), PD_EINVAL);
+    CHECK_INT(e.status, 400);
+    CHECK(strstr(e.message, "no boom") != NULL);
+    pd_api_request_free(&r);
+    pd_chat_template_free(t);
+}
+
+static cJSON *parse_out(char *s) {
+    cJSON *j = cJSON_Parse(s);
+    CHECK(j != NULL);
+    pd_free(s);
+    return j;
+}
+
+static const char *jstr(const cJSON *o, const char *path) {
+    /* "a.b.c" through objects */
+    char buf[128];
+    snprintf(buf, sizeof(buf), "%s", path);
+    const cJSON *cur = o;
+    for (char *tok = strtok(buf, "."); tok && cur; tok = strtok(NULL, "."))
+        cur = cJSON_GetObjectItemCaseSensitive(cur, tok);
+    return cJSON_IsString(cur) ? cur->valuestring : NULL;
+}
+
+static double jnum(const cJSON *o, const char *path) {
+    char buf[128];
+    snprintf(buf, sizeof(buf), "%s", path);
+    const cJSON *cur = o;
+    for (char *tok = strtok(buf, "."); tok && cur; tok = strtok(NULL, "."))
+        cur = cJSON_GetObjectItemCaseSensitive(cur, tok);
+    return cJSON_IsNumber(cur) ? cur->valuedouble : -12345;
+}
+
+static void test_error_render(void) {
+    struct pd_api_error e;
+    CHECK_INT(pd_api_error_set(&e, 404, "invalid_request_error", "model", "model_not_found",
+                               "no model %s", "x"),
+              PD_EINVAL);
+    char *s;
+    CHECK_OK(pd_api_error_render(&e, &s));
+    CHECK_STR(s, "{\"error\":{\"message\":\"no model x\",\"type\":\"invalid_request_error\","
+                 "\"param\":\"model\",\"code\":\"model_not_found\"}}");
+    pd_free(s);
+    pd_api_error_set(&e, 503, "server_error", NULL, NULL, "queue full");
+    CHECK_OK(pd_api_error_render(&e, &s));
+    CHECK_STR(s, "{\"error\":{\"message\":\"queue full\",\"type\":\"server_error\",\"param\":null,"
+                 "\"code\":null}}");
+    pd_free(s);
+    char id[64];
+    pd_api_format_id(id, sizeof(id), "chatcmpl-", 0x0123456789abcdefull, 0xfull);
+    CHECK_STR(id, "chatcmpl-0123456789abcdef000000000000000f");
+}
+
+static size_t tok_text(void *ud, int32_t id, char *buf, size_t cap) {
+    (void)ud;
+    if (id == 9) { /* half a UTF-8 character */
+        buf[0] = (char)0xE4;
+        return 1;
+    }
+    return (size_t)snprintf(buf, cap, "t%d", (int)id);
+}
+
+static void test_render_generate(void) {
+    struct pd_api_request r;
+    struct pd_api_error e;
+    CHECK_OK(parse(PD_API_GENERATE,
+                   "{\"text\":\"a\",\"return_logprob\":true,\"top_logprobs_num\":2}", &r, &e));
+    int32_t ids[] = {5, 9, 2};
+    struct pd_sample lp[3] = {{.token = 5,
+                               .logprob = -0.5f,
+                               .n_top = 2,
+                               .top_ids = {5, 6},
+                               .top_logprobs = {-0.5f, -1.5f}},
+                              {.token = 9, .logprob = -1.0f},
+                              {.token = 2, .logprob = -0.25f}};
+    struct pd_api_result res = {.id = "req-1",
+                                .text = "hello",
+                                .text_len = 5,
+                                .output_ids = ids,
+                                .n_output_ids = 3,
+                                .prompt_tokens = 4,
+                                .completion_tokens = 3,
+                                .cached_tokens = 2,
+                                .finish = PD_API_FINISH_STOP,
+                                .matched_token = 2,
+                                .e2e_latency = 0.25,
+                                .logprobs = lp,
+                                .n_logprobs = 3};
+    char *s;
+    CHECK_OK(pd_api_render_generate(&r, &res, &s));
+    cJSON *j = parse_out(s);
+    CHECK_STR(jstr(j, "text"), "hello");
+    CHECK_INT(cJSON_GetArraySize(cJSON_GetObjectItem(j, "output_ids")), 3);
+    CHECK_STR(jstr(j, "meta_info.id"), "req-1");
+    CHECK_STR(jstr(j, "meta_info.finish_reason.type"), "stop");
+    CHECK_INT(jnum(j, "meta_info.finish_reason.matched"), 2);
+    CHECK_INT(jnum(j, "meta_info.prompt_tokens"), 4);
+    CHECK_INT(jnum(j, "meta_info.completion_tokens"), 3);
+    CHECK_INT(jnum(j, "meta_info.cached_tokens"), 2);
+    CHECK_DBL(jnum(j, "meta_info.e2e_latency"), 0.25, 1e-9);
+    const cJSON *mi = cJSON_GetObjectItem(j, "meta_info");
+    const cJSON *otl = cJSON_GetObjectItem(mi, "output_token_logprobs");
+    CHECK_INT(cJSON_GetArraySize(otl), 3);
+    CHECK_DBL(cJSON_GetArrayItem(cJSON_GetArrayItem(otl, 0), 0)->valuedouble, -0.5, 1e-6);
+    CHECK_INT(cJSON_GetArrayItem(cJSON_GetArrayItem(otl, 0), 1)->valuedouble, 5);
+    CHECK(cJSON_IsNull(cJSON_GetArrayItem(cJSON_GetArrayItem(otl, 0), 2)));
+    const cJSON *top = cJSON_GetObjectItem(mi, "output_top_logprobs");
+    CHECK_INT(cJSON_GetArraySize(cJSON_GetArrayItem(top, 0)), 2);
+    cJSON_Delete(j);
+
+    /* stop string, length, abort, and a stream event that is still running */
+    res.matched_stop = "\n\n";
+    CHECK_OK(pd_api_render_generate(&r, &res, &s));
+    j = parse_out(s);
+    CHECK_STR(jstr(j, "meta_info.finish_reason.matched"), "\n\n");
+    cJSON_Delete(j);
+    res.finish = PD_API_FINISH_LENGTH;
+    CHECK_OK(pd_api_render_generate(&r, &res, &s));
+    j = parse_out(s);
+    CHECK_STR(jstr(j, "meta_info.finish_reason.type"), "length");
+    CHECK_INT(jnum(j, "meta_info.finish_reason.length"), 3);
+    cJSON_Delete(j);
+    res.finish = PD_API_FINISH_ABORT;
+    res.abort_message = "client gone";
+    CHECK_OK(pd_api_render_generate(&r, &res, &s));
+    j = parse_out(s);
+    CHECK_STR(jstr(j, "meta_info.finish_reason.type"), "abort");
+    CHECK_STR(jstr(j, "meta_info.finish_reason.message"), "client gone");
+    cJSON_Delete(j);
+    res.finish = PD_API_FINISH_NONE;
+    CHECK_OK(pd_api_render_generate(&r, &res, &s));
+    j = parse_out(s);
+    CHECK(cJSON_IsNull(cJSON_GetObjectItem(cJSON_GetObjectItem(j, "meta_info"), "finish_reason")));
+    cJSON_Delete(j);
+    pd_api_request_free(&r);
+
+    /* without logprobs: no logprob keys; text with a NUL-free slice of a longer buffer */
+    CHECK_OK(parse(PD_API_GENERATE, "{\"text\":\"a\"}", &r, &e));
+    res.text = "hello world";
+    res.text_len = 5;
+    CHECK_OK(pd_api_render_generate(&r, &res, &s));
+    j = parse_out(s);
+    CHECK_STR(jstr(j, "text"), "hello");
+    CHECK(cJSON_GetObjectItem(cJSON_GetObjectItem(j, "meta_info"), "output_token_logprobs") ==
+          NULL);
+    cJSON_Delete(j);
+    pd_api_request_free(&r);
+}
+
+static void test_render_openai(void) {
+    struct pd_api_request r;
+    struct pd_api_error e;
+    CHECK_OK(
+        parse(PD_API_CHAT,
+              "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"logprobs\":true,"
+              "\"top_logprobs\":1,\"stream\":true,\"stream_options\":{\"include_usage\":true}}",
+              &r, &e));
+    struct pd_sample lp[2] = {{.token = 5,
+                               .logprob = -0.5f,
+                               .n_top = 2,
+                               .top_ids = {5, 6},
+                               .top_logprobs = {-0.5f, -1.5f}},
+                              {.token = 9, .logprob = -1.0f}};
+    struct pd_api_result res = {.id = "chatcmpl-abc",
+                                .model = "tiny",
+                                .created = 1700000000,
+                                .text = "Hi",
+                                .text_len = 2,
+                                .prompt_tokens = 7,
+                                .completion_tokens = 2,
+                                .cached_tokens = 3,
+                                .finish = PD_API_FINISH_STOP,
+                                .matched_token = -1,
+                                .logprobs = lp,
+                                .n_logprobs = 2,
+                                .token_text = tok_text};
+    char *s;
+    CHECK_OK(pd_api_render_chat(&r, &res, &s));
+    cJSON *j = parse_out(s);
+    CHECK_STR(jstr(j, "id"), "chatcmpl-abc");
+    CHECK_STR(jstr(j, "object"), "chat.completion");
+    CHECK_INT(jnum(j, "created"), 1700000000);
+    CHECK_STR(jstr(j, "model"), "tiny");
+    const cJSON *c0 = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0);
+    CHECK_INT(jnum(c0, "index"), 0);
+    CHECK_STR(jstr(c0, "message.role"), "assistant");
+    CHECK_STR(jstr(c0, "message.content"), "Hi");
+    CHECK_STR(jstr(c0, "finish_reason"), "stop");
+    const cJSON *content = cJSON_GetObjectItem(cJSON_GetObjectItem(c0, "logprobs"), "content");
+    CHECK_INT(cJSON_GetArraySize(content), 2);
+    CHECK_STR(jstr(cJSON_GetArrayItem(content, 0), "token"), "t5");
+    CHECK_INT(cJSON_GetArraySize(cJSON_GetObjectItem(cJSON_GetArrayItem(content, 0), "bytes")), 2);
+    CHECK_INT(
+        cJSON_GetArraySize(cJSON_GetObjectItem(cJSON_GetArrayItem(content, 0), "top_logprobs")),
+        1); /* capped at top_logprobs */
+    /* half a character: the token string is U+FFFD, the bytes are the raw byte */
+    CHECK_STR(jstr(cJSON_GetArrayItem(content, 1), "token"), "\xEF\xBF\xBD");
+    CHECK_INT(cJSON_GetArrayItem(cJSON_GetObjectItem(cJSON_GetArrayItem(content, 1), "bytes"), 0)
+                  ->valuedouble,
+              0xE4);
+    CHECK_INT(jnum(j, "usage.prompt_tokens"), 7);
+    CHECK_INT(jnum(j, "usage.completion_tokens"), 2);
+    CHECK_INT(jnum(j, "usage.total_tokens"), 9);
+    CHECK_INT(jnum(j, "usage.prompt_tokens_details.cached_tokens"), 3);
+    cJSON_Delete(j);
+
+    /* chunks: first has the role; running chunks say finish_reason null; usage null in every
+     * chunk with include_usage, then the usage chunk with choices [] */
+    res.finish = PD_API_FINISH_NONE;
+    res.logprobs = NULL;
+    res.n_logprobs = 0;
+    CHECK_OK(pd_api_render_chat_chunk(&r, &res, true, &s));
+    j = parse_out(s);
+    CHECK_STR(jstr(j, "object"), "chat.completion.chunk");
+    c0 = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0);
+    CHECK_STR(jstr(c0, "delta.role"), "assistant");
+    CHECK_STR(jstr(c0, "delta.content"), "Hi");
+    CHECK(cJSON_IsNull(cJSON_GetObjectItem(c0, "finish_reason")));
+    CHECK(cJSON_IsNull(cJSON_GetObjectItem(j, "usage")));
+    cJSON_Delete(j);
+    res.finish = PD_API_FINISH_LENGTH;
+    CHECK_OK(pd_api_render_chat_chunk(&r, &res, false, &s));
+    j = parse_out(s);
+    c0 = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0);
+    CHECK(jstr(c0, "delta.role") == NULL);
+    CHECK_STR(jstr(c0, "finish_reason"), "length");
+    cJSON_Delete(j);
+    CHECK_OK(pd_api_render_usage_chunk(&r, &res, &s));
+    j = parse_out(s);
+    CHECK_STR(jstr(j, "object"), "chat.completion.chunk");
+    CHECK(cJSON_IsArray(cJSON_GetObjectItem(j, "choices")));
+    CHECK_INT(cJSON_GetArraySize(cJSON_GetObjectItem(j, "choices")), 0);
+    CHECK_INT(jnum(j, "usage.total_tokens"), 9);
+    cJSON_Delete(j);
+    pd_api_request_free(&r);
+
+    /* completions */
+    CHECK_OK(parse(PD_API_COMPLETIONS, "{\"prompt\":\"a\",\"logprobs\":1}", &r, &e));
+    res = (struct pd_api_result){.id = "cmpl-x",
+                                 .model = "tiny",
+                                 .created = 5,
+                                 .text = "t5t9",
+                                 .text_len = 4,
+                                 .prompt_tokens = 1,
+                                 .completion_tokens = 2,
+                                 .finish = PD_API_FINISH_LENGTH,
+                                 .matched_token = -1,
+                                 .logprobs = lp,
+                                 .n_logprobs = 2,
+                                 .token_text = tok_text};
+    CHECK_OK(pd_api_render_completion(&r, &res, &s));
+    j = parse_out(s);
+    CHECK_STR(jstr(j, "object"), "text_completion");
+    c0 = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0);
+    CHECK_STR(jstr(c0, "text"), "t5t9");
+    CHECK_STR(jstr(c0, "finish_reason"), "length");
+    const cJSON *clp = cJSON_GetObjectItem(c0, "logprobs");
+    CHECK_STR(cJSON_GetArrayItem(cJSON_GetObjectItem(clp, "tokens"), 0)->valuestring, "t5");
+    CHECK_INT(cJSON_GetArrayItem(cJSON_GetObjectItem(clp, "text_offset"), 1)->valuedouble, 2);
+    CHECK_DBL(jnum(cJSON_GetArrayItem(cJSON_GetObjectItem(clp, "top_logprobs"), 0), "t6"), -1.5,
+              1e-6);
+    CHECK_INT(jnum(j, "usage.total_tokens"), 3);
+    cJSON_Delete(j);
+    res.finish = PD_API_FINISH_NONE;
+    CHECK_OK(pd_api_render_completion_chunk(&r, &res, &s));
+    j = parse_out(s);
+    CHECK_STR(jstr(j, "object"), "text_completion");
+    c0 = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0);
+    CHECK(cJSON_IsNull(cJSON_GetObjectItem(c0, "finish_reason")));
+    CHECK(cJSON_GetObjectItem(j, "usage") == NULL); /* no include_usage */
+    cJSON_Delete(j);
+    pd_api_request_free(&r);
+    /* no logprobs asked: "logprobs": null */
+    CHECK_OK(parse(PD_API_COMPLETIONS, "{\"prompt\":\"a\"}", &r, &e));
+    CHECK_OK(pd_api_render_completion(&r, &res, &s));
+    j = parse_out(s);
+    CHECK(cJSON_IsNull(
+        cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0), "logprobs")));
+    cJSON_Delete(j);
+    pd_api_request_free(&r);
+}
+
+static void test_info(void) {
+    char *s;
+    CHECK_OK(pd_api_render_models("tiny", "/models/tiny", 1700000000, 2048, &s));
+    cJSON *j = parse_out(s);
+    CHECK_STR(jstr(j, "object"), "list");
+    const cJSON *m = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "data"), 0);
+    CHECK_STR(jstr(m, "id"), "tiny");
+    CHECK_STR(jstr(m, "object"), "model");
+    CHECK_STR(jstr(m, "owned_by"), "sglang");
+    CHECK_STR(jstr(m, "root"), "/models/tiny");
+    CHECK_INT(jnum(m, "max_model_len"), 2048);
+    CHECK_INT(jnum(m, "created"), 1700000000);
+    cJSON_Delete(j);
+
+    struct pd_server_args a;
+    pd_server_args_defaults(&a);
+    a.model_path = "/models/tiny";
+    a.served_model_name = "tiny";
+    a.disaggregation_mode = PD_DISAGG_DECODE;
+    cJSON *extra = cJSON_CreateObject();
+    cJSON_AddStringToObject(extra, "role", "decode");
+    struct pd_api_runtime_info rt = {.version = "0.1.0",
+                                     .context_length = 2048,
+                                     .max_total_tokens = 4096,
+                                     .num_pages = 256,
+                                     .free_pages = 250,
+                                     .transport = "ucx:sm",
+                                     .backend = "cpu",
+                                     .extra = extra};
+    CHECK_OK(pd_api_render_server_info(&a, &rt, &s));
+    j = parse_out(s);
+    CHECK_STR(jstr(j, "model_path"), "/models/tiny");
+    CHECK_STR(jstr(j, "served_model_name"), "tiny");
+    CHECK_STR(jstr(j, "disaggregation_mode"), "decode");
+    CHECK_INT(jnum(j, "tp_size"), a.tp_size);
+    CHECK_INT(jnum(j, "dp_size"), 1);
+    CHECK_INT(jnum(j, "context_length"), 2048);
+    CHECK_INT(jnum(j, "max_total_tokens"), 4096);
+    CHECK_INT(jnum(j, "max_running_requests"), a.max_running_requests);
+    CHECK_INT(jnum(j, "page_size"), a.page_size);
+    CHECK_INT(jnum(j, "port"), a.port);
+    CHECK_STR(jstr(j, "version"), "0.1.0");
+    CHECK_STR(jstr(j, "transfer_transport"), "ucx:sm");
+    CHECK_INT(jnum(j, "kv_pool.num_pages"), 256);
+    CHECK_INT(jnum(j, "kv_pool.free_pages"), 250);
+    CHECK_STR(jstr(j, "role"), "decode");
+    const cJSON *is = cJSON_GetObjectItem(j, "internal_states");
+    CHECK(cJSON_IsArray(is) && cJSON_GetArraySize(is) >= 1);
+    CHECK(cJSON_IsObject(cJSON_GetArrayItem(is, 0)));
+    cJSON_Delete(j);
+    cJSON_Delete(extra);
+
+    const char *arch[] = {"LlamaForCausalLM"};
+    CHECK_OK(pd_api_render_model_info("/m", NULL, "llama", arch, 1, &s));
+    j = parse_out(s);
+    CHECK_STR(jstr(j, "model_path"), "/m");
+    CHECK_STR(jstr(j, "tokenizer_path"), "/m");
+    CHECK(cJSON_IsTrue(cJSON_GetObjectItem(j, "is_generation")));
+    CHECK_STR(jstr(j, "model_type"), "llama");
+    CHECK_STR(cJSON_GetArrayItem(cJSON_GetObjectItem(j, "architectures"), 0)->valuestring,
+              "LlamaForCausalLM");
+    cJSON_Delete(j);
+
+    CHECK_OK(pd_api_render_get_load(7, &s));
+    CHECK_STR(s, "{\"load\":7}");
+    pd_free(s);
+
+    struct pd_api_rank_load l = {.num_running_reqs = 3,
+                                 .num_waiting_reqs = 2,
+                                 .num_used_tokens = 100,
+                                 .max_total_num_tokens = 400};
+    CHECK_OK(pd_api_render_loads(&l, 1, "2026-01-01T00:00:00Z", &s));
+    j = parse_out(s);
+    CHECK_INT(jnum(j, "dp_rank_count"), 1);
+    const cJSON *l0 = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "loads"), 0);
+    CHECK_INT(jnum(l0, "dp_rank"), 0);
+    CHECK_INT(jnum(l0, "num_running_reqs"), 3);
+    CHECK_INT(jnum(l0, "num_waiting_reqs"), 2);
+    CHECK_INT(jnum(l0, "num_used_tokens"), 100);
+    CHECK_INT(jnum(l0, "max_total_num_tokens"), 400);
+    CHECK_DBL(jnum(l0, "token_usage"), 0.25, 1e-9);
+    CHECK_INT(jnum(j, "aggregate.total_reqs"), 5);
+    cJSON_Delete(j);
+}
+
+static void test_alloc_failures(void) {
+    /* every allocation failure is a 500 with nothing leaked (ASan checks the leaks) */
+    const char *body =
+        "{\"model\":\"tiny\",\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"text\","
+        "\"text\":\"Hi\"},{\"type\":\"text\",\"text\":\"x\"}]}],\"stop\":[\"a\",\"b\"],"
+        "\"chat_template_kwargs\":{\"k\":1},\"rid\":\"r\"}";
+    int saw_oom = 0;
+    for (long n = 0; n < 40; n++) {
+        struct pd_api_request r;
+        struct pd_api_error e;
+        pd_alloc_fail_after(n);
+        int rc = pd_api_parse(PD_API_CHAT, body, strlen(body), &cfg, &r, &e);
+        pd_alloc_fail_after(-1);
+        if (rc == PD_ENOMEM) {
+            saw_oom++;
+            CHECK_INT(e.status, 500);
+        } else {
+            CHECK_INT(rc, PD_OK);
+        }
+        pd_api_request_free(&r);
+    }
+    CHECK(saw_oom > 0);
+}
+
+PD_TEST_MAIN(PD_TEST(test_generate_fields), PD_TEST(test_generate_bad), PD_TEST(test_body_errors),
+             PD_TEST(test_utf8), PD_TEST(test_bootstrap), PD_TEST(test_completions),
+             PD_TEST(test_model_name), PD_TEST(test_chat), PD_TEST(test_length_and_ids),
+             PD_TEST(test_chat_prompt), PD_TEST(test_error_render), PD_TEST(test_render_generate),
+             PD_TEST(test_render_openai), PD_TEST(test_info), PD_TEST(test_alloc_failures))
