@@ -75,6 +75,7 @@ struct pd_engine {
     pthread_mutex_t stats_mu;
     struct pd_engine_stats stats;
     int64_t steps, tokens, retractions;
+    int64_t unsignalled; /* events pushed since the loop was last woken */
     atomic_int last_check;
     bool check_steps;
 };
@@ -305,6 +306,7 @@ void pd_engine_get_info(const struct pd_engine *e, struct pd_engine_info *o) {
 /* ---- events out ---- */
 
 static void emit(struct pd_engine *e, const struct pd_engine_event *ev) {
+    e->unsignalled++;
     while (pd_spsc_push(&e->evq, ev) != PD_OK) {
         /* the loop is behind: wake it and wait for room (the compute thread may block) */
         uv_async_send(e->async);
@@ -767,9 +769,11 @@ static void *compute_main(void *arg) {
         bool worked = e->sp ? prefill_iter(e, now) : decode_iter(e, now);
         drain_ends(e, now);
         publish(e);
-        if (did || worked)
+        if (e->unsignalled) { /* one wakeup per iteration, however many events */
+            e->unsignalled = 0;
             uv_async_send(e->async);
-        else
+        }
+        if (!did && !worked)
             wait_for_work(e);
     }
     atomic_store(&e->exited, true);
