@@ -854,6 +854,10 @@ static void srv_check_drained(struct pd_http_server *s) {
         return;
     s->state = SRV_DISPOSING;
     uv_timer_stop(&s->timer);
+    /* h2o_context_request_shutdown links HTTP/2's 1 s graceful-shutdown entry even when no
+     * HTTP/2 connection exists; disposing with it still linked asserts in h2o 2.2.5 */
+    if (h2o_timeout_is_linked(&s->ctx.http2._graceful_shutdown_timeout))
+        h2o_timeout_unlink(&s->ctx.http2._graceful_shutdown_timeout);
     h2o_context_dispose(&s->ctx);
     s->ctx_inited = false;
     uv_timer_start(&s->timer, on_final, 0, 0);

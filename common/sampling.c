@@ -297,3 +297,21 @@ void pd_sampler_next(struct pd_sampler *s, struct pd_sampling_scratch *sc, float
     if (!out->finish && s->n_generated >= s->p.max_new_tokens)
         out->finish = PD_FINISH_LENGTH;
 }
+
+void pd_sampler_accept(struct pd_sampler *s, int32_t token, enum pd_finish *finish) {
+    bool greedy = s->p.temperature < 1e-5f || s->p.top_k == 1;
+    if (!greedy)
+        (void)uniform01(s->rng); /* draw() takes exactly one value from the stream */
+    s->n_generated++;
+    if (s->out_counts && token >= 0 && token < s->vocab)
+        s->out_counts[token]++;
+    *finish = PD_FINISH_NONE;
+    for (int i = 0; i < s->p.n_stop_token_ids; i++)
+        if (token == s->p.stop_token_ids[i])
+            *finish = PD_FINISH_STOP;
+    for (int i = 0; i < s->n_eos && !s->p.ignore_eos; i++)
+        if (token == s->eos_ids[i])
+            *finish = PD_FINISH_STOP;
+    if (!*finish && s->n_generated >= s->p.max_new_tokens)
+        *finish = PD_FINISH_LENGTH;
+}

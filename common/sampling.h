@@ -90,4 +90,10 @@ void pd_sampler_free(struct pd_sampler *s);
 void pd_sampler_next(struct pd_sampler *s, struct pd_sampling_scratch *scratch, float *logits,
                      struct pd_sample *out);
 
+/* Records a token chosen elsewhere as if this sampler had drawn it — the first output token
+ * that the prefill daemon sampled from the same parameters: penalties count it, the random
+ * stream advances as a draw would, and *finish says whether it ends the request. So a decode
+ * daemon continues exactly where a single process would. */
+void pd_sampler_accept(struct pd_sampler *s, int32_t token, enum pd_finish *finish);
+
 #endif

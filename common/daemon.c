@@ -1,0 +1,1325 @@
+/*
+ * daemon.c — pdserve-prefill and pdserve-decode: the loop thread of DESIGN.md §2a. It owns the
+ * HTTP server, the transfer engine, the bootstrap server/clients and the request table; the
+ * compute thread (common/engine.c) owns the model and the scheduler. A daemon request (struct
+ * dreq) lives from its HTTP body until the engine's END (or its refusal before ADD); the HTTP
+ * side may go earlier (client gone). Nothing here blocks or computes beyond tokenizing a prompt
+ * and detokenizing tokens.
+ */
+#include "common/daemon.h"
+
+#include "common/alloc.h"
+#include "common/api.h"
+#include "common/bootstrap.h"
+#include "common/chat_template.h"
+#include "common/flags.h"
+#include "common/grpc_bridge.h"
+#include "common/http_server.h"
+#include "common/log.h"
+#include "common/room_map.h"
+#include "common/sched_common.h"
+#include "common/status.h"
+#include "common/tokenizer.h"
+#include "common/xfer.h"
+
+#include <cjson/cJSON.h>
+#include <inttypes.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#define MAX_CLIENTS 64       /* distinct prefills one decode talks to */
+#define MAX_EARLY_ROOMS 4096 /* prefill: Transfers that came before their HTTP body */
+
+struct dreq {
+    uint64_t room;
+    int32_t slot;
+    char rid[96];
+    char id[64]; /* response id: "chatcmpl-…" / "cmpl-…" / rid */
+    struct pd_http_req *http;
+    struct pd_api_request api;
+    struct pd_engine_req *ereq; /* before ADD: ours; after: the engine's until END */
+    int32_t n_prompt;
+    double t_start;
+    int64_t created;
+    /* decode output */
+    int32_t *out_ids;
+    int n_out;
+    size_t cap_out;
+    struct pd_detok *detok;
+    char *text;
+    size_t text_len, text_cap, sent_len;
+    int finish; /* enum pd_api_finish once known */
+    int32_t matched_token;
+    int matched_stop; /* index into api.stop, -1 */
+    bool streaming, first_chunk_sent;
+    bool stopped_here; /* a stop string ended it: the engine's END is a formality */
+    /* transfer */
+    bool bootstrapped; /* prefill: Transfer arrived */
+    bool xfer_live;    /* decode: room handed to the bootstrap client, not ended */
+    pd_bootstrap_client_t *client;
+    int cached_tokens;
+    int fail_status;
+    char fail_msg[256];
+    bool aborted; /* by the user (abort_request) */
+};
+
+struct early_room {
+    uint64_t room;
+    double t;
+};
+
+struct client_slot {
+    char target[300];
+    pd_bootstrap_client_t *c;
+};
+
+struct daemon {
+    int role;
+    struct pd_server_args args;
+    double bootstrap_timeout, waiting_timeout, shutdown_timeout;
+    const char *cluster_key_path, *api_key;
+    uint8_t key[PD_CLUSTER_KEY_MAX];
+    size_t key_len;
+
+    uv_loop_t loop;
+    uv_signal_t sigterm, sigint;
+    uv_timer_t tick;
+    struct pd_engine *eng;
+    struct pd_engine_info info;
+    struct pd_tokenizer *tok;
+    struct pd_chat_template *chat;
+    struct pd_http_server *http;
+    pd_grpc_bridge_t *bridge;
+    pd_xfer_t *x;
+    pd_bootstrap_server_t *bserver;
+    struct client_slot clients[MAX_CLIENTS];
+    int n_clients;
+    struct pd_kv_layout layout;
+    char node_id[64];
+    char transport[128];
+
+    struct pd_room_map rooms;
+    struct dreq **reqs; /* [cap] */
+    int32_t *free_slots;
+    int32_t n_free, cap, n_live;
+    struct early_room early[MAX_EARLY_ROOMS];
+    int n_early;
+
+    bool ready, stopping, http_listening;
+    double stop_deadline;
+    int exit_code;
+    uint64_t id_seq;
+    int64_t n_requests, n_aborted, n_failed, n_gen_tokens, n_prompt_tokens;
+};
+
+static struct daemon D;
+
+static double now_s(void) {
+    return (double)uv_hrtime() / 1e9;
+}
+
+static const char *role_name(void) {
+    return D.role == PD_ENGINE_PREFILL ? "prefill" : "decode";
+}
+
+/* ---- request table ---- */
+
+static struct dreq *find_room(uint64_t room) {
+    int32_t s = pd_room_map_get(&D.rooms, room);
+    return s >= 0 ? D.reqs[s] : NULL;
+}
+
+static struct dreq *find_rid(const char *rid) {
+    for (int32_t i = 0; i < D.cap; i++)
+        if (D.reqs[i] && strcmp(D.reqs[i]->rid, rid) == 0)
+            return D.reqs[i];
+    return NULL;
+}
+
+static void dreq_free(struct dreq *r) {
+    if (!r)
+        return;
+    if (r->slot >= 0) {
+        pd_room_map_del(&D.rooms, r->room);
+        D.reqs[r->slot] = NULL;
+        D.free_slots[D.n_free++] = r->slot;
+        D.n_live--;
+    }
+    pd_api_request_free(&r->api);
+    pd_engine_req_free(r->ereq);
+    pd_detok_free(r->detok);
+    pd_free(r->out_ids);
+    pd_free(r->text);
+    pd_free(r);
+}
+
+/* ---- HTTP helpers ---- */
+
+static void respond_error(struct pd_http_req *h, int status, const char *type, const char *param,
+                          const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+static void respond_error(struct pd_http_req *h, int status, const char *type, const char *param,
+                          const char *fmt, ...) {
+    struct pd_api_error e;
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    pd_api_error_set(&e, status, type, param, NULL, "%s", msg);
+    pd_http_respond_error(h, &e);
+}
+
+static void respond_owned_json(struct pd_http_req *h, int status, char *json) {
+    if (!json) {
+        respond_error(h, 500, "server_error", NULL, "out of memory rendering the response");
+        return;
+    }
+    pd_http_respond_json(h, status, json);
+    pd_free(json);
+}
+
+static void fill_error(struct pd_api_error *e, int status, const char *msg) {
+    pd_api_error_set(e, status, status >= 500 ? "server_error" : "invalid_request_error", NULL,
+                     NULL, "%s", msg);
+}
+
+/* ---- decode output ---- */
+
+static int append_text(struct dreq *r, const char *s, size_t n) {
+    if (pd_array_grow((void **)&r->text, &r->text_cap, r->text_len + n + 1, 1))
+        return PD_ENOMEM;
+    memcpy(r->text + r->text_len, s, n);
+    r->text_len += n;
+    r->text[r->text_len] = '\0';
+    return PD_OK;
+}
+
+static size_t token_text(void *ud, int32_t id, char *buf, size_t cap) {
+    (void)ud;
+    char *t = NULL;
+    size_t n = 0;
+    if (pd_tokenizer_decode(D.tok, &id, 1, false, &t, &n) != PD_OK)
+        return 0;
+    if (cap)
+        snprintf(buf, cap, "%s", t);
+    pd_free(t);
+    return n;
+}
+
+static void fill_result(struct dreq *r, struct pd_api_result *res, const char *text, size_t len) {
+    memset(res, 0, sizeof(*res));
+    res->id = r->id;
+    res->model = D.args.served_model_name;
+    res->created = r->created;
+    res->text = text;
+    res->text_len = len;
+    res->output_ids = r->out_ids;
+    res->n_output_ids = r->n_out;
+    res->prompt_tokens = r->n_prompt;
+    res->completion_tokens = r->n_out;
+    res->cached_tokens = r->cached_tokens;
+    res->finish = (enum pd_api_finish)r->finish;
+    res->matched_token = r->matched_token;
+    res->matched_stop = r->matched_stop >= 0 ? r->api.stop[r->matched_stop] : NULL;
+    res->e2e_latency = now_s() - r->t_start;
+    res->token_text = token_text;
+}
+
+/* Renders one body of r's kind: final (stream false) or one stream chunk. */
+static char *render(struct dreq *r, const struct pd_api_result *res, bool chunk) {
+    char *out = NULL;
+    int rc;
+    if (r->api.kind == PD_API_GENERATE)
+        rc = pd_api_render_generate(&r->api, res, &out);
+    else if (r->api.kind == PD_API_COMPLETIONS)
+        rc = chunk ? pd_api_render_completion_chunk(&r->api, res, &out)
+                   : pd_api_render_completion(&r->api, res, &out);
+    else
+        rc = chunk ? pd_api_render_chat_chunk(&r->api, res, !r->first_chunk_sent, &out)
+                   : pd_api_render_chat(&r->api, res, &out);
+    return rc == PD_OK ? out : NULL;
+}
+
+/* Streams what became final (held back: a tail that may still grow into a stop string). */
+static void stream_progress(struct dreq *r, bool final) {
+    if (!r->http || !r->streaming)
+        return;
+    size_t hold = 0;
+    if (!final)
+        for (int i = 0; i < r->api.n_stop; i++) {
+            size_t l = strlen(r->api.stop[i]);
+            if (l > hold + 1)
+                hold = l - 1;
+        }
+    size_t upto = r->text_len > hold ? r->text_len - hold : 0;
+    if (upto < r->sent_len)
+        upto = r->sent_len;
+    if (!final && upto == r->sent_len && r->api.kind != PD_API_GENERATE)
+        return;
+    struct pd_api_result res;
+    if (r->api.kind == PD_API_GENERATE)
+        fill_result(r, &res, r->text ? r->text : "", upto);
+    else
+        fill_result(r, &res, r->text ? r->text + r->sent_len : "", upto - r->sent_len);
+    if (!final)
+        res.finish = PD_API_FINISH_NONE;
+    char *body = render(r, &res, true);
+    if (body) {
+        pd_http_sse_send(r->http, body, strlen(body));
+        pd_free(body);
+    }
+    r->first_chunk_sent = true;
+    r->sent_len = upto;
+}
+
+static void finish_http_ok(struct dreq *r) {
+    struct pd_http_req *h = r->http;
+    if (!h)
+        return;
+    r->http = NULL;
+    if (r->streaming) {
+        r->http = h;
+        stream_progress(r, true);
+        r->http = NULL;
+        if (r->api.include_usage && r->api.kind != PD_API_GENERATE) {
+            struct pd_api_result res;
+            fill_result(r, &res, "", 0);
+            char *u = NULL;
+            if (pd_api_render_usage_chunk(&r->api, &res, &u) == PD_OK) {
+                pd_http_sse_send(h, u, strlen(u));
+                pd_free(u);
+            }
+        }
+        pd_http_sse_end(h);
+        return;
+    }
+    struct pd_api_result res;
+    fill_result(r, &res, r->text ? r->text : "", r->text_len);
+    respond_owned_json(h, 200, render(r, &res, false));
+}
+
+static void finish_http_error(struct dreq *r, int status, const char *msg) {
+    struct pd_http_req *h = r->http;
+    if (!h)
+        return;
+    r->http = NULL;
+    struct pd_api_error e;
+    fill_error(&e, status, msg);
+    if (r->streaming)
+        pd_http_sse_fail(h, &e);
+    else
+        pd_http_respond_error(h, &e);
+}
+
+/* Decode: one more output token (index = its position in the output). */
+static void take_token(struct dreq *r, int32_t token, int index, int finish) {
+    if (r->stopped_here || index != r->n_out)
+        return; /* after a stop string, or the first token seen twice */
+    if (pd_array_grow((void **)&r->out_ids, &r->cap_out, (size_t)r->n_out + 1, sizeof(int32_t)) ==
+        PD_OK)
+        r->out_ids[r->n_out++] = token;
+    D.n_gen_tokens++;
+    const char *piece = NULL;
+    size_t plen = 0;
+    size_t before = r->text_len;
+    if (r->detok && pd_detok_step(r->detok, token, &piece, &plen) == PD_OK && plen)
+        append_text(r, piece, plen);
+    if (finish && r->detok && pd_detok_flush(r->detok, &piece, &plen) == PD_OK && plen)
+        append_text(r, piece, plen);
+    if (finish == PD_FINISH_STOP)
+        r->matched_token = token;
+    if (finish)
+        r->finish = finish == PD_FINISH_STOP ? PD_API_FINISH_STOP : PD_API_FINISH_LENGTH;
+    /* stop strings: searched in the text that could contain a new match */
+    for (int i = 0; i < r->api.n_stop && !r->stopped_here; i++) {
+        size_t l = strlen(r->api.stop[i]);
+        size_t from = before > l ? before - l : 0;
+        if (!r->text || l == 0)
+            continue;
+        char *m = strstr(r->text + from, r->api.stop[i]);
+        if (!m)
+            continue;
+        r->text_len = (size_t)(m - r->text) + (r->api.no_stop_trim ? l : 0);
+        r->text[r->text_len] = '\0';
+        if (r->sent_len > r->text_len)
+            r->sent_len = r->text_len;
+        r->finish = PD_API_FINISH_STOP;
+        r->matched_stop = i;
+        r->matched_token = -1;
+        r->stopped_here = true;
+        pd_engine_submit(D.eng,
+                         &(struct pd_engine_cmd){.kind = PD_ENGINE_CMD_ABORT, .room = r->room});
+    }
+    if (!r->stopped_here && !finish)
+        stream_progress(r, false);
+}
+
+/* ---- engine events ---- */
+
+static void prefill_send(struct dreq *r, const struct pd_engine_event *ev) {
+    if (!pd_xfer_room_live(D.x, ev->room))
+        return; /* the room already ended (aborted/failed): the engine hears it */
+    int rc = PD_OK;
+    if (ev->end > ev->begin)
+        rc = pd_xfer_room_send(D.x, ev->room, (uint32_t)ev->begin, ev->req->pages + ev->begin,
+                               (uint32_t)(ev->end - ev->begin));
+    if (rc == PD_OK && ev->last) {
+        struct pd_xfer_notice n = {.first_token = ev->token,
+                                   .first_logprob = ev->logprob,
+                                   .cached_tokens = (uint32_t)ev->cached_tokens};
+        rc = pd_xfer_room_finish(D.x, ev->room, &n);
+        if (r) {
+            r->cached_tokens = ev->cached_tokens;
+            r->out_ids = pd_malloc(sizeof(int32_t));
+            if (r->out_ids) {
+                r->out_ids[0] = ev->token;
+                r->n_out = 1;
+                r->cap_out = 1;
+            }
+        }
+    }
+    if (rc) {
+        pd_warn("room=%" PRIu64 " sending KV failed: %s", ev->room, pd_error_msg());
+        pd_xfer_room_abort(D.x, ev->room, rc, "prefill could not send the KV cache");
+    }
+}
+
+static void end_request(struct dreq *r, const struct pd_engine_event *ev) {
+    r->ereq = ev->req; /* ours again */
+    int reason = ev->reason;
+    if (r->stopped_here)
+        reason = PD_END_DONE;
+    pd_info("room=%" PRIu64 " rid=%s end=%s tokens=%d", r->room, r->rid,
+            pd_sched_end_reason_str(reason), r->n_out);
+    if (D.role == PD_ENGINE_PREFILL && pd_xfer_room_live(D.x, r->room))
+        pd_xfer_room_abort(D.x, r->room, PD_ECANCELED, "prefill request ended");
+    if (reason == PD_END_DONE) {
+        if (D.role == PD_ENGINE_PREFILL) {
+            r->cached_tokens = ev->cached_tokens;
+            r->finish = PD_API_FINISH_LENGTH;
+            D.n_prompt_tokens += r->n_prompt;
+        } else if (!r->finish) {
+            r->finish = ev->finish == PD_FINISH_STOP ? PD_API_FINISH_STOP : PD_API_FINISH_LENGTH;
+        }
+        finish_http_ok(r);
+    } else if (reason == PD_END_ABORTED && r->aborted) {
+        D.n_aborted++;
+        r->finish = PD_API_FINISH_ABORT;
+        finish_http_ok(r);
+    } else {
+        D.n_failed += reason != PD_END_ABORTED;
+        char msg[400];
+        int status = 500;
+        if (ev->status == PD_EFULL) {
+            status = 503;
+            snprintf(msg, sizeof(msg), "the %s daemon's queue is full", role_name());
+        } else if (ev->status == PD_ERANGE) {
+            status = 400;
+            snprintf(msg, sizeof(msg), "the request needs more KV pages than the pool has");
+        } else if (reason == PD_END_TIMEOUT) {
+            snprintf(msg, sizeof(msg), "%s",
+                     D.role == PD_ENGINE_PREFILL
+                         ? "bootstrap timed out: no decode asked for this room's KV cache "
+                           "within --bootstrap-timeout"
+                         : "timed out waiting for the prefill's KV cache (--waiting-timeout)");
+        } else if (r->fail_msg[0]) {
+            snprintf(msg, sizeof(msg), "KV transfer failed: %s", r->fail_msg);
+        } else {
+            snprintf(msg, sizeof(msg), "request %s (%s)", pd_sched_end_reason_str(reason),
+                     ev->status ? pd_status_str(ev->status) : "no detail");
+        }
+        finish_http_error(r, status, msg);
+    }
+    dreq_free(r);
+}
+
+static void decode_admit(struct dreq *r, const struct pd_engine_event *ev);
+
+static void on_engine_event(void *ctx, const struct pd_engine_event *ev) {
+    (void)ctx;
+    struct dreq *r = find_room(ev->room);
+    if (r && ev->req && ev->req->user != r)
+        r = NULL; /* a stale event of an earlier request on this room */
+    switch (ev->kind) {
+    case PD_ENGINE_EV_SEND: prefill_send(r, ev); break;
+    case PD_ENGINE_EV_ADMIT:
+        if (r)
+            decode_admit(r, ev);
+        break;
+    case PD_ENGINE_EV_TOKEN:
+        if (r)
+            take_token(r, ev->token, ev->index, ev->finish);
+        break;
+    case PD_ENGINE_EV_QUIESCE:
+        if (D.role == PD_ENGINE_PREFILL) {
+            if (pd_xfer_room_live(D.x, ev->room))
+                pd_xfer_room_abort(D.x, ev->room, PD_ECANCELED, "prefill aborted the request");
+        } else if (r && r->xfer_live && r->client) {
+            pd_bootstrap_client_abort(r->client, ev->room, r->aborted ? "aborted" : "timed out");
+        } else {
+            pd_engine_submit(D.eng, &(struct pd_engine_cmd){.kind = PD_ENGINE_CMD_XFER_END,
+                                                            .room = ev->room,
+                                                            .status = PD_ECANCELED});
+        }
+        break;
+    case PD_ENGINE_EV_END:
+        if (r)
+            end_request(r, ev);
+        else
+            pd_engine_req_free(ev->req);
+        break;
+    case PD_ENGINE_EV_FLUSHED: pd_info("flush_cache: %d pages freed", (int)ev->n_output); break;
+    default: break;
+    }
+}
+
+/* ---- transfer engine + bootstrap ---- */
+
+static void on_room_end(void *ctx, uint64_t room, void *user, int status,
+                        const struct pd_xfer_notice *n) {
+    (void)ctx;
+    (void)user;
+    struct dreq *r = find_room(room);
+    struct pd_engine_cmd c = {.kind = PD_ENGINE_CMD_XFER_END, .room = room, .status = status};
+    if (D.role == PD_ENGINE_DECODE) {
+        if (!r)
+            return;
+        r->xfer_live = false;
+        if (n) {
+            c.status = n->status;
+            c.first_token = n->first_token;
+            c.first_logprob = n->first_logprob;
+            if (n->status == PD_OK) {
+                r->cached_tokens = (int)n->cached_tokens;
+                /* stream the first token now; the engine's TOKEN 0 is then ignored */
+                take_token(r, n->first_token, 0, PD_FINISH_NONE);
+            } else {
+                snprintf(r->fail_msg, sizeof(r->fail_msg), "%s", n->error);
+            }
+        } else if (status != PD_OK && !r->fail_msg[0]) {
+            snprintf(r->fail_msg, sizeof(r->fail_msg), "%s", pd_status_str(status));
+        }
+    } else if (!r) {
+        for (int i = 0; i < D.n_early; i++) /* a Transfer whose body never came */
+            if (D.early[i].room == room)
+                D.early[i] = D.early[--D.n_early];
+        return;
+    }
+    pd_engine_submit(D.eng, &c);
+}
+
+static void on_peer_closed(void *ctx, pd_xfer_peer_t *p, void *user) {
+    (void)ctx;
+    (void)user;
+    if (D.bserver)
+        pd_bootstrap_server_peer_closed(D.bserver, p);
+    for (int i = 0; i < D.n_clients; i++)
+        pd_bootstrap_client_peer_closed(D.clients[i].c, p);
+}
+
+static void on_peer_failed(void *ctx, pd_xfer_peer_t *p, void *user, int status) {
+    (void)ctx;
+    (void)p;
+    (void)user;
+    pd_warn("xfer: a peer failed (%s); its rooms fail once its endpoint is closed",
+            pd_status_str(status));
+}
+
+/* prefill: decode's Transfer for room arrived (the room is in the transfer engine) */
+static void on_bootstrap_room(void *ctx, uint64_t room, const char *decode_id, uint32_t n_pages,
+                              uint32_t prompt_len) {
+    (void)ctx;
+    (void)prompt_len;
+    struct dreq *r = find_room(room);
+    pd_debug("room=%" PRIu64 " transfer from %s (%u pages)", room, decode_id, n_pages);
+    if (r && !r->bootstrapped) {
+        r->bootstrapped = true;
+        pd_engine_submit(D.eng,
+                         &(struct pd_engine_cmd){.kind = PD_ENGINE_CMD_BOOTSTRAPPED, .room = room});
+        return;
+    }
+    if (D.n_early == MAX_EARLY_ROOMS) {
+        pd_xfer_room_abort(D.x, room, PD_EFULL, "prefill: too many rooms without a request");
+        return;
+    }
+    D.early[D.n_early++] = (struct early_room){room, now_s()};
+}
+
+static void on_bootstrap_abort(void *ctx, uint64_t room, bool found, const char *reason) {
+    (void)ctx;
+    (void)found;
+    struct dreq *r = find_room(room);
+    pd_info("room=%" PRIu64 " decode aborted it: %s", room, reason ? reason : "");
+    if (r)
+        pd_engine_submit(D.eng, &(struct pd_engine_cmd){.kind = PD_ENGINE_CMD_ABORT, .room = room});
+}
+
+static void on_room_rejected(void *ctx, uint64_t room, void *user, int status, const char *msg) {
+    (void)ctx;
+    (void)user;
+    struct dreq *r = find_room(room);
+    if (!r)
+        return;
+    r->xfer_live = false;
+    snprintf(r->fail_msg, sizeof(r->fail_msg), "%s", msg ? msg : pd_status_str(status));
+    pd_warn("room=%" PRIu64 " the prefill refused the transfer: %s", room, r->fail_msg);
+    pd_engine_submit(D.eng, &(struct pd_engine_cmd){
+                                .kind = PD_ENGINE_CMD_XFER_END, .room = room, .status = status});
+}
+
+static pd_bootstrap_client_t *client_for(const char *host, int port) {
+    char target[300];
+    snprintf(target, sizeof(target), "%s:%d", host && *host ? host : "127.0.0.1", port);
+    for (int i = 0; i < D.n_clients; i++)
+        if (strcmp(D.clients[i].target, target) == 0)
+            return D.clients[i].c;
+    if (D.n_clients == MAX_CLIENTS) {
+        pd_errorf(PD_EFULL, "decode talks to %d prefills already", MAX_CLIENTS);
+        return NULL;
+    }
+    struct pd_bootstrap_client_config cc = {.target = target,
+                                            .key = D.key,
+                                            .key_len = D.key_len,
+                                            .layout = D.layout,
+                                            .decode_id = D.node_id};
+    struct pd_bootstrap_client_callbacks cb = {.on_room_rejected = on_room_rejected};
+    pd_bootstrap_client_t *c;
+    if (pd_bootstrap_client_new(D.bridge, D.x, &cc, &cb, &c) != PD_OK)
+        return NULL;
+    struct client_slot *s = &D.clients[D.n_clients++];
+    snprintf(s->target, sizeof(s->target), "%s", target);
+    s->c = c;
+    return c;
+}
+
+static void decode_admit(struct dreq *r, const struct pd_engine_event *ev) {
+    pd_bootstrap_client_t *c = client_for(r->api.bootstrap_host, r->api.bootstrap_port);
+    int rc =
+        c ? pd_bootstrap_client_transfer(c, r->room, ev->req->pages, (uint32_t)ev->req->n_pages,
+                                         (uint32_t)r->n_prompt, NULL)
+          : PD_EINVAL;
+    if (rc) {
+        snprintf(r->fail_msg, sizeof(r->fail_msg), "%s", pd_error_msg());
+        pd_engine_submit(D.eng, &(struct pd_engine_cmd){
+                                    .kind = PD_ENGINE_CMD_XFER_END, .room = r->room, .status = rc});
+        return;
+    }
+    r->client = c;
+    r->xfer_live = true;
+}
+
+/* ---- generation requests ---- */
+
+static void abort_req(struct dreq *r, bool user) {
+    if (user)
+        r->aborted = true;
+    if (D.role == PD_ENGINE_PREFILL && pd_xfer_room_live(D.x, r->room))
+        pd_xfer_room_abort(D.x, r->room, PD_ECANCELED, "the prefill request was aborted");
+    pd_engine_submit(D.eng, &(struct pd_engine_cmd){.kind = PD_ENGINE_CMD_ABORT, .room = r->room});
+}
+
+static void on_client_gone(struct pd_http_req *h, void *user) {
+    (void)h;
+    struct dreq *r = user;
+    r->http = NULL;
+    pd_info("room=%" PRIu64 " rid=%s client went away: aborting", r->room, r->rid);
+    abort_req(r, true);
+}
+
+static void handle_generate(struct pd_http_req *h, enum pd_api_kind kind) {
+    struct pd_api_error e;
+    if (D.stopping || !D.ready) {
+        respond_error(h, 503, "server_error", NULL, "the %s daemon is %s", role_name(),
+                      D.stopping ? "shutting down" : "not ready");
+        return;
+    }
+    struct dreq *r = pd_calloc(1, sizeof(*r));
+    if (!r) {
+        respond_error(h, 500, "server_error", NULL, "out of memory");
+        return;
+    }
+    r->slot = -1;
+    r->matched_stop = -1;
+    r->matched_token = -1;
+    r->t_start = now_s();
+    r->created = (int64_t)time(NULL);
+    size_t blen;
+    const char *body = pd_http_req_body(h, &blen);
+    struct pd_api_config ac = {.served_model_name = D.args.served_model_name,
+                               .model_path = D.args.model_path,
+                               .disaggregated = true,
+                               .context_length = D.info.context_length};
+    if (pd_api_parse(kind, body, blen, &ac, &r->api, &e) != PD_OK) {
+        pd_http_respond_error(h, &e);
+        goto fail;
+    }
+    /* the prompt's ids */
+    struct pd_token_ids ids = {0};
+    int rc = PD_OK;
+    if (r->api.input_ids) {
+        for (int i = 0; i < r->api.n_input_ids && !rc; i++)
+            rc = pd_array_grow((void **)&ids.ids, &ids.cap, ids.n + 1, sizeof(int32_t));
+        if (!rc) {
+            memcpy(ids.ids, r->api.input_ids, sizeof(int32_t) * (size_t)r->api.n_input_ids);
+            ids.n = (size_t)r->api.n_input_ids;
+        }
+    } else if (kind == PD_API_CHAT) {
+        char *prompt = NULL;
+        size_t plen = 0;
+        if (!D.chat) {
+            respond_error(h, 400, "invalid_request_error", "messages",
+                          "the model has no chat template");
+            goto fail;
+        }
+        if (pd_api_render_chat_prompt(&r->api, D.chat, pd_tokenizer_bos_token(D.tok),
+                                      pd_tokenizer_eos_token(D.tok), &prompt, &plen, &e) != PD_OK) {
+            pd_http_respond_error(h, &e);
+            goto fail;
+        }
+        rc = pd_tokenizer_encode(D.tok, prompt, plen, PD_TOK_PARSE_SPECIAL, &ids);
+        pd_free(prompt);
+    } else {
+        rc = pd_tokenizer_encode(D.tok, r->api.text, r->api.text_len, PD_TOK_DEFAULT, &ids);
+    }
+    if (rc || ids.n == 0) {
+        respond_error(h, 400, "invalid_request_error", "prompt", "%s",
+                      rc ? pd_error_msg() : "the prompt is empty");
+        pd_token_ids_free(&ids);
+        goto fail;
+    }
+    if (pd_api_check_length(&r->api, (int)ids.n, D.info.context_length, &e) != PD_OK ||
+        pd_api_check_token_ids(&r->api, D.info.vocab_size, &e) != PD_OK) {
+        pd_http_respond_error(h, &e);
+        pd_token_ids_free(&ids);
+        goto fail;
+    }
+    if (r->api.sampling.max_new_tokens < 1)
+        r->api.sampling.max_new_tokens = 1; /* the prefill's token is always produced */
+    r->room = r->api.bootstrap_room;
+    r->n_prompt = (int32_t)ids.n;
+    if (find_room(r->room)) {
+        respond_error(h, 400, "invalid_request_error", "bootstrap_room",
+                      "bootstrap_room %" PRIu64 " already has a live request on this %s daemon",
+                      r->room, role_name());
+        pd_token_ids_free(&ids);
+        goto fail;
+    }
+    if (D.n_free == 0) {
+        respond_error(h, 503, "server_error", NULL,
+                      "too many requests queued (--max-queued-requests %d)",
+                      D.args.max_queued_requests);
+        pd_token_ids_free(&ids);
+        goto fail;
+    }
+    struct pd_sampling_params sp = r->api.sampling;
+    if (!sp.has_seed && sp.temperature > 0) {
+        /* both daemons draw from the same stream: a seed from the room, unless given */
+        sp.has_seed = true;
+        sp.seed = r->room ^ (uint64_t)D.args.random_seed;
+    }
+    rc = pd_engine_req_new(r->room, ids.ids, r->n_prompt, D.info.page_size, &sp, &r->ereq);
+    pd_token_ids_free(&ids);
+    if (rc) {
+        respond_error(h, 500, "server_error", NULL, "%s", pd_error_msg());
+        goto fail;
+    }
+    if (r->api.rid)
+        snprintf(r->rid, sizeof(r->rid), "%s", r->api.rid);
+    else
+        snprintf(r->rid, sizeof(r->rid), "%016" PRIx64, r->room);
+    uint64_t seq = ++D.id_seq;
+    if (kind == PD_API_GENERATE)
+        snprintf(r->id, sizeof(r->id), "%s", r->rid);
+    else
+        pd_api_format_id(r->id, sizeof(r->id), kind == PD_API_CHAT ? "chatcmpl-" : "cmpl-", r->room,
+                         seq);
+    if (D.role == PD_ENGINE_DECODE &&
+        pd_detok_new(D.tok, r->api.skip_special_tokens, &r->detok) != PD_OK) {
+        respond_error(h, 500, "server_error", NULL, "%s", pd_error_msg());
+        goto fail;
+    }
+    /* registered: from here the request ends through the engine */
+    r->slot = D.free_slots[--D.n_free];
+    D.reqs[r->slot] = r;
+    pd_room_map_put(&D.rooms, r->room, r->slot);
+    D.n_live++;
+    D.n_requests++;
+    r->http = h;
+    r->ereq->user = r;
+    struct pd_engine_req *er = r->ereq;
+    if (pd_engine_submit(D.eng, &(struct pd_engine_cmd){.kind = PD_ENGINE_CMD_ADD, .req = er})) {
+        r->http = NULL;
+        respond_error(h, 503, "server_error", NULL, "%s", pd_error_msg());
+        dreq_free(r);
+        return;
+    }
+    r->ereq = NULL; /* the engine's now */
+    pd_http_req_on_gone(h, on_client_gone, r);
+    if (r->api.stream) {
+        r->streaming = true;
+        pd_http_sse_start(h);
+    }
+    pd_info("room=%" PRIu64 " rid=%s %s prompt=%d max_new=%d", r->room, r->rid, role_name(),
+            (int)r->n_prompt, r->api.sampling.max_new_tokens);
+    if (D.role == PD_ENGINE_PREFILL) {
+        for (int i = 0; i < D.n_early; i++)
+            if (D.early[i].room == r->room) {
+                D.early[i] = D.early[--D.n_early];
+                r->bootstrapped = true;
+                pd_engine_submit(D.eng, &(struct pd_engine_cmd){.kind = PD_ENGINE_CMD_BOOTSTRAPPED,
+                                                                .room = r->room});
+                break;
+            }
+    }
+    return;
+fail:
+    dreq_free(r);
+}
+
+static void h_generate(struct pd_http_req *h, void *ud) {
+    (void)ud;
+    handle_generate(h, PD_API_GENERATE);
+}
+static void h_completions(struct pd_http_req *h, void *ud) {
+    (void)ud;
+    handle_generate(h, PD_API_COMPLETIONS);
+}
+static void h_chat(struct pd_http_req *h, void *ud) {
+    (void)ud;
+    handle_generate(h, PD_API_CHAT);
+}
+
+/* ---- other endpoints ---- */
+
+static void h_health(struct pd_http_req *h, void *ud) {
+    (void)ud;
+    if (D.ready && !D.stopping)
+        pd_http_respond(h, 200, "text/plain", "", 0);
+    else
+        respond_error(h, 503, "server_error", NULL, "not ready");
+}
+
+static cJSON *body_json(struct pd_http_req *h) {
+    size_t len;
+    const char *b = pd_http_req_body(h, &len);
+    return cJSON_ParseWithLength(b, len);
+}
+
+static void h_abort(struct pd_http_req *h, void *ud) {
+    (void)ud;
+    cJSON *j = body_json(h);
+    const cJSON *rid = j ? cJSON_GetObjectItemCaseSensitive(j, "rid") : NULL;
+    if (!cJSON_IsString(rid)) {
+        cJSON_Delete(j);
+        respond_error(h, 400, "invalid_request_error", "rid", "body must be {\"rid\": string}");
+        return;
+    }
+    struct dreq *r = find_rid(rid->valuestring);
+    if (r)
+        abort_req(r, true);
+    pd_info("abort_request rid=%s %s", rid->valuestring, r ? "found" : "not found");
+    cJSON_Delete(j);
+    pd_http_respond_json(h, 200, r ? "{\"success\":true}" : "{\"success\":false}");
+}
+
+static void h_flush(struct pd_http_req *h, void *ud) {
+    (void)ud;
+    pd_engine_submit(D.eng, &(struct pd_engine_cmd){.kind = PD_ENGINE_CMD_FLUSH_CACHE});
+    pd_http_respond(h, 200, "text/plain", "Cache flushed.\n", 15);
+}
+
+static void h_models(struct pd_http_req *h, void *ud) {
+    (void)ud;
+    char *out = NULL;
+    pd_api_render_models(D.args.served_model_name, D.args.model_path, 0, D.info.context_length,
+                         &out);
+    respond_owned_json(h, 200, out);
+}
+
+static void h_model_info(struct pd_http_req *h, void *ud) {
+    (void)ud;
+    char *out = NULL;
+    const char *arch[1] = {D.info.architecture};
+    pd_api_render_model_info(D.args.model_path, D.args.tokenizer_path, D.info.model_type, arch, 1,
+                             &out);
+    respond_owned_json(h, 200, out);
+}
+
+static void h_server_info(struct pd_http_req *h, void *ud) {
+    (void)ud;
+    struct pd_engine_stats s;
+    pd_engine_stats(D.eng, &s);
+    cJSON *extra = cJSON_CreateObject();
+    cJSON *pool = cJSON_AddObjectToObject(extra, "kv_pool");
+    cJSON_AddNumberToObject(pool, "num_pages", s.pages_total);
+    cJSON_AddNumberToObject(pool, "free_pages", s.pages_free);
+    cJSON_AddNumberToObject(pool, "used_pages", s.pages_used);
+    cJSON_AddNumberToObject(pool, "cached_pages", s.pages_cached);
+    cJSON_AddNumberToObject(pool, "page_size", D.info.page_size);
+    cJSON *q = cJSON_AddObjectToObject(extra, "queues");
+    if (D.role == PD_ENGINE_PREFILL) {
+        cJSON_AddNumberToObject(q, "bootstrap", s.q_bootstrap);
+        cJSON_AddNumberToObject(q, "waiting", s.q_waiting);
+        cJSON_AddNumberToObject(q, "inflight", s.q_inflight);
+    } else {
+        cJSON_AddNumberToObject(q, "prealloc", s.q_prealloc);
+        cJSON_AddNumberToObject(q, "transfer", s.q_transfer);
+        cJSON_AddNumberToObject(q, "running", s.q_running);
+        cJSON_AddNumberToObject(q, "retractions", (double)s.retractions);
+    }
+    cJSON_AddNumberToObject(q, "draining", s.q_draining);
+    cJSON_AddNumberToObject(extra, "live_requests", D.n_live);
+    cJSON_AddNumberToObject(extra, "bootstrap_timeout", D.bootstrap_timeout);
+    cJSON_AddNumberToObject(extra, "waiting_timeout", D.waiting_timeout);
+    struct pd_api_runtime_info rt = {.version = PD_VERSION,
+                                     .context_length = D.info.context_length,
+                                     .max_total_tokens = D.info.n_pages * D.info.page_size,
+                                     .num_pages = s.pages_total,
+                                     .free_pages = s.pages_free + s.pages_cached,
+                                     .transport = D.transport,
+                                     .backend = D.info.backend,
+                                     .extra = extra};
+    char *out = NULL;
+    pd_api_render_server_info(&D.args, &rt, &out);
+    cJSON_Delete(extra);
+    respond_owned_json(h, 200, out);
+}
+
+static int load_now(struct pd_engine_stats *s) {
+    pd_engine_stats(D.eng, s);
+    return D.n_live;
+}
+
+static void h_get_load(struct pd_http_req *h, void *ud) {
+    (void)ud;
+    struct pd_engine_stats s;
+    char *out = NULL;
+    pd_api_render_get_load(load_now(&s), &out);
+    respond_owned_json(h, 200, out);
+}
+
+static void h_loads(struct pd_http_req *h, void *ud) {
+    (void)ud;
+    struct pd_engine_stats s;
+    load_now(&s);
+    struct pd_api_rank_load l = {
+        .num_running_reqs = D.role == PD_ENGINE_DECODE ? s.q_running : s.q_inflight,
+        .num_waiting_reqs =
+            D.role == PD_ENGINE_DECODE ? s.q_prealloc + s.q_transfer : s.q_bootstrap + s.q_waiting,
+        .num_used_tokens = (int64_t)s.pages_used * D.info.page_size,
+        .max_total_num_tokens = (int64_t)s.pages_total * D.info.page_size};
+    char ts[40];
+    time_t t = time(NULL);
+    struct tm tm;
+    gmtime_r(&t, &tm);
+    strftime(ts, sizeof(ts), "%Y-%m-%dT%H:%M:%SZ", &tm);
+    char *out = NULL;
+    pd_api_render_loads(&l, 1, ts, &out);
+    respond_owned_json(h, 200, out);
+}
+
+static void h_metrics(struct pd_http_req *h, void *ud) {
+    (void)ud;
+    struct pd_engine_stats s;
+    load_now(&s);
+    char buf[4096];
+    const char *m = D.args.served_model_name;
+    int n = snprintf(
+        buf, sizeof(buf),
+        "# TYPE sglang:num_running_reqs gauge\nsglang:num_running_reqs{model_name=\"%s\"} %d\n"
+        "# TYPE sglang:num_queue_reqs gauge\nsglang:num_queue_reqs{model_name=\"%s\"} %d\n"
+        "# TYPE sglang:token_usage gauge\nsglang:token_usage{model_name=\"%s\"} %.4f\n"
+        "# TYPE sglang:num_used_tokens gauge\nsglang:num_used_tokens{model_name=\"%s\"} %d\n"
+        "# TYPE sglang:max_total_num_tokens gauge\n"
+        "sglang:max_total_num_tokens{model_name=\"%s\"} %d\n"
+        "# TYPE sglang:num_requests_total counter\n"
+        "sglang:num_requests_total{model_name=\"%s\"} %" PRId64 "\n"
+        "# TYPE sglang:num_aborted_requests_total counter\n"
+        "sglang:num_aborted_requests_total{model_name=\"%s\"} %" PRId64 "\n"
+        "# TYPE sglang:generation_tokens_total counter\n"
+        "sglang:generation_tokens_total{model_name=\"%s\"} %" PRId64 "\n",
+        m, D.role == PD_ENGINE_DECODE ? s.q_running : s.q_inflight, m,
+        D.role == PD_ENGINE_DECODE ? s.q_prealloc + s.q_transfer : s.q_bootstrap + s.q_waiting, m,
+        s.pages_total ? (double)s.pages_used / s.pages_total : 0.0, m,
+        s.pages_used * D.info.page_size, m, s.pages_total * D.info.page_size, m, D.n_requests, m,
+        D.n_aborted, m, D.n_gen_tokens);
+    pd_http_respond(h, 200, "text/plain; version=0.0.4", buf,
+                    (size_t)(n < (int)sizeof(buf) ? n : (int)sizeof(buf) - 1));
+}
+
+static void h_tokenize(struct pd_http_req *h, void *ud) {
+    (void)ud;
+    cJSON *j = body_json(h);
+    const cJSON *p = j ? cJSON_GetObjectItemCaseSensitive(j, "prompt") : NULL;
+    if (!cJSON_IsString(p)) {
+        cJSON_Delete(j);
+        respond_error(h, 400, "invalid_request_error", "prompt",
+                      "body must be {\"prompt\": string}");
+        return;
+    }
+    const cJSON *as = cJSON_GetObjectItemCaseSensitive(j, "add_special_tokens");
+    struct pd_token_ids ids = {0};
+    int rc = pd_tokenizer_encode(D.tok, p->valuestring, strlen(p->valuestring),
+                                 cJSON_IsFalse(as) ? PD_TOK_PARSE_SPECIAL : PD_TOK_DEFAULT, &ids);
+    cJSON_Delete(j);
+    if (rc) {
+        respond_error(h, 400, "invalid_request_error", "prompt", "%s", pd_error_msg());
+        return;
+    }
+    cJSON *o = cJSON_CreateObject(), *arr = cJSON_AddArrayToObject(o, "tokens");
+    for (size_t i = 0; i < ids.n; i++)
+        cJSON_AddItemToArray(arr, cJSON_CreateNumber(ids.ids[i]));
+    cJSON_AddNumberToObject(o, "count", (double)ids.n);
+    cJSON_AddNumberToObject(o, "max_model_len", D.info.context_length);
+    pd_token_ids_free(&ids);
+    char *s = cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
+    pd_http_respond_json(h, 200, s ? s : "{}");
+    free(s);
+}
+
+static void h_detokenize(struct pd_http_req *h, void *ud) {
+    (void)ud;
+    cJSON *j = body_json(h);
+    const cJSON *t = j ? cJSON_GetObjectItemCaseSensitive(j, "tokens") : NULL;
+    if (!cJSON_IsArray(t)) {
+        cJSON_Delete(j);
+        respond_error(h, 400, "invalid_request_error", "tokens",
+                      "body must be {\"tokens\": [int]}");
+        return;
+    }
+    int n = cJSON_GetArraySize(t);
+    int32_t *ids = pd_calloc((size_t)n + 1, sizeof(int32_t));
+    int i = 0;
+    const cJSON *it;
+    bool ok = ids != NULL;
+    cJSON_ArrayForEach(it, t) {
+        if (!ok || !cJSON_IsNumber(it) || it->valuedouble < 0 ||
+            it->valuedouble >= D.info.vocab_size) {
+            ok = false;
+            break;
+        }
+        ids[i++] = (int32_t)it->valuedouble;
+    }
+    cJSON_Delete(j);
+    char *text = NULL;
+    size_t len = 0;
+    if (!ok || pd_tokenizer_decode(D.tok, ids, (size_t)i, false, &text, &len) != PD_OK) {
+        pd_free(ids);
+        respond_error(h, 400, "invalid_request_error", "tokens", "tokens must be ids in [0, %d)",
+                      D.info.vocab_size);
+        return;
+    }
+    pd_free(ids);
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "text", text);
+    pd_free(text);
+    char *s = cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
+    pd_http_respond_json(h, 200, s ? s : "{}");
+    free(s);
+}
+
+/* ---- timers, shutdown ---- */
+
+static void on_closed_http(struct pd_http_server *s, void *ud);
+
+static void finish_shutdown(void) {
+    uv_timer_stop(&D.tick);
+    uv_close((uv_handle_t *)&D.tick, NULL);
+    pd_engine_stop(D.eng); /* what is left ends aborted (HTTP already gone) */
+    pd_bootstrap_server_free(D.bserver);
+    D.bserver = NULL;
+    for (int i = 0; i < D.n_clients; i++)
+        pd_bootstrap_client_free(D.clients[i].c);
+    D.n_clients = 0;
+    pd_xfer_free(D.x);
+    D.x = NULL;
+    pd_grpc_bridge_free(D.bridge);
+    D.bridge = NULL;
+}
+
+static void on_tick(uv_timer_t *t) {
+    (void)t;
+    double now = now_s();
+    for (int i = 0; i < D.n_early;) { /* Transfers whose body never came */
+        if (now - D.early[i].t >= D.bootstrap_timeout) {
+            uint64_t room = D.early[i].room;
+            D.early[i] = D.early[--D.n_early];
+            pd_info("room=%" PRIu64 " transfer without a request timed out", room);
+            if (pd_xfer_room_live(D.x, room))
+                pd_xfer_room_abort(D.x, room, PD_ETIMEDOUT,
+                                   "prefill: no request arrived for this room (bootstrap timeout)");
+            continue;
+        }
+        i++;
+    }
+    if (D.stopping && now >= D.stop_deadline && D.n_live > 0) {
+        /* out of time: fail what is left */
+        for (int32_t i = 0; i < D.cap; i++)
+            if (D.reqs[i] && !D.reqs[i]->aborted)
+                abort_req(D.reqs[i], true);
+    }
+}
+
+static void on_closed_http(struct pd_http_server *s, void *ud) {
+    (void)s;
+    (void)ud;
+    finish_shutdown();
+}
+
+static void begin_shutdown(const char *why) {
+    if (D.stopping)
+        return;
+    D.stopping = true;
+    D.ready = false;
+    pd_info("%s: %s; draining for up to %.0f s", role_name(), why, D.shutdown_timeout);
+    D.stop_deadline = now_s() + D.shutdown_timeout * 0.8;
+    uv_signal_stop(&D.sigterm);
+    uv_signal_stop(&D.sigint);
+    uv_close((uv_handle_t *)&D.sigterm, NULL);
+    uv_close((uv_handle_t *)&D.sigint, NULL);
+    if (D.http && D.http_listening) {
+        pd_http_server_shutdown(D.http, (uint64_t)(D.shutdown_timeout * 1000), on_closed_http,
+                                NULL);
+    } else {
+        pd_http_server_free(D.http);
+        D.http = NULL;
+        finish_shutdown();
+    }
+}
+
+static void on_signal(uv_signal_t *s, int signum) {
+    (void)s;
+    begin_shutdown(signum == SIGTERM ? "SIGTERM" : "SIGINT");
+}
+
+/* ---- start ---- */
+
+static int route_all(void) {
+    struct {
+        const char *m, *p;
+        unsigned f;
+        pd_http_handler_fn fn;
+    } routes[] = {
+        {"POST", "/generate", 0, h_generate},
+        {"POST", "/v1/completions", 0, h_completions},
+        {"POST", "/v1/chat/completions", 0, h_chat},
+        {"GET", "/v1/models", 0, h_models},
+        {"GET", "/health", PD_HTTP_PUBLIC, h_health},
+        {"GET", "/health_generate", PD_HTTP_PUBLIC, h_health},
+        {"GET", "/server_info", 0, h_server_info},
+        {"GET", "/get_server_info", 0, h_server_info},
+        {"GET", "/model_info", 0, h_model_info},
+        {"GET", "/get_model_info", 0, h_model_info},
+        {"GET", "/get_load", 0, h_get_load},
+        {"GET", "/v1/loads", 0, h_loads},
+        {"GET", "/metrics", PD_HTTP_PUBLIC, h_metrics},
+        {"POST", "/flush_cache", 0, h_flush},
+        {"GET", "/flush_cache", 0, h_flush},
+        {"POST", "/abort_request", 0, h_abort},
+        {"POST", "/tokenize", 0, h_tokenize},
+        {"POST", "/detokenize", 0, h_detokenize},
+    };
+    for (size_t i = 0; i < PD_ARRAY_LEN(routes); i++) {
+        int rc =
+            pd_http_server_route(D.http, routes[i].m, routes[i].p, routes[i].f, routes[i].fn, NULL);
+        if (rc)
+            return rc;
+    }
+    return PD_OK;
+}
+
+static int start(void) {
+    int rc;
+    struct pd_server_args *a = &D.args;
+    struct pd_engine_config ec = {
+        .role = D.role,
+        .model_path = a->model_path,
+        .threads = a->threads,
+        .page_size = a->page_size,
+        .chunked_prefill_size = a->chunked_prefill_size,
+        .max_prefill_tokens = a->max_prefill_tokens,
+        .max_running_requests = a->max_running_requests,
+        .max_queued_requests = a->max_queued_requests,
+        .context_length = a->context_length,
+        .n_pages =
+            a->max_total_tokens > 0 ? (a->max_total_tokens + a->page_size - 1) / a->page_size : 0,
+        .mem_fraction_static = a->mem_fraction_static,
+        .disable_prefix_cache = a->disable_prefix_cache,
+        .bootstrap_timeout_s = D.bootstrap_timeout,
+        .waiting_timeout_s = D.waiting_timeout,
+    };
+    if ((rc = pd_engine_new(&ec, &D.eng)) != PD_OK)
+        return rc;
+    pd_engine_get_info(D.eng, &D.info);
+    if ((rc = pd_tokenizer_new(a->tokenizer_path, &D.tok)) != PD_OK)
+        return pd_error_wrap(rc, "loading the tokenizer from %s", a->tokenizer_path);
+    const char *tmpl = pd_tokenizer_chat_template(D.tok);
+    if (tmpl && pd_chat_template_new(tmpl, &D.chat) != PD_OK) {
+        pd_warn("the model's chat template does not compile (%s); chat is refused", pd_error_msg());
+        D.chat = NULL;
+    }
+    if ((rc = pd_room_map_init(&D.rooms, a->max_queued_requests)) != PD_OK)
+        return rc;
+    D.cap = a->max_queued_requests;
+    D.reqs = pd_calloc((size_t)D.cap, sizeof(*D.reqs));
+    D.free_slots = pd_calloc((size_t)D.cap, sizeof(int32_t));
+    if (!D.reqs || !D.free_slots)
+        return PD_ENOMEM;
+    for (int32_t i = 0; i < D.cap; i++)
+        D.free_slots[i] = D.cap - 1 - i;
+    D.n_free = D.cap;
+
+    /* transfer engine on the pool, and the layout both sides must agree on */
+    struct pd_xfer_config xc = {.ib_devices = a->disaggregation_ib_device,
+                                .abort_timeout_ms = 3000};
+    struct pd_xfer_callbacks xcb = {.on_room_end = on_room_end,
+                                    .on_peer_failed = on_peer_failed,
+                                    .on_peer_closed = on_peer_closed};
+    if ((rc = pd_grpc_bridge_new(&D.loop, &D.bridge)) != PD_OK ||
+        (rc = pd_xfer_new(&D.loop, &xc, &xcb, &D.x)) != PD_OK ||
+        (rc = pd_xfer_register_pool(D.x, D.info.pool_base, D.info.page_bytes,
+                                    (uint32_t)D.info.n_pages)) != PD_OK)
+        return rc;
+    struct pd_xfer_info xi;
+    pd_xfer_get_info(D.x, &xi);
+    snprintf(D.transport, sizeof(D.transport), "ucx:%s%s", xi.transports ? xi.transports : "all",
+             xi.rdma ? "+rdma" : "");
+    memset(&D.layout, 0, sizeof(D.layout));
+    snprintf(D.layout.model, sizeof(D.layout.model), "%s/v%d/l%d/kv%dx%d", D.info.architecture,
+             D.info.vocab_size, D.info.n_layers, D.info.kv_heads, D.info.head_dim);
+    D.layout.layers = (uint32_t)D.info.n_layers;
+    D.layout.kv_heads = (uint32_t)D.info.kv_heads;
+    D.layout.head_dim = (uint32_t)D.info.head_dim;
+    D.layout.page_size = (uint32_t)D.info.page_size;
+    snprintf(D.layout.dtype, sizeof(D.layout.dtype), "%s", D.info.dtype);
+    D.layout.tp_size = 1;
+    D.layout.page_bytes = D.info.page_bytes;
+    snprintf(D.node_id, sizeof(D.node_id), "%s-%d-%016" PRIx64, role_name(), (int)getpid(),
+             pd_xfer_id(D.x));
+    if ((rc = pd_cluster_key_load(D.cluster_key_path, D.key, &D.key_len)) != PD_OK)
+        return rc;
+    if (D.role == PD_ENGINE_PREFILL) {
+        char addr[300];
+        snprintf(addr, sizeof(addr), "%s:%d", a->host, a->disaggregation_bootstrap_port);
+        struct pd_bootstrap_server_config sc = {.addr = addr,
+                                                .key = D.key,
+                                                .key_len = D.key_len,
+                                                .layout = D.layout,
+                                                .prefill_id = D.node_id};
+        struct pd_bootstrap_server_callbacks scb = {.on_room = on_bootstrap_room,
+                                                    .on_abort = on_bootstrap_abort};
+        if ((rc = pd_bootstrap_server_new(D.bridge, D.x, &sc, &scb, &D.bserver)) != PD_OK)
+            return pd_error_wrap(rc, "bootstrap server on %s", addr);
+    }
+    if ((rc = pd_engine_start(D.eng, &D.loop, on_engine_event, NULL)) != PD_OK)
+        return rc;
+    struct pd_http_server_config hc = {.host = a->host, .port = a->port, .api_key = D.api_key};
+    if ((rc = pd_http_server_new(&D.loop, &hc, &D.http)) != PD_OK || (rc = route_all()) != PD_OK)
+        return rc;
+    D.http_listening = true;
+    if ((rc = pd_http_server_listen(D.http)) != PD_OK)
+        return rc;
+    uv_timer_start(&D.tick, on_tick, 100, 100);
+    D.ready = true;
+    if (D.role == PD_ENGINE_PREFILL)
+        printf("pdserve-prefill: READY http=%s:%d bootstrap_port=%d pages=%d transport=%s\n",
+               a->host, pd_http_server_port(D.http), a->disaggregation_bootstrap_port,
+               D.info.n_pages, D.transport);
+    else
+        printf("pdserve-decode: READY http=%s:%d pages=%d transport=%s\n", a->host,
+               pd_http_server_port(D.http), D.info.n_pages, D.transport);
+    fflush(stdout);
+    pd_info("%s ready: model %s (%s), %d pages of %d tokens, context %d, %s", role_name(),
+            a->model_path, D.info.architecture, D.info.n_pages, D.info.page_size,
+            D.info.context_length, D.info.backend);
+    return PD_OK;
+}
+
+int pd_daemon_main(int role, int argc, char **argv) {
+    memset(&D, 0, sizeof(D));
+    D.role = role;
+    D.bootstrap_timeout = 300;
+    D.waiting_timeout = 300;
+    D.shutdown_timeout = 30;
+    pd_server_args_defaults(&D.args);
+    D.args.disaggregation_mode = role == PD_ENGINE_PREFILL ? PD_DISAGG_PREFILL : PD_DISAGG_DECODE;
+    const char *prog = role == PD_ENGINE_PREFILL ? "pdserve-prefill" : "pdserve-decode";
+    struct pd_flagset fs;
+    pd_flagset_init(
+        &fs, prog,
+        role == PD_ENGINE_PREFILL
+            ? "The prefill daemon of prefill/decode disaggregation: computes prompts in "
+              "page-aligned chunks and writes their KV cache into pages a decode daemon reserved "
+              "(UCX), pairing through its gRPC bootstrap port. Serves the SGLang/OpenAI HTTP "
+              "API; generation bodies must carry bootstrap_host/bootstrap_port/bootstrap_room."
+            : "The decode daemon of prefill/decode disaggregation: reserves KV pages for each "
+              "request, asks the prefill at bootstrap_host:bootstrap_port to fill them, then "
+              "generates the answer in continuous batches and streams it. Serves the "
+              "SGLang/OpenAI HTTP API; generation bodies must carry the bootstrap fields.");
+    pd_server_args_register(&fs, &D.args);
+    pd_flag_double(&fs, "--bootstrap-timeout", &D.bootstrap_timeout, "SECONDS", 0.01, 86400,
+                   "prefill: a request whose decode never sends its Transfer fails after this");
+    pd_flag_double(&fs, "--waiting-timeout", &D.waiting_timeout, "SECONDS", 0.01, 86400,
+                   "decode: a request whose KV cache never arrives fails after this");
+    pd_flag_double(&fs, "--shutdown-timeout", &D.shutdown_timeout, "SECONDS", 0, 86400,
+                   "SIGTERM: requests still running after this are failed, then exit");
+    pd_flag_string(&fs, "--api-key", &D.api_key, "KEY",
+                   "require Authorization: Bearer KEY on the API (not on /health, /metrics)");
+    pd_flag_cluster_key(&fs, &D.cluster_key_path);
+    if (pd_flags_parse(&fs, argc, argv) != PD_OK) {
+        fprintf(stderr, "%s: %s\n", prog, pd_error_msg());
+        return 2;
+    }
+    if (fs.help) {
+        pd_flags_usage(&fs, stdout);
+        return 0;
+    }
+    if (pd_server_args_finish(&D.args) != PD_OK) {
+        fprintf(stderr, "%s: %s\n", prog, pd_error_msg());
+        return 2;
+    }
+    if (D.args.disaggregation_mode !=
+        (role == PD_ENGINE_PREFILL ? PD_DISAGG_PREFILL : PD_DISAGG_DECODE)) {
+        fprintf(stderr, "%s: --disaggregation-mode must be %s for this daemon\n", prog,
+                role == PD_ENGINE_PREFILL ? "prefill" : "decode");
+        return 2;
+    }
+    if (D.args.device != PD_DEVICE_CPU || D.args.tp_size != 1) {
+        fprintf(stderr, "%s: only --device cpu --tp-size 1 is built in this binary\n", prog);
+        return 2;
+    }
+    pd_log_set_name(role == PD_ENGINE_PREFILL ? "prefill" : "decode");
+    signal(SIGPIPE, SIG_IGN);
+    uv_loop_init(&D.loop);
+    uv_signal_init(&D.loop, &D.sigterm);
+    uv_signal_init(&D.loop, &D.sigint);
+    uv_signal_start(&D.sigterm, on_signal, SIGTERM);
+    uv_signal_start(&D.sigint, on_signal, SIGINT);
+    uv_timer_init(&D.loop, &D.tick);
+    int rc = start();
+    if (rc) {
+        fprintf(stderr, "%s: %s\n", prog, pd_error_msg());
+        D.exit_code = 1;
+        begin_shutdown("start failed"); /* unwinds what started */
+    }
+    uv_run(&D.loop, UV_RUN_DEFAULT);
+    uv_loop_close(&D.loop);
+    for (int32_t i = 0; D.reqs && i < D.cap; i++)
+        dreq_free(D.reqs[i]);
+    pd_http_server_free(D.http);
+    pd_engine_free(D.eng);
+    pd_chat_template_free(D.chat);
+    pd_tokenizer_free(D.tok);
+    pd_room_map_free(&D.rooms);
+    pd_free(D.reqs);
+    pd_free(D.free_slots);
+    pd_info("%s: stopped", role_name());
+    return D.exit_code;
+}

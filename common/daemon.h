@@ -1,0 +1,31 @@
+/*
+ * daemon.h — the body of pdserve-prefill and pdserve-decode (DESIGN.md §1, §2, §2a): flags, model
+ * load (common/engine.h: the compute thread), the HTTP surface of API.md (common/http_server.h,
+ * common/api.h), the UCX transfer engine registered on the KV pool, and the gRPC bootstrap
+ * (prefill: server on --disaggregation-bootstrap-port; decode: one client per prefill it is sent
+ * to), all on one libuv loop. The two roles share everything but their request life:
+ *
+ *  prefill: HTTP body → tokens → engine ADD (bootstrap queue); decode's Transfer for the room
+ *           (before or after the body) → BOOTSTRAPPED; engine SENDs → room_send, the last with
+ *           room_finish carrying the first token; the room's end → XFER_END → engine END →
+ *           a small JSON answer (or error) the router drains.
+ *  decode:  HTTP body → tokens → engine ADD (prealloc); ADMIT → Transfer(room, pages) to the
+ *           prefill at bootstrap_host:bootstrap_port; the done notice streams the first token and
+ *           → XFER_END; then one TOKEN per step, detokenized and streamed here (stop strings are
+ *           matched here and end the request); END → the final answer.
+ *
+ * Requests are found by room (one live request per room on each side) and by rid for
+ * /abort_request. A client that goes away aborts its request (on prefill also the room, which
+ * fails the decode side). SIGTERM/SIGINT: stop accepting, let requests finish until
+ * --shutdown-timeout, then fail what is left, exit 0. Only main() exits.
+ */
+#ifndef PD_DAEMON_H
+#define PD_DAEMON_H
+
+#include "common/engine.h"
+
+/* Runs a daemon of role (PD_ENGINE_PREFILL / PD_ENGINE_DECODE) with argv; returns the process
+ * exit code (0 after a clean shutdown, 2 for bad flags, 1 when it could not start). */
+int pd_daemon_main(int role, int argc, char **argv);
+
+#endif

@@ -1,0 +1,939 @@
+/*
+ * engine.c — the compute thread: command intake, one scheduler step at a time, the model call,
+ * sampling, and events back to the loop. Everything the thread touches (model, pool, allocator,
+ * cache, scheduler, the request registry) is touched by it alone while it runs; the loop sees
+ * only the two queues, the published counters and the pages an event names.
+ *
+ * Step memory (sequence table, logits, stop flags, sampling scratch) is taken at creation for
+ * the largest step; requests' memory is taken by the loop when they arrive (pd_engine_req_new)
+ * and by the schedulers at add. A step itself allocates nothing.
+ */
+#include "common/engine.h"
+
+#include "common/alloc.h"
+#include "common/backend.h"
+#include "common/kv_pool.h"
+#include "common/log.h"
+#include "common/model.h"
+#include "common/page_alloc.h"
+#include "common/radix_cache.h"
+#include "common/room_map.h"
+#include "common/sched_decode.h"
+#include "common/sched_prefill.h"
+#include "common/spsc.h"
+#include "common/status.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define IDLE_WAIT_MS 20 /* an idle compute thread still steps this often: timeouts expire */
+
+struct pd_engine {
+    struct pd_engine_config cfg;
+    struct pd_backend *be;
+    struct pd_model *model;
+    struct pd_kv_pool kv;
+    bool kv_ok;
+    struct pd_page_alloc *pa;
+    struct pd_radix_cache *rc;
+    struct pd_sched_prefill *sp;
+    struct pd_sched_decode *sd;
+    int vocab, ctx_len, max_reqs, chunk;
+
+    /* request registry (compute thread): room → slot → req */
+    struct pd_room_map rooms;
+    struct pd_engine_req **reqs; /* [cap] */
+    int32_t *free_slots;         /* [cap] */
+    int32_t n_free, cap;
+
+    /* step memory */
+    struct pd_model_seq *seqs; /* [max_reqs] */
+    float *logits;             /* [max_reqs][vocab] */
+    bool *stopped;             /* [max_running] */
+    struct pd_sampling_scratch scratch;
+
+    /* threads */
+    struct pd_spsc cmdq, evq;
+    pthread_t thread;
+    bool started, joined;
+    pthread_mutex_t mu;
+    pthread_cond_t cv_cmd, cv_space;
+    bool cmd_pending;
+    atomic_bool stop;
+    atomic_bool exited;
+    uv_async_t *async;
+    uv_loop_t *loop;
+    pd_engine_event_fn fn;
+    void *fn_ctx;
+
+    /* published counters */
+    pthread_mutex_t stats_mu;
+    struct pd_engine_stats stats;
+    int64_t steps, tokens, retractions;
+    int64_t unsignalled; /* events pushed since the loop was last woken */
+    atomic_int last_check;
+    bool check_steps;
+};
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* ---- requests ---- */
+
+int pd_engine_req_new(uint64_t room, const int32_t *tokens, int32_t n, int page_size,
+                      const struct pd_sampling_params *sp, struct pd_engine_req **out) {
+    *out = NULL;
+    if (n <= 0 || page_size <= 0 || sp->max_new_tokens < 1)
+        return pd_errorf(PD_EINVAL, "room %" PRIu64 ": %d prompt tokens, max_new_tokens %d", room,
+                         (int)n, sp->max_new_tokens);
+    struct pd_engine_req *r = pd_calloc(1, sizeof(*r));
+    if (!r)
+        return PD_ENOMEM;
+    int64_t total = (int64_t)n + sp->max_new_tokens;
+    r->room = room;
+    r->n_prompt = n;
+    r->sp = *sp;
+    r->cap_pages = (int32_t)((total + page_size - 1) / page_size);
+    r->tokens = pd_malloc((size_t)total * sizeof(int32_t));
+    r->pages = pd_malloc((size_t)r->cap_pages * sizeof(uint32_t));
+    if (!r->tokens || !r->pages) {
+        pd_engine_req_free(r);
+        return pd_error_wrap(PD_ENOMEM, "room %" PRIu64 ": request of %d tokens", room, (int)n);
+    }
+    memcpy(r->tokens, tokens, (size_t)n * sizeof(int32_t));
+    r->slot = -1;
+    *out = r;
+    return PD_OK;
+}
+
+void pd_engine_req_free(struct pd_engine_req *r) {
+    if (!r)
+        return;
+    if (r->has_sampler)
+        pd_sampler_free(&r->sampler);
+    pd_free(r->tokens);
+    pd_free(r->pages);
+    pd_free(r);
+}
+
+static struct pd_engine_req *find_req(struct pd_engine *e, uint64_t room) {
+    int32_t slot = pd_room_map_get(&e->rooms, room);
+    return slot >= 0 ? e->reqs[slot] : NULL;
+}
+
+static int register_req(struct pd_engine *e, struct pd_engine_req *r) {
+    if (e->n_free == 0)
+        return pd_errorf(PD_EFULL, "room %" PRIu64 ": %d requests live already", r->room,
+                         (int)e->cap);
+    if (pd_room_map_get(&e->rooms, r->room) >= 0)
+        return pd_errorf(PD_EINVAL, "room %" PRIu64 " already has a live request", r->room);
+    int32_t slot = e->free_slots[--e->n_free];
+    int rc = pd_room_map_put(&e->rooms, r->room, slot);
+    PD_ASSERT(rc == PD_OK);
+    e->reqs[slot] = r;
+    r->slot = slot;
+    return PD_OK;
+}
+
+static void unregister_req(struct pd_engine *e, struct pd_engine_req *r) {
+    PD_ASSERT(r->slot >= 0 && e->reqs[r->slot] == r);
+    pd_room_map_del(&e->rooms, r->room);
+    e->reqs[r->slot] = NULL;
+    e->free_slots[e->n_free++] = r->slot;
+    r->slot = -1;
+}
+
+/* ---- creation ---- */
+
+int pd_engine_new(const struct pd_engine_config *cfg, struct pd_engine **out) {
+    *out = NULL;
+    int rc;
+    if (cfg->role != PD_ENGINE_PREFILL && cfg->role != PD_ENGINE_DECODE)
+        return pd_errorf(PD_EINVAL, "engine: role %d is neither prefill nor decode", cfg->role);
+    if (cfg->page_size <= 0 || cfg->max_queued_requests <= 0 || cfg->max_running_requests <= 0)
+        return pd_errorf(PD_EINVAL, "engine: page size %d, max queued %d, max running %d",
+                         cfg->page_size, cfg->max_queued_requests, cfg->max_running_requests);
+    struct pd_engine *e = pd_calloc(1, sizeof(*e));
+    if (!e)
+        return PD_ENOMEM;
+    e->cfg = *cfg;
+    e->cap = cfg->max_queued_requests;
+    atomic_init(&e->stop, false);
+    atomic_init(&e->exited, false);
+    atomic_init(&e->last_check, -1);
+    pthread_mutex_init(&e->mu, NULL);
+    pthread_mutex_init(&e->stats_mu, NULL);
+    pthread_cond_init(&e->cv_cmd, NULL);
+    pthread_cond_init(&e->cv_space, NULL);
+
+    /* step sizes: prefill runs a token budget of chunks; decode a batch of single tokens, and
+     * recomputes retracted requests in chunks */
+    int budget = cfg->max_prefill_tokens > 0 ? cfg->max_prefill_tokens : 16384;
+    if (cfg->chunked_prefill_size > 0 && cfg->chunked_prefill_size < budget)
+        budget = cfg->chunked_prefill_size;
+    e->chunk = budget;
+    int max_tokens = budget, max_reqs;
+    if (cfg->role == PD_ENGINE_PREFILL) {
+        max_reqs = budget < 256 ? budget : 256;
+        if (max_reqs > cfg->max_queued_requests)
+            max_reqs = cfg->max_queued_requests;
+    } else {
+        max_reqs = cfg->max_running_requests;
+        if (max_tokens < max_reqs)
+            max_tokens = max_reqs;
+    }
+    e->max_reqs = max_reqs;
+
+    struct pd_backend_opts bo = {.kind = PD_BACKEND_CPU, .threads = cfg->threads};
+    if ((rc = pd_backend_new(&bo, &e->be)) != PD_OK)
+        goto fail;
+    struct pd_model_opts mo = {.max_tokens = max_tokens,
+                               .max_reqs = max_reqs,
+                               .max_logit_rows = max_reqs,
+                               .context_length = cfg->context_length,
+                               .page_size = cfg->page_size};
+    if ((rc = pd_model_load(e->be, cfg->model_path, &mo, &e->model)) != PD_OK) {
+        rc = pd_error_wrap(rc, "loading the model from %s", cfg->model_path);
+        goto fail;
+    }
+    const struct pd_model_config *mc = pd_model_config_of(e->model);
+    e->vocab = mc->vocab_size;
+    e->ctx_len = pd_model_context_length(e->model);
+    /* f32 KV as pdserve-generate keeps it: the disaggregated path must equal it bit for bit */
+    struct pd_kv_pool_opts ko = pd_model_kv_opts(e->model, PD_DTYPE_F32);
+    ko.n_pages = cfg->n_pages;
+    if (cfg->mem_fraction_static > 0)
+        ko.mem_fraction_static = cfg->mem_fraction_static;
+    if ((rc = pd_kv_pool_init(&e->kv, e->be, &ko)) != PD_OK)
+        goto fail;
+    e->kv_ok = true;
+    if (e->kv.layout.n_pages > INT32_MAX / 2) {
+        rc = pd_errorf(PD_ERANGE, "KV pool of %" PRId64 " pages is too large",
+                       (int64_t)e->kv.layout.n_pages);
+        goto fail;
+    }
+    if ((rc = pd_page_alloc_new((int32_t)e->kv.layout.n_pages, &e->pa)) != PD_OK)
+        goto fail;
+    if (cfg->role == PD_ENGINE_PREFILL) {
+        if ((rc = pd_radix_cache_new(e->pa, cfg->page_size, cfg->disable_prefix_cache, &e->rc)) !=
+            PD_OK)
+            goto fail;
+        struct pd_sched_prefill_config sc = {
+            .page_size = cfg->page_size,
+            .chunked_prefill_size = cfg->chunked_prefill_size,
+            .max_prefill_tokens = cfg->max_prefill_tokens > 0 ? cfg->max_prefill_tokens : 16384,
+            .max_queued_requests = cfg->max_queued_requests,
+            .bootstrap_timeout_s = cfg->bootstrap_timeout_s > 0 ? cfg->bootstrap_timeout_s : 300,
+        };
+        if ((rc = pd_sched_prefill_new(&sc, e->pa, e->rc, &e->sp)) != PD_OK)
+            goto fail;
+    } else {
+        struct pd_sched_decode_config dc = {
+            .page_size = cfg->page_size,
+            .max_running_requests = cfg->max_running_requests,
+            .max_queued_requests = cfg->max_queued_requests,
+            .waiting_timeout_s = cfg->waiting_timeout_s > 0 ? cfg->waiting_timeout_s : 300,
+        };
+        pd_sched_decode_config_defaults(&dc);
+        if (cfg->new_token_ratio > 0) {
+            dc.init_new_token_ratio = cfg->new_token_ratio < 1 ? cfg->new_token_ratio : 1;
+            if (dc.min_new_token_ratio > dc.init_new_token_ratio)
+                dc.min_new_token_ratio = dc.init_new_token_ratio;
+        }
+        if ((rc = pd_sched_decode_new(&dc, e->pa, &e->sd)) != PD_OK)
+            goto fail;
+    }
+    if ((rc = pd_room_map_init(&e->rooms, e->cap)) != PD_OK)
+        goto fail;
+    e->reqs = pd_calloc((size_t)e->cap, sizeof(*e->reqs));
+    e->free_slots = pd_calloc((size_t)e->cap, sizeof(int32_t));
+    e->seqs = pd_calloc((size_t)max_reqs, sizeof(*e->seqs));
+    e->logits = pd_calloc((size_t)max_reqs * (size_t)e->vocab, sizeof(float));
+    e->stopped = pd_calloc((size_t)cfg->max_running_requests, sizeof(bool));
+    if (!e->reqs || !e->free_slots || !e->seqs || !e->logits || !e->stopped) {
+        rc = pd_error_wrap(PD_ENOMEM, "engine step buffers");
+        goto fail;
+    }
+    for (int32_t i = 0; i < e->cap; i++)
+        e->free_slots[i] = e->cap - 1 - i;
+    e->n_free = e->cap;
+    if ((rc = pd_sampling_scratch_init(&e->scratch, e->vocab)) != PD_OK)
+        goto fail;
+    /* every request has at most ~4 commands in flight; the loop sheds beyond the queue */
+    uint32_t qcap = (uint32_t)e->cap * 4 + 256;
+    if ((rc = pd_spsc_init(&e->cmdq, qcap, sizeof(struct pd_engine_cmd))) != PD_OK ||
+        (rc = pd_spsc_init(&e->evq, qcap, sizeof(struct pd_engine_event))) != PD_OK)
+        goto fail;
+    e->stats.pages_total = (int32_t)e->kv.layout.n_pages;
+    e->stats.pages_free = e->stats.pages_total;
+    *out = e;
+    return PD_OK;
+fail:
+    pd_engine_free(e);
+    return rc;
+}
+
+void pd_engine_get_info(const struct pd_engine *e, struct pd_engine_info *o) {
+    const struct pd_model_config *mc = pd_model_config_of(e->model);
+    *o = (struct pd_engine_info){
+        .role = e->cfg.role,
+        .vocab_size = e->vocab,
+        .context_length = e->ctx_len,
+        .n_layers = e->kv.layout.n_layers,
+        .kv_heads = e->kv.layout.kv_heads,
+        .head_dim = e->kv.layout.head_dim,
+        .page_size = e->kv.layout.page_size,
+        .page_bytes = e->kv.layout.page_bytes,
+        .n_pages = (int32_t)e->kv.layout.n_pages,
+        .pool_base = e->kv.layout.base,
+        .dtype = pd_dtype_name(e->kv.layout.dtype),
+        .backend = pd_backend_name(e->be),
+        .model_type = pd_arch_model_type(mc->arch),
+        .architecture = pd_arch_hf_name(mc->arch),
+        .eos_ids = mc->eos_token_ids,
+        .n_eos_ids = mc->n_eos_token_ids,
+    };
+}
+
+/* ---- events out ---- */
+
+static void emit(struct pd_engine *e, const struct pd_engine_event *ev) {
+    e->unsignalled++;
+    while (pd_spsc_push(&e->evq, ev) != PD_OK) {
+        /* the loop is behind: wake it and wait for room (the compute thread may block) */
+        uv_async_send(e->async);
+        pthread_mutex_lock(&e->mu);
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 5 * 1000000;
+        if (ts.tv_nsec >= 1000000000) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000;
+        }
+        pthread_cond_timedwait(&e->cv_space, &e->mu, &ts);
+        pthread_mutex_unlock(&e->mu);
+    }
+}
+
+static void emit_end(struct pd_engine *e, struct pd_engine_req *r, int reason, int status,
+                     int32_t cached_tokens) {
+    struct pd_engine_event ev = {.kind = PD_ENGINE_EV_END,
+                                 .room = r->room,
+                                 .req = r,
+                                 .reason = r->fail_status ? PD_END_FAILED
+                                           : r->finished  ? PD_END_DONE
+                                                          : reason,
+                                 .finish = r->finish,
+                                 .status = status ? status : r->fail_status,
+                                 .cached_tokens = cached_tokens,
+                                 .n_output = r->n_out};
+    if (r->slot >= 0)
+        unregister_req(e, r);
+    emit(e, &ev);
+}
+
+/* ---- prefill ---- */
+
+static void prefill_add(struct pd_engine *e, struct pd_engine_req *r, double now) {
+    struct pd_sampling_params sp = r->sp;
+    sp.max_new_tokens = 1; /* prefill samples the first token only */
+    int rc = pd_sampler_init(&r->sampler, &sp, e->vocab, r->tokens, r->n_prompt,
+                             pd_model_config_of(e->model)->eos_token_ids,
+                             pd_model_config_of(e->model)->n_eos_token_ids);
+    r->has_sampler = rc == PD_OK;
+    if (!rc)
+        rc = register_req(e, r);
+    if (!rc) {
+        rc = pd_sched_prefill_add(e->sp, r->room, r->tokens, r->n_prompt, now);
+        if (rc)
+            unregister_req(e, r);
+    }
+    if (rc) {
+        pd_warn("room=%" PRIu64 " refused by the prefill scheduler: %s", r->room, pd_error_msg());
+        emit_end(e, r, PD_END_FAILED, rc, 0);
+    }
+}
+
+static void prefill_xfer_end(struct pd_engine *e, uint64_t room, int status, double now) {
+    struct pd_engine_req *r = find_req(e, room);
+    if (!r)
+        return;
+    if (status == PD_OK) {
+        if (pd_sched_prefill_transfer_done(e->sp, room, PD_OK, now) != PD_OK)
+            (void)pd_sched_prefill_release(e->sp, room); /* aborted meanwhile: draining */
+    } else {
+        (void)pd_sched_prefill_transfer_done(e->sp, room, status, now);
+    }
+}
+
+static void prefill_abort(struct pd_engine *e, uint64_t room) {
+    struct pd_engine_req *r = find_req(e, room);
+    if (!r)
+        return;
+    r->aborted = true;
+    bool quiesce = false;
+    if (pd_sched_prefill_abort(e->sp, room, &quiesce) == PD_OK && quiesce)
+        emit(e, &(struct pd_engine_event){.kind = PD_ENGINE_EV_QUIESCE, .room = room, .req = r});
+}
+
+/* Runs batch chunks [i0, i0+n) through extend; samples the first token of finished prompts. */
+static int prefill_run(struct pd_engine *e, struct pd_prefill_batch *b, int32_t i0, int32_t n) {
+    for (int32_t k = 0; k < n; k++) {
+        struct pd_prefill_chunk *c = &b->chunks[i0 + k];
+        struct pd_engine_req *r = find_req(e, c->room);
+        PD_ASSERT(r);
+        e->seqs[k] = (struct pd_model_seq){.tokens = r->tokens + c->start,
+                                           .n_new = c->len,
+                                           .n_cached = c->start,
+                                           .pages = c->pages,
+                                           .n_pages = c->n_pages};
+    }
+    int rc = pd_model_extend(e->model, &e->kv, e->seqs, (int)n, false, e->logits);
+    if (rc)
+        return rc;
+    for (int32_t k = 0; k < n; k++) {
+        struct pd_prefill_chunk *c = &b->chunks[i0 + k];
+        if (!c->last)
+            continue;
+        struct pd_engine_req *r = find_req(e, c->room);
+        struct pd_sample smp;
+        pd_sampler_next(&r->sampler, &e->scratch, e->logits + (size_t)k * (size_t)e->vocab, &smp);
+        r->tokens[r->n_prompt] = smp.token;
+        r->n_out = 1;
+        r->first_logprob = smp.logprob; /* rides on the last chunk's event */
+    }
+    return PD_OK;
+}
+
+static bool prefill_iter(struct pd_engine *e, double now) {
+    struct pd_prefill_batch b;
+    int rc = pd_sched_prefill_step(e->sp, now, &b);
+    PD_ASSERT(rc == PD_OK);
+    if (b.n == 0)
+        return false;
+    int fail = PD_OK;
+    for (int32_t i0 = 0; i0 < b.n && !fail; i0 += e->max_reqs) {
+        int32_t n = b.n - i0 < e->max_reqs ? b.n - i0 : e->max_reqs;
+        fail = prefill_run(e, &b, i0, n);
+    }
+    if (fail)
+        pd_error("prefill step of %d chunks failed: %s", (int)b.n, pd_error_msg());
+    rc = pd_sched_prefill_batch_done(e->sp, &b, now);
+    PD_ASSERT(rc == PD_OK);
+    e->steps++;
+    e->tokens += b.n_tokens;
+    for (int32_t i = 0; i < b.n; i++) {
+        struct pd_prefill_chunk *c = &b.chunks[i];
+        struct pd_engine_req *r = find_req(e, c->room);
+        if (c->dropped || !r) {
+            if (r && c->quiesce) /* sent pages may still be read: the loop aborts the room */
+                emit(e, &(struct pd_engine_event){
+                            .kind = PD_ENGINE_EV_QUIESCE, .room = c->room, .req = r});
+            continue;
+        }
+        if (fail) { /* the model refused the step: give the request up */
+            prefill_abort(e, c->room);
+            continue;
+        }
+        if (r->n_pages == 0) {
+            PD_ASSERT(c->n_pages <= r->cap_pages);
+            for (int32_t p = 0; p < c->n_pages; p++)
+                r->pages[p] = (uint32_t)c->pages[p];
+            r->n_pages = c->n_pages;
+        }
+        if (c->send_end == c->send_begin && !c->last)
+            continue;
+        struct pd_engine_event ev = {.kind = PD_ENGINE_EV_SEND,
+                                     .room = c->room,
+                                     .req = r,
+                                     .begin = c->send_begin,
+                                     .end = c->send_end,
+                                     .last = c->last,
+                                     .token = -1,
+                                     .cached_tokens = c->cached_tokens};
+        if (c->last) {
+            ev.token = r->tokens[r->n_prompt];
+            ev.logprob = r->first_logprob;
+        }
+        emit(e, &ev);
+    }
+    return true;
+}
+
+/* ---- decode ---- */
+
+static void decode_add(struct pd_engine *e, struct pd_engine_req *r, double now) {
+    int rc = pd_sampler_init(&r->sampler, &r->sp, e->vocab, r->tokens, r->n_prompt,
+                             pd_model_config_of(e->model)->eos_token_ids,
+                             pd_model_config_of(e->model)->n_eos_token_ids);
+    r->has_sampler = rc == PD_OK;
+    if (!rc)
+        rc = register_req(e, r);
+    if (!rc) {
+        rc = pd_sched_decode_add(e->sd, r->room, r->n_prompt, r->sp.max_new_tokens, now);
+        if (rc)
+            unregister_req(e, r);
+    }
+    if (rc) {
+        pd_warn("room=%" PRIu64 " refused by the decode scheduler: %s", r->room, pd_error_msg());
+        emit_end(e, r, PD_END_FAILED, rc, 0);
+    }
+}
+
+static void note_token(struct pd_engine *e, struct pd_engine_req *r, int32_t tok, float logprob,
+                       int finish) {
+    r->tokens[r->n_prompt + r->n_out] = tok;
+    r->n_out++;
+    if (!finish && r->n_prompt + r->n_out >= e->ctx_len)
+        finish = PD_FINISH_LENGTH; /* the context is full */
+    r->finish = finish;
+    if (finish)
+        r->finished = true;
+    emit(e, &(struct pd_engine_event){.kind = PD_ENGINE_EV_TOKEN,
+                                      .room = r->room,
+                                      .req = r,
+                                      .token = tok,
+                                      .logprob = logprob,
+                                      .index = r->n_out - 1,
+                                      .finish = finish});
+}
+
+static void decode_xfer_end(struct pd_engine *e, const struct pd_engine_cmd *c, double now) {
+    struct pd_engine_req *r = find_req(e, c->room);
+    if (!r)
+        return;
+    if (c->status == PD_OK && !r->aborted && r->n_out == 0) {
+        if (c->first_token < 0 || c->first_token >= e->vocab) {
+            pd_warn("room=%" PRIu64 " done notice carries token %d outside the vocabulary", r->room,
+                    (int)c->first_token);
+            (void)pd_sched_decode_transfer_done(e->sd, c->room, PD_EINVAL, now);
+            (void)pd_sched_decode_release(e->sd, c->room);
+            return;
+        }
+        enum pd_finish fin;
+        pd_sampler_accept(&r->sampler, c->first_token, &fin);
+        note_token(e, r, c->first_token, c->first_logprob, fin);
+        if (pd_sched_decode_transfer_done(e->sd, c->room, PD_OK, now) != PD_OK) {
+            (void)pd_sched_decode_release(e->sd, c->room); /* timed out meanwhile */
+            return;
+        }
+        bool q;
+        if (r->finished) /* EOS or a stop id first: end it now (no-op if already ended) */
+            (void)pd_sched_decode_abort(e->sd, c->room, &q);
+        return;
+    }
+    (void)pd_sched_decode_transfer_done(e->sd, c->room, c->status ? c->status : PD_ECANCELED, now);
+    (void)pd_sched_decode_release(e->sd, c->room);
+}
+
+static void decode_abort(struct pd_engine *e, uint64_t room) {
+    struct pd_engine_req *r = find_req(e, room);
+    if (!r)
+        return;
+    r->aborted = true;
+    bool quiesce = false;
+    if (pd_sched_decode_abort(e->sd, room, &quiesce) == PD_OK && quiesce)
+        emit(e, &(struct pd_engine_event){.kind = PD_ENGINE_EV_QUIESCE, .room = room, .req = r});
+}
+
+/* A retracted request's KV rebuilt here: prompt + generated tokens but the last, in chunks. */
+static int recompute(struct pd_engine *e, struct pd_engine_req *r,
+                     const struct pd_decode_admit *a) {
+    int32_t n = r->n_prompt + r->n_out - 1;
+    for (int32_t done = 0; done < n;) {
+        int32_t len = n - done < e->chunk ? n - done : e->chunk;
+        struct pd_model_seq s = {r->tokens + done, len, done, a->pages, a->n_pages};
+        int rc = pd_model_extend(e->model, &e->kv, &s, 1, false, e->logits);
+        if (rc)
+            return rc;
+        done += len;
+        e->tokens += len;
+    }
+    return PD_OK;
+}
+
+static bool decode_iter(struct pd_engine *e, double now) {
+    struct pd_decode_step st;
+    int rc = pd_sched_decode_step(e->sd, now, &st);
+    PD_ASSERT(rc == PD_OK);
+    e->retractions += st.n_retracted;
+    for (int32_t i = 0; i < st.n_quiesce; i++) {
+        struct pd_engine_req *r = find_req(e, st.quiesce[i]);
+        pd_info("room=%" PRIu64 " timed out waiting for its KV (--waiting-timeout)", st.quiesce[i]);
+        emit(e, &(struct pd_engine_event){
+                    .kind = PD_ENGINE_EV_QUIESCE, .room = st.quiesce[i], .req = r});
+    }
+    for (int32_t i = 0; i < st.n_admitted; i++) {
+        const struct pd_decode_admit *a = &st.admitted[i];
+        struct pd_engine_req *r = find_req(e, a->room);
+        PD_ASSERT(r && a->n_pages <= r->cap_pages);
+        for (int32_t p = 0; p < a->n_pages; p++)
+            r->pages[p] = (uint32_t)a->pages[p];
+        r->n_pages = a->n_pages;
+        if (!r->local) {
+            emit(e,
+                 &(struct pd_engine_event){.kind = PD_ENGINE_EV_ADMIT, .room = a->room, .req = r});
+            continue;
+        }
+        int st_rc = recompute(e, r, a);
+        if (st_rc)
+            pd_error("room=%" PRIu64 " recompute failed: %s", r->room, pd_error_msg());
+        else
+            pd_debug("room=%" PRIu64 " recomputed locally (%d tokens)", r->room,
+                     (int)(r->n_prompt + r->n_out - 1));
+        (void)pd_sched_decode_transfer_done(e->sd, a->room, st_rc, now);
+        if (st_rc)
+            (void)pd_sched_decode_release(e->sd, a->room);
+    }
+    if (st.n_batch == 0)
+        return st.n_admitted > 0 || st.n_quiesce > 0;
+    int32_t nb = st.n_batch;
+    PD_ASSERT(nb <= e->max_reqs);
+    for (int32_t i = 0; i < nb; i++) {
+        const struct pd_decode_entry *d = &st.batch[i];
+        struct pd_engine_req *r = find_req(e, d->room);
+        PD_ASSERT(r);
+        e->seqs[i] = (struct pd_model_seq){.tokens = r->tokens + d->pos,
+                                           .n_new = 1,
+                                           .n_cached = d->pos,
+                                           .pages = d->pages,
+                                           .n_pages = d->n_pages};
+    }
+    rc = pd_model_decode(e->model, &e->kv, e->seqs, (int)nb, e->logits);
+    if (rc)
+        pd_error("decode step of %d requests failed: %s", (int)nb, pd_error_msg());
+    for (int32_t i = 0; i < nb; i++) {
+        struct pd_engine_req *r = find_req(e, st.batch[i].room);
+        if (rc) { /* the model refused the step: these requests end failed */
+            e->stopped[i] = true;
+            r->fail_status = rc;
+            continue;
+        }
+        struct pd_sample smp;
+        pd_sampler_next(&r->sampler, &e->scratch, e->logits + (size_t)i * (size_t)e->vocab, &smp);
+        note_token(e, r, smp.token, smp.logprob, smp.finish);
+        e->stopped[i] = r->finished;
+    }
+    rc = pd_sched_decode_batch_done(e->sd, &st, e->stopped, now);
+    PD_ASSERT(rc == PD_OK);
+    e->steps++;
+    e->tokens += nb;
+    return true;
+}
+
+/* ---- the thread ---- */
+
+static void drain_ends(struct pd_engine *e, double now) {
+    struct pd_sched_end end;
+    if (e->sp) {
+        while (pd_sched_prefill_pop_ended(e->sp, &end) == PD_OK) {
+            struct pd_engine_req *r = find_req(e, end.room);
+            PD_ASSERT(r);
+            pd_debug("room=%" PRIu64 " prefill end=%s", end.room,
+                     pd_sched_end_reason_str(end.reason));
+            r->finished = end.reason == PD_END_DONE;
+            emit_end(e, r, end.reason, PD_OK, end.cached_tokens);
+        }
+        return;
+    }
+    while (pd_sched_decode_pop_ended(e->sd, &end) == PD_OK) {
+        struct pd_engine_req *r = find_req(e, end.room);
+        PD_ASSERT(r);
+        if (end.reason == PD_END_RETRACTED && !r->aborted && !r->finished) {
+            /* back in as a local request: its "prompt" is everything but the last token */
+            int rc = pd_sched_decode_add(e->sd, r->room, r->n_prompt + r->n_out - 1,
+                                         r->sp.max_new_tokens - r->n_out + 1, now);
+            if (rc == PD_OK) {
+                r->local = true;
+                pd_info("room=%" PRIu64 " retracted after %d tokens; recomputing locally", r->room,
+                        (int)r->n_out);
+                continue;
+            }
+            pd_warn("room=%" PRIu64 " retracted and cannot re-enter: %s", r->room, pd_error_msg());
+            emit_end(e, r, PD_END_FAILED, rc, 0);
+            continue;
+        }
+        pd_debug("room=%" PRIu64 " decode end=%s tokens=%d", end.room,
+                 pd_sched_end_reason_str(end.reason), (int)r->n_out);
+        emit_end(e, r, end.reason, PD_OK, 0);
+    }
+}
+
+static bool drain_commands(struct pd_engine *e, double now) {
+    struct pd_engine_cmd c;
+    bool any = false;
+    while (pd_spsc_pop(&e->cmdq, &c) == PD_OK) {
+        any = true;
+        switch (c.kind) {
+        case PD_ENGINE_CMD_ADD:
+            if (e->sp)
+                prefill_add(e, c.req, now);
+            else
+                decode_add(e, c.req, now);
+            break;
+        case PD_ENGINE_CMD_BOOTSTRAPPED:
+            if (e->sp && find_req(e, c.room))
+                (void)pd_sched_prefill_bootstrapped(e->sp, c.room, now);
+            break;
+        case PD_ENGINE_CMD_XFER_END:
+            if (e->sp)
+                prefill_xfer_end(e, c.room, c.status, now);
+            else
+                decode_xfer_end(e, &c, now);
+            break;
+        case PD_ENGINE_CMD_ABORT:
+            if (e->sp)
+                prefill_abort(e, c.room);
+            else
+                decode_abort(e, c.room);
+            break;
+        case PD_ENGINE_CMD_FLUSH_CACHE: {
+            int32_t freed = e->rc ? pd_radix_cache_flush(e->rc) : 0;
+            emit(e, &(struct pd_engine_event){.kind = PD_ENGINE_EV_FLUSHED, .n_output = freed});
+            break;
+        }
+        default: PD_ASSERT(!"unknown engine command");
+        }
+    }
+    return any;
+}
+
+static void publish(struct pd_engine *e) {
+    struct pd_engine_stats s = {0};
+    struct pd_page_stats ps;
+    pd_page_alloc_stats(e->pa, &ps);
+    s.pages_total = ps.total;
+    s.pages_free = ps.free;
+    s.pages_used = ps.used;
+    s.pages_cached = ps.cached;
+    if (e->sp) {
+        struct pd_prefill_counts c;
+        pd_sched_prefill_counts(e->sp, &c);
+        s.q_bootstrap = c.bootstrap;
+        s.q_waiting = c.waiting;
+        s.q_inflight = c.inflight;
+        s.q_draining = c.draining;
+    } else {
+        struct pd_decode_counts c;
+        pd_sched_decode_counts(e->sd, &c);
+        s.q_prealloc = c.prealloc;
+        s.q_transfer = c.transfer;
+        s.q_running = c.running;
+        s.q_draining = c.draining;
+    }
+    s.steps = e->steps;
+    s.tokens_computed = e->tokens;
+    s.retractions = e->retractions;
+    pthread_mutex_lock(&e->stats_mu);
+    e->stats = s;
+    pthread_mutex_unlock(&e->stats_mu);
+    if (e->check_steps) {
+        int rc = e->sp ? pd_sched_prefill_check(e->sp) : pd_sched_decode_check(e->sd);
+        if (rc)
+            pd_error("engine check failed: %s", pd_error_msg());
+        if (atomic_load(&e->last_check) <= 0) /* keep the first failure */
+            atomic_store(&e->last_check, rc);
+    }
+}
+
+static void wait_for_work(struct pd_engine *e) {
+    pthread_mutex_lock(&e->mu);
+    if (!e->cmd_pending && !atomic_load(&e->stop)) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += IDLE_WAIT_MS * 1000000L;
+        if (ts.tv_nsec >= 1000000000) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000;
+        }
+        pthread_cond_timedwait(&e->cv_cmd, &e->mu, &ts);
+    }
+    e->cmd_pending = false;
+    pthread_mutex_unlock(&e->mu);
+}
+
+static void *compute_main(void *arg) {
+    struct pd_engine *e = arg;
+    while (!atomic_load(&e->stop)) {
+        double now = now_s();
+        bool did = drain_commands(e, now);
+        drain_ends(e, now); /* ends caused by commands (aborts, transfer ends) */
+        bool worked = e->sp ? prefill_iter(e, now) : decode_iter(e, now);
+        drain_ends(e, now);
+        publish(e);
+        if (e->unsignalled) { /* one wakeup per iteration, however many events */
+            e->unsignalled = 0;
+            uv_async_send(e->async);
+        }
+        if (!did && !worked)
+            wait_for_work(e);
+    }
+    atomic_store(&e->exited, true);
+    uv_async_send(e->async);
+    return NULL;
+}
+
+static void on_async(uv_async_t *a) {
+    pd_engine_poll(a->data);
+}
+
+void pd_engine_poll(struct pd_engine *e) {
+    struct pd_engine_event ev;
+    bool any = false;
+    while (pd_spsc_pop(&e->evq, &ev) == PD_OK) {
+        any = true;
+        e->fn(e->fn_ctx, &ev);
+    }
+    if (any) {
+        pthread_mutex_lock(&e->mu);
+        pthread_cond_broadcast(&e->cv_space);
+        pthread_mutex_unlock(&e->mu);
+    }
+}
+
+int pd_engine_start(struct pd_engine *e, uv_loop_t *loop, pd_engine_event_fn fn, void *ctx) {
+    PD_ASSERT(!e->started);
+    const char *chk = getenv("PD_ENGINE_CHECK");
+    e->check_steps = chk && *chk && strcmp(chk, "0") != 0;
+    e->loop = loop;
+    e->fn = fn;
+    e->fn_ctx = ctx;
+    e->async = pd_calloc(1, sizeof(*e->async));
+    if (!e->async)
+        return PD_ENOMEM;
+    int rc = uv_async_init(loop, e->async, on_async);
+    if (rc) {
+        pd_free(e->async);
+        e->async = NULL;
+        return pd_errorf(PD_EINTERNAL, "uv_async_init: %s", uv_strerror(rc));
+    }
+    e->async->data = e;
+    rc = pthread_create(&e->thread, NULL, compute_main, e);
+    if (rc) {
+        uv_close((uv_handle_t *)e->async, (uv_close_cb)pd_free);
+        e->async = NULL;
+        return pd_errorf(pd_status_from_errno(rc), "starting the compute thread: %s", strerror(rc));
+    }
+    e->started = true;
+    return PD_OK;
+}
+
+int pd_engine_submit(struct pd_engine *e, const struct pd_engine_cmd *c) {
+    if (atomic_load(&e->stop))
+        return pd_errorf(PD_ECANCELED, "the engine is stopping");
+    if (pd_spsc_push(&e->cmdq, c) != PD_OK)
+        return pd_errorf(PD_EFULL, "the compute thread's command queue is full (%u)",
+                         pd_spsc_capacity(&e->cmdq));
+    pthread_mutex_lock(&e->mu);
+    e->cmd_pending = true;
+    pthread_cond_signal(&e->cv_cmd);
+    pthread_mutex_unlock(&e->mu);
+    return PD_OK;
+}
+
+void pd_engine_stats(const struct pd_engine *e, struct pd_engine_stats *out) {
+    pthread_mutex_lock((pthread_mutex_t *)&e->stats_mu);
+    *out = e->stats;
+    pthread_mutex_unlock((pthread_mutex_t *)&e->stats_mu);
+}
+
+int pd_engine_last_check(const struct pd_engine *e) {
+    return atomic_load((atomic_int *)&e->last_check);
+}
+
+/* After the thread is gone: every request still registered ends here, aborted. */
+static void end_all(struct pd_engine *e) {
+    for (int32_t i = 0; i < e->cap; i++) {
+        struct pd_engine_req *r = e->reqs[i];
+        if (!r)
+            continue;
+        bool q;
+        if (e->sp) {
+            if (pd_sched_prefill_abort(e->sp, r->room, &q) == PD_OK && q)
+                (void)pd_sched_prefill_release(e->sp, r->room);
+        } else if (pd_sched_decode_abort(e->sd, r->room, &q) == PD_OK && q) {
+            (void)pd_sched_decode_release(e->sd, r->room);
+        }
+        struct pd_engine_event ev = {.kind = PD_ENGINE_EV_END,
+                                     .room = r->room,
+                                     .req = r,
+                                     .reason = PD_END_ABORTED,
+                                     .status = PD_ECANCELED,
+                                     .n_output = r->n_out};
+        unregister_req(e, r);
+        e->fn(e->fn_ctx, &ev);
+    }
+    struct pd_sched_end end;
+    if (e->sp)
+        while (pd_sched_prefill_pop_ended(e->sp, &end) == PD_OK) {
+        }
+    else
+        while (pd_sched_decode_pop_ended(e->sd, &end) == PD_OK) {
+        }
+}
+
+void pd_engine_stop(struct pd_engine *e) {
+    if (!e || !e->started || e->joined)
+        return;
+    atomic_store(&e->stop, true);
+    pthread_mutex_lock(&e->mu);
+    pthread_cond_signal(&e->cv_cmd);
+    pthread_mutex_unlock(&e->mu);
+    /* keep draining so a thread blocked on a full event queue can finish its step */
+    while (!atomic_load(&e->exited)) {
+        pd_engine_poll(e);
+        uv_sleep(1);
+    }
+    pthread_join(e->thread, NULL);
+    e->joined = true;
+    pd_engine_poll(e);
+    /* commands nobody will run: their requests come back as aborted */
+    struct pd_engine_cmd c;
+    while (pd_spsc_pop(&e->cmdq, &c) == PD_OK)
+        if (c.kind == PD_ENGINE_CMD_ADD)
+            e->fn(e->fn_ctx, &(struct pd_engine_event){.kind = PD_ENGINE_EV_END,
+                                                       .room = c.req->room,
+                                                       .req = c.req,
+                                                       .reason = PD_END_ABORTED,
+                                                       .status = PD_ECANCELED});
+    end_all(e);
+    publish(e);
+    uv_close((uv_handle_t *)e->async, (uv_close_cb)pd_free);
+    e->async = NULL;
+}
+
+void pd_engine_free(struct pd_engine *e) {
+    if (!e)
+        return;
+    PD_ASSERT(!e->started || e->joined);
+    pd_sched_prefill_free(e->sp);
+    pd_sched_decode_free(e->sd);
+    pd_radix_cache_free(e->rc);
+    pd_page_alloc_free(e->pa);
+    if (e->kv_ok)
+        pd_kv_pool_free(&e->kv);
+    pd_model_free(e->model);
+    pd_backend_free(e->be);
+    pd_room_map_free(&e->rooms);
+    pd_free(e->reqs);
+    pd_free(e->free_slots);
+    pd_free(e->seqs);
+    pd_free(e->logits);
+    pd_free(e->stopped);
+    pd_sampling_scratch_free(&e->scratch);
+    pd_spsc_free(&e->cmdq);
+    pd_spsc_free(&e->evq);
+    pthread_mutex_destroy(&e->mu);
+    pthread_mutex_destroy(&e->stats_mu);
+    pthread_cond_destroy(&e->cv_cmd);
+    pthread_cond_destroy(&e->cv_space);
+    pd_free(e);
+}

@@ -1,0 +1,186 @@
+/*
+ * engine.h — a daemon's compute thread (DESIGN.md §2a): it owns the backend, the model, the KV
+ * pool, the page allocator, the prefix cache (prefill) and one scheduler (prefill or decode
+ * flavour), and runs one step at a time. The loop thread talks to it only through two bounded
+ * SPSC queues: commands in (pd_engine_submit; the compute thread is woken by a condition
+ * variable), events out (drained on the loop by a uv_async_t into the event callback).
+ *
+ * Prefill: ADD puts a request in bootstrap; BOOTSTRAPPED (decode's Transfer arrived) moves it to
+ * waiting; each step runs one chunked-prefill batch through pd_model_extend and reports the pages
+ * that became sendable (EV_SEND); the last chunk's event carries the sampled first token. The
+ * loop posts the pages, finishes the room, and reports the engine's room ending (XFER_END);
+ * only then does the request end (EV_END) and its pages go back.
+ * Decode: ADD puts a request in prealloc; when its prompt pages are reserved EV_ADMIT says so
+ * (send Transfer); XFER_END carries the done notice (first token) or the failure; then one token
+ * per step (EV_TOKEN) until EOS / stop token / max_new_tokens. A retracted request is recomputed
+ * here: it re-enters with prompt + generated tokens, whose KV one local extend rebuilds.
+ * A request timed out in transfer, or aborted there, yields EV_QUIESCE: the loop aborts the room
+ * with the prefill; the room's ending (XFER_END) releases its pages.
+ *
+ * Ownership: a struct pd_engine_req is built by the loop (pd_engine_req_new), belongs to the
+ * compute thread from ADD until its EV_END, and is freed by the loop after that. The loop may
+ * read req->pages entries an event names (they are written before the event and never again).
+ * Nothing is allocated per decode step. Nothing here does I/O beyond loading the model.
+ */
+#ifndef PD_ENGINE_H
+#define PD_ENGINE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <uv.h>
+
+#include "common/sampling.h"
+
+enum pd_engine_role {
+    PD_ENGINE_PREFILL = 1,
+    PD_ENGINE_DECODE = 2,
+};
+
+struct pd_engine_config {
+    int role; /* enum pd_engine_role */
+    const char *model_path;
+    int threads;              /* cpu backend threads; 0 = one per core */
+    int page_size;            /* tokens per KV page */
+    int chunked_prefill_size; /* prefill step budget; decode: recompute chunk; <= 0: unchunked */
+    int max_prefill_tokens;
+    int max_running_requests; /* decode batch cap */
+    int max_queued_requests;  /* live requests the scheduler holds */
+    int context_length;       /* 0 = the model's */
+    int64_t n_pages;          /* KV pool pages; 0 = from mem_fraction_static */
+    double mem_fraction_static;
+    bool disable_prefix_cache;
+    double bootstrap_timeout_s; /* prefill */
+    double waiting_timeout_s;   /* decode */
+    double new_token_ratio;     /* decode: share of the output reserved at admission (SGLang
+                                   0.7, decaying to 0.1); 0 = SGLang's; smaller admits more
+                                   and retracts sooner */
+};
+
+/* A request as the compute thread sees it. Fields above `private` are set by the loop before
+ * ADD and read-only afterwards, except the output tail of tokens (decode, compute writes). */
+struct pd_engine_req {
+    uint64_t room;
+    int32_t n_prompt;
+    int32_t *tokens; /* [n_prompt + sp.max_new_tokens] prompt, then (decode) output ids */
+    struct pd_sampling_params sp; /* max_new_tokens counts the prefill's first token */
+    void *user;                   /* the loop's; never touched here */
+    /* published by the compute thread before the event that names them */
+    uint32_t *pages; /* [cap_pages] prefill: source pages; decode: destination pages */
+    int32_t n_pages;
+    int32_t cap_pages;
+    /* private to the compute thread */
+    struct pd_sampler sampler;
+    bool has_sampler;
+    bool aborted, local, finished;
+    int finish;      /* enum pd_finish of the last token */
+    int fail_status; /* the model refused a step with this */
+    float first_logprob;
+    int32_t n_out;
+    int32_t slot;
+};
+
+/* Allocates a request for prompt tokens[0..n) (copied) with room for sp->max_new_tokens output
+ * tokens and the pages it can need. PD_EINVAL, PD_ENOMEM. */
+int pd_engine_req_new(uint64_t room, const int32_t *tokens, int32_t n, int page_size,
+                      const struct pd_sampling_params *sp, struct pd_engine_req **out);
+void pd_engine_req_free(struct pd_engine_req *r);
+
+enum pd_engine_cmd_kind {
+    PD_ENGINE_CMD_ADD = 1,      /* req: a new request */
+    PD_ENGINE_CMD_BOOTSTRAPPED, /* prefill: room's Transfer arrived */
+    PD_ENGINE_CMD_XFER_END,     /* room's transfer ended: status (+ decode: first token) */
+    PD_ENGINE_CMD_ABORT,        /* room: abort wherever it is */
+    PD_ENGINE_CMD_FLUSH_CACHE,  /* drop unused prefix-cache entries */
+};
+
+struct pd_engine_cmd {
+    int kind;
+    uint64_t room;
+    struct pd_engine_req *req;
+    int status;
+    int32_t first_token;
+    float first_logprob;
+};
+
+enum pd_engine_event_kind {
+    PD_ENGINE_EV_ADMIT = 1, /* decode: req->pages[0..n_pages) reserved; send Transfer */
+    PD_ENGINE_EV_SEND,      /* prefill: req->pages[begin..end) may be sent; last: token too */
+    PD_ENGINE_EV_TOKEN,     /* decode: one output token */
+    PD_ENGINE_EV_QUIESCE,   /* decode: give the room up with the prefill (abort/timeout) */
+    PD_ENGINE_EV_END,       /* the request is over here; req is the loop's again */
+    PD_ENGINE_EV_FLUSHED,   /* flush_cache done; n_output = pages freed */
+};
+
+struct pd_engine_event {
+    int kind;
+    uint64_t room;
+    struct pd_engine_req *req;
+    int32_t begin, end; /* SEND: page index range */
+    bool last;          /* SEND: the prompt is complete: token/logprob are the first output */
+    int32_t token;      /* SEND (last), TOKEN */
+    float logprob;
+    int32_t index;         /* TOKEN: output position (0 = the prefill's token) */
+    int finish;            /* TOKEN, END: enum pd_finish */
+    int reason;            /* END: enum pd_sched_end_reason */
+    int status;            /* END: PD_OK, or why the request could not even start */
+    int32_t cached_tokens; /* END (prefill) */
+    int32_t n_output;      /* END (decode), FLUSHED */
+};
+
+/* Counters the compute thread publishes after every iteration (loop reads them any time). */
+struct pd_engine_stats {
+    int32_t pages_total, pages_free, pages_used, pages_cached;
+    int32_t q_bootstrap, q_waiting, q_inflight; /* prefill */
+    int32_t q_prealloc, q_transfer, q_running;  /* decode */
+    int32_t q_draining;
+    int64_t steps, tokens_computed;
+    int64_t retractions; /* decode: requests retracted (and recomputed) so far */
+};
+
+/* Facts for /server_info, the bootstrap layout and the transfer engine. */
+struct pd_engine_info {
+    int role;
+    int vocab_size;
+    int context_length;
+    int n_layers, kv_heads, head_dim, page_size;
+    size_t page_bytes;
+    int32_t n_pages;
+    void *pool_base; /* host memory of the KV pool (cpu backend) */
+    const char *dtype;
+    const char *backend;
+    const char *model_type;   /* "llama" */
+    const char *architecture; /* "LlamaForCausalLM" */
+    const int *eos_ids;
+    int n_eos_ids;
+};
+
+typedef void (*pd_engine_event_fn)(void *ctx, const struct pd_engine_event *ev);
+
+struct pd_engine;
+
+/* Loads the model, sizes the pool, builds the scheduler. No thread yet. */
+int pd_engine_new(const struct pd_engine_config *cfg, struct pd_engine **out);
+void pd_engine_get_info(const struct pd_engine *e, struct pd_engine_info *out);
+
+/* Starts the compute thread; events are delivered on loop through fn. */
+int pd_engine_start(struct pd_engine *e, uv_loop_t *loop, pd_engine_event_fn fn, void *ctx);
+/* Loop thread. PD_EFULL when the command queue is full (shed the request). */
+int pd_engine_submit(struct pd_engine *e, const struct pd_engine_cmd *c);
+/* Any thread: the last published counters. */
+void pd_engine_stats(const struct pd_engine *e, struct pd_engine_stats *out);
+/* Loop thread: delivers the events queued now (the async callback does this too). */
+void pd_engine_poll(struct pd_engine *e);
+/* Loop thread: stops the compute thread after its current step and joins it; requests still
+ * inside are ended there (their pages go back) and their EV_END events delivered now. Then the
+ * uv handle is closed: run the loop before pd_engine_free. Idempotent. */
+void pd_engine_stop(struct pd_engine *e);
+/* After stop (and the loop ran), or when never started. Accepts NULL. */
+void pd_engine_free(struct pd_engine *e);
+
+/* Tests: the scheduler's own consistency check, run on the compute thread between steps and
+ * published as a status (PD_OK or the first failure's code); -1 before the first check. */
+int pd_engine_last_check(const struct pd_engine *e);
+
+#endif

@@ -1,0 +1,419 @@
+#!/usr/bin/env python3
+"""test_daemons.py — pdserve-prefill + pdserve-decode as real processes on 127.0.0.1.
+
+Drives both daemons the way a router does (the same body, with bootstrap fields, to both at
+once; the client reads decode's answer, prefill's is drained) with a tiny model from
+pdserve-mkmodel, and checks what a user would notice:
+  tokens   greedy text equals pdserve-generate's, non-streamed and streamed, prompts of mixed
+           lengths, --chunked-prefill-size 64 --page-size 16; 24 concurrent streams; pools full
+  failures abort_request, client disconnect, bootstrap timeout, SIGKILL of decode mid-stream
+           (prefill pages recovered), SIGKILL of prefill while requests wait in decode's transfer
+           queue (each fails within 10 s, decode pages recovered); bad input -> 4xx; SIGTERM
+           exits 0.
+Stdlib only. Usage: test_daemons.py BUILD_DIR CASE   (CASE: tokens | failures)
+Every process it starts is killed on exit.
+"""
+import http.client
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+BUILD = sys.argv[1]
+CASE = sys.argv[2] if len(sys.argv) > 2 else "tokens"
+PREFILL = os.path.join(BUILD, "prefill/pdserve-prefill")
+DECODE = os.path.join(BUILD, "decode/pdserve-decode")
+MKMODEL = os.path.join(BUILD, "tools/pdserve-mkmodel")
+GENERATE = os.path.join(BUILD, "tools/pdserve-generate")
+PROCS = []
+FAILS = []
+
+
+def check(cond, what):
+    if not cond:
+        FAILS.append(what)
+        print("FAIL:", what, flush=True)
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    p = s.getsockname()[1]
+    s.close()
+    return p
+
+
+def kill_all():
+    for p in PROCS:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
+class Daemon:
+    def __init__(self, role, model, tmp, extra=()):
+        self.role = role
+        self.port = free_port()
+        self.bport = free_port() if role == "prefill" else None
+        args = [PREFILL if role == "prefill" else DECODE, "--model-path", model,
+                "--port", str(self.port), "--disaggregation-mode", role,
+                "--page-size", "16", "--chunked-prefill-size", "64", "--threads", "1",
+                "--max-total-tokens", "16384", "--log-level",
+                os.environ.get("PD_TEST_LOG_LEVEL", "warning")]
+        if self.bport:
+            args += ["--disaggregation-bootstrap-port", str(self.bport)]
+        args += list(extra)
+        self.log = open(os.path.join(tmp, "%s-%d.log" % (role, self.port)), "w")
+        self.p = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT)
+        PROCS.append(self.p)
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            try:
+                if self.get("/health")[0] == 200:
+                    return
+            except OSError:
+                pass
+            if self.p.poll() is not None:
+                raise RuntimeError("%s exited at start (%s)" % (role, self.p.returncode))
+            time.sleep(0.1)
+        raise RuntimeError("%s not ready" % role)
+
+    def conn(self, timeout=60):
+        return http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+
+    def get(self, path):
+        c = self.conn(5)
+        c.request("GET", path)
+        r = c.getresponse()
+        body = r.read()
+        c.close()
+        return r.status, body
+
+    def post(self, path, body, timeout=60):
+        c = self.conn(timeout)
+        data = body if isinstance(body, bytes) else json.dumps(body).encode()
+        c.request("POST", path, data, {"Content-Type": "application/json"})
+        r = c.getresponse()
+        out = r.read()
+        c.close()
+        return r.status, out
+
+    def pool(self):
+        st, body = self.get("/server_info")
+        return json.loads(body)["kv_pool"]
+
+    def pool_full(self, wait=5.0):
+        deadline = time.time() + wait
+        while True:
+            p = self.pool()
+            if p["used_pages"] == 0 and p["free_pages"] + p["cached_pages"] == p["num_pages"]:
+                return True
+            if time.time() > deadline:
+                print("%s pool not full: %s" % (self.role, p), flush=True)
+                return False
+            time.sleep(0.05)
+
+
+def body_for(prompt, max_new, room, pf, stream=False, kind="generate"):
+    b = {"bootstrap_host": "127.0.0.1", "bootstrap_port": pf.bport, "bootstrap_room": room}
+    if kind == "generate":
+        b.update({"text": prompt, "stream": stream,
+                  "sampling_params": {"max_new_tokens": max_new, "temperature": 0}})
+    else:
+        b.update({"prompt": prompt, "max_tokens": max_new, "temperature": 0, "stream": stream})
+    return b
+
+
+def sse_events(raw):
+    out = []
+    for block in raw.decode("utf-8", "replace").split("\n\n"):
+        block = block.strip()
+        if block.startswith("data: "):
+            out.append(block[6:])
+    return out
+
+
+def pair(pf, dc, body, path="/generate", timeout=60):
+    """Sends body to both; returns (decode status, decode body, prefill status, prefill body)."""
+    res = {}
+
+    def run_prefill():
+        try:
+            res["p"] = pf.post(path, body, timeout)
+        except Exception as e:  # noqa: BLE001
+            res["p"] = (0, str(e).encode())
+
+    t = threading.Thread(target=run_prefill)
+    t.start()
+    try:
+        d = dc.post(path, body, timeout)
+    except Exception as e:  # noqa: BLE001
+        d = (0, str(e).encode())
+    t.join()
+    return d[0], d[1], res["p"][0], res["p"][1]
+
+
+def text_of(kind, stream, raw):
+    if not stream:
+        j = json.loads(raw)
+        return j["text"] if kind == "generate" else j["choices"][0]["text"]
+    evs = sse_events(raw)
+    assert evs and evs[-1] == "[DONE]", evs[-3:]
+    chunks = [json.loads(e) for e in evs[:-1]]
+    if kind == "generate":
+        return chunks[-1]["text"]
+    return "".join(c["choices"][0]["text"] for c in chunks if c["choices"])
+
+
+def reference(model, prompts, max_new):
+    """pdserve-generate's text for each prompt, one run per prompt (texts may hold newlines)."""
+    out = []
+    for p in prompts:
+        r = subprocess.run([GENERATE, "--model-path", model, "--max-new-tokens", str(max_new),
+                            "--chunked-prefill-size", "64", "--page-size", "16", "--threads", "1",
+                            "--", p], capture_output=True, check=True).stdout
+        out.append(r[:-1].decode("utf-8"))  # the text, then one newline
+    return out
+
+
+WORDS = ("the quick brown fox jumps over a lazy dog while seven wizards quietly hex "
+         "every jolly vexed bank clerk and the river runs to the sea under stars").split()
+
+
+def make_prompts(n, rng):
+    out = []
+    for i in range(n):
+        k = [1, 3, 8, 15, 16, 17, 30, 40, 64, 70, 100, 150][i % 12] + rng.randrange(3)
+        out.append(" ".join(rng.choice(WORDS) for _ in range(k)))
+    return out
+
+
+def case_tokens(model, tmp):
+    pf = Daemon("prefill", model, tmp)
+    dc = Daemon("decode", model, tmp)
+    rng = random.Random(7)
+    prompts = make_prompts(36, rng)
+    max_new = 16
+    ref = reference(model, prompts, max_new)
+    room = 1 << 40
+    # sequential: non-streamed /generate, streamed /generate, OpenAI completions both ways
+    for i, p in enumerate(prompts):
+        kind = "generate" if i % 2 == 0 else "completions"
+        path = "/generate" if kind == "generate" else "/v1/completions"
+        for stream in (False, True):
+            room += 1
+            ds, db, ps, pb = pair(pf, dc, body_for(p, max_new, room, pf, stream, kind), path)
+            check(ds == 200 and ps == 200, "prompt %d stream=%s: status %d/%d %r" %
+                  (i, stream, ds, ps, db[:200]))
+            if ds == 200:
+                got = text_of(kind, stream, db)
+                check(got == ref[i], "prompt %d (%s stream=%s) text %r != reference %r" %
+                      (i, kind, stream, got, ref[i]))
+    # 24 concurrent streams
+    results = [None] * 24
+    threads = []
+
+    def one(i):
+        r = (1 << 41) + i
+        ds, db, ps, pb = pair(pf, dc, body_for(prompts[i], max_new, r, pf, True), "/generate")
+        results[i] = (ds, ps, text_of("generate", True, db) if ds == 200 else db)
+
+    for i in range(24):
+        t = threading.Thread(target=one, args=(i,))
+        t.start()
+        threads.append(t)
+    for t in threads:
+        t.join(120)
+    for i, r in enumerate(results):
+        check(r is not None and r[0] == 200 and r[1] == 200 and r[2] == ref[i],
+              "concurrent stream %d: %r vs %r" % (i, r, ref[i]))
+    check(pf.pool_full(), "prefill pool back to full")
+    check(dc.pool_full(), "decode pool back to full")
+    # chat through the template, both daemons, and info endpoints
+    room += 1
+    chat = {"model": model, "messages": [{"role": "user", "content": "hello there"}],
+            "max_tokens": 5, "temperature": 0, "bootstrap_host": "127.0.0.1",
+            "bootstrap_port": pf.bport, "bootstrap_room": room}
+    ds, db, ps, pb = pair(pf, dc, chat, "/v1/chat/completions")
+    check(ds == 200 and json.loads(db)["object"] == "chat.completion", "chat: %d %r" % (ds, db))
+    st, body = dc.get("/v1/models")
+    check(st == 200 and json.loads(body)["data"][0]["owned_by"] == "sglang", "/v1/models")
+    for path in ("/model_info", "/get_model_info", "/get_load", "/get_server_info", "/metrics",
+                 "/health_generate"):
+        check(dc.get(path)[0] == 200, path)
+    # bad input: 4xx and still serving
+    bad = [
+        b"{not json",
+        json.dumps({"text": "hi", "sampling_params": {"max_new_tokens": 4}}).encode(),  # no room
+        json.dumps({"text": "hi", "sampling_params": {"temperature": -1},
+                    "bootstrap_room": 5}).encode(),
+        json.dumps({"text": 5, "bootstrap_room": 6}).encode(),
+        json.dumps({"text": "hi", "bootstrap_room": -3}).encode(),
+        b'{"text": "\xff\xfe", "bootstrap_room": 7}',
+        json.dumps({"text": "word " * 5000, "bootstrap_room": 8}).encode(),  # > context
+    ]
+    for b in bad:
+        st, out = dc.post("/generate", b)
+        check(400 <= st < 500 and b"error" in out, "bad body %r -> %d %r" % (b[:40], st, out[:120]))
+    st, out = dc.post("/v1/completions", {"model": "nope", "prompt": "x", "bootstrap_room": 9})
+    check(st == 404, "unknown model -> %d" % st)
+    check(dc.get("/health")[0] == 200 and pf.get("/health")[0] == 200, "still serving")
+    # SIGTERM: exit 0
+    for d in (pf, dc):
+        d.p.send_signal(signal.SIGTERM)
+    for d in (pf, dc):
+        try:
+            rc = d.p.wait(20)
+        except subprocess.TimeoutExpired:
+            rc = "hung"
+        check(rc == 0, "%s SIGTERM exit %s" % (d.role, rc))
+
+
+def stream_some(dc, body, n_events, path="/generate"):
+    """Opens a stream on decode, reads n_events events, returns the open connection."""
+    c = dc.conn(30)
+    c.request("POST", path, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    r = c.getresponse()
+    got = b""
+    while got.count(b"\n\n") < n_events:
+        chunk = r.read1(4096) if hasattr(r, "read1") else r.read(64)
+        if not chunk:
+            break
+        got += chunk
+    return c, r, got
+
+
+def case_failures(model, tmp):
+    pf = Daemon("prefill", model, tmp, ["--bootstrap-timeout", "1.5"])
+    dc = Daemon("decode", model, tmp, ["--waiting-timeout", "20"])
+    long_sp = {"max_new_tokens": 1500, "temperature": 0, "ignore_eos": True}
+
+    # 1. abort_request mid-stream: the stream ends (finish abort), pools refill
+    print('step 1: abort_request mid-stream: the stream ends (finish abort), pools refill', flush=True)
+    room = 1 << 50
+    body = {"text": "abort me please", "sampling_params": long_sp, "stream": True, "rid": "r-abort",
+            "bootstrap_host": "127.0.0.1", "bootstrap_port": pf.bport, "bootstrap_room": room}
+    pt = threading.Thread(target=lambda: pf.post("/generate", body))
+    pt.start()
+    c, r, got = stream_some(dc, body, 3)
+    st, out = dc.post("/abort_request", {"rid": "r-abort"})
+    check(st == 200 and json.loads(out)["success"], "abort_request: %d %r" % (st, out))
+    rest = r.read()
+    c.close()
+    check(b"[DONE]" in rest, "aborted stream ends with [DONE]")
+    pt.join(10)
+
+    # 2. client disconnect mid-stream
+    print('step 2: client disconnect mid-stream', flush=True)
+    room += 1
+    body.update({"bootstrap_room": room, "rid": "r-gone"})
+    pt = threading.Thread(target=lambda: pf.post("/generate", body))
+    pt.start()
+    c, r, got = stream_some(dc, body, 3)
+    c.sock.shutdown(socket.SHUT_RDWR)
+    c.close()
+    pt.join(10)
+    check(dc.pool_full(5) and pf.pool_full(5), "pools full after abort and disconnect")
+
+    # 3. bootstrap timeout: prefill gets a body, no decode ever asks
+    print('step 3: bootstrap timeout: prefill gets a body, no decode ever asks', flush=True)
+    room += 1
+    t0 = time.time()
+    st, out = pf.post("/generate", {"text": "lonely", "bootstrap_host": "127.0.0.1",
+                                    "bootstrap_port": pf.bport, "bootstrap_room": room})
+    check(st >= 500 and b"bootstrap" in out and time.time() - t0 < 6,
+          "bootstrap timeout: %d %r in %.1fs" % (st, out[:160], time.time() - t0))
+
+    # 4. duplicate room on one daemon
+    print('step 4: duplicate room on one daemon', flush=True)
+    room += 1
+    dup = {"text": "dup", "sampling_params": long_sp, "bootstrap_host": "127.0.0.1",
+           "bootstrap_port": pf.bport, "bootstrap_room": room}
+    holder = threading.Thread(target=lambda: pf.post("/generate", dup))
+    holder.start()
+    time.sleep(0.3)
+    st, out = pf.post("/generate", dup)
+    check(st in (400, 409), "duplicate room -> %d" % st)
+    holder.join(10)
+
+    # 5. SIGKILL decode mid-stream: prefill recovers its pages, keeps serving
+    print('step 5: SIGKILL decode mid-stream: prefill recovers its pages, keeps serving', flush=True)
+    room += 1
+    body.update({"bootstrap_room": room, "rid": "r-kill"})
+    pres = {}
+    pt = threading.Thread(target=lambda: pres.update(r=pf.post("/generate", body)))
+    pt.start()
+    c, r, got = stream_some(dc, body, 2)
+    dc.p.kill()
+    dc.p.wait()
+    c.close()
+    pt.join(15)
+    check(pf.pool_full(10), "prefill pages recovered after decode SIGKILL")
+    check(pf.get("/health")[0] == 200, "prefill serves after decode died")
+
+    # 6. SIGKILL prefill while requests sit in decode's transfer queue
+    print('step 6: SIGKILL prefill while requests sit in decodes transfer queue', flush=True)
+    dc = Daemon("decode", model, tmp)
+    n = 6
+    done = [None] * n
+
+    def waiter(i):
+        t0 = time.time()
+        b = {"text": "waiting %d" % i, "sampling_params": {"max_new_tokens": 4},
+             "bootstrap_host": "127.0.0.1", "bootstrap_port": pf.bport,
+             "bootstrap_room": room + 100 + i}
+        st, out = dc.post("/generate", b, 30)
+        done[i] = (st, time.time() - t0)
+
+    ws = [threading.Thread(target=waiter, args=(i,)) for i in range(n)]
+    for w in ws:
+        w.start()
+    time.sleep(1.0)  # paired, Transfers sent; no prefill body ever comes
+    t_kill = time.time()
+    pf.p.kill()
+    pf.p.wait()
+    for w in ws:
+        w.join(20)
+    for i, d in enumerate(done):
+        check(d is not None and d[0] >= 500 and d[1] - (t_kill - 0) < 60,
+              "waiting request %d after prefill SIGKILL: %r" % (i, d))
+        if d:
+            check(time.time() - t_kill < 12, "failed within 10 s of the kill")
+    check(dc.pool_full(5), "decode pages recovered after prefill SIGKILL")
+    dc.p.send_signal(signal.SIGTERM)
+    check(dc.p.wait(20) == 0, "decode SIGTERM exit 0")
+
+
+def main():
+    tmp = os.environ.get("PD_TEST_TMPDIR") or tempfile.mkdtemp()
+    tmp = tempfile.mkdtemp(dir=tmp)
+    model = os.path.join(tmp, "model")
+    subprocess.run([MKMODEL, "--out", model], check=True, capture_output=True)
+    try:
+        if CASE == "tokens":
+            case_tokens(model, tmp)
+        else:
+            case_failures(model, tmp)
+    except Exception as e:  # noqa: BLE001
+        FAILS.append("exception: %r" % e)
+        print("FAIL: exception", repr(e), flush=True)
+    finally:
+        kill_all()
+    if FAILS:
+        print("%d failures; daemon logs in %s" % (len(FAILS), tmp))
+        for f in os.listdir(tmp):
+            if f.endswith(".log"):
+                print("---", f)
+                print(open(os.path.join(tmp, f)).read()[-3000:])
+        sys.exit(1)
+    print("daemons %s: PASS" % CASE)
+
+
+if __name__ == "__main__":
+    main()
