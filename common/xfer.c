@@ -77,6 +77,7 @@ struct room {
     bool flushed;               /* sender: flush completed, notice to post */
     bool has_notice;            /* receiver: `notice` holds the received notice */
     int status;                 /* status the room ends with */
+    int notice_status;          /* receiver: what the notice says it ends with, once all in */
     uint64_t abort_deadline_ms; /* receiver, ROOM_ABORTING: loop time */
     uint32_t *dst;              /* [n_dst] receiver pool page indices, in the sender's order */
     uint32_t n_dst;
@@ -499,7 +500,7 @@ static void room_try_complete(pd_xfer_t *x, struct room *r) {
     if (!r->has_notice || r->state == ROOM_ENDED)
         return;
     if (r->data_bytes == r->notice.data_bytes) {
-        room_end(x, r, r->status);
+        room_end(x, r, r->notice_status);
     } else if (r->data_bytes > r->notice.data_bytes) {
         pd_warn("xfer: room %" PRIu64 ": %" PRIu64
                 " bytes of pages arrived, the notice says %" PRIu64,
@@ -536,7 +537,7 @@ static ucs_status_t on_notice_am(void *arg, const void *header, size_t header_le
     }
     r->notice = n;
     r->has_notice = true;
-    r->status = r->state == ROOM_ABORTING && n.status == PD_OK ? PD_OK : n.status;
+    r->notice_status = n.status;
     room_try_complete(x, r);
     return UCS_OK;
 }
