@@ -17,8 +17,10 @@
  * Where pages travel as active messages (lanes without hardware RMA), ucp_am_bw -e at the
  * engine's chunk size is printed next to it. Prints one line per measurement and the ratios.
  */
+#include <errno.h>
 #include <inttypes.h>
 #include <math.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -60,10 +62,21 @@ static double now_s(void) {
 
 /* ---- the blocking exchange before the loops start (a socketpair between the two halves) ---- */
 
+/* The socket is non-blocking once a uv_poll_t watches it: wait for it rather than fail. */
+static bool again(int fd, short events) {
+    if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
+        return false;
+    struct pollfd pf = {.fd = fd, .events = events};
+    poll(&pf, 1, -1);
+    return true;
+}
+
 static void xwrite(int fd, const void *p, size_t n) {
     const char *c = p;
     while (n) {
         ssize_t k = write(fd, c, n);
+        if (k < 0 && again(fd, POLLOUT))
+            continue;
         if (k <= 0) {
             perror("bench: write");
             exit(1);
@@ -77,6 +90,8 @@ static void xread(int fd, void *p, size_t n) {
     char *c = p;
     while (n) {
         ssize_t k = read(fd, c, n);
+        if (k < 0 && again(fd, POLLIN))
+            continue;
         if (k <= 0) {
             perror("bench: read");
             exit(1);
@@ -137,7 +152,10 @@ static void on_sock(uv_poll_t *h, int status, int events) {
     (void)status;
     (void)events;
     char c;
-    if (read(S.sock, &c, 1) <= 0 || c == 'q') {
+    ssize_t got = read(S.sock, &c, 1);
+    if (got < 0 && (errno == EAGAIN || errno == EINTR))
+        return;
+    if (got <= 0 || c == 'q') {
         S.quit = true;
         uv_poll_stop(h);
         uv_stop(h->loop);
