@@ -596,7 +596,7 @@ static void on_transfer_reply(void *ctx, int status, const uint8_t *reply, size_
 }
 
 static void send_transfer(pd_bootstrap_client_t *c, struct croom *r) {
-    int rc = pd_xfer_room_expect(c->x, c->peer, r->room, r->user);
+    int rc = pd_xfer_room_expect(c->x, c->peer, r->room, r->pages, r->n, r->user);
     if (rc) {
         if (c->cb.on_room_rejected)
             c->cb.on_room_rejected(c->cb.ctx, r->room, r->user, rc, pd_error_msg());

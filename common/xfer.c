@@ -2,16 +2,25 @@
  * xfer.c — the UCX transfer engine behind xfer.h.
  *
  * Owns: the ucp context and worker, the pool's memory handle and packed rkey, one endpoint per
- * peer, the room table, and two libuv handles (a uv_poll_t on the worker's event fd, a uv_timer_t
- * that keeps progress going while requests are outstanding and runs deferred work).
+ * peer, the room table, the ops UCX holds, and three libuv handles (a uv_poll_t on the worker's
+ * event fd, a uv_timer_t that keeps progress going while requests are outstanding, a uv_idle_t
+ * for "run again on the next loop iteration").
  *
  * Invariants: UCX callbacks never call the user and never post new operations — they only change
- * state and queue work; xfer_run() (from the poll or the timer) posts and calls the user, so
- * user callbacks may re-enter the engine freely. A room's memory lives until every UCX request
- * that carries it as user_data has completed (room->pending == 0). A room of a failed peer ends
- * only once the peer's endpoint is force-closed (UCX completes the peer's requests with
- * UCS_ERR_CANCELED first). Any failed request on a peer force-closes that peer: after an unknown
- * failure, what landed where is unknown, and the closed endpoint is the only safe fence.
+ * state and queue work; xfer_run() (from the poll, the timer or the idle handle) posts and calls
+ * the user, so user callbacks may re-enter the engine freely. Every UCX request of ours carries an
+ * op (not a room) as user_data: the op names its room by id and serial and owns the bytes UCX may
+ * still read, so a room can end and be freed while UCX still holds requests of it. That matters
+ * because UCX 1.13 does not always complete a request of a force-closed endpoint (seen: a room's
+ * flush or notice on posix shared memory after the peer was SIGKILLed): a room that waited for
+ * it would never end. A room of a failed peer ends only once the peer's endpoint is
+ * force-closed. Any failed request on a peer force-closes that peer: after an unknown failure,
+ * what landed where is unknown, and the closed endpoint is the only safe fence.
+ *
+ * Never a zero-delay uv timer re-armed from its own callback: libuv before 1.45 runs such a timer
+ * again inside the same uv__run_timers() pass without updating the loop time, so an engine whose
+ * ucp_worker_arm() keeps answering BUSY (as 1.13 does for a while after a shared-memory peer dies)
+ * would starve the whole loop — signals and gRPC included. "Again soon" is the idle handle.
  */
 #include "common/xfer.h"
 
@@ -29,6 +38,22 @@
 
 enum room_role { ROOM_SENDER, ROOM_RECEIVER };
 
+enum op_kind { OP_DATA, OP_FLUSH, OP_NOTICE };
+
+#define DATA_HDR_LEN 32 /* sender_id u64 | room u64 | index u32 | reserved u32 | offset u64 */
+#define NOTICE_WIRE_MAX (PD_XFER_NOTICE_WIRE_MIN + PD_XFER_ERROR_TEXT_MAX)
+
+/* One UCX request of ours. Lives until UCX completes the request (after a forced close maybe
+ * never: then until the engine is freed); names its room by id + serial, never by pointer. */
+struct op {
+    struct op *prev, *next; /* x->ops while UCX holds it; x->free_ops (next only) otherwise */
+    pd_xfer_t *x;
+    uint64_t room;
+    uint64_t serial;
+    enum op_kind kind;
+    uint8_t buf[NOTICE_WIRE_MAX]; /* AM data header or notice wire: UCX may read it until done */
+};
+
 enum room_state {
     ROOM_LIVE,      /* sender: chunks may be posted; receiver: waiting for the notice */
     ROOM_FLUSHING,  /* sender: flush posted, notice next */
@@ -39,6 +64,7 @@ enum room_state {
 
 struct room {
     uint64_t id;
+    uint64_t serial;            /* engine-unique: ops of an older room with the same id miss */
     struct room *hnext;         /* hash chain */
     struct room *pprev, *pnext; /* peer's room list */
     struct room *qnext;         /* end queue or flushed queue */
@@ -46,17 +72,17 @@ struct room {
     void *user;
     enum room_role role;
     enum room_state state;
-    int pending;                /* UCX requests in flight carrying this room as user_data */
+    int pending;                /* ops of this room UCX still holds */
     bool unflushed;             /* sender: puts posted since the last flush */
     bool flushed;               /* sender: flush completed, notice to post */
     bool has_notice;            /* receiver: `notice` holds the received notice */
     int status;                 /* status the room ends with */
+    int notice_status;          /* receiver: what the notice says it ends with, once all in */
     uint64_t abort_deadline_ms; /* receiver, ROOM_ABORTING: loop time */
-    uint32_t *dst;              /* [n_dst] receiver pool page indices (sender) */
+    uint32_t *dst;              /* [n_dst] receiver pool page indices, in the sender's order */
     uint32_t n_dst;
+    uint64_t data_bytes; /* sender: page bytes posted as AM; receiver: bytes received */
     struct pd_xfer_notice notice;
-    uint8_t wire[PD_XFER_NOTICE_WIRE_MIN + PD_XFER_ERROR_TEXT_MAX];
-    size_t wire_len;
 };
 
 enum peer_state { PEER_UP, PEER_CLOSING, PEER_CLOSED };
@@ -77,9 +103,10 @@ struct pd_xfer_peer {
     int fail_status;
     int close_status;   /* rooms end with this */
     bool close_pending; /* ucp_ep_close_nbx request in flight */
+    bool am_data;       /* pages go as active messages (lane without hardware RMA) */
     struct room *rooms;
     uint32_t n_rooms;
-    char transport[96];
+    char transport[112];
 };
 
 struct pd_xfer {
@@ -92,9 +119,11 @@ struct pd_xfer {
     int efd;
     uv_poll_t poll;
     uv_timer_t timer;
+    uv_idle_t idle;
     int handles_open; /* uv handles not yet through their close callback */
     bool handles_closing;
     bool timer_armed;
+    bool idle_armed;
     bool freeing;
     bool in_run;
     bool peer_failed_flag; /* a peer failed during this progress round */
@@ -112,8 +141,11 @@ struct pd_xfer {
     size_t n_buckets; /* power of two */
     uint32_t n_rooms;
     uint32_t n_unflushed; /* sender rooms with puts posted but not flushed */
-    uint32_t n_receiving; /* receiver rooms: incoming puts may need our progress (sw RMA) */
-    int outstanding;      /* UCX requests with callbacks, all kinds */
+    int outstanding;      /* ops of live rooms and endpoint closes UCX holds */
+    uint64_t next_serial;
+    struct op *ops; /* held by UCX */
+    struct op *free_ops;
+    uint64_t dropped_writes;
     struct room *flushed_head;
     struct room *end_head, **end_tail;
     struct pd_xfer_peer *peers;
@@ -180,7 +212,7 @@ static uint64_t get_u64(const uint8_t *p) {
 }
 
 /* Layout: magic u16 | sender_id u64 | room u64 | status i32 | first_token i32 | logprob f32 |
- * cached_tokens u32 | error_len u16 | error bytes (no NUL). */
+ * cached_tokens u32 | error_len u16 | data_bytes u64 | error bytes (no NUL). */
 #define NOTICE_MAGIC 0x5044u
 
 size_t pd_xfer_notice_encode(const struct pd_xfer_notice *n, uint64_t sender_id, uint8_t *buf,
@@ -198,6 +230,7 @@ size_t pd_xfer_notice_encode(const struct pd_xfer_notice *n, uint64_t sender_id,
     put_u32(buf + 26, lp);
     put_u32(buf + 30, n->cached_tokens);
     put_u16(buf + 34, (uint16_t)elen);
+    put_u64(buf + 36, n->data_bytes);
     memcpy(buf + PD_XFER_NOTICE_WIRE_MIN, n->error, elen);
     return PD_XFER_NOTICE_WIRE_MIN + elen;
 }
@@ -222,6 +255,7 @@ int pd_xfer_notice_decode(const void *buf, size_t len, struct pd_xfer_notice *n,
     uint32_t lp = get_u32(p + 26);
     memcpy(&n->first_logprob, &lp, sizeof(lp));
     n->cached_tokens = get_u32(p + 30);
+    n->data_bytes = get_u64(p + 36);
     memcpy(n->error, p + PD_XFER_NOTICE_WIRE_MIN, elen);
     n->error[elen] = '\0';
     if (n->status > 0 || n->status < PD_EINTERNAL)
@@ -282,6 +316,7 @@ static int room_new(pd_xfer_t *x, struct pd_xfer_peer *p, uint64_t id, enum room
     if (!r)
         return pd_error_wrap(PD_ENOMEM, "room %" PRIu64, id);
     r->id = id;
+    r->serial = ++x->next_serial;
     r->peer = p;
     r->user = user;
     r->role = role;
@@ -295,12 +330,11 @@ static int room_new(pd_xfer_t *x, struct pd_xfer_peer *p, uint64_t id, enum room
     p->rooms = r;
     p->n_rooms++;
     x->n_rooms++;
-    x->n_receiving += role == ROOM_RECEIVER;
     *out = r;
     return PD_OK;
 }
 
-/* Moves a room to the end queue; xfer_run calls on_room_end and frees it once pending == 0. */
+/* Moves a room to the end queue; xfer_run calls on_room_end and frees it. */
 static void room_end(pd_xfer_t *x, struct room *r, int status) {
     if (r->state == ROOM_ENDED)
         return;
@@ -329,9 +363,61 @@ static void room_unlink_and_free(pd_xfer_t *x, struct room *r) {
         r->pnext->pprev = r->pprev;
     p->n_rooms--;
     x->n_rooms--;
-    x->n_receiving -= r->role == ROOM_RECEIVER;
+    x->outstanding -= r->pending; /* orphaned ops: UCX may complete them late, or never */
     pd_free(r->dst);
     pd_free(r);
+}
+
+/* ---- ops: what UCX holds ---- */
+
+static struct op *op_new(pd_xfer_t *x, struct room *r, enum op_kind kind) {
+    struct op *op = x->free_ops;
+    if (op)
+        x->free_ops = op->next;
+    else if (!(op = pd_malloc(sizeof(*op))))
+        return NULL;
+    op->x = x;
+    op->room = r->id;
+    op->serial = r->serial;
+    op->kind = kind;
+    op->prev = NULL;
+    op->next = x->ops;
+    if (x->ops)
+        x->ops->prev = op;
+    x->ops = op;
+    return op;
+}
+
+static void op_free(struct op *op) {
+    pd_xfer_t *x = op->x;
+    if (op->prev)
+        op->prev->next = op->next;
+    else
+        x->ops = op->next;
+    if (op->next)
+        op->next->prev = op->prev;
+    op->next = x->free_ops;
+    x->free_ops = op;
+}
+
+/* The op was posted and UCX returned a request: account it to its room until it completes. */
+static void op_held(pd_xfer_t *x, struct room *r) {
+    r->pending++;
+    x->outstanding++;
+}
+
+/* A completed op's room, or NULL when that room has ended and is gone. */
+static struct room *op_done(struct op *op) {
+    pd_xfer_t *x = op->x;
+    struct room *r = room_find(x, op->room);
+    if (r && r->serial != op->serial)
+        r = NULL;
+    if (r) {
+        r->pending--;
+        x->outstanding--;
+    }
+    op_free(op);
+    return r;
 }
 
 /* ---- UCX callbacks: state changes only ---- */
@@ -353,19 +439,28 @@ static void on_ep_error(void *arg, ucp_ep_h ep, ucs_status_t st) {
     (void)ep;
     (void)rc;
     peer_mark_failed(p, PD_EPEER);
-    /* Close now, not after this progress round: UCX 1.13's software RMA (tcp, posix) would
-     * otherwise go on handling puts that were already buffered from the dead peer and abort the
-     * process when their acknowledgement cannot be sent on the failed endpoint. A closed endpoint
-     * makes UCX drop them. on_peer_failed is still reported from xfer_run. */
+    /* Close now, not after this progress round: on a put lane, UCX 1.13's software RMA would
+     * otherwise go on handling puts already buffered from the dead peer. on_peer_failed is still
+     * reported from xfer_run. */
     peer_start_close(p, PD_EPEER);
 }
 
+static void on_data_sent(void *req, ucs_status_t st, void *user_data) {
+    struct room *r = op_done(user_data);
+    if (st != UCS_OK && r) {
+        pd__ucs_error(st, "sending the room's pages");
+        pd_warn("xfer: room %" PRIu64 ": %s", r->id, pd_error_msg());
+        peer_mark_failed(r->peer, PD_EPEER);
+    }
+    ucp_request_free(req);
+}
+
 static void on_flush_done(void *req, ucs_status_t st, void *user_data) {
-    struct room *r = user_data;
-    pd_xfer_t *x = r->peer->x;
-    r->pending--;
-    x->outstanding--;
-    if (st == UCS_OK && r->state == ROOM_FLUSHING) {
+    struct room *r = op_done(user_data);
+    if (!r) {
+        /* its room ended with its peer */
+    } else if (st == UCS_OK && r->state == ROOM_FLUSHING) {
+        pd_xfer_t *x = r->peer->x;
         r->flushed = true;
         r->qnext = x->flushed_head;
         x->flushed_head = r;
@@ -378,12 +473,11 @@ static void on_flush_done(void *req, ucs_status_t st, void *user_data) {
 }
 
 static void on_notice_sent(void *req, ucs_status_t st, void *user_data) {
-    struct room *r = user_data;
-    pd_xfer_t *x = r->peer->x;
-    r->pending--;
-    x->outstanding--;
-    if (st == UCS_OK && r->state == ROOM_NOTIFYING) {
-        room_end(x, r, r->notice.status);
+    struct room *r = op_done(user_data);
+    if (!r) {
+        /* its room ended with its peer */
+    } else if (st == UCS_OK && r->state == ROOM_NOTIFYING) {
+        room_end(r->peer->x, r, r->notice.status);
     } else if (st != UCS_OK) {
         pd__ucs_error(st, "sending the room's notice");
         pd_warn("xfer: room %" PRIu64 ": %s", r->id, pd_error_msg());
@@ -399,6 +493,20 @@ static void on_ep_closed(void *req, ucs_status_t st, void *user_data) {
     p->state = PEER_CLOSED;
     (void)st; /* a forced close reports nothing we can act on */
     ucp_request_free(req);
+}
+
+/* A receiving room that heard its notice ends once every byte the notice announces is in. */
+static void room_try_complete(pd_xfer_t *x, struct room *r) {
+    if (!r->has_notice || r->state == ROOM_ENDED)
+        return;
+    if (r->data_bytes == r->notice.data_bytes) {
+        room_end(x, r, r->notice_status);
+    } else if (r->data_bytes > r->notice.data_bytes) {
+        pd_warn("xfer: room %" PRIu64 ": %" PRIu64
+                " bytes of pages arrived, the notice says %" PRIu64,
+                r->id, r->data_bytes, r->notice.data_bytes);
+        room_end(x, r, PD_EFORMAT);
+    }
 }
 
 static ucs_status_t on_notice_am(void *arg, const void *header, size_t header_length, void *data,
@@ -417,7 +525,7 @@ static ucs_status_t on_notice_am(void *arg, const void *header, size_t header_le
         return UCS_OK;
     }
     struct room *r = room_find(x, n.room);
-    if (!r || r->role != ROOM_RECEIVER || r->state == ROOM_ENDED) {
+    if (!r || r->role != ROOM_RECEIVER || r->state == ROOM_ENDED || r->has_notice) {
         pd_debug("xfer: room %" PRIu64 ": notice for a room not live here, ignored", n.room);
         return UCS_OK;
     }
@@ -429,7 +537,59 @@ static ucs_status_t on_notice_am(void *arg, const void *header, size_t header_le
     }
     r->notice = n;
     r->has_notice = true;
-    room_end(x, r, r->state == ROOM_ABORTING && n.status == PD_OK ? PD_OK : n.status);
+    r->notice_status = n.status;
+    room_try_complete(x, r);
+    return UCS_OK;
+}
+
+/* Page data: accepted only for a live receiving room of the peer that sends it, and only into
+ * that room's pages at the position the sender was given them; anything else is dropped. Never
+ * answers (no reply message can meet a dead endpoint). */
+static ucs_status_t on_data_am(void *arg, const void *header, size_t header_length, void *data,
+                               size_t length, const ucp_am_recv_param_t *param) {
+    pd_xfer_t *x = arg;
+    if ((param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) || header_length != DATA_HDR_LEN ||
+        length == 0) {
+        x->dropped_writes++;
+        pd_warn("xfer: dropped a malformed page-data message (%zu + %zu bytes%s)", header_length,
+                length, (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) ? ", rendezvous" : "");
+        return UCS_OK;
+    }
+    const uint8_t *h = header;
+    uint64_t sender = get_u64(h), room = get_u64(h + 8), off = get_u64(h + 24);
+    uint32_t index = get_u32(h + 16);
+    struct room *r = room_find(x, room);
+    if (!r || r->role != ROOM_RECEIVER || r->state == ROOM_ENDED) {
+        x->dropped_writes++; /* late: the room ended, its pages may be someone else's now */
+        pd_debug("xfer: room %" PRIu64 ": %zu bytes of pages for a room not live here, dropped",
+                 room, length);
+        return UCS_OK;
+    }
+    if (r->peer->remote_id != sender) {
+        x->dropped_writes++;
+        pd_warn("xfer: room %" PRIu64 ": pages from %016" PRIx64 ", expected %016" PRIx64
+                ", dropped",
+                room, sender, r->peer->remote_id);
+        return UCS_OK;
+    }
+    const uint64_t pb = x->page_bytes;
+    uint64_t first = index + off / pb; /* room positions written: first .. last */
+    uint64_t last = index + (off + length - 1) / pb;
+    bool ok = index < r->n_dst && off < (uint64_t)r->n_dst * pb &&
+              length <= (uint64_t)r->n_dst * pb && last < r->n_dst;
+    for (uint64_t k = first; ok && k <= last; k++)
+        ok = r->dst[k] == r->dst[index] + (k - index);
+    if (!ok) {
+        x->dropped_writes++;
+        pd_warn("xfer: room %" PRIu64 ": %zu bytes at page position %u + %" PRIu64
+                " do not fit the room's %u pages; failing the room",
+                room, length, index, off, r->n_dst);
+        room_end(x, r, PD_ERANGE);
+        return UCS_OK;
+    }
+    memcpy((char *)x->pool_base + (size_t)r->dst[index] * pb + off, data, length);
+    r->data_bytes += length;
+    room_try_complete(x, r);
     return UCS_OK;
 }
 
@@ -437,10 +597,17 @@ static ucs_status_t on_notice_am(void *arg, const void *header, size_t header_le
 
 static void xfer_run(pd_xfer_t *x);
 
-static void arm_timer(pd_xfer_t *x);
+static void arm_timer(pd_xfer_t *x, bool again);
 
 static void on_timer(uv_timer_t *t) {
     xfer_run(t->data);
+}
+
+static void on_idle(uv_idle_t *h) {
+    pd_xfer_t *x = h->data;
+    uv_idle_stop(h);
+    x->idle_armed = false;
+    xfer_run(x);
 }
 
 static void on_poll(uv_poll_t *h, int status, int events) {
@@ -450,10 +617,10 @@ static void on_poll(uv_poll_t *h, int status, int events) {
 }
 
 static void kick(pd_xfer_t *x) {
-    if (x->in_run || x->handles_closing)
+    if (x->in_run || x->handles_closing || x->idle_armed)
         return;
-    uv_timer_start(&x->timer, on_timer, 0, 0);
-    x->timer_armed = true;
+    uv_idle_start(&x->idle, on_idle);
+    x->idle_armed = true;
 }
 
 static void peer_start_close(struct pd_xfer_peer *p, int status) {
@@ -482,24 +649,34 @@ static void peer_start_close(struct pd_xfer_peer *p, int status) {
 
 static void post_notice(pd_xfer_t *x, struct room *r) {
     r->state = ROOM_NOTIFYING;
+    struct op *op = op_new(x, r, OP_NOTICE);
+    if (!op) {
+        pd_warn("xfer: room %" PRIu64 ": no memory for the notice; failing the peer", r->id);
+        peer_mark_failed(r->peer, PD_ENOMEM);
+        return;
+    }
+    r->notice.data_bytes = r->peer->am_data ? r->data_bytes : 0;
+    size_t len = pd_xfer_notice_encode(&r->notice, x->id, op->buf, sizeof(op->buf));
+    PD_ASSERT(len > 0);
     ucp_request_param_t prm = {
         .op_attr_mask =
             UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS,
         .flags = UCP_AM_SEND_FLAG_EAGER,
         .cb.send = on_notice_sent,
-        .user_data = r,
+        .user_data = op,
     };
     ucs_status_ptr_t req =
-        ucp_am_send_nbx(r->peer->ep, PD_XFER_AM_NOTICE, NULL, 0, r->wire, r->wire_len, &prm);
+        ucp_am_send_nbx(r->peer->ep, PD_XFER_AM_NOTICE, NULL, 0, op->buf, len, &prm);
     if (req == NULL) {
+        op_free(op);
         room_end(x, r, r->notice.status);
     } else if (UCS_PTR_IS_ERR(req)) {
+        op_free(op);
         pd__ucs_error(UCS_PTR_STATUS(req), "posting the room's notice");
         pd_warn("xfer: room %" PRIu64 ": %s", r->id, pd_error_msg());
         peer_mark_failed(r->peer, PD_EPEER);
     } else {
-        r->pending++;
-        x->outstanding++;
+        op_held(x, r);
     }
 }
 
@@ -509,21 +686,28 @@ static void post_flush(pd_xfer_t *x, struct room *r) {
         r->unflushed = false;
         x->n_unflushed--;
     }
+    struct op *op = op_new(x, r, OP_FLUSH);
+    if (!op) {
+        pd_warn("xfer: room %" PRIu64 ": no memory for the flush; failing the peer", r->id);
+        peer_mark_failed(r->peer, PD_ENOMEM);
+        return;
+    }
     ucp_request_param_t prm = {
         .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
         .cb.send = on_flush_done,
-        .user_data = r,
+        .user_data = op,
     };
     ucs_status_ptr_t req = ucp_ep_flush_nbx(r->peer->ep, &prm);
     if (req == NULL) {
+        op_free(op);
         post_notice(x, r);
     } else if (UCS_PTR_IS_ERR(req)) {
+        op_free(op);
         pd__ucs_error(UCS_PTR_STATUS(req), "flushing the room's puts");
         pd_warn("xfer: room %" PRIu64 ": %s", r->id, pd_error_msg());
         peer_mark_failed(r->peer, PD_EPEER);
     } else {
-        r->pending++;
-        x->outstanding++;
+        op_held(x, r);
     }
 }
 
@@ -555,14 +739,14 @@ static bool run_peers(pd_xfer_t *x) {
         }
         if (p->state != PEER_CLOSED)
             continue;
-        /* The endpoint is gone: no write of ours or theirs through it can still land. */
-        bool busy = false;
-        for (struct room *r = p->rooms; r; r = r->pnext) {
-            if (r->state != ROOM_ENDED)
+        /* The endpoint is gone: no write of ours or theirs through it can still land. Requests
+         * UCX still holds for its rooms are orphaned (their ops name rooms by id). */
+        for (struct room *r = p->rooms; r; r = r->pnext)
+            if (r->state != ROOM_ENDED) {
                 room_end(x, r, p->close_status);
-            busy |= r->pending > 0;
-        }
-        if (p->n_rooms == 0 && !busy) {
+                changed = true;
+            }
+        if (p->n_rooms == 0) {
             changed = true;
             void *user = p->user;
             peer_free(x, p);
@@ -604,11 +788,15 @@ static void xfer_run(pd_xfer_t *x) {
     if (x->in_run || x->handles_closing)
         return;
     x->in_run = true;
+    unsigned progressed = 0;
     for (int round = 0; round < 64; round++) {
         /* Bounded: a worker that always has something to do must not starve the loop. */
-        for (int i = 0; i < 256 && ucp_worker_progress(x->worker); i++)
-            if (x->peer_failed_flag) /* handle it before anything else arrives */
+        for (int i = 0; i < 256; i++) {
+            unsigned n = ucp_worker_progress(x->worker);
+            progressed += n;
+            if (!n || x->peer_failed_flag) /* handle a failure before anything else arrives */
                 break;
+        }
         x->peer_failed_flag = false;
         bool changed = false;
         while (x->flushed_head) {
@@ -621,19 +809,12 @@ static void xfer_run(pd_xfer_t *x) {
         }
         run_deadlines(x);
         changed |= run_peers(x);
-        /* The end queue: call the user, free what UCX no longer holds. */
-        struct room *q = x->end_head, *keep = NULL, **keep_tail = &keep;
-        x->end_head = NULL;
-        x->end_tail = &x->end_head;
-        while (q) {
-            struct room *r = q;
-            q = q->qnext;
-            if (r->pending > 0) { /* a forced close is still completing its requests */
-                r->qnext = NULL;
-                *keep_tail = r;
-                keep_tail = &r->qnext;
-                continue;
-            }
+        /* The end queue: call the user, free the room (UCX holds ops, not rooms). */
+        while (x->end_head) {
+            struct room *r = x->end_head;
+            x->end_head = r->qnext;
+            if (!x->end_head)
+                x->end_tail = &x->end_head;
             changed = true;
             uint64_t id = r->id;
             void *user = r->user;
@@ -644,45 +825,44 @@ static void xfer_run(pd_xfer_t *x) {
             if (x->cb.on_room_end)
                 x->cb.on_room_end(x->cb.ctx, id, user, status, has_notice ? &n : NULL);
         }
-        if (keep) { /* put back in front of anything the callbacks queued */
-            *keep_tail = x->end_head;
-            if (!x->end_head)
-                x->end_tail = keep_tail;
-            x->end_head = keep;
-        }
         if (!changed)
             break;
     }
-    /* Re-arm the event fd; BUSY means events arrived meanwhile: go round again via the timer. */
+    /* Re-arm the event fd; BUSY means events arrived meanwhile: go round again. */
     ucs_status_t st = ucp_worker_arm(x->worker);
     x->in_run = false;
     if (x->freeing && x->n_peers == 0 && !x->end_head) {
         close_handles(x);
         return;
     }
-    if (st == UCS_ERR_BUSY) {
-        uv_timer_start(&x->timer, on_timer, 0, 0);
+    arm_timer(x, st == UCS_ERR_BUSY && progressed > 0);
+    if (st == UCS_ERR_BUSY && progressed == 0 && !x->timer_armed) {
+        /* UCX says busy but had nothing to progress (1.13 does this for a while after a
+         * shared-memory peer died): poll gently instead of spinning. */
+        uv_timer_start(&x->timer, on_timer, 1, 0);
         x->timer_armed = true;
-        return;
     }
-    arm_timer(x);
 }
 
-static void arm_timer(pd_xfer_t *x) {
-    /* Transports without hardware RMA (tcp, posix) emulate puts with active messages that the
-     * receiver must progress, and not all of them wake the event fd: a receiver with rooms
-     * open polls too. */
-    bool busy = x->outstanding > 0 || x->n_unflushed > 0 || x->n_receiving > 0 || x->end_head ||
-                x->flushed_head;
+/* again: run on the next loop iteration (the worker had more). Else a 1 ms timer while UCX holds
+ * requests or rooms have unflushed puts, 50 ms while a receiver abort waits for its deadline,
+ * nothing when idle (the event fd wakes us). */
+static void arm_timer(pd_xfer_t *x, bool again) {
+    bool busy = x->outstanding > 0 || x->n_unflushed > 0 || x->end_head || x->flushed_head;
     for (struct pd_xfer_peer *p = x->peers; !busy && p; p = p->next)
         busy = p->state != PEER_UP || (p->failed && !p->fail_reported);
-    if (busy) {
-        uv_timer_start(&x->timer, on_timer, x->cfg.spin ? 0 : 1, 0);
+    if (again || (busy && x->cfg.spin)) {
+        kick(x);
+    } else if (busy) {
+        uv_timer_start(&x->timer, on_timer, 1, 0);
         x->timer_armed = true;
+        return;
     } else if (any_aborting(x)) {
         uv_timer_start(&x->timer, on_timer, 50, 0);
         x->timer_armed = true;
-    } else if (x->timer_armed) {
+        return;
+    }
+    if (x->timer_armed) {
         uv_timer_stop(&x->timer);
         x->timer_armed = false;
     }
@@ -761,6 +941,8 @@ int pd_xfer_new(uv_loop_t *loop, const struct pd_xfer_config *cfg,
         x->cfg.keepalive_ms = 1000;
     if (x->cfg.max_put_bytes == 0)
         x->cfg.max_put_bytes = (size_t)8 << 20;
+    if (x->cfg.am_chunk_bytes == 0)
+        x->cfg.am_chunk_bytes = 8192 - 64; /* tcp's and posix's default segment, less headers */
     x->end_tail = &x->end_head;
     x->efd = -1;
     if (getrandom(&x->id, sizeof(x->id), 0) != (ssize_t)sizeof(x->id)) {
@@ -841,6 +1023,13 @@ int pd_xfer_new(uv_loop_t *loop, const struct pd_xfer_config *cfg,
         rc = pd__ucs_error(st, "registering the room notice handler");
         goto fail_worker;
     }
+    ap.id = PD_XFER_AM_DATA;
+    ap.cb = on_data_am;
+    st = ucp_worker_set_am_recv_handler(x->worker, &ap);
+    if (st != UCS_OK) {
+        rc = pd__ucs_error(st, "registering the page data handler");
+        goto fail_worker;
+    }
     ucp_address_t *addr;
     st = ucp_worker_get_address(x->worker, &addr, &x->worker_addr_len);
     if (st != UCS_OK) {
@@ -869,7 +1058,9 @@ int pd_xfer_new(uv_loop_t *loop, const struct pd_xfer_config *cfg,
     x->poll.data = x;
     uv_timer_init(loop, &x->timer);
     x->timer.data = x;
-    x->handles_open = 2;
+    uv_idle_init(loop, &x->idle);
+    x->idle.data = x;
+    x->handles_open = 3;
     uv_poll_start(&x->poll, UV_READABLE, on_poll);
     ucp_worker_arm(x->worker);
     pd_info("xfer: engine %016" PRIx64 " up: UCX %s, UCX_TLS=%s, net devices %s, CUDA memory %s",
@@ -899,8 +1090,16 @@ static void on_handle_closed(uv_handle_t *h) {
         ucp_rkey_buffer_release(x->rkey_buf);
     if (x->memh)
         ucp_mem_unmap(x->ctx, x->memh);
-    ucp_worker_destroy(x->worker);
+    ucp_worker_destroy(x->worker); /* no callback can come after this */
     ucp_cleanup(x->ctx);
+    for (struct op *op = x->ops, *next; op; op = next) {
+        next = op->next;
+        pd_free(op);
+    }
+    for (struct op *op = x->free_ops, *next; op; op = next) {
+        next = op->next;
+        pd_free(op);
+    }
     pd_free(x->worker_addr);
     pd_free(x->buckets);
     pd_free(x);
@@ -912,8 +1111,10 @@ static void close_handles(pd_xfer_t *x) {
     x->handles_closing = true;
     uv_poll_stop(&x->poll);
     uv_timer_stop(&x->timer);
+    uv_idle_stop(&x->idle);
     uv_close((uv_handle_t *)&x->poll, on_handle_closed);
     uv_close((uv_handle_t *)&x->timer, on_handle_closed);
+    uv_close((uv_handle_t *)&x->idle, on_handle_closed);
 }
 
 void pd_xfer_free(pd_xfer_t *x) {
@@ -940,6 +1141,7 @@ void pd_xfer_get_info(const pd_xfer_t *x, struct pd_xfer_info *out) {
     out->live_peers = x->n_peers;
     out->pool_pages = x->n_pages;
     out->page_bytes = x->page_bytes;
+    out->dropped_writes = x->dropped_writes;
 }
 
 int pd_xfer_register_pool(pd_xfer_t *x, void *base, size_t page_bytes, uint32_t n_pages) {
@@ -980,9 +1182,11 @@ void pd_xfer_local_rkey(const pd_xfer_t *x, const void **rkey, size_t *len, uint
 }
 
 /* Names the lanes UCX picked out of ucp_ep_print_info (1.13 has no endpoint transport query),
- * e.g. "rc_mlx5/mlx5_0:1" or "tcp/lo(sw-rma)" when puts are emulated over active messages. */
+ * e.g. "rc_mlx5/mlx5_0:1", and decides how pages travel to a receiver: puts where a lane has
+ * hardware RMA, else active messages ("tcp/lo (am)"), since UCX would only emulate the puts. */
 static void peer_find_transport(struct pd_xfer_peer *p) {
     snprintf(p->transport, sizeof(p->transport), "unknown");
+    p->am_data = p->rkey && p->x->cfg.data_path != PD_XFER_DATA_PUT; /* unless a lane has RMA */
     char *buf = NULL;
     size_t len = 0;
     FILE *f = open_memstream(&buf, &len);
@@ -1010,9 +1214,15 @@ static void peer_find_transport(struct pd_xfer_peer *p) {
             used += (size_t)snprintf(p->transport + used, sizeof(p->transport) - used, "%s%.*s",
                                      used ? "+" : "", (int)n, tl);
     }
-    if (used && !hw_rma && p->rkey)
-        snprintf(p->transport + used, sizeof(p->transport) - used, "(sw-rma)");
     free(buf); /* open_memstream's buffer comes from the C library */
+    if (!p->rkey)
+        return;
+    enum pd_xfer_data_path dp = p->x->cfg.data_path;
+    p->am_data = dp == PD_XFER_DATA_AM || (dp == PD_XFER_DATA_AUTO && !(used && hw_rma));
+    snprintf(p->transport + used, sizeof(p->transport) - used, " (%s)",
+             !p->am_data ? "put"
+             : hw_rma    ? "am"
+                         : "am; UCX has only sw-rma here");
 }
 
 int pd_xfer_peer_connect(pd_xfer_t *x, const struct pd_xfer_peer_info *info, void *peer_user,
@@ -1098,16 +1308,15 @@ static int cmp_u32(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
-int pd_xfer_room_add(pd_xfer_t *x, pd_xfer_peer_t *p, uint64_t room, const uint32_t *dst_pages,
-                     uint32_t n, void *room_user) {
-    if (!p->rkey)
-        return pd_errorf(PD_EINVAL, "room %" PRIu64 ": peer has no KV pool to write to", room);
+/* Validates a room's page list against a pool of pool_pages and copies it. */
+static int copy_pages(uint64_t room, const uint32_t *pages, uint32_t n, uint32_t pool_pages,
+                      const char *whose, uint32_t **out) {
     for (uint32_t i = 0; i < n; i++)
-        if (dst_pages[i] >= p->n_pages)
+        if (pages[i] >= pool_pages)
             return pd_errorf(PD_ERANGE,
-                             "room %" PRIu64 ": destination page %u (entry %u) outside the "
-                             "peer's pool of %u pages",
-                             room, dst_pages[i], i, p->n_pages);
+                             "room %" PRIu64 ": destination page %u (entry %u) outside %s pool of "
+                             "%u pages",
+                             room, pages[i], i, whose, pool_pages);
     uint32_t *dst = pd_malloc((size_t)(n ? n : 1) * sizeof(*dst));
     uint32_t *sorted = pd_malloc((size_t)(n ? n : 1) * sizeof(*sorted));
     if (!dst || !sorted) {
@@ -1115,8 +1324,8 @@ int pd_xfer_room_add(pd_xfer_t *x, pd_xfer_peer_t *p, uint64_t room, const uint3
         pd_free(sorted);
         return pd_error_wrap(PD_ENOMEM, "room %" PRIu64 ": copying %u destination pages", room, n);
     }
-    memcpy(dst, dst_pages, (size_t)n * sizeof(*dst));
-    memcpy(sorted, dst_pages, (size_t)n * sizeof(*dst));
+    memcpy(dst, pages, (size_t)n * sizeof(*dst));
+    memcpy(sorted, pages, (size_t)n * sizeof(*dst));
     qsort(sorted, n, sizeof(*sorted), cmp_u32);
     for (uint32_t i = 1; i < n; i++) {
         if (sorted[i] == sorted[i - 1]) {
@@ -1128,8 +1337,20 @@ int pd_xfer_room_add(pd_xfer_t *x, pd_xfer_peer_t *p, uint64_t room, const uint3
         }
     }
     pd_free(sorted);
+    *out = dst;
+    return PD_OK;
+}
+
+int pd_xfer_room_add(pd_xfer_t *x, pd_xfer_peer_t *p, uint64_t room, const uint32_t *dst_pages,
+                     uint32_t n, void *room_user) {
+    if (!p->rkey)
+        return pd_errorf(PD_EINVAL, "room %" PRIu64 ": peer has no KV pool to write to", room);
+    uint32_t *dst;
+    int rc = copy_pages(room, dst_pages, n, p->n_pages, "the peer's", &dst);
+    if (rc)
+        return rc;
     struct room *r;
-    int rc = room_new(x, p, room, ROOM_SENDER, room_user, &r);
+    rc = room_new(x, p, room, ROOM_SENDER, room_user, &r);
     if (rc) {
         pd_free(dst);
         return rc;
@@ -1144,6 +1365,62 @@ static int room_get(const pd_xfer_t *x, uint64_t room, struct room **out) {
     if (!r || r->state == ROOM_ENDED)
         return pd_errorf(PD_ENOENT, "room %" PRIu64 " is not live", room);
     *out = r;
+    return PD_OK;
+}
+
+/* One run as one put (hardware RMA lane): completion is observed through the room's flush. */
+static int send_run_put(pd_xfer_t *x, struct room *r, const char *src, uint32_t dst_page,
+                        size_t bytes) {
+    struct pd_xfer_peer *p = r->peer;
+    ucp_request_param_t prm = {
+        .op_attr_mask = UCP_OP_ATTR_FIELD_MEMH,
+        .memh = x->memh,
+    };
+    uint64_t raddr = p->base + (uint64_t)dst_page * x->page_bytes;
+    ucs_status_ptr_t req = ucp_put_nbx(p->ep, src, bytes, raddr, p->rkey, &prm);
+    if (UCS_PTR_IS_ERR(req))
+        return pd__ucs_error(UCS_PTR_STATUS(req), "posting a put");
+    if (req)
+        ucp_request_free(req);
+    return PD_OK;
+}
+
+/* One run as eager active messages of at most am_chunk_bytes, each naming the room, the run's
+ * position in the room's page list and the byte offset from there: the receiver checks and
+ * copies. */
+static int send_run_am(pd_xfer_t *x, struct room *r, uint32_t index, const char *src,
+                       size_t bytes) {
+    const size_t chunk = x->cfg.am_chunk_bytes;
+    for (size_t off = 0; off < bytes; off += chunk) {
+        size_t len = bytes - off < chunk ? bytes - off : chunk;
+        struct op *op = op_new(x, r, OP_DATA);
+        if (!op)
+            return pd_error_wrap(PD_ENOMEM, "room %" PRIu64 ": sending pages", r->id);
+        put_u64(op->buf, x->id);
+        put_u64(op->buf + 8, r->id);
+        put_u32(op->buf + 16, index);
+        put_u32(op->buf + 20, 0);
+        put_u64(op->buf + 24, off);
+        ucp_request_param_t prm = {
+            .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
+                            UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FIELD_MEMH,
+            .flags = UCP_AM_SEND_FLAG_EAGER,
+            .cb.send = on_data_sent,
+            .user_data = op,
+            .memh = x->memh,
+        };
+        ucs_status_ptr_t req = ucp_am_send_nbx(r->peer->ep, PD_XFER_AM_DATA, op->buf, DATA_HDR_LEN,
+                                               src + off, len, &prm);
+        if (UCS_PTR_IS_ERR(req)) {
+            op_free(op);
+            return pd__ucs_error(UCS_PTR_STATUS(req), "sending pages as active messages");
+        }
+        if (req)
+            op_held(x, r);
+        else
+            op_free(op);
+        r->data_bytes += len;
+    }
     return PD_OK;
 }
 
@@ -1167,10 +1444,6 @@ int pd_xfer_room_send(pd_xfer_t *x, uint64_t room, uint32_t first, const uint32_
         return pd_errorf(PD_EPEER, "room %" PRIu64 ": peer has failed", room);
     const uint32_t *dst = r->dst + first;
     const size_t pb = x->page_bytes;
-    ucp_request_param_t prm = {
-        .op_attr_mask = UCP_OP_ATTR_FIELD_MEMH,
-        .memh = x->memh,
-    };
     /* Very long runs are split: puts of a few MiB pipeline better on the transports measured. */
     uint32_t max_len = x->cfg.max_put_bytes / pb ? (uint32_t)(x->cfg.max_put_bytes / pb) : 1;
     for (uint32_t i = 0; i < n;) {
@@ -1179,17 +1452,14 @@ int pd_xfer_room_send(pd_xfer_t *x, uint64_t room, uint32_t first, const uint32_
                dst[i + len] == dst[i] + len)
             len++;
         const char *src = (const char *)x->pool_base + (size_t)src_pages[i] * pb;
-        uint64_t raddr = p->base + (uint64_t)dst[i] * pb;
-        ucs_status_ptr_t req = ucp_put_nbx(p->ep, src, (size_t)len * pb, raddr, p->rkey, &prm);
-        if (UCS_PTR_IS_ERR(req)) {
-            rc = pd__ucs_error(UCS_PTR_STATUS(req), "posting a put");
+        rc = p->am_data ? send_run_am(x, r, first + i, src, (size_t)len * pb)
+                        : send_run_put(x, r, src, dst[i], (size_t)len * pb);
+        if (rc) {
             pd_warn("xfer: room %" PRIu64 ": %s", room, pd_error_msg());
-            peer_mark_failed(p, PD_EPEER);
+            peer_mark_failed(p, rc == PD_ENOMEM ? PD_ENOMEM : PD_EPEER);
             kick(x);
             return rc;
         }
-        if (req)
-            ucp_request_free(req); /* completion is observed through the room's flush */
         i += len;
     }
     if (!r->unflushed && n) {
@@ -1200,12 +1470,10 @@ int pd_xfer_room_send(pd_xfer_t *x, uint64_t room, uint32_t first, const uint32_
     return PD_OK;
 }
 
-static void set_notice(pd_xfer_t *x, struct room *r, const struct pd_xfer_notice *n) {
+static void set_notice(struct room *r, const struct pd_xfer_notice *n) {
     r->notice = *n;
     r->notice.room = r->id;
     r->notice.error[PD_XFER_ERROR_TEXT_MAX] = '\0';
-    r->wire_len = pd_xfer_notice_encode(&r->notice, x->id, r->wire, sizeof(r->wire));
-    PD_ASSERT(r->wire_len > 0);
 }
 
 int pd_xfer_room_finish(pd_xfer_t *x, uint64_t room, const struct pd_xfer_notice *n) {
@@ -1217,18 +1485,27 @@ int pd_xfer_room_finish(pd_xfer_t *x, uint64_t room, const struct pd_xfer_notice
         return pd_errorf(PD_EINVAL, "room %" PRIu64 ": already finishing", room);
     if (r->peer->failed || r->peer->state != PEER_UP)
         return pd_errorf(PD_EPEER, "room %" PRIu64 ": peer has failed", room);
-    set_notice(x, r, n);
+    set_notice(r, n);
     post_flush(x, r);
     kick(x);
     return PD_OK;
 }
 
-int pd_xfer_room_expect(pd_xfer_t *x, pd_xfer_peer_t *p, uint64_t room, void *room_user) {
+int pd_xfer_room_expect(pd_xfer_t *x, pd_xfer_peer_t *p, uint64_t room, const uint32_t *dst_pages,
+                        uint32_t n, void *room_user) {
+    uint32_t *dst;
+    int rc = copy_pages(room, dst_pages, n, x->n_pages, "our", &dst);
+    if (rc)
+        return rc;
     struct room *r;
-    int rc = room_new(x, p, room, ROOM_RECEIVER, room_user, &r);
-    if (rc == PD_OK)
-        kick(x); /* the room's incoming puts may need our progress */
-    return rc;
+    rc = room_new(x, p, room, ROOM_RECEIVER, room_user, &r);
+    if (rc) {
+        pd_free(dst);
+        return rc;
+    }
+    r->dst = dst;
+    r->n_dst = n;
+    return PD_OK;
 }
 
 int pd_xfer_room_release(pd_xfer_t *x, uint64_t room, int status) {
@@ -1267,11 +1544,11 @@ int pd_xfer_room_abort(pd_xfer_t *x, uint64_t room, int status, const char *why)
     case ROOM_LIVE:
         if (r->peer->failed || r->peer->state != PEER_UP)
             break; /* the peer's close ends it */
-        set_notice(x, r, &n);
+        set_notice(r, &n);
         post_flush(x, r);
         break;
-    case ROOM_FLUSHING: set_notice(x, r, &n); break; /* the notice is not out yet: swap it */
-    default: break;                                  /* the notice is out; it stands */
+    case ROOM_FLUSHING: set_notice(r, &n); break; /* the notice is not out yet: swap it */
+    default: break;                               /* the notice is out; it stands */
     }
     pd_info("xfer: room %" PRIu64 ": aborted (%s)", room, n.error);
     kick(x);

@@ -10,18 +10,28 @@
  *
  * Rooms. A room is one request's transfer, identified by a 64-bit id unique per side. The sender
  * (prefill) adds a room with the receiver's destination pages (validated: inside the receiver's
- * pool, no duplicates), sends it in chunks — each run of consecutive (src, dst) pages is one
- * ucp_put_nbx — and finishes it: one flush of the endpoint, then the notice. The receiver (decode)
- * expects a room and hears its notice. Because the flush completes only when every earlier put
- * is complete at the receiver, a notice never overtakes its data.
+ * pool, no duplicates), sends it in chunks and finishes it: one flush of the endpoint, then the
+ * notice. The receiver (decode) expects the room with the same destination pages and hears its
+ * notice.
+ *
+ * Data path, chosen per peer from the lanes UCX picked. Where the lane has hardware RMA (rc/dc/ud
+ * verbs, cuda_ipc), each run of consecutive (src, dst) pages is one ucp_put_nbx; the flush
+ * completes only when every earlier put is complete at the receiver, so a notice never overtakes
+ * its data. Where UCX would emulate RMA in software (tcp, posix shared memory: "sw-rma"), pages
+ * travel as eager active messages instead: the receiver's handler checks every write against the
+ * room's own pages (room live, from that peer, page position inside the room) and copies it in;
+ * the notice says how many bytes were sent, and the room ends only once all of them arrived.
+ * A write for a room that has ended is dropped, so it can never land in a reused page, and the
+ * receiver never answers a data message (UCX 1.13's sw-rma acknowledges every put and aborts the
+ * process when that acknowledgement meets a dead endpoint).
  *
  * Ending. on_room_end fires exactly once per room, when that side may reuse the room's pages:
  * sender — after the notice left (or the failed notice, after an abort); receiver — when the
- * notice arrived. A room on a failed peer ends with PD_EPEER only after that peer's endpoint is
- * force-closed, because UCX cannot cancel a put already posted: a late write must never land in a
- * reused page. An abort on the receiver ends when the sender's failed notice (sent after a flush)
- * arrives, when the control plane says no write can land (pd_xfer_room_release), or — bounded —
- * abort_timeout_ms later by force-closing the peer.
+ * notice and all the data it announces arrived. A room on a failed peer ends with PD_EPEER only
+ * after that peer's endpoint is force-closed, because UCX cannot cancel a put already posted: a
+ * late write must never land in a reused page. An abort on the receiver ends when the sender's
+ * failed notice (sent after a flush) arrives, when the control plane says no write can land
+ * (pd_xfer_room_release), or — bounded — abort_timeout_ms later by force-closing the peer.
  *
  * Not here: the page allocator (callers own page indices), the bootstrap RPCs (common/bootstrap.h),
  * GPU memory (UCX here is host-only; pd_xfer_info says whether it takes CUDA memory — the CUDA
@@ -36,8 +46,9 @@
 
 #include <uv.h>
 
-/* The UCX active-message id of room notices. Fixed: both sides of a pair must agree. */
+/* The UCX active-message ids of room notices and page data. Fixed: both sides must agree. */
 #define PD_XFER_AM_NOTICE 0x5044u
+#define PD_XFER_AM_DATA 0x5045u
 #define PD_XFER_ERROR_TEXT_MAX 240 /* bytes of a notice's error text, NUL excluded */
 
 typedef struct pd_xfer pd_xfer_t;
@@ -50,6 +61,8 @@ struct pd_xfer_notice {
     int32_t first_token;    /* token id sampled by prefill; -1 when none */
     float first_logprob;    /* of first_token */
     uint32_t cached_tokens; /* prompt tokens prefill found in its prefix cache */
+    uint64_t data_bytes;    /* set by the engine: page bytes sent as active messages before the
+                               notice (0 when the data went by RMA) */
     char error[PD_XFER_ERROR_TEXT_MAX + 1];
 };
 
@@ -74,6 +87,12 @@ struct pd_xfer_config {
     int keepalive_ms;     /* UCX keepalive (peer death on shm); 0 = 1000; env UCX_* wins */
     bool spin;            /* progress every loop iteration while busy (bench), not a 1 ms timer */
     size_t max_put_bytes; /* longer runs are split into puts of at most this; 0 = 8 MiB */
+    enum pd_xfer_data_path {
+        PD_XFER_DATA_AUTO = 0, /* puts on hardware RMA lanes, active messages on sw-rma ones */
+        PD_XFER_DATA_PUT,      /* always ucp_put_nbx (tests of the RMA path without RDMA) */
+        PD_XFER_DATA_AM,       /* always active messages */
+    } data_path;
+    size_t am_chunk_bytes; /* page data per active message; 0 = 8 KiB - 64 (one UCX fragment) */
 };
 
 /* Facts about the engine, for logs and /server_info. Strings owned by the engine. */
@@ -86,6 +105,8 @@ struct pd_xfer_info {
     uint32_t live_peers;
     uint32_t pool_pages; /* registered pool; 0 before pd_xfer_register_pool */
     size_t page_bytes;
+    uint64_t dropped_writes; /* receiver: page data refused (room not live, wrong peer, outside
+                                the room's pages) */
 };
 
 /* Remote side of a pair, as exchanged at Pair. The receiver's side of the pair (decode connects
@@ -123,7 +144,8 @@ int pd_xfer_peer_connect(pd_xfer_t *x, const struct pd_xfer_peer_info *info, voi
                          pd_xfer_peer_t **out);
 /* Force-closes the endpoint; its rooms end with `status`, then on_peer_closed. Idempotent. */
 void pd_xfer_peer_close(pd_xfer_peer_t *p, int status);
-/* The transport UCX chose for puts to this peer ("tcp/lo", "posix/memory+cma/memory", ...). */
+/* The lanes UCX chose to this peer and how pages travel: "rc_mlx5/mlx5_0:1 (put)",
+ * "tcp/lo (am)", ... */
 const char *pd_xfer_peer_transport(const pd_xfer_peer_t *p);
 uint64_t pd_xfer_peer_remote_id(const pd_xfer_peer_t *p);
 
@@ -138,8 +160,12 @@ int pd_xfer_room_send(pd_xfer_t *x, uint64_t room, uint32_t first, const uint32_
 /* Flush, then notice (n->room is ignored; the room's id is used). Nothing may be sent after. */
 int pd_xfer_room_finish(pd_xfer_t *x, uint64_t room, const struct pd_xfer_notice *n);
 
-/* Receiver. The room's notice is accepted only from peer p. */
-int pd_xfer_room_expect(pd_xfer_t *x, pd_xfer_peer_t *p, uint64_t room, void *room_user);
+/* Receiver. dst_pages (n of them, copied) are the pages of our pool reserved for the room, in
+ * the order the sender was given them: each < our pool's pages, no two equal, else PD_ERANGE /
+ * PD_EINVAL. The room's notice and page data are accepted only from peer p, and page data only
+ * into these pages. */
+int pd_xfer_room_expect(pd_xfer_t *x, pd_xfer_peer_t *p, uint64_t room, const uint32_t *dst_pages,
+                        uint32_t n, void *room_user);
 /* Control plane confirmed that no write of this room can still land: end it now (aborting or
  * not). PD_ENOENT if the room is not live. */
 int pd_xfer_room_release(pd_xfer_t *x, uint64_t room, int status);
@@ -150,7 +176,7 @@ int pd_xfer_room_abort(pd_xfer_t *x, uint64_t room, int status, const char *why)
 bool pd_xfer_room_live(const pd_xfer_t *x, uint64_t room);
 
 /* Notice wire format (fixed, little-endian): exposed for tests of malformed notices. */
-#define PD_XFER_NOTICE_WIRE_MIN 36 /* bytes before the error text */
+#define PD_XFER_NOTICE_WIRE_MIN 44 /* bytes before the error text */
 size_t pd_xfer_notice_encode(const struct pd_xfer_notice *n, uint64_t sender_id, uint8_t *buf,
                              size_t cap);
 int pd_xfer_notice_decode(const void *buf, size_t len, struct pd_xfer_notice *n,

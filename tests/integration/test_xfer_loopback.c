@@ -93,8 +93,10 @@ static bool run_until(const int *done, int want, int ms) {
     return *done >= want;
 }
 
+static enum pd_xfer_data_path data_path; /* of the next pair_up */
+
 static void pair_up(int abort_timeout_ms) {
-    struct pd_xfer_config cfg = {.abort_timeout_ms = abort_timeout_ms};
+    struct pd_xfer_config cfg = {.abort_timeout_ms = abort_timeout_ms, .data_path = data_path};
     struct pd_xfer_callbacks cs = {.ctx = &snd, .on_room_end = on_end, .on_peer_closed = on_closed};
     struct pd_xfer_callbacks cr = {.ctx = &rcv, .on_room_end = on_end, .on_peer_closed = on_closed};
     memset(&snd, 0, sizeof(snd));
@@ -140,10 +142,8 @@ static uint32_t room_pages(uint64_t *rng, int i) {
 
 /* Thousands of rooms, 4 at a time, runs and scattered sets of 1..4096 pages, each sent in up to
  * three chunks; every page checked byte for byte and against the notice's checksum. */
-static void test_rooms_byte_exact(void) {
+static void rooms_byte_exact(int n_rooms) {
     pair_up(0);
-    const char *env_rooms = getenv("PD_XFER_TEST_ROOMS");
-    const int n_rooms = env_rooms ? atoi(env_rooms) : 2000;
     uint64_t rng = 42;
     static uint32_t src[WAVE_ROOMS][SLOT_PAGES], dst[WAVE_ROOMS][SLOT_PAGES];
     uint32_t n[WAVE_ROOMS];
@@ -162,7 +162,7 @@ static void test_rooms_byte_exact(void) {
                 pd_xfer_plan_fill(room, i, snd.pool + (size_t)src[k][i] * PAGE_BYTES, PAGE_BYTES);
                 memset(rcv.pool + (size_t)dst[k][i] * PAGE_BYTES, 0, PAGE_BYTES);
             }
-            CHECK_OK(pd_xfer_room_expect(rcv.x, rcv.peer, room, NULL));
+            CHECK_OK(pd_xfer_room_expect(rcv.x, rcv.peer, room, dst[k], n[k], NULL));
             CHECK_OK(pd_xfer_room_add(snd.x, snd.peer, room, dst[k], n[k], NULL));
             uint32_t a = n[k] / 3, b = 2 * n[k] / 3;
             CHECK_OK(pd_xfer_room_send(snd.x, room, 0, src[k], a));
@@ -212,6 +212,77 @@ static void test_rooms_byte_exact(void) {
     unpair();
 }
 
+static void test_rooms_byte_exact(void) {
+    const char *env_rooms = getenv("PD_XFER_TEST_ROOMS");
+    data_path = PD_XFER_DATA_AUTO; /* active messages here: tcp and posix have no hardware RMA */
+    rooms_byte_exact(env_rooms ? atoi(env_rooms) : 2000);
+}
+
+/* The put path (what RDMA lanes use), forced onto this transport's software RMA. */
+static void test_rooms_byte_exact_put(void) {
+    data_path = PD_XFER_DATA_PUT;
+    rooms_byte_exact(200);
+    data_path = PD_XFER_DATA_AUTO;
+}
+
+static bool pages_are(const uint8_t *pool, const uint32_t *pages, uint32_t n, uint8_t v) {
+    for (uint32_t i = 0; i < n; i++)
+        for (size_t b = 0; b < PAGE_BYTES; b++)
+            if (pool[(size_t)pages[i] * PAGE_BYTES + b] != v)
+                return false;
+    return true;
+}
+
+/* Page data for a room the receiver no longer has is dropped: a late write cannot land in pages
+ * that were handed back, whatever the sender does. */
+static void test_late_write_dropped(void) {
+    pair_up(0);
+    uint32_t src[8], dst[8];
+    CHECK_OK(pd_xfer_plan_pages(6, 8, 0.0, 0, 64, 100, 64, src, dst));
+    for (uint32_t i = 0; i < 8; i++)
+        pd_xfer_plan_fill(41, i, snd.pool + (size_t)src[i] * PAGE_BYTES, PAGE_BYTES);
+    CHECK_OK(pd_xfer_room_expect(rcv.x, rcv.peer, 41, dst, 8, NULL));
+    CHECK_OK(pd_xfer_room_release(rcv.x, 41, PD_ECANCELED)); /* its pages go back */
+    CHECK(run_until(&rcv.ended, 1, 5000));
+    CHECK_OK(pd_xfer_room_add(snd.x, snd.peer, 41, dst, 8, NULL));
+    CHECK_OK(pd_xfer_room_send(snd.x, 41, 0, src, 8));
+    struct pd_xfer_notice done = {.first_token = 1};
+    CHECK_OK(pd_xfer_room_finish(snd.x, 41, &done));
+    CHECK(run_until(&snd.ended, 1, 5000));
+    struct pd_xfer_info info;
+    for (int i = 0; i < 50; i++) { /* the data may still be on its way */
+        pd_xfer_get_info(rcv.x, &info);
+        if (info.dropped_writes > 0)
+            break;
+        int never = 0;
+        run_until(&never, 1, 20);
+    }
+    CHECK(info.dropped_writes > 0);
+    CHECK(pages_are(rcv.pool, dst, 8, 0));
+    CHECK_INT(rcv.ended, 1);
+    unpair();
+}
+
+/* A sender whose page list disagrees with the receiver's cannot write outside the receiver's
+ * room: the run it claims is not a run of the receiver's pages, so the room fails untouched. */
+static void test_write_outside_room_refused(void) {
+    pair_up(0);
+    uint32_t src[] = {0, 1, 2, 3}, rcv_pages[] = {10, 11, 50, 51}, snd_pages[] = {10, 11, 12, 13};
+    memset(snd.pool, 0x77, 4 * PAGE_BYTES);
+    CHECK_OK(pd_xfer_room_expect(rcv.x, rcv.peer, 51, rcv_pages, 4, NULL));
+    CHECK_OK(pd_xfer_room_add(snd.x, snd.peer, 51, snd_pages, 4, NULL));
+    CHECK_OK(pd_xfer_room_send(snd.x, 51, 0, src, 4));
+    struct pd_xfer_notice done = {.first_token = 1};
+    CHECK_OK(pd_xfer_room_finish(snd.x, 51, &done));
+    CHECK(run_until(&rcv.ended, 1, 5000));
+    CHECK_INT(rcv.last_status, PD_ERANGE);
+    uint32_t others[] = {12, 13};
+    CHECK(pages_are(rcv.pool, rcv_pages, 4, 0));
+    CHECK(pages_are(rcv.pool, others, 2, 0));
+    CHECK(run_until(&snd.ended, 1, 5000));
+    unpair();
+}
+
 static void test_validation(void) {
     pair_up(0);
     uint32_t out_of_pool[] = {1, 2, POOL_PAGES};
@@ -226,8 +297,11 @@ static void test_validation(void) {
     CHECK_ERR(pd_xfer_room_send(snd.x, 7, 0, src, 3), PD_ERANGE, "beyond its 2 destinations");
     uint32_t bad_src[] = {POOL_PAGES + 1};
     CHECK_ERR(pd_xfer_room_send(snd.x, 7, 0, bad_src, 1), PD_ERANGE, "outside our pool");
-    CHECK_OK(pd_xfer_room_expect(rcv.x, rcv.peer, 7, NULL));
-    CHECK_ERR(pd_xfer_room_expect(rcv.x, rcv.peer, 7, NULL), PD_EINVAL, "already live");
+    CHECK_ERR(pd_xfer_room_expect(rcv.x, rcv.peer, 7, out_of_pool, 3, NULL), PD_ERANGE,
+              "outside our pool");
+    CHECK_ERR(pd_xfer_room_expect(rcv.x, rcv.peer, 7, dup, 3, NULL), PD_EINVAL, "listed twice");
+    CHECK_OK(pd_xfer_room_expect(rcv.x, rcv.peer, 7, ok, 2, NULL));
+    CHECK_ERR(pd_xfer_room_expect(rcv.x, rcv.peer, 7, ok, 2, NULL), PD_EINVAL, "already live");
     CHECK_ERR(pd_xfer_room_send(snd.x, 8, 0, src, 1), PD_ENOENT, "not live");
     struct pd_xfer_notice done = {.first_token = 1};
     CHECK_OK(pd_xfer_room_finish(snd.x, 7, &done));
@@ -247,7 +321,7 @@ static void test_abort_from_sender(void) {
     pair_up(0);
     uint32_t src[64], dst[64];
     CHECK_OK(pd_xfer_plan_pages(3, 64, 0.5, 0, 256, 0, 256, src, dst));
-    CHECK_OK(pd_xfer_room_expect(rcv.x, rcv.peer, 11, NULL));
+    CHECK_OK(pd_xfer_room_expect(rcv.x, rcv.peer, 11, dst, 64, NULL));
     CHECK_OK(pd_xfer_room_add(snd.x, snd.peer, 11, dst, 64, NULL));
     CHECK_OK(pd_xfer_room_send(snd.x, 11, 0, src, 32));
     CHECK_OK(pd_xfer_room_abort(snd.x, 11, PD_ECANCELED, "client went away"));
@@ -266,7 +340,7 @@ static void test_abort_from_receiver(void) {
     pair_up(300);
     uint32_t src[8], dst[8];
     CHECK_OK(pd_xfer_plan_pages(4, 8, 0.0, 0, 64, 0, 64, src, dst));
-    CHECK_OK(pd_xfer_room_expect(rcv.x, rcv.peer, 21, NULL));
+    CHECK_OK(pd_xfer_room_expect(rcv.x, rcv.peer, 21, dst, 8, NULL));
     CHECK_OK(pd_xfer_room_add(snd.x, snd.peer, 21, dst, 8, NULL));
     CHECK_OK(pd_xfer_room_send(snd.x, 21, 0, src, 8));
     CHECK_OK(pd_xfer_room_abort(rcv.x, 21, PD_ECANCELED, "user abort"));
@@ -277,8 +351,8 @@ static void test_abort_from_receiver(void) {
     CHECK_INT(rcv.last_status, PD_ECANCELED);
     CHECK(run_until(&snd.ended, 1, 5000));
 
-    CHECK_OK(pd_xfer_room_expect(rcv.x, rcv.peer, 22, NULL));
-    CHECK_OK(pd_xfer_room_expect(rcv.x, rcv.peer, 23, NULL));
+    CHECK_OK(pd_xfer_room_expect(rcv.x, rcv.peer, 22, dst, 8, NULL));
+    CHECK_OK(pd_xfer_room_expect(rcv.x, rcv.peer, 23, dst, 8, NULL));
     CHECK_OK(pd_xfer_room_abort(rcv.x, 22, PD_ECANCELED, "user abort"));
     uint64_t t0 = uv_now(&loop);
     CHECK(run_until(&rcv.ended, 3, 3000));
@@ -318,4 +392,6 @@ static void loop_close(void) {
 
 PD_TEST_MAIN(PD_TEST(loop_open), PD_TEST(test_validation), PD_TEST(test_abort_from_sender),
              PD_TEST(test_abort_from_receiver), PD_TEST(test_peer_close_fails_rooms),
-             PD_TEST(test_rooms_byte_exact), PD_TEST(loop_close))
+             PD_TEST(test_late_write_dropped), PD_TEST(test_write_outside_room_refused),
+             PD_TEST(test_rooms_byte_exact), PD_TEST(test_rooms_byte_exact_put),
+             PD_TEST(loop_close))
