@@ -122,7 +122,8 @@ static void on_decode_event(void *ctx, const struct pd_engine_event *ev) {
         if (j->never_bootstrap)
             break;
         /* what Transfer does: the receiver expects the room, the sender learns its pages */
-        CHECK_OK(pd_xfer_room_expect(D.x, D.peer, ev->room, NULL));
+        CHECK_OK(pd_xfer_room_expect(D.x, D.peer, ev->room, ev->req->pages,
+                                     (uint32_t)ev->req->n_pages, NULL));
         CHECK_OK(pd_xfer_room_add(P.x, P.peer, ev->room, ev->req->pages, (uint32_t)ev->req->n_pages,
                                   NULL));
         submit(&P, (struct pd_engine_cmd){.kind = PD_ENGINE_CMD_BOOTSTRAPPED, .room = ev->room});
