@@ -598,6 +598,102 @@ static void test_models(void) {
     }
 }
 
+/* ---- kernels outside the op table: page copy/gather and the greedy argmax ---- */
+
+static void test_page_copy(void) {
+    static const int counts[] = {0, 1, 3, 50};
+    static const size_t page_bytes[] = {16, 4096 + 16, 65536};
+    for (size_t bi = 0; bi < PD_ARRAY_LEN(page_bytes); bi++)
+        for (size_t ci = 0; ci < PD_ARRAY_LEN(counts); ci++) {
+            int n = counts[ci], n_pages = 64;
+            size_t pb = page_bytes[bi], bytes = pb * (size_t)n_pages;
+            unsigned char *h = pd_malloc(bytes), *back = pd_malloc(bytes);
+            for (size_t i = 0; i < bytes; i++)
+                h[i] = (unsigned char)(frand() * 127);
+            void *src, *dst, *stage;
+            int32_t *ids;
+            CHECK(cudaMalloc(&src, bytes) == cudaSuccess &&
+                  cudaMalloc(&dst, bytes) == cudaSuccess &&
+                  cudaMalloc(&stage, bytes) == cudaSuccess &&
+                  cudaMalloc((void **)&ids, 2 * 64 * 4) == cudaSuccess);
+            int32_t hid[128];
+            for (int i = 0; i < n; i++) {
+                hid[i] = (int32_t)((i * 37 + 5) % n_pages);       /* source pages */
+                hid[64 + i] = (int32_t)((i * 11 + 60) % n_pages); /* destination pages */
+            }
+            cudaMemcpy(src, h, bytes, cudaMemcpyHostToDevice);
+            cudaMemset(dst, 0, bytes);
+            cudaMemcpy(ids, hid, sizeof(hid), cudaMemcpyHostToDevice);
+            /* gather to a staging run, then scatter from it: pages end up at their new ids */
+            struct pd_kernel_page_copy_params g = {stage, src, NULL, ids, n, pb};
+            struct pd_kernel_page_copy_params sc = {dst, stage, ids + 64, NULL, n, pb};
+            CHECK_OK(pd_kernel_page_copy(&g, 0));
+            CHECK_OK(pd_kernel_page_copy(&sc, 0));
+            CHECK(cudaMemcpy(back, dst, bytes, cudaMemcpyDeviceToHost) == cudaSuccess);
+            bool ok = true;
+            for (int i = 0; i < n; i++)
+                ok &= memcmp(back + (size_t)hid[64 + i] * pb, h + (size_t)hid[i] * pb, pb) == 0;
+            CHECK(ok);
+            /* pool to pool in one call */
+            cudaMemset(dst, 0, bytes);
+            struct pd_kernel_page_copy_params pp = {dst, src, ids + 64, ids, n, pb};
+            CHECK_OK(pd_kernel_page_copy(&pp, 0));
+            CHECK(cudaMemcpy(back, dst, bytes, cudaMemcpyDeviceToHost) == cudaSuccess);
+            ok = true;
+            for (int i = 0; i < n; i++)
+                ok &= memcmp(back + (size_t)hid[64 + i] * pb, h + (size_t)hid[i] * pb, pb) == 0;
+            CHECK(ok);
+            cudaFree(src);
+            cudaFree(dst);
+            cudaFree(stage);
+            cudaFree(ids);
+            pd_free(h);
+            pd_free(back);
+        }
+}
+
+static void test_argmax(void) {
+    static const int vocabs[] = {1, 7, 1000, 1025, 151936};
+    static const int rows_list[] = {0, 1, 5};
+    for (size_t vi = 0; vi < PD_ARRAY_LEN(vocabs); vi++)
+        for (size_t ri = 0; ri < PD_ARRAY_LEN(rows_list); ri++) {
+            int V = vocabs[vi], R = rows_list[ri];
+            size_t n = (size_t)V * R;
+            float *h = pd_malloc(n * 4 + 4), *d, *lp;
+            int32_t *ids, hid[8] = {0};
+            float hlp[8] = {0};
+            for (size_t i = 0; i < n; i++)
+                h[i] = 8.0f * frand();
+            for (int r = 0; r < R; r++) /* a tie: the lower id must win */
+                if (V > 3)
+                    h[(size_t)r * V + 3] = h[(size_t)r * V + V - 1] = 9.0f;
+            CHECK(cudaMalloc((void **)&d, n * 4 + 4) == cudaSuccess &&
+                  cudaMalloc((void **)&ids, 32) == cudaSuccess &&
+                  cudaMalloc((void **)&lp, 32) == cudaSuccess);
+            cudaMemcpy(d, h, n * 4, cudaMemcpyHostToDevice);
+            struct pd_kernel_argmax_params p = {d, R, V, ids, lp};
+            CHECK_OK(pd_kernel_argmax(&p, 0));
+            cudaMemcpy(hid, ids, 32, cudaMemcpyDeviceToHost);
+            cudaMemcpy(hlp, lp, 32, cudaMemcpyDeviceToHost);
+            for (int r = 0; r < R; r++) {
+                const float *l = h + (size_t)r * V;
+                int b = 0;
+                for (int i = 1; i < V; i++)
+                    if (l[i] > l[b])
+                        b = i;
+                double z = 0;
+                for (int i = 0; i < V; i++)
+                    z += exp((double)l[i] - l[b]);
+                CHECK_INT(hid[r], b);
+                CHECK_DBL(hlp[r], -log(z), 1e-4);
+            }
+            cudaFree(d);
+            cudaFree(ids);
+            cudaFree(lp);
+            pd_free(h);
+        }
+}
+
 int pd_bench_gpu_main(int argc, char **argv); /* bench_gpu.c: the perf mode */
 
 int main(int argc, char **argv) {
@@ -636,7 +732,8 @@ int main(int argc, char **argv) {
     } tests[] = {
         {"rmsnorm", test_rmsnorm},         {"matmul", test_matmul},
         {"elementwise", test_elementwise}, {"rope_embed_gather", test_rope_embed_gather},
-        {"attention", test_attention},     {"models", test_models},
+        {"attention", test_attention},     {"page_copy", test_page_copy},
+        {"argmax", test_argmax},           {"models", test_models},
     };
     const char *only = argc > 1 ? argv[1] : NULL;
     for (size_t i = 0; i < PD_ARRAY_LEN(tests); i++) {
