@@ -36,7 +36,7 @@ struct prompt {
 
 struct args {
     const char *model_path, *prompt_file, *prompt_ids, *logits_out, *stop_ids;
-    int threads, page_size, chunk, max_new_tokens, top_k, logprobs, log_level;
+    int device, threads, page_size, chunk, max_new_tokens, top_k, logprobs, log_level;
     double temperature, top_p, min_p, rep, freq, pres;
     int64_t seed;
     bool ids, ignore_eos, no_tokenizer, raw_prompt;
@@ -204,7 +204,9 @@ static int run(const struct args *a, int n_texts, char **texts_in) {
     FILE *lf = NULL;
     int n = 0, rc;
 
-    struct pd_backend_opts bo = {.kind = PD_BACKEND_CPU, .threads = a->threads};
+    struct pd_backend_opts bo = {.kind =
+                                     a->device == PD_DEVICE_CUDA ? PD_BACKEND_CUDA : PD_BACKEND_CPU,
+                                 .threads = a->threads};
     if ((rc = pd_backend_new(&bo, &be)) != PD_OK)
         goto out;
     if (!a->no_tokenizer) {
@@ -412,6 +414,7 @@ int main(int argc, char **argv) {
     pd_flag_string(&fs, "--stop-token-ids", &a.stop_ids, "IDS", "stop at any of these ids");
     pd_flag_int(&fs, "--logprobs", &a.logprobs, "N", 0, PD_SAMPLING_MAX_LOGPROBS,
                 "report logprobs (sum of the chosen tokens')");
+    pd_flag_choice(&fs, "--device", &a.device, pd_device_names, "compute backend");
     pd_flag_int(&fs, "--threads", &a.threads, "N", 0, 1024, "cpu threads, 0 = one per core");
     pd_flag_int(&fs, "--page-size", &a.page_size, "TOKENS", 1, 1024, "tokens per KV page");
     pd_flag_int(&fs, "--chunked-prefill-size", &a.chunk, "TOKENS", 1, 1 << 20,

@@ -322,8 +322,17 @@ static void test_bad_plans(void) {
 
     struct pd_backend_opts cuda = {.kind = PD_BACKEND_CUDA};
     struct pd_backend *none = NULL;
-    CHECK_ERR(pd_backend_new(&cuda, &none), PD_EUNSUPPORTED, "cuda");
-    CHECK(none == NULL);
+    /* without CUDA in the build: "not in this build"; with it but no GPU: "no CUDA device";
+     * on a GPU machine the backend starts (tests/kernels covers it) */
+    pd_error_clear();
+    int rc = pd_backend_new(&cuda, &none);
+    if (rc == PD_OK) {
+        pd_backend_free(none);
+    } else {
+        CHECK_INT(rc, PD_EUNSUPPORTED);
+        CHECK(strstr(pd_error_msg(), "cuda") != NULL);
+        CHECK(none == NULL);
+    }
 }
 
 PD_TEST_MAIN(PD_TEST(test_matmul), PD_TEST(test_rows_ops), PD_TEST(test_attention),

@@ -1,0 +1,837 @@
+/*
+ * backend_cuda.c — the cuda backend behind common/backend.h: weights in their checkpoint dtype
+ * (bf16 in practice) on the GPU, the page-major KV pool in device memory, one stream, kernels/
+ * for every op and cuBLAS for the products.
+ *
+ * Ops are not launched when the model calls them: each is appended to the step's op log (sized
+ * at reserve, nothing allocated per step) and the log is flushed at the step's one sync point
+ * (download, sync, upload, or the next set_batch). Flushing first plans the attention work items
+ * (the plan needs the head counts, which only the attention op carries) and copies all per-step
+ * metadata to the device in one transfer, then either
+ *  - replays the log eagerly, fusing each residual add with the RMSNorm that follows it, or
+ *  - for a decode step (one new token per request, one logit row each) launches the CUDA graph
+ *    captured for its batch-size bucket: the batch is padded to the bucket (padding tokens have
+ *    slot -1, padding attention items req -1), every row count in the log is scaled from n to
+ *    the bucket, and the log's fingerprint (ops, pointers, counts) must equal the captured one,
+ *    else the bucket is captured again. Device pointers of metadata never move (fixed offsets
+ *    sized at reserve), so a graph stays valid across steps.
+ * Every row-count argument of a decode step is a multiple of its n tokens (the model passes n,
+ * n*heads, n*hidden, ...): that is the contract the scaling relies on, checked per step (a step
+ * breaking it runs eagerly).
+ * Errors of enqueued ops are sticky and returned by the next download/sync.
+ */
+#include "kernels/backend_cuda.h"
+
+#include "common/alloc.h"
+#include "common/backend_impl.h"
+#include "common/log.h"
+#include "common/status.h"
+#include "kernels/kernels.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define PD_CUDA_GEMM_WORKSPACE (32u << 20) /* bytes */
+#define PD_CUDA_LOG_OPS 8192               /* ops one step may enqueue before an early flush */
+#define PD_CUDA_MAX_GRAPH_REQS 256
+
+static const int graph_buckets[] = {1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256};
+#define PD_CUDA_N_BUCKETS ((int)PD_ARRAY_LEN(graph_buckets))
+
+enum op_kind {
+    OP_EMBED = 1,
+    OP_RMSNORM,
+    OP_MATMUL,
+    OP_ROPE,
+    OP_SILU_MUL,
+    OP_ADD,
+    OP_KV_STORE,
+    OP_ATTENTION,
+    OP_GATHER,
+};
+
+/* One logged op; memset before filling so fingerprints never hash padding garbage. */
+struct op {
+    enum op_kind kind;
+    int dim, heads, layer;
+    int64_t count; /* rows or values; scaled to the bucket in a graph step */
+    struct pd_tensor w, bias;
+    const float *x, *y, *inv_freq;
+    float *out;
+    float eps, scale;
+    struct pd_kv_layout kv;
+};
+
+struct graph_slot {
+    cudaGraphExec_t exec;
+    uint64_t fingerprint;
+    bool broken; /* capture failed once: run this bucket eagerly */
+};
+
+/* Byte offsets of the per-step arrays inside the metadata buffers (host pinned and device),
+ * fixed at reserve. A step copies two used prefixes: everything up to the end of its page table,
+ * and its attention items. */
+struct meta_layout {
+    size_t token_ids, positions, slots, out_rows, tok_splits; /* [max_tokens] int32 */
+    size_t req_tok_start, req_page_start;                     /* [max_reqs + 1] int32 */
+    size_t req_kv_len;                                        /* [max_reqs] int32 */
+    size_t page_table;                                        /* [max_pages] int32 */
+    size_t items;                                             /* [max_items] */
+    size_t total;
+};
+
+struct cuda_backend {
+    struct pd_backend base;
+    int dev, sms;
+    cudaStream_t stream;
+    cudaEvent_t meta_done;
+    struct pd_kernel_gemm *gemm;
+    int status; /* first error of an enqueued op, reported at the next sync point */
+    bool graphs_on;
+    /* reserve */
+    bool reserved;
+    struct pd_backend_limits lim;
+    struct meta_layout ml;
+    char *meta_h; /* pinned host */
+    char *meta_d; /* device */
+    int max_items, max_split_tokens, max_graph_reqs;
+    void *xconv;             /* device [max_tokens][max_dim] 2-byte GEMM inputs */
+    float *part_o, *part_ml; /* device attention split partials */
+    struct op *log;          /* [PD_CUDA_LOG_OPS] */
+    int n_log;
+    /* current step */
+    bool meta_pending; /* set_batch ran; metadata not yet planned and copied */
+    int n_tokens, n_reqs, n_out, n_pages;
+    int bucket; /* graph bucket (padded n) of a decode step, 0 = eager */
+    int bucket_idx;
+    struct pd_kernel_attn_batch attn;
+    int attn_heads, attn_kv_heads; /* the head counts attn was planned for */
+    struct graph_slot graphs[PD_CUDA_N_BUCKETS];
+    struct pd_backend_cuda_stats stats;
+};
+
+static struct cuda_backend *cb(struct pd_backend *be) {
+    return (struct cuda_backend *)be;
+}
+
+static void note(struct cuda_backend *c, int rc) {
+    if (rc && !c->status)
+        c->status = rc;
+}
+
+static int take_status(struct cuda_backend *c) {
+    int rc = c->status;
+    c->status = PD_OK;
+    return rc;
+}
+
+static int flush(struct cuda_backend *c);
+
+/* ---- memory ---- */
+
+static int cuda_mem_info(struct pd_backend *be, size_t *total, size_t *avail) {
+    return pd__cuda_status(cudaMemGetInfo(avail, total), "reading GPU memory");
+}
+
+static int cuda_alloc(struct pd_backend *be, size_t bytes, void **out) {
+    struct cuda_backend *c = cb(be);
+    *out = NULL;
+    if (!bytes)
+        bytes = 16;
+    int rc = pd__cuda_status(cudaMalloc(out, bytes), "cudaMalloc");
+    if (rc)
+        return pd_error_wrap(rc, "cuda backend buffer of %zu bytes", bytes);
+    rc = pd__cuda_status(cudaMemsetAsync(*out, 0, bytes, c->stream), "zeroing a GPU buffer");
+    if (!rc)
+        rc = pd__cuda_status(cudaStreamSynchronize(c->stream), "zeroing a GPU buffer");
+    if (rc) {
+        cudaFree(*out);
+        *out = NULL;
+    }
+    return rc;
+}
+
+static void cuda_release(struct pd_backend *be, void *p) {
+    struct cuda_backend *c = cb(be);
+    note(c, flush(c));
+    cudaFree(p);
+}
+
+static void free_step_buffers(struct cuda_backend *c) {
+    cudaFreeHost(c->meta_h);
+    cudaFree(c->meta_d);
+    cudaFree(c->xconv);
+    cudaFree(c->part_o);
+    cudaFree(c->part_ml);
+    pd_free(c->log);
+    c->meta_h = c->meta_d = NULL;
+    c->xconv = NULL;
+    c->part_o = c->part_ml = NULL;
+    c->log = NULL;
+    for (int i = 0; i < PD_CUDA_N_BUCKETS; i++) {
+        if (c->graphs[i].exec)
+            cudaGraphExecDestroy(c->graphs[i].exec);
+        c->graphs[i] = (struct graph_slot){0};
+    }
+    c->reserved = false;
+}
+
+static size_t align_up(size_t v, size_t a) {
+    return (v + a - 1) / a * a;
+}
+
+static int cuda_reserve(struct pd_backend *be, const struct pd_backend_limits *lim) {
+    struct cuda_backend *c = cb(be);
+    int rc = flush(c);
+    if (rc)
+        return rc;
+    free_step_buffers(c);
+    size_t nt = (size_t)lim->max_tokens, nr = (size_t)lim->max_reqs;
+    /* group is unknown until the first attention op: plan for the widest (heads / 1) */
+    c->max_items = pd_kernel_attn_max_items(lim->max_tokens, lim->max_reqs, lim->max_heads);
+    c->max_split_tokens = lim->max_reqs < lim->max_tokens ? lim->max_reqs : lim->max_tokens;
+    if (c->max_split_tokens > PD_CUDA_MAX_GRAPH_REQS)
+        c->max_split_tokens = PD_CUDA_MAX_GRAPH_REQS;
+    c->max_graph_reqs = c->max_split_tokens;
+    struct meta_layout *m = &c->ml;
+    size_t o = 0, i32 = sizeof(int32_t);
+#define PLACE(field, bytes)                                                                        \
+    m->field = o;                                                                                  \
+    o = align_up(o + (bytes), 16)
+    PLACE(token_ids, nt * i32);
+    PLACE(positions, nt * i32);
+    PLACE(slots, nt * i32);
+    PLACE(out_rows, nt * i32);
+    PLACE(tok_splits, nt * i32);
+    PLACE(req_tok_start, (nr + 1) * i32);
+    PLACE(req_page_start, (nr + 1) * i32);
+    PLACE(req_kv_len, nr * i32);
+    PLACE(page_table, (size_t)lim->max_pages * i32);
+    PLACE(items, (size_t)c->max_items * sizeof(struct pd_kernel_attn_item));
+#undef PLACE
+    m->total = o;
+    size_t split_rows =
+        (size_t)c->max_split_tokens * (size_t)lim->max_heads * PD_KERNEL_ATTN_MAX_SPLITS;
+    if ((rc = pd__cuda_status(cudaMallocHost((void **)&c->meta_h, m->total), "pinned metadata")) ||
+        (rc = pd__cuda_status(cudaMalloc((void **)&c->meta_d, m->total), "device metadata")) ||
+        (rc = pd__cuda_status(cudaMalloc(&c->xconv, nt * (size_t)lim->max_dim * 2),
+                              "GEMM input buffer")) ||
+        (rc = pd__cuda_status(
+             cudaMalloc((void **)&c->part_o, split_rows * (size_t)lim->max_head_dim * 4),
+             "attention split partials")) ||
+        (rc = pd__cuda_status(cudaMalloc((void **)&c->part_ml, split_rows * 2 * 4),
+                              "attention split partials"))) {
+        free_step_buffers(c);
+        return pd_error_wrap(rc, "reserving cuda backend step buffers");
+    }
+    memset(c->meta_h, 0, m->total);
+    if (!(c->log = pd_calloc(PD_CUDA_LOG_OPS, sizeof(struct op)))) {
+        free_step_buffers(c);
+        return pd_error_wrap(PD_ENOMEM, "reserving the cuda backend op log");
+    }
+    c->stats.n_buckets = 0;
+    for (int i = 0; i < PD_CUDA_N_BUCKETS; i++)
+        if (graph_buckets[i] <= c->max_graph_reqs)
+            c->stats.buckets[c->stats.n_buckets++] = graph_buckets[i];
+    c->lim = *lim;
+    c->reserved = true;
+    return PD_OK;
+}
+
+static int cuda_weight(struct pd_backend *be, enum pd_dtype dtype, int64_t rows, int64_t cols,
+                       const void *host, struct pd_tensor *out) {
+    size_t bytes = (size_t)(rows * cols) * pd_dtype_size(dtype);
+    void *d = NULL;
+    int rc = pd__cuda_status(cudaMalloc(&d, bytes), "cudaMalloc");
+    if (!rc)
+        rc = pd__cuda_status(cudaMemcpy(d, host, bytes, cudaMemcpyHostToDevice),
+                             "copying a weight to the GPU");
+    if (rc) {
+        cudaFree(d);
+        return pd_error_wrap(rc, "weight of %zu bytes", bytes);
+    }
+    *out = (struct pd_tensor){dtype, rows, cols, d};
+    return PD_OK;
+}
+
+static int cuda_upload(struct pd_backend *be, void *dst, const void *src, size_t bytes) {
+    struct cuda_backend *c = cb(be);
+    int rc = flush(c);
+    if (rc || !bytes)
+        return rc;
+    rc = pd__cuda_status(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, c->stream),
+                         "copying to the GPU");
+    if (!rc) /* src may be freed once we return */
+        rc = pd__cuda_status(cudaStreamSynchronize(c->stream), "copying to the GPU");
+    return rc;
+}
+
+static int cuda_download(struct pd_backend *be, void *dst, const void *src, size_t bytes) {
+    struct cuda_backend *c = cb(be);
+    int rc = flush(c);
+    if (!rc && bytes)
+        rc = pd__cuda_status(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, c->stream),
+                             "copying from the GPU");
+    if (!rc)
+        rc = pd__cuda_status(cudaStreamSynchronize(c->stream), "running the step on the GPU");
+    int st = take_status(c);
+    return st ? st : rc;
+}
+
+static int cuda_sync(struct pd_backend *be) {
+    struct cuda_backend *c = cb(be);
+    int rc = flush(c);
+    if (!rc)
+        rc = pd__cuda_status(cudaStreamSynchronize(c->stream), "running the step on the GPU");
+    int st = take_status(c);
+    return st ? st : rc;
+}
+
+/* ---- batch ---- */
+
+static int32_t *meta_i32(struct cuda_backend *c, size_t off) {
+    return (int32_t *)(c->meta_h + off);
+}
+
+static int pick_bucket(const struct cuda_backend *c, int n, int *idx) {
+    for (int i = 0; i < PD_CUDA_N_BUCKETS; i++) {
+        if (graph_buckets[i] > c->max_graph_reqs)
+            break;
+        if (graph_buckets[i] >= n) {
+            *idx = i;
+            return graph_buckets[i];
+        }
+    }
+    return 0;
+}
+
+static int cuda_set_batch(struct pd_backend *be, const struct pd_batch_plan *p) {
+    struct cuda_backend *c = cb(be);
+    if (!c->reserved)
+        return pd_errorf(PD_EINVAL, "cuda backend: set_batch before reserve");
+    int rc = flush(c);
+    if (rc)
+        return rc;
+    if (p->n_reqs < 1 || p->n_reqs > c->lim.max_reqs)
+        return pd_errorf(PD_ERANGE, "batch of %d requests, limit %d", p->n_reqs, c->lim.max_reqs);
+    if (p->n_tokens < 1 || p->n_tokens > c->lim.max_tokens)
+        return pd_errorf(PD_ERANGE, "batch of %d tokens, limit %d", p->n_tokens, c->lim.max_tokens);
+    int n_pages = p->req_page_start[p->n_reqs];
+    if (n_pages > c->lim.max_pages)
+        return pd_errorf(PD_ERANGE, "batch page table of %d entries, limit %d", n_pages,
+                         c->lim.max_pages);
+    if (p->n_out_rows < 0 || p->n_out_rows > p->n_tokens)
+        return pd_errorf(PD_ERANGE, "%d output rows for %d tokens", p->n_out_rows, p->n_tokens);
+    if (p->req_tok_start[0] != 0 || p->req_tok_start[p->n_reqs] != p->n_tokens ||
+        p->req_page_start[0] != 0)
+        return pd_errorf(PD_EINVAL, "batch plan offsets do not cover the batch");
+    bool decode = p->n_tokens == p->n_reqs && p->n_out_rows == p->n_reqs;
+    for (int r = 0; r < p->n_reqs; r++) {
+        int n_new = p->req_tok_start[r + 1] - p->req_tok_start[r];
+        int pages = p->req_page_start[r + 1] - p->req_page_start[r];
+        if (n_new < 1 || pages < 0 || p->req_kv_len[r] < n_new ||
+            p->req_kv_len[r] > c->lim.max_context)
+            return pd_errorf(PD_ERANGE, "request %d of the batch: %d new tokens, %d in cache", r,
+                             n_new, p->req_kv_len[r]);
+    }
+    for (int j = 0; j < p->n_out_rows; j++)
+        if (p->out_rows[j] < 0 || p->out_rows[j] >= p->n_tokens)
+            return pd_errorf(PD_ERANGE, "output row %d outside the batch", p->out_rows[j]);
+
+    /* the previous step's metadata copy must be done before the pinned staging is rewritten */
+    if ((rc = pd__cuda_status(cudaEventSynchronize(c->meta_done), "waiting for the last step")))
+        return rc;
+    int bidx = 0;
+    int B = c->graphs_on && decode ? pick_bucket(c, p->n_reqs, &bidx) : 0;
+    if (B && c->graphs[bidx].broken)
+        B = 0;
+    int rows = B ? B : p->n_tokens, reqs = B ? B : p->n_reqs;
+    const struct meta_layout *m = &c->ml;
+    size_t nt = (size_t)p->n_tokens * sizeof(int32_t);
+    memcpy(meta_i32(c, m->token_ids), p->token_ids, nt);
+    memcpy(meta_i32(c, m->positions), p->positions, nt);
+    memcpy(meta_i32(c, m->slots), p->slots, nt);
+    if (p->n_out_rows)
+        memcpy(meta_i32(c, m->out_rows), p->out_rows, (size_t)p->n_out_rows * sizeof(int32_t));
+    memcpy(meta_i32(c, m->req_tok_start), p->req_tok_start, (size_t)(p->n_reqs + 1) * 4);
+    memcpy(meta_i32(c, m->req_page_start), p->req_page_start, (size_t)(p->n_reqs + 1) * 4);
+    memcpy(meta_i32(c, m->req_kv_len), p->req_kv_len, (size_t)p->n_reqs * 4);
+    memcpy(meta_i32(c, m->page_table), p->page_table, (size_t)n_pages * 4);
+    for (int i = p->n_tokens; i < rows; i++) { /* padding of a graph bucket */
+        meta_i32(c, m->token_ids)[i] = 0;
+        meta_i32(c, m->positions)[i] = 0;
+        meta_i32(c, m->slots)[i] = -1;
+        meta_i32(c, m->out_rows)[i] = i;
+        meta_i32(c, m->tok_splits)[i] = 0;
+    }
+    for (int r = p->n_reqs; r < reqs; r++) {
+        meta_i32(c, m->req_tok_start)[r + 1] = r + 1;
+        meta_i32(c, m->req_page_start)[r + 1] = n_pages;
+        meta_i32(c, m->req_kv_len)[r] = 0;
+    }
+    c->n_tokens = p->n_tokens;
+    c->n_reqs = p->n_reqs;
+    c->n_out = p->n_out_rows;
+    c->n_pages = n_pages;
+    c->bucket = B;
+    c->bucket_idx = bidx;
+    c->meta_pending = true;
+    return PD_OK;
+}
+
+/* ---- the op log ---- */
+
+static struct op *log_op(struct cuda_backend *c, enum op_kind kind) {
+    if (c->n_log == PD_CUDA_LOG_OPS) { /* a step longer than the log: run what we have */
+        c->bucket = 0;
+        note(c, flush(c));
+    }
+    struct op *o = &c->log[c->n_log++];
+    memset(o, 0, sizeof(*o));
+    o->kind = kind;
+    return o;
+}
+
+static void cuda_embed(struct pd_backend *be, const struct pd_tensor *table, float *out) {
+    struct op *o = log_op(cb(be), OP_EMBED);
+    o->w = *table;
+    o->out = out;
+}
+
+static void cuda_rmsnorm(struct pd_backend *be, const float *x, const struct pd_tensor *w,
+                         int64_t rows, int dim, float eps, float *out) {
+    struct op *o = log_op(cb(be), OP_RMSNORM);
+    o->x = x;
+    o->w = *w;
+    o->count = rows;
+    o->dim = dim;
+    o->eps = eps;
+    o->out = out;
+}
+
+static void cuda_matmul(struct pd_backend *be, const float *x, int64_t rows,
+                        const struct pd_tensor *w, const struct pd_tensor *bias, float *y) {
+    struct op *o = log_op(cb(be), OP_MATMUL);
+    o->x = x;
+    o->count = rows;
+    o->w = *w;
+    if (bias)
+        o->bias = *bias;
+    o->out = y;
+}
+
+static void cuda_rope(struct pd_backend *be, float *x, int heads, int head_dim,
+                      const float *inv_freq) {
+    struct op *o = log_op(cb(be), OP_ROPE);
+    o->out = x;
+    o->heads = heads;
+    o->dim = head_dim;
+    o->inv_freq = inv_freq;
+}
+
+static void cuda_silu_mul(struct pd_backend *be, const float *gate, const float *up, float *out,
+                          int64_t count) {
+    struct op *o = log_op(cb(be), OP_SILU_MUL);
+    o->x = gate;
+    o->y = up;
+    o->out = out;
+    o->count = count;
+}
+
+static void cuda_add(struct pd_backend *be, float *x, const float *y, int64_t count) {
+    struct op *o = log_op(cb(be), OP_ADD);
+    o->out = x;
+    o->y = y;
+    o->count = count;
+}
+
+static void cuda_kv_store(struct pd_backend *be, const struct pd_kv_layout *kv, int layer,
+                          const float *k, const float *v) {
+    struct op *o = log_op(cb(be), OP_KV_STORE);
+    o->kv = *kv;
+    o->layer = layer;
+    o->x = k;
+    o->y = v;
+}
+
+static void cuda_attention(struct pd_backend *be, const struct pd_kv_layout *kv, int layer,
+                           const float *q, int heads, float scale, float *out) {
+    struct op *o = log_op(cb(be), OP_ATTENTION);
+    o->kv = *kv;
+    o->layer = layer;
+    o->x = q;
+    o->heads = heads;
+    o->scale = scale;
+    o->out = out;
+}
+
+static void cuda_gather_out_rows(struct pd_backend *be, const float *src, int width, float *dst) {
+    struct op *o = log_op(cb(be), OP_GATHER);
+    o->x = src;
+    o->dim = width;
+    o->out = dst;
+}
+
+/* ---- flush: plan, copy metadata, run the log (graph or eager) ---- */
+
+static struct pd_kernel_kv_geom geom(const struct pd_kv_layout *kv) {
+    return (struct pd_kernel_kv_geom){kv->base,     kv->n_pages,  kv->n_layers, kv->page_size,
+                                      kv->kv_heads, kv->head_dim, kv->dtype,    kv->page_bytes};
+}
+
+/* Row counts of the log as launched: n → bucket in a graph step. false when a count is not a
+ * multiple of the step's tokens (then the step must run eagerly). */
+static bool scale_count(const struct cuda_backend *c, int64_t count, int64_t *out) {
+    if (!c->bucket) {
+        *out = count;
+        return true;
+    }
+    if (count % c->n_tokens)
+        return false;
+    *out = count / c->n_tokens * c->bucket;
+    return true;
+}
+
+static int plan_attention(struct cuda_backend *c) {
+    const struct op *a = NULL;
+    for (int i = 0; i < c->n_log && !a; i++)
+        if (c->log[i].kind == OP_ATTENTION)
+            a = &c->log[i];
+    struct pd_kernel_attn_batch *b = &c->attn;
+    const struct meta_layout *m = &c->ml;
+    memset(b, 0, sizeof(*b));
+    b->req_tok_start = (const int32_t *)(c->meta_d + m->req_tok_start);
+    b->req_kv_len = (const int32_t *)(c->meta_d + m->req_kv_len);
+    b->req_page_start = (const int32_t *)(c->meta_d + m->req_page_start);
+    b->page_table = (const int32_t *)(c->meta_d + m->page_table);
+    b->tok_splits = (const int32_t *)(c->meta_d + m->tok_splits);
+    b->items = (const struct pd_kernel_attn_item *)(c->meta_d + m->items);
+    if (!a)
+        return PD_OK;
+    int kvh = a->kv.kv_heads, group = a->heads / kvh;
+    c->attn_heads = a->heads;
+    c->attn_kv_heads = kvh;
+    struct pd_kernel_attn_plan_in in = {
+        .n_reqs = c->n_reqs,
+        .req_tok_start = meta_i32(c, m->req_tok_start),
+        .req_kv_len = meta_i32(c, m->req_kv_len),
+        .group = group,
+        .kv_heads = kvh,
+        .target_blocks = 2 * c->sms,
+        .max_split_tokens = c->max_split_tokens,
+    };
+    if (c->bucket) {
+        /* splits depend on the bucket alone so the graph's grid is fixed */
+        int tiles = (group + PD_KERNEL_ATTN_ROWS - 1) / PD_KERNEL_ATTN_ROWS;
+        if (group <= 4)
+            tiles = 1;
+        int blocks = c->bucket * tiles * kvh, s = (2 * c->sms + blocks - 1) / blocks;
+        in.fixed_splits = s < 1 ? 1 : s > PD_KERNEL_ATTN_MAX_SPLITS ? PD_KERNEL_ATTN_MAX_SPLITS : s;
+        in.pad_reqs = c->bucket;
+    }
+    int n = pd_kernel_attn_plan(&in, (struct pd_kernel_attn_item *)(c->meta_h + m->items),
+                                c->max_items, meta_i32(c, m->tok_splits), b);
+    if (n < 0)
+        return pd_errorf(PD_EINTERNAL, "attention plan needs more than %d work items",
+                         c->max_items);
+    if (c->bucket)
+        b->n_tokens = c->bucket;
+    return PD_OK;
+}
+
+static int upload_meta(struct cuda_backend *c) {
+    int rc = plan_attention(c);
+    if (rc)
+        return rc;
+    size_t used = c->ml.page_table + (size_t)c->n_pages * sizeof(int32_t);
+    size_t items = (size_t)c->attn.n_items * sizeof(struct pd_kernel_attn_item);
+    rc = pd__cuda_status(
+        cudaMemcpyAsync(c->meta_d, c->meta_h, used, cudaMemcpyHostToDevice, c->stream),
+        "copying step metadata");
+    if (!rc && items)
+        rc = pd__cuda_status(cudaMemcpyAsync(c->meta_d + c->ml.items, c->meta_h + c->ml.items,
+                                             items, cudaMemcpyHostToDevice, c->stream),
+                             "copying attention work items");
+    if (!rc)
+        rc = pd__cuda_status(cudaEventRecord(c->meta_done, c->stream), "recording an event");
+    return rc;
+}
+
+static int run_matmul(struct cuda_backend *c, const struct op *o, int64_t rows) {
+    const void *x = o->x;
+    int rc;
+    if (o->w.dtype != PD_DTYPE_F32) {
+        struct pd_kernel_convert_params cv = {o->x, c->xconv, o->w.dtype, rows * o->w.cols};
+        if ((rc = pd_kernel_convert(&cv, c->stream)))
+            return rc;
+        x = c->xconv;
+    }
+    struct pd_kernel_gemm_params g = {x, o->w.data, o->w.dtype, o->out, rows, o->w.rows, o->w.cols};
+    if ((rc = pd_kernel_gemm_run(c->gemm, &g)))
+        return rc;
+    if (o->bias.data) {
+        struct pd_kernel_bias_params b = {o->out, o->bias.data, o->bias.dtype, rows, o->w.rows};
+        rc = pd_kernel_bias(&b, c->stream);
+    }
+    return rc;
+}
+
+/* Launches log[i] (and log[i+1] when fused); returns how many ops it consumed, or < 0. */
+static int run_op(struct cuda_backend *c, int i, int *consumed) {
+    const struct op *o = &c->log[i];
+    const struct meta_layout *m = &c->ml;
+    int64_t rows_tok = c->bucket ? c->bucket : c->n_tokens, cnt = 0;
+    *consumed = 1;
+    if (!scale_count(c, o->count, &cnt))
+        return pd_errorf(PD_EINTERNAL, "op count %lld in a step of %d tokens", (long long)o->count,
+                         c->n_tokens);
+    switch (o->kind) {
+    case OP_EMBED: {
+        struct pd_kernel_embed_params p = {o->w.data,
+                                           o->w.dtype,
+                                           o->w.rows,
+                                           (int)o->w.cols,
+                                           (const int32_t *)(c->meta_d + m->token_ids),
+                                           o->out,
+                                           rows_tok};
+        return pd_kernel_embed(&p, c->stream);
+    }
+    case OP_ADD: {
+        const struct op *nx = i + 1 < c->n_log ? &c->log[i + 1] : NULL;
+        int64_t ncnt = 0;
+        if (nx && nx->kind == OP_RMSNORM && nx->x == o->out && scale_count(c, nx->count, &ncnt) &&
+            ncnt * nx->dim == cnt) {
+            struct pd_kernel_rmsnorm_params p = {o->out,  o->y, nx->w.data, nx->w.dtype,
+                                                 nx->out, ncnt, nx->dim,    nx->eps};
+            *consumed = 2;
+            c->stats.fused_norms++;
+            return pd_kernel_rmsnorm(&p, c->stream);
+        }
+        struct pd_kernel_swiglu_params p = {o->out, o->y, o->out, cnt, true};
+        return pd_kernel_swiglu(&p, c->stream);
+    }
+    case OP_RMSNORM: {
+        struct pd_kernel_rmsnorm_params p = {(float *)o->x, NULL, o->w.data, o->w.dtype,
+                                             o->out,        cnt,  o->dim,    o->eps};
+        return pd_kernel_rmsnorm(&p, c->stream);
+    }
+    case OP_MATMUL: return run_matmul(c, o, cnt);
+    case OP_ROPE: {
+        struct pd_kernel_rope_params p = {o->out,      (const int32_t *)(c->meta_d + m->positions),
+                                          o->inv_freq, rows_tok,
+                                          o->heads,    o->dim};
+        return pd_kernel_rope(&p, c->stream);
+    }
+    case OP_SILU_MUL: {
+        struct pd_kernel_swiglu_params p = {o->x, o->y, o->out, cnt, false};
+        return pd_kernel_swiglu(&p, c->stream);
+    }
+    case OP_KV_STORE: {
+        struct pd_kernel_kv_store_params p = {
+            geom(&o->kv), o->layer, o->x, o->y, (const int32_t *)(c->meta_d + m->slots), rows_tok};
+        return pd_kernel_kv_store(&p, c->stream);
+    }
+    case OP_ATTENTION: {
+        struct pd_kernel_attn_params p = {geom(&o->kv), o->layer, c->attn,   o->x,      o->out,
+                                          o->heads,     o->scale, c->part_o, c->part_ml};
+        if (o->heads != c->attn_heads || o->kv.kv_heads != c->attn_kv_heads)
+            return pd_errorf(PD_EINTERNAL, "attention of %d/%d heads in a step planned for %d/%d",
+                             o->heads, o->kv.kv_heads, c->attn_heads, c->attn_kv_heads);
+        return pd_kernel_attention(&p, c->stream);
+    }
+    case OP_GATHER: {
+        int64_t n_out = c->bucket ? c->bucket : c->n_out;
+        struct pd_kernel_gather_params p = {o->x, (const int32_t *)(c->meta_d + m->out_rows),
+                                            o->out, n_out, o->dim};
+        return pd_kernel_gather_rows(&p, c->stream);
+    }
+    }
+    return pd_errorf(PD_EINTERNAL, "unknown logged op %d", (int)o->kind);
+}
+
+static int run_log(struct cuda_backend *c) {
+    for (int i = 0; i < c->n_log;) {
+        int used = 1, rc = run_op(c, i, &used);
+        if (rc)
+            return rc;
+        i += used;
+    }
+    return PD_OK;
+}
+
+static uint64_t fingerprint(const struct cuda_backend *c) {
+    uint64_t h = 1469598103934665603ull;
+    const unsigned char *p = (const unsigned char *)c->log;
+    size_t n = (size_t)c->n_log * sizeof(struct op);
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ p[i]) * 1099511628211ull;
+    h ^= (uint64_t)c->attn.n_items << 32 | (uint64_t)c->attn.max_splits;
+    return h;
+}
+
+static bool log_scales(const struct cuda_backend *c) {
+    int64_t dummy;
+    for (int i = 0; i < c->n_log; i++)
+        if (!scale_count(c, c->log[i].count, &dummy))
+            return false;
+    return true;
+}
+
+/* Captures the log into a graph for the bucket; false (bucket marked broken) when capture is
+ * refused, after which the caller runs the log eagerly. */
+static int capture(struct cuda_backend *c, struct graph_slot *g, uint64_t fp) {
+    cudaGraph_t graph = NULL;
+    cudaGraphExec_t exec = NULL;
+    int rc = pd__cuda_status(cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal),
+                             "starting a graph capture");
+    if (rc)
+        return rc;
+    int run_rc = run_log(c);
+    rc = pd__cuda_status(cudaStreamEndCapture(c->stream, &graph), "ending a graph capture");
+    if (!rc && !run_rc)
+        rc = pd__cuda_status(cudaGraphInstantiate(&exec, graph, 0), "instantiating a graph");
+    if (graph)
+        cudaGraphDestroy(graph);
+    if (run_rc || rc) {
+        pd_log(PD_LOG_WARNING, "cuda: decode graph for batch %d not captured (%s); running eagerly",
+               c->bucket, pd_error_msg());
+        (void)cudaGetLastError();
+        g->broken = true;
+        return run_rc ? run_rc : rc;
+    }
+    if (g->exec)
+        cudaGraphExecDestroy(g->exec);
+    g->exec = exec;
+    g->fingerprint = fp;
+    c->stats.graph_captures++;
+    return PD_OK;
+}
+
+static int flush(struct cuda_backend *c) {
+    if (!c->n_log && !c->meta_pending)
+        return PD_OK;
+    int rc = PD_OK;
+    if (c->meta_pending) {
+        if (c->bucket && !log_scales(c))
+            c->bucket = 0; /* fall back before planning: eager plans need no padding items */
+        rc = upload_meta(c);
+        c->meta_pending = false;
+    }
+    if (!rc && c->n_log) {
+        c->stats.steps++;
+        if (c->bucket) {
+            struct graph_slot *g = &c->graphs[c->bucket_idx];
+            uint64_t fp = fingerprint(c);
+            if (!g->exec || g->fingerprint != fp)
+                rc = capture(c, g, fp);
+            if (!rc && !g->broken) {
+                rc = pd__cuda_status(cudaGraphLaunch(g->exec, c->stream), "launching a graph");
+                c->stats.graph_launches++;
+            } else if (g->broken) {
+                /* the capture failed: the bucket's padded plan still runs correctly eagerly */
+                pd_error_clear();
+                rc = run_log(c);
+            }
+        } else {
+            rc = run_log(c);
+        }
+    }
+    c->n_log = 0;
+    if (rc)
+        rc = pd_error_wrap(rc, "cuda backend step");
+    return rc;
+}
+
+/* ---- lifetime ---- */
+
+static void cuda_free(struct pd_backend *be) {
+    struct cuda_backend *c = cb(be);
+    c->n_log = 0;
+    c->meta_pending = false;
+    cudaStreamSynchronize(c->stream);
+    free_step_buffers(c);
+    pd_kernel_gemm_free(c->gemm);
+    cudaEventDestroy(c->meta_done);
+    cudaStreamDestroy(c->stream);
+    pd_free(c);
+}
+
+static const struct pd__backend_ops cuda_ops = {
+    .free = cuda_free,
+    .mem_info = cuda_mem_info,
+    .alloc = cuda_alloc,
+    .release = cuda_release,
+    .reserve = cuda_reserve,
+    .weight = cuda_weight,
+    .upload = cuda_upload,
+    .download = cuda_download,
+    .sync = cuda_sync,
+    .set_batch = cuda_set_batch,
+    .embed = cuda_embed,
+    .rmsnorm = cuda_rmsnorm,
+    .matmul = cuda_matmul,
+    .rope = cuda_rope,
+    .silu_mul = cuda_silu_mul,
+    .add = cuda_add,
+    .kv_store = cuda_kv_store,
+    .attention = cuda_attention,
+    .gather_out_rows = cuda_gather_out_rows,
+};
+
+void pd_backend_cuda_stats(struct pd_backend *be, struct pd_backend_cuda_stats *out) {
+    PD_ASSERT(be->kind == PD_BACKEND_CUDA);
+    *out = cb(be)->stats;
+}
+
+void pd_backend_cuda_set_graphs(struct pd_backend *be, bool on) {
+    PD_ASSERT(be->kind == PD_BACKEND_CUDA);
+    cb(be)->graphs_on = on;
+}
+
+/* Strong definition of the weak reference in common/backend_impl.h; kernels/CMakeLists.txt
+ * makes every consumer of pdcommon link this object (linker --undefined), so `--device cuda`
+ * reaches here in any binary built with CUDA. */
+int pd__backend_cuda_new(const struct pd_backend_opts *opts, struct pd_backend **out) {
+    *out = NULL;
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess || n == 0)
+        return pd_errorf(PD_EUNSUPPORTED, "cuda backend: no CUDA device (%s)",
+                         e != cudaSuccess ? cudaGetErrorString(e) : "the driver lists none");
+    (void)cudaGetLastError();
+    if (opts->device_index < 0 || opts->device_index >= n)
+        return pd_errorf(PD_ERANGE, "cuda backend: device %d of %d", opts->device_index, n);
+    struct cuda_backend *c = pd_calloc(1, sizeof(*c));
+    if (!c)
+        return PD_ENOMEM;
+    c->base.ops = &cuda_ops;
+    c->base.kind = PD_BACKEND_CUDA;
+    c->dev = opts->device_index;
+    const char *env = getenv("PD_CUDA_GRAPHS");
+    c->graphs_on = !(env && strcmp(env, "0") == 0);
+    struct cudaDeviceProp prop;
+    int rc;
+    if ((rc = pd__cuda_status(cudaSetDevice(c->dev), "selecting the GPU")) ||
+        (rc = pd__cuda_status(cudaGetDeviceProperties(&prop, c->dev), "reading GPU properties")))
+        goto fail_dev;
+    c->sms = prop.multiProcessorCount;
+    if ((rc = pd__cuda_status(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking),
+                              "creating a stream")))
+        goto fail_dev;
+    if ((rc = pd__cuda_status(cudaEventCreateWithFlags(&c->meta_done, cudaEventDisableTiming),
+                              "creating an event")))
+        goto fail_event;
+    if ((rc = pd_kernel_gemm_new(c->stream, PD_CUDA_GEMM_WORKSPACE, &c->gemm)))
+        goto fail_gemm;
+    snprintf(c->base.name, sizeof(c->base.name), "cuda (%.40s, %d SMs)", prop.name, c->sms);
+    *out = &c->base;
+    return PD_OK;
+fail_gemm:
+    cudaEventDestroy(c->meta_done);
+fail_event:
+    cudaStreamDestroy(c->stream);
+fail_dev:
+    pd_free(c);
+    return pd_error_wrap(rc, "starting the cuda backend on device %d", opts->device_index);
+}

@@ -1,0 +1,28 @@
+/*
+ * backend_cuda.h — what the cuda backend offers beyond common/backend.h, for tests and benches:
+ * switching CUDA graphs off (to compare a graph replay with eager launches) and counting what
+ * its steps did. The backend itself is reached through pd_backend_new with PD_BACKEND_CUDA.
+ */
+#ifndef PD_BACKEND_CUDA_H
+#define PD_BACKEND_CUDA_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "common/backend.h"
+
+struct pd_backend_cuda_stats {
+    int64_t steps;          /* flushed op logs (one per model step) */
+    int64_t graph_launches; /* steps replayed from a captured graph */
+    int64_t graph_captures; /* graphs captured (first step of a bucket, or a changed op list) */
+    int64_t fused_norms;    /* residual add + RMSNorm pairs run as one kernel */
+    int n_buckets;          /* decode batch-size buckets graphs are kept for */
+    int buckets[16];
+};
+
+/* Both take a cuda backend (PD_BACKEND_CUDA); anything else is a bug (asserted). */
+void pd_backend_cuda_stats(struct pd_backend *be, struct pd_backend_cuda_stats *out);
+/* Graphs are on by default (off with the environment variable PD_CUDA_GRAPHS=0). */
+void pd_backend_cuda_set_graphs(struct pd_backend *be, bool on);
+
+#endif

@@ -1,0 +1,23 @@
+/*
+ * cuda_status.c — the one translation of cudaError_t into pdserve's status codes (STYLE.md
+ * rule 3). The message keeps CUDA's own name and text so a user can search for it.
+ */
+#include "common/status.h"
+#include "kernels/kernels.h"
+
+int pd__cuda_status(cudaError_t err, const char *what) {
+    if (err == cudaSuccess)
+        return PD_OK;
+    int code;
+    switch (err) {
+    case cudaErrorMemoryAllocation: code = PD_ENOMEM; break;
+    case cudaErrorNoDevice:
+    case cudaErrorInsufficientDriver:
+    case cudaErrorInvalidDevice:
+    case cudaErrorNoKernelImageForDevice:
+    case cudaErrorUnsupportedPtxVersion: code = PD_EUNSUPPORTED; break;
+    case cudaErrorInvalidValue: code = PD_EINVAL; break;
+    default: code = PD_EINTERNAL; break;
+    }
+    return pd_errorf(code, "%s: %s (%s)", what, cudaGetErrorString(err), cudaGetErrorName(err));
+}

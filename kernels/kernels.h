@@ -1,0 +1,242 @@
+/*
+ * kernels.h — the C interface of kernels/ (DESIGN.md §4, STYLE.md rule 9): one params struct and
+ * one entry per op. Each entry enqueues on the given stream, allocates nothing, and returns PD_OK
+ * or the launch error translated by pd__cuda_status. Every pointer is device memory unless its
+ * comment says host; shapes and units are in the trailing comments.
+ *
+ * Per-batch metadata (token ids, positions, KV slots, page tables, attention work items) lives in
+ * device arrays the caller planned once per step (pd_kernel_attn_plan on the host); the entries
+ * only read it, so a step's launches can be captured in a CUDA graph and replayed with new
+ * metadata. Row counts of 0 are valid and launch nothing.
+ */
+#ifndef PD_KERNELS_H
+#define PD_KERNELS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cuda_runtime_api.h>
+
+#include "common/dtype.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* cudaError_t → PD_E*, the one place CUDA runtime codes are read (STYLE.md rule 3); records
+ * "what: <cuda message>" as the thread's error. cudaSuccess → PD_OK. */
+int pd__cuda_status(cudaError_t err, const char *what);
+
+/* ---- row ops ---- */
+
+/* If add: x += add (x written back); then out = x / rms(x) * w. x and out may alias. */
+struct pd_kernel_rmsnorm_params {
+    float *x;         /* [rows][dim] f32 */
+    const float *add; /* [rows][dim] f32 residual, or NULL */
+    const void *w;    /* [dim] of w_dtype */
+    enum pd_dtype w_dtype;
+    float *out; /* [rows][dim] f32 */
+    int64_t rows;
+    int dim;
+    float eps;
+};
+int pd_kernel_rmsnorm(const struct pd_kernel_rmsnorm_params *p, cudaStream_t s);
+
+/* Half-split rotary embedding in place at positions[i] (the HF rotate_half convention). */
+struct pd_kernel_rope_params {
+    float *x;                 /* [n][heads][head_dim] f32 */
+    const int32_t *positions; /* [n] */
+    const float *inv_freq;    /* [head_dim/2] f32, llama3-scaled by the model when configured */
+    int64_t n;
+    int heads, head_dim;
+};
+int pd_kernel_rope(const struct pd_kernel_rope_params *p, cudaStream_t s);
+
+/* out = silu(gate) * up (SwiGLU), or with add_only: out = gate + up. Elementwise. */
+struct pd_kernel_swiglu_params {
+    const float *gate, *up; /* [count] f32 */
+    float *out;             /* [count] f32, may alias gate or up */
+    int64_t count;
+    bool add_only;
+};
+int pd_kernel_swiglu(const struct pd_kernel_swiglu_params *p, cudaStream_t s);
+
+/* y[r][j] += bias[j]. */
+struct pd_kernel_bias_params {
+    float *y;         /* [rows][m] f32 */
+    const void *bias; /* [m] of bias_dtype */
+    enum pd_dtype bias_dtype;
+    int64_t rows, m;
+};
+int pd_kernel_bias(const struct pd_kernel_bias_params *p, cudaStream_t s);
+
+/* out[i] = table[ids[i]] widened to f32; ids outside [0, vocab) give a zero row. */
+struct pd_kernel_embed_params {
+    const void *table; /* [vocab][dim] of dtype */
+    enum pd_dtype dtype;
+    int64_t vocab;
+    int dim;
+    const int32_t *ids; /* [n] */
+    float *out;         /* [n][dim] f32 */
+    int64_t n;
+};
+int pd_kernel_embed(const struct pd_kernel_embed_params *p, cudaStream_t s);
+
+/* dst[j] = src[rows[j]] over width floats; src and dst must not overlap. */
+struct pd_kernel_gather_params {
+    const float *src;    /* [?][width] f32 */
+    const int32_t *rows; /* [n] */
+    float *dst;          /* [n][width] f32 */
+    int64_t n;
+    int width;
+};
+int pd_kernel_gather_rows(const struct pd_kernel_gather_params *p, cudaStream_t s);
+
+/* f32 → dtype (bf16/f16/f32) conversion, e.g. activations before a tensor-core GEMM. */
+struct pd_kernel_convert_params {
+    const float *src;
+    void *dst;
+    enum pd_dtype dtype;
+    int64_t count;
+};
+int pd_kernel_convert(const struct pd_kernel_convert_params *p, cudaStream_t s);
+
+/* ---- KV cache (page-major: page p = for every layer K then V, each [page_size][kv_heads][hd]) */
+
+struct pd_kernel_kv_geom {
+    void *base; /* pool */
+    int64_t n_pages;
+    int n_layers, page_size, kv_heads, head_dim;
+    enum pd_dtype dtype;
+    size_t page_bytes;
+};
+
+/* K/V rows of n tokens → their slots (page * page_size + offset) of layer; slot < 0 is skipped
+ * (padding rows of a graph bucket). */
+struct pd_kernel_kv_store_params {
+    struct pd_kernel_kv_geom kv;
+    int layer;
+    const float *k, *v;   /* [n][kv_heads][head_dim] f32 */
+    const int32_t *slots; /* [n] */
+    int64_t n;
+};
+int pd_kernel_kv_store(const struct pd_kernel_kv_store_params *p, cudaStream_t s);
+
+/* Whole pages: dst page dst_pages[i] = src page src_pages[i] (page_bytes each, 16-byte aligned
+ * pools). With src_pages NULL, the source is a contiguous run staged at src (gather's inverse);
+ * with dst_pages NULL, pages are gathered contiguously to dst (for a transfer's staging). */
+struct pd_kernel_page_copy_params {
+    void *dst;
+    const void *src;
+    const int32_t *dst_pages; /* [n] or NULL */
+    const int32_t *src_pages; /* [n] or NULL */
+    int64_t n;
+    size_t page_bytes;
+};
+int pd_kernel_page_copy(const struct pd_kernel_page_copy_params *p, cudaStream_t s);
+
+/* ---- paged attention ---- */
+
+/* Rows of a work item: PD_KERNEL_ATTN_ROWS (query token, head-in-group) pairs of one request and
+ * one kv head, over keys [kv_begin, kv_end) of the request (each row also stops at its causal
+ * limit). Items of one request that split its keys write partials the reduce kernel combines. */
+#define PD_KERNEL_ATTN_ROWS 16
+#define PD_KERNEL_ATTN_MAX_SPLITS 16
+
+struct pd_kernel_attn_item {
+    int32_t req;      /* request of the batch; -1 = padding (nothing to do) */
+    int32_t row0;     /* first flattened row (token_in_request * group + g) */
+    int32_t kv_begin; /* key range of this item */
+    int32_t kv_end;
+    int32_t split;    /* index of this key range among the request's splits */
+    int32_t n_splits; /* 1: write out directly */
+};
+
+/* Per-step plan, built on the host (pd_kernel_attn_plan) and copied to the device. */
+struct pd_kernel_attn_batch {
+    const int32_t *req_tok_start;  /* [n_reqs + 1] */
+    const int32_t *req_kv_len;     /* [n_reqs] */
+    const int32_t *req_page_start; /* [n_reqs + 1] */
+    const int32_t *page_table;     /* [..] */
+    const int32_t *tok_req;        /* [n_tokens] */
+    const int32_t *tok_splits;     /* [n_tokens] splits of the token's request (1 = none) */
+    const struct pd_kernel_attn_item *items; /* [n_items] */
+    int n_items;
+    int n_tokens;
+    int max_splits;    /* largest n_splits of any item: 1 = no reduce launch */
+    int rows_per_item; /* 4 or PD_KERNEL_ATTN_ROWS, as planned */
+};
+
+struct pd_kernel_attn_params {
+    struct pd_kernel_kv_geom kv;
+    int layer;
+    struct pd_kernel_attn_batch b;
+    const float *q; /* [n_tokens][heads][head_dim] f32 */
+    float *out;     /* [n_tokens][heads][head_dim] f32 */
+    int heads;
+    float scale;
+    /* split partials, needed when b.max_splits > 1 */
+    float *part_o;  /* [n_tokens][heads][PD_KERNEL_ATTN_MAX_SPLITS][head_dim] f32 */
+    float *part_ml; /* [n_tokens][heads][PD_KERNEL_ATTN_MAX_SPLITS][2] f32 (max, sum) */
+};
+/* head_dim 64, 128 (fast paths) or any even value up to 256 (generic). */
+int pd_kernel_attention(const struct pd_kernel_attn_params *p, cudaStream_t s);
+
+/* Host side of the plan/run split: the work items of one step. */
+struct pd_kernel_attn_plan_in {
+    int n_reqs;
+    const int32_t *req_tok_start; /* host [n_reqs + 1] */
+    const int32_t *req_kv_len;    /* host [n_reqs] */
+    int group, kv_heads;          /* query heads per kv head; kv heads */
+    /* > 0: every request gets exactly this many key splits and pad_reqs - n_reqs padding
+     * requests get padding items, so the item count depends on pad_reqs alone (a CUDA graph
+     * bucket's fixed grid). 0: splits are chosen per request to fill about target_blocks. */
+    int fixed_splits, pad_reqs;
+    int target_blocks;    /* e.g. 2 × multiprocessors */
+    int max_split_tokens; /* tokens the split partial buffers hold; larger steps never split */
+};
+/* Fills items (cap_items of room), tok_splits (host [n_tokens]) and the counts of out (its
+ * pointers are left to the caller). PD_ERANGE-like -1 when cap_items is too small. */
+int pd_kernel_attn_plan(const struct pd_kernel_attn_plan_in *in, struct pd_kernel_attn_item *items,
+                        int cap_items, int32_t *tok_splits, struct pd_kernel_attn_batch *out);
+/* Items a plan can need at most: for a bucket of n_reqs decode requests, or for n_tokens. */
+int pd_kernel_attn_max_items(int n_tokens, int n_reqs, int group);
+
+/* ---- sampling ---- */
+
+/* Greedy fast path: ids[r] = argmax of logits[r] (lowest index on ties), logprob[r] its
+ * log-softmax (NULL to skip). */
+struct pd_kernel_argmax_params {
+    const float *logits; /* [rows][vocab] f32 */
+    int64_t rows;
+    int vocab;
+    int32_t *ids;   /* [rows] */
+    float *logprob; /* [rows] or NULL */
+};
+int pd_kernel_argmax(const struct pd_kernel_argmax_params *p, cudaStream_t s);
+
+/* ---- GEMM (cuBLAS, bf16/f16 tensor cores with f32 accumulation) ---- */
+
+struct pd_kernel_gemm;
+/* A cuBLAS handle on stream s with workspace_bytes of workspace allocated now (graph capture
+ * needs a fixed workspace). */
+int pd_kernel_gemm_new(cudaStream_t s, size_t workspace_bytes, struct pd_kernel_gemm **out);
+void pd_kernel_gemm_free(struct pd_kernel_gemm *g);
+
+/* y[rows][m] = x[rows][k] · w[m][k]ᵀ with x already in w's dtype (bf16/f16: tensor cores, f32
+ * accumulate and output; f32: sgemm). */
+struct pd_kernel_gemm_params {
+    const void *x; /* [rows][k] of dtype */
+    const void *w; /* [m][k] of dtype */
+    enum pd_dtype dtype;
+    float *y; /* [rows][m] f32 */
+    int64_t rows, m, k;
+};
+int pd_kernel_gemm_run(struct pd_kernel_gemm *g, const struct pd_kernel_gemm_params *p);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,537 @@
+/*
+ * bench_gpu.c — the perf mode of the kernel tests (`test_backend_cuda --perf [--json FILE]
+ * [--quick]`, STYLE.md rule 10): each op's achieved GB/s or TFLOP/s against the device's peak,
+ * the peaks read from the device (memory clock × bus width; SMs × 4096 bf16 FLOP/clock for
+ * Hopper's dense tensor cores) next to two rates measured in the same run — a device-to-device
+ * copy (the practical HBM limit) and a large cuBLAS bf16 GEMM (the practical matrix limit).
+ * Then a whole-model decode step and prefill for a qwen2.5-1.5b-shaped random model through
+ * common/model.c on the cuda backend (graphs on). Times are CUDA events over repeated launches
+ * after a warm-up; model steps are wall-clock including the logits download.
+ */
+#include "common/alloc.h"
+#include "common/backend.h"
+#include "common/model.h"
+#include "kernels/backend_cuda.h"
+#include "common/status.h"
+#include "kernels/kernels.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+int pd_bench_gpu_main(int argc, char **argv);
+
+static FILE *json;
+static int json_n;
+static double peak_bw, peak_tf, meas_bw, meas_tf; /* bytes/s, FLOP/s */
+static cudaStream_t st;
+
+#define CK(call)                                                                                   \
+    do {                                                                                           \
+        cudaError_t e_ = (call);                                                                   \
+        if (e_ != cudaSuccess) {                                                                   \
+            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
+            exit(1);                                                                               \
+        }                                                                                          \
+    } while (0)
+
+static void report(const char *op, const char *shape, double sec, double bytes, double flops) {
+    double gbs = bytes / sec / 1e9, tfs = flops / sec / 1e12;
+    printf("%-22s %-34s %10.1f us", op, shape, sec * 1e6);
+    if (bytes > 0)
+        printf("  %8.1f GB/s (%4.0f%% of peak, %4.0f%% of copy)", gbs, 100 * bytes / sec / peak_bw,
+               meas_bw > 0 ? 100 * bytes / sec / meas_bw : 0);
+    if (flops > 0)
+        printf("  %7.1f TFLOP/s (%4.0f%% of peak, %4.0f%% of gemm)", tfs,
+               100 * flops / sec / peak_tf, meas_tf > 0 ? 100 * flops / sec / meas_tf : 0);
+    printf("\n");
+    if (json)
+        fprintf(json,
+                "%s{\"op\":\"%s\",\"shape\":\"%s\",\"us\":%.3f,\"gbps\":%.2f,\"tflops\":%.3f,"
+                "\"pct_peak_bw\":%.1f,\"pct_peak_flops\":%.1f}",
+                json_n++ ? ",\n" : "", op, shape, sec * 1e6, gbs, tfs,
+                bytes > 0 ? 100 * bytes / sec / peak_bw : 0,
+                flops > 0 ? 100 * flops / sec / peak_tf : 0);
+}
+
+static void *dmalloc(size_t bytes) {
+    void *p = NULL;
+    CK(cudaMalloc(&p, bytes));
+    CK(cudaMemset(p, 0, bytes));
+    return p;
+}
+
+/* fills n values of dtype with small random numbers (on the host, then copied) */
+static void dfill(void *d, enum pd_dtype t, size_t n, float amp) {
+    size_t chunk = 1 << 22, esz = pd_dtype_size(t);
+    float *f = pd_malloc(chunk * 4);
+    void *h = pd_malloc(chunk * esz);
+    uint64_t r = 99;
+    for (size_t i = 0; i < n; i += chunk) {
+        size_t m = n - i < chunk ? n - i : chunk;
+        for (size_t j = 0; j < m; j++) {
+            r = r * 6364136223846793005ull + 1442695040888963407ull;
+            f[j] = amp * ((float)((r >> 40) & 0xffffff) / 8388608.0f - 1.0f);
+        }
+        pd_dtype_from_f32(t, f, h, m);
+        CK(cudaMemcpy((char *)d + i * esz, h, m * esz, cudaMemcpyHostToDevice));
+    }
+    pd_free(f);
+    pd_free(h);
+}
+
+typedef int (*launch_fn)(void *ctx);
+
+/* seconds per launch: warm-up, then reps launches between two events */
+static double time_it(launch_fn fn, void *ctx, int reps) {
+    cudaEvent_t a, b;
+    CK(cudaEventCreate(&a));
+    CK(cudaEventCreate(&b));
+    for (int i = 0; i < 3; i++)
+        if (fn(ctx)) {
+            fprintf(stderr, "launch failed: %s\n", pd_error_msg());
+            exit(1);
+        }
+    CK(cudaEventRecord(a, st));
+    for (int i = 0; i < reps; i++)
+        fn(ctx);
+    CK(cudaEventRecord(b, st));
+    CK(cudaEventSynchronize(b));
+    float ms = 0;
+    CK(cudaEventElapsedTime(&ms, a, b));
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+    return ms / 1e3 / reps;
+}
+
+/* ---- the two measured limits ---- */
+
+struct copy_ctx {
+    void *a, *b;
+    size_t bytes;
+};
+static int copy_launch(void *ctx) {
+    struct copy_ctx *c = ctx;
+    return pd__cuda_status(cudaMemcpyAsync(c->b, c->a, c->bytes, cudaMemcpyDeviceToDevice, st),
+                           "copy");
+}
+
+struct gemm_ctx {
+    struct pd_kernel_gemm *g;
+    struct pd_kernel_gemm_params p;
+};
+static int gemm_launch(void *ctx) {
+    struct gemm_ctx *c = ctx;
+    return pd_kernel_gemm_run(c->g, &c->p);
+}
+
+static void bench_limits(struct pd_kernel_gemm *g, bool quick) {
+    struct copy_ctx cc = {NULL, NULL, (size_t)(quick ? 1 : 4) << 30};
+    cc.a = dmalloc(cc.bytes);
+    cc.b = dmalloc(cc.bytes);
+    double s = time_it(copy_launch, &cc, 10);
+    meas_bw = 2.0 * (double)cc.bytes / s;
+    report("hbm_copy", quick ? "1 GiB d2d" : "4 GiB d2d", s, 2.0 * (double)cc.bytes, 0);
+    cudaFree(cc.a);
+    cudaFree(cc.b);
+
+    static const int64_t shapes[][3] = {
+        {8192, 8192, 8192}, {4096, 14336, 4096}, {4096, 4096, 14336}};
+    for (size_t i = 0; i < PD_ARRAY_LEN(shapes); i++) {
+        int64_t n = shapes[i][0], m = shapes[i][1], k = shapes[i][2];
+        struct gemm_ctx gc = {g, {NULL, NULL, PD_DTYPE_BF16, NULL, n, m, k}};
+        void *x = dmalloc((size_t)(n * k) * 2), *w = dmalloc((size_t)(m * k) * 2);
+        float *y = dmalloc((size_t)(n * m) * 4);
+        dfill(x, PD_DTYPE_BF16, (size_t)(n * k), 1.0f);
+        dfill(w, PD_DTYPE_BF16, (size_t)(m * k), 1.0f);
+        gc.p.x = x;
+        gc.p.w = w;
+        gc.p.y = y;
+        double t = time_it(gemm_launch, &gc, 20);
+        double fl = 2.0 * (double)n * (double)m * (double)k;
+        if (fl / t > meas_tf)
+            meas_tf = fl / t;
+        char sh[64];
+        snprintf(sh, sizeof(sh), "%lldx%lldx%lld bf16", (long long)n, (long long)m, (long long)k);
+        report("gemm_bf16", sh, t, 0, fl);
+        cudaFree(x);
+        cudaFree(w);
+        cudaFree(y);
+        if (quick)
+            break;
+    }
+    /* decode-shaped products: bound by the weight bytes */
+    static const int64_t dec[][3] = {
+        {1, 14336, 4096}, {1, 4096, 14336}, {64, 14336, 4096}, {1, 8960, 1536}};
+    for (size_t i = 0; i < PD_ARRAY_LEN(dec); i++) {
+        int64_t n = dec[i][0], m = dec[i][1], k = dec[i][2];
+        struct gemm_ctx gc = {g, {NULL, NULL, PD_DTYPE_BF16, NULL, n, m, k}};
+        void *x = dmalloc((size_t)(n * k) * 2), *w = dmalloc((size_t)(m * k) * 2);
+        float *y = dmalloc((size_t)(n * m) * 4);
+        gc.p.x = x;
+        gc.p.w = w;
+        gc.p.y = y;
+        double t = time_it(gemm_launch, &gc, 50);
+        char sh[64];
+        snprintf(sh, sizeof(sh), "%lldx%lldx%lld bf16", (long long)n, (long long)m, (long long)k);
+        report("gemv_bf16", sh, t, (double)(m * k) * 2 + (double)(n * (k * 2 + m * 4)),
+               2.0 * (double)(n * m * k));
+        cudaFree(x);
+        cudaFree(w);
+        cudaFree(y);
+    }
+}
+
+/* ---- row ops ---- */
+
+struct norm_ctx {
+    struct pd_kernel_rmsnorm_params p;
+};
+static int norm_launch(void *ctx) {
+    return pd_kernel_rmsnorm(&((struct norm_ctx *)ctx)->p, st);
+}
+struct glu_ctx {
+    struct pd_kernel_swiglu_params p;
+};
+static int glu_launch(void *ctx) {
+    return pd_kernel_swiglu(&((struct glu_ctx *)ctx)->p, st);
+}
+struct rope_ctx {
+    struct pd_kernel_rope_params p;
+};
+static int rope_launch(void *ctx) {
+    return pd_kernel_rope(&((struct rope_ctx *)ctx)->p, st);
+}
+
+static void bench_rows(void) {
+    int64_t rows = 16384;
+    int dim = 4096;
+    size_t n = (size_t)rows * dim;
+    float *x = dmalloc(n * 4), *y = dmalloc(n * 4), *o = dmalloc(n * 4);
+    void *w = dmalloc((size_t)dim * 2);
+    dfill(x, PD_DTYPE_F32, n, 1.0f);
+    dfill(y, PD_DTYPE_F32, n, 1.0f);
+    dfill(w, PD_DTYPE_BF16, (size_t)dim, 1.0f);
+    struct norm_ctx nc = {{x, NULL, w, PD_DTYPE_BF16, o, rows, dim, 1e-5f}};
+    report("rmsnorm", "16384x4096 f32", time_it(norm_launch, &nc, 20), 2.0 * n * 4, 0);
+    nc.p.add = y;
+    report("add_rmsnorm (fused)", "16384x4096 f32", time_it(norm_launch, &nc, 20), 4.0 * n * 4, 0);
+    nc.p = (struct pd_kernel_rmsnorm_params){x, NULL, w, PD_DTYPE_BF16, x, rows * 32, 128, 1e-6f};
+    report("rmsnorm (qk, warp)", "524288x128 f32", time_it(norm_launch, &nc, 20), 2.0 * n * 4, 0);
+    struct glu_ctx gc = {{x, y, o, (int64_t)n, false}};
+    report("swiglu", "64M f32", time_it(glu_launch, &gc, 20), 3.0 * n * 4, 0);
+    gc.p.add_only = true;
+    report("add", "64M f32", time_it(glu_launch, &gc, 20), 3.0 * n * 4, 0);
+    int32_t *pos = dmalloc(16384 * 4);
+    float *inv = dmalloc(64 * 4);
+    dfill(inv, PD_DTYPE_F32, 64, 0.5f);
+    struct rope_ctx rc = {{x, pos, inv, 16384, 32, 128}};
+    report("rope", "16384 tok x 32 x 128", time_it(rope_launch, &rc, 20), 2.0 * n * 4, 0);
+    cudaFree(x);
+    cudaFree(y);
+    cudaFree(o);
+    cudaFree(w);
+    cudaFree(pos);
+    cudaFree(inv);
+}
+
+/* ---- attention ---- */
+
+struct attn_ctx {
+    struct pd_kernel_attn_params p;
+};
+static int attn_launch(void *ctx) {
+    return pd_kernel_attention(&((struct attn_ctx *)ctx)->p, st);
+}
+
+/* n_reqs requests of n_new new tokens after ctx - n_new cached; one layer of a pool. */
+static void bench_attn(const char *name, int n_reqs, int n_new, int ctx, int heads, int kvh, int hd,
+                       int sms) {
+    int ps = 16, pages_per = (ctx + ps - 1) / ps;
+    int64_t n_pages = (int64_t)n_reqs * pages_per;
+    struct pd_kernel_kv_geom g = {NULL, n_pages, 1, ps, kvh, hd, PD_DTYPE_BF16, 0};
+    g.page_bytes = (size_t)2 * ps * kvh * hd * 2;
+    g.base = dmalloc(g.page_bytes * (size_t)n_pages);
+    dfill(g.base, PD_DTYPE_BF16, g.page_bytes * (size_t)n_pages / 2, 1.0f);
+    int n_tok = n_reqs * n_new;
+    int32_t *ts = pd_calloc((size_t)n_reqs + 1, 4), *kl = pd_calloc((size_t)n_reqs, 4);
+    int32_t *ps_ = pd_calloc((size_t)n_reqs + 1, 4), *pt = pd_calloc((size_t)n_pages, 4);
+    int32_t *tsp = pd_calloc((size_t)n_tok, 4);
+    for (int r = 0; r <= n_reqs; r++) {
+        ts[r] = r * n_new;
+        ps_[r] = r * pages_per;
+    }
+    for (int r = 0; r < n_reqs; r++)
+        kl[r] = ctx;
+    for (int64_t i = 0; i < n_pages; i++)
+        pt[i] = (int32_t)((i * 7919) % n_pages);
+    int cap = pd_kernel_attn_max_items(n_tok, n_reqs, heads / kvh);
+    struct pd_kernel_attn_item *items = pd_calloc((size_t)cap, sizeof(*items));
+    struct pd_kernel_attn_plan_in in = {n_reqs, ts, kl, heads / kvh, kvh, 0, 0, 2 * sms, 256};
+    struct pd_kernel_attn_batch b = {0};
+    if (pd_kernel_attn_plan(&in, items, cap, tsp, &b) < 0) {
+        fprintf(stderr, "attention plan overflow\n");
+        exit(1);
+    }
+    void *d_ts = dmalloc(((size_t)n_reqs + 1) * 4), *d_kl = dmalloc((size_t)n_reqs * 4);
+    void *d_ps = dmalloc(((size_t)n_reqs + 1) * 4), *d_pt = dmalloc((size_t)n_pages * 4);
+    void *d_tsp = dmalloc((size_t)n_tok * 4), *d_it = dmalloc((size_t)b.n_items * sizeof(*items));
+    CK(cudaMemcpy(d_ts, ts, ((size_t)n_reqs + 1) * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(d_kl, kl, (size_t)n_reqs * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(d_ps, ps_, ((size_t)n_reqs + 1) * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(d_pt, pt, (size_t)n_pages * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(d_tsp, tsp, (size_t)n_tok * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(d_it, items, (size_t)b.n_items * sizeof(*items), cudaMemcpyHostToDevice));
+    b.req_tok_start = d_ts;
+    b.req_kv_len = d_kl;
+    b.req_page_start = d_ps;
+    b.page_table = d_pt;
+    b.tok_splits = d_tsp;
+    b.items = d_it;
+    size_t qn = (size_t)n_tok * heads * hd;
+    float *q = dmalloc(qn * 4), *o = dmalloc(qn * 4);
+    dfill(q, PD_DTYPE_F32, qn, 1.0f);
+    size_t split_rows = (size_t)(n_tok < 256 ? n_tok : 256) * heads * PD_KERNEL_ATTN_MAX_SPLITS;
+    float *po = dmalloc(split_rows * hd * 4), *pml = dmalloc(split_rows * 2 * 4);
+    struct attn_ctx ac = {{g, 0, b, q, o, heads, 1.0f / sqrtf((float)hd), po, pml}};
+    double t = time_it(attn_launch, &ac, 20);
+    /* bytes: K and V of every request once; flops: causal QK and PV */
+    double kv_bytes = (double)n_reqs * ctx * 2.0 * kvh * hd * 2;
+    double flops = 0;
+    for (int i = 0; i < n_new; i++)
+        flops += 4.0 * hd * heads * (double)(ctx - n_new + i + 1);
+    flops *= n_reqs;
+    char sh[96];
+    snprintf(sh, sizeof(sh), "b%d new%d ctx%d h%d/%d d%d (%d items, %d splits)", n_reqs, n_new, ctx,
+             heads, kvh, hd, b.n_items, b.max_splits);
+    report(name, sh, t, n_new == 1 ? kv_bytes : 0, n_new > 1 ? flops : 0);
+    cudaFree(g.base);
+    void *fr[] = {d_ts, d_kl, d_ps, d_pt, d_tsp, d_it, q, o, po, pml};
+    for (size_t i = 0; i < PD_ARRAY_LEN(fr); i++)
+        cudaFree(fr[i]);
+    pd_free(ts);
+    pd_free(kl);
+    pd_free(ps_);
+    pd_free(pt);
+    pd_free(tsp);
+    pd_free(items);
+}
+
+/* ---- a whole model ---- */
+
+/* Every tensor is a view into one shared random bf16 block: host memory stays small, and the
+ * backend still copies each weight to its own device buffer. */
+struct shared_ckpt {
+    struct pd_model_config cfg;
+    void *block;
+    struct pd_tensor_view v;
+    char name[128];
+};
+
+static const struct pd_tensor_view *shared_find(void *ctx, const char *name) {
+    struct shared_ckpt *s = ctx;
+    const struct pd_model_config *c = &s->cfg;
+    int64_t hid = c->hidden_size, qd = (int64_t)c->num_attention_heads * c->head_dim;
+    int64_t kvd = (int64_t)c->num_key_value_heads * c->head_dim, in = c->intermediate_size;
+    int64_t r = 1, co = hid;
+    if (strstr(name, "embed_tokens") || strstr(name, "lm_head"))
+        r = c->vocab_size;
+    else if (strstr(name, "q_proj.weight"))
+        r = qd;
+    else if (strstr(name, "k_proj.weight") || strstr(name, "v_proj.weight"))
+        r = kvd;
+    else if (strstr(name, "o_proj.weight"))
+        r = hid, co = qd;
+    else if (strstr(name, "gate_proj") || strstr(name, "up_proj"))
+        r = in;
+    else if (strstr(name, "down_proj"))
+        r = hid, co = in;
+    else if (strstr(name, "q_proj.bias"))
+        co = qd;
+    else if (strstr(name, "k_proj.bias") || strstr(name, "v_proj.bias"))
+        co = kvd;
+    else if (strstr(name, "o_proj.bias") || strstr(name, "q_norm") || strstr(name, "k_norm"))
+        return NULL;
+    snprintf(s->name, sizeof(s->name), "%s", name);
+    s->v = (struct pd_tensor_view){s->name,
+                                   PD_DTYPE_BF16,
+                                   r == 1 ? 1 : 2,
+                                   {r == 1 ? co : r, co},
+                                   s->block,
+                                   (size_t)(r * co) * 2,
+                                   0};
+    if (r == 1)
+        s->v.shape[1] = 0;
+    return &s->v;
+}
+
+static double now_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+static void bench_model(bool quick) {
+    struct shared_ckpt *s = pd_calloc(1, sizeof(*s));
+    struct pd_model_config *c = &s->cfg;
+    /* Qwen2.5-1.5B's shape: tied embeddings, q/k/v bias, 12 heads over 2 kv heads of 128 */
+    c->arch = PD_ARCH_QWEN2;
+    c->vocab_size = 151936;
+    c->hidden_size = 1536;
+    c->intermediate_size = 8960;
+    c->num_hidden_layers = 28;
+    c->num_attention_heads = 12;
+    c->num_key_value_heads = 2;
+    c->head_dim = 128;
+    c->max_position_embeddings = 32768;
+    c->rms_norm_eps = 1e-6;
+    c->rope_theta = 1000000;
+    c->attention_bias = true;
+    c->tie_word_embeddings = true;
+    size_t max_elems = (size_t)c->vocab_size * c->hidden_size;
+    uint16_t *blk = pd_malloc(max_elems * 2);
+    uint64_t r = 5;
+    for (size_t i = 0; i < max_elems; i++) {
+        r = r * 6364136223846793005ull + 1442695040888963407ull;
+        float f = 0.02f * ((float)((r >> 40) & 0xffffff) / 8388608.0f - 1.0f);
+        blk[i] = pd_f32_to_bf16(f);
+    }
+    s->block = blk;
+    struct pd_backend *be = NULL;
+    struct pd_backend_opts o = {.kind = PD_BACKEND_CUDA};
+    struct pd_model *m = NULL;
+    struct pd_kv_pool kv = {0};
+    int max_b = quick ? 64 : 256, ctx = 1024, prefill = 4096;
+    struct pd_model_opts mo = {
+        .max_tokens = prefill, .max_reqs = max_b, .page_size = 16, .context_length = 8192};
+    if (pd_backend_new(&o, &be) || pd_model_new(be, c, shared_find, s, &mo, &m)) {
+        fprintf(stderr, "model: %s\n", pd_error_msg());
+        exit(1);
+    }
+    int pages_per = 8192 / 16;
+    struct pd_kv_pool_opts ko = pd_model_kv_opts(m, PD_DTYPE_BF16);
+    ko.n_pages = (int64_t)max_b * (ctx / 16 + 1) + pages_per;
+    if (pd_kv_pool_init(&kv, be, &ko)) {
+        fprintf(stderr, "kv pool: %s\n", pd_error_msg());
+        exit(1);
+    }
+    double wbytes = (double)pd_model_weight_bytes(m);
+    float *logits = pd_malloc(sizeof(float) * (size_t)max_b * c->vocab_size);
+    int32_t *pages = pd_calloc((size_t)max_b * (ctx / 16 + 1), 4), *toks = pd_calloc(8192, 4);
+    for (int64_t i = 0; i < (int64_t)max_b * (ctx / 16 + 1); i++)
+        pages[i] = (int32_t)i;
+    static const int batches[] = {1, 64, 256};
+    for (size_t bi = 0; bi < PD_ARRAY_LEN(batches); bi++) {
+        int B = batches[bi];
+        if (B > max_b)
+            break;
+        struct pd_model_seq *seqs = pd_calloc((size_t)B, sizeof(*seqs));
+        for (int q = 0; q < B; q++)
+            seqs[q] = (struct pd_model_seq){toks + q, 1, ctx - 1,
+                                            pages + (size_t)q * (ctx / 16 + 1), ctx / 16 + 1};
+        for (int w = 0; w < 3; w++)
+            if (pd_model_decode(m, &kv, seqs, B, logits)) {
+                fprintf(stderr, "decode: %s\n", pd_error_msg());
+                exit(1);
+            }
+        int steps = 30;
+        double t0 = now_s();
+        for (int i = 0; i < steps; i++)
+            pd_model_decode(m, &kv, seqs, B, logits);
+        double t = (now_s() - t0) / steps;
+        char sh[96];
+        snprintf(sh, sizeof(sh), "qwen2.5-1.5b batch %d ctx %d", B, ctx);
+        report("decode_step", sh, t, wbytes, 0);
+        printf("%-22s %-34s %10.3f ms/step  %9.0f tokens/s  (weights %.2f GB; target <= %.2f ms "
+               "at 60%% of copy rate)\n",
+               "", "", t * 1e3, B / t, wbytes / 1e9, wbytes / (0.6 * meas_bw) * 1e3);
+        pd_free(seqs);
+    }
+    /* prefill: one 4096-token prompt */
+    struct pd_model_seq p = {toks, prefill, 0, pages, pages_per};
+    pd_model_extend(m, &kv, &p, 1, false, logits);
+    double t0 = now_s();
+    int reps = 3;
+    for (int i = 0; i < reps; i++)
+        pd_model_extend(m, &kv, &p, 1, false, logits);
+    double t = (now_s() - t0) / reps;
+    double params = wbytes / 2 - (double)c->vocab_size * c->hidden_size; /* lm_head: 1 row */
+    double fl = 2.0 * params * prefill + 2.0 * c->vocab_size * c->hidden_size +
+                4.0 * c->head_dim * c->num_attention_heads * c->num_hidden_layers *
+                    ((double)prefill * (prefill + 1) / 2);
+    report("prefill", "qwen2.5-1.5b 4096 tokens", t, 0, fl);
+    struct pd_backend_cuda_stats cs;
+    pd_backend_cuda_stats(be, &cs);
+    printf("graphs: %lld captured, %lld launches over %lld steps\n", (long long)cs.graph_captures,
+           (long long)cs.graph_launches, (long long)cs.steps);
+    pd_free(logits);
+    pd_free(pages);
+    pd_free(toks);
+    pd_kv_pool_free(&kv);
+    pd_model_free(m);
+    pd_backend_free(be);
+    pd_free(blk);
+    pd_free(s);
+}
+
+int pd_bench_gpu_main(int argc, char **argv) {
+    bool quick = false;
+    const char *json_path = NULL;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--quick") == 0)
+            quick = true;
+        else if (strcmp(argv[i], "--json") == 0 && i + 1 < argc)
+            json_path = argv[++i];
+    }
+    struct cudaDeviceProp prop;
+    int dev = 0, memclk = 0, bus = 0, clk = 0;
+    CK(cudaGetDeviceProperties(&prop, dev));
+    CK(cudaDeviceGetAttribute(&memclk, cudaDevAttrMemoryClockRate, dev));   /* kHz */
+    CK(cudaDeviceGetAttribute(&bus, cudaDevAttrGlobalMemoryBusWidth, dev)); /* bits */
+    CK(cudaDeviceGetAttribute(&clk, cudaDevAttrClockRate, dev));            /* kHz */
+    peak_bw = 2.0 * memclk * 1e3 * bus / 8;                                 /* double data rate */
+    peak_tf = (double)prop.multiProcessorCount * 4096.0 * clk * 1e3;        /* Hopper dense bf16 */
+    printf("device: %s, %d SMs, sm_%d%d, %.0f MHz, memory %.0f MHz x %d bit\n", prop.name,
+           prop.multiProcessorCount, prop.major, prop.minor, clk / 1e3, memclk / 1e3, bus);
+    printf("peaks from the device: %.0f GB/s HBM, %.0f TFLOP/s dense bf16 (H200 datasheet: 4800 "
+           "GB/s, 989 TFLOP/s)\n",
+           peak_bw / 1e9, peak_tf / 1e12);
+    if (json_path) {
+        json = fopen(json_path, "w");
+        if (!json) {
+            fprintf(stderr, "cannot write %s\n", json_path);
+            return 1;
+        }
+        fprintf(json,
+                "{\"device\":\"%s\",\"sms\":%d,\"peak_gbps\":%.1f,\"peak_tflops\":%.1f,"
+                "\"results\":[\n",
+                prop.name, prop.multiProcessorCount, peak_bw / 1e9, peak_tf / 1e12);
+    }
+    CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    struct pd_kernel_gemm *g = NULL;
+    if (pd_kernel_gemm_new(st, 32u << 20, &g)) {
+        fprintf(stderr, "gemm: %s\n", pd_error_msg());
+        return 1;
+    }
+    bench_limits(g, quick);
+    bench_rows();
+    int sms = prop.multiProcessorCount;
+    bench_attn("attn_decode", 64, 1, 4096, 32, 8, 128, sms);
+    bench_attn("attn_decode", 256, 1, 1024, 12, 2, 128, sms);
+    bench_attn("attn_decode (split)", 1, 1, 32768, 32, 8, 128, sms);
+    bench_attn("attn_decode (split)", 8, 1, 8192, 64, 8, 128, sms);
+    bench_attn("attn_extend", 1, 4096, 4096, 32, 8, 128, sms);
+    bench_attn("attn_extend (chunk)", 1, 512, 8192, 32, 8, 128, sms);
+    bench_attn("attn_extend d64", 1, 2048, 2048, 16, 16, 64, sms);
+    pd_kernel_gemm_free(g);
+    bench_model(quick);
+    if (json) {
+        fprintf(json, "\n],\"measured_copy_gbps\":%.1f,\"measured_gemm_tflops\":%.1f}\n",
+                meas_bw / 1e9, meas_tf / 1e12);
+        fclose(json);
+    }
+    cudaStreamDestroy(st);
+    return 0;
+}

@@ -1,0 +1,756 @@
+/*
+ * test_backend_cuda.c — the cuda backend against the cpu backend (STYLE.md rule 10), op by op
+ * through common/backend.h with the same inputs on both: RMSNorm (alone and fused with the
+ * residual add), matmul (bf16/f16/f32 weights, with and without bias), RoPE at large positions,
+ * SwiGLU, add, embedding, row gather, KV store + paged attention (extend chunks over cached
+ * pages, decode long enough to split, GQA groups 1..16, head dims 12..128, f32/bf16/f16 pools,
+ * page sizes 16 and 5, pages out of order). Sweeps include 0 and 1 rows and sizes that are not
+ * multiples of any tile. Then whole models: extend + decode logits equal the cpu backend's,
+ * decode through CUDA graphs equals eager launches, graphs are captured once per bucket and
+ * replayed after. Skips (77) without a GPU. `--perf` is the perf mode (bench_gpu.c).
+ */
+#include "pd_test.h"
+
+#include "common/alloc.h"
+#include "common/backend.h"
+#include "common/model.h"
+#include "kernels/backend_cuda.h"
+#include "kernels/kernels.h"
+
+#include <math.h>
+
+static uint64_t rng = 12345;
+static float frand(void) { /* [-1, 1) */
+    rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+    return (float)((rng >> 40) & 0xffffff) / 8388608.0f - 1.0f;
+}
+
+static struct pd_backend *cpu, *gpu;
+
+static const struct pd_backend_limits lim = {.max_tokens = 256,
+                                             .max_reqs = 8,
+                                             .max_pages = 512,
+                                             .max_context = 1200,
+                                             .max_heads = 32,
+                                             .max_head_dim = 128,
+                                             .max_dim = 5000};
+
+/* ---- helpers: one buffer on both backends ---- */
+
+struct dual {
+    void *c, *g; /* cpu, gpu */
+    size_t bytes;
+};
+
+static struct dual dual_new(size_t bytes) {
+    struct dual d = {NULL, NULL, bytes};
+    CHECK_OK(pd_backend_alloc(cpu, bytes, &d.c));
+    CHECK_OK(pd_backend_alloc(gpu, bytes, &d.g));
+    return d;
+}
+
+static void dual_free(struct dual *d) {
+    pd_backend_release(cpu, d->c);
+    pd_backend_release(gpu, d->g);
+}
+
+static void dual_fill(struct dual *d, float amp) {
+    size_t n = d->bytes / 4;
+    float *f = d->c;
+    for (size_t i = 0; i < n; i++)
+        f[i] = amp * frand();
+    CHECK_OK(pd_backend_upload(gpu, d->g, d->c, d->bytes));
+}
+
+/* smallest denominator of dual_err: a product's typical magnitude, so a sum that cancels to
+ * near zero does not turn rounding noise into a large relative error */
+static double err_floor = 1e-6;
+
+/* max |gpu - cpu| / max(|cpu|, err_floor) over n floats; NaN counts as failure */
+static double dual_err(struct dual *d, size_t n) {
+    float *h = pd_malloc(n * sizeof(float));
+    CHECK_OK(pd_backend_download(gpu, h, d->g, n * sizeof(float)));
+    const float *ref = d->c;
+    double e = 0, mx = err_floor;
+    for (size_t i = 0; i < n; i++) {
+        double diff = fabs((double)h[i] - ref[i]);
+        if (diff != diff)
+            diff = INFINITY;
+        e = diff > e ? diff : e;
+        mx = fabs(ref[i]) > mx ? fabs(ref[i]) : mx;
+    }
+    pd_free(h);
+    return e / mx;
+}
+
+static void weight_pair(enum pd_dtype dt, int64_t rows, int64_t cols, float amp, float off,
+                        void **host, struct pd_tensor *wc, struct pd_tensor *wg) {
+    size_t n = (size_t)(rows * cols);
+    float *f = pd_malloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++)
+        f[i] = off + amp * frand();
+    *host = pd_malloc(n * pd_dtype_size(dt));
+    pd_dtype_from_f32(dt, f, *host, n);
+    pd_free(f);
+    CHECK_OK(pd_backend_weight(cpu, dt, rows, cols, *host, wc));
+    CHECK_OK(pd_backend_weight(gpu, dt, rows, cols, *host, wg));
+}
+
+/* One request of n tokens at positions pos0.., pages 0..; enough for row ops. */
+static void row_batch(int n, const int32_t *ids, int32_t pos0) {
+    static int32_t pos[256], slots[256], pt[512];
+    int32_t start[2] = {0, n}, kvlen[1] = {n}, pstart[2] = {0, 1};
+    for (int i = 0; i < n; i++) {
+        pos[i] = pos0 + i * 977;
+        slots[i] = i;
+    }
+    pt[0] = 0;
+    struct pd_batch_plan p = {1, n, ids, pos, slots, start, kvlen, pstart, pt, 0, NULL};
+    CHECK_OK(pd_backend_set_batch(cpu, &p));
+    CHECK_OK(pd_backend_set_batch(gpu, &p));
+}
+
+static const enum pd_dtype dtypes[] = {PD_DTYPE_F32, PD_DTYPE_BF16, PD_DTYPE_F16};
+
+/* ---- row ops ---- */
+
+static void test_rmsnorm(void) {
+    static const int rows_list[] = {0, 1, 3, 37};
+    static const int dims[] = {12, 64, 128, 300, 1000, 4096, 5000};
+    int32_t ids[1] = {0};
+    row_batch(1, ids, 0);
+    for (size_t t = 0; t < PD_ARRAY_LEN(dtypes); t++)
+        for (size_t di = 0; di < PD_ARRAY_LEN(dims); di++)
+            for (size_t ri = 0; ri < PD_ARRAY_LEN(rows_list); ri++) {
+                int dim = dims[di], rows = rows_list[ri];
+                size_t n = (size_t)rows * dim;
+                struct dual x = dual_new(n * 4 + 4), y = dual_new(n * 4 + 4);
+                struct dual o = dual_new(n * 4 + 4);
+                dual_fill(&x, 2.0f);
+                dual_fill(&y, 1.0f);
+                void *host;
+                struct pd_tensor wc, wg;
+                weight_pair(dtypes[t], 1, dim, 0.3f, 1.0f, &host, &wc, &wg);
+                /* plain, then add + norm (which the cuda backend fuses) */
+                pd_backend_rmsnorm(cpu, x.c, &wc, rows, dim, 1e-5f, o.c);
+                pd_backend_rmsnorm(gpu, x.g, &wg, rows, dim, 1e-5f, o.g);
+                double e1 = dual_err(&o, n);
+                struct pd_backend_cuda_stats s0, s1;
+                pd_backend_cuda_stats(gpu, &s0);
+                for (int k = 0; k < 2; k++) {
+                    struct pd_backend *be = k ? gpu : cpu;
+                    struct dual *X = &x, *Y = &y;
+                    pd_backend_add(be, k ? X->g : X->c, k ? Y->g : Y->c, (int64_t)n);
+                    pd_backend_rmsnorm(be, k ? X->g : X->c, k ? &wg : &wc, rows, dim, 1e-5f,
+                                       k ? Y->g : Y->c);
+                }
+                double e2 = dual_err(&y, n), e3 = dual_err(&x, n);
+                pd_backend_cuda_stats(gpu, &s1);
+                if (!(e1 < 1e-5 && e2 < 1e-5 && e3 < 1e-6))
+                    fprintf(stderr, "rmsnorm %s dim %d rows %d: err %g fused %g x %g\n",
+                            pd_dtype_name(dtypes[t]), dim, rows, e1, e2, e3);
+                CHECK(e1 < 1e-5 && e2 < 1e-5 && e3 < 1e-6);
+                CHECK_INT(s1.fused_norms - s0.fused_norms, 1);
+                dual_free(&x);
+                dual_free(&y);
+                dual_free(&o);
+                pd_free(host);
+            }
+}
+
+static void test_matmul(void) {
+    static const int rows_list[] = {0, 1, 3, 17, 64, 129};
+    static const int ms[] = {1, 13, 256, 1000};
+    static const int ks[] = {8, 48, 300, 1024};
+    int32_t ids[1] = {0};
+    row_batch(1, ids, 0);
+    for (size_t t = 0; t < PD_ARRAY_LEN(dtypes); t++)
+        for (size_t mi = 0; mi < PD_ARRAY_LEN(ms); mi++)
+            for (size_t ki = 0; ki < PD_ARRAY_LEN(ks); ki++)
+                for (size_t ri = 0; ri < PD_ARRAY_LEN(rows_list); ri++) {
+                    int m = ms[mi], k = ks[ki], rows = rows_list[ri];
+                    bool with_bias = (mi + ri) % 2;
+                    struct dual x = dual_new((size_t)rows * k * 4 + 4);
+                    struct dual y = dual_new((size_t)rows * m * 4 + 4);
+                    dual_fill(&x, 1.0f);
+                    void *hw, *hb = NULL;
+                    struct pd_tensor wc, wg, bc, bg;
+                    weight_pair(dtypes[t], m, k, 0.5f, 0, &hw, &wc, &wg);
+                    if (with_bias)
+                        weight_pair(dtypes[t], 1, m, 0.5f, 0, &hb, &bc, &bg);
+                    pd_backend_matmul(cpu, x.c, rows, &wc, with_bias ? &bc : NULL, y.c);
+                    pd_backend_matmul(gpu, x.g, rows, &wg, with_bias ? &bg : NULL, y.g);
+                    err_floor = 0.15 * sqrt((double)k); /* std of a sum of k products */
+                    double e = dual_err(&y, (size_t)rows * m);
+                    err_floor = 1e-6;
+                    /* bf16/f16 GEMMs round the f32 activations to the weight's type */
+                    double tol = dtypes[t] == PD_DTYPE_F32   ? 1e-5
+                                 : dtypes[t] == PD_DTYPE_F16 ? 4e-3
+                                                             : 2e-2;
+                    if (!(e < tol))
+                        fprintf(stderr, "matmul %s %dx%dx%d bias %d: err %g\n",
+                                pd_dtype_name(dtypes[t]), rows, m, k, with_bias, e);
+                    CHECK(e < tol);
+                    dual_free(&x);
+                    dual_free(&y);
+                    pd_free(hw);
+                    pd_free(hb);
+                }
+}
+
+static void test_elementwise(void) {
+    static const int counts[] = {0, 1, 7, 1024, 4099};
+    int32_t ids[1] = {0};
+    row_batch(1, ids, 0);
+    for (size_t i = 0; i < PD_ARRAY_LEN(counts); i++) {
+        int n = counts[i];
+        struct dual g = dual_new((size_t)n * 4 + 4), u = dual_new((size_t)n * 4 + 4);
+        dual_fill(&g, 4.0f);
+        dual_fill(&u, 1.0f);
+        pd_backend_silu_mul(cpu, g.c, u.c, g.c, n);
+        pd_backend_silu_mul(gpu, g.g, u.g, g.g, n);
+        CHECK(dual_err(&g, (size_t)n) < 1e-5);
+        pd_backend_add(cpu, u.c, g.c, n);
+        pd_backend_add(gpu, u.g, g.g, n);
+        CHECK(dual_err(&u, (size_t)n) < 1e-6);
+        dual_free(&g);
+        dual_free(&u);
+    }
+}
+
+static void test_rope_embed_gather(void) {
+    static const int ns[] = {1, 5, 33};
+    static const int hds[] = {2, 12, 64, 128};
+    for (size_t ni = 0; ni < PD_ARRAY_LEN(ns); ni++)
+        for (size_t hi = 0; hi < PD_ARRAY_LEN(hds); hi++)
+            for (int heads = 1; heads <= 3; heads += 2) {
+                int n = ns[ni], hd = hds[hi];
+                int32_t ids[64];
+                for (int i = 0; i < n; i++)
+                    ids[i] = (int32_t)((i * 37) % 97);
+                row_batch(n, ids, 100000); /* large angles: precise sincos needed */
+                struct dual x = dual_new((size_t)n * heads * hd * 4);
+                struct dual f = dual_new((size_t)hd / 2 * 4);
+                dual_fill(&x, 1.0f);
+                float *inv = f.c;
+                for (int d = 0; d < hd / 2; d++) /* a llama3-like table: scaled low bands */
+                    inv[d] = powf(500000.0f, -2.0f * d / hd) / (d > hd / 4 ? 8.0f : 1.0f);
+                CHECK_OK(pd_backend_upload(gpu, f.g, f.c, f.bytes));
+                pd_backend_rope(cpu, x.c, heads, hd, f.c);
+                pd_backend_rope(gpu, x.g, heads, hd, f.g);
+                double e = dual_err(&x, (size_t)n * heads * hd);
+                if (!(e < 2e-4))
+                    fprintf(stderr, "rope n %d heads %d hd %d: err %g\n", n, heads, hd, e);
+                CHECK(e < 2e-4);
+                dual_free(&x);
+                dual_free(&f);
+
+                for (size_t t = 0; t < PD_ARRAY_LEN(dtypes); t++) {
+                    void *host;
+                    struct pd_tensor tc, tg;
+                    weight_pair(dtypes[t], 97, hd * heads + 1, 1.0f, 0, &host, &tc, &tg);
+                    int w = hd * heads + 1;
+                    struct dual e1 = dual_new((size_t)n * w * 4), o = dual_new((size_t)n * w * 4);
+                    pd_backend_embed(cpu, &tc, e1.c);
+                    pd_backend_embed(gpu, &tg, e1.g);
+                    CHECK(dual_err(&e1, (size_t)n * w) == 0);
+                    /* gather rows n-1, n-2.. (descending plans are the model's business:
+                     * the backend gathers whatever out rows the plan names) */
+                    int32_t pos[64], slots[64], out_rows[64], start[2] = {0, n}, kvlen[1] = {n};
+                    int32_t pstart[2] = {0, 1}, pt[1] = {0};
+                    int n_out = (n + 1) / 2;
+                    for (int i = 0; i < n; i++)
+                        pos[i] = slots[i] = i;
+                    for (int j = 0; j < n_out; j++)
+                        out_rows[j] = 2 * j;
+                    struct pd_batch_plan p = {1,     n,      ids, pos,   slots,   start,
+                                              kvlen, pstart, pt,  n_out, out_rows};
+                    CHECK_OK(pd_backend_set_batch(cpu, &p));
+                    CHECK_OK(pd_backend_set_batch(gpu, &p));
+                    pd_backend_gather_out_rows(cpu, e1.c, w, o.c);
+                    pd_backend_gather_out_rows(gpu, e1.g, w, o.g);
+                    CHECK(dual_err(&o, (size_t)n_out * w) == 0);
+                    dual_free(&e1);
+                    dual_free(&o);
+                    pd_free(host);
+                }
+            }
+}
+
+/* ---- KV store + paged attention ---- */
+
+struct attn_case {
+    int kv_heads, group, hd, page_size;
+    int n_reqs;
+    int n_new[4], n_cached[4];
+};
+
+static void run_attn_case(const struct attn_case *ac, enum pd_dtype kvt) {
+    int H = ac->kv_heads * ac->group, hd = ac->hd, ps = ac->page_size, kvd = ac->kv_heads * hd;
+    int layers = 2, layer = 1;
+    size_t esz = pd_dtype_size(kvt);
+    struct pd_kv_layout L = {NULL, 400, layers, ps, ac->kv_heads, hd, kvt, 0};
+    L.page_bytes = (size_t)layers * 2 * ps * kvd * esz;
+    struct dual pool = dual_new(L.page_bytes * (size_t)L.n_pages);
+    struct pd_kv_layout Lc = L, Lg = L;
+    Lc.base = pool.c;
+    Lg.base = pool.g;
+    /* pages handed out in a scrambled order */
+    int32_t pages[4][256];
+    int next = 0;
+    for (int r = 0; r < ac->n_reqs; r++) {
+        int need = (ac->n_cached[r] + ac->n_new[r] + ps - 1) / ps;
+        PD_ASSERT(need <= 256 && next + need <= L.n_pages);
+        for (int i = 0; i < need; i++, next++)
+            pages[r][i] = (int32_t)((next * 7919) % L.n_pages);
+    }
+    /* pass 0 writes every request's cached prefix, pass 1 is the step under test */
+    for (int pass = 0; pass < 2; pass++) {
+        int32_t ids[256], pos[256], slots[256], start[5], kvlen[4], pstart[5], pt[1024];
+        int n = 0, np = 0, nr = 0;
+        for (int r = 0; r < ac->n_reqs; r++) {
+            int b = pass ? ac->n_cached[r] : 0;
+            int e = pass ? ac->n_cached[r] + ac->n_new[r] : ac->n_cached[r];
+            if (e == b)
+                continue;
+            start[nr] = n;
+            pstart[nr] = np;
+            for (int t = b; t < e; t++, n++) {
+                ids[n] = 0;
+                pos[n] = t;
+                slots[n] = pages[r][t / ps] * ps + t % ps;
+            }
+            int need = (e + ps - 1) / ps;
+            memcpy(pt + np, pages[r], (size_t)need * 4);
+            np += need;
+            kvlen[nr++] = e;
+        }
+        if (!nr)
+            continue;
+        start[nr] = n;
+        pstart[nr] = np;
+        struct pd_batch_plan p = {nr, n, ids, pos, slots, start, kvlen, pstart, pt, 0, NULL};
+        CHECK_OK(pd_backend_set_batch(cpu, &p));
+        CHECK_OK(pd_backend_set_batch(gpu, &p));
+        struct dual k = dual_new((size_t)n * kvd * 4), v = dual_new((size_t)n * kvd * 4);
+        struct dual q = dual_new((size_t)n * H * hd * 4), o = dual_new((size_t)n * H * hd * 4);
+        dual_fill(&k, 1.0f);
+        dual_fill(&v, 1.0f);
+        dual_fill(&q, 1.0f);
+        pd_backend_kv_store(cpu, &Lc, layer, k.c, v.c);
+        pd_backend_kv_store(gpu, &Lg, layer, k.g, v.g);
+        if (pass) {
+            float scale = 1.0f / sqrtf((float)hd);
+            pd_backend_attention(cpu, &Lc, layer, q.c, H, scale, o.c);
+            pd_backend_attention(gpu, &Lg, layer, q.g, H, scale, o.g);
+            double e = dual_err(&o, (size_t)n * H * hd);
+            if (!(e < 1e-4))
+                fprintf(stderr,
+                        "attention %s kvh %d group %d hd %d page %d reqs %d (new %d cached %d): "
+                        "err %g\n",
+                        pd_dtype_name(kvt), ac->kv_heads, ac->group, hd, ps, ac->n_reqs,
+                        ac->n_new[0], ac->n_cached[0], e);
+            CHECK(e < 1e-4);
+            /* the pool itself: same bytes on both sides */
+            char *hp = pd_malloc(pool.bytes);
+            CHECK_OK(pd_backend_download(gpu, hp, pool.g, pool.bytes));
+            CHECK(memcmp(hp, pool.c, pool.bytes) == 0);
+            pd_free(hp);
+        }
+        dual_free(&k);
+        dual_free(&v);
+        dual_free(&q);
+        dual_free(&o);
+    }
+    dual_free(&pool);
+}
+
+static void test_attention(void) {
+    static const struct attn_case cases[] = {
+        /* decode: one token per request, short and long (split-K) contexts */
+        {2, 2, 12, 16, 3, {1, 1, 1}, {0, 15, 200}},
+        {1, 4, 64, 16, 2, {1, 1}, {1000, 3}},
+        {2, 4, 128, 16, 4, {1, 1, 1, 1}, {1100, 17, 64, 0}},
+        {4, 1, 64, 5, 2, {1, 1}, {333, 1}},
+        {1, 16, 128, 16, 1, {1}, {700}},
+        {2, 6, 80, 16, 2, {1, 1}, {520, 33}},
+        /* extend: prompt chunks, with and without a cached prefix, mixed with decode */
+        {2, 2, 12, 16, 2, {7, 1}, {0, 40}},
+        {1, 8, 128, 16, 2, {37, 20}, {100, 0}},
+        {2, 4, 64, 5, 3, {64, 1, 3}, {33, 300, 0}},
+        {4, 1, 128, 16, 1, {100}, {900}},
+        {1, 32, 64, 16, 1, {9}, {5}},
+    };
+    for (size_t i = 0; i < PD_ARRAY_LEN(cases); i++)
+        for (size_t t = 0; t < PD_ARRAY_LEN(dtypes); t++)
+            run_attn_case(&cases[i], dtypes[t]);
+}
+
+/* ---- whole models ---- */
+
+struct fake_ckpt {
+    struct pd_tensor_view t[128];
+    char names[128][96];
+    int n;
+};
+
+static void ck_add(struct fake_ckpt *ck, const char *name, int64_t rows, int64_t cols, float amp,
+                   float off, enum pd_dtype dt) {
+    struct pd_tensor_view *t = &ck->t[ck->n];
+    snprintf(ck->names[ck->n], sizeof(ck->names[0]), "%s", name);
+    t->name = ck->names[ck->n];
+    t->dtype = dt;
+    t->ndim = rows == 1 ? 1 : 2;
+    t->shape[0] = rows == 1 ? cols : rows;
+    t->shape[1] = rows == 1 ? 0 : cols;
+    size_t n = (size_t)(rows * cols);
+    t->nbytes = n * pd_dtype_size(dt);
+    float *f = pd_malloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++)
+        f[i] = off + amp * frand();
+    void *d = pd_malloc(t->nbytes);
+    pd_dtype_from_f32(dt, f, d, n);
+    pd_free(f);
+    t->data = d;
+    ck->n++;
+}
+
+static const struct pd_tensor_view *ck_find(void *ctx, const char *name) {
+    struct fake_ckpt *ck = ctx;
+    for (int i = 0; i < ck->n; i++)
+        if (strcmp(ck->t[i].name, name) == 0)
+            return &ck->t[i];
+    return NULL;
+}
+
+static void ck_free(struct fake_ckpt *ck) {
+    for (int i = 0; i < ck->n; i++)
+        pd_free((void *)ck->t[i].data);
+    ck->n = 0;
+}
+
+static struct pd_model_config model_config(enum pd_arch arch) {
+    struct pd_model_config c = {0};
+    c.arch = arch;
+    c.vocab_size = 301;
+    c.hidden_size = 128;
+    c.intermediate_size = 200;
+    c.num_hidden_layers = 3;
+    c.num_attention_heads = 8;
+    c.num_key_value_heads = 2;
+    c.head_dim = 32;
+    c.max_position_embeddings = 1024;
+    c.rms_norm_eps = 1e-6;
+    c.rope_theta = 10000;
+    c.attention_bias = arch == PD_ARCH_QWEN2;
+    c.qk_norm = arch == PD_ARCH_QWEN3;
+    c.tie_word_embeddings = arch == PD_ARCH_QWEN2;
+    if (arch == PD_ARCH_LLAMA)
+        c.rope_scaling = (struct pd_rope_scaling){PD_ROPE_LLAMA3, 8.0, 1.0, 4.0, 32};
+    return c;
+}
+
+static void ck_weights(const struct pd_model_config *c, enum pd_dtype dt, struct fake_ckpt *ck) {
+    int64_t hid = c->hidden_size, qd = (int64_t)c->num_attention_heads * c->head_dim;
+    int64_t kvd = (int64_t)c->num_key_value_heads * c->head_dim, in = c->intermediate_size;
+    float a = 0.15f;
+    char n[96];
+    ck->n = 0;
+    ck_add(ck, "model.embed_tokens.weight", c->vocab_size, hid, 1.0f, 0, dt);
+    ck_add(ck, "model.norm.weight", 1, hid, 0.2f, 1.0f, dt);
+    if (!c->tie_word_embeddings)
+        ck_add(ck, "lm_head.weight", c->vocab_size, hid, a, 0, dt);
+    for (int l = 0; l < c->num_hidden_layers; l++) {
+#define L(s, r, co, amp, off)                                                                      \
+    snprintf(n, sizeof(n), "model.layers.%d.%s", l, s);                                            \
+    ck_add(ck, n, r, co, amp, off, dt)
+        L("input_layernorm.weight", 1, hid, 0.2f, 1.0f);
+        L("post_attention_layernorm.weight", 1, hid, 0.2f, 1.0f);
+        L("self_attn.q_proj.weight", qd, hid, a, 0);
+        L("self_attn.k_proj.weight", kvd, hid, a, 0);
+        L("self_attn.v_proj.weight", kvd, hid, a, 0);
+        L("self_attn.o_proj.weight", hid, qd, a, 0);
+        if (c->attention_bias) {
+            L("self_attn.q_proj.bias", 1, qd, a, 0);
+            L("self_attn.k_proj.bias", 1, kvd, a, 0);
+            L("self_attn.v_proj.bias", 1, kvd, a, 0);
+        }
+        if (c->qk_norm) {
+            L("self_attn.q_norm.weight", 1, c->head_dim, 0.2f, 1.0f);
+            L("self_attn.k_norm.weight", 1, c->head_dim, 0.2f, 1.0f);
+        }
+        L("mlp.gate_proj.weight", in, hid, a, 0);
+        L("mlp.up_proj.weight", in, hid, a, 0);
+        L("mlp.down_proj.weight", hid, in, a, 0);
+#undef L
+    }
+}
+
+#define M_REQS 5
+#define M_PROMPT 70
+#define M_STEPS 12
+
+/* Runs M_REQS prompts (extend in chunks), then M_STEPS decode steps with a batch that shrinks
+ * and grows (5, 3, 1, 5 ... requests: buckets 8, 4, 1). logits [M_STEPS][M_REQS][vocab]. */
+static void model_run(struct pd_backend *be, const struct pd_model_config *cfg,
+                      struct fake_ckpt *ck, enum pd_dtype kvt, float *logits) {
+    struct pd_model *m = NULL;
+    struct pd_kv_pool kv = {0};
+    struct pd_model_opts mo = {.max_tokens = 64, .max_reqs = 8, .page_size = 16};
+    CHECK_OK(pd_model_new(be, cfg, ck_find, ck, &mo, &m));
+    if (!m)
+        return;
+    struct pd_kv_pool_opts ko = pd_model_kv_opts(m, kvt);
+    ko.n_pages = 64;
+    CHECK_OK(pd_kv_pool_init(&kv, be, &ko));
+    int V = cfg->vocab_size;
+    int32_t pages[M_REQS][8], prompt[M_REQS][M_PROMPT], tok[M_REQS];
+    for (int r = 0; r < M_REQS; r++) {
+        for (int i = 0; i < 8; i++)
+            pages[r][i] = (int32_t)(63 - (r * 8 + i)); /* descending: not the identity */
+        for (int i = 0; i < M_PROMPT; i++)
+            prompt[r][i] = (int32_t)((r * 31 + i * 17) % V);
+    }
+    float *lg = pd_malloc(sizeof(float) * 64 * (size_t)V);
+    /* extend: request r's prompt in chunks of 13 + r */
+    for (int r = 0; r < M_REQS; r++) {
+        int done = 0, len = M_PROMPT - r * 5;
+        while (done < len) {
+            int c = 13 + r < len - done ? 13 + r : len - done;
+            struct pd_model_seq s = {prompt[r] + done, c, done, pages[r], 8};
+            CHECK_OK(pd_model_extend(m, &kv, &s, 1, false, lg));
+            done += c;
+        }
+        tok[r] = (int32_t)((r * 7) % V);
+    }
+    int len[M_REQS];
+    for (int r = 0; r < M_REQS; r++)
+        len[r] = M_PROMPT - r * 5;
+    static const int batch_of_step[M_STEPS] = {5, 5, 3, 1, 1, 5, 3, 2, 5, 5, 1, 4};
+    for (int st = 0; st < M_STEPS; st++) {
+        struct pd_model_seq seqs[M_REQS];
+        int nb = batch_of_step[st];
+        for (int r = 0; r < nb; r++)
+            seqs[r] = (struct pd_model_seq){&tok[r], 1, len[r], pages[r], 8};
+        CHECK_OK(pd_model_decode(m, &kv, seqs, nb, lg));
+        for (int r = 0; r < nb; r++) {
+            memcpy(logits + ((size_t)st * M_REQS + r) * V, lg + (size_t)r * V,
+                   sizeof(float) * (size_t)V);
+            /* next token: a fixed function of the step, so both backends feed the same ids */
+            tok[r] = (int32_t)((st * 13 + r * 3 + 1) % V);
+            len[r]++;
+        }
+    }
+    pd_free(lg);
+    pd_kv_pool_free(&kv);
+    pd_model_free(m);
+}
+
+static double rel(const float *a, const float *b, size_t n) {
+    double d = 0, mx = 1e-30;
+    for (size_t i = 0; i < n; i++) {
+        double x = fabs((double)a[i] - b[i]);
+        d = x != x ? INFINITY : (x > d ? x : d);
+        mx = fabs(b[i]) > mx ? fabs(b[i]) : mx;
+    }
+    return d / mx;
+}
+
+static void test_models(void) {
+    static const enum pd_arch archs[] = {PD_ARCH_LLAMA, PD_ARCH_QWEN2, PD_ARCH_QWEN3};
+    for (size_t ai = 0; ai < PD_ARRAY_LEN(archs); ai++) {
+        for (int wt = 0; wt < 2; wt++) {
+            enum pd_dtype dt = wt ? PD_DTYPE_BF16 : PD_DTYPE_F32;
+            enum pd_dtype kvt = wt ? PD_DTYPE_BF16 : PD_DTYPE_F32;
+            struct pd_model_config cfg = model_config(archs[ai]);
+            struct fake_ckpt *ck = pd_calloc(1, sizeof(*ck));
+            ck_weights(&cfg, dt, ck);
+            size_t n = (size_t)M_STEPS * M_REQS * (size_t)cfg.vocab_size;
+            float *lc = pd_calloc(n, 4), *lg = pd_calloc(n, 4), *le = pd_calloc(n, 4);
+            struct pd_backend *bc = NULL, *bg = NULL, *bge = NULL;
+            struct pd_backend_opts oc = {.kind = PD_BACKEND_CPU, .threads = 2};
+            struct pd_backend_opts og = {.kind = PD_BACKEND_CUDA};
+            CHECK_OK(pd_backend_new(&oc, &bc));
+            CHECK_OK(pd_backend_new(&og, &bg));
+            CHECK_OK(pd_backend_new(&og, &bge));
+            pd_backend_cuda_set_graphs(bge, false);
+            model_run(bc, &cfg, ck, kvt, lc);
+            model_run(bg, &cfg, ck, kvt, lg);
+            model_run(bge, &cfg, ck, kvt, le);
+            struct pd_backend_cuda_stats sg, se;
+            pd_backend_cuda_stats(bg, &sg);
+            pd_backend_cuda_stats(bge, &se);
+            double e_cpu = rel(lg, lc, n), e_graph = rel(lg, le, n);
+            double tol = wt ? 5e-2 : 1e-4; /* bf16: GEMM inputs rounded to bf16 on the GPU */
+            printf("model arch %d %s: gpu vs cpu %.3g, graph vs eager %.3g, graphs captured "
+                   "%lld launched %lld of %lld steps\n",
+                   (int)archs[ai], pd_dtype_name(dt), e_cpu, e_graph, (long long)sg.graph_captures,
+                   (long long)sg.graph_launches, (long long)sg.steps);
+            CHECK(e_cpu < tol);
+            CHECK(e_graph < 1e-4);
+            /* buckets 8, 4, 1, 2 (batch 5, 3, 1, 2 and 4) are each captured once */
+            CHECK_INT(sg.graph_captures, 4);
+            CHECK_INT(sg.graph_launches, M_STEPS);
+            CHECK_INT(se.graph_launches, 0);
+            pd_backend_free(bc);
+            pd_backend_free(bg);
+            pd_backend_free(bge);
+            pd_free(lc);
+            pd_free(lg);
+            pd_free(le);
+            ck_free(ck);
+            pd_free(ck);
+        }
+    }
+}
+
+/* ---- kernels outside the op table: page copy/gather and the greedy argmax ---- */
+
+static void test_page_copy(void) {
+    static const int counts[] = {0, 1, 3, 50};
+    static const size_t page_bytes[] = {16, 4096 + 16, 65536};
+    for (size_t bi = 0; bi < PD_ARRAY_LEN(page_bytes); bi++)
+        for (size_t ci = 0; ci < PD_ARRAY_LEN(counts); ci++) {
+            int n = counts[ci], n_pages = 64;
+            size_t pb = page_bytes[bi], bytes = pb * (size_t)n_pages;
+            unsigned char *h = pd_malloc(bytes), *back = pd_malloc(bytes);
+            for (size_t i = 0; i < bytes; i++)
+                h[i] = (unsigned char)(frand() * 127);
+            void *src, *dst, *stage;
+            int32_t *ids;
+            CHECK(cudaMalloc(&src, bytes) == cudaSuccess &&
+                  cudaMalloc(&dst, bytes) == cudaSuccess &&
+                  cudaMalloc(&stage, bytes) == cudaSuccess &&
+                  cudaMalloc((void **)&ids, 2 * 64 * 4) == cudaSuccess);
+            int32_t hid[128];
+            for (int i = 0; i < n; i++) {
+                hid[i] = (int32_t)((i * 37 + 5) % n_pages);       /* source pages */
+                hid[64 + i] = (int32_t)((i * 11 + 60) % n_pages); /* destination pages */
+            }
+            cudaMemcpy(src, h, bytes, cudaMemcpyHostToDevice);
+            cudaMemset(dst, 0, bytes);
+            cudaMemcpy(ids, hid, sizeof(hid), cudaMemcpyHostToDevice);
+            /* gather to a staging run, then scatter from it: pages end up at their new ids */
+            struct pd_kernel_page_copy_params g = {stage, src, NULL, ids, n, pb};
+            struct pd_kernel_page_copy_params sc = {dst, stage, ids + 64, NULL, n, pb};
+            CHECK_OK(pd_kernel_page_copy(&g, 0));
+            CHECK_OK(pd_kernel_page_copy(&sc, 0));
+            CHECK(cudaMemcpy(back, dst, bytes, cudaMemcpyDeviceToHost) == cudaSuccess);
+            bool ok = true;
+            for (int i = 0; i < n; i++)
+                ok &= memcmp(back + (size_t)hid[64 + i] * pb, h + (size_t)hid[i] * pb, pb) == 0;
+            CHECK(ok);
+            /* pool to pool in one call */
+            cudaMemset(dst, 0, bytes);
+            struct pd_kernel_page_copy_params pp = {dst, src, ids + 64, ids, n, pb};
+            CHECK_OK(pd_kernel_page_copy(&pp, 0));
+            CHECK(cudaMemcpy(back, dst, bytes, cudaMemcpyDeviceToHost) == cudaSuccess);
+            ok = true;
+            for (int i = 0; i < n; i++)
+                ok &= memcmp(back + (size_t)hid[64 + i] * pb, h + (size_t)hid[i] * pb, pb) == 0;
+            CHECK(ok);
+            cudaFree(src);
+            cudaFree(dst);
+            cudaFree(stage);
+            cudaFree(ids);
+            pd_free(h);
+            pd_free(back);
+        }
+}
+
+static void test_argmax(void) {
+    static const int vocabs[] = {1, 7, 1000, 1025, 151936};
+    static const int rows_list[] = {0, 1, 5};
+    for (size_t vi = 0; vi < PD_ARRAY_LEN(vocabs); vi++)
+        for (size_t ri = 0; ri < PD_ARRAY_LEN(rows_list); ri++) {
+            int V = vocabs[vi], R = rows_list[ri];
+            size_t n = (size_t)V * R;
+            float *h = pd_malloc(n * 4 + 4), *d, *lp;
+            int32_t *ids, hid[8] = {0};
+            float hlp[8] = {0};
+            for (size_t i = 0; i < n; i++)
+                h[i] = 8.0f * frand();
+            for (int r = 0; r < R; r++) /* a tie: the lower id must win */
+                if (V > 3)
+                    h[(size_t)r * V + 3] = h[(size_t)r * V + V - 1] = 9.0f;
+            CHECK(cudaMalloc((void **)&d, n * 4 + 4) == cudaSuccess &&
+                  cudaMalloc((void **)&ids, 32) == cudaSuccess &&
+                  cudaMalloc((void **)&lp, 32) == cudaSuccess);
+            cudaMemcpy(d, h, n * 4, cudaMemcpyHostToDevice);
+            struct pd_kernel_argmax_params p = {d, R, V, ids, lp};
+            CHECK_OK(pd_kernel_argmax(&p, 0));
+            cudaMemcpy(hid, ids, 32, cudaMemcpyDeviceToHost);
+            cudaMemcpy(hlp, lp, 32, cudaMemcpyDeviceToHost);
+            for (int r = 0; r < R; r++) {
+                const float *l = h + (size_t)r * V;
+                int b = 0;
+                for (int i = 1; i < V; i++)
+                    if (l[i] > l[b])
+                        b = i;
+                double z = 0;
+                for (int i = 0; i < V; i++)
+                    z += exp((double)l[i] - l[b]);
+                CHECK_INT(hid[r], b);
+                CHECK_DBL(hlp[r], -log(z), 1e-4);
+            }
+            cudaFree(d);
+            cudaFree(ids);
+            cudaFree(lp);
+            pd_free(h);
+        }
+}
+
+int pd_bench_gpu_main(int argc, char **argv); /* bench_gpu.c: the perf mode */
+
+int main(int argc, char **argv) {
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess || n == 0) {
+        /* the backend must say why, not "not built with CUDA" */
+        struct pd_backend_opts o = {.kind = PD_BACKEND_CUDA};
+        struct pd_backend *be = NULL;
+        pd_error_clear();
+        int rc = pd_backend_new(&o, &be);
+        printf("SKIP: no CUDA device (%s); pd_backend_new says: %s\n",
+               e != cudaSuccess ? cudaGetErrorString(e) : "none listed", pd_error_msg());
+        if (rc != PD_EUNSUPPORTED || !strstr(pd_error_msg(), "no CUDA device")) {
+            fprintf(stderr, "FAIL: expected PD_EUNSUPPORTED 'no CUDA device', got %d\n", rc);
+            return 1;
+        }
+        return 77;
+    }
+    if (argc > 1 && strcmp(argv[1], "--perf") == 0)
+        return pd_bench_gpu_main(argc - 1, argv + 1);
+    struct pd_backend_opts oc = {.kind = PD_BACKEND_CPU, .threads = 2};
+    struct pd_backend_opts og = {.kind = PD_BACKEND_CUDA};
+    if (pd_backend_new(&oc, &cpu) || pd_backend_new(&og, &gpu)) {
+        fprintf(stderr, "FAIL: starting the backends: %s\n", pd_error_msg());
+        return 1;
+    }
+    printf("gpu backend: %s\n", pd_backend_name(gpu));
+    if (pd_backend_reserve(cpu, &lim) || pd_backend_reserve(gpu, &lim)) {
+        fprintf(stderr, "FAIL: reserve: %s\n", pd_error_msg());
+        return 1;
+    }
+    struct {
+        const char *name;
+        void (*fn)(void);
+    } tests[] = {
+        {"rmsnorm", test_rmsnorm},         {"matmul", test_matmul},
+        {"elementwise", test_elementwise}, {"rope_embed_gather", test_rope_embed_gather},
+        {"attention", test_attention},     {"page_copy", test_page_copy},
+        {"argmax", test_argmax},           {"models", test_models},
+    };
+    const char *only = argc > 1 ? argv[1] : NULL;
+    for (size_t i = 0; i < PD_ARRAY_LEN(tests); i++) {
+        if (only && strcmp(only, tests[i].name) != 0)
+            continue;
+        int before = pd_test_failures;
+        tests[i].fn();
+        printf("%s %s\n", pd_test_failures == before ? "PASS" : "FAIL", tests[i].name);
+    }
+    pd_backend_free(cpu);
+    pd_backend_free(gpu);
+    printf("%d checks, %d failed\n", pd_test_checks, pd_test_failures);
+    return pd_test_failures ? 1 : 0;
+}
