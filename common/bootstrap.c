@@ -25,7 +25,8 @@
 
 /* ---- layout and key ---- */
 
-int pd_kv_layout_check(const struct pd_kv_layout *p, const struct pd_kv_layout *d) {
+int pd_bootstrap_layout_check(const struct pd_bootstrap_layout *p,
+                              const struct pd_bootstrap_layout *d) {
 #define PD_CHECK_U(field)                                                                          \
     if (p->field != d->field)                                                                      \
         return pd_errorf(PD_EMISMATCH,                                                             \
@@ -49,7 +50,7 @@ int pd_kv_layout_check(const struct pd_kv_layout *p, const struct pd_kv_layout *
     return PD_OK;
 }
 
-static void layout_to_pb(const struct pd_kv_layout *l, Pdserve__V1__Layout *pb) {
+static void layout_to_pb(const struct pd_bootstrap_layout *l, Pdserve__V1__Layout *pb) {
     pdserve__v1__layout__init(pb);
     pb->model = (char *)l->model;
     pb->layers = l->layers;
@@ -62,7 +63,7 @@ static void layout_to_pb(const struct pd_kv_layout *l, Pdserve__V1__Layout *pb) 
     pb->page_bytes = l->page_bytes;
 }
 
-static void layout_from_pb(const Pdserve__V1__Layout *pb, struct pd_kv_layout *l) {
+static void layout_from_pb(const Pdserve__V1__Layout *pb, struct pd_bootstrap_layout *l) {
     memset(l, 0, sizeof(*l));
     if (!pb)
         return;
@@ -217,9 +218,9 @@ static void serve_pair(pd_bootstrap_server_t *s, const char *peer, const uint8_t
     }
     if (refuse_key(s, "Pair", peer, rq->cluster_key, a))
         goto out;
-    struct pd_kv_layout dl;
+    struct pd_bootstrap_layout dl;
     layout_from_pb(rq->layout, &dl);
-    if (pd_kv_layout_check(&s->cfg.layout, &dl)) {
+    if (pd_bootstrap_layout_check(&s->cfg.layout, &dl)) {
         pd_warn("bootstrap: Pair from %s (decode %s) refused: %s", peer, rq->decode_id,
                 pd_error_msg());
         answer_status(a, PD_EMISMATCH, pd_error_msg());
@@ -644,9 +645,9 @@ static void on_pair_reply(void *ctx, int status, const uint8_t *reply, size_t le
             status = pd_errorf(PD_EFORMAT, "Pair with %s: malformed PairReply", c->target);
     }
     if (status == PD_OK) {
-        struct pd_kv_layout pl;
+        struct pd_bootstrap_layout pl;
         layout_from_pb(rp->layout, &pl);
-        status = pd_kv_layout_check(&pl, &c->cfg.layout);
+        status = pd_bootstrap_layout_check(&pl, &c->cfg.layout);
     }
     if (status == PD_OK) {
         struct pd_xfer_peer_info pi = {

@@ -33,7 +33,7 @@ struct pd_flag;
 #define PD_BOOTSTRAP_DEADLINE_MS 5000
 
 /* What both KV pools must agree on (bootstrap.proto Layout). */
-struct pd_kv_layout {
+struct pd_bootstrap_layout {
     char model[128]; /* fingerprint: model name + config hash */
     uint32_t layers;
     uint32_t kv_heads; /* per tp rank */
@@ -47,7 +47,8 @@ struct pd_kv_layout {
 
 /* Compares two layouts; PD_EMISMATCH naming the first differing field ("kv_heads: prefill 2,
  * decode 4"). */
-int pd_kv_layout_check(const struct pd_kv_layout *prefill, const struct pd_kv_layout *decode);
+int pd_bootstrap_layout_check(const struct pd_bootstrap_layout *prefill,
+                              const struct pd_bootstrap_layout *decode);
 
 /* --cluster-key FILE; the key is the file's content without a trailing newline. Without the
  * flag the environment variable PDSERVE_CLUSTER_KEY is used; neither → empty key (a warning at
@@ -62,7 +63,7 @@ struct pd_bootstrap_server_config {
     const char *addr; /* "127.0.0.1:8998" */
     const uint8_t *key;
     size_t key_len;
-    struct pd_kv_layout layout;
+    struct pd_bootstrap_layout layout;
     const char *prefill_id; /* for logs and Health */
 };
 
@@ -89,7 +90,7 @@ struct pd_bootstrap_client_config {
     const char *target; /* "127.0.0.1:8998" */
     const uint8_t *key;
     size_t key_len;
-    struct pd_kv_layout layout;
+    struct pd_bootstrap_layout layout;
     const char *decode_id;
     int deadline_ms; /* per RPC; 0 = PD_BOOTSTRAP_DEADLINE_MS */
 };

@@ -99,7 +99,7 @@ struct daemon {
     pd_bootstrap_server_t *bserver;
     struct client_slot clients[MAX_CLIENTS];
     int n_clients;
-    struct pd_kv_layout layout;
+    struct pd_bootstrap_layout layout;
     char node_id[64];
     char transport[128];
 

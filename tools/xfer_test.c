@@ -72,7 +72,7 @@ struct app {
     pd_bootstrap_client_t *client;
     uint8_t key[PD_CLUSTER_KEY_MAX];
     size_t key_len;
-    struct pd_kv_layout layout;
+    struct pd_bootstrap_layout layout;
     uint8_t *pool;
     uint32_t pool_pages;
     /* receiver */
@@ -564,7 +564,7 @@ static void shutdown_all(void) {
     pd_grpc_bridge_free(A.bridge);
 }
 
-static void layout_from_opts(const struct opts *o, struct pd_kv_layout *l) {
+static void layout_from_opts(const struct opts *o, struct pd_bootstrap_layout *l) {
     memset(l, 0, sizeof(*l));
     snprintf(l->model, sizeof(l->model), "xfer-test");
     l->layers = (uint32_t)o->layers;
