@@ -960,6 +960,10 @@ static void srv_check_drained(struct pd_http_server *s) {
         return;
     s->state = SRV_DISPOSING;
     uv_timer_stop(&s->timer);
+    /* h2o_context_request_shutdown armed HTTP/2's one-second GOAWAY resend; when the last
+     * connection closes sooner, dispose would assert on that linked entry */
+    if (h2o_timeout_is_linked(&s->ctx.http2._graceful_shutdown_timeout))
+        h2o_timeout_unlink(&s->ctx.http2._graceful_shutdown_timeout);
     h2o_context_dispose(&s->ctx);
     s->ctx_inited = false;
     uv_timer_start(&s->timer, on_final, 0, 0);

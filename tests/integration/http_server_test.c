@@ -313,6 +313,12 @@ static void on_closed(struct pd_http_server *s, void *ud) {
     uv_close((uv_handle_t *)&ctl_async, NULL);
 }
 
+static void on_idle_closed(struct pd_http_server *s, void *ud) {
+    (void)s;
+    (void)ud;
+    atomic_store(&closed_called, 1);
+}
+
 static atomic_int shutdown_timeout_ms;
 static void on_ctl(uv_async_t *a) {
     (void)a;
@@ -934,6 +940,22 @@ int main(int argc, char **argv) {
         fprintf(stderr, "uv_loop_close: %s\n", uv_strerror(lc));
         rc = 1;
     }
+    /* a server shut down with no connection at all (dispose right away) closes cleanly */
+    uv_loop_t idle_loop;
+    struct pd_http_server *idle = NULL;
+    CHECK_INT(uv_loop_init(&idle_loop), 0);
+    struct pd_http_server_config icfg = {.host = "127.0.0.1", .port = 0};
+    CHECK_OK(pd_http_server_new(&idle_loop, &icfg, &idle));
+    CHECK_OK(pd_http_server_listen(idle));
+    atomic_store(&closed_called, 0);
+    pd_http_server_shutdown(idle, 1000, on_idle_closed, NULL);
+    uv_run(&idle_loop, UV_RUN_DEFAULT);
+    CHECK_INT(atomic_load(&closed_called), 1);
+    pd_http_server_free(idle);
+    CHECK_INT(uv_loop_close(&idle_loop), 0);
+    if (pd_test_failures)
+        rc = 1;
+
     curl_easy_cleanup(keepalive);
     curl_global_cleanup();
     for (int i = 0; i < MAX_JOBS; i++)
