@@ -149,6 +149,8 @@ def test_routing_and_streaming(router, prefills, decodes):
     st, ct, data = router.request("POST", "/generate", {"text": "hi", "stream": True,
                                                         "rid": "s1", "sampling_params": {}})
     check(st == 200 and ct.startswith("text/event-stream"), "stream: 200 event-stream")
+    # the fake records what it sent after its last write, which races with our read
+    wait_for(lambda: any(d.log()["sent"].get("s1") for d in decodes))
     sent = [d.log()["sent"].get("s1") for d in decodes]
     sent = [s for s in sent if s]
     check(len(sent) == 1 and data.decode() == sent[0],
