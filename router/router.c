@@ -580,7 +580,8 @@ static void on_decode_data(void *ud, struct pd_upstream_call *call, const char *
         const char *ct = pd_upstream_call_content_type(call);
         if (st / 100 == 2 && strncmp(ct, "text/event-stream", 17) == 0) {
             rq->streaming = true;
-            pd_http_stream_start(rq->hr, (int)st, ct); /* the client's being gone shows below */
+            if (pd_http_stream_start(rq->hr, (int)st, ct) != PD_OK)
+                return; /* cannot happen: a gone client's on_gone finished rq already */
         }
     }
     if (!rq->streaming) {
@@ -1072,7 +1073,7 @@ static void on_handle_closed(uv_handle_t *h) {
     struct pd_router *rt = h->data;
     if (--rt->open_handles > 0)
         return;
-    pd_info("router: stopped");
+    pd_info("every handle closed");
     if (rt->done)
         rt->done(rt, rt->done_ud);
 }
@@ -1081,7 +1082,7 @@ static void on_handle_closed(uv_handle_t *h) {
 static void close_all(struct pd_router *rt) {
     int left = pd_upstream_active(rt->up);
     if (left)
-        pd_warn("router: %d upstream calls still open at exit; cancelling them", left);
+        pd_warn("%d upstream calls still open at exit; cancelling them", left);
     for (struct rreq *rq = rt->reqs, *next; rq; rq = next) {
         next = rq->next;
         PD_ASSERT(rq->finished);
@@ -1142,7 +1143,7 @@ static void abort_inflight(struct pd_router *rt) {
     for (struct rreq *rq = rt->reqs; rq; rq = rq->next)
         n += !rq->finished;
     if (n)
-        pd_warn("router: shutdown: aborting %d requests still in flight", n);
+        pd_warn("shutdown deadline: aborting %d requests still in flight", n);
     for (struct rreq *rq = rt->reqs, *next; rq; rq = next) {
         next = rq->next;
         if (rq->finished)
@@ -1166,7 +1167,7 @@ void pd_router_shutdown(struct pd_router *rt, uint64_t timeout_ms, pd_router_don
                         void *ud) {
     if (rt->shutting_down) {
         if (!rt->draining_done && !rt->http_closed) {
-            pd_info("router: second stop request: aborting what is in flight now");
+            pd_info("second stop request: aborting what is in flight now");
             uv_timer_stop(&rt->drain_timer);
             abort_inflight(rt);
         }
@@ -1175,7 +1176,7 @@ void pd_router_shutdown(struct pd_router *rt, uint64_t timeout_ms, pd_router_don
     rt->shutting_down = true;
     rt->done = done;
     rt->done_ud = ud;
-    pd_info("router: shutting down: %d requests in flight, waiting up to %llu ms", rt->active,
+    pd_info("shutting down: %d requests in flight, waiting up to %llu ms", rt->active,
             (unsigned long long)timeout_ms);
     uv_timer_stop(&rt->health_timer);
     uv_timer_start(&rt->drain_timer, on_drain_deadline, timeout_ms, 0);
