@@ -400,6 +400,18 @@ def test_backpressure(router, p, d, limit):
     print("backpressure: %d pauses, peak %d bytes held for an %d-byte stream"
           % (info["num_stream_pauses_total"], info["stream_buffer_peak_bytes"], len(body)),
           flush=True)
+    # a slow client that leaves while decode is paused (nothing is being written to it): still
+    # seen at once, both workers aborted, nothing left buffered
+    pauses = info["num_stream_pauses_total"]
+    s = send_stream_request(router.port, {"text": "x", "stream": True, "rid": "bp2"}, 4096)
+    s.recv(256)
+    check(wait_for(lambda: router.info()["num_stream_pauses_total"] > pauses),
+          "second slow client: decode paused")
+    s.close()
+    check(wait_for(lambda: "bp2" in d.log()["aborts"] and "bp2" in p.log()["aborts"]),
+          "slow client gone while decode paused: abort on both workers")
+    check(wait_for(lambda: router.info()["stream_buffer_bytes"] == 0),
+          "nothing left buffered after it left")
     d.config(tokens=5, token_delay_ms=10, pad=0)
 
 
