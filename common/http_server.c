@@ -12,11 +12,13 @@
  * queue in `pending` while `sending` is on the wire, and the buffers swap at proceed.
  *
  * h2o 2.2's HTTP/1 code stops reading a connection while a request is handled, so a client
- * that disconnects is only noticed at the next write. For requests with a body (whose
- * method/path/headers h2o has copied into the pool) we read the socket ourselves while the
- * daemon works, and EOF/reset means gone. The body is copied out first because that read may
- * grow (move) the socket buffer h2o's entity points into. h2o's own error responses (413 for a
- * too large body, 400 for broken framing) are rewritten into OpenAI error JSON by a filter on the
+ * that disconnects would only be noticed at the next write. We read the socket ourselves while
+ * the daemon works (before and during its answer), and EOF/reset means gone: one event-driven
+ * watch, no polling. That read appends to the socket's input buffer and may grow (move) it, so
+ * first every string of the request that still points into that buffer (for a request without
+ * a body: method, path, authority, headers — h2o copies them itself only when a body follows)
+ * is copied into the request's pool, and the body is copied out. h2o's own error responses (413 for
+ * a too large body, 400 for broken framing) are rewritten into OpenAI error JSON by a filter on the
  * host's fallback path, the only path such early errors go through.
  */
 #include "common/http_server.h"
@@ -76,9 +78,12 @@ struct pd_http_req {
 
     pd_http_gone_fn on_gone;
     void *gone_ud;
+    pd_http_drain_fn on_drain; /* armed by pd_http_stream_on_drain */
+    void *drain_ud;
+    size_t drain_below; /* bytes */
 
     bool started;   /* h2o_start_response called */
-    bool streaming; /* SSE */
+    bool streaming; /* pd_http_stream_start (SSE or raw) */
     bool in_flight; /* an IN_PROGRESS h2o_send awaits proceed */
     bool finishing; /* the final bytes are queued */
     bool watching;  /* our read watch is on the socket */
@@ -101,6 +106,8 @@ struct pd_http_server {
     int port;
     size_t max_body;
     size_t max_backlog;
+    size_t backlog_peak; /* bytes */
+    uint64_t n_slow_cut;
     char *api_key;
     struct route *routes;
     size_t n_routes, cap_routes;
@@ -259,6 +266,10 @@ static void req_flush(struct pd_http_req *r) {
     r->in_call--;
 }
 
+static size_t req_backlog(const struct pd_http_req *r) {
+    return r->pending.len + r->sending.len;
+}
+
 static void gen_proceed(h2o_generator_t *g, h2o_req_t *hreq) {
     struct pd_http_req *r = container_of(g, struct pd_http_req, gen);
     (void)hreq;
@@ -266,6 +277,11 @@ static void gen_proceed(h2o_generator_t *g, h2o_req_t *hreq) {
     r->sending.len = 0;
     r->in_call++;
     req_flush(r);
+    if (r->on_drain && !r->user_done && !r->gone && req_backlog(r) <= r->drain_below) {
+        pd_http_drain_fn fn = r->on_drain;
+        r->on_drain = NULL;
+        fn(r, r->drain_ud); /* may send, end or re-arm */
+    }
     r->in_call--;
     req_maybe_free(r);
 }
@@ -409,15 +425,15 @@ int pd_http_respond_error(struct pd_http_req *r, const struct pd_api_error *e) {
     return rc;
 }
 
-int pd_http_sse_start(struct pd_http_req *r) {
+int pd_http_stream_start(struct pd_http_req *r, int status, const char *content_type) {
     PD_ASSERT(!r->user_done && !r->started);
     if (r->gone || !r->hreq)
         return pd_errorf(PD_ECANCELED, "%s %s: the client is gone", r->method, r->path);
     h2o_req_t *hreq = r->hreq;
-    hreq->res.status = 200;
-    hreq->res.reason = status_reason(200);
+    hreq->res.status = status;
+    hreq->res.reason = status_reason(status);
     hreq->res.content_length = SIZE_MAX; /* chunked */
-    add_content_type(hreq, "text/event-stream");
+    add_content_type(hreq, content_type ? content_type : "application/octet-stream");
     h2o_set_header(&hreq->pool, &hreq->res.headers, H2O_TOKEN_CACHE_CONTROL, H2O_STRLIT("no-cache"),
                    1);
     r->gen.proceed = gen_proceed;
@@ -431,6 +447,73 @@ int pd_http_sse_start(struct pd_http_req *r) {
     h2o_send(hreq, NULL, 0, H2O_SEND_STATE_IN_PROGRESS);
     r->in_call--;
     return PD_OK;
+}
+
+int pd_http_sse_start(struct pd_http_req *r) {
+    return pd_http_stream_start(r, 200, "text/event-stream");
+}
+
+/* After bytes were queued: drop a client that let too much pile up, else write. */
+static int stream_queued(struct pd_http_req *r) {
+    size_t backlog = req_backlog(r);
+    if (backlog > r->srv->backlog_peak)
+        r->srv->backlog_peak = backlog;
+    if (backlog > r->srv->max_backlog) {
+        pd_warn("http: %s %s: client reads too slowly (%zu bytes queued); dropping it", r->method,
+                r->path, backlog);
+        r->srv->n_slow_cut++;
+        r->in_call++;
+        req_handle_gone(r);
+        r->in_call--;
+        req_maybe_free(r);
+        return pd_errorf(PD_ECANCELED, "the client is too slow");
+    }
+    r->in_call++;
+    req_flush(r);
+    r->in_call--;
+    return PD_OK;
+}
+
+int pd_http_stream_send(struct pd_http_req *r, const void *data, size_t len) {
+    int rc = req_check_open(r, true);
+    if (rc)
+        return rc;
+    if (len && buf_append(&r->pending, data, len))
+        return pd_errorf(PD_ENOMEM, "queuing %zu stream bytes", len);
+    return stream_queued(r);
+}
+
+int pd_http_stream_end(struct pd_http_req *r) {
+    PD_ASSERT(!r->user_done && r->streaming);
+    if (r->gone || !r->hreq)
+        return req_release_gone(r);
+    r->user_done = true;
+    r->finishing = true;
+    r->on_drain = NULL;
+    r->in_call++;
+    req_flush(r);
+    r->in_call--;
+    req_maybe_free(r);
+    return PD_OK;
+}
+
+size_t pd_http_stream_backlog(const struct pd_http_req *r) {
+    return r->streaming ? req_backlog(r) : 0;
+}
+
+int pd_http_stream_on_drain(struct pd_http_req *r, size_t below_bytes, pd_http_drain_fn fn,
+                            void *user) {
+    PD_ASSERT(!r->user_done && r->streaming);
+    if (r->gone || !r->hreq)
+        return PD_ECANCELED;
+    if (req_backlog(r) <= below_bytes) {
+        r->on_drain = NULL;
+        return PD_OK;
+    }
+    r->on_drain = fn;
+    r->drain_ud = user;
+    r->drain_below = below_bytes;
+    return PD_EAGAIN; /* a write is queued or in flight: its completion checks again */
 }
 
 static int sse_queue(struct pd_http_req *r, const char *data, size_t len) {
@@ -454,18 +537,7 @@ int pd_http_sse_send(struct pd_http_req *r, const char *data, size_t len) {
         return rc;
     if ((rc = sse_queue(r, data, len)))
         return rc;
-    if (r->pending.len + r->sending.len > r->srv->max_backlog) {
-        pd_warn("http: %s %s: client reads too slowly (%zu bytes queued); dropping it", r->method,
-                r->path, r->pending.len + r->sending.len);
-        r->in_call++;
-        req_handle_gone(r);
-        r->in_call--;
-        return pd_errorf(PD_ECANCELED, "the client is too slow");
-    }
-    r->in_call++;
-    req_flush(r);
-    r->in_call--;
-    return PD_OK;
+    return stream_queued(r);
 }
 
 int pd_http_sse_end(struct pd_http_req *r) {
@@ -473,13 +545,8 @@ int pd_http_sse_end(struct pd_http_req *r) {
     if (r->gone || !r->hreq)
         return req_release_gone(r);
     int rc = sse_queue(r, "[DONE]", 6);
-    r->user_done = true;
-    r->finishing = true;
-    r->in_call++;
-    req_flush(r);
-    r->in_call--;
-    req_maybe_free(r);
-    return rc;
+    int rc_end = pd_http_stream_end(r);
+    return rc ? rc : rc_end;
 }
 
 int pd_http_sse_fail(struct pd_http_req *r, const struct pd_api_error *e) {
@@ -541,7 +608,45 @@ size_t pd_http_server_inflight(const struct pd_http_server *s) {
     return n;
 }
 
+void pd_http_server_stats(const struct pd_http_server *s, struct pd_http_server_stats *out) {
+    *out = (struct pd_http_server_stats){.stream_backlog_peak = s->backlog_peak,
+                                         .slow_clients_cut = s->n_slow_cut};
+    for (const struct pd_http_req *r = s->reqs; r; r = r->next) {
+        out->inflight += !r->user_done;
+        out->stream_backlog += req_backlog(r);
+    }
+}
+
 /* ---------------------------------------------------------------- dispatch */
+
+static void rebase_iov(h2o_mem_pool_t *pool, const char *lo, const char *hi, h2o_iovec_t *v) {
+    if (v->base && v->base >= lo && v->base < hi)
+        *v = h2o_strdup(pool, v->base, v->len);
+}
+
+/* Copies into the request's pool every string of hreq that still points into the socket's
+ * input buffer (see the top comment), so that our read watch may grow that buffer. */
+static void rebase_request(h2o_req_t *hreq, const h2o_buffer_t *in) {
+    const char *lo = in->bytes, *hi = in->bytes + in->size;
+    h2o_mem_pool_t *pool = &hreq->pool;
+    rebase_iov(pool, lo, hi, &hreq->input.authority);
+    rebase_iov(pool, lo, hi, &hreq->input.method);
+    rebase_iov(pool, lo, hi, &hreq->input.path);
+    rebase_iov(pool, lo, hi, &hreq->authority);
+    rebase_iov(pool, lo, hi, &hreq->method);
+    rebase_iov(pool, lo, hi, &hreq->path);
+    rebase_iov(pool, lo, hi, &hreq->path_normalized);
+    rebase_iov(pool, lo, hi, &hreq->upgrade);
+    for (size_t i = 0; i < hreq->headers.size; i++) {
+        h2o_header_t *h = &hreq->headers.entries[i];
+        if (!h2o_iovec_is_token(h->name))
+            rebase_iov(pool, lo, hi, h->name); /* the name's iovec itself lives in the pool */
+        if (h->orig_name && h->orig_name >= lo && h->orig_name < hi)
+            h->orig_name = h2o_strdup(pool, h->orig_name, h->name->len).base;
+        rebase_iov(pool, lo, hi, &h->value);
+    }
+    /* hreq->entity may dangle after a move: h2o is done with it and ours is r->body */
+}
 
 static bool auth_ok(struct pd_http_server *s, h2o_req_t *hreq) {
     ssize_t i = h2o_find_header(&hreq->headers, H2O_TOKEN_AUTHORIZATION, -1);
@@ -636,8 +741,9 @@ static int on_req(h2o_handler_t *self, h2o_req_t *hreq) {
         rt->fn(r, rt->ud);
         /* still open: watch the socket for the client leaving (see the top comment) */
         /* (HTTP/1 only: an HTTP/2 socket carries other streams and h2o keeps reading it) */
-        if (r->hreq && !r->user_done && !r->gone && hreq->entity.base && hreq->version < 0x200 &&
-            r->conn && r->conn->sock) {
+        if (r->hreq && !r->user_done && !r->gone && hreq->version < 0x200 && r->conn &&
+            r->conn->sock) {
+            rebase_request(hreq, r->conn->sock->input);
             r->watching = true;
             h2o_socket_read_start(r->conn->sock, on_watch_read);
         }
@@ -854,8 +960,8 @@ static void srv_check_drained(struct pd_http_server *s) {
         return;
     s->state = SRV_DISPOSING;
     uv_timer_stop(&s->timer);
-    /* h2o_context_request_shutdown links HTTP/2's 1 s graceful-shutdown entry even when no
-     * HTTP/2 connection exists; disposing with it still linked asserts in h2o 2.2.5 */
+    /* h2o_context_request_shutdown armed HTTP/2's one-second GOAWAY resend; when the last
+     * connection closes sooner, dispose would assert on that linked entry */
     if (h2o_timeout_is_linked(&s->ctx.http2._graceful_shutdown_timeout))
         h2o_timeout_unlink(&s->ctx.http2._graceful_shutdown_timeout);
     h2o_context_dispose(&s->ctx);

@@ -8,11 +8,20 @@
  * Threading: every function here runs on the loop thread only (DESIGN.md §2a). Nothing blocks.
  *
  * A pd_http_req lives from the handler call until the daemon finishes it (pd_http_respond*,
- * pd_http_sse_end) — or, when the client disconnects first and the daemon registered
- * pd_http_req_on_gone, until that callback returns (the daemon must not touch it after). Without
- * an on_gone callback a gone request stays valid and its calls return PD_ECANCELED until the
- * daemon finishes it. Bodies over the limit get 413 with an OpenAI error JSON before the body is
- * read (h2o refuses by Content-Length, or as soon as a chunked body passes the limit).
+ * pd_http_sse_end, pd_http_stream_end) — or, when the client disconnects first and the daemon
+ * registered pd_http_req_on_gone, until that callback returns (the daemon must not touch it after).
+ * Without an on_gone callback a gone request stays valid and its calls return PD_ECANCELED until
+ * the daemon finishes it. Bodies over the limit get 413 with an OpenAI error JSON before the body
+ * is read (h2o refuses by Content-Length, or as soon as a chunked body passes the limit). A client
+ * that disconnects is noticed while its request waits for an answer (any method, with or without a
+ * body) and while it streams, not only at the next write.
+ *
+ * Streams: pd_http_stream_* send raw bytes with any status and content type (a proxy passes an
+ * already framed SSE body through byte for byte); pd_http_sse_* frame events on top of them.
+ * Whatever the client has not read yet is the request's backlog, held in our memory: past
+ * max_stream_backlog the client counts as gone. A producer that can wait (the router reading
+ * from decode) keeps it small instead: it stops producing while pd_http_stream_backlog is high
+ * and resumes from pd_http_stream_on_drain.
  */
 #ifndef PD_HTTP_SERVER_H
 #define PD_HTTP_SERVER_H
@@ -33,13 +42,15 @@ typedef void (*pd_http_handler_fn)(struct pd_http_req *req, void *ud);
 /* The client disconnected (or the shutdown deadline passed) before the response finished. */
 typedef void (*pd_http_gone_fn)(struct pd_http_req *req, void *user);
 typedef void (*pd_http_closed_fn)(struct pd_http_server *s, void *ud);
+/* A stream's backlog fell to the level given to pd_http_stream_on_drain. */
+typedef void (*pd_http_drain_fn)(struct pd_http_req *req, void *user);
 
 struct pd_http_server_config {
     const char *host;          /* "127.0.0.1", "0.0.0.0", "::"; NULL = "127.0.0.1" */
     int port;                  /* 0 = ephemeral: see pd_http_server_port */
     size_t max_body_bytes;     /* 0 = PD_HTTP_DEFAULT_MAX_BODY */
     const char *api_key;       /* NULL or "": no check; else "Authorization: Bearer <key>" */
-    size_t max_stream_backlog; /* bytes queued for a slow SSE client before it counts as gone;
+    size_t max_stream_backlog; /* bytes queued for a slow stream client before it counts as gone;
                                   0 = 16 MiB */
 };
 
@@ -61,6 +72,14 @@ int pd_http_server_listen(struct pd_http_server *s);
 int pd_http_server_port(const struct pd_http_server *s);
 /* Requests the daemon has not finished yet. */
 size_t pd_http_server_inflight(const struct pd_http_server *s);
+
+struct pd_http_server_stats {
+    size_t inflight;            /* requests the daemon has not finished */
+    size_t stream_backlog;      /* bytes queued for streaming clients, all requests, now */
+    size_t stream_backlog_peak; /* the largest backlog one request has reached; bytes */
+    uint64_t slow_clients_cut;  /* streams dropped for passing max_stream_backlog */
+};
+void pd_http_server_stats(const struct pd_http_server *s, struct pd_http_server_stats *out);
 
 /* Stops accepting, lets in-flight requests finish (new responses say Connection: close, idle
  * keep-alive connections are closed); at timeout_ms every request still open gets on_gone and
@@ -93,7 +112,25 @@ int pd_http_respond_json(struct pd_http_req *r, int status, const char *json);
 /* {"error": {...}} with e->status. */
 int pd_http_respond_error(struct pd_http_req *r, const struct pd_api_error *e);
 
-/* 200, Content-Type: text/event-stream; the headers go out at once. */
+/* A streamed response (chunked): status, content_type (NULL = "application/octet-stream") and
+ * Cache-Control: no-cache go out at once. PD_ECANCELED when the client is gone. */
+int pd_http_stream_start(struct pd_http_req *r, int status, const char *content_type);
+/* Queues len bytes as they are (copied); written as soon as the previous write completed.
+ * PD_ECANCELED when the client is gone, or when this send took the backlog past
+ * max_stream_backlog: then the client was dropped and its on_gone ran inside this call. */
+int pd_http_stream_send(struct pd_http_req *r, const void *data, size_t len);
+/* Ends the stream after what is queued and finishes r (r is invalid after). */
+int pd_http_stream_end(struct pd_http_req *r);
+/* Bytes queued for r's client and not yet written (0 when not streaming). */
+size_t pd_http_stream_backlog(const struct pd_http_req *r);
+/* Backpressure: fn runs once, from the loop, when r's backlog has fallen to below_bytes or
+ * less after a write completed. PD_EAGAIN: armed. PD_OK: the backlog is that low already, fn
+ * is not armed. PD_ECANCELED: the client is gone (on_gone runs instead). A second call
+ * replaces the first registration. */
+int pd_http_stream_on_drain(struct pd_http_req *r, size_t below_bytes, pd_http_drain_fn fn,
+                            void *user);
+
+/* pd_http_stream_start(r, 200, "text/event-stream"). */
 int pd_http_sse_start(struct pd_http_req *r);
 /* Queues one event "data: <data>\n\n" (a multi-line data gets one "data:" per line); written
  * as soon as the previous write completed. PD_ECANCELED when the client is gone. */

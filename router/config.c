@@ -191,6 +191,13 @@ static void register_flags(struct pd_router_config *cfg) {
                 "generation requests in flight before 429; 0 = unlimited");
     pd_flag_double(fs, "--health-check-interval-secs", &cfg->health_check_interval_secs, "S", 0.05,
                    3600, "period of the /health and /get_load polls of every worker");
+    pd_flag_int(fs, "--shutdown-timeout", &cfg->shutdown_timeout_secs, "S", 0, 86400,
+                "on SIGTERM/SIGINT: stop accepting, let in-flight requests finish for up to S "
+                "seconds, then abort the rest on their workers (clients get an error) and exit 0; "
+                "a second signal aborts the rest at once");
+    pd_flag_int(fs, "--stream-buffer-bytes", &cfg->stream_buffer_bytes, "N", 4096, 1 << 30,
+                "bytes of a streamed answer the router holds for a client that reads slowly; "
+                "past that it stops reading from the decode worker until the client catches up");
     pd_flag_log_level(fs, &cfg->log_level);
 }
 
@@ -202,6 +209,8 @@ int pd_router_config_parse(struct pd_router_config *cfg, int argc, char **argv) 
     cfg->request_timeout_secs = 1800;
     cfg->max_concurrent_requests = 256;
     cfg->health_check_interval_secs = 5;
+    cfg->shutdown_timeout_secs = 30;
+    cfg->stream_buffer_bytes = 256 << 10;
     cfg->log_level = PD_LOG_INFO;
     register_flags(cfg);
 

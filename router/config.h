@@ -47,6 +47,8 @@ struct pd_router_config {
     int request_timeout_secs;
     int max_concurrent_requests;
     double health_check_interval_secs; /* /health and /get_load poll period */
+    int shutdown_timeout_secs;         /* SIGTERM: how long in-flight requests may finish */
+    int stream_buffer_bytes; /* decode stream held for a slow client before pausing decode */
     int log_level;
     bool help; /* --help given: print pd_router_config_usage, exit 0 */
     struct pd_flagset fs;

@@ -1,8 +1,8 @@
 /*
- * main.c — pdserve-router: parses the command line, starts the router on a libuv loop, and stops
- * on SIGINT/SIGTERM: no new connections, in-flight requests aborted on their workers and
- * answered with an error, then exit 0 once the aborts went out (at most ~2 s). The router and
- * its HTTP server live until the process exits.
+ * main.c — pdserve-router: parses the command line, runs the router on the default libuv loop,
+ * and stops on SIGTERM/SIGINT: no new connections, in-flight requests may finish for
+ * --shutdown-timeout seconds, then the rest are aborted on their workers; the loop runs out once
+ * every handle is closed and the process exits 0. A second signal aborts what is left at once.
  */
 #include "router/config.h"
 #include "router/router.h"
@@ -15,22 +15,21 @@
 #include <stdlib.h>
 
 static struct pd_router_config g_cfg;
-static struct pd_router *g_router; /* process lifetime */
+static struct pd_router *g_router;
 static uv_signal_t g_sigint, g_sigterm;
-static uv_timer_t g_stop_timer;
 
-static void on_stop_timer(uv_timer_t *t) {
-    uv_stop(t->loop);
+static void on_router_done(struct pd_router *rt, void *ud) {
+    (void)rt;
+    (void)ud;
+    uv_close((uv_handle_t *)&g_sigint, NULL);
+    uv_close((uv_handle_t *)&g_sigterm, NULL);
 }
 
 static void on_signal(uv_signal_t *s, int signum) {
+    (void)s;
     pd_info("signal %d: shutting down", signum);
-    uv_signal_stop(&g_sigint);
-    uv_signal_stop(&g_sigterm);
-    pd_router_shutdown(g_router);
-    /* let the abort requests and error answers go out */
-    uv_timer_init(s->loop, &g_stop_timer);
-    uv_timer_start(&g_stop_timer, on_stop_timer, 300, 0);
+    pd_router_shutdown(g_router, (uint64_t)g_cfg.shutdown_timeout_secs * 1000, on_router_done,
+                       NULL);
 }
 
 int main(int argc, char **argv) {
@@ -52,7 +51,7 @@ int main(int argc, char **argv) {
     rc = pd_router_new(loop, &g_cfg, &g_router);
     if (rc) {
         pd_error("starting: %s", pd_error_msg());
-        return 1;
+        return 1; /* the router holds loop handles; the process ends here */
     }
     pd_info("listening on http://%s:%d (%d prefill, %d decode workers, policy %s)", g_cfg.host,
             pd_router_port(g_router), g_cfg.n_prefill, g_cfg.n_decode,
@@ -62,6 +61,11 @@ int main(int argc, char **argv) {
     uv_signal_start(&g_sigint, on_signal, SIGINT);
     uv_signal_start(&g_sigterm, on_signal, SIGTERM);
     uv_run(loop, UV_RUN_DEFAULT);
+    pd_router_free(g_router);
+    pd_router_config_free(&g_cfg);
+    rc = uv_loop_close(loop);
+    if (rc)
+        pd_warn("uv_loop_close: %s (a handle was left open)", uv_strerror(rc));
     pd_info("stopped");
     return 0;
 }

@@ -10,15 +10,22 @@
  * and both upstream calls are over. Aborts (POST /abort_request {"rid"}) are fire-and-forget.
  * Prefill 4xx answers (the request's fault) reach the client as they are; prefill 5xx and
  * transport failures become 502; timeouts 504.
+ * Backpressure: while a client's backlog in the HTTP server is above --stream-buffer-bytes the
+ * decode call is paused (curl stops reading, TCP pushes back on decode) and it resumes from the
+ * server's drain callback, so a slow client costs at most that much memory (plus one read).
+ * The API key is checked here, not by the server, so that 401 keeps the router's error shape.
+ * Shutdown: the server drains (pd_http_server_shutdown); at the deadline the router aborts what
+ * is left itself, so each client gets an error rather than a cut; the loop handles close once
+ * the server has closed and the aborts went out.
  */
 #include "router/router.h"
 
 #include "router/body.h"
-#include "router/front.h"
 #include "router/policy.h"
 #include "router/upstream.h"
 
 #include "common/alloc.h"
+#include "common/http_server.h"
 #include "common/log.h"
 #include "common/status.h"
 
@@ -30,6 +37,9 @@
 #define MAX_BODY_BYTES (64u << 20)
 #define PREFILL_ERR_KEEP 1024 /* bytes of a failed prefill's body quoted in the error */
 #define ABORT_TIMEOUT_MS 5000
+#define CUT_GRACE_MS 1000   /* after the drain deadline, for clients to take their error */
+#define ABORT_FLUSH_MS 2000 /* at most this long for the last aborts to reach the workers */
+#define FINAL_POLL_MS 10
 
 struct sbuf {
     char *p;
@@ -57,13 +67,50 @@ struct worker {
 
 enum rreq_kind { RREQ_GENERATE, RREQ_PROXY };
 
+enum endpoint_kind {
+    EP_HEALTH,
+    EP_GENERATE,
+    EP_PROXY_GET,
+    EP_SERVER_INFO,
+    EP_GET_LOAD,
+    EP_ABORT,
+};
+
+/* One route of the HTTP server: the handler's user data. */
+struct endpoint {
+    struct pd_router *rt;
+    enum endpoint_kind kind;
+    int route; /* EP_GENERATE: PD_ROUTER_ROUTE_* */
+};
+
+static const struct {
+    const char *method, *path;
+    enum endpoint_kind kind;
+    int route;
+} endpoint_table[] = {
+    {"GET", "/health", EP_HEALTH, 0},
+    {"HEAD", "/health", EP_HEALTH, 0},
+    {"POST", "/generate", EP_GENERATE, PD_ROUTER_ROUTE_GENERATE},
+    {"POST", "/v1/completions", EP_GENERATE, PD_ROUTER_ROUTE_COMPLETIONS},
+    {"POST", "/v1/chat/completions", EP_GENERATE, PD_ROUTER_ROUTE_CHAT},
+    {"GET", "/v1/models", EP_PROXY_GET, 0},
+    {"GET", "/health_generate", EP_PROXY_GET, 0},
+    {"GET", "/model_info", EP_PROXY_GET, 0},
+    {"GET", "/get_model_info", EP_PROXY_GET, 0},
+    {"GET", "/server_info", EP_SERVER_INFO, 0},
+    {"GET", "/get_server_info", EP_SERVER_INFO, 0},
+    {"GET", "/get_load", EP_GET_LOAD, 0},
+    {"POST", "/abort_request", EP_ABORT, 0},
+};
+#define N_ENDPOINTS PD_ARRAY_LEN(endpoint_table)
+
 struct rreq {
     struct pd_router *rt;
     struct rreq *prev, *next;
     enum rreq_kind kind;
-    struct pd_front_req *fr;
-    bool finished; /* the client's answer is done (or the client left) */
-    bool counted;  /* holds a --max-concurrent-requests slot */
+    struct pd_http_req *hr; /* NULL once the client's answer is finished or the client left */
+    bool finished;          /* the client's answer is done (or the client left) */
+    bool counted;           /* holds a --max-concurrent-requests slot */
     int route;
     char *path;
     char *auth_line; /* "Authorization: ..." forwarded to the workers, or NULL */
@@ -75,23 +122,33 @@ struct rreq {
     size_t sent_len;
     struct pd_upstream_call *pcall, *dcall;
     bool streaming; /* client answer started as a stream */
+    bool paused;    /* the decode call waits for the client to drain */
     struct sbuf dbuf, perr;
 };
 
 struct pd_router {
     uv_loop_t *loop;
     const struct pd_router_config *cfg;
-    struct pd_front *front;
+    struct pd_http_server *http;
+    struct endpoint endpoints[N_ENDPOINTS];
     struct pd_upstream *up;
     struct pd_router_rng rng;
     struct worker *prefill, *decode;
     struct pd_router_load *prefill_load, *decode_load;
     uint64_t rr_prefill, rr_decode;
     uv_timer_t health_timer;
+    uv_timer_t drain_timer; /* shutdown: the drain deadline, then the wait for the aborts */
     int active;
-    uint64_t n_total, n_failed, n_retried;
+    uint64_t n_total, n_failed, n_retried, n_pauses;
     struct rreq *reqs;
+    struct abort_call *aborts;
     bool shutting_down;
+    bool draining_done; /* the drain deadline passed (or a second shutdown call) */
+    bool http_closed;
+    uint64_t final_since_ms;
+    int open_handles; /* ours, while closing */
+    pd_router_done_fn done;
+    void *done_ud;
 };
 
 /* ---------------------------------------------------------------- JSON answers */
@@ -121,26 +178,26 @@ static char *error_json(int status, const char *msg) {
     return s;
 }
 
-static void respond_json(struct pd_front_req *fr, int status, const char *json) {
-    pd_front_respond(fr, status, "application/json", json, strlen(json));
+static void respond_json(struct pd_http_req *hr, int status, const char *json) {
+    pd_http_respond(hr, status, "application/json", json, strlen(json));
 }
 
-static void respond_error(struct pd_front_req *fr, int status, const char *msg) {
+static void respond_error(struct pd_http_req *hr, int status, const char *msg) {
     char *j = error_json(status, msg);
     const char *fallback = "{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\","
                            "\"param\":null,\"code\":500}}";
-    respond_json(fr, j ? status : 500, j ? j : fallback);
+    respond_json(hr, j ? status : 500, j ? j : fallback);
     cJSON_free(j);
 }
 
-static void respond_cjson(struct pd_front_req *fr, int status, cJSON *root) {
+static void respond_cjson(struct pd_http_req *hr, int status, cJSON *root) {
     char *s = cJSON_PrintUnformatted(root);
     cJSON_Delete(root);
     if (!s) {
-        respond_error(fr, 500, "out of memory");
+        respond_error(hr, 500, "out of memory");
         return;
     }
-    respond_json(fr, status, s);
+    respond_json(hr, status, s);
     cJSON_free(s);
 }
 
@@ -254,13 +311,34 @@ static void on_health_tick(uv_timer_t *t) {
 
 /* ---------------------------------------------------------------- aborts */
 
+/* A fire-and-forget POST /abort_request; listed so that shutdown can release the ones whose
+ * worker never answered. */
+struct abort_call {
+    struct pd_router *rt;
+    struct abort_call *prev, *next;
+    struct pd_upstream_call *call;
+    char what[]; /* "URL rid=..." for the log */
+};
+
+static void abort_call_free(struct abort_call *a) {
+    struct pd_router *rt = a->rt;
+    if (a->prev)
+        a->prev->next = a->next;
+    else
+        rt->aborts = a->next;
+    if (a->next)
+        a->next->prev = a->prev;
+    pd_free(a);
+}
+
 static void on_abort_done(void *ud, struct pd_upstream_call *call,
                           const struct pd_upstream_result *r) {
-    char *what = ud;
+    struct abort_call *a = ud;
+    (void)call;
     if (r->status != PD_OK || r->http_status / 100 != 2)
-        pd_debug("abort %s: %s (HTTP %ld)", what, r->status ? r->error : "answered",
+        pd_debug("abort %s: %s (HTTP %ld)", a->what, r->status ? r->error : "answered",
                  r->http_status);
-    pd_free(what);
+    abort_call_free(a);
 }
 
 static void send_abort(struct pd_router *rt, const struct worker *w, const char *rid,
@@ -269,14 +347,14 @@ static void send_abort(struct pd_router *rt, const struct worker *w, const char 
     snprintf(url, sizeof(url), "%s/abort_request", w->spec->url);
     char *body = pd_router_abort_body(rid);
     size_t wl = strlen(url) + strlen(rid) + 8;
-    char *what = pd_malloc(wl);
-    if (!body || !what) {
+    struct abort_call *a = pd_calloc(1, sizeof(*a) + wl);
+    if (!body || !a) {
         pd_free(body);
-        pd_free(what);
+        pd_free(a);
         pd_error("rid=%s: out of memory aborting on %s", rid, w->spec->url);
         return;
     }
-    snprintf(what, wl, "%s rid=%s", url, rid);
+    snprintf(a->what, wl, "%s rid=%s", url, rid);
     struct pd_upstream_req req = {.method = "POST",
                                   .url = url,
                                   .body = body,
@@ -285,8 +363,13 @@ static void send_abort(struct pd_router *rt, const struct worker *w, const char 
                                   .timeout_ms = ABORT_TIMEOUT_MS};
     struct pd_upstream_cbs cbs = {.on_done = on_abort_done};
     pd_info("rid=%s: abort on %s (%s)", rid, w->spec->url, w->is_prefill ? "prefill" : "decode");
-    if (pd_upstream_call_start(rt->up, &req, &cbs, what, NULL))
-        pd_free(what);
+    a->rt = rt;
+    a->next = rt->aborts;
+    if (rt->aborts)
+        rt->aborts->prev = a;
+    rt->aborts = a;
+    if (pd_upstream_call_start(rt->up, &req, &cbs, a, &a->call))
+        abort_call_free(a);
     pd_free(body);
 }
 
@@ -345,8 +428,11 @@ static void finish_error(struct rreq *rq, int status, const char *msg) {
         pd_warn("room=%" PRIu64 " rid=%s: %d %s", rq->info.rooms[0], rq->info.rids[0], status, msg);
     else
         pd_warn("%s: %d %s", rq->path, status, msg);
+    struct pd_http_req *hr = rq->hr;
+    rq->hr = NULL;
+    PD_ASSERT(hr != NULL);
     if (!rq->streaming) {
-        respond_error(rq->fr, status, msg);
+        respond_error(hr, status, msg);
         return;
     }
     char *j = error_json(status, msg);
@@ -355,18 +441,20 @@ static void finish_error(struct rreq *rq, int status, const char *msg) {
     if (j)
         sb_put(&ev, j, strlen(j));
     sb_put(&ev, "\n\ndata: [DONE]\n\n", 16);
-    if (ev.p)
-        pd_front_stream_send(rq->fr, ev.p, ev.len);
-    pd_front_stream_end(rq->fr);
+    /* a send that fails means the client is gone (its on_gone ran): hr is not ours any more */
+    if (pd_http_stream_send(hr, ev.p ? ev.p : "", ev.len) != PD_ECANCELED)
+        pd_http_stream_end(hr);
     pd_free(ev.p);
     cJSON_free(j);
 }
 
-static void on_client_gone(void *ud) {
+static void on_client_gone(struct pd_http_req *hr, void *ud) {
     struct rreq *rq = ud;
+    (void)hr;
+    rq->hr = NULL; /* the server's now */
     if (rq->finished)
         return;
-    rq->finished = true; /* the front's finish comes below */
+    rq->finished = true;
     if (rq->kind == RREQ_GENERATE && rq->p >= 0) {
         pd_info("room=%" PRIu64 " rid=%s: client gone; aborting on both workers", rq->info.rooms[0],
                 rq->info.rids[0]);
@@ -375,10 +463,6 @@ static void on_client_gone(void *ud) {
     }
     drop_pcall(rq);
     drop_dcall(rq);
-    if (rq->streaming)
-        pd_front_stream_end(rq->fr);
-    else
-        pd_front_respond(rq->fr, 499, NULL, "", 0); /* nobody reads it */
     rreq_maybe_free(rq);
 }
 
@@ -416,6 +500,13 @@ static void on_prefill_done(void *ud, struct pd_upstream_call *call,
     rq->pcall = NULL;
     rt->prefill_load[rq->p].inflight--;
     bool ok = r->status == PD_OK && r->http_status / 100 == 2;
+    /* a worker that cannot be reached leaves rotation, also when decode happened to answer
+     * first (the order of the two is a race) */
+    if (r->status != PD_OK && r->status != PD_ETIMEDOUT) {
+        char why[200];
+        snprintf(why, sizeof(why), "request failed: %s", r->error);
+        set_healthy(pw, false, why);
+    }
     if (ok || !rq->dcall) {
         /* drained; or decode already answered the client */
         if (!ok)
@@ -425,11 +516,6 @@ static void on_prefill_done(void *ud, struct pd_upstream_call *call,
         return;
     }
     char msg[PREFILL_ERR_KEEP + 256];
-    if (r->status != PD_OK && r->status != PD_ETIMEDOUT) {
-        char why[200];
-        snprintf(why, sizeof(why), "request failed: %s", r->error);
-        set_healthy(pw, false, why);
-    }
     /* decode is waiting for a transfer that will not come: abort it there */
     abort_all_rids(rq, &rt->decode[rq->d]);
     drop_dcall(rq);
@@ -444,8 +530,10 @@ static void on_prefill_done(void *ud, struct pd_upstream_call *call,
         /* the request's own fault: the client sees prefill's answer */
         rq->finished = true;
         const char *b = rq->perr.p ? rq->perr.p : "";
-        pd_front_respond(rq->fr, (int)r->http_status, pd_upstream_call_content_type(call), b,
-                         rq->perr.len);
+        const char *ct = pd_upstream_call_content_type(call);
+        pd_http_respond(rq->hr, (int)r->http_status, *ct ? ct : "application/json", b,
+                        rq->perr.len);
+        rq->hr = NULL;
         rreq_maybe_free(rq);
         return;
     }
@@ -461,6 +549,28 @@ static void on_prefill_done(void *ud, struct pd_upstream_call *call,
     rreq_maybe_free(rq);
 }
 
+/* The client took enough of its backlog: read from decode again. */
+static void on_client_drained(struct pd_http_req *hr, void *ud) {
+    struct rreq *rq = ud;
+    (void)hr;
+    rq->paused = false;
+    pd_upstream_call_pause(rq->dcall, false); /* may deliver (and finish) at once: rq last */
+}
+
+/* After a piece went to a streaming client: pause decode while the client lags. */
+static void apply_backpressure(struct rreq *rq, struct pd_upstream_call *call) {
+    size_t high = (size_t)rq->rt->cfg->stream_buffer_bytes;
+    if (rq->paused || pd_http_stream_backlog(rq->hr) <= high)
+        return;
+    if (pd_http_stream_on_drain(rq->hr, high / 2, on_client_drained, rq) != PD_EAGAIN)
+        return;
+    rq->paused = true;
+    rq->rt->n_pauses++;
+    pd_debug("room=%" PRIu64 ": client lags (%zu bytes queued); pausing decode", rq->info.rooms[0],
+             pd_http_stream_backlog(rq->hr));
+    pd_upstream_call_pause(call, true);
+}
+
 static void on_decode_data(void *ud, struct pd_upstream_call *call, const char *buf, size_t len) {
     struct rreq *rq = ud;
     if (rq->finished)
@@ -470,13 +580,29 @@ static void on_decode_data(void *ud, struct pd_upstream_call *call, const char *
         const char *ct = pd_upstream_call_content_type(call);
         if (st / 100 == 2 && strncmp(ct, "text/event-stream", 17) == 0) {
             rq->streaming = true;
-            pd_front_stream_start(rq->fr, (int)st, ct);
+            if (pd_http_stream_start(rq->hr, (int)st, ct) != PD_OK)
+                return; /* cannot happen: a gone client's on_gone finished rq already */
         }
     }
-    if (rq->streaming)
-        pd_front_stream_send(rq->fr, buf, len);
-    else if (sb_put(&rq->dbuf, buf, len))
-        pd_error("room=%" PRIu64 ": out of memory buffering decode's answer", rq->info.rooms[0]);
+    if (!rq->streaming) {
+        if (sb_put(&rq->dbuf, buf, len))
+            pd_error("room=%" PRIu64 ": out of memory buffering decode's answer",
+                     rq->info.rooms[0]);
+        return;
+    }
+    int rc = pd_http_stream_send(rq->hr, buf, len);
+    if (rc == PD_ECANCELED)
+        return; /* the client is gone: on_client_gone ran and rq may be freed */
+    if (rc) {
+        abort_all_rids(rq, &rq->rt->prefill[rq->p]);
+        abort_all_rids(rq, &rq->rt->decode[rq->d]);
+        drop_pcall(rq);
+        drop_dcall(rq);
+        finish_error(rq, 500, "out of memory streaming decode's answer");
+        rreq_maybe_free(rq);
+        return;
+    }
+    apply_backpressure(rq, call);
 }
 
 static void on_decode_done(void *ud, struct pd_upstream_call *call,
@@ -497,12 +623,13 @@ static void on_decode_done(void *ud, struct pd_upstream_call *call,
         }
         rq->finished = true;
         if (rq->streaming) {
-            pd_front_stream_end(rq->fr);
+            pd_http_stream_end(rq->hr);
         } else {
             const char *ct = pd_upstream_call_content_type(call);
-            pd_front_respond(rq->fr, (int)r->http_status, *ct ? ct : "application/json",
-                             rq->dbuf.p ? rq->dbuf.p : "", rq->dbuf.len);
+            pd_http_respond(rq->hr, (int)r->http_status, *ct ? ct : "application/json",
+                            rq->dbuf.p ? rq->dbuf.p : "", rq->dbuf.len);
         }
+        rq->hr = NULL;
         rreq_maybe_free(rq);
         return;
     }
@@ -557,7 +684,7 @@ static int start_attempt(struct rreq *rq) {
     }
     const struct worker *pw = &rt->prefill[rq->p], *dw = &rt->decode[rq->d];
     size_t len;
-    const char *body = pd_front_req_body(rq->fr, &len);
+    const char *body = pd_http_req_body(rq->hr, &len);
     int rc = pd_router_body_rewrite(rq->route, body, len, pw->spec->host, pw->spec->bootstrap_port,
                                     &rt->rng, &rq->sent, &rq->sent_len, &rq->info);
     if (rc) {
@@ -597,22 +724,33 @@ static int start_attempt(struct rreq *rq) {
     return PD_OK;
 }
 
-static struct rreq *rreq_new(struct pd_router *rt, struct pd_front_req *fr, enum rreq_kind kind) {
+/* "Authorization: <the client's value>" for the workers, or NULL when it sent none. */
+static char *auth_line_new(struct pd_http_req *hr, bool *oom) {
+    size_t alen;
+    const char *auth = pd_http_req_header(hr, "authorization", &alen);
+    *oom = false;
+    if (!auth)
+        return NULL;
+    size_t n = alen + sizeof("Authorization: ");
+    char *line = pd_malloc(n);
+    if (line)
+        snprintf(line, n, "Authorization: %.*s", (int)alen, auth);
+    *oom = line == NULL;
+    return line;
+}
+
+static struct rreq *rreq_new(struct pd_router *rt, struct pd_http_req *hr, enum rreq_kind kind) {
     struct rreq *rq = pd_calloc(1, sizeof(*rq));
     if (!rq)
         return NULL;
     rq->rt = rt;
-    rq->fr = fr;
+    rq->hr = hr;
     rq->kind = kind;
     rq->p = rq->d = rq->prev_p = rq->prev_d = -1;
-    rq->path = pd_strdup(pd_front_req_path(fr));
-    const char *auth = pd_front_req_authorization(fr);
-    if (auth) {
-        size_t n = strlen(auth) + sizeof("Authorization: ");
-        if ((rq->auth_line = pd_malloc(n)))
-            snprintf(rq->auth_line, n, "Authorization: %s", auth);
-    }
-    if (!rq->path || (auth && !rq->auth_line)) {
+    rq->path = pd_strdup(pd_http_req_path(hr));
+    bool oom;
+    rq->auth_line = auth_line_new(hr, &oom);
+    if (!rq->path || oom) {
         pd_free(rq->path);
         pd_free(rq->auth_line);
         pd_free(rq);
@@ -622,17 +760,17 @@ static struct rreq *rreq_new(struct pd_router *rt, struct pd_front_req *fr, enum
     if (rt->reqs)
         rt->reqs->prev = rq;
     rt->reqs = rq;
-    pd_front_req_on_gone(fr, on_client_gone, rq);
+    pd_http_req_on_gone(hr, on_client_gone, rq);
     return rq;
 }
 
-static void handle_generate(struct pd_router *rt, struct pd_front_req *fr, int route) {
+static void handle_generate(struct pd_router *rt, struct pd_http_req *fr, int route) {
     const struct pd_router_config *cfg = rt->cfg;
     if (cfg->max_concurrent_requests > 0 && rt->active >= cfg->max_concurrent_requests) {
         char msg[160];
         snprintf(msg, sizeof(msg), "too many concurrent requests (--max-concurrent-requests %d)",
                  cfg->max_concurrent_requests);
-        pd_warn("%s: 429 %s", pd_front_req_path(fr), msg);
+        pd_warn("%s: 429 %s", pd_http_req_path(fr), msg);
         respond_error(fr, 429, msg);
         return;
     }
@@ -666,8 +804,9 @@ static void on_proxy_done(void *ud, struct pd_upstream_call *call,
         if (r->status == PD_OK) {
             rq->finished = true;
             const char *ct = pd_upstream_call_content_type(call);
-            pd_front_respond(rq->fr, (int)r->http_status, *ct ? ct : "application/json",
-                             rq->dbuf.p ? rq->dbuf.p : "", rq->dbuf.len);
+            pd_http_respond(rq->hr, (int)r->http_status, *ct ? ct : "application/json",
+                            rq->dbuf.p ? rq->dbuf.p : "", rq->dbuf.len);
+            rq->hr = NULL;
         } else {
             char msg[400];
             snprintf(msg, sizeof(msg), "decode worker %s failed: %s", rt->decode[rq->d].spec->url,
@@ -678,7 +817,7 @@ static void on_proxy_done(void *ud, struct pd_upstream_call *call,
     rreq_maybe_free(rq);
 }
 
-static void handle_proxy_get(struct pd_router *rt, struct pd_front_req *fr) {
+static void handle_proxy_get(struct pd_router *rt, struct pd_http_req *fr) {
     struct rreq *rq = rreq_new(rt, fr, RREQ_PROXY);
     if (!rq) {
         respond_error(fr, 500, "out of memory");
@@ -739,126 +878,121 @@ static cJSON *workers_json(const struct pd_router *rt) {
     return arr;
 }
 
-static void handle_server_info(struct pd_router *rt, struct pd_front_req *fr) {
+static void handle_server_info(struct pd_router *rt, struct pd_http_req *hr) {
     const struct pd_router_config *cfg = rt->cfg;
+    struct pd_http_server_stats hs;
+    pd_http_server_stats(rt->http, &hs);
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "version", PD_VERSION);
     cJSON_AddStringToObject(o, "disaggregation_mode", "router");
     cJSON_AddBoolToObject(o, "pd_disaggregation", true);
     cJSON_AddStringToObject(o, "policy", pd_router_policy_names[cfg->policy]);
     cJSON_AddStringToObject(o, "host", cfg->host);
-    cJSON_AddNumberToObject(o, "port", pd_front_port(rt->front));
+    cJSON_AddNumberToObject(o, "port", pd_http_server_port(rt->http));
     cJSON_AddBoolToObject(o, "api_key_required", cfg->api_key != NULL);
     cJSON_AddNumberToObject(o, "request_timeout_secs", cfg->request_timeout_secs);
     cJSON_AddNumberToObject(o, "max_concurrent_requests", cfg->max_concurrent_requests);
     cJSON_AddNumberToObject(o, "health_check_interval_secs", cfg->health_check_interval_secs);
+    cJSON_AddNumberToObject(o, "shutdown_timeout_secs", cfg->shutdown_timeout_secs);
     cJSON_AddNumberToObject(o, "num_running_reqs", rt->active);
     cJSON_AddNumberToObject(o, "num_requests_total", (double)rt->n_total);
     cJSON_AddNumberToObject(o, "num_failed_requests_total", (double)rt->n_failed);
     cJSON_AddNumberToObject(o, "num_retried_requests_total", (double)rt->n_retried);
+    /* backpressure: what the router holds for slow clients, and how often decode waited */
+    cJSON_AddNumberToObject(o, "stream_buffer_bytes_limit", cfg->stream_buffer_bytes);
+    cJSON_AddNumberToObject(o, "stream_buffer_bytes", (double)hs.stream_backlog);
+    cJSON_AddNumberToObject(o, "stream_buffer_peak_bytes", (double)hs.stream_backlog_peak);
+    cJSON_AddNumberToObject(o, "num_stream_pauses_total", (double)rt->n_pauses);
+    cJSON_AddNumberToObject(o, "num_slow_clients_cut_total", (double)hs.slow_clients_cut);
     cJSON_AddItemToObject(o, "workers", workers_json(rt));
     /* benchmark clients index internal_states[0] */
     cJSON *states = cJSON_AddArrayToObject(o, "internal_states");
     cJSON_AddItemToArray(states, cJSON_CreateObject());
-    respond_cjson(fr, 200, o);
+    respond_cjson(hr, 200, o);
 }
 
-static void handle_get_load(struct pd_router *rt, struct pd_front_req *fr) {
+static void handle_get_load(struct pd_router *rt, struct pd_http_req *hr) {
     cJSON *o = cJSON_CreateObject();
     cJSON_AddNumberToObject(o, "load", rt->active);
     cJSON_AddItemToObject(o, "workers", workers_json(rt));
-    respond_cjson(fr, 200, o);
+    respond_cjson(hr, 200, o);
 }
 
-static void handle_health(struct pd_router *rt, struct pd_front_req *fr) {
+static void handle_health(struct pd_router *rt, struct pd_http_req *hr) {
     int hp = count_healthy(rt->prefill_load, rt->cfg->n_prefill);
     int hd = count_healthy(rt->decode_load, rt->cfg->n_decode);
     if (hp > 0 && hd > 0 && !rt->shutting_down) {
-        pd_front_respond(fr, 200, "text/plain", "", 0);
+        pd_http_respond(hr, 200, "text/plain", "", 0);
         return;
     }
     char msg[160];
-    snprintf(msg, sizeof(msg), "not ready: %d/%d prefill and %d/%d decode workers healthy", hp,
-             rt->cfg->n_prefill, hd, rt->cfg->n_decode);
-    respond_error(fr, 503, msg);
+    if (rt->shutting_down)
+        snprintf(msg, sizeof(msg), "the router is shutting down");
+    else
+        snprintf(msg, sizeof(msg), "not ready: %d/%d prefill and %d/%d decode workers healthy", hp,
+                 rt->cfg->n_prefill, hd, rt->cfg->n_decode);
+    respond_error(hr, 503, msg);
 }
 
 /* POST /abort_request from a client: the rid may live on any worker; tell them all. */
-static void handle_abort(struct pd_router *rt, struct pd_front_req *fr) {
+static void handle_abort(struct pd_router *rt, struct pd_http_req *hr) {
     size_t len;
-    const char *body = pd_front_req_body(fr, &len);
+    const char *body = pd_http_req_body(hr, &len);
     cJSON *j = cJSON_ParseWithLength(body, len);
     const cJSON *rid = cJSON_GetObjectItemCaseSensitive(j, "rid");
     if (!cJSON_IsString(rid)) {
         cJSON_Delete(j);
-        respond_error(fr, 400, "abort_request needs {\"rid\": \"...\"}");
+        respond_error(hr, 400, "abort_request needs {\"rid\": \"...\"}");
         return;
     }
-    const char *auth = pd_front_req_authorization(fr);
-    char line[512];
-    if (auth)
-        snprintf(line, sizeof(line), "Authorization: %s", auth);
+    bool oom;
+    char *line = auth_line_new(hr, &oom);
     for (int i = 0; i < rt->cfg->n_prefill; i++)
-        send_abort(rt, &rt->prefill[i], rid->valuestring, auth ? line : NULL);
+        send_abort(rt, &rt->prefill[i], rid->valuestring, line);
     for (int i = 0; i < rt->cfg->n_decode; i++)
-        send_abort(rt, &rt->decode[i], rid->valuestring, auth ? line : NULL);
+        send_abort(rt, &rt->decode[i], rid->valuestring, line);
+    pd_free(line);
     cJSON_Delete(j);
-    respond_json(fr, 200, "{}");
+    respond_json(hr, 200, "{}");
 }
 
-static bool authorized(const struct pd_router *rt, struct pd_front_req *fr) {
+/* "Authorization: Bearer <key>", compared in time independent of where it differs. */
+static bool authorized(const struct pd_router *rt, struct pd_http_req *hr) {
     const char *key = rt->cfg->api_key;
     if (!key)
         return true;
-    const char *a = pd_front_req_authorization(fr);
-    return a && strncmp(a, "Bearer ", 7) == 0 && strcmp(a + 7, key) == 0;
+    size_t alen, klen = strlen(key);
+    const char *a = pd_http_req_header(hr, "authorization", &alen);
+    if (!a || alen != 7 + klen || strncmp(a, "Bearer ", 7) != 0)
+        return false;
+    unsigned char diff = 0;
+    for (size_t i = 0; i < klen; i++)
+        diff |= (unsigned char)(a[7 + i] ^ key[i]);
+    return diff == 0;
 }
 
-static void on_request(void *ud, struct pd_front_req *fr) {
-    struct pd_router *rt = ud;
-    const char *m = pd_front_req_method(fr), *path = pd_front_req_path(fr);
-    bool get = strcmp(m, "GET") == 0 || strcmp(m, "HEAD") == 0, post = strcmp(m, "POST") == 0;
+static void on_request(struct pd_http_req *hr, void *ud) {
+    const struct endpoint *ep = ud;
+    struct pd_router *rt = ep->rt;
+    if (ep->kind == EP_HEALTH) {
+        handle_health(rt, hr);
+        return;
+    }
     if (rt->shutting_down) {
-        respond_error(fr, 503, "the router is shutting down");
+        respond_error(hr, 503, "the router is shutting down");
         return;
     }
-    if (strcmp(path, "/health") == 0 && get) {
-        handle_health(rt, fr);
+    if (!authorized(rt, hr)) {
+        respond_error(hr, 401, "invalid or missing API key (Authorization: Bearer ...)");
         return;
     }
-    if (!authorized(rt, fr)) {
-        respond_error(fr, 401, "invalid or missing API key (Authorization: Bearer ...)");
-        return;
-    }
-    static const struct {
-        const char *path;
-        int route;
-    } gen[] = {{"/generate", PD_ROUTER_ROUTE_GENERATE},
-               {"/v1/completions", PD_ROUTER_ROUTE_COMPLETIONS},
-               {"/v1/chat/completions", PD_ROUTER_ROUTE_CHAT}};
-    for (size_t i = 0; i < PD_ARRAY_LEN(gen); i++) {
-        if (strcmp(path, gen[i].path) == 0) {
-            if (post)
-                handle_generate(rt, fr, gen[i].route);
-            else
-                respond_error(fr, 405, "use POST");
-            return;
-        }
-    }
-    if (get && (strcmp(path, "/v1/models") == 0 || strcmp(path, "/health_generate") == 0 ||
-                strcmp(path, "/model_info") == 0 || strcmp(path, "/get_model_info") == 0)) {
-        handle_proxy_get(rt, fr);
-    } else if (get &&
-               (strcmp(path, "/server_info") == 0 || strcmp(path, "/get_server_info") == 0)) {
-        handle_server_info(rt, fr);
-    } else if (get && strcmp(path, "/get_load") == 0) {
-        handle_get_load(rt, fr);
-    } else if (post && strcmp(path, "/abort_request") == 0) {
-        handle_abort(rt, fr);
-    } else {
-        char msg[300];
-        snprintf(msg, sizeof(msg), "no route for %s %.200s", m, path);
-        respond_error(fr, 404, msg);
+    switch (ep->kind) {
+    case EP_GENERATE: handle_generate(rt, hr, ep->route); break;
+    case EP_PROXY_GET: handle_proxy_get(rt, hr); break;
+    case EP_SERVER_INFO: handle_server_info(rt, hr); break;
+    case EP_GET_LOAD: handle_get_load(rt, hr); break;
+    case EP_ABORT: handle_abort(rt, hr); break;
+    case EP_HEALTH: break;
     }
 }
 
@@ -885,6 +1019,25 @@ static int init_workers(struct pd_router *rt) {
     return PD_OK;
 }
 
+static int start_http(struct pd_router *rt) {
+    const struct pd_router_config *cfg = rt->cfg;
+    /* no api_key here: the router checks it (on_request) to keep its 401 body */
+    struct pd_http_server_config hc = {
+        .host = cfg->host, .port = cfg->port, .max_body_bytes = MAX_BODY_BYTES};
+    int rc = pd_http_server_new(rt->loop, &hc, &rt->http);
+    if (rc)
+        return rc;
+    for (size_t i = 0; i < N_ENDPOINTS; i++) {
+        rt->endpoints[i] = (struct endpoint){
+            .rt = rt, .kind = endpoint_table[i].kind, .route = endpoint_table[i].route};
+        rc = pd_http_server_route(rt->http, endpoint_table[i].method, endpoint_table[i].path,
+                                  PD_HTTP_PUBLIC, on_request, &rt->endpoints[i]);
+        if (rc)
+            return rc;
+    }
+    return pd_http_server_listen(rt->http);
+}
+
 int pd_router_new(uv_loop_t *loop, const struct pd_router_config *cfg, struct pd_router **out) {
     int rc;
     struct pd_router *rt = pd_calloc(1, sizeof(*rt));
@@ -892,39 +1045,110 @@ int pd_router_new(uv_loop_t *loop, const struct pd_router_config *cfg, struct pd
         return pd_errorf(PD_ENOMEM, "router");
     rt->loop = loop;
     rt->cfg = cfg;
-    *out = rt; /* lives for the process, also on failure (main exits) */
+    *out = rt; /* on failure too: see router.h */
     if ((rc = pd_router_rng_seed(&rt->rng)))
         return rc;
     if ((rc = init_workers(rt)))
         return rc;
     if ((rc = pd_upstream_new(loop, &rt->up)))
         return rc;
-    if ((rc = pd_front_new(loop, cfg->host, cfg->port, MAX_BODY_BYTES, on_request, rt, &rt->front)))
+    if ((rc = start_http(rt)))
         return rc;
     if (cfg->policy == PD_ROUTER_POLICY_CACHE_AWARE)
         pd_info("policy cache_aware: no prefix-aware routing yet; using power_of_two");
     uv_timer_init(loop, &rt->health_timer);
     rt->health_timer.data = rt;
+    uv_timer_init(loop, &rt->drain_timer);
+    rt->drain_timer.data = rt;
     uint64_t every = (uint64_t)(cfg->health_check_interval_secs * 1000);
     uv_timer_start(&rt->health_timer, on_health_tick, 0, every ? every : 1);
     return PD_OK;
 }
 
 int pd_router_port(const struct pd_router *rt) {
-    return pd_front_port(rt->front);
+    return pd_http_server_port(rt->http);
 }
 
-void pd_router_shutdown(struct pd_router *rt) {
-    if (rt->shutting_down)
+static void on_handle_closed(uv_handle_t *h) {
+    struct pd_router *rt = h->data;
+    if (--rt->open_handles > 0)
         return;
-    rt->shutting_down = true;
-    pd_front_stop_listening(rt->front);
-    uv_timer_stop(&rt->health_timer);
-    uv_close((uv_handle_t *)&rt->health_timer, NULL); /* embedded in rt, which outlives the loop */
-    /* in-flight requests: abort them on the workers, tell their clients */
+    pd_info("every handle closed");
+    if (rt->done)
+        rt->done(rt, rt->done_ud);
+}
+
+/* The server is closed and the aborts went out (or ABORT_FLUSH_MS passed): release the rest. */
+static void close_all(struct pd_router *rt) {
+    int left = pd_upstream_active(rt->up);
+    if (left)
+        pd_warn("%d upstream calls still open at exit; cancelling them", left);
     for (struct rreq *rq = rt->reqs, *next; rq; rq = next) {
         next = rq->next;
-        if (!rq->finished && rq->kind == RREQ_GENERATE && rq->p >= 0) {
+        PD_ASSERT(rq->finished);
+        drop_pcall(rq);
+        drop_dcall(rq);
+        rreq_maybe_free(rq);
+    }
+    for (int side = 0; side < 2; side++) {
+        int n = side ? rt->cfg->n_decode : rt->cfg->n_prefill;
+        for (int i = 0; i < n; i++) {
+            struct worker *w = side ? &rt->decode[i] : &rt->prefill[i];
+            pd_upstream_call_cancel(w->health_call);
+            pd_upstream_call_cancel(w->load_call);
+            w->health_call = w->load_call = NULL;
+        }
+    }
+    while (rt->aborts) {
+        pd_upstream_call_cancel(rt->aborts->call);
+        abort_call_free(rt->aborts);
+    }
+    pd_upstream_free(rt->up); /* its own handles close on their own */
+    rt->up = NULL;
+    rt->open_handles = 2;
+    uv_close((uv_handle_t *)&rt->health_timer, on_handle_closed);
+    uv_close((uv_handle_t *)&rt->drain_timer, on_handle_closed);
+}
+
+static void on_final_poll(uv_timer_t *t) {
+    struct pd_router *rt = t->data;
+    if (pd_upstream_active(rt->up) > 0 && uv_now(rt->loop) - rt->final_since_ms < ABORT_FLUSH_MS)
+        return;
+    uv_timer_stop(t);
+    close_all(rt);
+}
+
+static void on_http_closed(struct pd_http_server *s, void *ud) {
+    struct pd_router *rt = ud;
+    (void)s;
+    rt->http_closed = true;
+    /* health polls are over; what is left are prefill drains and aborts */
+    for (int side = 0; side < 2; side++) {
+        int n = side ? rt->cfg->n_decode : rt->cfg->n_prefill;
+        for (int i = 0; i < n; i++) {
+            struct worker *w = side ? &rt->decode[i] : &rt->prefill[i];
+            pd_upstream_call_cancel(w->health_call);
+            pd_upstream_call_cancel(w->load_call);
+            w->health_call = w->load_call = NULL;
+        }
+    }
+    rt->final_since_ms = uv_now(rt->loop);
+    uv_timer_start(&rt->drain_timer, on_final_poll, 0, FINAL_POLL_MS);
+}
+
+/* The drain deadline: abort what is still in flight; each client gets an error. */
+static void abort_inflight(struct pd_router *rt) {
+    rt->draining_done = true;
+    int n = 0;
+    for (struct rreq *rq = rt->reqs; rq; rq = rq->next)
+        n += !rq->finished;
+    if (n)
+        pd_warn("shutdown deadline: aborting %d requests still in flight", n);
+    for (struct rreq *rq = rt->reqs, *next; rq; rq = next) {
+        next = rq->next;
+        if (rq->finished)
+            continue;
+        if (rq->kind == RREQ_GENERATE && rq->p >= 0) {
             abort_all_rids(rq, &rt->prefill[rq->p]);
             abort_all_rids(rq, &rt->decode[rq->d]);
         }
@@ -933,14 +1157,44 @@ void pd_router_shutdown(struct pd_router *rt) {
         finish_error(rq, 503, "the router is shutting down");
         rreq_maybe_free(rq);
     }
-    for (int i = 0; i < rt->cfg->n_prefill; i++) {
-        pd_upstream_call_cancel(rt->prefill[i].health_call);
-        pd_upstream_call_cancel(rt->prefill[i].load_call);
+}
+
+static void on_drain_deadline(uv_timer_t *t) {
+    abort_inflight(t->data);
+}
+
+void pd_router_shutdown(struct pd_router *rt, uint64_t timeout_ms, pd_router_done_fn done,
+                        void *ud) {
+    if (rt->shutting_down) {
+        if (!rt->draining_done && !rt->http_closed) {
+            pd_info("second stop request: aborting what is in flight now");
+            uv_timer_stop(&rt->drain_timer);
+            abort_inflight(rt);
+        }
+        return;
+    }
+    rt->shutting_down = true;
+    rt->done = done;
+    rt->done_ud = ud;
+    pd_info("shutting down: %d requests in flight, waiting up to %llu ms", rt->active,
+            (unsigned long long)timeout_ms);
+    uv_timer_stop(&rt->health_timer);
+    uv_timer_start(&rt->drain_timer, on_drain_deadline, timeout_ms, 0);
+    pd_http_server_shutdown(rt->http, timeout_ms + CUT_GRACE_MS, on_http_closed, rt);
+}
+
+void pd_router_free(struct pd_router *rt) {
+    if (!rt)
+        return;
+    PD_ASSERT(rt->reqs == NULL);
+    pd_http_server_free(rt->http);
+    for (int i = 0; i < rt->cfg->n_prefill; i++)
         pd_free(rt->prefill[i].load_body.p);
-    }
-    for (int i = 0; i < rt->cfg->n_decode; i++) {
-        pd_upstream_call_cancel(rt->decode[i].health_call);
-        pd_upstream_call_cancel(rt->decode[i].load_call);
+    for (int i = 0; i < rt->cfg->n_decode; i++)
         pd_free(rt->decode[i].load_body.p);
-    }
+    pd_free(rt->prefill);
+    pd_free(rt->decode);
+    pd_free(rt->prefill_load);
+    pd_free(rt->decode_load);
+    pd_free(rt);
 }

@@ -4,26 +4,37 @@
  * (least load), add the bootstrap fields, send the same body to both at once, stream decode's
  * answer to the client, drain prefill's; prefill error → abort decode + 502; client gone → abort
  * both; a worker unreachable before any byte went to the client → out of rotation, retry once on
- * another pair.
+ * another pair. Decode's stream is read only as fast as the client takes it (backpressure).
  *
- * Everything runs on one libuv loop thread. The router owns its front (HTTP server), its upstream
- * client and the per-request state; pd_router_free tears them down.
+ * Everything runs on one libuv loop thread. The router owns its HTTP server (common/
+ * http_server), its upstream client and the per-request state; pd_router_shutdown closes their
+ * handles and pd_router_free releases the memory.
  */
 #ifndef PD_ROUTER_ROUTER_H
 #define PD_ROUTER_ROUTER_H
 
+#include <stdint.h>
 #include <uv.h>
 
 #include "router/config.h"
 
 struct pd_router;
 
-/* Starts listening and health-checking on loop. cfg must outlive the router. */
+typedef void (*pd_router_done_fn)(struct pd_router *rt, void *ud);
+
+/* Starts listening and health-checking on loop. cfg must outlive the router. On failure *out is
+ * still set and holds loop handles: the process is meant to exit. */
 int pd_router_new(uv_loop_t *loop, const struct pd_router_config *cfg, struct pd_router **out);
 /* The port it listens on (the real one when --port 0). */
 int pd_router_port(const struct pd_router *rt);
-/* Stops accepting, cancels what is in flight (clients get an error), closes handles; the loop
- * then runs to completion and the router is freed. */
-void pd_router_shutdown(struct pd_router *rt);
+/* Graceful stop: no new connections (requests on open ones and /health get 503); requests in
+ * flight may finish for timeout_ms. Then the rest are aborted on their workers and their clients
+ * get an error (a stream: one error event and [DONE]); a client that does not take it is cut 1 s
+ * later. Once the aborts went out (at most 2 s more) every handle is closed and done runs; then
+ * call pd_router_free. A second call aborts what is still in flight at once. */
+void pd_router_shutdown(struct pd_router *rt, uint64_t timeout_ms, pd_router_done_fn done,
+                        void *ud);
+/* After done. NULL is fine. */
+void pd_router_free(struct pd_router *rt);
 
 #endif

@@ -3,7 +3,9 @@
  *
  * Invariants: curl's multi handle is touched (add/remove handle) only outside curl callbacks:
  * `in_curl` is set around every curl_multi_socket_action, and starts and cancels made meanwhile
- * are queued (`pending_add`, `pending_free`) and applied by settle() once curl has returned.
+ * are queued (`pending_add`, `pending_free`) and applied by settle() once curl has returned; so
+ * are pauses (`want_paused` vs `paused`). A call paused while curl is delivering to it refuses
+ * the next piece with CURL_WRITEFUNC_PAUSE (curl keeps that piece and pauses itself).
  * Every uv handle is freed in its close callback; the upstream itself is freed in the close
  * callback of its timer, after every socket poll it opened has been closed (curl reports each
  * socket's removal through the socket callback before it closes the fd).
@@ -41,8 +43,10 @@ struct pd_upstream_call {
     char *body; /* owned copy of the POST body */
     struct pd_upstream_cbs cbs;
     void *ud;
-    bool added;     /* in the multi handle */
-    bool cancelled; /* no callbacks any more; freed by settle() */
+    bool added;       /* in the multi handle */
+    bool cancelled;   /* no callbacks any more; freed by settle() */
+    bool want_paused; /* pd_upstream_call_pause's last word */
+    bool paused;      /* curl's state as we left it */
     long http_status;
     char content_type[128];
     char errbuf[CURL_ERROR_SIZE];
@@ -55,6 +59,18 @@ struct poll_ctx {
 };
 
 static void settle(struct pd_upstream *up);
+
+/* Outside curl callbacks only; curl may call on_write from in here when unpausing. */
+static void apply_pause(struct pd_upstream_call *c) {
+    struct pd_upstream *up = c->up;
+    c->paused = c->want_paused; /* before: on_write may pause it again from inside */
+    up->in_curl = true;
+    CURLcode rc = curl_easy_pause(c->easy, c->want_paused ? CURLPAUSE_RECV : CURLPAUSE_CONT);
+    up->in_curl = false;
+    if (rc != CURLE_OK)
+        pd_warn("upstream: %s a response failed: %s", c->want_paused ? "pausing" : "resuming",
+                curl_easy_strerror(rc));
+}
 
 static void call_unlink_free(struct pd_upstream_call *c) {
     struct pd_upstream *up = c->up;
@@ -141,6 +157,9 @@ static void settle(struct pd_upstream *up) {
             next = c->next;
             if (c->cancelled) {
                 call_unlink_free(c);
+            } else if (c->added && c->want_paused != c->paused) {
+                apply_pause(c);
+                up->dirty = true; /* its callbacks may have queued more */
             } else if (!c->added) {
                 CURLMcode mc = curl_multi_add_handle(up->multi, c->easy);
                 if (mc == CURLM_OK) {
@@ -261,6 +280,10 @@ static size_t on_write(char *buf, size_t size, size_t n, void *userp) {
     struct pd_upstream_call *c = userp;
     if (c->cancelled)
         return 0; /* aborts the transfer */
+    if (c->want_paused) {
+        c->paused = true;
+        return CURL_WRITEFUNC_PAUSE; /* curl delivers this piece again when resumed */
+    }
     if (c->cbs.on_data && size * n != 0)
         c->cbs.on_data(c->ud, c, buf, size * n);
     return size * n;
@@ -381,6 +404,13 @@ void pd_upstream_call_cancel(struct pd_upstream_call *c) {
     c->cancelled = true;
     c->up->n_active--;
     settle(c->up);
+}
+
+void pd_upstream_call_pause(struct pd_upstream_call *c, bool paused) {
+    if (!c || c->cancelled || c->want_paused == paused)
+        return;
+    c->want_paused = paused;
+    settle(c->up); /* now, or once curl has returned */
 }
 
 long pd_upstream_call_http_status(const struct pd_upstream_call *c) {

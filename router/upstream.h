@@ -9,7 +9,8 @@
  * calls (curl forbids touching the multi handle from inside its callbacks, so such changes are
  * queued and applied when curl returns). Owner: the caller owns the pd_upstream; each call is
  * owned by the upstream and freed after on_done or cancel.
- * Not done here: response backpressure (a slow client makes the router buffer what decode sends).
+ * Backpressure: pd_upstream_call_pause stops reading a call's response (curl_easy_pause), so a
+ * slow client makes TCP push back on the worker instead of the router buffering its answer.
  */
 #ifndef PD_ROUTER_UPSTREAM_H
 #define PD_ROUTER_UPSTREAM_H
@@ -55,6 +56,11 @@ int pd_upstream_call_start(struct pd_upstream *up, const struct pd_upstream_req 
                            struct pd_upstream_call **out);
 /* No callback of the call runs after this; the transfer is torn down. NULL is accepted. */
 void pd_upstream_call_cancel(struct pd_upstream_call *call);
+
+/* While paused the call reads nothing more from its worker and on_data does not run (its
+ * timeout still counts). Unpausing may deliver data curl held back before this returns; on_done
+ * may follow. Either may be called from any callback. NULL is accepted. */
+void pd_upstream_call_pause(struct pd_upstream_call *call, bool paused);
 
 /* The response status (0 before the status line) and Content-Type ("" when none). */
 long pd_upstream_call_http_status(const struct pd_upstream_call *call);

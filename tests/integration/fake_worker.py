@@ -8,7 +8,8 @@ exist, and it records what it saw so tests can check the router's behaviour:
   GET  /_fake/log     -> {"requests": [{path, body, headers}], "aborts": [rid], "sent": {rid: text}}
   POST /_fake/config  -> merge settings: health (status of /health), load, fail (HTTP status for
                          generation requests, 0 = none), hang (wait until aborted/unhung),
-                         tokens, token_delay_ms, prefill_delay_ms
+                         tokens, token_delay_ms, prefill_delay_ms, pad (bytes of filler per
+                         streamed event, to make a stream large)
 Usage: fake_worker.py --role prefill|decode [--port N]; prints "PORT <n>" on stdout when ready.
 """
 import argparse
@@ -22,7 +23,7 @@ LOCK = threading.Lock()
 COND = threading.Condition(LOCK)
 STATE = {"requests": [], "aborts": [], "sent": {}}
 CONFIG = {"health": 200, "load": 0, "fail": 0, "hang": False, "tokens": 5,
-          "token_delay_ms": 10, "prefill_delay_ms": 0}
+          "token_delay_ms": 10, "prefill_delay_ms": 0, "pad": 0}
 ROLE = "decode"
 
 
@@ -149,6 +150,8 @@ class Handler(BaseHTTPRequestHandler):
                                        "finish_reason": None}]}
                 else:
                     ev = {"text": " ".join(words[:i + 1]), "meta_info": {"id": rid}}
+                if cfg["pad"]:
+                    ev["pad"] = "x" * cfg["pad"]
                 chunk = "data: " + json.dumps(ev) + "\n\n"
                 sent.append(chunk)
                 data = chunk.encode()

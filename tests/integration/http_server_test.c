@@ -2,9 +2,11 @@
  * by libcurl as a client would: JSON routes, 404/405, 401 API key, 413 for a 10 MB body (with
  * and without Expect: 100-continue, and chunked), 400 from the API parser, SSE streams whose
  * tokens come from a separate "compute" thread through uv_async (one and several at once),
- * a client leaving mid-stream and before any byte (the daemon's on_gone fires and the compute
- * side stops), and a graceful shutdown that finishes a running stream, cuts a stuck request at
- * the deadline and closes every handle (uv_loop_close succeeds). */
+ * a client leaving mid-stream and before any byte, also on a GET without a body (the daemon's
+ * on_gone fires and the compute side stops), raw streams (any status and content type, bytes as
+ * they are), backpressure (a producer that waits on pd_http_stream_on_drain keeps a slow
+ * client's backlog bounded), and a graceful shutdown that finishes a running stream, cuts a stuck
+ * request at the deadline and closes every handle (uv_loop_close succeeds). */
 #include "pd_test.h"
 
 #include "common/alloc.h"
@@ -16,6 +18,7 @@
 #include <curl/curl.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 #include <uv.h>
@@ -175,6 +178,75 @@ static void h_echo(struct pd_http_req *r, void *ud) {
     pd_http_respond_json(r, 200, out);
 }
 
+/* /raw: a raw stream, bytes exactly as given (no SSE framing), any status and content type. */
+static void h_raw(struct pd_http_req *r, void *ud) {
+    (void)ud;
+    CHECK_OK(pd_http_stream_start(r, 201, "application/x-ndjson"));
+    CHECK_OK(pd_http_stream_send(r, "{\"a\":1}\n", 8));
+    CHECK_OK(pd_http_stream_send(r, "", 0));
+    CHECK_OK(pd_http_stream_send(r, "data: x\r\n\x01\xff", 11));
+    CHECK_OK(pd_http_stream_end(r));
+}
+
+/* /flood: FLOOD_TOTAL bytes (byte i = i % 251) as fast as the client takes them, but never more
+ * than FLOOD_HIGH queued: the producer waits on pd_http_stream_on_drain. */
+#define FLOOD_TOTAL (8u << 20)
+#define FLOOD_CHUNK (16u << 10)
+#define FLOOD_HIGH (128u << 10)
+struct flood {
+    struct pd_http_req *req;
+    size_t sent;
+};
+static struct flood flood;
+static atomic_size_t flood_peak;     /* the largest backlog right after a send */
+static atomic_size_t flood_srv_peak; /* pd_http_server_stats' peak, read on the loop */
+static atomic_int flood_waits, flood_done;
+
+static void flood_gone(struct pd_http_req *r, void *ud) {
+    (void)r;
+    ((struct flood *)ud)->req = NULL;
+    atomic_fetch_add(&gone_count, 1);
+}
+
+static void flood_pump(struct pd_http_req *r, void *ud) {
+    struct flood *f = ud;
+    static char chunk[FLOOD_CHUNK];
+    while (f->sent < FLOOD_TOTAL) {
+        if (pd_http_stream_backlog(r) > FLOOD_HIGH) {
+            int rc = pd_http_stream_on_drain(r, FLOOD_HIGH / 2, flood_pump, f);
+            if (rc == PD_EAGAIN) {
+                atomic_fetch_add(&flood_waits, 1);
+                return;
+            }
+            if (rc != PD_OK)
+                return; /* gone */
+        }
+        size_t n = FLOOD_TOTAL - f->sent < FLOOD_CHUNK ? FLOOD_TOTAL - f->sent : FLOOD_CHUNK;
+        for (size_t i = 0; i < n; i++)
+            chunk[i] = (char)((f->sent + i) % 251);
+        if (pd_http_stream_send(r, chunk, n) != PD_OK)
+            return;
+        f->sent += n;
+        size_t b = pd_http_stream_backlog(r);
+        if (b > atomic_load(&flood_peak))
+            atomic_store(&flood_peak, b);
+    }
+    struct pd_http_server_stats st;
+    pd_http_server_stats(srv, &st);
+    atomic_store(&flood_srv_peak, st.stream_backlog_peak);
+    f->req = NULL;
+    pd_http_stream_end(r);
+    atomic_store(&flood_done, 1);
+}
+
+static void h_flood(struct pd_http_req *r, void *ud) {
+    (void)ud;
+    flood = (struct flood){.req = r};
+    CHECK_OK(pd_http_stream_start(r, 200, "application/octet-stream"));
+    pd_http_req_on_gone(r, flood_gone, &flood);
+    flood_pump(r, &flood);
+}
+
 static void h_slow(struct pd_http_req *r, void *ud) {
     (void)ud;
     stuck_req = r; /* answered by nobody: only a disconnect or the shutdown deadline ends it */
@@ -239,6 +311,12 @@ static void on_closed(struct pd_http_server *s, void *ud) {
     atomic_store(&closed_called, 1);
     uv_close((uv_handle_t *)&token_async, NULL);
     uv_close((uv_handle_t *)&ctl_async, NULL);
+}
+
+static void on_idle_closed(struct pd_http_server *s, void *ud) {
+    (void)s;
+    (void)ud;
+    atomic_store(&closed_called, 1);
 }
 
 static atomic_int shutdown_timeout_ms;
@@ -681,6 +759,88 @@ static void test_disconnect_before_response(void) {
     resp_free(&r);
 }
 
+/* The same for a GET: no body, so h2o left method/path/headers in the socket buffer that the
+ * server's watch reads into; the request must still be seen leaving. */
+static void test_disconnect_before_response_get(void) {
+    int before = atomic_load(&gone_count);
+    CURL *c = curl_easy_init();
+    struct resp r = {0};
+    CURLcode rc = http(c, "GET", "/slow?x=1", NULL, 0, NULL, 300, &r);
+    CHECK_INT(rc, CURLE_OPERATION_TIMEDOUT);
+    curl_easy_cleanup(c);
+    CHECK(wait_for(&gone_count, before + 1, 3000));
+    resp_free(&r);
+}
+
+static void test_raw_stream(void) {
+    struct resp r = {0};
+    CHECK_INT(http(keepalive, "POST", "/raw", "{}", 2, NULL, 5000, &r), CURLE_OK);
+    CHECK_INT(r.status, 201);
+    CHECK_STR(r.ctype, "application/x-ndjson");
+    CHECK_INT(r.len, 19);
+    CHECK(r.body && memcmp(r.body, "{\"a\":1}\ndata: x\r\n\x01\xff", 19) == 0);
+    resp_free(&r);
+    /* the connection is still good */
+    CHECK_INT(http(keepalive, "GET", "/health", NULL, 0, NULL, 5000, &r), CURLE_OK);
+    CHECK_INT(r.status, 200);
+    resp_free(&r);
+}
+
+struct slow_reader {
+    size_t got;
+    bool bad;
+    bool slept;
+};
+
+static size_t slow_read(char *p, size_t sz, size_t n, void *ud) {
+    struct slow_reader *s = ud;
+    size_t k = sz * n;
+    if (!s->slept) {
+        s->slept = true;
+        usleep(700000); /* the client stops reading for a while */
+    }
+    for (size_t i = 0; i < k; i++)
+        s->bad |= (unsigned char)p[i] != (s->got + i) % 251;
+    s->got += k;
+    return k;
+}
+
+static int small_rcvbuf(void *ud, curl_socket_t fd, curlsocktype purpose) {
+    (void)ud;
+    (void)purpose;
+    int v = 4096;
+    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &v, sizeof(v));
+    return CURL_SOCKOPT_OK;
+}
+
+static void test_backpressure(void) {
+    CURL *c = curl_easy_init();
+    struct slow_reader sr = {0};
+    char url[256];
+    snprintf(url, sizeof(url), "%s/flood", url_base);
+    struct curl_slist *h = curl_slist_append(NULL, "Authorization: Bearer " API_KEY);
+    curl_easy_setopt(c, CURLOPT_URL, url);
+    curl_easy_setopt(c, CURLOPT_HTTPHEADER, h);
+    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, slow_read);
+    curl_easy_setopt(c, CURLOPT_WRITEDATA, &sr);
+    curl_easy_setopt(c, CURLOPT_SOCKOPTFUNCTION, small_rcvbuf);
+    curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, 30000L);
+    CHECK_INT(curl_easy_perform(c), CURLE_OK);
+    long status = 0;
+    curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &status);
+    CHECK_INT(status, 200);
+    CHECK(sr.got == FLOOD_TOTAL && !sr.bad); /* every byte, in order */
+    CHECK(wait_for(&flood_done, 1, 3000));
+    /* the producer had to wait for the slow client, and what was queued stayed bounded */
+    CHECK(atomic_load(&flood_waits) >= 1);
+    CHECK(atomic_load(&flood_peak) <= FLOOD_HIGH + FLOOD_CHUNK);
+    CHECK(atomic_load(&flood_srv_peak) <= FLOOD_HIGH + FLOOD_CHUNK);
+    fprintf(stderr, "note: backpressure: %d waits, peak backlog %zu bytes for %u sent\n",
+            atomic_load(&flood_waits), (size_t)atomic_load(&flood_peak), FLOOD_TOTAL);
+    curl_slist_free_all(h);
+    curl_easy_cleanup(c);
+}
+
 static void *slow_client_main(void *p) {
     struct client_arg *a = p;
     CURL *c = curl_easy_init();
@@ -741,6 +901,9 @@ int main(int argc, char **argv) {
     CHECK_OK(pd_http_server_route(srv, "GET", "/health", PD_HTTP_PUBLIC, h_health, NULL));
     CHECK_OK(pd_http_server_route(srv, "POST", "/echo", 0, h_echo, NULL));
     CHECK_OK(pd_http_server_route(srv, "POST", "/slow", 0, h_slow, NULL));
+    CHECK_OK(pd_http_server_route(srv, "GET", "/slow", 0, h_slow, NULL));
+    CHECK_OK(pd_http_server_route(srv, "POST", "/raw", 0, h_raw, NULL));
+    CHECK_OK(pd_http_server_route(srv, "GET", "/flood", 0, h_flood, NULL));
     CHECK_OK(pd_http_server_route(srv, "POST", "/v1/chat/completions", 0, h_chat, NULL));
     CHECK_OK(pd_http_server_listen(srv));
     CHECK(pd_http_server_port(srv) > 0);
@@ -761,6 +924,9 @@ int main(int argc, char **argv) {
         PD_TEST(test_concurrent_streams),
         PD_TEST(test_disconnect_mid_stream),
         PD_TEST(test_disconnect_before_response),
+        PD_TEST(test_disconnect_before_response_get),
+        PD_TEST(test_raw_stream),
+        PD_TEST(test_backpressure),
         PD_TEST(test_graceful_shutdown),
     };
     int rc = pd_test_run(argv[0], cases, PD_ARRAY_LEN(cases));
@@ -774,6 +940,22 @@ int main(int argc, char **argv) {
         fprintf(stderr, "uv_loop_close: %s\n", uv_strerror(lc));
         rc = 1;
     }
+    /* a server shut down with no connection at all (dispose right away) closes cleanly */
+    uv_loop_t idle_loop;
+    struct pd_http_server *idle = NULL;
+    CHECK_INT(uv_loop_init(&idle_loop), 0);
+    struct pd_http_server_config icfg = {.host = "127.0.0.1", .port = 0};
+    CHECK_OK(pd_http_server_new(&idle_loop, &icfg, &idle));
+    CHECK_OK(pd_http_server_listen(idle));
+    atomic_store(&closed_called, 0);
+    pd_http_server_shutdown(idle, 1000, on_idle_closed, NULL);
+    uv_run(&idle_loop, UV_RUN_DEFAULT);
+    CHECK_INT(atomic_load(&closed_called), 1);
+    pd_http_server_free(idle);
+    CHECK_INT(uv_loop_close(&idle_loop), 0);
+    if (pd_test_failures)
+        rc = 1;
+
     curl_easy_cleanup(keepalive);
     curl_global_cleanup();
     for (int i = 0; i < MAX_JOBS; i++)

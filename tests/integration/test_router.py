@@ -6,7 +6,11 @@ Checks what a user or operator would notice: routing and SSE pass-through byte f
 bootstrap fields identical in the prefill and decode copies, prefill failure -> decode aborted +
 502, client disconnect -> both aborted, unreachable worker -> retried once on another pair and
 out of rotation, health recovery, timeout -> 504, 429 over --max-concurrent-requests, 401 without
-the API key, clean SIGTERM exit without sanitizer reports.
+the API key, clean SIGTERM exit without sanitizer reports; backpressure (a client that stops
+reading: the router pauses decode and holds at most --stream-buffer-bytes, then every byte
+arrives); graceful SIGTERM (no new connections, a stream in flight completes, exit 0 as soon as
+it did) and its deadline (what is still running gets an error event and is aborted on both
+workers).
 Usage: test_router.py PDSERVE_ROUTER_BINARY
 """
 import http.client
@@ -109,6 +113,9 @@ class Router:
 
     def stop(self):
         self.proc.send_signal(signal.SIGTERM)
+        return self.wait_exit()
+
+    def wait_exit(self):
         try:
             rc = self.proc.wait(10)
         except subprocess.TimeoutExpired:
@@ -121,6 +128,7 @@ class Router:
         check(rc == 0, "router exits 0 on SIGTERM (got %s)" % rc)
         check("Sanitizer" not in log and "runtime error" not in log,
               "router stderr free of sanitizer reports:\n" + log[-4000:])
+        return rc
 
 
 def wait_for(pred, timeout=5):
@@ -141,6 +149,8 @@ def test_routing_and_streaming(router, prefills, decodes):
     st, ct, data = router.request("POST", "/generate", {"text": "hi", "stream": True,
                                                         "rid": "s1", "sampling_params": {}})
     check(st == 200 and ct.startswith("text/event-stream"), "stream: 200 event-stream")
+    # the fake records what it sent after its last write, which races with our read
+    wait_for(lambda: any(d.log()["sent"].get("s1") for d in decodes))
     sent = [d.log()["sent"].get("s1") for d in decodes]
     sent = [s for s in sent if s]
     check(len(sent) == 1 and data.decode() == sent[0],
@@ -324,6 +334,155 @@ def test_failures(router, p, d, auth):
     check(st == 200, "serving again after recovery")
 
 
+def send_stream_request(port, body, rcvbuf=None):
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    if rcvbuf:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+    s.connect(("127.0.0.1", port))
+    data = json.dumps(body)
+    s.sendall(("POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+               "Content-Length: %d\r\n\r\n%s" % (len(data), data)).encode())
+    return s
+
+
+def read_chunked_response(s, buf=b""):
+    """(status line, de-chunked body) of one chunked HTTP/1.1 response on socket s."""
+    def more():
+        b = s.recv(1 << 20)
+        if not b:
+            raise EOFError("connection closed mid-response")
+        return b
+    while b"\r\n\r\n" not in buf:
+        buf += more()
+    head, rest = buf.split(b"\r\n\r\n", 1)
+    parts = []
+    while True:
+        while b"\r\n" not in rest:
+            rest += more()
+        line, rest = rest.split(b"\r\n", 1)
+        n = int(line.split(b";")[0], 16)
+        while len(rest) < n + 2:
+            rest += more()
+        parts.append(rest[:n])
+        rest = rest[n + 2:]
+        if n == 0:
+            break
+    return head.split(b"\r\n")[0], b"".join(parts)
+
+
+def test_backpressure(router, p, d, limit):
+    # ~8 MB of SSE from decode, as fast as it can write, to a client that reads nothing for a
+    # while: more than any socket buffers hold, so without backpressure the router would hold
+    # megabytes. With it, decode is paused and the router holds about `limit`.
+    slack = 64 << 10  # one read from decode lands after the check that pauses it
+    d.config(tokens=1000, token_delay_ms=0, pad=8192)
+    s = send_stream_request(router.port, {"text": "x", "stream": True, "rid": "bp1"}, 4096)
+    first = s.recv(256)
+    check(first.startswith(b"HTTP/1.1 200"), "backpressure: stream started: %r" % first[:80])
+    time.sleep(1.5)  # the client reads nothing
+    info = router.info()
+    check(info["num_stream_pauses_total"] >= 1,
+          "slow client: decode was paused (%d pauses)" % info["num_stream_pauses_total"])
+    check(info["stream_buffer_bytes"] <= limit + slack,
+          "slow client: router holds <= %d bytes (%d)" % (limit + slack, info["stream_buffer_bytes"]))
+    s.settimeout(30)
+    status, body = read_chunked_response(s, first)
+    s.close()
+    check(wait_for(lambda: "bp1" in d.log()["sent"]), "decode finished the big stream")
+    sent = d.log()["sent"].get("bp1", "")
+    check(len(body) > 8000000 and body.decode() == sent,
+          "slow client gets every byte in order (%d of %d)" % (len(body), len(sent)))
+    info = router.info()
+    check(info["stream_buffer_peak_bytes"] <= limit + slack,
+          "router's peak backlog bounded: %d <= %d" % (info["stream_buffer_peak_bytes"],
+                                                       limit + slack))
+    check(info["num_slow_clients_cut_total"] == 0, "nobody cut for being slow")
+    print("backpressure: %d pauses, peak %d bytes held for an %d-byte stream"
+          % (info["num_stream_pauses_total"], info["stream_buffer_peak_bytes"], len(body)),
+          flush=True)
+    # a slow client that leaves while decode is paused (nothing is being written to it): still
+    # seen at once, both workers aborted, nothing left buffered
+    pauses = info["num_stream_pauses_total"]
+    s = send_stream_request(router.port, {"text": "x", "stream": True, "rid": "bp2"}, 4096)
+    s.recv(256)
+    check(wait_for(lambda: router.info()["num_stream_pauses_total"] > pauses),
+          "second slow client: decode paused")
+    s.close()
+    check(wait_for(lambda: "bp2" in d.log()["aborts"] and "bp2" in p.log()["aborts"]),
+          "slow client gone while decode paused: abort on both workers")
+    check(wait_for(lambda: router.info()["stream_buffer_bytes"] == 0),
+          "nothing left buffered after it left")
+    d.config(tokens=5, token_delay_ms=10, pad=0)
+
+
+def test_graceful_shutdown(router, p, d):
+    # a stream of ~2 s is in flight at SIGTERM (--shutdown-timeout 5): it completes whole, no
+    # new connection is accepted, and the router exits 0 right after it, not at the deadline
+    d.config(tokens=40, token_delay_ms=50)
+    result = {}
+
+    def client():
+        result["r"] = router.request("POST", "/generate", {"text": "x", "stream": True,
+                                                           "rid": "gs1"}, timeout=20)
+
+    t = threading.Thread(target=client)
+    t.start()
+    check(wait_for(lambda: any(r["body"].get("rid") == "gs1" for r in d.log()["requests"])),
+          "graceful: the stream reached decode")
+    time.sleep(0.3)
+    t0 = time.time()
+    router.proc.send_signal(signal.SIGTERM)
+    time.sleep(0.3)
+    try:
+        socket.create_connection(("127.0.0.1", router.port), timeout=2).close()
+        refused = False
+    except OSError:
+        refused = True
+    check(refused, "graceful: no new connections after SIGTERM")
+    t.join(20)
+    st, ct, data = result.get("r", (0, "", b""))
+    text = data.decode()
+    check(wait_for(lambda: "gs1" in d.log()["sent"]), "graceful: decode finished the stream")
+    check(st == 200 and text == d.log()["sent"].get("gs1") and text.endswith("data: [DONE]\n\n")
+          and '"error"' not in text, "graceful: the stream in flight completed: %r" % text[-200:])
+    rc = router.wait_exit()
+    took = time.time() - t0
+    check(rc == 0 and took < 4.5, "graceful: exit 0 once the stream ended (%.1f s)" % took)
+    check("gs1" not in d.log()["aborts"] and "gs1" not in p.log()["aborts"],
+          "graceful: a finished request is not aborted")
+    d.config(tokens=5, token_delay_ms=10)
+
+
+def test_shutdown_deadline(p, d):
+    # --shutdown-timeout 1 and a stream of ~10 s: at the deadline the client gets an error event
+    # and [DONE], both workers get an abort, and the router exits 0 soon after
+    r = Router(["--prefill", p.url, "--decode", d.url, "--shutdown-timeout", "1",
+                "--health-check-interval-secs", "3600"])
+    check(r.wait_healthy(), "router 4 healthy")
+    d.config(tokens=200, token_delay_ms=50)
+    s = send_stream_request(r.port, {"text": "x", "stream": True, "rid": "sd1"})
+    s.settimeout(20)
+    first = s.recv(4096)
+    check(first.startswith(b"HTTP/1.1 200"), "deadline: stream started")
+    t0 = time.time()
+    r.proc.send_signal(signal.SIGTERM)
+    try:
+        status, body = read_chunked_response(s, first)
+    except (EOFError, OSError) as e:
+        status, body = b"", ("<%s>" % e).encode()
+    s.close()
+    took = time.time() - t0
+    text = body.decode()
+    check(0.8 < took < 4 and '"error"' in text and "shutting down" in text
+          and text.endswith("data: [DONE]\n\n"),
+          "deadline: error event and [DONE] after ~1 s (%.1f s): %r" % (took, text[-300:]))
+    check(wait_for(lambda: "sd1" in d.log()["aborts"] and "sd1" in p.log()["aborts"]),
+          "deadline: aborted on both workers")
+    rc = r.wait_exit()
+    check(rc == 0 and time.time() - t0 < 5, "deadline: exit 0 (%.1f s)" % (time.time() - t0))
+    d.config(tokens=5, token_delay_ms=10)
+
+
 def main():
     t0 = time.time()
     try:
@@ -344,6 +503,14 @@ def main():
         check(r2.wait_healthy(), "router 2 healthy")
         test_failures(r2, p, d, "secret")
         r2.stop()
+
+        limit = 64 << 10
+        r3 = Router(["--prefill", p.url, "--decode", d.url, "--stream-buffer-bytes", str(limit),
+                     "--shutdown-timeout", "5", "--health-check-interval-secs", "3600"])
+        check(r3.wait_healthy(), "router 3 healthy")
+        test_backpressure(r3, p, d, limit)
+        test_graceful_shutdown(r3, p, d)
+        test_shutdown_deadline(p, d)
     finally:
         for proc in PROCS:
             if proc.poll() is None:

@@ -25,7 +25,8 @@ static void test_sglang_router_line(void) {
                    "--prefill", "http://10.0.0.2:30001/", "--decode", "http://10.0.0.3:30002",
                    "--prefill=http://pf3:7", "--decode", "http://[::1]:8080", "--policy",
                    "power_of_two", "--host", "0.0.0.0", "--port", "8000", "--api-key", "sk",
-                   "--request-timeout-secs", "60", "--max-concurrent-requests", "7", NULL));
+                   "--request-timeout-secs", "60", "--max-concurrent-requests", "7",
+                   "--shutdown-timeout", "5", "--stream-buffer-bytes", "65536", NULL));
     CHECK(c.pd_disaggregation);
     CHECK_INT(c.n_prefill, 3);
     CHECK_STR(c.prefill[0].url, "http://10.0.0.1:30000");
@@ -44,6 +45,13 @@ static void test_sglang_router_line(void) {
     CHECK_STR(c.api_key, "sk");
     CHECK_INT(c.request_timeout_secs, 60);
     CHECK_INT(c.max_concurrent_requests, 7);
+    CHECK_INT(c.shutdown_timeout_secs, 5);
+    CHECK_INT(c.stream_buffer_bytes, 65536);
+    pd_router_config_free(&c);
+    /* defaults */
+    CHECK_OK(parse(&c, "--prefill", "http://a:1", "--decode", "http://b:2", NULL));
+    CHECK_INT(c.shutdown_timeout_secs, 30);
+    CHECK_INT(c.stream_buffer_bytes, 256 << 10);
     pd_router_config_free(&c);
 }
 
@@ -117,6 +125,8 @@ static void test_help_documents_every_flag(void) {
                                         "--request-timeout-secs",
                                         "--max-concurrent-requests",
                                         "--health-check-interval-secs",
+                                        "--shutdown-timeout",
+                                        "--stream-buffer-bytes",
                                         "--log-level"};
     for (size_t i = 0; i < PD_ARRAY_LEN(flags); i++) {
         if (!strstr(text, flags[i]))
