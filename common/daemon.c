@@ -662,9 +662,9 @@ static void handle_generate(struct pd_http_req *h, enum pd_api_kind kind) {
     struct pd_token_ids ids = {0};
     int rc = PD_OK;
     if (r->api.input_ids) {
-        for (int i = 0; i < r->api.n_input_ids && !rc; i++)
-            rc = pd_array_grow((void **)&ids.ids, &ids.cap, ids.n + 1, sizeof(int32_t));
-        if (!rc) {
+        rc =
+            pd_array_grow((void **)&ids.ids, &ids.cap, (size_t)r->api.n_input_ids, sizeof(int32_t));
+        if (!rc && r->api.n_input_ids > 0) {
             memcpy(ids.ids, r->api.input_ids, sizeof(int32_t) * (size_t)r->api.n_input_ids);
             ids.n = (size_t)r->api.n_input_ids;
         }
