@@ -34,6 +34,8 @@
 
 #define MAX_CLIENTS 64       /* distinct prefills one decode talks to */
 #define MAX_EARLY_ROOMS 4096 /* prefill: Transfers that came before their HTTP body */
+#define MAX_PROBES 16        /* /health_generate calls waiting for the compute thread */
+#define PROBE_TIMEOUT_S 20.0 /* ... before they answer 503 (SGLang waits 20 s too) */
 
 struct dreq {
     uint64_t room;
@@ -73,6 +75,13 @@ struct early_room {
     double t;
 };
 
+/* A /health_generate call waiting for its PROBE event; http NULL once the caller left. */
+struct probe {
+    uint64_t id; /* 0: slot free */
+    struct pd_http_req *http;
+    double t;
+};
+
 struct client_slot {
     char target[300];
     pd_bootstrap_client_t *c;
@@ -109,6 +118,9 @@ struct daemon {
     int32_t n_free, cap, n_live;
     struct early_room early[MAX_EARLY_ROOMS];
     int n_early;
+    struct probe probes[MAX_PROBES];
+    uint64_t probe_seq;
+    int64_t n_probe_ok, n_probe_busy, n_probe_failed;
 
     bool ready, stopping, http_listening;
     double stop_deadline;
@@ -439,6 +451,7 @@ static void end_request(struct dreq *r, const struct pd_engine_event *ev) {
 }
 
 static void decode_admit(struct dreq *r, const struct pd_engine_event *ev);
+static void probe_done(uint64_t id, int status, int32_t token);
 
 static void on_engine_event(void *ctx, const struct pd_engine_event *ev) {
     (void)ctx;
@@ -474,6 +487,7 @@ static void on_engine_event(void *ctx, const struct pd_engine_event *ev) {
             pd_engine_req_free(ev->req);
         break;
     case PD_ENGINE_EV_FLUSHED: pd_info("flush_cache: %d pages freed", (int)ev->n_output); break;
+    case PD_ENGINE_EV_PROBE: probe_done(ev->room, ev->status, ev->token); break;
     default: break;
     }
 }
@@ -804,6 +818,92 @@ static void h_health(struct pd_http_req *h, void *ud) {
         respond_error(h, 503, "server_error", NULL, "not ready");
 }
 
+/* /health_generate (SGLang: a real 1-token generation, 200 only if it worked). A daemon in
+ * disaggregated mode cannot generate alone (a request needs its peer), so the compute thread
+ * runs one token through the model on a free page instead, bypassing scheduler and transfer:
+ * it proves the loop, the command queue, the compute thread and the model all work. A daemon
+ * whose pool is full is busy serving and answers 200 without running it. */
+static struct probe *probe_find(uint64_t id) {
+    for (int i = 0; i < MAX_PROBES; i++)
+        if (D.probes[i].id == id)
+            return &D.probes[i];
+    return NULL;
+}
+
+static void probe_answer(struct probe *p, int status, const char *msg) {
+    struct pd_http_req *h = p->http;
+    p->id = 0;
+    p->http = NULL;
+    if (!h)
+        return;
+    if (status == 200)
+        pd_http_respond(h, 200, "text/plain", "", 0);
+    else
+        respond_error(h, status, "server_error", NULL, "health_generate: %s", msg);
+}
+
+static void on_probe_gone(struct pd_http_req *h, void *user) {
+    (void)h;
+    struct probe *p = user;
+    p->http = NULL; /* the slot waits for its event (or the timeout) */
+}
+
+static void probe_done(uint64_t id, int status, int32_t token) {
+    struct probe *p = probe_find(id);
+    if (status == PD_OK)
+        D.n_probe_ok++;
+    else if (status == PD_EFULL)
+        D.n_probe_busy++;
+    else
+        D.n_probe_failed++;
+    if (!p)
+        return;
+    pd_debug("health_generate: %s (token %d) in %.1f ms",
+             status == PD_OK      ? "ok"
+             : status == PD_EFULL ? "busy"
+                                  : pd_status_str(status),
+             (int)token, (now_s() - p->t) * 1e3);
+    char msg[200];
+    snprintf(msg, sizeof(msg), "the 1-token forward pass failed (%s)", pd_status_str(status));
+    probe_answer(p, status == PD_OK || status == PD_EFULL ? 200 : 503, msg);
+}
+
+static void probes_expire(double now, bool all) {
+    for (int i = 0; i < MAX_PROBES; i++) {
+        struct probe *p = &D.probes[i];
+        if (!p->id)
+            continue;
+        if (all) {
+            probe_answer(p, 503, "the daemon is shutting down");
+        } else if (now - p->t >= PROBE_TIMEOUT_S) {
+            D.n_probe_failed++;
+            probe_answer(p, 503, "the compute thread did not answer within 20 s");
+        }
+    }
+}
+
+static void h_health_generate(struct pd_http_req *h, void *ud) {
+    (void)ud;
+    if (!D.ready || D.stopping) {
+        respond_error(h, 503, "server_error", NULL, "not ready");
+        return;
+    }
+    struct probe *p = probe_find(0);
+    if (!p) {
+        respond_error(h, 503, "server_error", NULL,
+                      "health_generate: %d probes already waiting for the compute thread",
+                      MAX_PROBES);
+        return;
+    }
+    uint64_t id = ++D.probe_seq;
+    if (pd_engine_submit(D.eng, &(struct pd_engine_cmd){.kind = PD_ENGINE_CMD_PROBE, .room = id})) {
+        respond_error(h, 503, "server_error", NULL, "health_generate: %s", pd_error_msg());
+        return;
+    }
+    *p = (struct probe){.id = id, .http = h, .t = now_s()};
+    pd_http_req_on_gone(h, on_probe_gone, p);
+}
+
 static cJSON *body_json(struct pd_http_req *h) {
     size_t len;
     const char *b = pd_http_req_body(h, &len);
@@ -927,7 +1027,7 @@ static void h_metrics(struct pd_http_req *h, void *ud) {
     (void)ud;
     struct pd_engine_stats s;
     load_now(&s);
-    char buf[4096];
+    char buf[8192];
     const char *m = D.args.served_model_name;
     int n = snprintf(
         buf, sizeof(buf),
@@ -942,12 +1042,16 @@ static void h_metrics(struct pd_http_req *h, void *ud) {
         "# TYPE sglang:num_aborted_requests_total counter\n"
         "sglang:num_aborted_requests_total{model_name=\"%s\"} %" PRId64 "\n"
         "# TYPE sglang:generation_tokens_total counter\n"
-        "sglang:generation_tokens_total{model_name=\"%s\"} %" PRId64 "\n",
+        "sglang:generation_tokens_total{model_name=\"%s\"} %" PRId64 "\n"
+        "# TYPE pdserve:health_generate_total counter\n"
+        "pdserve:health_generate_total{model_name=\"%s\",result=\"ok\"} %" PRId64 "\n"
+        "pdserve:health_generate_total{model_name=\"%s\",result=\"busy\"} %" PRId64 "\n"
+        "pdserve:health_generate_total{model_name=\"%s\",result=\"failed\"} %" PRId64 "\n",
         m, D.role == PD_ENGINE_DECODE ? s.q_running : s.q_inflight, m,
         D.role == PD_ENGINE_DECODE ? s.q_prealloc + s.q_transfer : s.q_bootstrap + s.q_waiting, m,
         s.pages_total ? (double)s.pages_used / s.pages_total : 0.0, m,
         s.pages_used * D.info.page_size, m, s.pages_total * D.info.page_size, m, D.n_requests, m,
-        D.n_aborted, m, D.n_gen_tokens);
+        D.n_aborted, m, D.n_gen_tokens, m, D.n_probe_ok, m, D.n_probe_busy, m, D.n_probe_failed);
     pd_http_respond(h, 200, "text/plain; version=0.0.4", buf,
                     (size_t)(n < (int)sizeof(buf) ? n : (int)sizeof(buf) - 1));
 }
@@ -1059,6 +1163,7 @@ static void on_tick(uv_timer_t *t) {
         }
         i++;
     }
+    probes_expire(now, false);
     if (D.stopping && now >= D.stop_deadline && D.n_live > 0) {
         /* out of time: fail what is left */
         for (int32_t i = 0; i < D.cap; i++)
@@ -1080,6 +1185,7 @@ static void begin_shutdown(const char *why) {
     D.ready = false;
     pd_info("%s: %s; draining for up to %.0f s", role_name(), why, D.shutdown_timeout);
     D.stop_deadline = now_s() + D.shutdown_timeout * 0.8;
+    probes_expire(0, true);
     uv_signal_stop(&D.sigterm);
     uv_signal_stop(&D.sigint);
     uv_close((uv_handle_t *)&D.sigterm, NULL);
@@ -1112,7 +1218,7 @@ static int route_all(void) {
         {"POST", "/v1/chat/completions", 0, h_chat},
         {"GET", "/v1/models", 0, h_models},
         {"GET", "/health", PD_HTTP_PUBLIC, h_health},
-        {"GET", "/health_generate", PD_HTTP_PUBLIC, h_health},
+        {"GET", "/health_generate", PD_HTTP_PUBLIC, h_health_generate},
         {"GET", "/server_info", 0, h_server_info},
         {"GET", "/get_server_info", 0, h_server_info},
         {"GET", "/model_info", 0, h_model_info},

@@ -25,6 +25,7 @@
 
 #include <errno.h>
 #include <inttypes.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -667,6 +668,42 @@ static void drain_ends(struct pd_engine *e, double now) {
     }
 }
 
+/* /health_generate: the model runs one token (BOS) on one free page, greedy-sampled; the page is
+ * back in the pool before the next scheduler step, so no scheduler ever sees it. With no free
+ * page the daemon is busy serving, which is healthy: PD_EFULL, nothing run. */
+static void probe(struct pd_engine *e, uint64_t id) {
+    struct pd_engine_event ev = {.kind = PD_ENGINE_EV_PROBE, .room = id, .token = -1};
+    int32_t page;
+    if (pd_page_alloc_get(e->pa, 1, -1, &page) != PD_OK) {
+        ev.status = PD_EFULL;
+        emit(e, &ev);
+        return;
+    }
+    int bos = pd_model_config_of(e->model)->bos_token_id;
+    int32_t tok = bos >= 0 && bos < e->vocab ? bos : 0;
+    struct pd_model_seq s = {
+        .tokens = &tok, .n_new = 1, .n_cached = 0, .pages = &page, .n_pages = 1};
+    int rc = pd_model_extend(e->model, &e->kv, &s, 1, false, e->logits);
+    if (rc == PD_OK) {
+        int32_t best = -1;
+        for (int32_t v = 0; v < e->vocab; v++) {
+            float x = e->logits[v];
+            if (!isfinite(x)) {
+                rc = pd_errorf(PD_EINTERNAL, "the model's logits are not finite (id %d)", (int)v);
+                break;
+            }
+            if (best < 0 || x > e->logits[best])
+                best = v;
+        }
+        ev.token = best;
+    }
+    pd_page_alloc_put(e->pa, &page, 1);
+    ev.status = rc;
+    if (rc)
+        pd_warn("health probe: the 1-token forward pass failed: %s", pd_error_msg());
+    emit(e, &ev);
+}
+
 static bool drain_commands(struct pd_engine *e, double now) {
     struct pd_engine_cmd c;
     bool any = false;
@@ -700,6 +737,7 @@ static bool drain_commands(struct pd_engine *e, double now) {
             emit(e, &(struct pd_engine_event){.kind = PD_ENGINE_EV_FLUSHED, .n_output = freed});
             break;
         }
+        case PD_ENGINE_CMD_PROBE: probe(e, c.room); break;
         default: PD_ASSERT(!"unknown engine command");
         }
     }

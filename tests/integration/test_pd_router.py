@@ -259,30 +259,46 @@ def case_tokens(model, tmp):
             check(finish in ("stop", "length"), "chat %d finish_reason %r" % (ci, finish))
     step("chat done")
 
-    # 32 concurrent streaming clients, the three endpoints mixed
-    results = [None] * 32
+    # 32 concurrent streaming clients (/generate and /v1/completions), longer answers, all
+    # released at once
+    n_conc, conc_new = 32, 64
+    conc_prompts = [prompts[(i * 7) % len(prompts)] for i in range(n_conc)]
+    conc_ref = references(model, conc_prompts, conc_new)
+    results = [None] * n_conc
+    spans = [None] * n_conc
+    barrier = threading.Barrier(n_conc)
 
     def client(i):
         kind = ("generate", "completions")[i % 2]
-        p = prompts[(i * 7) % len(prompts)]
+        body = gen_body(conc_prompts[i], kind, True, conc_new)
         try:
-            st, raw = through(rt, kind, gen_body(p, kind, True), timeout=180)
+            barrier.wait(60)
+            t_start = time.time()
+            st, raw = through(rt, kind, body, timeout=180)
+            spans[i] = (t_start, time.time())
             results[i] = (st, text_of(kind, True, raw)[0] if st == 200 else raw[:200])
         except Exception as e:  # noqa: BLE001
             results[i] = (0, repr(e))
 
     t0 = time.time()
-    ts = [threading.Thread(target=client, args=(i,)) for i in range(32)]
+    ts = [threading.Thread(target=client, args=(i,)) for i in range(n_conc)]
     for t in ts:
         t.start()
     for t in ts:
         t.join(200)
     n_ok = 0
     for i, r in enumerate(results):
-        want = ref[(i * 7) % len(prompts)]
-        n_ok += check(r is not None and r[0] == 200 and r[1] == want,
-                      "concurrent stream %d: %r, reference %r" % (i, r, want))
-    step("32 concurrent streams: %d/32 correct in %.1f s" % (n_ok, time.time() - t0))
+        n_ok += check(r is not None and r[0] == 200 and r[1] == conc_ref[i],
+                      "concurrent stream %d: %r, reference %r" % (i, r, conc_ref[i]))
+    edges = sorted([(a, 1) for a, b in filter(None, spans)] +
+                   [(b, -1) for a, b in filter(None, spans)])
+    overlap = cur = 0
+    for _, d in edges:
+        cur += d
+        overlap = max(overlap, cur)
+    step("%d concurrent streams of %d tokens: %d correct in %.1f s, up to %d in flight at once" %
+         (n_conc, conc_new, n_ok, time.time() - t0, overlap))
+    check(overlap >= 2, "the streams overlapped (%d at most)" % overlap)
     check(pf.pool_full(), "prefill pool back to full after the concurrent streams")
     check(dc.pool_full(), "decode pool back to full after the concurrent streams")
     for d in (pf, dc):
@@ -570,14 +586,21 @@ def case_startup(model, tmp):
 def case_extras(model, tmp):
     # /health_generate: a real 1-token generation on each daemon and through the router
     pf, dc, rt = pc.start_cluster(BUILD, tmp, model)
+    def probes_ok(d):
+        for line in d.get("/metrics")[1].decode().split("\n"):
+            if line.startswith("pdserve:health_generate_total") and 'result="ok"' in line:
+                return int(float(line.split()[-1]))
+        return None
+
     for d in (pf, dc, rt):
-        before = d.get("/metrics")[1] if d is not rt else b""
+        before = probes_ok(d) if d is not rt else None
         st, body = d.get("/health_generate", timeout=30)
         check(st == 200, "%s /health_generate: %d %r" % (d.name, st, body[:200]))
         if d is not rt:
-            after = d.get("/metrics")[1]
-            check(b"health_generate" in after and after != before,
-                  "%s /health_generate counted in /metrics" % d.name)
+            after = probes_ok(d)
+            check(before is not None and after == before + 1,
+                  "%s /health_generate ran one generation (ok count %r -> %r)" %
+                  (d.name, before, after))
     check(pf.pool_full(5) and dc.pool_full(5), "pools full after /health_generate")
     for proc in (rt, dc, pf):
         proc.terminate(30)
