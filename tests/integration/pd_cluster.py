@@ -84,6 +84,7 @@ class Proc:
         self.env = env
         self.log_path = os.path.join(tmp, "%s-%d.log" % (name, port))
         self.p = None
+        self.auth = {}  # headers sent when a call gives none (an API key)
         self.start(ready_timeout if wait_ready else None)
 
     def start(self, ready_timeout=60):
@@ -109,10 +110,12 @@ class Proc:
         raise RuntimeError("%s not ready within %d s; log %s" % (self.name, timeout, self.log_path))
 
     def get(self, path, timeout=10, headers=None):
-        return http_call(self.port, "GET", path, None, timeout, headers)
+        return http_call(self.port, "GET", path, None, timeout,
+                         self.auth if headers is None else headers)
 
     def post(self, path, body, timeout=60, headers=None):
-        return http_call(self.port, "POST", path, body, timeout, headers)
+        return http_call(self.port, "POST", path, body, timeout,
+                         self.auth if headers is None else headers)
 
     def kill(self):
         if self.p.poll() is None:
