@@ -52,6 +52,8 @@ struct dreq {
     int32_t *out_ids;
     int n_out;
     size_t cap_out;
+    struct pd_sample *lps; /* [max_new_tokens] with return_logprob (decode), else NULL */
+    int lp_sent;           /* entries already in stream chunks (OpenAI: deltas) */
     struct pd_detok *detok;
     char *text;
     size_t text_len, text_cap, sent_len;
@@ -166,6 +168,7 @@ static void dreq_free(struct dreq *r) {
     pd_engine_req_free(r->ereq);
     pd_detok_free(r->detok);
     pd_free(r->out_ids);
+    pd_free(r->lps);
     pd_free(r->text);
     pd_free(r);
 }
@@ -240,6 +243,10 @@ static void fill_result(struct dreq *r, struct pd_api_result *res, const char *t
     res->matched_stop = r->matched_stop >= 0 ? r->api.stop[r->matched_stop] : NULL;
     res->e2e_latency = now_s() - r->t_start;
     res->token_text = token_text;
+    if (r->lps) {
+        res->logprobs = r->lps;
+        res->n_logprobs = r->n_out;
+    }
 }
 
 /* Renders one body of r's kind: final (stream false) or one stream chunk. */
@@ -274,12 +281,19 @@ static void stream_progress(struct dreq *r, bool final) {
     if (!final && upto == r->sent_len && r->api.kind != PD_API_GENERATE)
         return;
     struct pd_api_result res;
-    if (r->api.kind == PD_API_GENERATE)
+    if (r->api.kind == PD_API_GENERATE) {
         fill_result(r, &res, r->text ? r->text : "", upto);
-    else
+    } else {
         fill_result(r, &res, r->text ? r->text + r->sent_len : "", upto - r->sent_len);
+        if (r->lps) { /* the tokens since the last chunk */
+            res.logprobs = r->lps + r->lp_sent;
+            res.n_logprobs = r->n_out - r->lp_sent;
+            res.logprob_offset = (int)r->sent_len;
+        }
+    }
     if (!final)
         res.finish = PD_API_FINISH_NONE;
+    r->lp_sent = r->n_out;
     char *body = render(r, &res, true);
     if (body) {
         pd_http_sse_send(r->http, body, strlen(body));
@@ -328,10 +342,14 @@ static void finish_http_error(struct dreq *r, int status, const char *msg) {
         pd_http_respond_error(h, &e);
 }
 
-/* Decode: one more output token (index = its position in the output). */
-static void take_token(struct dreq *r, int32_t token, int index, int finish) {
+/* Decode: one more output token (index = its position in the output); smp: the engine's
+ * record with top logprobs, or NULL (the prefill's first token: its logprob alone). */
+static void take_token(struct dreq *r, int32_t token, int index, int finish, float logprob,
+                       const struct pd_sample *smp) {
     if (r->stopped_here || index != r->n_out)
         return; /* after a stop string, or the first token seen twice */
+    if (r->lps && index < r->api.sampling.max_new_tokens)
+        r->lps[index] = smp ? *smp : (struct pd_sample){.token = token, .logprob = logprob};
     if (pd_array_grow((void **)&r->out_ids, &r->cap_out, (size_t)r->n_out + 1, sizeof(int32_t)) ==
         PD_OK)
         r->out_ids[r->n_out++] = token;
@@ -466,7 +484,8 @@ static void on_engine_event(void *ctx, const struct pd_engine_event *ev) {
         break;
     case PD_ENGINE_EV_TOKEN:
         if (r)
-            take_token(r, ev->token, ev->index, ev->finish);
+            take_token(r, ev->token, ev->index, ev->finish, ev->logprob,
+                       ev->req && ev->req->samples ? &ev->req->samples[ev->index] : NULL);
         break;
     case PD_ENGINE_EV_QUIESCE:
         if (D.role == PD_ENGINE_PREFILL) {
@@ -511,7 +530,7 @@ static void on_room_end(void *ctx, uint64_t room, void *user, int status,
             if (n->status == PD_OK) {
                 r->cached_tokens = (int)n->cached_tokens;
                 /* stream the first token now; the engine's TOKEN 0 is then ignored */
-                take_token(r, n->first_token, 0, PD_FINISH_NONE);
+                take_token(r, n->first_token, 0, PD_FINISH_NONE, n->first_logprob, NULL);
             } else {
                 snprintf(r->fail_msg, sizeof(r->fail_msg), "%s", n->error);
             }
@@ -756,6 +775,15 @@ static void handle_generate(struct pd_http_req *h, enum pd_api_kind kind) {
         pd_detok_new(D.tok, r->api.skip_special_tokens, &r->detok) != PD_OK) {
         respond_error(h, 500, "server_error", NULL, "%s", pd_error_msg());
         goto fail;
+    }
+    if (D.role == PD_ENGINE_DECODE && r->api.return_logprob) {
+        size_t n = (size_t)r->api.sampling.max_new_tokens;
+        r->lps = pd_calloc(n, sizeof(*r->lps));
+        r->ereq->samples = pd_calloc(n, sizeof(*r->ereq->samples));
+        if (!r->lps || !r->ereq->samples) {
+            respond_error(h, 500, "server_error", NULL, "out of memory for %zu logprobs", n);
+            goto fail;
+        }
     }
     /* registered: from here the request ends through the engine */
     r->slot = D.free_slots[--D.n_free];

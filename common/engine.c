@@ -122,6 +122,7 @@ void pd_engine_req_free(struct pd_engine_req *r) {
         pd_sampler_free(&r->sampler);
     pd_free(r->tokens);
     pd_free(r->pages);
+    pd_free(r->samples);
     pd_free(r);
 }
 
@@ -489,8 +490,16 @@ static void decode_add(struct pd_engine *e, struct pd_engine_req *r, double now)
     }
 }
 
+/* smp: the sampler's record of tok (top-n logprobs), NULL for the prefill's first token. */
 static void note_token(struct pd_engine *e, struct pd_engine_req *r, int32_t tok, float logprob,
-                       int finish) {
+                       int finish, const struct pd_sample *smp) {
+    if (r->samples && r->n_out < r->sp.max_new_tokens) {
+        struct pd_sample *s = &r->samples[r->n_out];
+        if (smp)
+            *s = *smp;
+        else
+            *s = (struct pd_sample){.token = tok, .logprob = logprob};
+    }
     r->tokens[r->n_prompt + r->n_out] = tok;
     r->n_out++;
     if (!finish && r->n_prompt + r->n_out >= e->ctx_len)
@@ -521,7 +530,7 @@ static void decode_xfer_end(struct pd_engine *e, const struct pd_engine_cmd *c, 
         }
         enum pd_finish fin;
         pd_sampler_accept(&r->sampler, c->first_token, &fin);
-        note_token(e, r, c->first_token, c->first_logprob, fin);
+        note_token(e, r, c->first_token, c->first_logprob, fin, NULL);
         if (pd_sched_decode_transfer_done(e->sd, c->room, PD_OK, now) != PD_OK) {
             (void)pd_sched_decode_release(e->sd, c->room); /* timed out meanwhile */
             return;
@@ -620,7 +629,7 @@ static bool decode_iter(struct pd_engine *e, double now) {
         }
         struct pd_sample smp;
         pd_sampler_next(&r->sampler, &e->scratch, e->logits + (size_t)i * (size_t)e->vocab, &smp);
-        note_token(e, r, smp.token, smp.logprob, smp.finish);
+        note_token(e, r, smp.token, smp.logprob, smp.finish, &smp);
         e->stopped[i] = r->finished;
     }
     rc = pd_sched_decode_batch_done(e->sd, &st, e->stopped, now);

@@ -69,6 +69,10 @@ struct pd_engine_req {
     int32_t *tokens; /* [n_prompt + sp.max_new_tokens] prompt, then (decode) output ids */
     struct pd_sampling_params sp; /* max_new_tokens counts the prefill's first token */
     void *user;                   /* the loop's; never touched here */
+    /* decode, when logprobs are asked for: [sp.max_new_tokens], set by the loop before ADD
+     * (freed with the request); the compute thread fills entry i (top-n per sp.n_logprobs)
+     * before the TOKEN event of index i and never writes it again. NULL: none kept. */
+    struct pd_sample *samples;
     /* published by the compute thread before the event that names them */
     uint32_t *pages; /* [cap_pages] prefill: source pages; decode: destination pages */
     int32_t n_pages;

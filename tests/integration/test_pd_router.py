@@ -16,8 +16,9 @@ and pdserve-decode on 127.0.0.1 (UCX over shared memory), a tiny model from pdse
             UCX 1.13 shared-memory hang of the surviving prefill is an expected failure (XFAIL).
   startup   workers unreachable when the router starts: /health is not 200 and requests get a
             quick 503 until both are up; then they are served.
-  extras    daemon gaps: /health_generate runs a real 1-token generation; 503 past
-            --max-queued-requests; --api-key (401) on daemons and through the router.
+  extras    daemon gaps: /health_generate runs a real 1-token generation; logprobs through the
+            router (sum equals pdserve-generate's); 503 past --max-queued-requests; --api-key
+            (401) on daemons and through the router.
 
 Stdlib only. Usage: test_pd_router.py BUILD_DIR CASE. Every process is killed (by PID) on exit;
 every wait is bounded.
@@ -26,6 +27,7 @@ import http.client
 import json
 import os
 import random
+import re
 import signal
 import socket
 import subprocess
@@ -610,6 +612,47 @@ def case_extras(model, tmp):
                   "%s /health_generate ran one generation (ok count %r -> %r)" %
                   (d.name, before, after))
     check(pf.pool_full(5) and dc.pool_full(5), "pools full after /health_generate")
+
+    # logprobs through the router: SGLang return_logprob, OpenAI completions and chat
+    step("logprobs")
+    text = "the quick brown fox jumps over the lazy dog"
+    gen = subprocess.run([GENERATE, "--model-path", model, "--max-new-tokens", "8", "--threads",
+                          "1", "--logprobs", "2", "--", text], capture_output=True, text=True,
+                         check=True, timeout=60)
+    m = re.search(r"sum logprob (-?[0-9.]+) over (\d+) tokens", gen.stdout + gen.stderr)
+    st, raw = rt.post("/generate", {"text": text, "return_logprob": True, "top_logprobs_num": 2,
+                                    "sampling_params": {"max_new_tokens": 8, "temperature": 0}})
+    j = json.loads(raw) if st == 200 else {}
+    mi = j.get("meta_info", {})
+    otl, top = mi.get("output_token_logprobs", []), mi.get("output_top_logprobs", [])
+    check(st == 200 and len(otl) == mi.get("completion_tokens") and
+          [t[1] for t in otl] == j.get("output_ids"), "generate logprobs: %d %r" % (st, raw[:300]))
+    check(all(t[0] <= 0 for t in otl), "logprobs are <= 0: %r" % otl)
+    # greedy: the chosen token is the most likely one (the first token's top-n stays with the
+    # prefill: the done notice carries its logprob only)
+    check(all(top[i] and top[i][0][1] == otl[i][1] and abs(top[i][0][0] - otl[i][0]) < 1e-6
+              for i in range(1, len(otl))), "greedy token is top-1: %r" % top)
+    check(m and int(m.group(2)) == len(otl) and abs(float(m.group(1)) - sum(t[0] for t in otl))
+          < 1e-3, "sum of logprobs %r vs pdserve-generate %r" %
+          (sum(t[0] for t in otl), m and m.groups()))
+    st, raw = rt.post("/v1/completions", {"prompt": text, "logprobs": 2, "max_tokens": 8,
+                                          "temperature": 0, "stream": True})
+    chunks = [json.loads(e) for e in pc.sse_events(raw)[:-1]]
+    lps = [x for c in chunks for ch in c["choices"] if ch.get("logprobs")
+           for x in ch["logprobs"]["token_logprobs"]]
+    check(st == 200 and len(lps) == len(otl) and
+          all(abs(a - b[0]) < 1e-6 for a, b in zip(lps, otl)),
+          "streamed completion logprobs %r vs /generate's %r" % (lps, otl))
+    model_id = json.loads(rt.get("/v1/models")[1])["data"][0]["id"]
+    st, raw = rt.post("/v1/chat/completions", {"model": model_id, "logprobs": True,
+                                               "top_logprobs": 1, "max_tokens": 4,
+                                               "temperature": 0, "messages": [
+                                                   {"role": "user", "content": "hi"}]})
+    j = json.loads(raw) if st == 200 else {}
+    content = ((j.get("choices") or [{}])[0].get("logprobs") or {}).get("content")
+    check(content is not None and len(content) == j["usage"]["completion_tokens"] and
+          all(c["logprob"] <= 0 for c in content),
+          "chat logprobs: %d %r" % (st, raw[:300]))
     for proc in (rt, dc, pf):
         proc.terminate(30)
 
