@@ -593,6 +593,34 @@ def case_startup(model, tmp):
         check(rc == 0, "%s SIGTERM exit %s" % (proc.name, rc))
 
 
+def post_early_answer(port, path, body, timeout=30):
+    """POSTs a large body on a raw socket, reading the answer even when the server answers (413)
+    and closes before the body is all sent (http.client gives up with EPIPE then)."""
+    sk = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+    try:
+        sk.sendall(("POST %s HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                    "Content-Length: %d\r\nConnection: close\r\n\r\n" %
+                    (path, len(body))).encode())
+        try:
+            sk.sendall(body)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        got = b""
+        try:
+            while True:
+                chunk = sk.recv(65536)
+                if not chunk:
+                    break
+                got += chunk
+        except (ConnectionResetError, socket.timeout):
+            pass
+    finally:
+        sk.close()
+    head, _, rest = got.partition(b"\r\n\r\n")
+    status = int(head.split()[1]) if head.startswith(b"HTTP/") else 0
+    return status, rest
+
+
 def case_extras(model, tmp):
     # /health_generate: a real 1-token generation on each daemon and through the router
     pf, dc, rt = pc.start_cluster(BUILD, tmp, model)
@@ -615,6 +643,7 @@ def case_extras(model, tmp):
 
     # logprobs through the router: SGLang return_logprob, OpenAI completions and chat
     step("logprobs")
+    model_id = json.loads(rt.get("/v1/models")[1])["data"][0]["id"]
     text = "the quick brown fox jumps over the lazy dog"
     gen = subprocess.run([GENERATE, "--model-path", model, "--max-new-tokens", "8", "--threads",
                           "1", "--logprobs", "2", "--", text], capture_output=True, text=True,
@@ -643,7 +672,6 @@ def case_extras(model, tmp):
     check(st == 200 and len(lps) == len(otl) and
           all(abs(a - b[0]) < 1e-6 for a, b in zip(lps, otl)),
           "streamed completion logprobs %r vs /generate's %r" % (lps, otl))
-    model_id = json.loads(rt.get("/v1/models")[1])["data"][0]["id"]
     st, raw = rt.post("/v1/chat/completions", {"model": model_id, "logprobs": True,
                                                "top_logprobs": 1, "max_tokens": 4,
                                                "temperature": 0, "messages": [
@@ -653,6 +681,49 @@ def case_extras(model, tmp):
     check(content is not None and len(content) == j["usage"]["completion_tokens"] and
           all(c["logprob"] <= 0 for c in content),
           "chat logprobs: %d %r" % (st, raw[:300]))
+    # bad input: a 4xx OpenAI error JSON, from the router and from a daemon, and still serving
+    step("bad input")
+    big = b'{"prompt": "' + b"x" * (10 << 20) + b'", "max_tokens": 4}'
+    bad = [("/generate", b"{not json"),
+           ("/generate", json.dumps({"text": 5}).encode()),
+           ("/v1/completions", json.dumps({"model": model_id, "max_tokens": 4}).encode()),
+           ("/v1/chat/completions", json.dumps({"model": model_id, "max_tokens": 4}).encode()),
+           ("/v1/chat/completions", json.dumps({"model": model_id, "messages": "hi"}).encode()),
+           ("/v1/completions", json.dumps({"prompt": "hi", "max_tokens": -5}).encode()),
+           ("/v1/completions", json.dumps({"prompt": "hi", "max_tokens": 10 ** 12}).encode()),
+           ("/v1/completions", json.dumps({"prompt": "hi", "temperature": -0.5}).encode()),
+           ("/v1/completions", json.dumps({"prompt": "word " * 5000}).encode()),
+           ("/v1/completions", json.dumps({"model": "nope", "prompt": "hi"}).encode()),
+           ("/generate", b'{"text": "\xff\xfe"}'),
+           ("/v1/completions", big)]
+    for target in (rt, dc):
+        for path, b in bad:
+            hdr = {} if target is rt else None
+            if target is dc:  # a daemon needs the bootstrap fields to get past them
+                try:
+                    jb = json.loads(b)
+                    if isinstance(jb, dict):
+                        jb.update({"bootstrap_host": "127.0.0.1", "bootstrap_port": pf.bport,
+                                   "bootstrap_room": 77})
+                        b = json.dumps(jb).encode()
+                except ValueError:
+                    pass
+            try:
+                if len(b) > 1 << 20:
+                    st, out = post_early_answer(target.port, path, b)
+                else:
+                    st, out = target.post(path, b, 60, headers=hdr)
+            except OSError as e:
+                st, out = 0, repr(e).encode()
+            err = {}
+            try:
+                err = json.loads(out).get("error") or {}
+            except ValueError:
+                pass
+            check(400 <= st < 500 and err.get("message") and err.get("type"),
+                  "%s %s %r... -> %d %r" % (target.name, path, b[:50], st, out[:160]))
+        check(target.get("/health")[0] == 200, "%s still serving after bad input" % target.name)
+    check(one_ok(rt), "router serves after bad input")
     for proc in (rt, dc, pf):
         proc.terminate(30)
 
