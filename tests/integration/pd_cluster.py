@@ -5,6 +5,7 @@ Every process started here is registered and killed (by PID) by kill_all(), whic
 call in a finally block; every wait polls with a deadline, so nothing waits forever. A daemon
 restarted after a SIGKILL reuses its ports, since the router's worker list is fixed at start.
 """
+import ctypes
 import http.client
 import json
 import os
@@ -14,6 +15,15 @@ import tempfile
 import time
 
 PROCS = []
+
+
+def _die_with_parent():
+    """In the child before exec: SIGKILL when the test process dies, even by SIGKILL (a CTest
+    timeout), so no daemon outlives its test."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, 9)  # PR_SET_PDEATHSIG, SIGKILL
+    except OSError:
+        pass
 
 
 def free_port():
@@ -89,7 +99,8 @@ class Proc:
 
     def start(self, ready_timeout=60):
         log = open(self.log_path, "a")
-        self.p = subprocess.Popen(self.args, stdout=log, stderr=subprocess.STDOUT, env=self.env)
+        self.p = subprocess.Popen(self.args, stdout=log, stderr=subprocess.STDOUT, env=self.env,
+                                  preexec_fn=_die_with_parent)
         log.close()
         PROCS.append(self.p)
         if ready_timeout:
