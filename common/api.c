@@ -886,7 +886,37 @@ int pd_api_check_token_ids(const struct pd_api_request *r, int32_t vocab, struct
 
 /* ---------------------------------------------------------------- responses */
 
+/* A JSON string literal of s[0..len) as cJSON would print it, NUL bytes included ("\u0000"). */
+static char *json_string_literal(const char *s, size_t len) {
+    char *out = pd_malloc(len * 6 + 3), *o = out;
+    if (!out)
+        return NULL;
+    *o++ = '"';
+    for (size_t i = 0; i < len; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c == '"' || c == '\\') {
+            *o++ = '\\';
+            *o++ = (char)c;
+        } else if (c < 0x20) {
+            o += sprintf(o, "\\u%04x", c);
+        } else {
+            *o++ = (char)c;
+        }
+    }
+    *o++ = '"';
+    *o = '\0';
+    return out;
+}
+
+/* Generated text may hold NUL bytes (a byte-level token for 0x00): cJSON strings end at the
+ * first NUL, so such text goes in as a raw literal with the NUL escaped. */
 static cJSON *add_text(cJSON *obj, const char *key, const char *s, size_t len) {
+    if (len && memchr(s, 0, len)) {
+        char *lit = json_string_literal(s, len);
+        cJSON *v = lit ? cJSON_AddRawToObject(obj, key, lit) : NULL;
+        pd_free(lit);
+        return v;
+    }
     char small[256];
     char *tmp = len < sizeof(small) ? small : pd_malloc(len + 1);
     if (!tmp)

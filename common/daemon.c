@@ -34,6 +34,8 @@
 
 #define MAX_CLIENTS 64       /* distinct prefills one decode talks to */
 #define MAX_EARLY_ROOMS 4096 /* prefill: Transfers that came before their HTTP body */
+#define MAX_PROBES 16        /* /health_generate calls waiting for the compute thread */
+#define PROBE_TIMEOUT_S 20.0 /* ... before they answer 503 (SGLang waits 20 s too) */
 
 struct dreq {
     uint64_t room;
@@ -50,6 +52,8 @@ struct dreq {
     int32_t *out_ids;
     int n_out;
     size_t cap_out;
+    struct pd_sample *lps; /* [max_new_tokens] with return_logprob (decode), else NULL */
+    int lp_sent;           /* entries already in stream chunks (OpenAI: deltas) */
     struct pd_detok *detok;
     char *text;
     size_t text_len, text_cap, sent_len;
@@ -70,6 +74,13 @@ struct dreq {
 
 struct early_room {
     uint64_t room;
+    double t;
+};
+
+/* A /health_generate call waiting for its PROBE event; http NULL once the caller left. */
+struct probe {
+    uint64_t id; /* 0: slot free */
+    struct pd_http_req *http;
     double t;
 };
 
@@ -109,6 +120,9 @@ struct daemon {
     int32_t n_free, cap, n_live;
     struct early_room early[MAX_EARLY_ROOMS];
     int n_early;
+    struct probe probes[MAX_PROBES];
+    uint64_t probe_seq;
+    int64_t n_probe_ok, n_probe_busy, n_probe_failed;
 
     bool ready, stopping, http_listening;
     double stop_deadline;
@@ -154,6 +168,7 @@ static void dreq_free(struct dreq *r) {
     pd_engine_req_free(r->ereq);
     pd_detok_free(r->detok);
     pd_free(r->out_ids);
+    pd_free(r->lps);
     pd_free(r->text);
     pd_free(r);
 }
@@ -228,6 +243,10 @@ static void fill_result(struct dreq *r, struct pd_api_result *res, const char *t
     res->matched_stop = r->matched_stop >= 0 ? r->api.stop[r->matched_stop] : NULL;
     res->e2e_latency = now_s() - r->t_start;
     res->token_text = token_text;
+    if (r->lps) {
+        res->logprobs = r->lps;
+        res->n_logprobs = r->n_out;
+    }
 }
 
 /* Renders one body of r's kind: final (stream false) or one stream chunk. */
@@ -262,12 +281,19 @@ static void stream_progress(struct dreq *r, bool final) {
     if (!final && upto == r->sent_len && r->api.kind != PD_API_GENERATE)
         return;
     struct pd_api_result res;
-    if (r->api.kind == PD_API_GENERATE)
+    if (r->api.kind == PD_API_GENERATE) {
         fill_result(r, &res, r->text ? r->text : "", upto);
-    else
+    } else {
         fill_result(r, &res, r->text ? r->text + r->sent_len : "", upto - r->sent_len);
+        if (r->lps) { /* the tokens since the last chunk */
+            res.logprobs = r->lps + r->lp_sent;
+            res.n_logprobs = r->n_out - r->lp_sent;
+            res.logprob_offset = (int)r->sent_len;
+        }
+    }
     if (!final)
         res.finish = PD_API_FINISH_NONE;
+    r->lp_sent = r->n_out;
     char *body = render(r, &res, true);
     if (body) {
         pd_http_sse_send(r->http, body, strlen(body));
@@ -316,10 +342,14 @@ static void finish_http_error(struct dreq *r, int status, const char *msg) {
         pd_http_respond_error(h, &e);
 }
 
-/* Decode: one more output token (index = its position in the output). */
-static void take_token(struct dreq *r, int32_t token, int index, int finish) {
+/* Decode: one more output token (index = its position in the output); smp: the engine's
+ * record with top logprobs, or NULL (the prefill's first token: its logprob alone). */
+static void take_token(struct dreq *r, int32_t token, int index, int finish, float logprob,
+                       const struct pd_sample *smp) {
     if (r->stopped_here || index != r->n_out)
         return; /* after a stop string, or the first token seen twice */
+    if (r->lps && index < r->api.sampling.max_new_tokens)
+        r->lps[index] = smp ? *smp : (struct pd_sample){.token = token, .logprob = logprob};
     if (pd_array_grow((void **)&r->out_ids, &r->cap_out, (size_t)r->n_out + 1, sizeof(int32_t)) ==
         PD_OK)
         r->out_ids[r->n_out++] = token;
@@ -439,6 +469,7 @@ static void end_request(struct dreq *r, const struct pd_engine_event *ev) {
 }
 
 static void decode_admit(struct dreq *r, const struct pd_engine_event *ev);
+static void probe_done(uint64_t id, int status, int32_t token);
 
 static void on_engine_event(void *ctx, const struct pd_engine_event *ev) {
     (void)ctx;
@@ -453,7 +484,8 @@ static void on_engine_event(void *ctx, const struct pd_engine_event *ev) {
         break;
     case PD_ENGINE_EV_TOKEN:
         if (r)
-            take_token(r, ev->token, ev->index, ev->finish);
+            take_token(r, ev->token, ev->index, ev->finish, ev->logprob,
+                       ev->req && ev->req->samples ? &ev->req->samples[ev->index] : NULL);
         break;
     case PD_ENGINE_EV_QUIESCE:
         if (D.role == PD_ENGINE_PREFILL) {
@@ -474,6 +506,7 @@ static void on_engine_event(void *ctx, const struct pd_engine_event *ev) {
             pd_engine_req_free(ev->req);
         break;
     case PD_ENGINE_EV_FLUSHED: pd_info("flush_cache: %d pages freed", (int)ev->n_output); break;
+    case PD_ENGINE_EV_PROBE: probe_done(ev->room, ev->status, ev->token); break;
     default: break;
     }
 }
@@ -497,7 +530,7 @@ static void on_room_end(void *ctx, uint64_t room, void *user, int status,
             if (n->status == PD_OK) {
                 r->cached_tokens = (int)n->cached_tokens;
                 /* stream the first token now; the engine's TOKEN 0 is then ignored */
-                take_token(r, n->first_token, 0, PD_FINISH_NONE);
+                take_token(r, n->first_token, 0, PD_FINISH_NONE, n->first_logprob, NULL);
             } else {
                 snprintf(r->fail_msg, sizeof(r->fail_msg), "%s", n->error);
             }
@@ -662,9 +695,9 @@ static void handle_generate(struct pd_http_req *h, enum pd_api_kind kind) {
     struct pd_token_ids ids = {0};
     int rc = PD_OK;
     if (r->api.input_ids) {
-        for (int i = 0; i < r->api.n_input_ids && !rc; i++)
-            rc = pd_array_grow((void **)&ids.ids, &ids.cap, ids.n + 1, sizeof(int32_t));
-        if (!rc) {
+        rc =
+            pd_array_grow((void **)&ids.ids, &ids.cap, (size_t)r->api.n_input_ids, sizeof(int32_t));
+        if (!rc && r->api.n_input_ids > 0) {
             memcpy(ids.ids, r->api.input_ids, sizeof(int32_t) * (size_t)r->api.n_input_ids);
             ids.n = (size_t)r->api.n_input_ids;
         }
@@ -743,6 +776,15 @@ static void handle_generate(struct pd_http_req *h, enum pd_api_kind kind) {
         respond_error(h, 500, "server_error", NULL, "%s", pd_error_msg());
         goto fail;
     }
+    if (D.role == PD_ENGINE_DECODE && r->api.return_logprob) {
+        size_t n = (size_t)r->api.sampling.max_new_tokens;
+        r->lps = pd_calloc(n, sizeof(*r->lps));
+        r->ereq->samples = pd_calloc(n, sizeof(*r->ereq->samples));
+        if (!r->lps || !r->ereq->samples) {
+            respond_error(h, 500, "server_error", NULL, "out of memory for %zu logprobs", n);
+            goto fail;
+        }
+    }
     /* registered: from here the request ends through the engine */
     r->slot = D.free_slots[--D.n_free];
     D.reqs[r->slot] = r;
@@ -802,6 +844,92 @@ static void h_health(struct pd_http_req *h, void *ud) {
         pd_http_respond(h, 200, "text/plain", "", 0);
     else
         respond_error(h, 503, "server_error", NULL, "not ready");
+}
+
+/* /health_generate (SGLang: a real 1-token generation, 200 only if it worked). A daemon in
+ * disaggregated mode cannot generate alone (a request needs its peer), so the compute thread
+ * runs one token through the model on a free page instead, bypassing scheduler and transfer:
+ * it proves the loop, the command queue, the compute thread and the model all work. A daemon
+ * whose pool is full is busy serving and answers 200 without running it. */
+static struct probe *probe_find(uint64_t id) {
+    for (int i = 0; i < MAX_PROBES; i++)
+        if (D.probes[i].id == id)
+            return &D.probes[i];
+    return NULL;
+}
+
+static void probe_answer(struct probe *p, int status, const char *msg) {
+    struct pd_http_req *h = p->http;
+    p->id = 0;
+    p->http = NULL;
+    if (!h)
+        return;
+    if (status == 200)
+        pd_http_respond(h, 200, "text/plain", "", 0);
+    else
+        respond_error(h, status, "server_error", NULL, "health_generate: %s", msg);
+}
+
+static void on_probe_gone(struct pd_http_req *h, void *user) {
+    (void)h;
+    struct probe *p = user;
+    p->http = NULL; /* the slot waits for its event (or the timeout) */
+}
+
+static void probe_done(uint64_t id, int status, int32_t token) {
+    struct probe *p = probe_find(id);
+    if (status == PD_OK)
+        D.n_probe_ok++;
+    else if (status == PD_EFULL)
+        D.n_probe_busy++;
+    else
+        D.n_probe_failed++;
+    if (!p)
+        return;
+    pd_debug("health_generate: %s (token %d) in %.1f ms",
+             status == PD_OK      ? "ok"
+             : status == PD_EFULL ? "busy"
+                                  : pd_status_str(status),
+             (int)token, (now_s() - p->t) * 1e3);
+    char msg[200];
+    snprintf(msg, sizeof(msg), "the 1-token forward pass failed (%s)", pd_status_str(status));
+    probe_answer(p, status == PD_OK || status == PD_EFULL ? 200 : 503, msg);
+}
+
+static void probes_expire(double now, bool all) {
+    for (int i = 0; i < MAX_PROBES; i++) {
+        struct probe *p = &D.probes[i];
+        if (!p->id)
+            continue;
+        if (all) {
+            probe_answer(p, 503, "the daemon is shutting down");
+        } else if (now - p->t >= PROBE_TIMEOUT_S) {
+            D.n_probe_failed++;
+            probe_answer(p, 503, "the compute thread did not answer within 20 s");
+        }
+    }
+}
+
+static void h_health_generate(struct pd_http_req *h, void *ud) {
+    (void)ud;
+    if (!D.ready || D.stopping) {
+        respond_error(h, 503, "server_error", NULL, "not ready");
+        return;
+    }
+    struct probe *p = probe_find(0);
+    if (!p) {
+        respond_error(h, 503, "server_error", NULL,
+                      "health_generate: %d probes already waiting for the compute thread",
+                      MAX_PROBES);
+        return;
+    }
+    uint64_t id = ++D.probe_seq;
+    if (pd_engine_submit(D.eng, &(struct pd_engine_cmd){.kind = PD_ENGINE_CMD_PROBE, .room = id})) {
+        respond_error(h, 503, "server_error", NULL, "health_generate: %s", pd_error_msg());
+        return;
+    }
+    *p = (struct probe){.id = id, .http = h, .t = now_s()};
+    pd_http_req_on_gone(h, on_probe_gone, p);
 }
 
 static cJSON *body_json(struct pd_http_req *h) {
@@ -927,7 +1055,7 @@ static void h_metrics(struct pd_http_req *h, void *ud) {
     (void)ud;
     struct pd_engine_stats s;
     load_now(&s);
-    char buf[4096];
+    char buf[8192];
     const char *m = D.args.served_model_name;
     int n = snprintf(
         buf, sizeof(buf),
@@ -942,12 +1070,16 @@ static void h_metrics(struct pd_http_req *h, void *ud) {
         "# TYPE sglang:num_aborted_requests_total counter\n"
         "sglang:num_aborted_requests_total{model_name=\"%s\"} %" PRId64 "\n"
         "# TYPE sglang:generation_tokens_total counter\n"
-        "sglang:generation_tokens_total{model_name=\"%s\"} %" PRId64 "\n",
+        "sglang:generation_tokens_total{model_name=\"%s\"} %" PRId64 "\n"
+        "# TYPE pdserve:health_generate_total counter\n"
+        "pdserve:health_generate_total{model_name=\"%s\",result=\"ok\"} %" PRId64 "\n"
+        "pdserve:health_generate_total{model_name=\"%s\",result=\"busy\"} %" PRId64 "\n"
+        "pdserve:health_generate_total{model_name=\"%s\",result=\"failed\"} %" PRId64 "\n",
         m, D.role == PD_ENGINE_DECODE ? s.q_running : s.q_inflight, m,
         D.role == PD_ENGINE_DECODE ? s.q_prealloc + s.q_transfer : s.q_bootstrap + s.q_waiting, m,
         s.pages_total ? (double)s.pages_used / s.pages_total : 0.0, m,
         s.pages_used * D.info.page_size, m, s.pages_total * D.info.page_size, m, D.n_requests, m,
-        D.n_aborted, m, D.n_gen_tokens);
+        D.n_aborted, m, D.n_gen_tokens, m, D.n_probe_ok, m, D.n_probe_busy, m, D.n_probe_failed);
     pd_http_respond(h, 200, "text/plain; version=0.0.4", buf,
                     (size_t)(n < (int)sizeof(buf) ? n : (int)sizeof(buf) - 1));
 }
@@ -1059,6 +1191,7 @@ static void on_tick(uv_timer_t *t) {
         }
         i++;
     }
+    probes_expire(now, false);
     if (D.stopping && now >= D.stop_deadline && D.n_live > 0) {
         /* out of time: fail what is left */
         for (int32_t i = 0; i < D.cap; i++)
@@ -1080,6 +1213,7 @@ static void begin_shutdown(const char *why) {
     D.ready = false;
     pd_info("%s: %s; draining for up to %.0f s", role_name(), why, D.shutdown_timeout);
     D.stop_deadline = now_s() + D.shutdown_timeout * 0.8;
+    probes_expire(0, true);
     uv_signal_stop(&D.sigterm);
     uv_signal_stop(&D.sigint);
     uv_close((uv_handle_t *)&D.sigterm, NULL);
@@ -1112,7 +1246,7 @@ static int route_all(void) {
         {"POST", "/v1/chat/completions", 0, h_chat},
         {"GET", "/v1/models", 0, h_models},
         {"GET", "/health", PD_HTTP_PUBLIC, h_health},
-        {"GET", "/health_generate", PD_HTTP_PUBLIC, h_health},
+        {"GET", "/health_generate", PD_HTTP_PUBLIC, h_health_generate},
         {"GET", "/server_info", 0, h_server_info},
         {"GET", "/get_server_info", 0, h_server_info},
         {"GET", "/model_info", 0, h_model_info},

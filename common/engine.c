@@ -25,6 +25,7 @@
 
 #include <errno.h>
 #include <inttypes.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -121,6 +122,7 @@ void pd_engine_req_free(struct pd_engine_req *r) {
         pd_sampler_free(&r->sampler);
     pd_free(r->tokens);
     pd_free(r->pages);
+    pd_free(r->samples);
     pd_free(r);
 }
 
@@ -488,8 +490,16 @@ static void decode_add(struct pd_engine *e, struct pd_engine_req *r, double now)
     }
 }
 
+/* smp: the sampler's record of tok (top-n logprobs), NULL for the prefill's first token. */
 static void note_token(struct pd_engine *e, struct pd_engine_req *r, int32_t tok, float logprob,
-                       int finish) {
+                       int finish, const struct pd_sample *smp) {
+    if (r->samples && r->n_out < r->sp.max_new_tokens) {
+        struct pd_sample *s = &r->samples[r->n_out];
+        if (smp)
+            *s = *smp;
+        else
+            *s = (struct pd_sample){.token = tok, .logprob = logprob};
+    }
     r->tokens[r->n_prompt + r->n_out] = tok;
     r->n_out++;
     if (!finish && r->n_prompt + r->n_out >= e->ctx_len)
@@ -520,7 +530,7 @@ static void decode_xfer_end(struct pd_engine *e, const struct pd_engine_cmd *c, 
         }
         enum pd_finish fin;
         pd_sampler_accept(&r->sampler, c->first_token, &fin);
-        note_token(e, r, c->first_token, c->first_logprob, fin);
+        note_token(e, r, c->first_token, c->first_logprob, fin, NULL);
         if (pd_sched_decode_transfer_done(e->sd, c->room, PD_OK, now) != PD_OK) {
             (void)pd_sched_decode_release(e->sd, c->room); /* timed out meanwhile */
             return;
@@ -619,7 +629,7 @@ static bool decode_iter(struct pd_engine *e, double now) {
         }
         struct pd_sample smp;
         pd_sampler_next(&r->sampler, &e->scratch, e->logits + (size_t)i * (size_t)e->vocab, &smp);
-        note_token(e, r, smp.token, smp.logprob, smp.finish);
+        note_token(e, r, smp.token, smp.logprob, smp.finish, &smp);
         e->stopped[i] = r->finished;
     }
     rc = pd_sched_decode_batch_done(e->sd, &st, e->stopped, now);
@@ -667,6 +677,42 @@ static void drain_ends(struct pd_engine *e, double now) {
     }
 }
 
+/* /health_generate: the model runs one token (BOS) on one free page, greedy-sampled; the page is
+ * back in the pool before the next scheduler step, so no scheduler ever sees it. With no free
+ * page the daemon is busy serving, which is healthy: PD_EFULL, nothing run. */
+static void probe(struct pd_engine *e, uint64_t id) {
+    struct pd_engine_event ev = {.kind = PD_ENGINE_EV_PROBE, .room = id, .token = -1};
+    int32_t page;
+    if (pd_page_alloc_get(e->pa, 1, -1, &page) != PD_OK) {
+        ev.status = PD_EFULL;
+        emit(e, &ev);
+        return;
+    }
+    int bos = pd_model_config_of(e->model)->bos_token_id;
+    int32_t tok = bos >= 0 && bos < e->vocab ? bos : 0;
+    struct pd_model_seq s = {
+        .tokens = &tok, .n_new = 1, .n_cached = 0, .pages = &page, .n_pages = 1};
+    int rc = pd_model_extend(e->model, &e->kv, &s, 1, false, e->logits);
+    if (rc == PD_OK) {
+        int32_t best = -1;
+        for (int32_t v = 0; v < e->vocab; v++) {
+            float x = e->logits[v];
+            if (!isfinite(x)) {
+                rc = pd_errorf(PD_EINTERNAL, "the model's logits are not finite (id %d)", (int)v);
+                break;
+            }
+            if (best < 0 || x > e->logits[best])
+                best = v;
+        }
+        ev.token = best;
+    }
+    pd_page_alloc_put(e->pa, &page, 1);
+    ev.status = rc;
+    if (rc)
+        pd_warn("health probe: the 1-token forward pass failed: %s", pd_error_msg());
+    emit(e, &ev);
+}
+
 static bool drain_commands(struct pd_engine *e, double now) {
     struct pd_engine_cmd c;
     bool any = false;
@@ -700,6 +746,7 @@ static bool drain_commands(struct pd_engine *e, double now) {
             emit(e, &(struct pd_engine_event){.kind = PD_ENGINE_EV_FLUSHED, .n_output = freed});
             break;
         }
+        case PD_ENGINE_CMD_PROBE: probe(e, c.room); break;
         default: PD_ASSERT(!"unknown engine command");
         }
     }

@@ -17,6 +17,9 @@
  * A request timed out in transfer, or aborted there, yields EV_QUIESCE: the loop aborts the room
  * with the prefill; the room's ending (XFER_END) releases its pages.
  *
+ * PROBE (/health_generate) runs one token through the model on a page taken from the free pool
+ * and given back within the command: no scheduler, no transfer, no request.
+ *
  * Ownership: a struct pd_engine_req is built by the loop (pd_engine_req_new), belongs to the
  * compute thread from ADD until its EV_END, and is freed by the loop after that. The loop may
  * read req->pages entries an event names (they are written before the event and never again).
@@ -66,6 +69,10 @@ struct pd_engine_req {
     int32_t *tokens; /* [n_prompt + sp.max_new_tokens] prompt, then (decode) output ids */
     struct pd_sampling_params sp; /* max_new_tokens counts the prefill's first token */
     void *user;                   /* the loop's; never touched here */
+    /* decode, when logprobs are asked for: [sp.max_new_tokens], set by the loop before ADD
+     * (freed with the request); the compute thread fills entry i (top-n per sp.n_logprobs)
+     * before the TOKEN event of index i and never writes it again. NULL: none kept. */
+    struct pd_sample *samples;
     /* published by the compute thread before the event that names them */
     uint32_t *pages; /* [cap_pages] prefill: source pages; decode: destination pages */
     int32_t n_pages;
@@ -93,6 +100,7 @@ enum pd_engine_cmd_kind {
     PD_ENGINE_CMD_XFER_END,     /* room's transfer ended: status (+ decode: first token) */
     PD_ENGINE_CMD_ABORT,        /* room: abort wherever it is */
     PD_ENGINE_CMD_FLUSH_CACHE,  /* drop unused prefix-cache entries */
+    PD_ENGINE_CMD_PROBE,        /* room = probe id: one token through the model (health) */
 };
 
 struct pd_engine_cmd {
@@ -111,6 +119,8 @@ enum pd_engine_event_kind {
     PD_ENGINE_EV_QUIESCE,   /* decode: give the room up with the prefill (abort/timeout) */
     PD_ENGINE_EV_END,       /* the request is over here; req is the loop's again */
     PD_ENGINE_EV_FLUSHED,   /* flush_cache done; n_output = pages freed */
+    PD_ENGINE_EV_PROBE,     /* room = probe id; status PD_OK (token sampled), PD_EFULL (no free
+                               page: busy, not run) or why the forward pass failed */
 };
 
 struct pd_engine_event {

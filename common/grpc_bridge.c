@@ -542,8 +542,20 @@ int pd_grpc_channel_new(pd_grpc_bridge_t *b, const char *target, pd_grpc_channel
         return pd_error_wrap(PD_ENOMEM, "creating a gRPC channel to %s", target);
     c->b = b;
     snprintf(c->target, sizeof(c->target), "%s", target);
+    /* A restarted prefill is back on its bootstrap port within a second or two: reconnect
+     * that fast (gRPC's default backoff starts at 1 s and grows to 120 s, during which every
+     * Pair fails at once with the old "connection refused"). */
     grpc_arg args[] = {
         {.type = GRPC_ARG_INTEGER, .key = (char *)GRPC_ARG_ENABLE_RETRIES, .value.integer = 0},
+        {.type = GRPC_ARG_INTEGER,
+         .key = (char *)GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS,
+         .value.integer = 100},
+        {.type = GRPC_ARG_INTEGER,
+         .key = (char *)GRPC_ARG_MIN_RECONNECT_BACKOFF_MS,
+         .value.integer = 100},
+        {.type = GRPC_ARG_INTEGER,
+         .key = (char *)GRPC_ARG_MAX_RECONNECT_BACKOFF_MS,
+         .value.integer = 1000},
     };
     grpc_channel_args ca = {.num_args = PD_ARRAY_LEN(args), .args = args};
     grpc_channel_credentials *creds = grpc_insecure_credentials_create();

@@ -638,6 +638,16 @@ static void test_render_generate(void) {
     CHECK(cJSON_GetObjectItem(cJSON_GetObjectItem(j, "meta_info"), "output_token_logprobs") ==
           NULL);
     cJSON_Delete(j);
+
+    /* a NUL byte in the generated text (byte-level token 0x00) is escaped, not a cut */
+    res.text = "a\0b\"\x01"
+               "c";
+    res.text_len = 6;
+    CHECK_OK(pd_api_render_generate(&r, &res, &s));
+    CHECK(strstr(s, "\"text\":\"a\\u0000b\\\"\\u0001c\"") != NULL);
+    j = parse_out(s);
+    CHECK(j != NULL);
+    cJSON_Delete(j);
     pd_api_request_free(&r);
 }
 
