@@ -46,12 +46,12 @@ void pd__cpu_gemv(enum pd_dtype wt, const void *w, int64_t k, const float *x, in
 void pd__cpu_silu_mul(const float *gate, const float *up, float *out, int64_t n);
 /* s = softmax(s) in place, two passes (max, then exp and sum) as the reference. */
 void pd__cpu_softmax(float *s, int n);
-/* s[g][j] = scale · q[g] · k[j] for g < group, j < nk.
- * q [group][hd]; k [nk][ldk]; s [group][lds] f32 */
-void pd__cpu_attn_scores(const float *q, int group, int hd, const float *k, int64_t ldk, int nk,
-                         float scale, float *s, int64_t lds);
-/* o[g] += Σ_j p[g][j] · v[j] for g < group, j < nk.  p [group][ldp]; v [nk][ldv]; o [group][hd] */
-void pd__cpu_attn_pv(const float *p, int64_t ldp, int group, const float *v, int64_t ldv, int nk,
+/* s[r][j] = scale · q[r] · k[j] for r < nq, j < nk <= 16, via kt, a transposed copy of the key
+ * run. q [nq][hd]; k [nk][ldk]; s [nq][lds] f32; kt [hd][16] f32 scratch, 64-byte aligned */
+void pd__cpu_attn_scores(const float *q, int nq, int hd, const float *k, int64_t ldk, int nk,
+                         float scale, float *s, int64_t lds, float *kt);
+/* o[r] += Σ_j p[r][j] · v[j] for r < nq, j < nk.  p [nq][ldp]; v [nk][ldv]; o [nq][hd] */
+void pd__cpu_attn_pv(const float *p, int64_t ldp, int nq, const float *v, int64_t ldv, int nk,
                      int hd, float *o);
 
 #define PD_CPU_GEMM_NR 64  /* weight rows per packed panel */

@@ -446,51 +446,94 @@ PD_AVX512 static void softmax_avx512(float *s, int n) {
     }
 }
 
-/* Four keys at a time per query head, so one shuffle tree reduces four dot products. */
-PD_AVX512 static void attn_scores_avx512(const float *q, int group, int hd, const float *k,
-                                         int64_t ldk, int nk, float scale, float *s, int64_t lds) {
-    for (int g = 0; g < group; g++) {
-        const float *qg = q + (size_t)g * hd;
-        for (int j = 0; j < nk; j += 4) {
-            __m512 a[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(),
-                           _mm512_setzero_ps()};
-            int nj = nk - j < 4 ? nk - j : 4;
-            for (int d = 0; d < hd; d += 16) {
-                __mmask16 mk = hd - d >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (hd - d)) - 1);
-                __m512 qv = _mm512_maskz_loadu_ps(mk, qg + d);
-                for (int jj = 0; jj < nj; jj++)
-                    a[jj] = _mm512_fmadd_ps(
-                        qv, _mm512_maskz_loadu_ps(mk, k + (size_t)(j + jj) * ldk + d), a[jj]);
-            }
-            float r[4];
-            _mm_storeu_ps(r, _mm_mul_ps(hsum4x16(a[0], a[1], a[2], a[3]), _mm_set1_ps(scale)));
-            for (int jj = 0; jj < nj; jj++)
-                s[(size_t)g * lds + j + jj] = r[jj];
-        }
+/* R (1..8) query rows against the transposed key run kt [hd][16]: 16 scores per vector, R
+ * independent FMA chains, no horizontal sums. */
+PD_AVX512 static inline __attribute__((always_inline)) void scores_rows(const int R, const float *q,
+                                                                        int hd, const float *kt,
+                                                                        float scale, float *s,
+                                                                        int64_t lds, __mmask16 mk) {
+    __m512 a[8];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++)
+        a[r] = _mm512_setzero_ps();
+    for (int d = 0; d < hd; d++) {
+        __m512 kv = _mm512_load_ps(kt + (size_t)d * 16);
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++)
+            a[r] = _mm512_fmadd_ps(_mm512_set1_ps(q[(size_t)r * hd + d]), kv, a[r]);
     }
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++)
+        _mm512_mask_storeu_ps(s + (size_t)r * lds, mk, _mm512_mul_ps(a[r], _mm512_set1_ps(scale)));
 }
 
-/* Two query heads share each V load; the 16-wide slices of their outputs stay in registers. */
-PD_AVX512 static void attn_pv_avx512(const float *p, int64_t ldp, int group, const float *v,
+/* The key run is transposed once (16x16 blocks in registers) and then shared by every query row
+ * of the item: all query heads of a kv head, for all tokens of a prefill block. */
+PD_AVX512 static void attn_scores_avx512(const float *q, int nq, int hd, const float *k,
+                                         int64_t ldk, int nk, float scale, float *s, int64_t lds,
+                                         float *kt) {
+    __mmask16 mk = nk >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << nk) - 1);
+    for (int d0 = 0; d0 < hd; d0 += 16) {
+        __mmask16 dm = hd - d0 >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (hd - d0)) - 1);
+        __m512 r[16];
+        for (int j = 0; j < 16; j++)
+            r[j] =
+                j < nk ? _mm512_maskz_loadu_ps(dm, k + (size_t)j * ldk + d0) : _mm512_setzero_ps();
+        transpose16(r);
+        for (int d = 0; d < 16 && d0 + d < hd; d++)
+            _mm512_store_ps(kt + (size_t)(d0 + d) * 16, r[d]);
+    }
+    int r = 0;
+    for (; nq - r >= 8; r += 8)
+        scores_rows(8, q + (size_t)r * hd, hd, kt, scale, s + (size_t)r * lds, lds, mk);
+    if (nq - r >= 4) {
+        scores_rows(4, q + (size_t)r * hd, hd, kt, scale, s + (size_t)r * lds, lds, mk);
+        r += 4;
+    }
+    if (nq - r >= 2) {
+        scores_rows(2, q + (size_t)r * hd, hd, kt, scale, s + (size_t)r * lds, lds, mk);
+        r += 2;
+    }
+    if (nq - r >= 1)
+        scores_rows(1, q + (size_t)r * hd, hd, kt, scale, s + (size_t)r * lds, lds, mk);
+}
+
+/* R (1..8) output rows, one 16-wide slice of head_dim: each V load feeds R FMAs. */
+PD_AVX512 static inline __attribute__((always_inline)) void
+pv_rows(const int R, const float *p, int64_t ldp, const float *v, int64_t ldv, int nk, int hd,
+        float *o, int d0, __mmask16 dm) {
+    __m512 a[8];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++)
+        a[r] = _mm512_maskz_loadu_ps(dm, o + (size_t)r * hd + d0);
+    for (int j = 0; j < nk; j++) {
+        __m512 vv = _mm512_maskz_loadu_ps(dm, v + (size_t)j * ldv + d0);
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++)
+            a[r] = _mm512_fmadd_ps(_mm512_set1_ps(p[(size_t)r * ldp + j]), vv, a[r]);
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++)
+        _mm512_mask_storeu_ps(o + (size_t)r * hd + d0, dm, a[r]);
+}
+
+PD_AVX512 static void attn_pv_avx512(const float *p, int64_t ldp, int nq, const float *v,
                                      int64_t ldv, int nk, int hd, float *o) {
-    for (int d = 0; d < hd; d += 16) {
-        __mmask16 mk = hd - d >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (hd - d)) - 1);
-        for (int g = 0; g < group; g += 2) {
-            bool two = g + 1 < group;
-            float *o0 = o + (size_t)g * hd + d, *o1 = o0 + hd;
-            const float *p0 = p + (size_t)g * ldp, *p1 = p0 + ldp;
-            __m512 a0 = _mm512_maskz_loadu_ps(mk, o0);
-            __m512 a1 = two ? _mm512_maskz_loadu_ps(mk, o1) : _mm512_setzero_ps();
-            for (int j = 0; j < nk; j++) {
-                __m512 vv = _mm512_maskz_loadu_ps(mk, v + (size_t)j * ldv + d);
-                a0 = _mm512_fmadd_ps(_mm512_set1_ps(p0[j]), vv, a0);
-                if (two)
-                    a1 = _mm512_fmadd_ps(_mm512_set1_ps(p1[j]), vv, a1);
-            }
-            _mm512_mask_storeu_ps(o0, mk, a0);
-            if (two)
-                _mm512_mask_storeu_ps(o1, mk, a1);
+    for (int d0 = 0; d0 < hd; d0 += 16) {
+        __mmask16 dm = hd - d0 >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (hd - d0)) - 1);
+        int r = 0;
+        for (; nq - r >= 8; r += 8)
+            pv_rows(8, p + (size_t)r * ldp, ldp, v, ldv, nk, hd, o + (size_t)r * hd, d0, dm);
+        if (nq - r >= 4) {
+            pv_rows(4, p + (size_t)r * ldp, ldp, v, ldv, nk, hd, o + (size_t)r * hd, d0, dm);
+            r += 4;
         }
+        if (nq - r >= 2) {
+            pv_rows(2, p + (size_t)r * ldp, ldp, v, ldv, nk, hd, o + (size_t)r * hd, d0, dm);
+            r += 2;
+        }
+        if (nq - r >= 1)
+            pv_rows(1, p + (size_t)r * ldp, ldp, v, ldv, nk, hd, o + (size_t)r * hd, d0, dm);
     }
 }
 #endif
@@ -609,29 +652,30 @@ void pd__cpu_softmax(float *s, int n) {
         s[j] *= inv;
 }
 
-void pd__cpu_attn_scores(const float *q, int group, int hd, const float *k, int64_t ldk, int nk,
-                         float scale, float *s, int64_t lds) {
+void pd__cpu_attn_scores(const float *q, int nq, int hd, const float *k, int64_t ldk, int nk,
+                         float scale, float *s, int64_t lds, float *kt) {
+    PD_ASSERT(nk <= 16 && ((uintptr_t)kt & 63) == 0);
 #ifdef PD_HAVE_X86
     if (has_avx512()) {
-        attn_scores_avx512(q, group, hd, k, ldk, nk, scale, s, lds);
+        attn_scores_avx512(q, nq, hd, k, ldk, nk, scale, s, lds, kt);
         return;
     }
 #endif
-    for (int j = 0; j < nk; j++)
-        for (int g = 0; g < group; g++)
-            s[(size_t)g * lds + j] =
-                pd__cpu_dot(q + (size_t)g * hd, k + (size_t)j * ldk, hd) * scale;
+    for (int r = 0; r < nq; r++)
+        for (int j = 0; j < nk; j++)
+            s[(size_t)r * lds + j] =
+                pd__cpu_dot(q + (size_t)r * hd, k + (size_t)j * ldk, hd) * scale;
 }
 
-void pd__cpu_attn_pv(const float *p, int64_t ldp, int group, const float *v, int64_t ldv, int nk,
+void pd__cpu_attn_pv(const float *p, int64_t ldp, int nq, const float *v, int64_t ldv, int nk,
                      int hd, float *o) {
 #ifdef PD_HAVE_X86
     if (has_avx512()) {
-        attn_pv_avx512(p, ldp, group, v, ldv, nk, hd, o);
+        attn_pv_avx512(p, ldp, nq, v, ldv, nk, hd, o);
         return;
     }
 #endif
     for (int j = 0; j < nk; j++)
-        for (int g = 0; g < group; g++)
-            pd__cpu_axpy(p[(size_t)g * ldp + j], v + (size_t)j * ldv, o + (size_t)g * hd, hd);
+        for (int r = 0; r < nq; r++)
+            pd__cpu_axpy(p[(size_t)r * ldp + j], v + (size_t)j * ldv, o + (size_t)r * hd, hd);
 }
