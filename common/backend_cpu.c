@@ -123,14 +123,15 @@ static int cpu_reserve(struct pd_backend *be, const struct pd_backend_limits *li
     struct cpu_backend *c = cpu(be);
     free_batch_arrays(c);
     size_t nt = (size_t)lim->max_tokens, nr = (size_t)lim->max_reqs;
-    /* attention: scores of every query head of one kv group + widened K/V rows and a query;
-     * matmul: one block of weight rows widened to f32; rope: cos and sin of one position */
+    /* attention: scores, queries and outputs of the query rows of one work item + a key run and
+     * its transpose; matmul: one packed panel (or, for sgemm, one block of weight rows widened to
+     * f32); rmsnorm: the widened weight; rope: cos and sin of one position */
     size_t att_rows = (size_t)PD_CPU_ATTN_TOKENS * (size_t)lim->max_heads;
     size_t att = att_rows * (size_t)lim->max_context + 2 * att_rows * (size_t)lim->max_head_dim +
                  2 * (size_t)PD_CPU_ATTN_RUN * (size_t)lim->max_head_dim + 16;
-    size_t gemm = (size_t)PD_CPU_GEMM_BLOCK * (size_t)lim->max_dim;
-    size_t panel = (size_t)PD_CPU_GEMM_KC * PD_CPU_GEMM_NR + 16; /* + alignment */
-    gemm = gemm > panel ? gemm : panel;
+    size_t gemm = pd__cpu_gemm_panel_ok()
+                      ? (size_t)PD_CPU_GEMM_KC * PD_CPU_GEMM_NR + 16 /* + alignment */
+                      : (size_t)PD_CPU_GEMM_BLOCK * (size_t)lim->max_dim;
     c->scratch_floats = att > gemm ? att : gemm;
     c->token_ids = pd_calloc(nt, sizeof(int32_t));
     c->positions = pd_calloc(nt, sizeof(int32_t));
