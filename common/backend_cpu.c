@@ -4,9 +4,12 @@
  *
  * Matrix products take two routes: up to PD_CPU_GEMV_ROWS activation rows (decode) use our own
  * GEMV that reads bf16/f16 weights in place — decode is bound by weight bytes, so compact weights
- * are the speed-up; more rows (prefill) go to OpenBLAS sgemm on blocks of weight rows, widened to
- * f32 per block in per-thread scratch, one single-threaded sgemm per pool thread (OpenBLAS's own
- * threads are switched off so the two pools never fight over cores).
+ * are the speed-up; more rows (prefill) use our packed-panel GEMM on AVX-512 machines: each
+ * thread widens 64 weight rows × 512 k values at a time into an L2-resident f32 panel that every
+ * activation row then passes over, so weights are read and widened once per call and no f32 copy
+ * of them exists. Without AVX-512 that route falls back to OpenBLAS sgemm on blocks of weight
+ * rows widened per block, one single-threaded sgemm per pool thread (OpenBLAS's own threads are
+ * switched off so the two pools never fight over cores).
  * Weights alias the caller's host bytes (the checkpoint mapping); nothing is copied.
  * Per-step metadata and all scratch are sized once by reserve; ops never allocate.
  */
@@ -25,6 +28,8 @@
 #define PD_CPU_GEMV_ROWS 32      /* activation rows up to which the GEMV route is taken */
 #define PD_CPU_GEMM_BLOCK 128    /* weight rows per sgemm block */
 #define PD_CPU_INLINE_WORK 32768 /* elementwise ops smaller than this run on the caller alone */
+#define PD_CPU_ATTN_RUN 16       /* keys per attention kernel call, at most one page's run */
+#define PD_CPU_ATTN_TOKENS 4     /* prefill tokens per attention work item */
 
 void openblas_set_num_threads(int num_threads); /* OpenBLAS extension, not in cblas.h */
 
@@ -52,6 +57,11 @@ static struct cpu_backend *cpu(struct pd_backend *be) {
 
 static float *thread_scratch(struct cpu_backend *c, int tid) {
     return c->scratch + (size_t)tid * c->scratch_floats;
+}
+
+/* p rounded up to a 64-byte boundary (scratch sizes include 16 floats of slack for it) */
+static float *align64(float *p) {
+    return p + (64 - ((uintptr_t)p & 63)) / sizeof(float) % 16;
 }
 
 /* ---- memory ---- */
@@ -113,10 +123,15 @@ static int cpu_reserve(struct pd_backend *be, const struct pd_backend_limits *li
     struct cpu_backend *c = cpu(be);
     free_batch_arrays(c);
     size_t nt = (size_t)lim->max_tokens, nr = (size_t)lim->max_reqs;
-    /* attention: scores of every query head of one kv group + widened K/V rows and a query;
-     * matmul: one block of weight rows widened to f32; rope: cos and sin of one position */
-    size_t att = (size_t)lim->max_heads * (size_t)lim->max_context + 4 * (size_t)lim->max_head_dim;
-    size_t gemm = (size_t)PD_CPU_GEMM_BLOCK * (size_t)lim->max_dim;
+    /* attention: scores, queries and outputs of the query rows of one work item + a key run and
+     * its transpose; matmul: one packed panel (or, for sgemm, one block of weight rows widened to
+     * f32); rmsnorm: the widened weight; rope: cos and sin of one position */
+    size_t att_rows = (size_t)PD_CPU_ATTN_TOKENS * (size_t)lim->max_heads;
+    size_t att = att_rows * (size_t)lim->max_context + 2 * att_rows * (size_t)lim->max_head_dim +
+                 2 * (size_t)PD_CPU_ATTN_RUN * (size_t)lim->max_head_dim + 16;
+    size_t gemm = pd__cpu_gemm_panel_ok()
+                      ? (size_t)PD_CPU_GEMM_KC * PD_CPU_GEMM_NR + 16 /* + alignment */
+                      : (size_t)PD_CPU_GEMM_BLOCK * (size_t)lim->max_dim;
     c->scratch_floats = att > gemm ? att : gemm;
     c->token_ids = pd_calloc(nt, sizeof(int32_t));
     c->positions = pd_calloc(nt, sizeof(int32_t));
@@ -244,12 +259,6 @@ static void cpu_embed(struct pd_backend *be, const struct pd_tensor *table, floa
     run_rows(c, embed_task, &t, c->n_tokens * table->cols);
 }
 
-static float weight_at(const struct pd_tensor *w, int64_t i) {
-    float f;
-    pd__cpu_to_f32(w->dtype, (const char *)w->data + (size_t)i * pd_dtype_size(w->dtype), &f, 1);
-    return f;
-}
-
 /* As transformers' LlamaRMSNorm: mean of squares in f32, x * rsqrt(var + eps), then * weight. */
 static void rmsnorm_task(void *ctx, int tid, int nth) {
     struct rows_task *t = ctx;
@@ -317,10 +326,7 @@ static void silu_mul_task(void *ctx, int tid, int nth) {
     struct rows_task *t = ctx;
     int64_t i0, i1;
     pd__cpu_split(t->count, tid, nth, &i0, &i1);
-    for (int64_t i = i0; i < i1; i++) {
-        float g = t->x[i];
-        t->out[i] = g / (1.0f + expf(-g)) * t->y[i];
-    }
+    pd__cpu_silu_mul(t->x + i0, t->y + i0, t->out + i0, i1 - i0);
 }
 
 static void cpu_silu_mul(struct pd_backend *be, const float *gate, const float *up, float *out,
@@ -359,16 +365,22 @@ struct matmul_task {
     int64_t rows, m, k;
     const struct pd_tensor *w, *bias;
     float *y;
-    int64_t block;
+    int64_t block; /* sgemm: weight rows per block; panels: runs the x rows are split in */
 };
 
-static void add_bias(const struct matmul_task *t, int64_t j0, int64_t j1) {
+static void add_bias(const struct matmul_task *t, int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
     if (!t->bias)
         return;
-    for (int64_t j = j0; j < j1; j++) {
-        float b = weight_at(t->bias, j);
-        for (int64_t i = 0; i < t->rows; i++)
-            t->y[i * t->m + j] += b;
+    float b[256]; /* the bias widened once per run of columns, then added row by row */
+    size_t esz = pd_dtype_size(t->bias->dtype);
+    for (int64_t jb = j0; jb < j1; jb += (int64_t)PD_ARRAY_LEN(b)) {
+        int64_t n = j1 - jb < (int64_t)PD_ARRAY_LEN(b) ? j1 - jb : (int64_t)PD_ARRAY_LEN(b);
+        pd__cpu_to_f32(t->bias->dtype, (const char *)t->bias->data + (size_t)jb * esz, b, n);
+        for (int64_t i = i0; i < i1; i++) {
+            float *y = t->y + i * t->m + jb;
+            for (int64_t j = 0; j < n; j++)
+                y[j] += b[j];
+        }
     }
 }
 
@@ -377,7 +389,7 @@ static void gemv_task(void *ctx, int tid, int nth) {
     int64_t j0, j1;
     pd__cpu_split(t->m, tid, nth, &j0, &j1);
     pd__cpu_gemv(t->w->dtype, t->w->data, t->k, t->x, (int)t->rows, t->y, t->m, j0, j1);
-    add_bias(t, j0, j1);
+    add_bias(t, 0, t->rows, j0, j1);
 }
 
 static void gemm_task(void *ctx, int tid, int nth) {
@@ -396,7 +408,26 @@ static void gemm_task(void *ctx, int tid, int nth) {
         }
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)t->rows, (int)(j1 - j0),
                     (int)t->k, 1.0f, t->x, (int)t->k, wb, (int)t->k, 0.0f, t->y + j0, (int)t->m);
-        add_bias(t, j0, j1);
+        add_bias(t, 0, t->rows, j0, j1);
+    }
+}
+
+/* Work items are (panel of PD_CPU_GEMM_NR weight rows, run of x rows); a thread's items are
+ * consecutive, so it reuses each packed panel for its whole run of rows. */
+static void panel_task(void *ctx, int tid, int nth) {
+    struct matmul_task *t = ctx;
+    int64_t npan = (t->m + PD_CPU_GEMM_NR - 1) / PD_CPU_GEMM_NR, nrun = t->block, it0, it1;
+    pd__cpu_split(npan * nrun, tid, nth, &it0, &it1);
+    float *panel = thread_scratch(t->c, tid);
+    panel = align64(panel);
+    for (int64_t it = it0; it < it1; it++) {
+        int64_t p = it / nrun, i0, i1;
+        pd__cpu_split(t->rows, (int)(it % nrun), (int)nrun, &i0, &i1);
+        int64_t j0 = p * PD_CPU_GEMM_NR,
+                j1 = j0 + PD_CPU_GEMM_NR < t->m ? j0 + PD_CPU_GEMM_NR : t->m;
+        pd__cpu_gemm_panel(t->w->dtype, t->w->data, t->k, t->x + i0 * t->k, i1 - i0,
+                           t->y + i0 * t->m, t->m, j0, j1, panel);
+        add_bias(t, i0, i1, j0, j1);
     }
 }
 
@@ -407,6 +438,13 @@ static void cpu_matmul(struct pd_backend *be, const float *x, int64_t rows,
     struct matmul_task t = {c, x, rows, w->rows, w->cols, w, bias, y, PD_CPU_GEMM_BLOCK};
     if (rows <= PD_CPU_GEMV_ROWS) {
         pd__cpu_pool_run(c->pool, gemv_task, &t);
+        return;
+    }
+    if (pd__cpu_gemm_panel_ok()) {
+        /* split the rows too only when there are fewer panels than threads */
+        int64_t npan = (t.m + PD_CPU_GEMM_NR - 1) / PD_CPU_GEMM_NR;
+        t.block = npan >= c->nth ? 1 : (c->nth + npan - 1) / npan;
+        pd__cpu_pool_run(c->pool, panel_task, &t);
         return;
     }
     /* blocks small enough that every thread gets work, large enough for sgemm to be efficient */
@@ -440,67 +478,90 @@ static void cpu_kv_store(struct pd_backend *be, const struct pd_kv_layout *kv, i
 struct attn_task {
     struct cpu_backend *c;
     const struct pd_kv_layout *kv;
-    int layer, heads;
+    int layer, heads, tq; /* tq: tokens per work item */
     float scale;
     const float *q;
     float *out;
 };
 
-/* One work item = one query token × one kv head: the kv head's `group` query heads share every K
- * and V row read, which is what makes GQA cheap on memory. Scores are kept whole per row
- * (two-pass softmax, as the reference computes it), in per-thread scratch. */
+/* K or V rows j0..j0+nk-1 of kv head h (all within one page) as f32: in place when the cache is
+ * f32, else widened into buf [nk][hd]. *ld is the row stride of the result. */
+static const float *kv_run(const struct attn_task *t, int which, const int32_t *pages, int h,
+                           int j0, int nk, float *buf, int64_t *ld) {
+    const struct pd_kv_layout *kv = t->kv;
+    int hd = kv->head_dim;
+    size_t esz = pd_dtype_size(kv->dtype), stride = (size_t)kv->kv_heads * (size_t)hd;
+    const char *r = kv_row(kv, t->layer, which, pages[j0 / kv->page_size], j0 % kv->page_size) +
+                    (size_t)h * (size_t)hd * esz;
+    if (kv->dtype == PD_DTYPE_F32) {
+        *ld = (int64_t)stride;
+        return (const float *)r;
+    }
+    for (int j = 0; j < nk; j++)
+        pd__cpu_to_f32(kv->dtype, r + (size_t)j * stride * esz, buf + (size_t)j * hd, hd);
+    *ld = hd;
+    return buf;
+}
+
+/* One work item = one block of up to tq tokens × one kv head: the kv head's `group` query heads,
+ * for every token of the block, share each K and V run read (and its transposed copy), which is
+ * what makes GQA and prefill cheap on memory. A block spanning two requests is done as two
+ * pieces. Keys go by runs of contiguous rows within a page. Scores are kept whole per row
+ * (two-pass softmax, as the reference computes it), in per-thread scratch; rows of earlier
+ * tokens zero the scores of keys only later tokens see. */
 static void attn_task_fn(void *ctx, int tid, int nth) {
     struct attn_task *t = ctx;
     struct cpu_backend *c = t->c;
     const struct pd_kv_layout *kv = t->kv;
-    int hd = kv->head_dim, kvh = kv->kv_heads, group = t->heads / kvh;
-    int64_t items = (int64_t)c->n_tokens * kvh, w0, w1;
-    pd__cpu_split(items, tid, nth, &w0, &w1);
-    float *sc = thread_scratch(c, tid); /* [group][max_context] */
-    float *kf = sc + (size_t)group * (size_t)c->lim.max_context, *vf = kf + hd;
-    for (int64_t w = w0; w < w1; w++) {
-        int i = (int)(w / kvh), h = (int)(w % kvh), r = c->tok_req[i];
-        int n_new = c->req_tok_start[r + 1] - c->req_tok_start[r];
-        int q_pos = c->req_kv_len[r] - n_new + (i - c->req_tok_start[r]);
-        int len = q_pos + 1; /* causal: keys 0..q_pos */
-        const int32_t *pages = c->page_table + c->req_page_start[r];
-        const float *q = t->q + ((size_t)i * t->heads + (size_t)h * group) * hd;
-        for (int j = 0; j < len; j++) {
-            const char *kr = kv_row(kv, t->layer, 0, pages[j / kv->page_size], j % kv->page_size) +
-                             (size_t)h * hd * pd_dtype_size(kv->dtype);
-            const float *kp = (const float *)kr;
-            if (kv->dtype != PD_DTYPE_F32) {
-                pd__cpu_to_f32(kv->dtype, kr, kf, hd);
-                kp = kf;
+    int hd = kv->head_dim, kvh = kv->kv_heads, group = t->heads / kvh, ps = kv->page_size;
+    int tq = t->tq, rows = tq * group;
+    int64_t items = (c->n_tokens + tq - 1) / tq * kvh, lds = c->lim.max_context;
+    float *sc = thread_scratch(c, tid);                  /* [rows][max_context] */
+    float *qb = sc + (size_t)rows * (size_t)lds;         /* [rows][hd] the block's queries */
+    float *ob = qb + (size_t)rows * (size_t)hd;          /* [rows][hd] its outputs */
+    float *kt = align64(ob + (size_t)rows * (size_t)hd); /* [hd][PD_CPU_ATTN_RUN] */
+    float *buf = kt + (size_t)hd * PD_CPU_ATTN_RUN;      /* [PD_CPU_ATTN_RUN][hd] */
+    /* items dealt round-robin: a causal prefill's later tokens have more keys, so contiguous
+     * runs would leave the first threads idle */
+    for (int64_t w = tid; w < items; w += nth) {
+        int h = (int)(w % kvh), i_end = (int)(w / kvh + 1) * tq;
+        i_end = i_end < c->n_tokens ? i_end : c->n_tokens;
+        for (int i0 = (int)(w / kvh) * tq, i1; i0 < i_end; i0 = i1) {
+            int r = c->tok_req[i0];
+            i1 = c->req_tok_start[r + 1] < i_end ? c->req_tok_start[r + 1] : i_end;
+            int n = i1 - i0, nq = n * group;
+            int n_new = c->req_tok_start[r + 1] - c->req_tok_start[r];
+            int pos0 = c->req_kv_len[r] - n_new + (i0 - c->req_tok_start[r]);
+            int len = pos0 + n; /* causal: the block's last token sees keys 0..pos0+n-1 */
+            const int32_t *pages = c->page_table + c->req_page_start[r];
+            for (int ti = 0; ti < n; ti++)
+                memcpy(qb + (size_t)ti * group * hd,
+                       t->q + ((size_t)(i0 + ti) * t->heads + (size_t)h * group) * hd,
+                       (size_t)group * (size_t)hd * sizeof(float));
+            for (int j = 0, nk; j < len; j += nk) {
+                nk = ps - j % ps < len - j ? ps - j % ps : len - j;
+                nk = nk < PD_CPU_ATTN_RUN ? nk : PD_CPU_ATTN_RUN;
+                int64_t ld;
+                const float *kr = kv_run(t, 0, pages, h, j, nk, buf, &ld);
+                pd__cpu_attn_scores(qb, nq, hd, kr, ld, nk, t->scale, sc + j, lds, kt);
             }
-            for (int g = 0; g < group; g++)
-                sc[(size_t)g * c->lim.max_context + j] =
-                    pd__cpu_dot(q + (size_t)g * hd, kp, hd) * t->scale;
-        }
-        float *o = t->out + ((size_t)i * t->heads + (size_t)h * group) * hd;
-        for (int g = 0; g < group; g++) {
-            float *s = sc + (size_t)g * c->lim.max_context, mx = -INFINITY, sum = 0.0f;
-            for (int j = 0; j < len; j++)
-                mx = s[j] > mx ? s[j] : mx;
-            for (int j = 0; j < len; j++) {
-                s[j] = expf(s[j] - mx);
-                sum += s[j];
+            for (int q = 0; q < nq; q++) {
+                int own = pos0 + q / group + 1; /* keys this row's token sees */
+                float *s = sc + (size_t)q * lds;
+                pd__cpu_softmax(s, own);
+                memset(s + own, 0, (size_t)(len - own) * sizeof(float));
             }
-            float inv = 1.0f / sum;
-            for (int j = 0; j < len; j++)
-                s[j] *= inv;
-            memset(o + (size_t)g * hd, 0, (size_t)hd * sizeof(float));
-        }
-        for (int j = 0; j < len; j++) {
-            const char *vr = kv_row(kv, t->layer, 1, pages[j / kv->page_size], j % kv->page_size) +
-                             (size_t)h * hd * pd_dtype_size(kv->dtype);
-            const float *vp = (const float *)vr;
-            if (kv->dtype != PD_DTYPE_F32) {
-                pd__cpu_to_f32(kv->dtype, vr, vf, hd);
-                vp = vf;
+            memset(ob, 0, (size_t)nq * (size_t)hd * sizeof(float));
+            for (int j = 0, nk; j < len; j += nk) {
+                nk = ps - j % ps < len - j ? ps - j % ps : len - j;
+                nk = nk < PD_CPU_ATTN_RUN ? nk : PD_CPU_ATTN_RUN;
+                int64_t ld;
+                const float *vr = kv_run(t, 1, pages, h, j, nk, buf, &ld);
+                pd__cpu_attn_pv(sc + j, lds, nq, vr, ld, nk, hd, ob);
             }
-            for (int g = 0; g < group; g++)
-                pd__cpu_axpy(sc[(size_t)g * c->lim.max_context + j], vp, o + (size_t)g * hd, hd);
+            for (int ti = 0; ti < n; ti++)
+                memcpy(t->out + ((size_t)(i0 + ti) * t->heads + (size_t)h * group) * hd,
+                       ob + (size_t)ti * group * hd, (size_t)group * (size_t)hd * sizeof(float));
         }
     }
 }
@@ -509,7 +570,9 @@ static void cpu_attention(struct pd_backend *be, const struct pd_kv_layout *kv, 
                           const float *q, int heads, float scale, float *out) {
     struct cpu_backend *c = cpu(be);
     PD_ASSERT(heads <= c->lim.max_heads && kv->head_dim <= c->lim.max_head_dim);
-    struct attn_task t = {c, kv, layer, heads, scale, q, out};
+    /* blocks of tokens share K/V reads in a prefill; a decode step keeps one item per token */
+    int tq = c->n_tokens > c->n_reqs ? PD_CPU_ATTN_TOKENS : 1;
+    struct attn_task t = {c, kv, layer, heads, tq, scale, q, out};
     pd__cpu_pool_run(c->pool, attn_task_fn, &t);
 }
 

@@ -5,11 +5,12 @@
  *
  * The pool runs one task at a time on all its threads (the caller is thread 0); a task splits
  * its work by (tid, nth) itself, so no queue and no allocation happens per op. Kernels pick an
- * AVX2/FMA version at run time when the CPU has it, else a portable loop.
+ * AVX-512 or AVX2/FMA version at run time when the CPU has it, else a portable loop.
  */
 #ifndef PD_BACKEND_CPU_H
 #define PD_BACKEND_CPU_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "common/dtype.h"
@@ -40,5 +41,28 @@ void pd__cpu_to_f32(enum pd_dtype t, const void *src, float *dst, int64_t n);
  * w [m][k] of type wt; x [nx][k] f32; y [nx][ldy] f32 */
 void pd__cpu_gemv(enum pd_dtype wt, const void *w, int64_t k, const float *x, int nx, float *y,
                   int64_t ldy, int64_t j0, int64_t j1);
+
+/* out = silu(gate) * up over n values. */
+void pd__cpu_silu_mul(const float *gate, const float *up, float *out, int64_t n);
+/* s = softmax(s) in place, two passes (max, then exp and sum) as the reference. */
+void pd__cpu_softmax(float *s, int n);
+/* s[r][j] = scale · q[r] · k[j] for r < nq, j < nk <= 16, via kt, a transposed copy of the key
+ * run. q [nq][hd]; k [nk][ldk]; s [nq][lds] f32; kt [hd][16] f32 scratch, 64-byte aligned */
+void pd__cpu_attn_scores(const float *q, int nq, int hd, const float *k, int64_t ldk, int nk,
+                         float scale, float *s, int64_t lds, float *kt);
+/* o[r] += Σ_j p[r][j] · v[j] for r < nq, j < nk.  p [nq][ldp]; v [nk][ldv]; o [nq][hd] */
+void pd__cpu_attn_pv(const float *p, int64_t ldp, int nq, const float *v, int64_t ldv, int nk,
+                     int hd, float *o);
+
+#define PD_CPU_GEMM_NR 64  /* weight rows per packed panel */
+#define PD_CPU_GEMM_KC 512 /* k values per packed panel: [KC][NR] f32 = 128 KB, L2-resident */
+/* Whether pd__cpu_gemm_panel can run here (AVX-512); when not, use sgemm. */
+bool pd__cpu_gemm_panel_ok(void);
+/* y[i][j] = Σ_c x[i][c] · w[j][c] for i < nx and j in [j0, j1), j1 - j0 <= PD_CPU_GEMM_NR: the
+ * prefill product. w's rows are widened into panel one k block at a time and reused by every x
+ * row, so w is read once per call whatever nx is.
+ * w [m][k] of type wt; x [nx][k] f32; y [nx][ldy] f32; panel [KC][NR] f32, 64-byte aligned */
+void pd__cpu_gemm_panel(enum pd_dtype wt, const void *w, int64_t k, const float *x, int64_t nx,
+                        float *y, int64_t ldy, int64_t j0, int64_t j1, float *panel);
 
 #endif
