@@ -34,7 +34,11 @@
 #include <stdio.h>
 #include <string.h>
 
-#define MAX_BODY_BYTES (64u << 20)
+/* The workers behind the router take PD_HTTP_DEFAULT_MAX_BODY; the router refuses bigger bodies
+ * itself (413), keeping room for the bootstrap fields it adds, so an oversized body never reaches
+ * a worker, whose early 413-and-close curl would see as a send failure of a healthy worker. */
+#define BODY_GROWTH_BYTES 4096 /* bootstrap_host/port/room and rid, with margin */
+#define MAX_BODY_BYTES (PD_HTTP_DEFAULT_MAX_BODY - BODY_GROWTH_BYTES)
 #define PREFILL_ERR_KEEP 1024 /* bytes of a failed prefill's body quoted in the error */
 #define ABORT_TIMEOUT_MS 5000
 #define CUT_GRACE_MS 1000   /* after the drain deadline, for clients to take their error */

@@ -20,10 +20,9 @@ and pdserve-decode on 127.0.0.1 (UCX over shared memory), a tiny model from pdse
             router (sum equals pdserve-generate's); 503 past --max-queued-requests; --api-key
             (401) on daemons and through the router.
 
-Two known failures outside this tree's reach are reported as XFAIL (the test passes, the
-line says why): the UCX 1.13 shared-memory hang of a prefill surviving a decode SIGKILL, and
-the router answering 503 instead of 413 for a 10 MB body (see xfail_prefill_hung and the bad
-input loop). Anything else failing fails the test.
+One known failure is reported as XFAIL (the test passes, the line says why): the UCX 1.13
+shared-memory hang of a prefill surviving a decode SIGKILL (see xfail_prefill_hung). Anything
+else failing fails the test; a 10 MB body gets its 413 from the router itself.
 
 Stdlib only. Usage: test_pd_router.py BUILD_DIR CASE. Every process is killed (by PID) on exit;
 every wait is bounded.
@@ -725,19 +724,6 @@ def case_extras(model, tmp):
                 err = json.loads(out).get("error") or {}
             except ValueError:
                 pass
-            if target is rt and len(b) > 1 << 20 and st == 503 and b"no healthy" in out:
-                # Known router/daemon mismatch (router/ is being reworked, not ours to edit):
-                # the router forwards bodies up to 64 MB, the daemons take 8 MB and answer 413
-                # *before* reading the rest, then close; libcurl often sees the close while
-                # still uploading (send error, not the 413), so the router takes the worker out
-                # of rotation and answers 503 instead of passing the 413 on.
-                msg = ("XFAIL: 10 MB body through the router: 503 'no healthy worker' instead "
-                       "of the daemons' 413 (early 413 + close seen by the router's libcurl "
-                       "as a send failure; the worker is out of rotation until its next "
-                       "health check)")
-                XFAILS.append(msg)
-                print(msg, flush=True)
-                continue
             check(400 <= st < 500 and err.get("message") and err.get("type"),
                   "%s %s %r... -> %d %r" % (target.name, path, b[:50], st, out[:160]))
         check(pc.wait_until(lambda: target.get("/health")[0] == 200, 10, 0.1),
