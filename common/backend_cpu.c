@@ -176,32 +176,13 @@ static int cpu_set_batch(struct pd_backend *be, const struct pd_batch_plan *p) {
     struct cpu_backend *c = cpu(be);
     if (!c->reserved)
         return pd_errorf(PD_EINVAL, "cpu backend: set_batch before reserve");
-    if (p->n_reqs < 1 || p->n_reqs > c->lim.max_reqs)
-        return pd_errorf(PD_ERANGE, "batch of %d requests, limit %d", p->n_reqs, c->lim.max_reqs);
-    if (p->n_tokens < 1 || p->n_tokens > c->lim.max_tokens)
-        return pd_errorf(PD_ERANGE, "batch of %d tokens, limit %d", p->n_tokens, c->lim.max_tokens);
-    int n_pages = p->req_page_start[p->n_reqs];
-    if (n_pages > c->lim.max_pages)
-        return pd_errorf(PD_ERANGE, "batch page table of %d entries, limit %d", n_pages,
-                         c->lim.max_pages);
-    if (p->n_out_rows < 0 || p->n_out_rows > p->n_tokens)
-        return pd_errorf(PD_ERANGE, "%d output rows for %d tokens", p->n_out_rows, p->n_tokens);
-    if (p->req_tok_start[0] != 0 || p->req_tok_start[p->n_reqs] != p->n_tokens ||
-        p->req_page_start[0] != 0)
-        return pd_errorf(PD_EINVAL, "batch plan offsets do not cover the batch");
-    for (int r = 0; r < p->n_reqs; r++) {
-        int n_new = p->req_tok_start[r + 1] - p->req_tok_start[r];
-        int pages = p->req_page_start[r + 1] - p->req_page_start[r];
-        if (n_new < 1 || pages < 0 || p->req_kv_len[r] < n_new ||
-            p->req_kv_len[r] > c->lim.max_context)
-            return pd_errorf(PD_ERANGE, "request %d of the batch: %d new tokens, %d in cache", r,
-                             n_new, p->req_kv_len[r]);
+    int rc = pd__batch_plan_check(p, &c->lim);
+    if (rc)
+        return rc;
+    for (int r = 0; r < p->n_reqs; r++)
         for (int i = p->req_tok_start[r]; i < p->req_tok_start[r + 1]; i++)
             c->tok_req[i] = r;
-    }
-    for (int j = 0; j < p->n_out_rows; j++)
-        if (p->out_rows[j] < 0 || p->out_rows[j] >= p->n_tokens)
-            return pd_errorf(PD_ERANGE, "output row %d outside the batch", p->out_rows[j]);
+    int n_pages = p->req_page_start[p->n_reqs];
     size_t nt = (size_t)p->n_tokens * sizeof(int32_t);
     memcpy(c->token_ids, p->token_ids, nt);
     memcpy(c->positions, p->positions, nt);

@@ -45,6 +45,11 @@ struct pd_backend {
     char name[64];
 };
 
+/* What every backend's set_batch checks before using a plan: sizes within the reserved limits,
+ * offsets that cover the batch, per-request token and cache counts, output rows inside it.
+ * PD_OK, or PD_ERANGE / PD_EINVAL with the error set. */
+int pd__batch_plan_check(const struct pd_batch_plan *p, const struct pd_backend_limits *lim);
+
 int pd__backend_cpu_new(const struct pd_backend_opts *opts, struct pd_backend **out);
 /* Defined by kernels/ when the CUDA backend is linked in. */
 int pd__backend_cuda_new(const struct pd_backend_opts *opts, struct pd_backend **out)

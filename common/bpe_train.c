@@ -11,6 +11,7 @@
  */
 #include "common/bpe_train.h"
 #include "common/alloc.h"
+#include "common/byte_level.h"
 #include "common/status.h"
 
 #include <stdint.h>
@@ -20,17 +21,8 @@
 
 /* ---- GPT-2 byte alphabet ---- */
 
-static int byte_is_printable(unsigned b) {
-    return (b >= 0x21 && b <= 0x7E) || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
-}
-
 unsigned pd_bpe_byte_to_codepoint(unsigned char b) {
-    if (byte_is_printable(b))
-        return b;
-    unsigned n = 0;
-    for (unsigned c = 0; c < b; c++)
-        n += !byte_is_printable(c);
-    return 256 + n;
+    return pd__byte_to_char(b);
 }
 
 int pd_bpe_min_tokens(enum pd_bpe_style style, int n_prefix) {
@@ -58,29 +50,6 @@ static uint32_t utf8_decode(const unsigned char *s, size_t n, size_t *len) {
     }
     *len = need;
     return cp;
-}
-
-static size_t utf8_encode(uint32_t cp, char *out) {
-    if (cp < 0x80) {
-        out[0] = (char)cp;
-        return 1;
-    }
-    if (cp < 0x800) {
-        out[0] = (char)(0xC0 | (cp >> 6));
-        out[1] = (char)(0x80 | (cp & 0x3F));
-        return 2;
-    }
-    if (cp < 0x10000) {
-        out[0] = (char)(0xE0 | (cp >> 12));
-        out[1] = (char)(0x80 | ((cp >> 6) & 0x3F));
-        out[2] = (char)(0x80 | (cp & 0x3F));
-        return 3;
-    }
-    out[0] = (char)(0xF0 | (cp >> 18));
-    out[1] = (char)(0x80 | ((cp >> 12) & 0x3F));
-    out[2] = (char)(0x80 | ((cp >> 6) & 0x3F));
-    out[3] = (char)(0x80 | (cp & 0x3F));
-    return 4;
 }
 
 enum cp_class { CLS_LETTER, CLS_DIGIT, CLS_SPACE, CLS_OTHER };
@@ -414,10 +383,10 @@ static int bytelevel_setup(struct trainer *t, int **scratch, size_t *scratch_cap
     unsigned char order[256];
     int n = 0;
     for (unsigned b = 0; b < 256; b++)
-        if (byte_is_printable(b))
+        if (pd__byte_is_printable(b))
             order[n++] = (unsigned char)b;
     for (unsigned b = 0; b < 256; b++)
-        if (!byte_is_printable(b))
+        if (!pd__byte_is_printable(b))
             order[n++] = (unsigned char)b;
     int byte_id[256];
     for (int i = 0; i < 256; i++) {
@@ -566,7 +535,7 @@ static int sentencepiece_setup(struct trainer *t, int **scratch, size_t *scratch
         nc = room;
     for (size_t i = 0; i < nc; i++) {
         char u[4];
-        size_t l = utf8_encode(counts[i].cp, u);
+        size_t l = pd__utf8_encode(counts[i].cp, u);
         if (tok_lookup(t, u, l) >= 0)
             continue; /* a one-character prefix token */
         if ((rc = tok_add(t, u, l, &id)))
@@ -742,7 +711,7 @@ static int export_vocab(struct trainer *t, struct pd_bpe_vocab *out) {
             return pd_error_wrap(PD_ENOMEM, "exporting the BPE vocabulary");
         size_t n = 0;
         for (size_t j = 0; j < k->len; j++)
-            n += utf8_encode(pd_bpe_byte_to_codepoint((unsigned char)k->bytes[j]), s + n);
+            n += pd__utf8_encode(pd_bpe_byte_to_codepoint((unsigned char)k->bytes[j]), s + n);
         s[n] = 0;
         out->tokens[i] = s;
     }

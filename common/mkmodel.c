@@ -20,6 +20,7 @@
 #include "common/alloc.h"
 #include "common/file.h"
 #include "common/log.h"
+#include "common/rng.h"
 #include "common/safetensors.h"
 #include "common/safetensors_index.h"
 #include "common/status.h"
@@ -303,29 +304,7 @@ bad:
     return pd_errorf(PD_EINVAL, "'%s' is not a size: want bytes, optionally with K, M or G", s);
 }
 
-/* ---- random numbers ---- */
-
-static uint64_t splitmix64(uint64_t *x) {
-    uint64_t z = (*x += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
-static uint64_t rotl(uint64_t x, int k) {
-    return (x << k) | (x >> (64 - k));
-}
-
-static uint64_t xoshiro256ss(uint64_t s[4]) {
-    uint64_t r = rotl(s[1] * 5, 7) * 9, t = s[1] << 17;
-    s[2] ^= s[0];
-    s[3] ^= s[1];
-    s[1] ^= s[2];
-    s[0] ^= s[3];
-    s[2] ^= t;
-    s[3] = rotl(s[3], 45);
-    return r;
-}
+/* ---- random numbers (common/rng.h) ---- */
 
 static uint64_t name_hash(const char *s) {
     uint64_t h = 0xcbf29ce484222325ull;
@@ -359,11 +338,11 @@ static void fill_block(const struct tensor_job *tj, uint64_t block, enum pd_dtyp
     size_t n = (size_t)(tj->n_elems - start < PD_MK_BLOCK ? tj->n_elems - start : PD_MK_BLOCK);
     uint64_t x = tj->stream ^ ((block + 1) * 0xD1B54A32D192ED03ull), s[4];
     for (int i = 0; i < 4; i++)
-        s[i] = splitmix64(&x);
+        s[i] = pd_splitmix64(&x);
     for (size_t i = 0; i < n; i += 2) {
         /* Box-Muller: u1 in (0, 1] keeps the log finite */
-        double u1 = (double)((xoshiro256ss(s) >> 11) + 1) * 0x1.0p-53;
-        double u2 = (double)(xoshiro256ss(s) >> 11) * 0x1.0p-53;
+        double u1 = (double)((pd_xoshiro256ss(s) >> 11) + 1) * 0x1.0p-53;
+        double u2 = (double)(pd_xoshiro256ss(s) >> 11) * 0x1.0p-53;
         double r = sqrt(-2.0 * log(u1)), a = 6.283185307179586 * u2;
         tmp[i] = tj->mean + tj->std * (float)(r * cos(a));
         if (i + 1 < n)
@@ -478,12 +457,12 @@ static int write_shard(const char *dir, const struct pd_tensor_spec *specs, cons
     uint64_t off = 0;
     for (size_t k = 0; k < count; k++) {
         const struct pd_tensor_spec *s = &specs[idx[k]];
-        uint64_t x = o->seed ^ rotl(name_hash(s->name), 23);
+        uint64_t x = o->seed ^ pd_rotl64(name_hash(s->name), 23);
         tj[k].name = s->name;
         tj[k].n_elems = nbytes[idx[k]] / pd_dtype_size(o->dtype);
         tj[k].first_block = job.n_blocks;
         tj[k].dst = buf + off;
-        tj[k].stream = splitmix64(&x);
+        tj[k].stream = pd_splitmix64(&x);
         init_of(s, &tj[k].mean, &tj[k].std);
         job.n_blocks += (tj[k].n_elems + PD_MK_BLOCK - 1) / PD_MK_BLOCK;
         tw[k] = (struct pd_tensor_write){

@@ -9,6 +9,7 @@
  */
 #include "common/sampling.h"
 #include "common/alloc.h"
+#include "common/rng.h"
 #include "common/status.h"
 
 #include <math.h>
@@ -71,32 +72,10 @@ void pd_sampling_scratch_free(struct pd_sampling_scratch *s) {
     s->prob = s->raw = NULL;
 }
 
-/* ---- random stream: xoshiro256** seeded through splitmix64 ---- */
-
-static uint64_t splitmix64(uint64_t *x) {
-    uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-static uint64_t rotl(uint64_t x, int k) {
-    return (x << k) | (x >> (64 - k));
-}
-
-static uint64_t next_u64(uint64_t *s) {
-    uint64_t r = rotl(s[1] * 5, 7) * 9, t = s[1] << 17;
-    s[2] ^= s[0];
-    s[3] ^= s[1];
-    s[1] ^= s[2];
-    s[0] ^= s[3];
-    s[2] ^= t;
-    s[3] = rotl(s[3], 45);
-    return r;
-}
+/* ---- random stream: xoshiro256** seeded through splitmix64 (common/rng.h) ---- */
 
 static double uniform01(uint64_t *s) { /* [0, 1) with 53 bits */
-    return (double)(next_u64(s) >> 11) * 0x1.0p-53;
+    return (double)(pd_xoshiro256ss(s) >> 11) * 0x1.0p-53;
 }
 
 int pd_sampler_init(struct pd_sampler *s, const struct pd_sampling_params *p, int vocab,
@@ -111,7 +90,7 @@ int pd_sampler_init(struct pd_sampler *s, const struct pd_sampling_params *p, in
     s->vocab = vocab;
     uint64_t seed = p->has_seed ? p->seed : (uint64_t)time(NULL) ^ (uint64_t)(uintptr_t)s;
     for (int i = 0; i < 4; i++)
-        s->rng[i] = splitmix64(&seed);
+        s->rng[i] = pd_splitmix64(&seed);
     for (int i = 0; i < n_eos && s->n_eos < (int)PD_ARRAY_LEN(s->eos_ids); i++)
         s->eos_ids[s->n_eos++] = eos_ids[i];
     if (p->frequency_penalty != 0 || p->presence_penalty != 0 || p->repetition_penalty != 1) {

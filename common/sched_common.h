@@ -6,7 +6,7 @@
  * it (answers the client, logs "room=... end=timeout"), and only then is its slot reused. Its room
  * is unmapped at the end itself, so a retry with the same room may arrive before the pop.
  * Slot lists hold indices into the scheduler's slot array, each slot in at most one list; they
- * never allocate.
+ * never allocate. pd__slot_pool_init/free are in sched_common.c.
  */
 #ifndef PD_SCHED_COMMON_H
 #define PD_SCHED_COMMON_H
@@ -43,13 +43,36 @@ struct pd__slot_list {
     int32_t head, tail, n;
 };
 
+/* The request slots of one scheduler: the links of its lists (each slot in at most one list)
+ * and a stack of the free ones. Allocated at creation; taking, returning and linking a slot
+ * never allocates. */
+struct pd__slot_pool {
+    int32_t *prev, *next; /* [cap] list links, -1 at the ends */
+    int32_t *free;        /* [cap] stack of free slots, the top taken first */
+    int32_t n_free;
+};
+
+/* cap slots, all free, slot 0 taken first. PD_OK, or PD_ENOMEM with nothing held. */
+int pd__slot_pool_init(struct pd__slot_pool *p, int32_t cap);
+/* Releases the arrays; safe on a zeroed or already freed pool. */
+void pd__slot_pool_free(struct pd__slot_pool *p);
+
+/* A free slot; the caller checked n_free > 0. */
+static inline int32_t pd__slot_pool_take(struct pd__slot_pool *p) {
+    return p->free[--p->n_free];
+}
+
+static inline void pd__slot_pool_put(struct pd__slot_pool *p, int32_t s) {
+    p->free[p->n_free++] = s;
+}
+
 static inline void pd__slot_list_init(struct pd__slot_list *l) {
     l->head = l->tail = -1;
     l->n = 0;
 }
 
-static inline void pd__slot_list_push(struct pd__slot_list *l, int32_t *prev, int32_t *next,
-                                      int32_t s) {
+static inline void pd__slot_list_push(struct pd__slot_list *l, struct pd__slot_pool *p, int32_t s) {
+    int32_t *prev = p->prev, *next = p->next;
     prev[s] = l->tail;
     next[s] = -1;
     if (l->tail >= 0)
@@ -60,8 +83,9 @@ static inline void pd__slot_list_push(struct pd__slot_list *l, int32_t *prev, in
     l->n++;
 }
 
-static inline void pd__slot_list_remove(struct pd__slot_list *l, int32_t *prev, int32_t *next,
+static inline void pd__slot_list_remove(struct pd__slot_list *l, struct pd__slot_pool *p,
                                         int32_t s) {
+    int32_t *prev = p->prev, *next = p->next;
     if (prev[s] >= 0)
         next[prev[s]] = next[s];
     else

@@ -40,9 +40,7 @@ struct pd_sched_decode {
     struct pd_page_alloc *pa;
     int32_t cap;
     struct dreq *reqs;
-    int32_t *prev, *next;
-    int32_t *free_slots;
-    int32_t n_free_slots;
+    struct pd__slot_pool slots;
     struct pd_room_map rooms;
     struct pd__slot_list prealloc, transfer, running, draining, ended;
     int64_t remaining; /* Σ max_new - n_out over transfer + running */
@@ -82,20 +80,14 @@ int pd_sched_decode_new(const struct pd_sched_decode_config *cfg, struct pd_page
     s->ratio = cfg->init_new_token_ratio;
     int32_t mr = cfg->max_running_requests;
     s->reqs = pd_calloc((size_t)s->cap, sizeof(*s->reqs));
-    s->prev = pd_calloc((size_t)s->cap, sizeof(int32_t));
-    s->next = pd_calloc((size_t)s->cap, sizeof(int32_t));
-    s->free_slots = pd_calloc((size_t)s->cap, sizeof(int32_t));
     s->admitted = pd_calloc((size_t)mr, sizeof(*s->admitted));
     s->quiesce = pd_calloc((size_t)s->cap, sizeof(uint64_t));
     s->batch = pd_calloc((size_t)mr, sizeof(*s->batch));
-    if (!s->reqs || !s->prev || !s->next || !s->free_slots || !s->admitted || !s->quiesce ||
-        !s->batch)
+    if (!s->reqs || !s->admitted || !s->quiesce || !s->batch ||
+        pd__slot_pool_init(&s->slots, s->cap) != PD_OK)
         goto fail_arrays;
     if (pd_room_map_init(&s->rooms, s->cap) != PD_OK)
         goto fail_arrays;
-    for (int32_t i = 0; i < s->cap; i++)
-        s->free_slots[i] = s->cap - 1 - i;
-    s->n_free_slots = s->cap;
     pd__slot_list_init(&s->prealloc);
     pd__slot_list_init(&s->transfer);
     pd__slot_list_init(&s->running);
@@ -106,9 +98,7 @@ int pd_sched_decode_new(const struct pd_sched_decode_config *cfg, struct pd_page
 
 fail_arrays:
     pd_free(s->reqs);
-    pd_free(s->prev);
-    pd_free(s->next);
-    pd_free(s->free_slots);
+    pd__slot_pool_free(&s->slots);
     pd_free(s->admitted);
     pd_free(s->quiesce);
     pd_free(s->batch);
@@ -137,14 +127,14 @@ static void move_to(struct pd_sched_decode *s, int32_t slot, int state, double n
     struct dreq *r = &s->reqs[slot];
     struct pd__slot_list *from = list_of(s, r->state);
     if (from)
-        pd__slot_list_remove(from, s->prev, s->next, slot);
+        pd__slot_list_remove(from, &s->slots, slot);
     if (counts_remaining(r->state) && !counts_remaining(state))
         s->remaining -= r->max_new - r->n_out;
     else if (!counts_remaining(r->state) && counts_remaining(state))
         s->remaining += r->max_new - r->n_out;
     r->state = (uint8_t)state;
     r->t_queue = now_s;
-    pd__slot_list_push(list_of(s, state), s->prev, s->next, slot);
+    pd__slot_list_push(list_of(s, state), &s->slots, slot);
 }
 
 static void end_req(struct pd_sched_decode *s, int32_t slot, int reason) {
@@ -170,9 +160,7 @@ void pd_sched_decode_free(struct pd_sched_decode *s) {
     }
     pd_room_map_free(&s->rooms);
     pd_free(s->reqs);
-    pd_free(s->prev);
-    pd_free(s->next);
-    pd_free(s->free_slots);
+    pd__slot_pool_free(&s->slots);
     pd_free(s->admitted);
     pd_free(s->quiesce);
     pd_free(s->batch);
@@ -198,13 +186,13 @@ int pd_sched_decode_add(struct pd_sched_decode *s, uint64_t room, int32_t prompt
                          "room %llu: %d prompt + %d new tokens need %d pages, the pool has %d",
                          (unsigned long long)room, (int)prompt_len, (int)max_new_tokens,
                          (int)cap_pages, (int)pd_page_alloc_n_total(s->pa));
-    if (s->n_free_slots == 0)
+    if (s->slots.n_free == 0)
         return pd_errorf(PD_EFULL, "room %llu: %d requests queued already",
                          (unsigned long long)room, (int)s->cap);
     int32_t *pages = pd_malloc((size_t)cap_pages * sizeof(int32_t));
     if (!pages)
         return pd_error_wrap(PD_ENOMEM, "room %llu: page list", (unsigned long long)room);
-    int32_t slot = s->free_slots[--s->n_free_slots];
+    int32_t slot = pd__slot_pool_take(&s->slots);
     int rc = pd_room_map_put(&s->rooms, room, slot);
     PD_ASSERT(rc == PD_OK);
     s->reqs[slot] = (struct dreq){.room = room,
@@ -252,7 +240,7 @@ int pd_sched_decode_transfer_done(struct pd_sched_decode *s, uint64_t room, int 
 /* The running request that loses least: fewest tokens generated, then the longest prompt. */
 static int32_t pick_victim(const struct pd_sched_decode *s) {
     int32_t best = -1;
-    for (int32_t i = s->running.head; i >= 0; i = s->next[i]) {
+    for (int32_t i = s->running.head; i >= 0; i = s->slots.next[i]) {
         const struct dreq *r = &s->reqs[i], *b = best >= 0 ? &s->reqs[best] : NULL;
         if (!b || r->n_out < b->n_out || (r->n_out == b->n_out && r->prompt_len > b->prompt_len))
             best = i;
@@ -262,7 +250,7 @@ static int32_t pick_victim(const struct pd_sched_decode *s) {
 
 static void update_ratio_after_retract(struct pd_sched_decode *s) {
     int64_t decoded = 0, max_new = 0;
-    for (int32_t i = s->running.head; i >= 0; i = s->next[i]) {
+    for (int32_t i = s->running.head; i >= 0; i = s->slots.next[i]) {
         decoded += s->reqs[i].n_out;
         max_new += s->reqs[i].max_new;
     }
@@ -282,7 +270,7 @@ int pd_sched_decode_step(struct pd_sched_decode *s, double now_s, struct pd_deco
     int32_t ps = s->cfg.page_size;
 
     for (int32_t i = s->transfer.head, nx; i >= 0; i = nx) {
-        nx = s->next[i];
+        nx = s->slots.next[i];
         if (now_s - s->reqs[i].t_queue >= s->cfg.waiting_timeout_s) {
             s->reqs[i].end_reason = PD_END_TIMEOUT;
             s->quiesce[st->n_quiesce++] = s->reqs[i].room;
@@ -293,7 +281,7 @@ int pd_sched_decode_step(struct pd_sched_decode *s, double now_s, struct pd_deco
     /* Page growth first: running requests have priority over admissions. */
     bool retracted = false;
     for (int32_t i = s->running.head, nx; i >= 0; i = nx) {
-        nx = s->next[i];
+        nx = s->slots.next[i];
         struct dreq *r = &s->reqs[i];
         int32_t pos = r->prompt_len + r->n_out - 1;
         while (r->n_pages < pos / ps + 1) {
@@ -306,7 +294,7 @@ int pd_sched_decode_step(struct pd_sched_decode *s, double now_s, struct pd_deco
             int32_t v = pick_victim(s);
             PD_ASSERT(v >= 0); /* r itself is running */
             if (v == nx)
-                nx = s->next[v];
+                nx = s->slots.next[v];
             end_req(s, v, PD_END_RETRACTED);
             st->n_retracted++;
             retracted = true;
@@ -339,7 +327,7 @@ int pd_sched_decode_step(struct pd_sched_decode *s, double now_s, struct pd_deco
             (struct pd_decode_admit){.room = r->room, .pages = r->pages, .n_pages = need};
     }
 
-    for (int32_t i = s->running.head; i >= 0; i = s->next[i]) {
+    for (int32_t i = s->running.head; i >= 0; i = s->slots.next[i]) {
         struct dreq *r = &s->reqs[i];
         r->in_batch = true;
         s->batch[st->n_batch++] = (struct pd_decode_entry){.room = r->room,
@@ -416,10 +404,10 @@ int pd_sched_decode_pop_ended(struct pd_sched_decode *s, struct pd_sched_end *e)
         return PD_EAGAIN;
     struct dreq *r = &s->reqs[slot];
     *e = (struct pd_sched_end){.room = r->room, .reason = r->end_reason, .n_output = r->n_out};
-    pd__slot_list_remove(&s->ended, s->prev, s->next, slot);
+    pd__slot_list_remove(&s->ended, &s->slots, slot);
     pd_free(r->pages);
     *r = (struct dreq){.state = ST_FREE};
-    s->free_slots[s->n_free_slots++] = slot;
+    pd__slot_pool_put(&s->slots, slot);
     return PD_OK;
 }
 
@@ -470,7 +458,7 @@ int pd_sched_decode_check(const struct pd_sched_decode *s) {
     if (remaining != s->remaining || per_state[ST_PREALLOC] != s->prealloc.n ||
         per_state[ST_TRANSFER] != s->transfer.n || per_state[ST_RUNNING] != s->running.n ||
         per_state[ST_DRAINING] != s->draining.n || per_state[ST_ENDED] != s->ended.n ||
-        per_state[ST_FREE] != s->n_free_slots ||
+        per_state[ST_FREE] != s->slots.n_free ||
         s->transfer.n + s->running.n > s->cfg.max_running_requests) {
         rc = pd_errorf(PD_EINTERNAL, "decode queues disagree with request states");
         goto out;

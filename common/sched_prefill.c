@@ -58,10 +58,7 @@ struct pd_sched_prefill {
     struct pd_radix_cache *rc;
     int32_t cap;
     struct preq *reqs; /* [cap] */
-    int32_t *prev;     /* [cap] list links */
-    int32_t *next;     /* [cap] */
-    int32_t *free_slots;
-    int32_t n_free_slots;
+    struct pd__slot_pool slots;
     struct pd_room_map rooms;
     struct pd__slot_list bootstrap, waiting, inflight, draining, ended;
     int32_t chunked;                 /* slot of the half-done request, -1 */
@@ -95,17 +92,11 @@ int pd_sched_prefill_new(const struct pd_sched_prefill_config *cfg, struct pd_pa
     s->cap = cfg->max_queued_requests;
     s->chunked = -1;
     s->reqs = pd_calloc((size_t)s->cap, sizeof(*s->reqs));
-    s->prev = pd_calloc((size_t)s->cap, sizeof(int32_t));
-    s->next = pd_calloc((size_t)s->cap, sizeof(int32_t));
-    s->free_slots = pd_calloc((size_t)s->cap, sizeof(int32_t));
     s->chunks = pd_calloc((size_t)s->cap, sizeof(*s->chunks));
-    if (!s->reqs || !s->prev || !s->next || !s->free_slots || !s->chunks)
+    if (!s->reqs || !s->chunks || pd__slot_pool_init(&s->slots, s->cap) != PD_OK)
         goto fail_arrays;
     if (pd_room_map_init(&s->rooms, s->cap) != PD_OK)
         goto fail_arrays;
-    for (int32_t i = 0; i < s->cap; i++)
-        s->free_slots[i] = s->cap - 1 - i; /* slot 0 first */
-    s->n_free_slots = s->cap;
     pd__slot_list_init(&s->bootstrap);
     pd__slot_list_init(&s->waiting);
     pd__slot_list_init(&s->inflight);
@@ -116,9 +107,7 @@ int pd_sched_prefill_new(const struct pd_sched_prefill_config *cfg, struct pd_pa
 
 fail_arrays:
     pd_free(s->reqs);
-    pd_free(s->prev);
-    pd_free(s->next);
-    pd_free(s->free_slots);
+    pd__slot_pool_free(&s->slots);
     pd_free(s->chunks);
     pd_free(s);
 fail:
@@ -141,14 +130,14 @@ static void move_to(struct pd_sched_prefill *s, int32_t slot, int state, double 
     struct preq *r = &s->reqs[slot];
     struct pd__slot_list *from = list_of(s, r->state);
     if (from)
-        pd__slot_list_remove(from, s->prev, s->next, slot);
+        pd__slot_list_remove(from, &s->slots, slot);
     if (s->chunked == slot)
         s->chunked = -1;
     r->state = (uint8_t)state;
     r->t_queue = now_s;
     struct pd__slot_list *to = list_of(s, state);
     if (to)
-        pd__slot_list_push(to, s->prev, s->next, slot);
+        pd__slot_list_push(to, &s->slots, slot);
 }
 
 /* The one way a request ends: pages and cache lock go back, the room is free for reuse. */
@@ -179,9 +168,7 @@ void pd_sched_prefill_free(struct pd_sched_prefill *s) {
     }
     pd_room_map_free(&s->rooms);
     pd_free(s->reqs);
-    pd_free(s->prev);
-    pd_free(s->next);
-    pd_free(s->free_slots);
+    pd__slot_pool_free(&s->slots);
     pd_free(s->chunks);
     pd_free(s);
 }
@@ -199,13 +186,13 @@ int pd_sched_prefill_add(struct pd_sched_prefill *s, uint64_t room, const int32_
                          "room %llu: prompt of %d tokens needs %d pages, the pool has %d",
                          (unsigned long long)room, (int)n_tokens, (int)n_pages,
                          (int)pd_page_alloc_n_total(s->pa));
-    if (s->n_free_slots == 0)
+    if (s->slots.n_free == 0)
         return pd_errorf(PD_EFULL, "room %llu: %d requests queued already",
                          (unsigned long long)room, (int)s->cap);
     int32_t *pages = pd_malloc((size_t)n_pages * sizeof(int32_t));
     if (!pages)
         return pd_error_wrap(PD_ENOMEM, "room %llu: page list", (unsigned long long)room);
-    int32_t slot = s->free_slots[--s->n_free_slots];
+    int32_t slot = pd__slot_pool_take(&s->slots);
     int rc = pd_room_map_put(&s->rooms, room, slot);
     PD_ASSERT(rc == PD_OK); /* checked above; the map is as large as the slot array */
     struct preq *r = &s->reqs[slot];
@@ -320,7 +307,7 @@ int pd_sched_prefill_step(struct pd_sched_prefill *s, double now_s, struct pd_pr
     b->n_tokens = 0;
 
     for (int32_t i = s->bootstrap.head, nx; i >= 0; i = nx) {
-        nx = s->next[i];
+        nx = s->slots.next[i];
         if (now_s - s->reqs[i].t_queue >= s->cfg.bootstrap_timeout_s)
             end_req(s, i, PD_END_TIMEOUT);
     }
@@ -458,10 +445,10 @@ int pd_sched_prefill_pop_ended(struct pd_sched_prefill *s, struct pd_sched_end *
     struct preq *r = &s->reqs[slot];
     *e = (struct pd_sched_end){
         .room = r->room, .reason = r->end_reason, .cached_tokens = r->cached_tokens};
-    pd__slot_list_remove(&s->ended, s->prev, s->next, slot);
+    pd__slot_list_remove(&s->ended, &s->slots, slot);
     pd_free(r->pages);
     *r = (struct preq){.state = ST_FREE};
-    s->free_slots[s->n_free_slots++] = slot;
+    pd__slot_pool_put(&s->slots, slot);
     return PD_OK;
 }
 
@@ -521,7 +508,7 @@ int pd_sched_prefill_check(const struct pd_sched_prefill *s) {
     }
     if (per_state[ST_BOOTSTRAP] != s->bootstrap.n || per_state[ST_WAITING] != s->waiting.n ||
         per_state[ST_INFLIGHT] != s->inflight.n || per_state[ST_DRAINING] != s->draining.n ||
-        per_state[ST_ENDED] != s->ended.n || per_state[ST_FREE] != s->n_free_slots ||
+        per_state[ST_ENDED] != s->ended.n || per_state[ST_FREE] != s->slots.n_free ||
         s->rooms.n != s->cap - per_state[ST_FREE] - per_state[ST_ENDED]) {
         rc = pd_errorf(PD_EINTERNAL, "prefill queues disagree with request states");
         goto out;

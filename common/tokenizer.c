@@ -253,12 +253,7 @@ size_t pd__utf8_encode(uint32_t cp, char out[4]) {
     return 4;
 }
 
-/* GPT-2 bytes_to_unicode: printable Latin-1 bytes stand for themselves, the other 68 bytes take
- * code points 256.. in byte order. */
-static bool byte_is_printable(unsigned b) {
-    return (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255);
-}
-
+/* GPT-2 bytes_to_unicode (common/byte_level.h). */
 /* Both directions as tables: they sit on the encode and decode paths of every token. */
 struct byte_tables {
     uint16_t cp[256];  /* byte → code point */
@@ -272,7 +267,7 @@ static void tables_init(void) {
     for (int i = 0; i < 324; i++)
         tables.byte[i] = -1;
     for (unsigned b = 0; b < 256; b++) {
-        tables.cp[b] = (uint16_t)(byte_is_printable(b) ? b : 256 + n++);
+        tables.cp[b] = (uint16_t)(pd__byte_is_printable(b) ? b : 256 + n++);
         tables.byte[tables.cp[b]] = (int16_t)b;
     }
 }

@@ -11,6 +11,7 @@
 #ifndef PD_TOKENIZER_INTERNAL_H
 #define PD_TOKENIZER_INTERNAL_H
 
+#include "common/byte_level.h"
 #include "common/tokenizer.h"
 
 #include <stdbool.h>
@@ -222,14 +223,8 @@ struct pd_tokenizer {
 size_t pd__utf8_valid_len(const uint8_t *s, size_t n);
 /* Decodes one valid character (caller validated). Returns its byte length. */
 size_t pd__utf8_decode(const uint8_t *s, uint32_t *cp);
-size_t pd__utf8_encode(uint32_t cp, char out[4]);
 /* Offset of the first invalid byte of s[0..n), or n when all of it is valid UTF-8. */
 size_t pd__utf8_check(const uint8_t *s, size_t n);
-
-/* GPT-2's byte ↔ character table: each byte maps to one code point in [0, 0x144). */
-uint32_t pd__byte_to_char(uint8_t b);
-/* The byte a code point stands for, or -1. */
-int pd__char_to_byte(uint32_t cp);
 
 /* Runs the normalizer of t on s[0..n), appending to out (tokenizer_encode.c). */
 struct pd__buf;

@@ -7,13 +7,11 @@
 #include <string.h>
 
 #include "common/alloc.h"
+#include "common/rng.h"
 #include "common/status.h"
 
 uint64_t pd_xfer_plan_rand(uint64_t *state) {
-    uint64_t z = (*state += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
+    return pd_splitmix64(state);
 }
 
 /* A free index, preferably with free neighbours so that a new run does not extend an old one. */

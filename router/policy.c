@@ -5,38 +5,19 @@
 #include "router/policy.h"
 #include "router/config.h"
 
+#include "common/rng.h"
 #include "common/status.h"
 
 #include <errno.h>
 #include <sys/random.h>
 
-static uint64_t rotl(uint64_t x, int k) {
-    return (x << k) | (x >> (64 - k));
-}
-
 uint64_t pd_router_rng_next(struct pd_router_rng *r) {
-    uint64_t *s = r->s;
-    uint64_t result = rotl(s[1] * 5, 7) * 9;
-    uint64_t t = s[1] << 17;
-    s[2] ^= s[0];
-    s[3] ^= s[1];
-    s[1] ^= s[2];
-    s[0] ^= s[3];
-    s[2] ^= t;
-    s[3] = rotl(s[3], 45);
-    return result;
-}
-
-static uint64_t splitmix64(uint64_t *x) {
-    uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
+    return pd_xoshiro256ss(r->s);
 }
 
 void pd_router_rng_seed_with(struct pd_router_rng *r, uint64_t seed) {
     for (int i = 0; i < 4; i++)
-        r->s[i] = splitmix64(&seed);
+        r->s[i] = pd_splitmix64(&seed);
 }
 
 int pd_router_rng_seed(struct pd_router_rng *r) {

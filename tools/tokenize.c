@@ -28,6 +28,16 @@ struct opts {
     bool no_special, decode, jsonl, skip_special, no_generation_prompt;
 };
 
+/* --jsonl output: text as one JSON string on a line of its own. */
+static void print_json_line(const char *text) {
+    cJSON *s = cJSON_CreateString(text);
+    char *q = s ? cJSON_PrintUnformatted(s) : NULL;
+    if (q)
+        printf("%s\n", q);
+    free(q);
+    cJSON_Delete(s);
+}
+
 static int render_chat(const struct pd_tokenizer *tok, const struct opts *o) {
     char *json = NULL, *tmpl_src = NULL, *out = NULL;
     size_t len;
@@ -76,12 +86,7 @@ static int render_chat(const struct pd_tokenizer *tok, const struct opts *o) {
     if (rc != PD_OK)
         goto out;
     if (o->jsonl) {
-        cJSON *s = cJSON_CreateString(out);
-        char *q = s ? cJSON_PrintUnformatted(s) : NULL;
-        if (q)
-            printf("%s\n", q);
-        free(q);
-        cJSON_Delete(s);
+        print_json_line(out);
     } else {
         fwrite(out, 1, len, stdout);
     }
@@ -136,12 +141,7 @@ static int decode_line(const struct pd_tokenizer *tok, const struct opts *o, con
     if (rc != PD_OK)
         goto out;
     if (o->jsonl) {
-        cJSON *s = cJSON_CreateString(text);
-        char *q = s ? cJSON_PrintUnformatted(s) : NULL;
-        if (q)
-            printf("%s\n", q);
-        free(q);
-        cJSON_Delete(s);
+        print_json_line(text);
     } else {
         fwrite(text, 1, len, stdout);
         putchar('\n');

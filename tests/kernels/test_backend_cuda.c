@@ -9,6 +9,7 @@
  * decode through CUDA graphs equals eager launches, graphs are captured once per bucket and
  * replayed after. Skips (77) without a GPU. `--perf` is the perf mode (bench_gpu.c).
  */
+#include "pd_model_fixture.h"
 #include "pd_test.h"
 
 #include "common/alloc.h"
@@ -388,47 +389,6 @@ static void test_attention(void) {
 
 /* ---- whole models ---- */
 
-struct fake_ckpt {
-    struct pd_tensor_view t[128];
-    char names[128][96];
-    int n;
-};
-
-static void ck_add(struct fake_ckpt *ck, const char *name, int64_t rows, int64_t cols, float amp,
-                   float off, enum pd_dtype dt) {
-    struct pd_tensor_view *t = &ck->t[ck->n];
-    snprintf(ck->names[ck->n], sizeof(ck->names[0]), "%s", name);
-    t->name = ck->names[ck->n];
-    t->dtype = dt;
-    t->ndim = rows == 1 ? 1 : 2;
-    t->shape[0] = rows == 1 ? cols : rows;
-    t->shape[1] = rows == 1 ? 0 : cols;
-    size_t n = (size_t)(rows * cols);
-    t->nbytes = n * pd_dtype_size(dt);
-    float *f = pd_malloc(n * sizeof(float));
-    for (size_t i = 0; i < n; i++)
-        f[i] = off + amp * frand();
-    void *d = pd_malloc(t->nbytes);
-    pd_dtype_from_f32(dt, f, d, n);
-    pd_free(f);
-    t->data = d;
-    ck->n++;
-}
-
-static const struct pd_tensor_view *ck_find(void *ctx, const char *name) {
-    struct fake_ckpt *ck = ctx;
-    for (int i = 0; i < ck->n; i++)
-        if (strcmp(ck->t[i].name, name) == 0)
-            return &ck->t[i];
-    return NULL;
-}
-
-static void ck_free(struct fake_ckpt *ck) {
-    for (int i = 0; i < ck->n; i++)
-        pd_free((void *)ck->t[i].data);
-    ck->n = 0;
-}
-
 static struct pd_model_config model_config(enum pd_arch arch) {
     struct pd_model_config c = {0};
     c.arch = arch;
@@ -450,42 +410,6 @@ static struct pd_model_config model_config(enum pd_arch arch) {
     return c;
 }
 
-static void ck_weights(const struct pd_model_config *c, enum pd_dtype dt, struct fake_ckpt *ck) {
-    int64_t hid = c->hidden_size, qd = (int64_t)c->num_attention_heads * c->head_dim;
-    int64_t kvd = (int64_t)c->num_key_value_heads * c->head_dim, in = c->intermediate_size;
-    float a = 0.15f;
-    char n[96];
-    ck->n = 0;
-    ck_add(ck, "model.embed_tokens.weight", c->vocab_size, hid, 1.0f, 0, dt);
-    ck_add(ck, "model.norm.weight", 1, hid, 0.2f, 1.0f, dt);
-    if (!c->tie_word_embeddings)
-        ck_add(ck, "lm_head.weight", c->vocab_size, hid, a, 0, dt);
-    for (int l = 0; l < c->num_hidden_layers; l++) {
-#define L(s, r, co, amp, off)                                                                      \
-    snprintf(n, sizeof(n), "model.layers.%d.%s", l, s);                                            \
-    ck_add(ck, n, r, co, amp, off, dt)
-        L("input_layernorm.weight", 1, hid, 0.2f, 1.0f);
-        L("post_attention_layernorm.weight", 1, hid, 0.2f, 1.0f);
-        L("self_attn.q_proj.weight", qd, hid, a, 0);
-        L("self_attn.k_proj.weight", kvd, hid, a, 0);
-        L("self_attn.v_proj.weight", kvd, hid, a, 0);
-        L("self_attn.o_proj.weight", hid, qd, a, 0);
-        if (c->attention_bias) {
-            L("self_attn.q_proj.bias", 1, qd, a, 0);
-            L("self_attn.k_proj.bias", 1, kvd, a, 0);
-            L("self_attn.v_proj.bias", 1, kvd, a, 0);
-        }
-        if (c->qk_norm) {
-            L("self_attn.q_norm.weight", 1, c->head_dim, 0.2f, 1.0f);
-            L("self_attn.k_norm.weight", 1, c->head_dim, 0.2f, 1.0f);
-        }
-        L("mlp.gate_proj.weight", in, hid, a, 0);
-        L("mlp.up_proj.weight", in, hid, a, 0);
-        L("mlp.down_proj.weight", hid, in, a, 0);
-#undef L
-    }
-}
-
 #define M_REQS 5
 #define M_PROMPT 70
 #define M_STEPS 12
@@ -497,7 +421,7 @@ static void model_run(struct pd_backend *be, const struct pd_model_config *cfg,
     struct pd_model *m = NULL;
     struct pd_kv_pool kv = {0};
     struct pd_model_opts mo = {.max_tokens = 64, .max_reqs = 8, .page_size = 16};
-    CHECK_OK(pd_model_new(be, cfg, ck_find, ck, &mo, &m));
+    CHECK_OK(pd_model_new(be, cfg, fake_ckpt_find, ck, &mo, &m));
     if (!m)
         return;
     struct pd_kv_pool_opts ko = pd_model_kv_opts(m, kvt);
@@ -564,7 +488,7 @@ static void test_models(void) {
             enum pd_dtype kvt = wt ? PD_DTYPE_BF16 : PD_DTYPE_F32;
             struct pd_model_config cfg = model_config(archs[ai]);
             struct fake_ckpt *ck = pd_calloc(1, sizeof(*ck));
-            ck_weights(&cfg, dt, ck);
+            fake_ckpt_weights(&cfg, dt, 0.15f, frand, ck);
             size_t n = (size_t)M_STEPS * M_REQS * (size_t)cfg.vocab_size;
             float *lc = pd_calloc(n, 4), *lg = pd_calloc(n, 4), *le = pd_calloc(n, 4);
             struct pd_backend *bc = NULL, *bg = NULL, *bge = NULL;
@@ -598,7 +522,7 @@ static void test_models(void) {
             pd_free(lc);
             pd_free(lg);
             pd_free(le);
-            ck_free(ck);
+            fake_ckpt_free(ck);
             pd_free(ck);
         }
     }

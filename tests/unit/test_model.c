@@ -8,6 +8,7 @@
  * Llama with GQA, Qwen2 (q/k/v bias, tied embeddings), Qwen3 (q/k norm) with bf16 weights.
  * Agreement with transformers itself is test_golden's job.
  */
+#include "pd_model_fixture.h"
 #include "pd_test.h"
 
 #include "common/alloc.h"
@@ -17,51 +18,10 @@
 
 #define MAX_T 64
 
-struct fake_ckpt {
-    struct pd_tensor_view t[128];
-    char names[128][96];
-    int n;
-};
-
 static uint64_t rng = 7;
 static float frand(void) {
     rng = rng * 6364136223846793005ull + 1442695040888963407ull;
     return (float)((rng >> 40) & 0xffffff) / 8388608.0f - 1.0f;
-}
-
-static void add(struct fake_ckpt *ck, const char *name, int64_t rows, int64_t cols, float amp,
-                float offset, enum pd_dtype dt) {
-    struct pd_tensor_view *t = &ck->t[ck->n];
-    snprintf(ck->names[ck->n], sizeof(ck->names[0]), "%s", name);
-    t->name = ck->names[ck->n];
-    t->dtype = dt;
-    t->ndim = rows == 1 ? 1 : 2;
-    t->shape[0] = rows == 1 ? cols : rows;
-    t->shape[1] = rows == 1 ? 0 : cols;
-    size_t n = (size_t)(rows * cols);
-    t->nbytes = n * pd_dtype_size(dt);
-    float *f = pd_malloc(n * sizeof(float));
-    for (size_t i = 0; i < n; i++)
-        f[i] = offset + amp * frand();
-    void *d = pd_malloc(t->nbytes);
-    pd_dtype_from_f32(dt, f, d, n);
-    pd_free(f);
-    t->data = d;
-    ck->n++;
-}
-
-static const struct pd_tensor_view *find(void *ctx, const char *name) {
-    struct fake_ckpt *ck = ctx;
-    for (int i = 0; i < ck->n; i++)
-        if (strcmp(ck->t[i].name, name) == 0)
-            return &ck->t[i];
-    return NULL;
-}
-
-static void fake_free(struct fake_ckpt *ck) {
-    for (int i = 0; i < ck->n; i++)
-        pd_free((void *)ck->t[i].data);
-    ck->n = 0;
 }
 
 static struct pd_model_config tiny_config(enum pd_arch arch) {
@@ -85,42 +45,6 @@ static struct pd_model_config tiny_config(enum pd_arch arch) {
     return c;
 }
 
-static void fake_weights(const struct pd_model_config *c, enum pd_dtype dt, struct fake_ckpt *ck) {
-    int64_t hid = c->hidden_size, qd = (int64_t)c->num_attention_heads * c->head_dim;
-    int64_t kvd = (int64_t)c->num_key_value_heads * c->head_dim, in = c->intermediate_size;
-    float a = 0.3f;
-    char n[96];
-    ck->n = 0;
-    add(ck, "model.embed_tokens.weight", c->vocab_size, hid, 1.0f, 0, dt);
-    add(ck, "model.norm.weight", 1, hid, 0.2f, 1.0f, dt);
-    if (!c->tie_word_embeddings)
-        add(ck, "lm_head.weight", c->vocab_size, hid, a, 0, dt);
-    for (int l = 0; l < c->num_hidden_layers; l++) {
-#define L(s, r, co, amp, off)                                                                      \
-    snprintf(n, sizeof(n), "model.layers.%d.%s", l, s);                                            \
-    add(ck, n, r, co, amp, off, dt)
-        L("input_layernorm.weight", 1, hid, 0.2f, 1.0f);
-        L("post_attention_layernorm.weight", 1, hid, 0.2f, 1.0f);
-        L("self_attn.q_proj.weight", qd, hid, a, 0);
-        L("self_attn.k_proj.weight", kvd, hid, a, 0);
-        L("self_attn.v_proj.weight", kvd, hid, a, 0);
-        L("self_attn.o_proj.weight", hid, qd, a, 0);
-        if (c->attention_bias) {
-            L("self_attn.q_proj.bias", 1, qd, a, 0);
-            L("self_attn.k_proj.bias", 1, kvd, a, 0);
-            L("self_attn.v_proj.bias", 1, kvd, a, 0);
-        }
-        if (c->qk_norm) {
-            L("self_attn.q_norm.weight", 1, c->head_dim, 0.2f, 1.0f);
-            L("self_attn.k_norm.weight", 1, c->head_dim, 0.2f, 1.0f);
-        }
-        L("mlp.gate_proj.weight", in, hid, a, 0);
-        L("mlp.up_proj.weight", in, hid, a, 0);
-        L("mlp.down_proj.weight", hid, in, a, 0);
-#undef L
-    }
-}
-
 struct rig {
     struct pd_backend *be;
     struct pd_model *m;
@@ -133,12 +57,12 @@ static int rig_init(struct rig *r, enum pd_arch arch, enum pd_dtype dt, int max_
     memset(r, 0, sizeof(*r));
     struct pd_backend_opts bo = {.kind = PD_BACKEND_CPU, .threads = 2};
     struct pd_model_config c = tiny_config(arch);
-    fake_weights(&c, dt, &r->ck);
+    fake_ckpt_weights(&c, dt, 0.3f, frand, &r->ck);
     r->vocab = c.vocab_size;
     struct pd_model_opts mo = {.max_tokens = max_tokens, .max_reqs = 4, .page_size = 16};
     int rc = pd_backend_new(&bo, &r->be);
     if (!rc)
-        rc = pd_model_new(r->be, &c, find, &r->ck, &mo, &r->m);
+        rc = pd_model_new(r->be, &c, fake_ckpt_find, &r->ck, &mo, &r->m);
     if (!rc) {
         struct pd_kv_pool_opts ko = pd_model_kv_opts(r->m, PD_DTYPE_F32);
         ko.n_pages = 40;
@@ -151,7 +75,7 @@ static void rig_free(struct rig *r) {
     pd_kv_pool_free(&r->kv);
     pd_model_free(r->m);
     pd_backend_free(r->be);
-    fake_free(&r->ck);
+    fake_ckpt_free(&r->ck);
 }
 
 static int argmax(const float *x, int n) {
@@ -325,26 +249,26 @@ static void test_missing_tensor(void) {
     CHECK_OK(pd_backend_new(&bo, &be));
     struct pd_model_config c = tiny_config(PD_ARCH_QWEN3);
     struct fake_ckpt ck;
-    fake_weights(&c, PD_DTYPE_F32, &ck);
+    fake_ckpt_weights(&c, PD_DTYPE_F32, 0.3f, frand, &ck);
     for (int i = 0; i < ck.n; i++)
         if (strcmp(ck.t[i].name, "model.layers.1.self_attn.k_norm.weight") == 0)
             ck.names[i][0] = 'X';
     struct pd_model *m = NULL;
-    CHECK_ERR(pd_model_new(be, &c, find, &ck, NULL, &m), PD_ENOENT,
+    CHECK_ERR(pd_model_new(be, &c, fake_ckpt_find, &ck, NULL, &m), PD_ENOENT,
               "'model.layers.1.self_attn.k_norm.weight' missing");
     CHECK(m == NULL);
     /* allocation failures anywhere during creation are reported, never leaked */
     for (long k = 0; k < 40; k += 3) {
-        fake_free(&ck);
-        fake_weights(&c, PD_DTYPE_F32, &ck);
+        fake_ckpt_free(&ck);
+        fake_ckpt_weights(&c, PD_DTYPE_F32, 0.3f, frand, &ck);
         pd_alloc_fail_after(k);
-        int rc = pd_model_new(be, &c, find, &ck, NULL, &m);
+        int rc = pd_model_new(be, &c, fake_ckpt_find, &ck, NULL, &m);
         pd_alloc_fail_after(-1);
         CHECK(rc == PD_OK || rc == PD_ENOMEM);
         pd_model_free(m);
         m = NULL;
     }
-    fake_free(&ck);
+    fake_ckpt_free(&ck);
     pd_backend_free(be);
 }
 
