@@ -145,6 +145,19 @@ class Proc:
             self.p.wait(10)
             return "hung"
 
+    def stacks(self):
+        """All threads' backtraces of the live process (gdb -batch attach), for a daemon that
+        stopped answering; a line saying why when there are none."""
+        if self.p.poll() is not None:
+            return "(%s exited, rc %s)" % (self.name, self.p.returncode)
+        try:
+            r = subprocess.run(["gdb", "-p", str(self.p.pid), "-batch", "-ex",
+                                "thread apply all bt"], capture_output=True, text=True,
+                               timeout=120)
+            return r.stdout + r.stderr[-2000:]
+        except (OSError, subprocess.TimeoutExpired) as e:
+            return "(gdb failed: %r)" % e
+
     def log_tail(self, n=3000):
         try:
             with open(self.log_path, errors="replace") as f:
