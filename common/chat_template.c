@@ -905,7 +905,6 @@ enum nk {
     N_BREAK,
     N_CONTINUE,
     N_MACRO,
-    N_CALLMACRO, /* {% call %} is not supported; placeholder */
     E_LIT,
     E_NAME,
     E_ATTR,

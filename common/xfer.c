@@ -1341,16 +1341,17 @@ static int copy_pages(uint64_t room, const uint32_t *pages, uint32_t n, uint32_t
     return PD_OK;
 }
 
-int pd_xfer_room_add(pd_xfer_t *x, pd_xfer_peer_t *p, uint64_t room, const uint32_t *dst_pages,
-                     uint32_t n, void *room_user) {
-    if (!p->rkey)
-        return pd_errorf(PD_EINVAL, "room %" PRIu64 ": peer has no KV pool to write to", room);
+/* A new live room of `role` whose destination pages are dst_pages (checked against a pool of
+ * pool_pages, `whose` naming it in errors). */
+static int room_open(pd_xfer_t *x, pd_xfer_peer_t *p, uint64_t room, enum room_role role,
+                     const uint32_t *dst_pages, uint32_t n, uint32_t pool_pages, const char *whose,
+                     void *room_user) {
     uint32_t *dst;
-    int rc = copy_pages(room, dst_pages, n, p->n_pages, "the peer's", &dst);
+    int rc = copy_pages(room, dst_pages, n, pool_pages, whose, &dst);
     if (rc)
         return rc;
     struct room *r;
-    rc = room_new(x, p, room, ROOM_SENDER, room_user, &r);
+    rc = room_new(x, p, room, role, room_user, &r);
     if (rc) {
         pd_free(dst);
         return rc;
@@ -1358,6 +1359,13 @@ int pd_xfer_room_add(pd_xfer_t *x, pd_xfer_peer_t *p, uint64_t room, const uint3
     r->dst = dst;
     r->n_dst = n;
     return PD_OK;
+}
+
+int pd_xfer_room_add(pd_xfer_t *x, pd_xfer_peer_t *p, uint64_t room, const uint32_t *dst_pages,
+                     uint32_t n, void *room_user) {
+    if (!p->rkey)
+        return pd_errorf(PD_EINVAL, "room %" PRIu64 ": peer has no KV pool to write to", room);
+    return room_open(x, p, room, ROOM_SENDER, dst_pages, n, p->n_pages, "the peer's", room_user);
 }
 
 static int room_get(const pd_xfer_t *x, uint64_t room, struct room **out) {
@@ -1493,19 +1501,7 @@ int pd_xfer_room_finish(pd_xfer_t *x, uint64_t room, const struct pd_xfer_notice
 
 int pd_xfer_room_expect(pd_xfer_t *x, pd_xfer_peer_t *p, uint64_t room, const uint32_t *dst_pages,
                         uint32_t n, void *room_user) {
-    uint32_t *dst;
-    int rc = copy_pages(room, dst_pages, n, x->n_pages, "our", &dst);
-    if (rc)
-        return rc;
-    struct room *r;
-    rc = room_new(x, p, room, ROOM_RECEIVER, room_user, &r);
-    if (rc) {
-        pd_free(dst);
-        return rc;
-    }
-    r->dst = dst;
-    r->n_dst = n;
-    return PD_OK;
+    return room_open(x, p, room, ROOM_RECEIVER, dst_pages, n, x->n_pages, "our", room_user);
 }
 
 int pd_xfer_room_release(pd_xfer_t *x, uint64_t room, int status) {
