@@ -391,7 +391,6 @@ static void test_attention(void) {
 
 static struct pd_model_config model_config(enum pd_arch arch) {
     struct pd_model_config c = {0};
-    c.arch = arch;
     c.vocab_size = 301;
     c.hidden_size = 128;
     c.intermediate_size = 200;
@@ -400,13 +399,7 @@ static struct pd_model_config model_config(enum pd_arch arch) {
     c.num_key_value_heads = 2;
     c.head_dim = 32;
     c.max_position_embeddings = 1024;
-    c.rms_norm_eps = 1e-6;
-    c.rope_theta = 10000;
-    c.attention_bias = arch == PD_ARCH_QWEN2;
-    c.qk_norm = arch == PD_ARCH_QWEN3;
-    c.tie_word_embeddings = arch == PD_ARCH_QWEN2;
-    if (arch == PD_ARCH_LLAMA)
-        c.rope_scaling = (struct pd_rope_scaling){PD_ROPE_LLAMA3, 8.0, 1.0, 4.0, 32};
+    fixture_family_traits(&c, arch);
     return c;
 }
 

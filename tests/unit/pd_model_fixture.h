@@ -13,6 +13,19 @@
 #include <stdio.h>
 #include <string.h>
 
+/* The family traits the model tests cover: qwen2 has q/k/v bias and tied embeddings, qwen3 q/k
+ * norm, llama llama3 rope scaling. Sizes are the caller's. */
+static inline void fixture_family_traits(struct pd_model_config *c, enum pd_arch arch) {
+    c->arch = arch;
+    c->rms_norm_eps = 1e-6;
+    c->rope_theta = 10000;
+    c->attention_bias = arch == PD_ARCH_QWEN2;
+    c->qk_norm = arch == PD_ARCH_QWEN3;
+    c->tie_word_embeddings = arch == PD_ARCH_QWEN2;
+    if (arch == PD_ARCH_LLAMA)
+        c->rope_scaling = (struct pd_rope_scaling){PD_ROPE_LLAMA3, 8.0, 1.0, 4.0, 32};
+}
+
 struct fake_ckpt {
     struct pd_tensor_view t[128];
     char names[128][96];
