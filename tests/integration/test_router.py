@@ -189,8 +189,13 @@ def test_routing_and_streaming(router, prefills, decodes):
                   "decode copy has the same room")
     # batch: arrays
     st, _, data = router.request("POST", "/generate", {"text": ["a", "b"], "rid": ["b1", "b2"]})
-    pb = [r["body"] for p in prefills for r in p.log()["requests"]
-          if r["body"].get("rid") == ["b1", "b2"]]
+
+    def prefill_batch_bodies():
+        return [r["body"] for p in prefills for r in p.log()["requests"]
+                if r["body"].get("rid") == ["b1", "b2"]]
+    # the client's answer is decode's; the prefill copy may be logged a moment later
+    wait_for(prefill_batch_bodies)
+    pb = prefill_batch_bodies()
     check(len(pb) == 1 and len(pb[0]["bootstrap_room"]) == 2 and
           len(set(pb[0]["bootstrap_room"])) == 2, "batch: one room per prompt")
     st, _, data = router.request("POST", "/generate", {"text": "a", "sampling_params": {"n": 2}})
