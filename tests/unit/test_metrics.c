@@ -526,9 +526,9 @@ static void test_threads_sum_exactly(void) {
 /* The checker itself: broken texts are refused (else the checks above could not fail). */
 static void test_checker_refuses(void) {
     CHECK_INT(check_exposition("# TYPE a counter\na 1\n"), 1);
-    CHECK_INT(check_exposition("a 1\n"), -1);
+    CHECK_INT(check_exposition("a 1\n"), -1); /* no TYPE */
     CHECK_INT(check_exposition("# HELP a x\\q\n# TYPE a gauge\na 1\n"), -1);
-    CHECK_INT(check_exposition("# HELP a x\\\\q\\n\n# TYPE a gauge\na 1\n"), 1); /* no TYPE */
+    CHECK_INT(check_exposition("# HELP a x\\\\q\\n\n# TYPE a gauge\na 1\n"), 1);
     CHECK_INT(check_exposition("# TYPE a counter\na -1\n"), -1);           /* negative counter */
     CHECK_INT(check_exposition("# TYPE a counter\na{x=\"1} 1\n"), -1);     /* open quote */
     CHECK_INT(check_exposition("# TYPE a counter\na{x=\"\\q\"} 1\n"), -1); /* bad escape */
