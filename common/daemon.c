@@ -18,6 +18,7 @@
 #include "common/log.h"
 #include "common/room_map.h"
 #include "common/sched_common.h"
+#include "common/serve_metrics.h"
 #include "common/status.h"
 #include "common/tokenizer.h"
 #include "common/xfer.h"
@@ -48,6 +49,14 @@ struct dreq {
     int32_t n_prompt;
     double t_start;
     int64_t created;
+    /* metrics (serve_metrics.h says what each timing measures) */
+    double t_last_token;   /* decode: the last output token reached the client's connection */
+    double t_waiting;      /* prefill: entered the waiting queue (its Transfer arrived) */
+    double t_xfer;         /* prefill: first pages posted; decode: Transfer sent */
+    double xfer_bytes;     /* prefill: bytes posted */
+    bool ending;           /* end_request runs: room endings it causes are not failures */
+    bool bootstrap_failed; /* decode: the Transfer could not be placed or was refused */
+    bool xfer_failed;      /* the room ended with a failure */
     /* decode output */
     int32_t *out_ids;
     int n_out;
@@ -128,7 +137,7 @@ struct daemon {
     double stop_deadline;
     int exit_code;
     uint64_t id_seq;
-    int64_t n_requests, n_aborted, n_failed, n_gen_tokens, n_prompt_tokens;
+    struct pd_serve_metrics *sm;
 };
 
 static struct daemon D;
@@ -351,9 +360,17 @@ static void take_token(struct dreq *r, int32_t token, int index, int finish, flo
     if (r->lps && index < r->api.sampling.max_new_tokens)
         r->lps[index] = smp ? *smp : (struct pd_sample){.token = token, .logprob = logprob};
     if (pd_array_grow((void **)&r->out_ids, &r->cap_out, (size_t)r->n_out + 1, sizeof(int32_t)) ==
-        PD_OK)
+        PD_OK) {
+        /* this token goes to the client's connection in this call (stream_progress below, or
+         * held in the answer): TTFT / ITL end here */
+        double now = now_s();
+        if (r->n_out == 0)
+            pd_metric_observe(D.sm->ttft, now - r->t_start);
+        else
+            pd_metric_observe(D.sm->itl, now - r->t_last_token);
+        r->t_last_token = now;
         r->out_ids[r->n_out++] = token;
-    D.n_gen_tokens++;
+    }
     const char *piece = NULL;
     size_t plen = 0;
     size_t before = r->text_len;
@@ -398,12 +415,23 @@ static void prefill_send(struct dreq *r, const struct pd_engine_event *ev) {
     if (ev->end > ev->begin)
         rc = pd_xfer_room_send(D.x, ev->room, (uint32_t)ev->begin, ev->req->pages + ev->begin,
                                (uint32_t)(ev->end - ev->begin));
+    if (rc == PD_OK && ev->end > ev->begin) {
+        double bytes = (double)(ev->end - ev->begin) * (double)D.info.page_bytes;
+        pd_metric_add(D.sm->kv_bytes, bytes);
+        if (r) {
+            if (r->t_xfer == 0)
+                r->t_xfer = now_s();
+            r->xfer_bytes += bytes;
+        }
+    }
     if (rc == PD_OK && ev->last) {
         struct pd_xfer_notice n = {.first_token = ev->token,
                                    .first_logprob = ev->logprob,
                                    .cached_tokens = (uint32_t)ev->cached_tokens};
         rc = pd_xfer_room_finish(D.x, ev->room, &n);
         if (r) {
+            /* prefill's TTFT: the first token is sampled and handed to the transfer engine */
+            pd_metric_observe(D.sm->ttft, now_s() - r->t_start);
             r->cached_tokens = ev->cached_tokens;
             r->out_ids = pd_malloc(sizeof(int32_t));
             if (r->out_ids) {
@@ -419,8 +447,41 @@ static void prefill_send(struct dreq *r, const struct pd_engine_event *ev) {
     }
 }
 
+/* The request's end in the counters and the e2e / queue-time histograms. Prompt and output
+ * tokens count for requests answered with a usage (done, or aborted by the user). */
+static void count_end(struct dreq *r, int reason, const struct pd_engine_event *ev) {
+    struct pd_serve_metrics *sm = D.sm;
+    double now = now_s();
+    pd_metric_add(sm->num_requests, 1);
+    pd_metric_observe(sm->e2e, now - r->t_start);
+    double t_sched = ev->req ? ev->req->t_scheduled : 0;
+    if (t_sched > 0) {
+        double from = D.role == PD_ENGINE_PREFILL ? r->t_waiting : r->t_start;
+        pd_metric_observe(sm->queue_time, t_sched > from ? t_sched - from : 0);
+    }
+    bool answered = reason == PD_END_DONE || (reason == PD_END_ABORTED && r->aborted);
+    if (answered) {
+        int cached = D.role == PD_ENGINE_PREFILL ? ev->cached_tokens : r->cached_tokens;
+        pd_metric_add(sm->prompt_tokens, r->n_prompt);
+        pd_metric_add(sm->generation_tokens, r->n_out);
+        pd_metric_add(sm->cached_tokens, cached > 0 ? cached : 0);
+    }
+    if (reason == PD_END_DONE)
+        return;
+    if (reason == PD_END_ABORTED) {
+        pd_metric_add(sm->num_aborted, 1);
+        return;
+    }
+    pd_metric_add(sm->num_failed, 1);
+    if (r->bootstrap_failed || (reason == PD_END_TIMEOUT && D.role == PD_ENGINE_PREFILL))
+        pd_metric_add(sm->bootstrap_failed, 1); /* no Transfer (prefill) / refused (decode) */
+    else if (reason == PD_END_TIMEOUT || r->xfer_failed)
+        pd_metric_add(sm->transfer_failed, 1);
+}
+
 static void end_request(struct dreq *r, const struct pd_engine_event *ev) {
     r->ereq = ev->req; /* ours again */
+    r->ending = true;
     int reason = ev->reason;
     if (r->stopped_here)
         reason = PD_END_DONE;
@@ -428,21 +489,19 @@ static void end_request(struct dreq *r, const struct pd_engine_event *ev) {
             pd_sched_end_reason_str(reason), r->n_out);
     if (D.role == PD_ENGINE_PREFILL && pd_xfer_room_live(D.x, r->room))
         pd_xfer_room_abort(D.x, r->room, PD_ECANCELED, "prefill request ended");
+    count_end(r, reason, ev);
     if (reason == PD_END_DONE) {
         if (D.role == PD_ENGINE_PREFILL) {
             r->cached_tokens = ev->cached_tokens;
             r->finish = PD_API_FINISH_LENGTH;
-            D.n_prompt_tokens += r->n_prompt;
         } else if (!r->finish) {
             r->finish = ev->finish == PD_FINISH_STOP ? PD_API_FINISH_STOP : PD_API_FINISH_LENGTH;
         }
         finish_http_ok(r);
     } else if (reason == PD_END_ABORTED && r->aborted) {
-        D.n_aborted++;
         r->finish = PD_API_FINISH_ABORT;
         finish_http_ok(r);
     } else {
-        D.n_failed += reason != PD_END_ABORTED;
         char msg[400];
         int status = 500;
         if (ev->status == PD_EFULL) {
@@ -513,12 +572,30 @@ static void on_engine_event(void *ctx, const struct pd_engine_event *ev) {
 
 /* ---- transfer engine + bootstrap ---- */
 
+/* A room of a live request ended: its transfer's latency and size, or its failure. */
+static void room_metrics(struct dreq *r, int status, const struct pd_xfer_notice *n) {
+    if (!r || r->ending)
+        return; /* an early room (no request), or one end_request closes itself */
+    int st = n ? n->status : status;
+    if (st == PD_OK && r->t_xfer > 0) {
+        double bytes = r->xfer_bytes;
+        if (D.role == PD_ENGINE_DECODE) /* every prompt page, whole (DESIGN §2) */
+            bytes = (double)((r->n_prompt + D.info.page_size - 1) / D.info.page_size) *
+                    (double)D.info.page_bytes;
+        pd_serve_metrics_kv_done(D.sm, bytes, now_s() - r->t_xfer);
+    } else if (st != PD_OK && !r->xfer_failed) {
+        r->xfer_failed = true;
+        pd_metric_add(D.sm->kv_fail[pd_serve_metrics_kv_reason(st)], 1);
+    }
+}
+
 static void on_room_end(void *ctx, uint64_t room, void *user, int status,
                         const struct pd_xfer_notice *n) {
     (void)ctx;
     (void)user;
     struct dreq *r = find_room(room);
     struct pd_engine_cmd c = {.kind = PD_ENGINE_CMD_XFER_END, .room = room, .status = status};
+    room_metrics(r, status, n);
     if (D.role == PD_ENGINE_DECODE) {
         if (!r)
             return;
@@ -572,6 +649,7 @@ static void on_bootstrap_room(void *ctx, uint64_t room, const char *decode_id, u
     pd_debug("room=%" PRIu64 " transfer from %s (%u pages)", room, decode_id, n_pages);
     if (r && !r->bootstrapped) {
         r->bootstrapped = true;
+        r->t_waiting = now_s();
         pd_engine_submit(D.eng,
                          &(struct pd_engine_cmd){.kind = PD_ENGINE_CMD_BOOTSTRAPPED, .room = room});
         return;
@@ -599,6 +677,11 @@ static void on_room_rejected(void *ctx, uint64_t room, void *user, int status, c
     if (!r)
         return;
     r->xfer_live = false;
+    r->bootstrap_failed = true;
+    if (!r->xfer_failed) {
+        r->xfer_failed = true;
+        pd_metric_add(D.sm->kv_fail[PD_KV_FAIL_REJECTED], 1);
+    }
     snprintf(r->fail_msg, sizeof(r->fail_msg), "%s", msg ? msg : pd_status_str(status));
     pd_warn("room=%" PRIu64 " the prefill refused the transfer: %s", room, r->fail_msg);
     pd_engine_submit(D.eng, &(struct pd_engine_cmd){
@@ -637,6 +720,7 @@ static void decode_admit(struct dreq *r, const struct pd_engine_event *ev) {
                                          (uint32_t)r->n_prompt, NULL)
           : PD_EINVAL;
     if (rc) {
+        r->bootstrap_failed = true;
         snprintf(r->fail_msg, sizeof(r->fail_msg), "%s", pd_error_msg());
         pd_engine_submit(D.eng, &(struct pd_engine_cmd){
                                     .kind = PD_ENGINE_CMD_XFER_END, .room = r->room, .status = rc});
@@ -644,6 +728,7 @@ static void decode_admit(struct dreq *r, const struct pd_engine_event *ev) {
     }
     r->client = c;
     r->xfer_live = true;
+    r->t_xfer = now_s();
 }
 
 /* ---- generation requests ---- */
@@ -790,7 +875,6 @@ static void handle_generate(struct pd_http_req *h, enum pd_api_kind kind) {
     D.reqs[r->slot] = r;
     pd_room_map_put(&D.rooms, r->room, r->slot);
     D.n_live++;
-    D.n_requests++;
     r->http = h;
     r->ereq->user = r;
     struct pd_engine_req *er = r->ereq;
@@ -813,6 +897,7 @@ static void handle_generate(struct pd_http_req *h, enum pd_api_kind kind) {
             if (D.early[i].room == r->room) {
                 D.early[i] = D.early[--D.n_early];
                 r->bootstrapped = true;
+                r->t_waiting = now_s();
                 pd_engine_submit(D.eng, &(struct pd_engine_cmd){.kind = PD_ENGINE_CMD_BOOTSTRAPPED,
                                                                 .room = r->room});
                 break;
@@ -1054,34 +1139,16 @@ static void h_loads(struct pd_http_req *h, void *ud) {
 static void h_metrics(struct pd_http_req *h, void *ud) {
     (void)ud;
     struct pd_engine_stats s;
-    load_now(&s);
-    char buf[8192];
-    const char *m = D.args.served_model_name;
-    int n = snprintf(
-        buf, sizeof(buf),
-        "# TYPE sglang:num_running_reqs gauge\nsglang:num_running_reqs{model_name=\"%s\"} %d\n"
-        "# TYPE sglang:num_queue_reqs gauge\nsglang:num_queue_reqs{model_name=\"%s\"} %d\n"
-        "# TYPE sglang:token_usage gauge\nsglang:token_usage{model_name=\"%s\"} %.4f\n"
-        "# TYPE sglang:num_used_tokens gauge\nsglang:num_used_tokens{model_name=\"%s\"} %d\n"
-        "# TYPE sglang:max_total_num_tokens gauge\n"
-        "sglang:max_total_num_tokens{model_name=\"%s\"} %d\n"
-        "# TYPE sglang:num_requests_total counter\n"
-        "sglang:num_requests_total{model_name=\"%s\"} %" PRId64 "\n"
-        "# TYPE sglang:num_aborted_requests_total counter\n"
-        "sglang:num_aborted_requests_total{model_name=\"%s\"} %" PRId64 "\n"
-        "# TYPE sglang:generation_tokens_total counter\n"
-        "sglang:generation_tokens_total{model_name=\"%s\"} %" PRId64 "\n"
-        "# TYPE pdserve:health_generate_total counter\n"
-        "pdserve:health_generate_total{model_name=\"%s\",result=\"ok\"} %" PRId64 "\n"
-        "pdserve:health_generate_total{model_name=\"%s\",result=\"busy\"} %" PRId64 "\n"
-        "pdserve:health_generate_total{model_name=\"%s\",result=\"failed\"} %" PRId64 "\n",
-        m, D.role == PD_ENGINE_DECODE ? s.q_running : s.q_inflight, m,
-        D.role == PD_ENGINE_DECODE ? s.q_prealloc + s.q_transfer : s.q_bootstrap + s.q_waiting, m,
-        s.pages_total ? (double)s.pages_used / s.pages_total : 0.0, m,
-        s.pages_used * D.info.page_size, m, s.pages_total * D.info.page_size, m, D.n_requests, m,
-        D.n_aborted, m, D.n_gen_tokens, m, D.n_probe_ok, m, D.n_probe_busy, m, D.n_probe_failed);
-    pd_http_respond(h, 200, "text/plain; version=0.0.4", buf,
-                    (size_t)(n < (int)sizeof(buf) ? n : (int)sizeof(buf) - 1));
+    pd_engine_stats(D.eng, &s);
+    const int64_t health[3] = {D.n_probe_ok, D.n_probe_busy, D.n_probe_failed};
+    char *text = NULL;
+    size_t len = 0;
+    if (pd_serve_metrics_scrape(D.sm, &s, health, &text, &len) != PD_OK) {
+        respond_error(h, 500, "server_error", NULL, "%s", pd_error_msg());
+        return;
+    }
+    pd_http_respond(h, 200, PD_METRICS_CONTENT_TYPE, text, len);
+    pd_free(text);
 }
 
 static void h_tokenize(struct pd_http_req *h, void *ud) {
@@ -1292,6 +1359,9 @@ static int start(void) {
     if ((rc = pd_engine_new(&ec, &D.eng)) != PD_OK)
         return rc;
     pd_engine_get_info(D.eng, &D.info);
+    if ((rc = pd_serve_metrics_new(D.role, a->served_model_name, D.info.page_size, D.info.n_pages,
+                                   &D.sm)) != PD_OK)
+        return rc;
     if ((rc = pd_tokenizer_new(a->tokenizer_path, &D.tok)) != PD_OK)
         return pd_error_wrap(rc, "loading the tokenizer from %s", a->tokenizer_path);
     const char *tmpl = pd_tokenizer_chat_template(D.tok);
@@ -1449,6 +1519,7 @@ int pd_daemon_main(int role, int argc, char **argv) {
         dreq_free(D.reqs[i]);
     pd_http_server_free(D.http);
     pd_engine_free(D.eng);
+    pd_serve_metrics_free(D.sm);
     pd_chat_template_free(D.chat);
     pd_tokenizer_free(D.tok);
     pd_room_map_free(&D.rooms);

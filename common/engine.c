@@ -445,6 +445,8 @@ static bool prefill_iter(struct pd_engine *e, double now) {
             prefill_abort(e, c->room);
             continue;
         }
+        if (r->t_scheduled == 0)
+            r->t_scheduled = now;
         if (r->n_pages == 0) {
             PD_ASSERT(c->n_pages <= r->cap_pages);
             for (int32_t p = 0; p < c->n_pages; p++)
@@ -585,6 +587,8 @@ static bool decode_iter(struct pd_engine *e, double now) {
         const struct pd_decode_admit *a = &st.admitted[i];
         struct pd_engine_req *r = find_req(e, a->room);
         PD_ASSERT(r && a->n_pages <= r->cap_pages);
+        if (r->t_scheduled == 0)
+            r->t_scheduled = now;
         for (int32_t p = 0; p < a->n_pages; p++)
             r->pages[p] = (uint32_t)a->pages[p];
         r->n_pages = a->n_pages;

@@ -77,6 +77,9 @@ struct pd_engine_req {
     uint32_t *pages; /* [cap_pages] prefill: source pages; decode: destination pages */
     int32_t n_pages;
     int32_t cap_pages;
+    /* CLOCK_MONOTONIC seconds (uv_hrtime's clock) of the step that first took the request:
+     * prefill: its first chunk's step; decode: its pages' reservation. 0 before. Metrics. */
+    double t_scheduled;
     /* private to the compute thread */
     struct pd_sampler sampler;
     bool has_sampler;

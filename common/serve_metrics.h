@@ -1,0 +1,77 @@
+/*
+ * serve_metrics.h — the series a prefill or decode daemon exports on /metrics (API.md "Metrics"),
+ * under SGLang's names where SGLang has the series and pdserve:… where it has not. Every series
+ * carries model_name (--served-model-name). The daemon's loop thread updates the event series
+ * where the event happens (common/daemon.c); the gauges that mirror the engine's published
+ * counters are set at scrape time (pd_serve_metrics_scrape).
+ *
+ * What each timing measures (all from the monotonic clock, in seconds):
+ *  time_to_first_token  decode: the body's arrival at this daemon → the first output token (the
+ *                       prefill's, from the done notice) handed to the client's connection;
+ *                       prefill: arrival → the first token sampled and handed to the transfer
+ *                       engine with the last pages.
+ *  inter_token_latency  decode: between consecutive output tokens of a request reaching the
+ *                       client's connection (one observation per token after the first).
+ *  e2e_request_latency  arrival → the request's end here (every request the engine took).
+ *  queue_time           time waiting for this daemon's own resources: prefill: entering the
+ *                       waiting queue (its decode's Transfer arrived) → its first chunk's step;
+ *                       decode: arrival → its KV pages reserved (the prealloc queue).
+ *  kv_transfer_latency  prefill: first pages posted → the done notice left (after the flush);
+ *                       decode: Transfer sent → the done notice and all pages arrived.
+ */
+#ifndef PD_SERVE_METRICS_H
+#define PD_SERVE_METRICS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/engine.h"
+#include "common/metrics.h"
+
+/* Why a KV transfer failed: the label of pdserve:kv_transfer_failures_total. */
+enum pd_kv_fail_reason {
+    PD_KV_FAIL_TIMEOUT,  /* no notice in time */
+    PD_KV_FAIL_PEER,     /* the peer died or the network broke */
+    PD_KV_FAIL_ABORTED,  /* one side gave the room up */
+    PD_KV_FAIL_REJECTED, /* decode: the prefill refused the Transfer */
+    PD_KV_FAIL_ERROR,    /* anything else */
+    PD_KV_FAIL_N,
+};
+
+struct pd_serve_metrics {
+    struct pd_metrics *reg;
+    int role; /* enum pd_engine_role */
+    int page_size;
+    /* gauges set at scrape time */
+    struct pd_metric *num_running, *num_queue, *token_usage, *num_used_tokens, *max_total_tokens,
+        *cache_hit_rate, *cache_config, *prefix_cache_tokens, *num_draining;
+    struct pd_metric *q_prefill_prealloc, *q_bootstrap, *q_waiting, *q_inflight; /* prefill */
+    struct pd_metric *q_prealloc, *q_transfer;                                   /* decode */
+    struct pd_metric *retracted;                                                 /* decode */
+    struct pd_metric *health[3]; /* ok/busy/failed */
+    /* counters set where the event happens */
+    struct pd_metric *prompt_tokens, *generation_tokens, *cached_tokens, *num_requests,
+        *num_aborted, *num_failed, *bootstrap_failed, *transfer_failed;
+    /* histograms */
+    struct pd_metric *ttft, *itl, *e2e, *queue_time;
+    /* KV transfer */
+    struct pd_metric *kv_bytes, *kv_latency, *kv_fail[PD_KV_FAIL_N];
+    struct pd_metric *kv_last_speed_gb_s, *kv_last_latency_ms, *kv_last_total_mb;
+};
+
+/* All series of role's daemon, created now (nothing is allocated on the request path). */
+int pd_serve_metrics_new(int role, const char *model_name, int page_size, int32_t n_pages,
+                         struct pd_serve_metrics **out);
+void pd_serve_metrics_free(struct pd_serve_metrics *sm);
+
+/* One KV transfer that completed: bytes moved in seconds. */
+void pd_serve_metrics_kv_done(struct pd_serve_metrics *sm, double bytes, double seconds);
+/* The failure label for a transfer engine status (PD_ETIMEDOUT, PD_EPEER, PD_ECANCELED, …). */
+int pd_serve_metrics_kv_reason(int status);
+
+/* Sets the gauges from the engine's published counters and the daemon's health-probe counts,
+ * then renders the registry (pd_metrics_render: *out is the caller's, pd_free). */
+int pd_serve_metrics_scrape(struct pd_serve_metrics *sm, const struct pd_engine_stats *s,
+                            const int64_t health[3], char **out, size_t *len);
+
+#endif
