@@ -325,6 +325,14 @@ void pd_metric_observe(struct pd_metric *s, double v) {
     atomic_add_double(&s->bits, v);
 }
 
+void pd_metrics_family_set(struct pd_metric_family *f, double v) {
+    PD_ASSERT(f->kind == PD_METRIC_GAUGE);
+    pthread_mutex_lock(&f->reg->mu);
+    for (struct pd_metric *s = f->series; s; s = s->next)
+        atomic_store_explicit(&s->bits, dbits(v), memory_order_relaxed);
+    pthread_mutex_unlock(&f->reg->mu);
+}
+
 double pd_metric_value(const struct pd_metric *s) {
     return bitsd(atomic_load_explicit((_Atomic uint64_t *)&s->bits, memory_order_relaxed));
 }

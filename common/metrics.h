@@ -63,6 +63,10 @@ void pd_metric_add(struct pd_metric *s, double v);
 void pd_metric_set(struct pd_metric *s, double v);
 void pd_metric_observe(struct pd_metric *s, double v); /* histogram */
 
+/* Sets every series of a gauge family to v (a scrape zeroes the series of things that are gone
+ * before it sets those that are still there). */
+void pd_metrics_family_set(struct pd_metric_family *f, double v);
+
 double pd_metric_value(const struct pd_metric *s);   /* counter, gauge; histogram: _sum */
 uint64_t pd_metric_count(const struct pd_metric *s); /* histogram: observations */
 /* Histogram: cumulative count of bucket i (i == n_bounds: +Inf). */

@@ -21,11 +21,13 @@
 #include "router/router.h"
 
 #include "router/body.h"
+#include "router/metrics.h"
 #include "router/policy.h"
 #include "router/upstream.h"
 
 #include "common/alloc.h"
 #include "common/http_server.h"
+#include "common/metrics.h"
 #include "common/log.h"
 #include "common/status.h"
 
@@ -78,6 +80,7 @@ enum endpoint_kind {
     EP_SERVER_INFO,
     EP_GET_LOAD,
     EP_ABORT,
+    EP_METRICS,
 };
 
 /* One route of the HTTP server: the handler's user data. */
@@ -105,6 +108,7 @@ static const struct {
     {"GET", "/get_server_info", EP_SERVER_INFO, 0},
     {"GET", "/get_load", EP_GET_LOAD, 0},
     {"POST", "/abort_request", EP_ABORT, 0},
+    {"GET", "/metrics", EP_METRICS, 0},
 };
 #define N_ENDPOINTS PD_ARRAY_LEN(endpoint_table)
 
@@ -125,8 +129,11 @@ struct rreq {
     char *sent; /* body with the bootstrap fields */
     size_t sent_len;
     struct pd_upstream_call *pcall, *dcall;
-    bool streaming; /* client answer started as a stream */
-    bool paused;    /* the decode call waits for the client to drain */
+    bool streaming;       /* client answer started as a stream */
+    bool client_gone;     /* calls dropped now end as client_gone (metrics) */
+    bool first_byte_sent; /* a streamed answer's first byte went out (TTFT) */
+    double t_start;       /* the client's request arrived (uv_hrtime, s) */
+    bool paused;          /* the decode call waits for the client to drain */
     struct sbuf dbuf, perr;
 };
 
@@ -137,6 +144,7 @@ struct pd_router {
     struct endpoint endpoints[N_ENDPOINTS];
     struct pd_upstream *up;
     struct pd_router_rng rng;
+    struct pd_router_metrics *metrics;
     struct worker *prefill, *decode;
     struct pd_router_load *prefill_load, *decode_load;
     uint64_t rr_prefill, rr_decode;
@@ -405,12 +413,44 @@ static void rreq_maybe_free(struct rreq *rq) {
     pd_free(rq);
 }
 
+static double now_s(void) {
+    return (double)uv_hrtime() / 1e9;
+}
+
+/* ---- metrics: one call_start per upstream call, one call_end when it is over ---- */
+
+static const char *call_url(const struct rreq *rq, bool prefill) {
+    return prefill ? rq->rt->prefill[rq->p].spec->url : rq->rt->decode[rq->d].spec->url;
+}
+
+static void call_start(struct rreq *rq, bool prefill) {
+    pd_router_metrics_call_start(rq->rt->metrics, call_url(rq, prefill), prefill);
+}
+
+static void call_end(struct rreq *rq, bool prefill, int outcome) {
+    pd_router_metrics_call_end(rq->rt->metrics, call_url(rq, prefill), prefill, outcome);
+}
+
+static int call_outcome(const struct pd_upstream_result *r) {
+    if (r->status == PD_ETIMEDOUT)
+        return PD_ROUTER_OUTCOME_TIMEOUT;
+    return r->status == PD_OK && r->http_status / 100 == 2 ? PD_ROUTER_OUTCOME_OK
+                                                           : PD_ROUTER_OUTCOME_ERROR;
+}
+
+/* The client's answer is over (sent, or the client left). */
+static void mark_finished(struct rreq *rq) {
+    rq->finished = true;
+    pd_router_metrics_done(rq->rt->metrics, rq->path, now_s() - rq->t_start);
+}
+
 static void drop_pcall(struct rreq *rq) {
     if (!rq->pcall)
         return;
     pd_upstream_call_cancel(rq->pcall);
     rq->pcall = NULL;
     rq->rt->prefill_load[rq->p].inflight--;
+    call_end(rq, true, rq->client_gone ? PD_ROUTER_OUTCOME_CLIENT_GONE : PD_ROUTER_OUTCOME_ABORTED);
 }
 
 static void drop_dcall(struct rreq *rq) {
@@ -419,6 +459,8 @@ static void drop_dcall(struct rreq *rq) {
     pd_upstream_call_cancel(rq->dcall);
     rq->dcall = NULL;
     rq->rt->decode_load[rq->d].inflight--;
+    call_end(rq, false,
+             rq->client_gone ? PD_ROUTER_OUTCOME_CLIENT_GONE : PD_ROUTER_OUTCOME_ABORTED);
 }
 
 /* Ends the client's answer with an error: a status + JSON before anything was sent, else one
@@ -426,7 +468,7 @@ static void drop_dcall(struct rreq *rq) {
 static void finish_error(struct rreq *rq, int status, const char *msg) {
     if (rq->finished)
         return;
-    rq->finished = true;
+    mark_finished(rq);
     rq->rt->n_failed++;
     if (rq->info.n)
         pd_warn("room=%" PRIu64 " rid=%s: %d %s", rq->info.rooms[0], rq->info.rids[0], status, msg);
@@ -458,7 +500,8 @@ static void on_client_gone(struct pd_http_req *hr, void *ud) {
     rq->hr = NULL; /* the server's now */
     if (rq->finished)
         return;
-    rq->finished = true;
+    mark_finished(rq);
+    rq->client_gone = true;
     if (rq->kind == RREQ_GENERATE && rq->p >= 0) {
         pd_info("room=%" PRIu64 " rid=%s: client gone; aborting on both workers", rq->info.rooms[0],
                 rq->info.rids[0]);
@@ -479,6 +522,7 @@ static bool try_again(struct rreq *rq) {
         return false;
     rq->attempt++;
     rq->rt->n_retried++;
+    pd_router_metrics_retry(rq->rt->metrics);
     rq->prev_p = rq->p;
     rq->prev_d = rq->d;
     pd_router_body_info_free(&rq->info);
@@ -503,6 +547,7 @@ static void on_prefill_done(void *ud, struct pd_upstream_call *call,
     struct worker *pw = &rt->prefill[rq->p];
     rq->pcall = NULL;
     rt->prefill_load[rq->p].inflight--;
+    call_end(rq, true, call_outcome(r));
     bool ok = r->status == PD_OK && r->http_status / 100 == 2;
     /* a worker that cannot be reached leaves rotation, also when decode happened to answer
      * first (the order of the two is a race) */
@@ -532,7 +577,7 @@ static void on_prefill_done(void *ud, struct pd_upstream_call *call,
     }
     if (r->status == PD_OK && r->http_status / 100 == 4 && !rq->streaming && !rq->finished) {
         /* the request's own fault: the client sees prefill's answer */
-        rq->finished = true;
+        mark_finished(rq);
         const char *b = rq->perr.p ? rq->perr.p : "";
         const char *ct = pd_upstream_call_content_type(call);
         pd_http_respond(rq->hr, (int)r->http_status, *ct ? ct : "application/json", b,
@@ -597,6 +642,10 @@ static void on_decode_data(void *ud, struct pd_upstream_call *call, const char *
     int rc = pd_http_stream_send(rq->hr, buf, len);
     if (rc == PD_ECANCELED)
         return; /* the client is gone: on_client_gone ran and rq may be freed */
+    if (rc == PD_OK && !rq->first_byte_sent) {
+        rq->first_byte_sent = true;
+        pd_router_metrics_ttft(rq->rt->metrics, now_s() - rq->t_start);
+    }
     if (rc) {
         abort_all_rids(rq, &rq->rt->prefill[rq->p]);
         abort_all_rids(rq, &rq->rt->decode[rq->d]);
@@ -616,6 +665,7 @@ static void on_decode_done(void *ud, struct pd_upstream_call *call,
     struct worker *dw = &rt->decode[rq->d];
     rq->dcall = NULL;
     rt->decode_load[rq->d].inflight--;
+    call_end(rq, false, call_outcome(r));
     if (rq->finished) {
         rreq_maybe_free(rq);
         return;
@@ -625,7 +675,7 @@ static void on_decode_done(void *ud, struct pd_upstream_call *call,
             abort_all_rids(rq, &rt->prefill[rq->p]);
             drop_pcall(rq);
         }
-        rq->finished = true;
+        mark_finished(rq);
         if (rq->streaming) {
             pd_http_stream_end(rq->hr);
         } else {
@@ -713,12 +763,15 @@ static int start_attempt(struct rreq *rq) {
     rc = pd_upstream_call_start(rt->up, &req, &dcbs, rq, &rq->dcall);
     if (rc == PD_OK) {
         rt->decode_load[rq->d].inflight++;
+        call_start(rq, false);
         snprintf(url, sizeof(url), "%s%s", pw->spec->url, rq->path);
         rc = pd_upstream_call_start(rt->up, &req, &pcbs, rq, &rq->pcall);
-        if (rc == PD_OK)
+        if (rc == PD_OK) {
             rt->prefill_load[rq->p].inflight++;
-        else
+            call_start(rq, true);
+        } else {
             drop_dcall(rq);
+        }
     }
     if (rc) {
         rq->dcall = rq->pcall = NULL;
@@ -750,6 +803,7 @@ static struct rreq *rreq_new(struct pd_router *rt, struct pd_http_req *hr, enum 
     rq->rt = rt;
     rq->hr = hr;
     rq->kind = kind;
+    rq->t_start = now_s();
     rq->p = rq->d = rq->prev_p = rq->prev_d = -1;
     rq->path = pd_strdup(pd_http_req_path(hr));
     bool oom;
@@ -764,6 +818,7 @@ static struct rreq *rreq_new(struct pd_router *rt, struct pd_http_req *hr, enum 
     if (rt->reqs)
         rt->reqs->prev = rq;
     rt->reqs = rq;
+    pd_router_metrics_request(rt->metrics, rq->path);
     pd_http_req_on_gone(hr, on_client_gone, rq);
     return rq;
 }
@@ -804,9 +859,10 @@ static void on_proxy_done(void *ud, struct pd_upstream_call *call,
     struct pd_router *rt = rq->rt;
     rq->dcall = NULL;
     rt->decode_load[rq->d].inflight--;
+    call_end(rq, false, call_outcome(r));
     if (!rq->finished) {
         if (r->status == PD_OK) {
-            rq->finished = true;
+            mark_finished(rq);
             const char *ct = pd_upstream_call_content_type(call);
             pd_http_respond(rq->hr, (int)r->http_status, *ct ? ct : "application/json",
                             rq->dbuf.p ? rq->dbuf.p : "", rq->dbuf.len);
@@ -843,6 +899,7 @@ static void handle_proxy_get(struct pd_router *rt, struct pd_http_req *fr) {
         finish_error(rq, 500, pd_error_msg());
     } else {
         rt->decode_load[rq->d].inflight++;
+        call_start(rq, false);
     }
     rreq_maybe_free(rq);
 }
@@ -915,6 +972,27 @@ static void handle_server_info(struct pd_router *rt, struct pd_http_req *hr) {
     respond_cjson(hr, 200, o);
 }
 
+/* GET /metrics: the registry gauges from the workers there are now, then the text. */
+static void handle_metrics(struct pd_router *rt, struct pd_http_req *hr) {
+    pd_router_metrics_workers_begin(rt->metrics);
+    for (int side = 0; side < 2; side++) {
+        int n = side ? rt->cfg->n_decode : rt->cfg->n_prefill;
+        for (int i = 0; i < n; i++) {
+            const struct worker *w = side ? &rt->decode[i] : &rt->prefill[i];
+            pd_router_metrics_worker(rt->metrics, w->spec->url, !side, w->load->healthy,
+                                     w->load->inflight);
+        }
+    }
+    char *text = NULL;
+    size_t len = 0;
+    if (pd_router_metrics_render(rt->metrics, &text, &len) != PD_OK) {
+        respond_error(hr, 500, pd_error_msg());
+        return;
+    }
+    pd_http_respond(hr, 200, PD_METRICS_CONTENT_TYPE, text, len);
+    pd_free(text);
+}
+
 static void handle_get_load(struct pd_router *rt, struct pd_http_req *hr) {
     cJSON *o = cJSON_CreateObject();
     cJSON_AddNumberToObject(o, "load", rt->active);
@@ -982,6 +1060,10 @@ static void on_request(struct pd_http_req *hr, void *ud) {
         handle_health(rt, hr);
         return;
     }
+    if (ep->kind == EP_METRICS) { /* public, like the daemons' (and served while draining) */
+        handle_metrics(rt, hr);
+        return;
+    }
     if (rt->shutting_down) {
         respond_error(hr, 503, "the router is shutting down");
         return;
@@ -996,7 +1078,8 @@ static void on_request(struct pd_http_req *hr, void *ud) {
     case EP_SERVER_INFO: handle_server_info(rt, hr); break;
     case EP_GET_LOAD: handle_get_load(rt, hr); break;
     case EP_ABORT: handle_abort(rt, hr); break;
-    case EP_HEALTH: break;
+    case EP_HEALTH:
+    case EP_METRICS: break;
     }
 }
 
@@ -1053,6 +1136,8 @@ int pd_router_new(uv_loop_t *loop, const struct pd_router_config *cfg, struct pd
     if ((rc = pd_router_rng_seed(&rt->rng)))
         return rc;
     if ((rc = init_workers(rt)))
+        return rc;
+    if ((rc = pd_router_metrics_new(&rt->metrics)))
         return rc;
     if ((rc = pd_upstream_new(loop, &rt->up)))
         return rc;
@@ -1200,5 +1285,6 @@ void pd_router_free(struct pd_router *rt) {
     pd_free(rt->decode);
     pd_free(rt->prefill_load);
     pd_free(rt->decode_load);
+    pd_router_metrics_free(rt->metrics);
     pd_free(rt);
 }

@@ -286,6 +286,18 @@ static void test_exact_text(void) {
     struct pd_metric *again;
     CHECK_OK(pd_metrics_series(wf, (const char *[]){"http://a:1", "ok"}, &again));
     CHECK(again == w1);
+    struct pd_metric_family *gf;
+    struct pd_metric *ga, *gb;
+    CHECK_OK(pd_metrics_family(
+        m, &LDESC(PD_METRIC_GAUGE, "e_up", "Gone ones read 0.", 1, (const char *[]){"w"}), &gf));
+    CHECK_OK(pd_metrics_series(gf, (const char *[]){"a"}, &ga));
+    CHECK_OK(pd_metrics_series(gf, (const char *[]){"b"}, &gb));
+    pd_metric_set(ga, 5);
+    pd_metric_set(gb, 7);
+    pd_metrics_family_set(gf, 0);
+    pd_metric_set(gb, 1);
+    CHECK_DBL(pd_metric_value(ga), 0, 0);
+    CHECK_DBL(pd_metric_value(gb), 1, 0);
     pd_metric_add(c, 3);
     pd_metric_set(g, 0.25);
     pd_metric_add(g, -1);
@@ -313,9 +325,13 @@ static void test_exact_text(void) {
         "# HELP d_total Per worker.\n"
         "# TYPE d_total counter\n"
         "d_total{model_name=\"m\\\"o\\\\d\\nel\",worker=\"http://a:1\",outcome=\"ok\"} 2\n"
-        "d_total{model_name=\"m\\\"o\\\\d\\nel\",worker=\"http://b\\\"\",outcome=\"error\"} 1\n";
+        "d_total{model_name=\"m\\\"o\\\\d\\nel\",worker=\"http://b\\\"\",outcome=\"error\"} 1\n"
+        "# HELP e_up Gone ones read 0.\n"
+        "# TYPE e_up gauge\n"
+        "e_up{model_name=\"m\\\"o\\\\d\\nel\",w=\"a\"} 0\n"
+        "e_up{model_name=\"m\\\"o\\\\d\\nel\",w=\"b\"} 1\n";
     CHECK_STR(txt, want);
-    CHECK_INT(check_exposition(txt), 9);
+    CHECK_INT(check_exposition(txt), 11);
     pd_free(txt);
     pd_metrics_free(m);
 }

@@ -1,0 +1,56 @@
+/*
+ * metrics.h — pdserve-router's /metrics (common/metrics.h underneath), under sglang-router's
+ * sgl_router_* names where it has the series and pdserve_router:… where it has not.
+ *
+ * Per-worker series are keyed by the worker's URL (and role), not by its place in the router's
+ * worker arrays, so they survive workers coming and going: counters of a worker that left stay
+ * (counters never go back), its gauges read 0 from the next scrape on. The gauges that mirror the
+ * registry (health, requests in flight) are set at scrape time from whatever workers exist then
+ * (pd_router_metrics_workers_begin, then pd_router_metrics_worker for each).
+ *
+ * Timings (monotonic clock, seconds): request duration = the client's request arrived → its
+ * answer finished (or the client left); TTFT = arrival → the first byte of a streamed answer
+ * handed to the client's connection (streams only). Loop thread only (like the router).
+ */
+#ifndef PD_ROUTER_METRICS_H
+#define PD_ROUTER_METRICS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* How one call to a worker ended: the outcome label of pdserve_router:requests_total. */
+enum pd_router_outcome {
+    PD_ROUTER_OUTCOME_OK,          /* answered 2xx */
+    PD_ROUTER_OUTCOME_ERROR,       /* answered non-2xx, or the transport failed */
+    PD_ROUTER_OUTCOME_TIMEOUT,     /* --request-timeout-secs passed */
+    PD_ROUTER_OUTCOME_ABORTED,     /* the router gave the call up (its pair failed, shutdown) */
+    PD_ROUTER_OUTCOME_CLIENT_GONE, /* the client went away first */
+    PD_ROUTER_OUTCOME_N,
+};
+
+struct pd_router_metrics;
+
+int pd_router_metrics_new(struct pd_router_metrics **out);
+void pd_router_metrics_free(struct pd_router_metrics *rm);
+
+/* A client request on route (its path; a query string is cut off). */
+void pd_router_metrics_request(struct pd_router_metrics *rm, const char *route);
+/* Its answer finished after seconds. */
+void pd_router_metrics_done(struct pd_router_metrics *rm, const char *route, double seconds);
+/* A streamed answer's first byte went to the client after seconds. */
+void pd_router_metrics_ttft(struct pd_router_metrics *rm, double seconds);
+/* A retry on another pair. */
+void pd_router_metrics_retry(struct pd_router_metrics *rm);
+/* A call to worker url (prefill or decode) started / ended. */
+void pd_router_metrics_call_start(struct pd_router_metrics *rm, const char *url, bool prefill);
+void pd_router_metrics_call_end(struct pd_router_metrics *rm, const char *url, bool prefill,
+                                int outcome);
+
+/* Scrape: zero the registry gauges, set them per current worker, then render (*out: pd_free). */
+void pd_router_metrics_workers_begin(struct pd_router_metrics *rm);
+void pd_router_metrics_worker(struct pd_router_metrics *rm, const char *url, bool prefill,
+                              bool healthy, int64_t inflight);
+int pd_router_metrics_render(struct pd_router_metrics *rm, char **out, size_t *len);
+
+#endif
