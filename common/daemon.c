@@ -416,12 +416,10 @@ static void prefill_send(struct dreq *r, const struct pd_engine_event *ev) {
         rc = pd_xfer_room_send(D.x, ev->room, (uint32_t)ev->begin, ev->req->pages + ev->begin,
                                (uint32_t)(ev->end - ev->begin));
     if (rc == PD_OK && ev->end > ev->begin) {
-        double bytes = (double)(ev->end - ev->begin) * (double)D.info.page_bytes;
-        pd_metric_add(D.sm->kv_bytes, bytes);
-        if (r) {
+        if (r) { /* the bytes count once the room completed (room_metrics) */
             if (r->t_xfer == 0)
                 r->t_xfer = now_s();
-            r->xfer_bytes += bytes;
+            r->xfer_bytes += (double)(ev->end - ev->begin) * (double)D.info.page_bytes;
         }
     }
     if (rc == PD_OK && ev->last) {

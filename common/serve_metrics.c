@@ -151,7 +151,7 @@ static int add_all(struct pd_serve_metrics *sm, int32_t n_pages) {
     ADD_HIST(queue_time, "sglang:queue_time_seconds", "Histogram of queueing time in seconds.",
              QUEUE_BOUNDS);
     ADD(kv_bytes, PD_METRIC_COUNTER, "pdserve:kv_transfer_bytes_total",
-        prefill ? "KV cache bytes posted to decode daemons."
+        prefill ? "KV cache bytes sent to decode daemons (completed transfers)."
                 : "KV cache bytes received from prefill daemons (completed transfers).");
     ADD_HIST(kv_latency, "pdserve:kv_transfer_latency_seconds",
              prefill ? "KV transfer latency: first pages posted to done notice sent."

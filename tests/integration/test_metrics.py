@@ -1,0 +1,533 @@
+#!/usr/bin/env python3
+"""test_metrics.py — /metrics of pdserve-prefill, pdserve-decode and pdserve-router move as they
+should (real processes on 127.0.0.1, UCX over shared memory, a tiny model). Every scrape is read
+by a strict stdlib parser of the Prometheus text format (0.0.4): HELP/TYPE before samples, label
+escapes, cumulative buckets ending in +Inf, _count equal to the +Inf bucket.
+
+  load     16 concurrent long streams through the router: decode's running gauge and
+           token_usage rise above 0 during the load and return to 0 after; TTFT / E2E /
+           queue-time _count equal the requests sent, ITL _count equals the sum of
+           (completion_tokens - 1); prompt / generation / cached token counters equal the sums of
+           the responses' meta_info; KV bytes sent by prefill equal bytes received by decode, a
+           whole number of pages per prompt page; the router's per-worker counters equal what was
+           sent (ok outcome), its TTFT count the streams, its in-flight gauges return to 0; every
+           daemon series carries model_name.
+  queues   requests sent to one daemon alone: prefill's bootstrap-queue gauges show them until
+           --bootstrap-timeout, then 0 and sglang:num_bootstrap_failed_reqs_total counts them;
+           decode's transfer-queue gauge shows them until they fail, then
+           sglang:num_transfer_failed_reqs_total and the KV failure counter (by reason) count
+           them; pages back, token_usage 0.
+  router   outcomes per worker: N ok, one client gone mid-stream (decode: client_gone), one bad
+           request (a prompt over the context: 400 from a worker); each role's outcomes sum to
+           the calls sent; sgl_router_pd_*_requests_total equal them too.
+
+Stdlib only. Usage: test_metrics.py BUILD_DIR CASE. Each case takes well under 60 s.
+"""
+import http.client
+import json
+import math
+import os
+import re
+import sys
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import pd_cluster as pc  # noqa: E402
+
+BUILD = os.path.abspath(sys.argv[1])
+CASE = sys.argv[2] if len(sys.argv) > 2 else "load"
+FAILS = []
+T0 = time.time()
+
+
+def check(cond, what):
+    if not cond:
+        FAILS.append(what)
+        print("FAIL:", what, flush=True)
+    return cond
+
+
+def step(msg):
+    print("[%7.2f] %s" % (time.time() - T0, msg), flush=True)
+
+
+# ---------------------------------------------------------------- the text format
+
+NAME = r"[a-zA-Z_:][a-zA-Z0-9_:]*"
+LABEL = r"[a-zA-Z_][a-zA-Z0-9_]*"
+
+
+class ParseError(Exception):
+    pass
+
+
+def parse_value(s):
+    if s in ("+Inf", "-Inf", "NaN"):
+        return float(s.replace("Inf", "inf").replace("NaN", "nan"))
+    if not re.fullmatch(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?", s):
+        raise ParseError("not a number: %r" % s)
+    return float(s)
+
+
+def parse_labels(s, lineno):
+    """'a="x",b="y\\"z"' -> dict; escapes \\\\, \\", \\n only."""
+    out, i = {}, 0
+    while i < len(s):
+        m = re.match(LABEL + "=\"", s[i:])
+        if not m:
+            raise ParseError("line %d: bad label at %r" % (lineno, s[i:]))
+        name = s[i:i + m.end() - 2]
+        i += m.end()
+        val = []
+        while True:
+            if i >= len(s):
+                raise ParseError("line %d: unterminated label value" % lineno)
+            c = s[i]
+            if c == "\\":
+                nxt = s[i + 1:i + 2]
+                if nxt not in ("\\", "\"", "n"):
+                    raise ParseError("line %d: bad escape \\%s" % (lineno, nxt))
+                val.append("\n" if nxt == "n" else nxt)
+                i += 2
+                continue
+            if c == "\"":
+                i += 1
+                break
+            val.append(c)
+            i += 1
+        if name in out:
+            raise ParseError("line %d: label %s twice" % (lineno, name))
+        out[name] = "".join(val)
+        if i < len(s):
+            if s[i] != ",":
+                raise ParseError("line %d: labels not separated by commas" % lineno)
+            i += 1
+    return out
+
+
+class Metrics:
+    """One scrape: types[name], samples[(sample_name, frozenset(labels))] = value."""
+
+    def __init__(self, text):
+        self.types, self.samples, self.helps = {}, {}, {}
+        family = None
+        hist = {}  # labels without le -> [last le, last count, saw +Inf]
+        if not text.endswith("\n"):
+            raise ParseError("no newline at the end")
+        for lineno, line in enumerate(text[:-1].split("\n"), 1):
+            if line.startswith("# HELP "):
+                m = re.fullmatch("# HELP (" + NAME + ") (.*)", line)
+                if not m or re.search(r"\\[^\\n]", m.group(2).replace("\\\\", "")):
+                    raise ParseError("line %d: bad HELP" % lineno)
+                self.helps[m.group(1)] = m.group(2)
+                continue
+            if line.startswith("# TYPE "):
+                m = re.fullmatch("# TYPE (" + NAME + ") (counter|gauge|histogram)", line)
+                if not m or m.group(1) in self.types:
+                    raise ParseError("line %d: bad or repeated TYPE: %r" % (lineno, line))
+                for k, v in hist.items():
+                    if v is not None:
+                        raise ParseError("line %d: histogram %s without _count" % (lineno, k))
+                family = m.group(1)
+                self.types[family] = m.group(2)
+                hist = {}
+                continue
+            if not line or line.startswith("#"):
+                raise ParseError("line %d: unexpected %r" % (lineno, line))
+            m = re.fullmatch("(" + NAME + r")(?:\{(.*)\})? (\S+)", line)
+            if not m:
+                raise ParseError("line %d: not a sample: %r" % (lineno, line))
+            name, labels = m.group(1), parse_labels(m.group(2) or "", lineno)
+            value = parse_value(m.group(3))
+            if family is None:
+                raise ParseError("line %d: sample before TYPE" % lineno)
+            kind = self.types[family]
+            suffix = name[len(family):] if name.startswith(family) else None
+            if kind == "histogram":
+                if suffix not in ("_bucket", "_sum", "_count"):
+                    raise ParseError("line %d: %s in histogram %s" % (lineno, name, family))
+                key = frozenset((k, v) for k, v in labels.items() if k != "le")
+                if suffix == "_bucket":
+                    le = parse_value(labels["le"])
+                    last = hist.get(key) or [-math.inf, 0, False]
+                    if not le > last[0] or value < last[1] or last[2]:
+                        raise ParseError("line %d: buckets not increasing/cumulative" % lineno)
+                    hist[key] = [le, value, le == math.inf]
+                elif suffix == "_count":
+                    if not hist.get(key) or not hist[key][2] or hist[key][1] != value:
+                        raise ParseError("line %d: _count differs from +Inf bucket" % lineno)
+                    hist[key] = None
+            else:
+                if suffix != "" or "le" in labels:
+                    raise ParseError("line %d: %s does not belong to %s" % (lineno, name, family))
+                if kind == "counter" and not value >= 0:
+                    raise ParseError("line %d: negative counter" % lineno)
+            sk = (name, frozenset(labels.items()))
+            if sk in self.samples:
+                raise ParseError("line %d: duplicate sample %s" % (lineno, line))
+            self.samples[sk] = value
+        for k, v in hist.items():
+            if v is not None:
+                raise ParseError("histogram %s without _count at the end" % (k,))
+
+    def get(self, name, **labels):
+        """The sample whose labels include the given ones (exactly one must match)."""
+        hits = [v for (n, ls), v in self.samples.items()
+                if n == name and all((k, v2) in ls for k, v2 in labels.items())]
+        if len(hits) != 1:
+            raise KeyError("%s %s: %d samples" % (name, labels, len(hits)))
+        return hits[0]
+
+    def sum(self, name, **labels):
+        return sum(v for (n, ls), v in self.samples.items()
+                   if n == name and all((k, v2) in ls for k, v2 in labels.items()))
+
+    def names(self):
+        return {n for n, _ in self.samples}
+
+
+def scrape(proc):
+    st, body = proc.get("/metrics")
+    if st != 200:
+        raise OSError("/metrics answered %d" % st)
+    return Metrics(body.decode())
+
+
+def parser_refuses():
+    """The parser must refuse broken text (else the checks could not fail)."""
+    bad = ["a 1\n",
+           "# TYPE a counter\na -1\n",
+           "# TYPE a gauge\na{x=\"\\q\"} 1\n",
+           "# TYPE h histogram\nh_bucket{le=\"1\"} 2\nh_bucket{le=\"+Inf\"} 1\nh_sum 0\nh_count 1\n",
+           "# TYPE h histogram\nh_bucket{le=\"+Inf\"} 2\nh_sum 0\nh_count 1\n",
+           "# TYPE h histogram\nh_bucket{le=\"1\"} 1\nh_sum 0\nh_count 1\n"]
+    for t in bad:
+        try:
+            Metrics(t)
+            check(False, "the parser accepted %r" % t)
+        except ParseError:
+            pass
+    good = Metrics("# HELP h x\\\\y\\n\n# TYPE h histogram\nh_bucket{a=\"q\\\"\",le=\"1\"} 1\n"
+                   "h_bucket{a=\"q\\\"\",le=\"+Inf\"} 2\nh_sum{a=\"q\\\"\"} 3\n"
+                   "h_count{a=\"q\\\"\"} 2\n")
+    check(good.get("h_count", a="q\"") == 2, "the parser reads escaped label values")
+
+
+# ---------------------------------------------------------------- requests
+
+def stream_generate(port, body, timeout=120, stop_after=None):
+    """POST /generate with stream true; returns the last event's meta_info. stop_after=k: close
+    the connection after k events instead (a client going away) and return None."""
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        c.request("POST", "/generate", json.dumps(body).encode(),
+                  {"Content-Type": "application/json"})
+        r = c.getresponse()
+        if r.status != 200:
+            raise OSError("answered %d: %r" % (r.status, r.read()[:300]))
+        meta, events = None, 0
+        while True:
+            line = r.readline()
+            if not line:
+                return meta
+            line = line.strip()
+            if line.startswith(b"data: {"):
+                events += 1
+                meta = json.loads(line[6:]).get("meta_info", meta)
+                if stop_after is not None and events >= stop_after:
+                    return None
+    finally:
+        c.close()
+
+
+def wait_metric(proc, pred, timeout):
+    """Polls proc's /metrics until pred(m) holds; returns the last scrape."""
+    last = {}
+
+    def ok():
+        last["m"] = scrape(proc)
+        return pred(last["m"])
+
+    pc.wait_until(ok, timeout, step=0.05)
+    return last.get("m") or scrape(proc)
+
+
+def all_labelled(m, model):
+    return all(dict(ls).get("model_name") == model for _, ls in m.samples)
+
+
+# ---------------------------------------------------------------- cases
+
+def case_load(model, tmp):
+    served = "metrics-model"
+    extra = ("--served-model-name", served)
+    pf, dc, rt = pc.start_cluster(BUILD, tmp, model, prefill_extra=extra, decode_extra=extra)
+    for p in (pf, dc, rt):
+        scrape(p)  # parses before any request
+    n, max_new = 16, 400
+    prompts = ["the river runs to the sea %d " % i + "under stars " * (3 + i * 4) for i in range(n)]
+    prompts[1] = prompts[0]  # a prefix-cache hit on prefill (sent after the first finished)
+    metas = [None] * n
+    errors = []
+
+    def one(i):
+        try:
+            metas[i] = stream_generate(rt.port, {
+                "text": prompts[i], "stream": True,
+                "sampling_params": {"max_new_tokens": max_new, "temperature": 0,
+                                    "ignore_eos": True}})
+        except Exception as e:  # noqa: BLE001
+            errors.append("request %d: %r" % (i, e))
+
+    one(0)  # alone first, so request 1 finds its prompt in prefill's cache
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(1, n)]
+    step("%d streams of %d tokens" % (n, max_new))
+    for t in threads:
+        t.start()
+    peak = {"running": 0, "usage": 0, "router_inflight": 0}
+    while any(t.is_alive() for t in threads):
+        m = scrape(dc)
+        peak["running"] = max(peak["running"], m.get("sglang:num_running_reqs"))
+        peak["usage"] = max(peak["usage"], m.get("sglang:token_usage"))
+        peak["router_inflight"] = max(peak["router_inflight"],
+                                      scrape(rt).sum("sgl_router_running_requests"))
+        time.sleep(0.01)
+    for t in threads:
+        t.join()
+    check(not errors, "every stream finished: %s" % errors)
+    if errors:
+        return
+    step("peaks during the load: %s" % peak)
+    check(peak["running"] > 0, "decode's sglang:num_running_reqs rose above 0 under load")
+    check(peak["usage"] > 0, "decode's sglang:token_usage rose above 0 under load")
+    check(peak["router_inflight"] > 0, "the router's sgl_router_running_requests rose above 0")
+
+    sum_prompt = sum(x["prompt_tokens"] for x in metas)
+    sum_out = sum(x["completion_tokens"] for x in metas)
+    sum_cached = sum(x.get("cached_tokens", 0) for x in metas)
+    check(all(x["completion_tokens"] == max_new for x in metas), "every stream has max_new tokens")
+    check(sum_cached > 0, "the repeated prompt hit prefill's prefix cache (cached_tokens %d)" %
+          sum_cached)
+
+    idle = (lambda m: m.get("sglang:num_running_reqs") == 0 and m.get("sglang:num_queue_reqs") == 0
+            and m.get("sglang:token_usage") == 0)
+    d = wait_metric(dc, idle, 10)
+    p = wait_metric(pf, idle, 10)
+    r = wait_metric(rt, lambda m: m.sum("sgl_router_running_requests") == 0, 10)
+    for name, m in (("decode", d), ("prefill", p)):
+        check(idle(m), "%s: running, queue and token_usage back to 0" % name)
+        check(m.get("sglang:num_used_tokens") == 0, "%s: num_used_tokens back to 0" % name)
+        check(m.get("sglang:max_total_num_tokens") == 16384, "%s: max_total_num_tokens" % name)
+        check(m.get("sglang:cache_config_info", page_size="16", num_pages="1024") == 1,
+              "%s: cache_config_info{page_size=16,num_pages=1024} = 1" % name)
+        check(all_labelled(m, served), "%s: every series has model_name=%s" % (name, served))
+        check(m.get("sglang:num_requests_total") == n, "%s: num_requests_total == %d (got %s)" %
+              (name, n, m.get("sglang:num_requests_total")))
+        for h in ("time_to_first_token", "e2e_request_latency", "queue_time"):
+            c = m.get("sglang:%s_seconds_count" % h)
+            check(c == n, "%s: sglang:%s_seconds_count == %d (got %s)" % (name, h, n, c))
+        check(m.get("sglang:prompt_tokens_total") == sum_prompt,
+              "%s: prompt_tokens_total == %d (got %s)" % (name, sum_prompt,
+                                                          m.get("sglang:prompt_tokens_total")))
+        check(m.get("sglang:cached_tokens_total") == sum_cached,
+              "%s: cached_tokens_total == %d (got %s)" % (name, sum_cached,
+                                                          m.get("sglang:cached_tokens_total")))
+        check(abs(m.get("sglang:cache_hit_rate") - sum_cached / sum_prompt) < 1e-9,
+              "%s: cache_hit_rate == cached / prompt tokens" % name)
+        for c in ("sglang:num_aborted_requests_total", "pdserve:num_failed_requests_total",
+                  "sglang:num_bootstrap_failed_reqs_total", "sglang:num_transfer_failed_reqs_total"):
+            check(m.get(c) == 0, "%s: %s == 0" % (name, c))
+        check(m.sum("pdserve:kv_transfer_failures_total") == 0, "%s: no KV failures" % name)
+        check(m.get("pdserve:kv_transfer_latency_seconds_count") == n,
+              "%s: one KV transfer latency per request" % name)
+    check(d.get("sglang:generation_tokens_total") == sum_out,
+          "decode: generation_tokens_total == %d (got %s)" %
+          (sum_out, d.get("sglang:generation_tokens_total")))
+    check(p.get("sglang:generation_tokens_total") == n, "prefill: one generated token per request")
+    itl = d.get("sglang:inter_token_latency_seconds_count")
+    check(itl == sum_out - n, "decode: ITL count == sum(tokens - 1) == %d (got %s)" %
+          (sum_out - n, itl))
+    check(p.get("pdserve:prefix_cache_tokens") > 0, "prefill: the prefix cache keeps pages "
+          "(they do not count in token_usage)")
+    pages = sum((x["prompt_tokens"] + 15) // 16 for x in metas)
+    sent, recv = p.get("pdserve:kv_transfer_bytes_total"), d.get("pdserve:kv_transfer_bytes_total")
+    check(sent == recv and sent > 0 and sent % pages == 0,
+          "KV bytes: prefill sent %s, decode received %s, %d prompt pages" % (sent, recv, pages))
+    for q in ("sglang:num_prefill_prealloc_queue_reqs", "pdserve:num_bootstrap_queue_reqs",
+              "pdserve:num_waiting_queue_reqs", "sglang:num_prefill_inflight_queue_reqs"):
+        check(p.get(q) == 0, "prefill: %s == 0 after the load" % q)
+    for q in ("sglang:num_decode_prealloc_queue_reqs", "sglang:num_decode_transfer_queue_reqs"):
+        check(d.get(q) == 0, "decode: %s == 0 after the load" % q)
+
+    pu, du = "http://127.0.0.1:%d" % pf.port, "http://127.0.0.1:%d" % dc.port
+    for url, role in ((pu, "prefill"), (du, "decode")):
+        ok = r.get("pdserve_router:requests_total", worker=url, role=role, outcome="ok")
+        check(ok == n, "router: %s ok calls == %d (got %s)" % (role, n, ok))
+        check(r.sum("pdserve_router:requests_total", worker=url) == n,
+              "router: %s has no other outcomes" % role)
+        check(r.get("sgl_router_pd_%s_requests_total" % role, worker=url) == n,
+              "router: sgl_router_pd_%s_requests_total == %d" % (role, n))
+        check(r.get("sgl_router_processed_requests_total", worker=url) == n,
+              "router: processed requests of %s" % role)
+        check(r.get("sgl_router_worker_health", worker=url) == 1, "router: %s healthy" % role)
+        check(r.get("sgl_router_running_requests", worker=url) == 0, "router: %s idle" % role)
+    check(r.get("sgl_router_requests_total", route="/generate") == n, "router: requests_total")
+    check(r.get("sgl_router_request_duration_seconds_count", route="/generate") == n,
+          "router: one duration per request")
+    check(r.get("pdserve_router:time_to_first_token_seconds_count") == n,
+          "router: one TTFT per stream")
+    check(r.get("sgl_router_active_workers") == 2, "router: 2 active workers")
+    # TTFT as the router sees it cannot be shorter than decode's own
+    check(r.get("pdserve_router:time_to_first_token_seconds_sum") >=
+          d.get("sglang:time_to_first_token_seconds_sum"), "router TTFT sum >= decode TTFT sum")
+
+
+def case_queues(model, tmp):
+    pf = pc.Daemon(BUILD, "prefill", model, tmp, ("--bootstrap-timeout", "3"))
+    dc = pc.Daemon(BUILD, "decode", model, tmp, ("--waiting-timeout", "3"))
+    k = 5
+    body = lambda room, port: {  # noqa: E731
+        "text": "a prompt that waits " * 4, "sampling_params": {"max_new_tokens": 4},
+        "bootstrap_host": "127.0.0.1", "bootstrap_port": port, "bootstrap_room": room}
+    answers = []
+
+    def post(proc, b):
+        try:
+            answers.append(proc.post("/generate", b, timeout=30)[0])
+        except OSError as e:
+            answers.append(repr(e))
+
+    step("%d requests to prefill alone (no decode asks for them)" % k)
+    ts = [threading.Thread(target=post, args=(pf, body(1000 + i, pf.bport))) for i in range(k)]
+    for t in ts:
+        t.start()
+    m = wait_metric(pf, lambda m: m.get("pdserve:num_bootstrap_queue_reqs") == k, 5)
+    check(m.get("pdserve:num_bootstrap_queue_reqs") == k, "prefill: bootstrap queue gauge == %d" % k)
+    check(m.get("sglang:num_prefill_prealloc_queue_reqs") == k,
+          "prefill: sglang:num_prefill_prealloc_queue_reqs == %d" % k)
+    check(m.get("sglang:num_queue_reqs") == k, "prefill: num_queue_reqs == %d" % k)
+    for t in ts:
+        t.join()
+    check(answers.count(500) == k, "prefill: every request failed at its bootstrap timeout: %s" %
+          answers)
+    m = wait_metric(pf, lambda m: m.get("pdserve:num_bootstrap_queue_reqs") == 0, 5)
+    check(m.get("pdserve:num_bootstrap_queue_reqs") == 0, "prefill: bootstrap gauge back to 0")
+    check(m.get("sglang:num_bootstrap_failed_reqs_total") == k,
+          "prefill: num_bootstrap_failed_reqs_total == %d (got %s)" %
+          (k, m.get("sglang:num_bootstrap_failed_reqs_total")))
+    check(m.get("sglang:num_requests_total") == k, "prefill: num_requests_total == %d" % k)
+    check(m.get("sglang:e2e_request_latency_seconds_count") == k, "prefill: e2e count")
+    check(m.get("sglang:e2e_request_latency_seconds_sum") >= 3 * k * 0.9,
+          "prefill: each e2e lasted the bootstrap timeout")
+    check(m.get("sglang:queue_time_seconds_count") == 0, "prefill: no queue time: never waiting")
+    check(m.get("sglang:prompt_tokens_total") == 0, "prefill: failed prompts are not counted")
+
+    step("%d requests to decode whose prefill never gets their bodies" % k)
+    answers.clear()
+    ts = [threading.Thread(target=post, args=(dc, body(2000 + i, pf.bport))) for i in range(k)]
+    for t in ts:
+        t.start()
+    m = wait_metric(dc, lambda m: m.get("sglang:num_decode_transfer_queue_reqs") == k, 5)
+    check(m.get("sglang:num_decode_transfer_queue_reqs") == k,
+          "decode: transfer queue gauge == %d" % k)
+    check(m.get("sglang:token_usage") > 0, "decode: pages reserved for them")
+    check(m.get("sglang:queue_time_seconds_count") == 0, "decode: no queue time before admission")
+    for t in ts:
+        t.join()
+    check(answers.count(500) == k, "decode: every request failed: %s" % answers)
+    idle = lambda m: (m.get("sglang:num_decode_transfer_queue_reqs") == 0  # noqa: E731
+                      and m.get("sglang:token_usage") == 0)
+    m = wait_metric(dc, idle, 10)
+    check(idle(m), "decode: transfer gauge and token_usage back to 0")
+    check(m.get("sglang:num_transfer_failed_reqs_total") == k,
+          "decode: num_transfer_failed_reqs_total == %d (got %s)" %
+          (k, m.get("sglang:num_transfer_failed_reqs_total")))
+    check(m.get("sglang:num_bootstrap_failed_reqs_total") == 0, "decode: no bootstrap failures")
+    fails = m.sum("pdserve:kv_transfer_failures_total")
+    check(fails == k, "decode: kv_transfer_failures_total sums to %d (got %s)" % (k, fails))
+    check(m.get("sglang:queue_time_seconds_count") == k, "decode: queue time once admitted")
+    check(m.get("sglang:time_to_first_token_seconds_count") == 0, "decode: no first token")
+    check(m.get("pdserve:kv_transfer_bytes_total") == 0, "decode: no KV bytes")
+
+    step("a Transfer the prefill refuses: bootstrap failure on decode")
+    answers.clear()
+    post(dc, body(3000, 1))  # nothing listens on port 1: the Transfer cannot be placed
+    m = wait_metric(dc, lambda m: m.get("sglang:num_requests_total") == k + 1, 10)
+    check(m.get("sglang:num_bootstrap_failed_reqs_total") == 1,
+          "decode: an unreachable bootstrap counts as a bootstrap failure (got %s)" %
+          m.get("sglang:num_bootstrap_failed_reqs_total"))
+    check(m.get("sglang:token_usage") == 0, "decode: pages back after it")
+
+
+def case_router(model, tmp):
+    pf, dc, rt = pc.start_cluster(BUILD, tmp, model)
+    n = 6
+    for i in range(n):
+        meta = stream_generate(rt.port, {"text": "count %d" % i, "stream": True,
+                                         "sampling_params": {"max_new_tokens": 8}})
+        check(meta is not None, "stream %d answered" % i)
+    step("a client that goes away mid-stream")
+    stream_generate(rt.port, {"text": "going away", "stream": True,
+                              "sampling_params": {"max_new_tokens": 2000, "ignore_eos": True}},
+                    stop_after=2)
+    step("a prompt over the context length")
+    st, _ = rt.post("/generate", {"input_ids": [5] * 100000,
+                                  "sampling_params": {"max_new_tokens": 4}})
+    check(st == 400, "an over-long prompt gets 400 (got %s)" % st)
+    pu, du = "http://127.0.0.1:%d" % pf.port, "http://127.0.0.1:%d" % dc.port
+    r = wait_metric(rt, lambda m: m.sum("sgl_router_running_requests") == 0
+                    and m.sum("pdserve_router:requests_total") == 2 * (n + 2), 10)
+    check(r.sum("sgl_router_running_requests") == 0, "router: nothing in flight at the end")
+    for url, role in ((pu, "prefill"), (du, "decode")):
+        total = r.sum("pdserve_router:requests_total", worker=url, role=role)
+        check(total == n + 2, "router: %s outcomes sum to the %d calls sent (got %s)" %
+              (role, n + 2, total))
+        check(r.get("sgl_router_pd_%s_requests_total" % role, worker=url) == n + 2,
+              "router: sgl_router_pd_%s_requests_total == %d" % (role, n + 2))
+        ok = r.get("pdserve_router:requests_total", worker=url, role=role, outcome="ok")
+        check(ok >= n, "router: %s ok >= %d (got %s)" % (role, n, ok))
+    gone = r.get("pdserve_router:requests_total", worker=du, role="decode", outcome="client_gone")
+    check(gone == 1, "router: decode client_gone == 1 (got %s)" % gone)
+    bad = (r.sum("pdserve_router:requests_total", outcome="error")
+           + r.sum("pdserve_router:requests_total", outcome="aborted"))
+    check(bad >= 1 and bad <= 2, "router: the over-long prompt ended 1-2 calls as error/aborted "
+          "(got %s)" % bad)
+    errs = r.sum("sgl_router_pd_prefill_errors_total") + r.sum("sgl_router_pd_decode_errors_total")
+    check(errs == r.sum("pdserve_router:requests_total", outcome="error"),
+          "router: sgl_router_pd_*_errors_total equal the error outcomes")
+    check(r.get("sgl_router_requests_total", route="/generate") == n + 2, "router: requests_total")
+    check(r.get("sgl_router_request_duration_seconds_count", route="/generate") == n + 2,
+          "router: a duration per request, also the failed and the abandoned one")
+    check(r.get("pdserve_router:time_to_first_token_seconds_count") == n + 1,
+          "router: a TTFT per stream that sent a byte (got %s)" %
+          r.get("pdserve_router:time_to_first_token_seconds_count"))
+    d = scrape(dc)
+    check(d.get("sglang:num_aborted_requests_total") == 1,
+          "decode: the abandoned stream counts as aborted (got %s)" %
+          d.get("sglang:num_aborted_requests_total"))
+
+
+def main():
+    parser_refuses()
+    tmp = pc.tmpdir()
+    try:
+        model = pc.make_model(BUILD, tmp)
+        {"load": case_load, "queues": case_queues, "router": case_router}[CASE](model, tmp)
+    except Exception as e:  # noqa: BLE001
+        import traceback
+        traceback.print_exc()
+        FAILS.append("exception: %r" % e)
+    finally:
+        pc.kill_all()
+    step("%s: %d failures" % (CASE, len(FAILS)))
+    if FAILS:
+        for p in sorted(os.listdir(tmp)):
+            if p.endswith(".log"):
+                with open(os.path.join(tmp, p), errors="replace") as f:
+                    print("---- %s (tail)\n%s" % (p, f.read()[-3000:]))
+    sys.exit(1 if FAILS else 0)
+
+
+if __name__ == "__main__":
+    main()
