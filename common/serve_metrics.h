@@ -7,7 +7,9 @@
  *
  * What each timing measures (all from the monotonic clock, in seconds):
  *  time_to_first_token  decode: the body's arrival at this daemon → the first output token (the
- *                       prefill's, from the done notice) handed to the client's connection;
+ *                       prefill's, from the done notice) handed to the client's connection (a
+ *                       stream sends it at once; a plain answer holds it until the end, as
+ *                       SGLang's TTFT does);
  *                       prefill: arrival → the first token sampled and handed to the transfer
  *                       engine with the last pages.
  *  inter_token_latency  decode: between consecutive output tokens of a request reaching the
