@@ -20,17 +20,25 @@ packages=(
     libgrpc-dev           # bootstrap service (gRPC core C API)
     libprotobuf-c-dev protobuf-c-compiler
     ucx-utils             # ucx_perftest: bench/xfer's reference in the same run
+)
+# Test tooling only, left out where PD_SETUP_BUILD_ONLY=1 (deploy/Dockerfile's build stage).
+tool_packages=(
     # chart tests (tests/helm): the Go renderer of deploy/helm/render (text/template + Sprig,
     # built in GOPATH mode from these packaged sources), schema checks and YAML lint
     golang-go golang-github-masterminds-sprig-dev golang-gopkg-yaml.v3-dev
     python3-yaml python3-jsonschema yamllint python3-venv
 )
+build_only=${PD_SETUP_BUILD_ONLY:-0}
+if [ "$build_only" != 1 ]; then
+    packages+=("${tool_packages[@]}")
+fi
 
 # kubernetes-validate (the Kubernetes OpenAPI schemas, for tests/helm) is the one thing taken
 # from PyPI, pinned, into the ignored .venv-tools/ of the repository; it is test tooling only,
 # nothing pdserve builds or runs uses it. Without network the chart test skips that check (77).
 KUBERNETES_VALIDATE=kubernetes-validate==1.34.1
 venv_tools() {
+    [ "$build_only" != 1 ] || return 0
     local root venv
     root=$(cd "$(dirname "$0")/.." && pwd)
     venv=$root/.venv-tools

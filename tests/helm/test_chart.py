@@ -651,6 +651,12 @@ def main():
     rc, _, err = r.run(sets=["decode.terminationGracePeriodSeconds=10"])
     check(rc != 0 and "decode.terminationGracePeriodSeconds" in err,
           "a 10 s decode grace period rendered (rc %d): %s" % (rc, err.strip()[:300]))
+    # hostNetwork with equal worker ports fails the render, naming the keys
+    rc, _, err = r.run(sets=["decode.hostNetwork=true"])
+    check(rc != 0 and "decode.httpPort" in err,
+          "hostNetwork with equal http ports rendered (rc %d): %s" % (rc, err.strip()[:300]))
+    rc, _, err = r.run(sets=["decode.hostNetwork=true", "decode.httpPort=30001"])
+    check(rc == 0, "hostNetwork with distinct ports did not render: %s" % err.strip()[:300])
     # model.source=pvc without a claim name fails the render, naming the key
     rc, _, err = r.run(sets=["model.pvc.claimName="])
     check(rc != 0 and "model.pvc.claimName" in err,
