@@ -257,6 +257,13 @@ def check_wiring(tag, values, objs, build):
         check(flag(args[k], "--host") == "0.0.0.0", "%s: %s must listen on 0.0.0.0" % (tag, k))
         for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
             p = c.get(probe)
+            if k == "router" and probe != "readinessProbe":
+                # the router's /health needs healthy workers: liveness/startup only check it
+                # listens, so loading or restarting workers do not get it killed
+                check(p and "tcpSocket" in p and
+                      resolve_port(c, p["tcpSocket"]["port"]) == container_port(c, "http"),
+                      "%s: router %s is not a TCP check of the http port" % (tag, probe))
+                continue
             check(p and p["httpGet"]["path"] == "/health" and
                   resolve_port(c, p["httpGet"]["port"]) == container_port(c, "http"),
                   "%s: %s %s is not GET /health on the http port" % (tag, k, probe))
@@ -629,6 +636,13 @@ def main():
         if lint:
             check(lint[0] == 0, "%s: yamllint:\n%s" % (tag, lint[1]))
         check_wiring(tag, values, objs, build)
+
+    # helm lint (only where helm is installed)
+    if r.helm:
+        for f in files:
+            p = subprocess.run([r.helm, "lint", "--strict", CHART, "-f", f], capture_output=True,
+                               text=True, timeout=120)
+            check(p.returncode == 0, "helm lint %s: %s" % (os.path.basename(f), p.stdout[-1000:]))
 
     # wrong type and typo: refused by the schema, naming the key
     bad = [({"prefill": {"replicas": "two"}}, "prefill.replicas"),
