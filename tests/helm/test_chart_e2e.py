@@ -201,25 +201,23 @@ def main():
         print("test_chart_e2e: starting router: %s" %
               " ".join("<api-key>" if pods["router"]["env"].get("PDSERVE_API_KEY") == x else x
                        for x in args))
-        procs["router"] = pc.Proc("router", args, ports["router"], tmp, env=env, ready_timeout=60)
+        # not waiting for /health here: it needs the workers found first (checked below)
+        procs["router"] = pc.Proc("router", args, ports["router"], tmp, env=env,
+                                  wait_ready=False)
         rt = procs["router"]
         key = pods["router"]["env"].get("PDSERVE_API_KEY")
         auth = {"Authorization": "Bearer " + key} if key else {}
 
-        # the router has found both workers through their names
-        def healthy_workers(j):
-            if isinstance(j, dict):
-                return int(j.get("healthy") is True) + sum(healthy_workers(v) for v in j.values())
-            if isinstance(j, list):
-                return sum(healthy_workers(v) for v in j)
-            return 0
-
-        def ready():
-            st, body = rt.get("/server_info", headers=auth)
-            return st == 200 and healthy_workers(json.loads(body)) >= 2
-        if not pc.wait_until(ready, 30, 0.2):
-            failed.append("router did not see both workers healthy: %r" %
-                          (rt.get("/server_info", headers=auth),))
+        # the router found both workers through their names: its /health is 200 only while it
+        # has a healthy prefill and a healthy decode worker
+        def router_health():
+            if rt.p.poll() is not None:
+                raise SystemExit("test_chart_e2e: FAIL: the router exited (rc %s) at start with "
+                                 "the chart's args:\n%s" % (rt.p.returncode, rt.log_tail()))
+            return rt.get("/health", headers={})[0] == 200
+        if not pc.wait_until(router_health, 30, 0.2):
+            failed.append("router /health not 200 within 30 s: it did not find both workers "
+                          "by --prefill-dns/--decode-dns")
 
         body = {"model": "tiny-llama", "max_tokens": 8, "temperature": 0,
                 "messages": [{"role": "user", "content": "hello from the chart"}]}
