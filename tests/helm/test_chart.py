@@ -676,6 +676,16 @@ def main():
     check(rc != 0 and "model.pvc.claimName" in err,
           "an empty model.pvc.claimName rendered (rc %d): %s" % (rc, err.strip()[:300]))
 
+    # large integers stay integers in flags (Helm reads values as float64: printed bare, 2000000
+    # would become 2e+06, which the daemons' flag parser refuses)
+    _, objs = r.objects(sets=["engine.maxTotalTokens=2000000", "router.requestTimeoutSecs=1000000"])
+    deps = {component(d): d["spec"]["template"]["spec"]["containers"][0]["args"]
+            for d in by_kind(objs, "Deployment")}
+    check(flag(deps["decode"], "--max-total-tokens") == "2000000" and
+          flag(deps["router"], "--request-timeout-secs") == "1000000",
+          "large integer flags rendered as %s / %s" % (flag(deps["decode"], "--max-total-tokens"),
+                                                      flag(deps["router"], "--request-timeout-secs")))
+
     # NOTES.txt renders and says how to reach the router (the Go renderer: --notes)
     if not r.helm:
         rc, out, err = r.run([os.path.join(CHART, "ci", "defaults-values.yaml")], notes=True)
