@@ -25,6 +25,7 @@ kubernetes-validate (scripts/setup.sh installs it into .venv-tools/; this script
 with .venv-tools/bin/python when that has it). Missing tools: the other checks still run, then
 exit 77 (skipped) naming what was missing.
 """
+import base64
 import copy
 import json
 import os
@@ -424,7 +425,6 @@ def check_secret_refs(tag, k, values, objs, dep):
         check(s is not None and key in s.get("data", {}),
               "%s: %s references secret %s key %s, which is not rendered" % (tag, k, name, key))
         if s is not None and key in s.get("data", {}):
-            import base64
             raw = base64.b64decode(s["data"][key])
             check(len(raw) >= 32, "%s: secret %s key %s is only %d bytes" % (tag, name, key,
                                                                            len(raw)))
