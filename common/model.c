@@ -8,6 +8,12 @@
  * Matches transformers' modeling_llama / qwen2 / qwen3 op for op: pre-norm residual blocks,
  * RMSNorm in f32, q/k norm before RoPE, half-split RoPE, softmax(q·kᵀ / sqrt(head_dim)), SwiGLU.
  * Nothing here knows which backend runs it.
+ *
+ * Tensor parallelism (common/tp.h): with opts.tp of size S, this model holds rank r's share —
+ * heads/S query heads, kv_heads/S kv heads, intermediate/S MLP columns — and sums the output
+ * and down projections with the other ranks before each residual add. Column-parallel weights
+ * are row ranges of the checkpoint tensors (aliased where the backend can); row-parallel ones
+ * (o_proj, down_proj) are column ranges, gathered into host copies the model owns.
  */
 #include "common/model.h"
 #include "common/alloc.h"
@@ -30,6 +36,11 @@ struct pd_model {
     void (*owner_free)(void *); /* releases what the weights point into (pd__model_own) */
     void *owner;
     int context_length;
+    const struct pd_tp_comm *tp; /* NULL: tp 1 */
+    int tp_rank, tp_size;
+    int heads, kv_heads, inter; /* this rank's share of the config's */
+    void **host_copies;         /* [n_host_copies] gathered row-parallel weights */
+    int n_host_copies;
     struct pd_tensor embed, final_norm, lm_head;
     struct layer_weights *layers; /* [num_hidden_layers] */
     float *inv_freq;              /* device [head_dim/2] */
@@ -51,8 +62,47 @@ struct pd_model {
 
 /* ---- weights ---- */
 
+/* How a checkpoint tensor is split over tp ranks. */
+enum shard {
+    WHOLE, /* replicated */
+    ROWS,  /* column-parallel: rank r takes rows [r*rows/S, (r+1)*rows/S); a vector, its values */
+    COLS,  /* row-parallel: rank r takes columns [r*cols/S, (r+1)*cols/S) */
+};
+
+/* rank's share of a checkpoint tensor [rows][cols] (rows 1: a vector) as backend weight. */
+static int shard_weight(struct pd_model *m, const struct pd_tensor_view *t, int64_t rows,
+                        int64_t cols, enum shard how, struct pd_tensor *out) {
+    size_t es = pd_dtype_size(t->dtype);
+    const char *base = t->data;
+    int S = m->tp_size, r = m->tp_rank;
+    if (how == WHOLE || S == 1)
+        return pd_backend_weight(m->be, t->dtype, rows, cols, base, out);
+    if (how == ROWS && rows == 1) /* a bias of a column-parallel projection */
+        return pd_backend_weight(m->be, t->dtype, 1, cols / S, base + (size_t)(r * cols / S) * es,
+                                 out);
+    if (how == ROWS)
+        return pd_backend_weight(m->be, t->dtype, rows / S, cols,
+                                 base + (size_t)(r * (rows / S) * cols) * es, out);
+    int64_t lc = cols / S;
+    char *copy = pd_malloc((size_t)(rows * lc) * es);
+    if (!copy)
+        return PD_ENOMEM;
+    void **grown = pd_realloc(m->host_copies, sizeof(void *) * ((size_t)m->n_host_copies + 1));
+    if (!grown) {
+        pd_free(copy);
+        return PD_ENOMEM;
+    }
+    m->host_copies = grown;
+    m->host_copies[m->n_host_copies++] = copy;
+    for (int64_t i = 0; i < rows; i++)
+        memcpy(copy + (size_t)(i * lc) * es, base + (size_t)(i * cols + r * lc) * es,
+               (size_t)lc * es);
+    return pd_backend_weight(m->be, t->dtype, rows, lc, copy, out);
+}
+
 static int get_tensor(struct pd_model *m, pd_model_find_fn find, void *ctx, const char *name,
-                      int64_t rows, int64_t cols, bool required, struct pd_tensor *out) {
+                      int64_t rows, int64_t cols, bool required, enum shard how,
+                      struct pd_tensor *out) {
     const struct pd_tensor_view *t = find(ctx, name);
     if (!t) {
         if (required)
@@ -75,7 +125,7 @@ static int get_tensor(struct pd_model *m, pd_model_find_fn find, void *ctx, cons
     }
     if (t->dtype != PD_DTYPE_F32 && t->dtype != PD_DTYPE_BF16 && t->dtype != PD_DTYPE_F16)
         return pd_errorf(PD_EUNSUPPORTED, "tensor '%s' has dtype %d", name, (int)t->dtype);
-    int rc = pd_backend_weight(m->be, t->dtype, rows, cols, t->data, out);
+    int rc = shard_weight(m, t, rows, cols, how, out);
     return rc ? pd_error_wrap(rc, "tensor '%s'", name) : PD_OK;
 }
 
@@ -85,41 +135,42 @@ static int load_weights(struct pd_model *m, pd_model_find_fn find, void *ctx) {
     int64_t kvd = (int64_t)c->num_key_value_heads * c->head_dim, inter = c->intermediate_size;
     int rc;
     char n[128];
-#define GET(name_, rows_, cols_, req_, dst_)                                                       \
-    if ((rc = get_tensor(m, find, ctx, name_, rows_, cols_, req_, dst_)) != PD_OK)                 \
+#define GET(name_, rows_, cols_, req_, how_, dst_)                                                 \
+    if ((rc = get_tensor(m, find, ctx, name_, rows_, cols_, req_, how_, dst_)) != PD_OK)           \
     return rc
-    GET("model.embed_tokens.weight", c->vocab_size, hid, true, &m->embed);
-    GET("model.norm.weight", 1, hid, true, &m->final_norm);
+    GET("model.embed_tokens.weight", c->vocab_size, hid, true, WHOLE, &m->embed);
+    GET("model.norm.weight", 1, hid, true, WHOLE, &m->final_norm);
     if (c->tie_word_embeddings) {
         m->lm_head = m->embed;
     } else {
-        GET("lm_head.weight", c->vocab_size, hid, true, &m->lm_head);
+        GET("lm_head.weight", c->vocab_size, hid, true, WHOLE, &m->lm_head);
     }
     for (int l = 0; l < c->num_hidden_layers; l++) {
         struct layer_weights *w = &m->layers[l];
-#define LGET(suffix_, rows_, cols_, req_, dst_)                                                    \
+#define LGET(suffix_, rows_, cols_, req_, how_, dst_)                                              \
     snprintf(n, sizeof(n), "model.layers.%d.%s", l, suffix_);                                      \
-    GET(n, rows_, cols_, req_, dst_)
-        LGET("input_layernorm.weight", 1, hid, true, &w->attn_norm);
-        LGET("self_attn.q_proj.weight", qd, hid, true, &w->wq);
-        LGET("self_attn.k_proj.weight", kvd, hid, true, &w->wk);
-        LGET("self_attn.v_proj.weight", kvd, hid, true, &w->wv);
-        LGET("self_attn.o_proj.weight", hid, qd, true, &w->wo);
-        LGET("self_attn.q_proj.bias", 1, qd, c->attention_bias, &w->bq);
-        LGET("self_attn.k_proj.bias", 1, kvd, c->attention_bias, &w->bk);
-        LGET("self_attn.v_proj.bias", 1, kvd, c->attention_bias, &w->bv);
-        /* Llama's attention_bias also biases o_proj; Qwen2's does not: use it when present */
-        LGET("self_attn.o_proj.bias", 1, hid, false, &w->bo);
+    GET(n, rows_, cols_, req_, how_, dst_)
+        LGET("input_layernorm.weight", 1, hid, true, WHOLE, &w->attn_norm);
+        LGET("self_attn.q_proj.weight", qd, hid, true, ROWS, &w->wq);
+        LGET("self_attn.k_proj.weight", kvd, hid, true, ROWS, &w->wk);
+        LGET("self_attn.v_proj.weight", kvd, hid, true, ROWS, &w->wv);
+        LGET("self_attn.o_proj.weight", hid, qd, true, COLS, &w->wo);
+        LGET("self_attn.q_proj.bias", 1, qd, c->attention_bias, ROWS, &w->bq);
+        LGET("self_attn.k_proj.bias", 1, kvd, c->attention_bias, ROWS, &w->bk);
+        LGET("self_attn.v_proj.bias", 1, kvd, c->attention_bias, ROWS, &w->bv);
+        /* Llama's attention_bias also biases o_proj; Qwen2's does not: use it when present.
+         * It is added once, after the sum: by rank 0 only. */
+        LGET("self_attn.o_proj.bias", 1, hid, false, WHOLE, &w->bo);
         w->has_qkv_bias = w->bq.data && w->bk.data && w->bv.data;
-        w->has_o_bias = w->bo.data != NULL;
+        w->has_o_bias = w->bo.data != NULL && m->tp_rank == 0;
         if (c->qk_norm) {
-            LGET("self_attn.q_norm.weight", 1, c->head_dim, true, &w->q_norm);
-            LGET("self_attn.k_norm.weight", 1, c->head_dim, true, &w->k_norm);
+            LGET("self_attn.q_norm.weight", 1, c->head_dim, true, WHOLE, &w->q_norm);
+            LGET("self_attn.k_norm.weight", 1, c->head_dim, true, WHOLE, &w->k_norm);
         }
-        LGET("post_attention_layernorm.weight", 1, hid, true, &w->mlp_norm);
-        LGET("mlp.gate_proj.weight", inter, hid, true, &w->gate);
-        LGET("mlp.up_proj.weight", inter, hid, true, &w->up);
-        LGET("mlp.down_proj.weight", hid, inter, true, &w->down);
+        LGET("post_attention_layernorm.weight", 1, hid, true, WHOLE, &w->mlp_norm);
+        LGET("mlp.gate_proj.weight", inter, hid, true, ROWS, &w->gate);
+        LGET("mlp.up_proj.weight", inter, hid, true, ROWS, &w->up);
+        LGET("mlp.down_proj.weight", hid, inter, true, COLS, &w->down);
 #undef LGET
     }
 #undef GET
@@ -170,6 +221,14 @@ static int fill_opts(const struct pd_model_config *c, const struct pd_model_opts
         return pd_errorf(PD_EINVAL,
                          "head_dim %d must be even and %d heads a multiple of %d kv heads",
                          c->head_dim, c->num_attention_heads, c->num_key_value_heads);
+    int S = o->tp ? o->tp->size : 1;
+    if (o->tp && (S < 1 || o->tp->rank < 0 || o->tp->rank >= S || !o->tp->all_reduce_sum))
+        return pd_errorf(PD_EINVAL, "tp rank %d of %d", o->tp->rank, S);
+    /* kv heads are split, not replicated: tp beyond the kv head count is not supported yet */
+    if (c->num_key_value_heads % S || c->intermediate_size % S)
+        return pd_errorf(PD_EUNSUPPORTED,
+                         "--tp-size %d must divide the %d kv heads and the intermediate size %d", S,
+                         c->num_key_value_heads, c->intermediate_size);
     return PD_OK;
 }
 
@@ -193,6 +252,12 @@ int pd_model_new(struct pd_backend *be, const struct pd_model_config *cfg, pd_mo
         goto fail;
     const struct pd_model_opts *o = &m->opts;
     m->context_length = o->context_length ? o->context_length : cfg->max_position_embeddings;
+    m->tp = o->tp;
+    m->tp_rank = o->tp ? o->tp->rank : 0;
+    m->tp_size = o->tp ? o->tp->size : 1;
+    m->heads = cfg->num_attention_heads / m->tp_size;
+    m->kv_heads = cfg->num_key_value_heads / m->tp_size;
+    m->inter = cfg->intermediate_size / m->tp_size;
     if (!(m->layers = pd_calloc((size_t)cfg->num_hidden_layers, sizeof(*m->layers)))) {
         rc = PD_ENOMEM;
         goto fail;
@@ -201,8 +266,8 @@ int pd_model_new(struct pd_backend *be, const struct pd_model_config *cfg, pd_mo
         goto fail;
 
     size_t T = (size_t)o->max_tokens, hid = (size_t)cfg->hidden_size;
-    size_t qd = (size_t)cfg->num_attention_heads * (size_t)cfg->head_dim;
-    size_t kvd = (size_t)cfg->num_key_value_heads * (size_t)cfg->head_dim;
+    size_t qd = (size_t)m->heads * (size_t)cfg->head_dim;
+    size_t kvd = (size_t)m->kv_heads * (size_t)cfg->head_dim;
     size_t R = (size_t)o->max_logit_rows;
     int pages_per_req = (m->context_length + o->page_size - 1) / o->page_size;
     m->max_pages = o->max_reqs * pages_per_req;
@@ -211,9 +276,8 @@ int pd_model_new(struct pd_backend *be, const struct pd_model_config *cfg, pd_mo
         (rc = alloc_buf(m, T * (hid > qd ? hid : qd), &m->h)) ||
         (rc = alloc_buf(m, T * qd, &m->q)) || (rc = alloc_buf(m, T * qd, &m->att)) ||
         (rc = alloc_buf(m, T * kvd, &m->k)) || (rc = alloc_buf(m, T * kvd, &m->v)) ||
-        (rc = alloc_buf(m, T * (size_t)cfg->intermediate_size, &m->g)) ||
-        (rc = alloc_buf(m, T * (size_t)cfg->intermediate_size, &m->u)) ||
-        (rc = alloc_buf(m, R * hid, &m->out)) ||
+        (rc = alloc_buf(m, T * (size_t)m->inter, &m->g)) ||
+        (rc = alloc_buf(m, T * (size_t)m->inter, &m->u)) || (rc = alloc_buf(m, R * hid, &m->out)) ||
         (rc = alloc_buf(m, R * (size_t)cfg->vocab_size, &m->logits)))
         goto fail;
     m->ids = pd_calloc(T, sizeof(int32_t));
@@ -238,14 +302,14 @@ int pd_model_new(struct pd_backend *be, const struct pd_model_config *cfg, pd_mo
     if ((rc = pd_backend_upload(be, m->inv_freq, inv, sizeof(float) * (size_t)(cfg->head_dim / 2))))
         goto fail;
     int max_dim = cfg->hidden_size > (int)qd ? cfg->hidden_size : (int)qd;
-    if (cfg->intermediate_size > max_dim)
-        max_dim = cfg->intermediate_size;
+    if (m->inter > max_dim)
+        max_dim = m->inter;
     struct pd_backend_limits lim = {
         .max_tokens = o->max_tokens,
         .max_reqs = o->max_reqs,
         .max_pages = m->max_pages,
         .max_context = m->context_length,
-        .max_heads = cfg->num_attention_heads,
+        .max_heads = m->heads,
         .max_head_dim = cfg->head_dim,
         .max_dim = max_dim,
     };
@@ -274,6 +338,9 @@ void pd_model_free(struct pd_model *m) {
     pd_free(m->kv_len);
     pd_free(m->page_table);
     pd_free(m->layers);
+    for (int i = 0; i < m->n_host_copies; i++)
+        pd_free(m->host_copies[i]);
+    pd_free(m->host_copies);
     if (m->owner_free)
         m->owner_free(m->owner);
     pd_free(m);
@@ -316,7 +383,7 @@ size_t pd_model_weight_bytes(const struct pd_model *m) {
 struct pd_kv_pool_opts pd_model_kv_opts(const struct pd_model *m, enum pd_dtype kv_dtype) {
     return (struct pd_kv_pool_opts){
         .n_layers = m->cfg.num_hidden_layers,
-        .kv_heads = m->cfg.num_key_value_heads,
+        .kv_heads = m->kv_heads,
         .head_dim = m->cfg.head_dim,
         .page_size = m->opts.page_size,
         .dtype = kv_dtype,
@@ -332,13 +399,13 @@ static int plan_step(struct pd_model *m, const struct pd_kv_pool *kv,
                      struct pd_batch_plan *p) {
     const struct pd_kv_layout *L = &kv->layout;
     const struct pd_model_config *c = &m->cfg;
-    if (L->n_layers != c->num_hidden_layers || L->kv_heads != c->num_key_value_heads ||
+    if (L->n_layers != c->num_hidden_layers || L->kv_heads != m->kv_heads ||
         L->head_dim != c->head_dim || L->page_size != m->opts.page_size)
         return pd_errorf(PD_EMISMATCH,
                          "kv pool (%d layers, %d kv heads, head dim %d, page %d) does not fit the "
                          "model (%d, %d, %d, %d)",
                          L->n_layers, L->kv_heads, L->head_dim, L->page_size, c->num_hidden_layers,
-                         c->num_key_value_heads, c->head_dim, m->opts.page_size);
+                         m->kv_heads, c->head_dim, m->opts.page_size);
     if (n_seqs < 1 || n_seqs > m->opts.max_reqs)
         return pd_errorf(PD_ERANGE, "a step of %d requests (at most %d)", n_seqs, m->opts.max_reqs);
     int ps = L->page_size, n = 0, np = 0;
@@ -412,7 +479,7 @@ static int forward(struct pd_model *m, struct pd_kv_pool *kv, const struct pd_mo
         return rc;
     const struct pd_model_config *c = &m->cfg;
     int64_t n = plan.n_tokens, hid = c->hidden_size, hd = c->head_dim;
-    int H = c->num_attention_heads, KVH = c->num_key_value_heads;
+    int H = m->heads, KVH = m->kv_heads;
     float eps = (float)c->rms_norm_eps, scale = 1.0f / sqrtf((float)hd);
     const struct pd_kv_layout *L = &kv->layout;
 
@@ -432,12 +499,16 @@ static int forward(struct pd_model *m, struct pd_kv_pool *kv, const struct pd_mo
         pd_backend_kv_store(be, L, l, m->k, m->v);
         pd_backend_attention(be, L, l, m->q, H, scale, m->att);
         pd_backend_matmul(be, m->att, n, &w->wo, w->has_o_bias ? &w->bo : NULL, m->h);
+        if (m->tp && (rc = m->tp->all_reduce_sum(m->tp, be, m->h, (size_t)(n * hid))) != PD_OK)
+            return pd_error_wrap(rc, "layer %d attention output", l);
         pd_backend_add(be, m->x, m->h, n * hid);
         pd_backend_rmsnorm(be, m->x, &w->mlp_norm, n, (int)hid, eps, m->h);
         pd_backend_matmul(be, m->h, n, &w->gate, NULL, m->g);
         pd_backend_matmul(be, m->h, n, &w->up, NULL, m->u);
-        pd_backend_silu_mul(be, m->g, m->u, m->g, n * c->intermediate_size);
+        pd_backend_silu_mul(be, m->g, m->u, m->g, n * m->inter);
         pd_backend_matmul(be, m->g, n, &w->down, NULL, m->h);
+        if (m->tp && (rc = m->tp->all_reduce_sum(m->tp, be, m->h, (size_t)(n * hid))) != PD_OK)
+            return pd_error_wrap(rc, "layer %d mlp output", l);
         pd_backend_add(be, m->x, m->h, n * hid);
     }
     /* only the rows whose logits are wanted go through the final norm and the vocabulary */

@@ -26,6 +26,7 @@
 #include "common/kv_pool.h"
 #include "common/model_config.h"
 #include "common/safetensors.h"
+#include "common/tp.h"
 
 struct pd_model_opts {
     int max_tokens;     /* tokens in one step (the chunked-prefill budget); default 2048 */
@@ -33,6 +34,9 @@ struct pd_model_opts {
     int max_logit_rows; /* rows of logits one step may return; default max(max_reqs, 256) */
     int context_length; /* longest request; 0 = max_position_embeddings */
     int page_size;      /* KV page size the pool will use; default 16 */
+    /* Tensor parallelism (common/tp.h): this rank's share of the heads and the MLP, summed
+     * with the other ranks through tp. NULL = the whole model on this backend. */
+    const struct pd_tp_comm *tp;
 };
 
 /* One request's share of a step. */
@@ -68,7 +72,8 @@ int pd_model_context_length(const struct pd_model *m);
 const struct pd_model_opts *pd_model_opts_of(const struct pd_model *m);
 /* Bytes of weights the model reads per token (all matrices once, the embedding row aside). */
 size_t pd_model_weight_bytes(const struct pd_model *m);
-/* KV pool options matching this model (n_pages and mem fraction left to the caller). */
+/* KV pool options matching this model (n_pages and mem fraction left to the caller); with tp,
+ * this rank's kv heads. */
 struct pd_kv_pool_opts pd_model_kv_opts(const struct pd_model *m, enum pd_dtype kv_dtype);
 
 /* Runs seqs[0..n_seqs-1]. logits: host [n_out][vocab] f32 where n_out = n_seqs (last position
