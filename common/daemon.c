@@ -415,12 +415,10 @@ static void prefill_send(struct dreq *r, const struct pd_engine_event *ev) {
     if (ev->end > ev->begin)
         rc = pd_xfer_room_send(D.x, ev->room, (uint32_t)ev->begin, ev->req->pages + ev->begin,
                                (uint32_t)(ev->end - ev->begin));
-    if (rc == PD_OK && ev->end > ev->begin) {
-        if (r) { /* the bytes count once the room completed (room_metrics) */
-            if (r->t_xfer == 0)
-                r->t_xfer = now_s();
-            r->xfer_bytes += (double)(ev->end - ev->begin) * (double)D.info.page_bytes;
-        }
+    if (rc == PD_OK && r && ev->end > ev->begin) { /* counted once the room completed */
+        if (r->t_xfer == 0)
+            r->t_xfer = now_s();
+        r->xfer_bytes += (double)(ev->end - ev->begin) * (double)D.info.page_bytes;
     }
     if (rc == PD_OK && ev->last) {
         struct pd_xfer_notice n = {.first_token = ev->token,
