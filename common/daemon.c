@@ -4,7 +4,8 @@
  * compute thread (common/engine.c) owns the model and the scheduler. A daemon request (struct
  * dreq) lives from its HTTP body until the engine's END (or its refusal before ADD); the HTTP
  * side may go earlier (client gone). Nothing here blocks or computes beyond tokenizing a prompt
- * and detokenizing tokens.
+ * and detokenizing tokens. In colocated mode (pdserve-decode --disaggregation-mode null) the
+ * transfer engine and bootstrap are never started.
  */
 #include "common/daemon.h"
 
@@ -16,6 +17,7 @@
 #include "common/grpc_bridge.h"
 #include "common/http_server.h"
 #include "common/log.h"
+#include "common/rng.h"
 #include "common/room_map.h"
 #include "common/sched_common.h"
 #include "common/status.h"
@@ -91,6 +93,10 @@ struct client_slot {
 
 struct daemon {
     int role;
+    bool coloc;       /* pdserve-decode --disaggregation-mode null: prefill and decode here */
+    bool mixed_chunk; /* colocated: prefill chunks and decode tokens in one step */
+    bool enable_mixed_flag, disable_mixed_flag;
+    uint64_t room_seq; /* colocated: rooms are drawn here */
     struct pd_server_args args;
     double bootstrap_timeout, waiting_timeout, shutdown_timeout;
     const char *cluster_key_path, *api_key;
@@ -138,7 +144,7 @@ static double now_s(void) {
 }
 
 static const char *role_name(void) {
-    return D.role == PD_ENGINE_PREFILL ? "prefill" : "decode";
+    return D.role == PD_ENGINE_PREFILL ? "prefill" : D.coloc ? "colocated" : "decode";
 }
 
 /* ---- request table ---- */
@@ -422,6 +428,11 @@ static void prefill_send(struct dreq *r, const struct pd_engine_event *ev) {
 static void end_request(struct dreq *r, const struct pd_engine_event *ev) {
     r->ereq = ev->req; /* ours again */
     int reason = ev->reason;
+    if (D.coloc) {
+        r->cached_tokens = ev->cached_tokens; /* prefilled here: the engine knows the hit */
+        if (reason == PD_END_DONE || r->stopped_here)
+            D.n_prompt_tokens += r->n_prompt;
+    }
     if (r->stopped_here)
         reason = PD_END_DONE;
     pd_info("room=%" PRIu64 " rid=%s end=%s tokens=%d", r->room, r->rid,
@@ -648,6 +659,16 @@ static void decode_admit(struct dreq *r, const struct pd_engine_event *ev) {
 
 /* ---- generation requests ---- */
 
+/* Colocated: a fresh room in [0, 2^63) no live request has (bootstrap_room in a body is not
+ * ours to trust: two clients could send the same one). */
+static uint64_t coloc_room(void) {
+    uint64_t room;
+    do
+        room = pd_splitmix64(&D.room_seq) >> 1;
+    while (find_room(room));
+    return room;
+}
+
 static void abort_req(struct dreq *r, bool user) {
     if (user)
         r->aborted = true;
@@ -685,7 +706,7 @@ static void handle_generate(struct pd_http_req *h, enum pd_api_kind kind) {
     const char *body = pd_http_req_body(h, &blen);
     struct pd_api_config ac = {.served_model_name = D.args.served_model_name,
                                .model_path = D.args.model_path,
-                               .disaggregated = true,
+                               .disaggregated = !D.coloc,
                                .context_length = D.info.context_length};
     if (pd_api_parse(kind, body, blen, &ac, &r->api, &e) != PD_OK) {
         pd_http_respond_error(h, &e);
@@ -733,7 +754,7 @@ static void handle_generate(struct pd_http_req *h, enum pd_api_kind kind) {
     }
     if (r->api.sampling.max_new_tokens < 1)
         r->api.sampling.max_new_tokens = 1; /* the prefill's token is always produced */
-    r->room = r->api.bootstrap_room;
+    r->room = D.coloc ? coloc_room() : r->api.bootstrap_room;
     r->n_prompt = (int32_t)ids.n;
     if (find_room(r->room)) {
         respond_error(h, 400, "invalid_request_error", "bootstrap_room",
@@ -990,7 +1011,12 @@ static void h_server_info(struct pd_http_req *h, void *ud) {
     cJSON_AddNumberToObject(pool, "cached_pages", s.pages_cached);
     cJSON_AddNumberToObject(pool, "page_size", D.info.page_size);
     cJSON *q = cJSON_AddObjectToObject(extra, "queues");
-    if (D.role == PD_ENGINE_PREFILL) {
+    if (D.coloc) {
+        cJSON_AddNumberToObject(q, "waiting", s.q_waiting);
+        cJSON_AddNumberToObject(q, "running", s.q_running);
+        cJSON_AddNumberToObject(q, "retractions", (double)s.retractions);
+        cJSON_AddBoolToObject(extra, "enable_mixed_chunk", D.mixed_chunk);
+    } else if (D.role == PD_ENGINE_PREFILL) {
         cJSON_AddNumberToObject(q, "bootstrap", s.q_bootstrap);
         cJSON_AddNumberToObject(q, "waiting", s.q_waiting);
         cJSON_AddNumberToObject(q, "inflight", s.q_inflight);
@@ -1037,8 +1063,9 @@ static void h_loads(struct pd_http_req *h, void *ud) {
     load_now(&s);
     struct pd_api_rank_load l = {
         .num_running_reqs = D.role == PD_ENGINE_DECODE ? s.q_running : s.q_inflight,
-        .num_waiting_reqs =
-            D.role == PD_ENGINE_DECODE ? s.q_prealloc + s.q_transfer : s.q_bootstrap + s.q_waiting,
+        .num_waiting_reqs = D.role == PD_ENGINE_DECODE
+                                ? s.q_prealloc + s.q_transfer + s.q_waiting /* colocated */
+                                : s.q_bootstrap + s.q_waiting,
         .num_used_tokens = (int64_t)s.pages_used * D.info.page_size,
         .max_total_num_tokens = (int64_t)s.pages_total * D.info.page_size};
     char ts[40];
@@ -1076,8 +1103,9 @@ static void h_metrics(struct pd_http_req *h, void *ud) {
         "pdserve:health_generate_total{model_name=\"%s\",result=\"busy\"} %" PRId64 "\n"
         "pdserve:health_generate_total{model_name=\"%s\",result=\"failed\"} %" PRId64 "\n",
         m, D.role == PD_ENGINE_DECODE ? s.q_running : s.q_inflight, m,
-        D.role == PD_ENGINE_DECODE ? s.q_prealloc + s.q_transfer : s.q_bootstrap + s.q_waiting, m,
-        s.pages_total ? (double)s.pages_used / s.pages_total : 0.0, m,
+        D.role == PD_ENGINE_DECODE ? s.q_prealloc + s.q_transfer + s.q_waiting /* colocated */
+                                   : s.q_bootstrap + s.q_waiting,
+        m, s.pages_total ? (double)s.pages_used / s.pages_total : 0.0, m,
         s.pages_used * D.info.page_size, m, s.pages_total * D.info.page_size, m, D.n_requests, m,
         D.n_aborted, m, D.n_gen_tokens, m, D.n_probe_ok, m, D.n_probe_busy, m, D.n_probe_failed);
     pd_http_respond(h, 200, "text/plain; version=0.0.4", buf,
@@ -1269,48 +1297,12 @@ static int route_all(void) {
     return PD_OK;
 }
 
-static int start(void) {
+/* The transfer engine on the pool, the layout both sides must agree on, and the bootstrap
+ * server (prefill) — everything disaggregation needs beyond the engine. */
+static int start_transfer(void) {
+    /* transfer engine on the pool, and the layout both sides must agree on */
     int rc;
     struct pd_server_args *a = &D.args;
-    struct pd_engine_config ec = {
-        .role = D.role,
-        .model_path = a->model_path,
-        .threads = a->threads,
-        .page_size = a->page_size,
-        .chunked_prefill_size = a->chunked_prefill_size,
-        .max_prefill_tokens = a->max_prefill_tokens,
-        .max_running_requests = a->max_running_requests,
-        .max_queued_requests = a->max_queued_requests,
-        .context_length = a->context_length,
-        .n_pages =
-            a->max_total_tokens > 0 ? (a->max_total_tokens + a->page_size - 1) / a->page_size : 0,
-        .mem_fraction_static = a->mem_fraction_static,
-        .disable_prefix_cache = a->disable_prefix_cache,
-        .bootstrap_timeout_s = D.bootstrap_timeout,
-        .waiting_timeout_s = D.waiting_timeout,
-    };
-    if ((rc = pd_engine_new(&ec, &D.eng)) != PD_OK)
-        return rc;
-    pd_engine_get_info(D.eng, &D.info);
-    if ((rc = pd_tokenizer_new(a->tokenizer_path, &D.tok)) != PD_OK)
-        return pd_error_wrap(rc, "loading the tokenizer from %s", a->tokenizer_path);
-    const char *tmpl = pd_tokenizer_chat_template(D.tok);
-    if (tmpl && pd_chat_template_new(tmpl, &D.chat) != PD_OK) {
-        pd_warn("the model's chat template does not compile (%s); chat is refused", pd_error_msg());
-        D.chat = NULL;
-    }
-    if ((rc = pd_room_map_init(&D.rooms, a->max_queued_requests)) != PD_OK)
-        return rc;
-    D.cap = a->max_queued_requests;
-    D.reqs = pd_calloc((size_t)D.cap, sizeof(*D.reqs));
-    D.free_slots = pd_calloc((size_t)D.cap, sizeof(int32_t));
-    if (!D.reqs || !D.free_slots)
-        return PD_ENOMEM;
-    for (int32_t i = 0; i < D.cap; i++)
-        D.free_slots[i] = D.cap - 1 - i;
-    D.n_free = D.cap;
-
-    /* transfer engine on the pool, and the layout both sides must agree on */
     struct pd_xfer_config xc = {.ib_devices = a->disaggregation_ib_device,
                                 .abort_timeout_ms = 3000};
     struct pd_xfer_callbacks xcb = {.on_room_end = on_room_end,
@@ -1352,6 +1344,55 @@ static int start(void) {
         if ((rc = pd_bootstrap_server_new(D.bridge, D.x, &sc, &scb, &D.bserver)) != PD_OK)
             return pd_error_wrap(rc, "bootstrap server on %s", addr);
     }
+    return PD_OK;
+}
+
+static int start(void) {
+    int rc;
+    struct pd_server_args *a = &D.args;
+    struct pd_engine_config ec = {
+        .role = D.coloc ? PD_ENGINE_COLOC : D.role,
+        .mixed_chunk = D.mixed_chunk,
+        .model_path = a->model_path,
+        .threads = a->threads,
+        .page_size = a->page_size,
+        .chunked_prefill_size = a->chunked_prefill_size,
+        .max_prefill_tokens = a->max_prefill_tokens,
+        .max_running_requests = a->max_running_requests,
+        .max_queued_requests = a->max_queued_requests,
+        .context_length = a->context_length,
+        .n_pages =
+            a->max_total_tokens > 0 ? (a->max_total_tokens + a->page_size - 1) / a->page_size : 0,
+        .mem_fraction_static = a->mem_fraction_static,
+        .disable_prefix_cache = a->disable_prefix_cache,
+        .bootstrap_timeout_s = D.bootstrap_timeout,
+        .waiting_timeout_s = D.waiting_timeout,
+    };
+    if ((rc = pd_engine_new(&ec, &D.eng)) != PD_OK)
+        return rc;
+    pd_engine_get_info(D.eng, &D.info);
+    if ((rc = pd_tokenizer_new(a->tokenizer_path, &D.tok)) != PD_OK)
+        return pd_error_wrap(rc, "loading the tokenizer from %s", a->tokenizer_path);
+    const char *tmpl = pd_tokenizer_chat_template(D.tok);
+    if (tmpl && pd_chat_template_new(tmpl, &D.chat) != PD_OK) {
+        pd_warn("the model's chat template does not compile (%s); chat is refused", pd_error_msg());
+        D.chat = NULL;
+    }
+    if ((rc = pd_room_map_init(&D.rooms, a->max_queued_requests)) != PD_OK)
+        return rc;
+    D.cap = a->max_queued_requests;
+    D.reqs = pd_calloc((size_t)D.cap, sizeof(*D.reqs));
+    D.free_slots = pd_calloc((size_t)D.cap, sizeof(int32_t));
+    if (!D.reqs || !D.free_slots)
+        return PD_ENOMEM;
+    for (int32_t i = 0; i < D.cap; i++)
+        D.free_slots[i] = D.cap - 1 - i;
+    D.n_free = D.cap;
+
+    if (D.coloc) /* nothing leaves this process: no transfer engine, no bootstrap */
+        snprintf(D.transport, sizeof(D.transport), "none");
+    else if ((rc = start_transfer()) != PD_OK)
+        return rc;
     if ((rc = pd_engine_start(D.eng, &D.loop, on_engine_event, NULL)) != PD_OK)
         return rc;
     struct pd_http_server_config hc = {.host = a->host, .port = a->port, .api_key = D.api_key};
@@ -1366,6 +1407,10 @@ static int start(void) {
         printf("pdserve-prefill: READY http=%s:%d bootstrap_port=%d pages=%d transport=%s\n",
                a->host, pd_http_server_port(D.http), a->disaggregation_bootstrap_port,
                D.info.n_pages, D.transport);
+    else if (D.coloc)
+        printf("pdserve-decode: READY http=%s:%d pages=%d disaggregation_mode=null "
+               "mixed_chunk=%d\n",
+               a->host, pd_http_server_port(D.http), D.info.n_pages, (int)D.mixed_chunk);
     else
         printf("pdserve-decode: READY http=%s:%d pages=%d transport=%s\n", a->host,
                pd_http_server_port(D.http), D.info.n_pages, D.transport);
@@ -1396,7 +1441,11 @@ int pd_daemon_main(int role, int argc, char **argv) {
             : "The decode daemon of prefill/decode disaggregation: reserves KV pages for each "
               "request, asks the prefill at bootstrap_host:bootstrap_port to fill them, then "
               "generates the answer in continuous batches and streams it. Serves the "
-              "SGLang/OpenAI HTTP API; generation bodies must carry the bootstrap fields.");
+              "SGLang/OpenAI HTTP API; generation bodies must carry the bootstrap fields. "
+              "With --disaggregation-mode null it serves alone (colocated): it prefills prompts "
+              "itself in chunks of --chunked-prefill-size, mixed with the running requests' "
+              "decode tokens in one forward step, and takes plain requests (no bootstrap fields; "
+              "any given are ignored).");
     pd_server_args_register(&fs, &D.args);
     pd_flag_double(&fs, "--bootstrap-timeout", &D.bootstrap_timeout, "SECONDS", 0.01, 86400,
                    "prefill: a request whose decode never sends its Transfer fails after this");
@@ -1407,6 +1456,14 @@ int pd_daemon_main(int role, int argc, char **argv) {
     pd_flag_string(&fs, "--api-key", &D.api_key, "KEY",
                    "require Authorization: Bearer KEY on the API (not on /health, /metrics)");
     pd_flag_cluster_key(&fs, &D.cluster_key_path);
+    if (role == PD_ENGINE_DECODE) {
+        pd_flag_bool(&fs, "--enable-mixed-chunk", &D.enable_mixed_flag,
+                     "--disaggregation-mode null: run prefill chunks and the running requests' "
+                     "decode tokens in one forward step (SGLang's flag; on by default here)");
+        pd_flag_bool(&fs, "--disable-mixed-chunk", &D.disable_mixed_flag,
+                     "--disaggregation-mode null: a step is a prefill batch when one can be "
+                     "built, else a decode batch (SGLang without --enable-mixed-chunk)");
+    }
     if (pd_flags_parse(&fs, argc, argv) != PD_OK) {
         fprintf(stderr, "%s: %s\n", prog, pd_error_msg());
         return 2;
@@ -1419,17 +1476,32 @@ int pd_daemon_main(int role, int argc, char **argv) {
         fprintf(stderr, "%s: %s\n", prog, pd_error_msg());
         return 2;
     }
-    if (D.args.disaggregation_mode !=
-        (role == PD_ENGINE_PREFILL ? PD_DISAGG_PREFILL : PD_DISAGG_DECODE)) {
+    D.coloc = role == PD_ENGINE_DECODE && D.args.disaggregation_mode == PD_DISAGG_NULL;
+    if (!D.coloc && D.args.disaggregation_mode !=
+                        (role == PD_ENGINE_PREFILL ? PD_DISAGG_PREFILL : PD_DISAGG_DECODE)) {
         fprintf(stderr, "%s: --disaggregation-mode must be %s for this daemon\n", prog,
-                role == PD_ENGINE_PREFILL ? "prefill" : "decode");
+                role == PD_ENGINE_PREFILL ? "prefill" : "decode (or null: colocated)");
         return 2;
     }
+    if (D.enable_mixed_flag && D.disable_mixed_flag) {
+        fprintf(stderr,
+                "%s: --enable-mixed-chunk and --disable-mixed-chunk contradict each other\n", prog);
+        return 2;
+    }
+    if (!D.coloc && (D.enable_mixed_flag || D.disable_mixed_flag)) {
+        fprintf(stderr,
+                "%s: --enable-mixed-chunk / --disable-mixed-chunk apply to --disaggregation-mode "
+                "null only (a disaggregated decode daemon runs no prefill to mix)\n",
+                prog);
+        return 2;
+    }
+    D.mixed_chunk = !D.disable_mixed_flag;
     if (D.args.device != PD_DEVICE_CPU || D.args.tp_size != 1) {
         fprintf(stderr, "%s: only --device cpu --tp-size 1 is built in this binary\n", prog);
         return 2;
     }
-    pd_log_set_name(role == PD_ENGINE_PREFILL ? "prefill" : "decode");
+    pd_log_set_name(role_name());
+    D.room_seq = (uint64_t)D.args.random_seed ^ ((uint64_t)getpid() << 32) ^ uv_hrtime();
     signal(SIGPIPE, SIG_IGN);
     uv_loop_init(&D.loop);
     uv_signal_init(&D.loop, &D.sigterm);
