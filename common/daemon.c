@@ -1016,6 +1016,8 @@ static void h_server_info(struct pd_http_req *h, void *ud) {
         cJSON_AddNumberToObject(q, "running", s.q_running);
         cJSON_AddNumberToObject(q, "retractions", (double)s.retractions);
         cJSON_AddBoolToObject(extra, "enable_mixed_chunk", D.mixed_chunk);
+        cJSON_AddNumberToObject(extra, "steps", (double)s.steps);
+        cJSON_AddNumberToObject(extra, "mixed_steps", (double)s.mixed_steps);
     } else if (D.role == PD_ENGINE_PREFILL) {
         cJSON_AddNumberToObject(q, "bootstrap", s.q_bootstrap);
         cJSON_AddNumberToObject(q, "waiting", s.q_waiting);

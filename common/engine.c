@@ -77,7 +77,7 @@ struct pd_engine {
     /* published counters */
     pthread_mutex_t stats_mu;
     struct pd_engine_stats stats;
-    int64_t steps, tokens, retractions;
+    int64_t steps, tokens, retractions, mixed_steps;
     int64_t unsignalled; /* events pushed since the loop was last woken */
     atomic_int last_check;
     bool check_steps;
@@ -760,6 +760,7 @@ static bool coloc_iter(struct pd_engine *e, double now) {
     rc = pd_sched_coloc_step_done(e->sc, &st, e->stopped, now);
     PD_ASSERT(rc == PD_OK);
     e->steps++;
+    e->mixed_steps += st.n_chunks > 0 && st.n_decodes > 0;
     e->tokens += st.n_prefill_tokens + st.n_decodes;
     return true;
 }
@@ -930,6 +931,7 @@ static void publish(struct pd_engine *e) {
     s.steps = e->steps;
     s.tokens_computed = e->tokens;
     s.retractions = e->retractions;
+    s.mixed_steps = e->mixed_steps;
     pthread_mutex_lock(&e->stats_mu);
     e->stats = s;
     pthread_mutex_unlock(&e->stats_mu);

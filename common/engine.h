@@ -153,6 +153,7 @@ struct pd_engine_stats {
     int32_t q_draining;
     int64_t steps, tokens_computed;
     int64_t retractions; /* decode: requests retracted (and recomputed) so far */
+    int64_t mixed_steps; /* colocated: steps that carried prefill chunks and decode tokens */
 };
 
 /* Facts for /server_info, the bootstrap layout and the transfer engine. */
