@@ -96,7 +96,8 @@ struct daemon {
     bool coloc;       /* pdserve-decode --disaggregation-mode null: prefill and decode here */
     bool mixed_chunk; /* colocated: prefill chunks and decode tokens in one step */
     bool enable_mixed_flag, disable_mixed_flag;
-    uint64_t room_seq; /* colocated: rooms are drawn here */
+    double conservativeness; /* decode roles: SGLang's --schedule-conservativeness */
+    uint64_t room_seq;       /* colocated: rooms are drawn here */
     struct pd_server_args args;
     double bootstrap_timeout, waiting_timeout, shutdown_timeout;
     const char *cluster_key_path, *api_key;
@@ -1355,6 +1356,7 @@ static int start(void) {
     struct pd_engine_config ec = {
         .role = D.coloc ? PD_ENGINE_COLOC : D.role,
         .mixed_chunk = D.mixed_chunk,
+        .new_token_ratio = D.conservativeness != 1.0 ? 0.7 * D.conservativeness : 0,
         .model_path = a->model_path,
         .threads = a->threads,
         .page_size = a->page_size,
@@ -1429,6 +1431,7 @@ int pd_daemon_main(int role, int argc, char **argv) {
     D.bootstrap_timeout = 300;
     D.waiting_timeout = 300;
     D.shutdown_timeout = 30;
+    D.conservativeness = 1.0;
     pd_server_args_defaults(&D.args);
     D.args.disaggregation_mode = role == PD_ENGINE_PREFILL ? PD_DISAGG_PREFILL : PD_DISAGG_DECODE;
     const char *prog = role == PD_ENGINE_PREFILL ? "pdserve-prefill" : "pdserve-decode";
@@ -1465,6 +1468,9 @@ int pd_daemon_main(int role, int argc, char **argv) {
         pd_flag_bool(&fs, "--disable-mixed-chunk", &D.disable_mixed_flag,
                      "--disaggregation-mode null: a step is a prefill batch when one can be "
                      "built, else a decode batch (SGLang without --enable-mixed-chunk)");
+        pd_flag_double(&fs, "--schedule-conservativeness", &D.conservativeness, "F", 0.001, 100,
+                       "scales the output reservation at admission: new_token_ratio starts at "
+                       "0.7 x F (at most 1); lower admits more requests and retracts sooner");
     }
     if (pd_flags_parse(&fs, argc, argv) != PD_OK) {
         fprintf(stderr, "%s: %s\n", prog, pd_error_msg());

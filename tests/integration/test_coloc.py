@@ -356,8 +356,9 @@ def case_main(model, tmp):
 
 
 def case_small_pool(model, tmp):
-    """32 pages of 16 tokens for 12 requests that grow to 6 pages each: retractions."""
-    d = Coloc(model, tmp, ["--max-total-tokens", "512"])
+    """32 pages of 16 tokens for 12 requests that grow to 6 pages each, admitted without an
+    output reservation (--schedule-conservativeness 0.01): retractions."""
+    d = Coloc(model, tmp, ["--max-total-tokens", "512", "--schedule-conservativeness", "0.01"])
     rng = random.Random(3)
     prompts = [{"ids": [rng.randrange(1000) for _ in range(20 + 7 * i)], "max_new": 60}
                for i in range(12)]
