@@ -1300,55 +1300,7 @@ static int route_all(void) {
     return PD_OK;
 }
 
-/* The transfer engine on the pool, the layout both sides must agree on, and the bootstrap
- * server (prefill) — everything disaggregation needs beyond the engine. */
-static int start_transfer(void) {
-    /* transfer engine on the pool, and the layout both sides must agree on */
-    int rc;
-    struct pd_server_args *a = &D.args;
-    struct pd_xfer_config xc = {.ib_devices = a->disaggregation_ib_device,
-                                .abort_timeout_ms = 3000};
-    struct pd_xfer_callbacks xcb = {.on_room_end = on_room_end,
-                                    .on_peer_failed = on_peer_failed,
-                                    .on_peer_closed = on_peer_closed};
-    if ((rc = pd_grpc_bridge_new(&D.loop, &D.bridge)) != PD_OK ||
-        (rc = pd_xfer_new(&D.loop, &xc, &xcb, &D.x)) != PD_OK ||
-        (rc = pd_xfer_register_pool(D.x, D.info.pool_base, D.info.page_bytes,
-                                    (uint32_t)D.info.n_pages)) != PD_OK)
-        return rc;
-    struct pd_xfer_info xi;
-    pd_xfer_get_info(D.x, &xi);
-    snprintf(D.transport, sizeof(D.transport), "ucx:%s%s", xi.transports ? xi.transports : "all",
-             xi.rdma ? "+rdma" : "");
-    memset(&D.layout, 0, sizeof(D.layout));
-    snprintf(D.layout.model, sizeof(D.layout.model), "%s/v%d/l%d/kv%dx%d", D.info.architecture,
-             D.info.vocab_size, D.info.n_layers, D.info.kv_heads, D.info.head_dim);
-    D.layout.layers = (uint32_t)D.info.n_layers;
-    D.layout.kv_heads = (uint32_t)D.info.kv_heads;
-    D.layout.head_dim = (uint32_t)D.info.head_dim;
-    D.layout.page_size = (uint32_t)D.info.page_size;
-    snprintf(D.layout.dtype, sizeof(D.layout.dtype), "%s", D.info.dtype);
-    D.layout.tp_size = 1;
-    D.layout.page_bytes = D.info.page_bytes;
-    snprintf(D.node_id, sizeof(D.node_id), "%s-%d-%016" PRIx64, role_name(), (int)getpid(),
-             pd_xfer_id(D.x));
-    if ((rc = pd_cluster_key_load(D.cluster_key_path, D.key, &D.key_len)) != PD_OK)
-        return rc;
-    if (D.role == PD_ENGINE_PREFILL) {
-        char addr[300];
-        snprintf(addr, sizeof(addr), "%s:%d", a->host, a->disaggregation_bootstrap_port);
-        struct pd_bootstrap_server_config sc = {.addr = addr,
-                                                .key = D.key,
-                                                .key_len = D.key_len,
-                                                .layout = D.layout,
-                                                .prefill_id = D.node_id};
-        struct pd_bootstrap_server_callbacks scb = {.on_room = on_bootstrap_room,
-                                                    .on_abort = on_bootstrap_abort};
-        if ((rc = pd_bootstrap_server_new(D.bridge, D.x, &sc, &scb, &D.bserver)) != PD_OK)
-            return pd_error_wrap(rc, "bootstrap server on %s", addr);
-    }
-    return PD_OK;
-}
+static int start_transfer(void);
 
 static int start(void) {
     int rc;
@@ -1422,6 +1374,55 @@ static int start(void) {
     pd_info("%s ready: model %s (%s), %d pages of %d tokens, context %d, %s", role_name(),
             a->model_path, D.info.architecture, D.info.n_pages, D.info.page_size,
             D.info.context_length, D.info.backend);
+    return PD_OK;
+}
+
+/* The transfer engine on the pool, the layout both sides must agree on, and the bootstrap
+ * server (prefill) — everything disaggregation needs beyond the engine. */
+static int start_transfer(void) {
+    int rc;
+    struct pd_server_args *a = &D.args;
+    struct pd_xfer_config xc = {.ib_devices = a->disaggregation_ib_device,
+                                .abort_timeout_ms = 3000};
+    struct pd_xfer_callbacks xcb = {.on_room_end = on_room_end,
+                                    .on_peer_failed = on_peer_failed,
+                                    .on_peer_closed = on_peer_closed};
+    if ((rc = pd_grpc_bridge_new(&D.loop, &D.bridge)) != PD_OK ||
+        (rc = pd_xfer_new(&D.loop, &xc, &xcb, &D.x)) != PD_OK ||
+        (rc = pd_xfer_register_pool(D.x, D.info.pool_base, D.info.page_bytes,
+                                    (uint32_t)D.info.n_pages)) != PD_OK)
+        return rc;
+    struct pd_xfer_info xi;
+    pd_xfer_get_info(D.x, &xi);
+    snprintf(D.transport, sizeof(D.transport), "ucx:%s%s", xi.transports ? xi.transports : "all",
+             xi.rdma ? "+rdma" : "");
+    memset(&D.layout, 0, sizeof(D.layout));
+    snprintf(D.layout.model, sizeof(D.layout.model), "%s/v%d/l%d/kv%dx%d", D.info.architecture,
+             D.info.vocab_size, D.info.n_layers, D.info.kv_heads, D.info.head_dim);
+    D.layout.layers = (uint32_t)D.info.n_layers;
+    D.layout.kv_heads = (uint32_t)D.info.kv_heads;
+    D.layout.head_dim = (uint32_t)D.info.head_dim;
+    D.layout.page_size = (uint32_t)D.info.page_size;
+    snprintf(D.layout.dtype, sizeof(D.layout.dtype), "%s", D.info.dtype);
+    D.layout.tp_size = 1;
+    D.layout.page_bytes = D.info.page_bytes;
+    snprintf(D.node_id, sizeof(D.node_id), "%s-%d-%016" PRIx64, role_name(), (int)getpid(),
+             pd_xfer_id(D.x));
+    if ((rc = pd_cluster_key_load(D.cluster_key_path, D.key, &D.key_len)) != PD_OK)
+        return rc;
+    if (D.role == PD_ENGINE_PREFILL) {
+        char addr[300];
+        snprintf(addr, sizeof(addr), "%s:%d", a->host, a->disaggregation_bootstrap_port);
+        struct pd_bootstrap_server_config sc = {.addr = addr,
+                                                .key = D.key,
+                                                .key_len = D.key_len,
+                                                .layout = D.layout,
+                                                .prefill_id = D.node_id};
+        struct pd_bootstrap_server_callbacks scb = {.on_room = on_bootstrap_room,
+                                                    .on_abort = on_bootstrap_abort};
+        if ((rc = pd_bootstrap_server_new(D.bridge, D.x, &sc, &scb, &D.bserver)) != PD_OK)
+            return pd_error_wrap(rc, "bootstrap server on %s", addr);
+    }
     return PD_OK;
 }
 
