@@ -59,7 +59,10 @@ bool pd__prefix_admit(struct pd_page_alloc *pa, struct pd_radix_cache *rc, int32
         pd_radix_cache_lock(rc, m.node);
     int32_t need = a->n_pages - m.n_pages;
     int32_t n_free = pd_page_alloc_n_free(pa);
-    if (n_free < need + a->reserve && rc)
+    /* evict only when that can make it fit: a head that cannot be admitted must not flush the
+     * cache step after step */
+    if (n_free < need + a->reserve && rc &&
+        n_free + pd_page_alloc_n_cached(pa) >= need + a->reserve)
         pd_radix_cache_evict(rc, need + a->reserve - n_free);
     int32_t hint = m.n_pages ? a->pages[m.n_pages - 1] : -1;
     if (pd_page_alloc_n_free(pa) - need < a->reserve ||

@@ -306,6 +306,38 @@ static void test_aborts(void) {
     done(&f);
 }
 
+/* A waiting head that cannot fit even with the whole cache evicted leaves the cache alone (it
+ * would otherwise be flushed step after step for nothing). */
+static void test_no_pointless_eviction(void) {
+    struct fx f;
+    mk(&f, 4, 16, 64, 8, true, true, 0.01);
+    for (int i = 0; i < 64; i++) {
+        toks[4][i] = 1000 + i;
+        toks[5][i] = 2000 + i;
+        toks[6][i] = 3000 + i;
+    }
+    CHECK_OK(pd_sched_coloc_add(f.s, 1, toks[4], 20, 1, 0));
+    struct pd_coloc_step st;
+    run(&f, &st, 0);
+    finish(&f, &st, 0);
+    CHECK_INT(pop(f.s, 1, NULL), PD_END_DONE);
+    CHECK_INT(pd_radix_cache_n_pages(f.rc), 5);
+    CHECK_OK(pd_sched_coloc_add(f.s, 2, toks[5], 30, 30, 1));
+    run(&f, &st, 1);
+    CHECK_INT(st.n_chunks, 1); /* alone: no reservation; 8 of the 11 free pages */
+    finish(&f, &st, 1);
+    CHECK_INT(pd_radix_cache_n_pages(f.rc), 5 + 7);          /* B's whole pages joined */
+    CHECK_OK(pd_sched_coloc_add(f.s, 3, toks[6], 40, 2, 2)); /* 10 pages: never with B running */
+    for (int t = 2; t < 5; t++) {
+        run(&f, &st, t);
+        CHECK_INT(st.n_chunks, 0);
+        CHECK_INT(st.n_decodes, 1);
+        finish(&f, &st, t);
+        CHECK_INT(pd_radix_cache_n_pages(f.rc), 12);
+    }
+    done(&f);
+}
+
 static void test_bad_input(void) {
     struct fx f;
     mk(&f, 4, 8, 16, 2, true, false, 0.5);
@@ -614,5 +646,5 @@ static void test_sim(void) {
 }
 
 PD_TEST_MAIN(PD_TEST(test_mixed_steps), PD_TEST(test_unmixed_steps), PD_TEST(test_prefix_cache),
-             PD_TEST(test_retraction), PD_TEST(test_aborts), PD_TEST(test_bad_input),
-             PD_TEST(test_sim))
+             PD_TEST(test_retraction), PD_TEST(test_aborts), PD_TEST(test_no_pointless_eviction),
+             PD_TEST(test_bad_input), PD_TEST(test_sim))
