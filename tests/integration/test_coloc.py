@@ -234,7 +234,7 @@ def pool_checks(d, label):
     st, body = d.get("/v1/loads")
     loads = json.loads(body) if st == 200 else {}
     rank = (loads.get("loads") or [{}])[0]
-    check(st == 200 and rank.get("num_used_tokens") == 0 and
+    check(st == 200 and rank.get("num_used_tokens") == 0 and rank.get("token_usage") == 0 and
           rank.get("max_total_num_tokens") == info["max_total_tokens"],
           "%s: /v1/loads %d %r" % (label, st, loads))
     st, body = d.get("/get_load")
