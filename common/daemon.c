@@ -95,7 +95,7 @@ struct daemon {
     int role;
     bool coloc;       /* pdserve-decode --disaggregation-mode null: prefill and decode here */
     bool mixed_chunk; /* colocated: prefill chunks and decode tokens in one step */
-    bool enable_mixed_flag, disable_mixed_flag;
+    bool disable_mixed_flag;
     double conservativeness; /* decode roles: SGLang's --schedule-conservativeness */
     uint64_t room_seq;       /* colocated: rooms are drawn here */
     struct pd_server_args args;
@@ -1462,13 +1462,17 @@ int pd_daemon_main(int role, int argc, char **argv) {
     pd_flag_string(&fs, "--api-key", &D.api_key, "KEY",
                    "require Authorization: Bearer KEY on the API (not on /health, /metrics)");
     pd_flag_cluster_key(&fs, &D.cluster_key_path);
+    struct pd_flag *f_mixed = NULL, *f_unmixed = NULL;
     if (role == PD_ENGINE_DECODE) {
-        pd_flag_bool(&fs, "--enable-mixed-chunk", &D.enable_mixed_flag,
-                     "--disaggregation-mode null: run prefill chunks and the running requests' "
-                     "decode tokens in one forward step (SGLang's flag; on by default here)");
-        pd_flag_bool(&fs, "--disable-mixed-chunk", &D.disable_mixed_flag,
-                     "--disaggregation-mode null: a step is a prefill batch when one can be "
-                     "built, else a decode batch (SGLang without --enable-mixed-chunk)");
+        D.mixed_chunk = true; /* null mode is the mixed-chunk baseline (SGLang's default: off) */
+        f_mixed = pd_flag_bool(&fs, "--enable-mixed-chunk", &D.mixed_chunk,
+                               "--disaggregation-mode null: run prefill chunks and the running "
+                               "requests' decode tokens in one forward step (SGLang's flag; on by "
+                               "default here, =false turns it off)");
+        f_unmixed = pd_flag_bool(&fs, "--disable-mixed-chunk", &D.disable_mixed_flag,
+                                 "--disaggregation-mode null: a step is a prefill batch when one "
+                                 "can be built, else a decode batch (SGLang without "
+                                 "--enable-mixed-chunk)");
         pd_flag_double(&fs, "--schedule-conservativeness", &D.conservativeness, "F", 0.001, 100,
                        "scales the output reservation at admission: new_token_ratio starts at "
                        "0.7 x F (at most 1); lower admits more requests and retracts sooner");
@@ -1492,19 +1496,21 @@ int pd_daemon_main(int role, int argc, char **argv) {
                 role == PD_ENGINE_PREFILL ? "prefill" : "decode (or null: colocated)");
         return 2;
     }
-    if (D.enable_mixed_flag && D.disable_mixed_flag) {
+    bool mixed_given = f_mixed && f_mixed->seen, unmixed_given = f_unmixed && f_unmixed->seen;
+    if (mixed_given && D.mixed_chunk && D.disable_mixed_flag) {
         fprintf(stderr,
                 "%s: --enable-mixed-chunk and --disable-mixed-chunk contradict each other\n", prog);
         return 2;
     }
-    if (!D.coloc && (D.enable_mixed_flag || D.disable_mixed_flag)) {
+    if (!D.coloc && (mixed_given || unmixed_given)) {
         fprintf(stderr,
                 "%s: --enable-mixed-chunk / --disable-mixed-chunk apply to --disaggregation-mode "
                 "null only (a disaggregated decode daemon runs no prefill to mix)\n",
                 prog);
         return 2;
     }
-    D.mixed_chunk = !D.disable_mixed_flag;
+    if (D.disable_mixed_flag)
+        D.mixed_chunk = false;
     if (D.args.device != PD_DEVICE_CPU || D.args.tp_size != 1) {
         fprintf(stderr, "%s: only --device cpu --tp-size 1 is built in this binary\n", prog);
         return 2;

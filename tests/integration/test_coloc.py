@@ -376,10 +376,10 @@ def case_small_pool(model, tmp):
     check(d.terminate(30) == 0, "small pool daemon SIGTERM exit 0")
 
 
-def case_unmixed(model, tmp, prompts, refs, counts):
-    d = Coloc(model, tmp, ["--disable-mixed-chunk"])
-    check(d.server_info()["enable_mixed_chunk"] is False, "--disable-mixed-chunk in server_info")
-    concurrent_round(d, prompts, refs, counts, 0, "no mixing")
+def case_unmixed(model, tmp, prompts, refs, counts, flag):
+    d = Coloc(model, tmp, [flag])
+    check(d.server_info()["enable_mixed_chunk"] is False, "%s in server_info" % flag)
+    concurrent_round(d, prompts, refs, counts, 0, "no mixing (%s)" % flag)
     info = d.server_info()
     check(info["mixed_steps"] == 0 and info["steps"] > 0,
           "no mixed step without mixing: %r" % {k: info[k] for k in ("steps", "mixed_steps")})
@@ -409,7 +409,8 @@ def main():
         model = pc.make_model(BUILD, tmp)
         case_bad_flags(model)
         prompts, refs, counts = case_main(model, tmp)
-        case_unmixed(model, tmp, prompts, refs, counts)
+        case_unmixed(model, tmp, prompts, refs, counts, "--disable-mixed-chunk")
+        case_unmixed(model, tmp, prompts, refs, counts, "--enable-mixed-chunk=false")
         case_small_pool(model, tmp)
     finally:
         pc.kill_all()
