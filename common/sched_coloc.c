@@ -259,13 +259,11 @@ static void retract(struct pd_sched_coloc *s, int32_t slot) {
     s->retracted++;
 }
 
-/* SGLang's estimate after a retraction: decoded + retract_decode_steps per request over the
- * maximum, at least the minimum. */
+/* SGLang's new_token_ratio: decays every step, jumps back up after a retraction. */
 static void update_ratio(struct pd_sched_coloc *s, bool retracted) {
     if (!retracted) {
-        s->ratio -= s->cfg.new_token_ratio_decay;
-        if (s->ratio < s->cfg.min_new_token_ratio)
-            s->ratio = s->cfg.min_new_token_ratio;
+        s->ratio =
+            pd__ratio_decay(s->ratio, s->cfg.min_new_token_ratio, s->cfg.new_token_ratio_decay);
         return;
     }
     int64_t decoded = 0, max_new = 0;
@@ -273,12 +271,8 @@ static void update_ratio(struct pd_sched_coloc *s, bool retracted) {
         decoded += s->reqs[i].n_out;
         max_new += s->reqs[i].max_new;
     }
-    double est = max_new ? (double)(decoded + (int64_t)s->cfg.retract_decode_steps * s->running.n) /
-                               (double)max_new
-                         : s->cfg.init_new_token_ratio;
-    s->ratio = est < 1.0 ? est : 1.0;
-    if (s->ratio < s->cfg.min_new_token_ratio)
-        s->ratio = s->cfg.min_new_token_ratio;
+    s->ratio = pd__ratio_after_retract(decoded, max_new, s->running.n, s->cfg.retract_decode_steps,
+                                       s->cfg.init_new_token_ratio, s->cfg.min_new_token_ratio);
 }
 
 /* Every running request gets the page its next position needs: from the free pool, else from

@@ -121,6 +121,26 @@ static inline void pd__slot_list_remove(struct pd__slot_list *l, struct pd__slot
     l->n--;
 }
 
+/* ---- SGLang's new_token_ratio (decode and colocated schedulers) ---- */
+
+/* One step's decay towards min. */
+static inline double pd__ratio_decay(double ratio, double min, double decay) {
+    return ratio - decay > min ? ratio - decay : min;
+}
+
+/* After a retraction: (tokens decoded + retract_decode_steps per request) / max_new_tokens over
+ * the requests still running, within [min, 1]; init when none runs. */
+static inline double pd__ratio_after_retract(int64_t decoded, int64_t max_new, int32_t n_running,
+                                             int32_t retract_decode_steps, double init,
+                                             double min) {
+    double est =
+        max_new ? (double)(decoded + (int64_t)retract_decode_steps * n_running) / (double)max_new
+                : init;
+    if (est > 1.0)
+        est = 1.0;
+    return est < min ? min : est;
+}
+
 /* ---- PrefillAdder pieces ---- */
 
 /* Tokens of a prompt's `rest` to run with `rem` budget left: all of it, a page-aligned cut, or 0
