@@ -674,6 +674,18 @@ static int coloc_new(struct pd_engine *e, const struct pd_engine_config *cfg) {
 }
 
 static void coloc_add(struct pd_engine *e, struct pd_engine_req *r, double now) {
+    /* one forward pass carries many requests: a token the model would refuse must not get into
+     * a step and fail the requests batched with it */
+    for (int32_t i = 0; i < r->n_prompt; i++)
+        if (r->tokens[i] < 0 || r->tokens[i] >= e->vocab) {
+            pd_errorf(PD_EINVAL,
+                      "room %" PRIu64 ": prompt token %d at %d is outside the vocabulary "
+                      "(%d)",
+                      r->room, (int)r->tokens[i], (int)i, e->vocab);
+            pd_warn("room=%" PRIu64 " refused: %s", r->room, pd_error_msg());
+            emit_end(e, r, PD_END_FAILED, PD_EINVAL, 0);
+            return;
+        }
     int rc = pd_sampler_init(&r->sampler, &r->sp, e->vocab, r->tokens, r->n_prompt,
                              pd_model_config_of(e->model)->eos_token_ids,
                              pd_model_config_of(e->model)->n_eos_token_ids);
