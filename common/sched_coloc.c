@@ -7,7 +7,9 @@
  * or the half-done one) → running (its pages grow a page at a time) → ended, with a retraction
  * taking a running request back to waiting with nothing held. An admission prefills fill_len =
  * prompt + outputs so far tokens (the prompt alone the first time). The end, whatever its reason,
- * puts the pages and the lock (end_req); check() recounts every page's holders.
+ * puts the pages and the lock (end_req); check() recounts every page's holders. A finished
+ * request's whole pages of prompt + output enter the prefix cache first (SGLang's
+ * cache_finished_req), so the next turn of a conversation finds them.
  */
 #include "common/sched_coloc.h"
 
@@ -413,13 +415,22 @@ int pd_sched_coloc_step(struct pd_sched_coloc *s, double now_s, struct pd_coloc_
     return PD_OK;
 }
 
+/* SGLang's cache_finished_req: the KV of prompt + output (the last token's was never written)
+ * stays in the prefix cache, so a follow-up turn that repeats the conversation reuses it. */
+static void cache_finished(struct pd_sched_coloc *s, struct creq *r) {
+    int32_t n = r->prompt_len + r->n_out - 1;
+    PD_ASSERT(r->admitted && n / s->cfg.page_size <= r->n_pages);
+    pd__prefix_commit(s->rc, r->tokens, n, s->cfg.page_size, r->pages, &r->node);
+}
+
 /* One more output token; the request ends done at a stop or max_new_tokens. */
 static void produced(struct pd_sched_coloc *s, int32_t slot, bool stop, double now_s) {
     struct creq *r = &s->reqs[slot];
     r->n_out++;
-    if (stop || r->n_out >= r->max_new)
+    if (stop || r->n_out >= r->max_new) {
+        cache_finished(s, r);
         end_req(s, slot, PD_END_DONE);
-    else if (r->state != ST_RUNNING)
+    } else if (r->state != ST_RUNNING)
         move_to(s, slot, ST_RUNNING, now_s);
 }
 

@@ -22,7 +22,8 @@
  * evicting the prefix cache) the running request that loses least (fewest tokens generated, then
  * the longest prompt) is retracted: its pages go back and it returns to the head of the waiting
  * queue, to be prefilled again over prompt + generated tokens (its tokens array holds them).
- * Every page a request takes goes back however it ends; the prefix cache keeps its own references.
+ * Every page a request takes goes back however it ends; the prefix cache keeps its own references
+ * (on a prompt's pages after each chunk, and on prompt + output when a request finishes).
  */
 #ifndef PD_SCHED_COLOC_H
 #define PD_SCHED_COLOC_H

@@ -306,6 +306,36 @@ static void test_aborts(void) {
     done(&f);
 }
 
+/* A finished request's prompt + output stay cached: the next turn of the conversation (its
+ * prompt and answer, then more) gets them from the cache, output pages included. */
+static void test_next_turn(void) {
+    struct fx f;
+    mk(&f, 4, 64, 64, 8, true, true, 0.5);
+    for (int i = 0; i < 10; i++)
+        toks[6][i] = 500 + i;
+    CHECK_OK(pd_sched_coloc_add(f.s, 1, toks[6], 10, 12, 0));
+    struct pd_coloc_step st;
+    for (int t = 0; t < 12; t++) {
+        run(&f, &st, t);
+        toks[6][10 + t] = 900 + t; /* the "model" writes each output token */
+        finish(&f, &st, t);
+    }
+    CHECK_INT(pop(f.s, 1, NULL), PD_END_DONE);
+    /* 10 + 11 tokens have KV (the 12th output was never fed): 5 whole pages cached */
+    CHECK_INT(pd_radix_cache_n_pages(f.rc), 5);
+    for (int i = 0; i < 22; i++)
+        toks[7][i] = toks[6][i];
+    for (int i = 22; i < 27; i++)
+        toks[7][i] = 1;
+    CHECK_OK(pd_sched_coloc_add(f.s, 2, toks[7], 27, 2, 20));
+    run(&f, &st, 20);
+    CHECK_INT(st.n_chunks, 1);
+    CHECK_INT(st.chunks[0].cached_tokens, 20);
+    CHECK_INT(st.chunks[0].start, 20);
+    finish(&f, &st, 20);
+    done(&f);
+}
+
 /* A waiting head that cannot fit even with the whole cache evicted leaves the cache alone (it
  * would otherwise be flushed step after step for nothing). */
 static void test_no_pointless_eviction(void) {
@@ -646,5 +676,5 @@ static void test_sim(void) {
 }
 
 PD_TEST_MAIN(PD_TEST(test_mixed_steps), PD_TEST(test_unmixed_steps), PD_TEST(test_prefix_cache),
-             PD_TEST(test_retraction), PD_TEST(test_aborts), PD_TEST(test_no_pointless_eviction),
-             PD_TEST(test_bad_input), PD_TEST(test_sim))
+             PD_TEST(test_retraction), PD_TEST(test_aborts), PD_TEST(test_next_turn),
+             PD_TEST(test_no_pointless_eviction), PD_TEST(test_bad_input), PD_TEST(test_sim))
