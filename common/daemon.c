@@ -4,7 +4,8 @@
  * compute thread (common/engine.c) owns the model and the scheduler. A daemon request (struct
  * dreq) lives from its HTTP body until the engine's END (or its refusal before ADD); the HTTP
  * side may go earlier (client gone). Nothing here blocks or computes beyond tokenizing a prompt
- * and detokenizing tokens.
+ * and detokenizing tokens. In colocated mode (pdserve-decode --disaggregation-mode null) the
+ * transfer engine and bootstrap are never started.
  */
 #include "common/daemon.h"
 
@@ -16,6 +17,7 @@
 #include "common/grpc_bridge.h"
 #include "common/http_server.h"
 #include "common/log.h"
+#include "common/rng.h"
 #include "common/room_map.h"
 #include "common/sched_common.h"
 #include "common/serve_metrics.h"
@@ -100,6 +102,11 @@ struct client_slot {
 
 struct daemon {
     int role;
+    bool coloc;       /* pdserve-decode --disaggregation-mode null: prefill and decode here */
+    bool mixed_chunk; /* colocated: prefill chunks and decode tokens in one step */
+    bool disable_mixed_flag;
+    double conservativeness; /* decode roles: SGLang's --schedule-conservativeness */
+    uint64_t room_seq;       /* colocated: rooms are drawn here */
     struct pd_server_args args;
     double bootstrap_timeout, waiting_timeout, shutdown_timeout;
     const char *cluster_key_path, *api_key;
@@ -147,7 +154,7 @@ static double now_s(void) {
 }
 
 static const char *role_name(void) {
-    return D.role == PD_ENGINE_PREFILL ? "prefill" : "decode";
+    return D.role == PD_ENGINE_PREFILL ? "prefill" : D.coloc ? "colocated" : "decode";
 }
 
 /* ---- request table ---- */
@@ -479,6 +486,11 @@ static void end_request(struct dreq *r, const struct pd_engine_event *ev) {
     r->ereq = ev->req; /* ours again */
     r->ending = true;
     int reason = ev->reason;
+    if (D.coloc) {
+        r->cached_tokens = ev->cached_tokens; /* prefilled here: the engine knows the hit */
+        if (reason == PD_END_DONE || r->stopped_here)
+            D.n_prompt_tokens += r->n_prompt;
+    }
     if (r->stopped_here)
         reason = PD_END_DONE;
     pd_info("room=%" PRIu64 " rid=%s end=%s tokens=%d", r->room, r->rid,
@@ -729,6 +741,16 @@ static void decode_admit(struct dreq *r, const struct pd_engine_event *ev) {
 
 /* ---- generation requests ---- */
 
+/* Colocated: a fresh room in [0, 2^63) no live request has (bootstrap_room in a body is not
+ * ours to trust: two clients could send the same one). */
+static uint64_t coloc_room(void) {
+    uint64_t room;
+    do
+        room = pd_splitmix64(&D.room_seq) >> 1;
+    while (find_room(room));
+    return room;
+}
+
 static void abort_req(struct dreq *r, bool user) {
     if (user)
         r->aborted = true;
@@ -766,7 +788,7 @@ static void handle_generate(struct pd_http_req *h, enum pd_api_kind kind) {
     const char *body = pd_http_req_body(h, &blen);
     struct pd_api_config ac = {.served_model_name = D.args.served_model_name,
                                .model_path = D.args.model_path,
-                               .disaggregated = true,
+                               .disaggregated = !D.coloc,
                                .context_length = D.info.context_length};
     if (pd_api_parse(kind, body, blen, &ac, &r->api, &e) != PD_OK) {
         pd_http_respond_error(h, &e);
@@ -814,7 +836,7 @@ static void handle_generate(struct pd_http_req *h, enum pd_api_kind kind) {
     }
     if (r->api.sampling.max_new_tokens < 1)
         r->api.sampling.max_new_tokens = 1; /* the prefill's token is always produced */
-    r->room = r->api.bootstrap_room;
+    r->room = D.coloc ? coloc_room() : r->api.bootstrap_room;
     r->n_prompt = (int32_t)ids.n;
     if (find_room(r->room)) {
         respond_error(h, 400, "invalid_request_error", "bootstrap_room",
@@ -1071,7 +1093,14 @@ static void h_server_info(struct pd_http_req *h, void *ud) {
     cJSON_AddNumberToObject(pool, "cached_pages", s.pages_cached);
     cJSON_AddNumberToObject(pool, "page_size", D.info.page_size);
     cJSON *q = cJSON_AddObjectToObject(extra, "queues");
-    if (D.role == PD_ENGINE_PREFILL) {
+    if (D.coloc) {
+        cJSON_AddNumberToObject(q, "waiting", s.q_waiting);
+        cJSON_AddNumberToObject(q, "running", s.q_running);
+        cJSON_AddNumberToObject(q, "retractions", (double)s.retractions);
+        cJSON_AddBoolToObject(extra, "enable_mixed_chunk", D.mixed_chunk);
+        cJSON_AddNumberToObject(extra, "steps", (double)s.steps);
+        cJSON_AddNumberToObject(extra, "mixed_steps", (double)s.mixed_steps);
+    } else if (D.role == PD_ENGINE_PREFILL) {
         cJSON_AddNumberToObject(q, "bootstrap", s.q_bootstrap);
         cJSON_AddNumberToObject(q, "waiting", s.q_waiting);
         cJSON_AddNumberToObject(q, "inflight", s.q_inflight);
@@ -1118,8 +1147,9 @@ static void h_loads(struct pd_http_req *h, void *ud) {
     load_now(&s);
     struct pd_api_rank_load l = {
         .num_running_reqs = D.role == PD_ENGINE_DECODE ? s.q_running : s.q_inflight,
-        .num_waiting_reqs =
-            D.role == PD_ENGINE_DECODE ? s.q_prealloc + s.q_transfer : s.q_bootstrap + s.q_waiting,
+        .num_waiting_reqs = D.role == PD_ENGINE_DECODE
+                                ? s.q_prealloc + s.q_transfer + s.q_waiting /* colocated */
+                                : s.q_bootstrap + s.q_waiting,
         .num_used_tokens = (int64_t)s.pages_used * D.info.page_size,
         .max_total_num_tokens = (int64_t)s.pages_total * D.info.page_size};
     char ts[40];
@@ -1332,11 +1362,15 @@ static int route_all(void) {
     return PD_OK;
 }
 
+static int start_transfer(void);
+
 static int start(void) {
     int rc;
     struct pd_server_args *a = &D.args;
     struct pd_engine_config ec = {
-        .role = D.role,
+        .role = D.coloc ? PD_ENGINE_COLOC : D.role,
+        .mixed_chunk = D.mixed_chunk,
+        .new_token_ratio = D.conservativeness != 1.0 ? 0.7 * D.conservativeness : 0,
         .model_path = a->model_path,
         .threads = a->threads,
         .page_size = a->page_size,
@@ -1376,7 +1410,43 @@ static int start(void) {
         D.free_slots[i] = D.cap - 1 - i;
     D.n_free = D.cap;
 
-    /* transfer engine on the pool, and the layout both sides must agree on */
+    if (D.coloc) /* nothing leaves this process: no transfer engine, no bootstrap */
+        snprintf(D.transport, sizeof(D.transport), "none");
+    else if ((rc = start_transfer()) != PD_OK)
+        return rc;
+    if ((rc = pd_engine_start(D.eng, &D.loop, on_engine_event, NULL)) != PD_OK)
+        return rc;
+    struct pd_http_server_config hc = {.host = a->host, .port = a->port, .api_key = D.api_key};
+    if ((rc = pd_http_server_new(&D.loop, &hc, &D.http)) != PD_OK || (rc = route_all()) != PD_OK)
+        return rc;
+    D.http_listening = true;
+    if ((rc = pd_http_server_listen(D.http)) != PD_OK)
+        return rc;
+    uv_timer_start(&D.tick, on_tick, 100, 100);
+    D.ready = true;
+    if (D.role == PD_ENGINE_PREFILL)
+        printf("pdserve-prefill: READY http=%s:%d bootstrap_port=%d pages=%d transport=%s\n",
+               a->host, pd_http_server_port(D.http), a->disaggregation_bootstrap_port,
+               D.info.n_pages, D.transport);
+    else if (D.coloc)
+        printf("pdserve-decode: READY http=%s:%d pages=%d disaggregation_mode=null "
+               "mixed_chunk=%d\n",
+               a->host, pd_http_server_port(D.http), D.info.n_pages, (int)D.mixed_chunk);
+    else
+        printf("pdserve-decode: READY http=%s:%d pages=%d transport=%s\n", a->host,
+               pd_http_server_port(D.http), D.info.n_pages, D.transport);
+    fflush(stdout);
+    pd_info("%s ready: model %s (%s), %d pages of %d tokens, context %d, %s", role_name(),
+            a->model_path, D.info.architecture, D.info.n_pages, D.info.page_size,
+            D.info.context_length, D.info.backend);
+    return PD_OK;
+}
+
+/* The transfer engine on the pool, the layout both sides must agree on, and the bootstrap
+ * server (prefill) — everything disaggregation needs beyond the engine. */
+static int start_transfer(void) {
+    int rc;
+    struct pd_server_args *a = &D.args;
     struct pd_xfer_config xc = {.ib_devices = a->disaggregation_ib_device,
                                 .abort_timeout_ms = 3000};
     struct pd_xfer_callbacks xcb = {.on_room_end = on_room_end,
@@ -1418,27 +1488,6 @@ static int start(void) {
         if ((rc = pd_bootstrap_server_new(D.bridge, D.x, &sc, &scb, &D.bserver)) != PD_OK)
             return pd_error_wrap(rc, "bootstrap server on %s", addr);
     }
-    if ((rc = pd_engine_start(D.eng, &D.loop, on_engine_event, NULL)) != PD_OK)
-        return rc;
-    struct pd_http_server_config hc = {.host = a->host, .port = a->port, .api_key = D.api_key};
-    if ((rc = pd_http_server_new(&D.loop, &hc, &D.http)) != PD_OK || (rc = route_all()) != PD_OK)
-        return rc;
-    D.http_listening = true;
-    if ((rc = pd_http_server_listen(D.http)) != PD_OK)
-        return rc;
-    uv_timer_start(&D.tick, on_tick, 100, 100);
-    D.ready = true;
-    if (D.role == PD_ENGINE_PREFILL)
-        printf("pdserve-prefill: READY http=%s:%d bootstrap_port=%d pages=%d transport=%s\n",
-               a->host, pd_http_server_port(D.http), a->disaggregation_bootstrap_port,
-               D.info.n_pages, D.transport);
-    else
-        printf("pdserve-decode: READY http=%s:%d pages=%d transport=%s\n", a->host,
-               pd_http_server_port(D.http), D.info.n_pages, D.transport);
-    fflush(stdout);
-    pd_info("%s ready: model %s (%s), %d pages of %d tokens, context %d, %s", role_name(),
-            a->model_path, D.info.architecture, D.info.n_pages, D.info.page_size,
-            D.info.context_length, D.info.backend);
     return PD_OK;
 }
 
@@ -1448,6 +1497,7 @@ int pd_daemon_main(int role, int argc, char **argv) {
     D.bootstrap_timeout = 300;
     D.waiting_timeout = 300;
     D.shutdown_timeout = 30;
+    D.conservativeness = 1.0;
     pd_server_args_defaults(&D.args);
     D.args.disaggregation_mode = role == PD_ENGINE_PREFILL ? PD_DISAGG_PREFILL : PD_DISAGG_DECODE;
     const char *prog = role == PD_ENGINE_PREFILL ? "pdserve-prefill" : "pdserve-decode";
@@ -1462,7 +1512,11 @@ int pd_daemon_main(int role, int argc, char **argv) {
             : "The decode daemon of prefill/decode disaggregation: reserves KV pages for each "
               "request, asks the prefill at bootstrap_host:bootstrap_port to fill them, then "
               "generates the answer in continuous batches and streams it. Serves the "
-              "SGLang/OpenAI HTTP API; generation bodies must carry the bootstrap fields.");
+              "SGLang/OpenAI HTTP API; generation bodies must carry the bootstrap fields. "
+              "With --disaggregation-mode null it serves alone (colocated): it prefills prompts "
+              "itself in chunks of --chunked-prefill-size, mixed with the running requests' "
+              "decode tokens in one forward step, and takes plain requests (no bootstrap fields; "
+              "any given are ignored).");
     pd_server_args_register(&fs, &D.args);
     pd_flag_double(&fs, "--bootstrap-timeout", &D.bootstrap_timeout, "SECONDS", 0.01, 86400,
                    "prefill: a request whose decode never sends its Transfer fails after this");
@@ -1473,6 +1527,21 @@ int pd_daemon_main(int role, int argc, char **argv) {
     pd_flag_string(&fs, "--api-key", &D.api_key, "KEY",
                    "require Authorization: Bearer KEY on the API (not on /health, /metrics)");
     pd_flag_cluster_key(&fs, &D.cluster_key_path);
+    struct pd_flag *f_mixed = NULL, *f_unmixed = NULL;
+    if (role == PD_ENGINE_DECODE) {
+        D.mixed_chunk = true; /* null mode is the mixed-chunk baseline (SGLang's default: off) */
+        f_mixed = pd_flag_bool(&fs, "--enable-mixed-chunk", &D.mixed_chunk,
+                               "--disaggregation-mode null: run prefill chunks and the running "
+                               "requests' decode tokens in one forward step (SGLang's flag; on by "
+                               "default here, =false turns it off)");
+        f_unmixed = pd_flag_bool(&fs, "--disable-mixed-chunk", &D.disable_mixed_flag,
+                                 "--disaggregation-mode null: a step is a prefill batch when one "
+                                 "can be built, else a decode batch (SGLang without "
+                                 "--enable-mixed-chunk)");
+        pd_flag_double(&fs, "--schedule-conservativeness", &D.conservativeness, "F", 0.001, 100,
+                       "scales the output reservation at admission: new_token_ratio starts at "
+                       "0.7 x F (at most 1); lower admits more requests and retracts sooner");
+    }
     if (pd_flags_parse(&fs, argc, argv) != PD_OK) {
         fprintf(stderr, "%s: %s\n", prog, pd_error_msg());
         return 2;
@@ -1485,17 +1554,34 @@ int pd_daemon_main(int role, int argc, char **argv) {
         fprintf(stderr, "%s: %s\n", prog, pd_error_msg());
         return 2;
     }
-    if (D.args.disaggregation_mode !=
-        (role == PD_ENGINE_PREFILL ? PD_DISAGG_PREFILL : PD_DISAGG_DECODE)) {
+    D.coloc = role == PD_ENGINE_DECODE && D.args.disaggregation_mode == PD_DISAGG_NULL;
+    if (!D.coloc && D.args.disaggregation_mode !=
+                        (role == PD_ENGINE_PREFILL ? PD_DISAGG_PREFILL : PD_DISAGG_DECODE)) {
         fprintf(stderr, "%s: --disaggregation-mode must be %s for this daemon\n", prog,
-                role == PD_ENGINE_PREFILL ? "prefill" : "decode");
+                role == PD_ENGINE_PREFILL ? "prefill" : "decode (or null: colocated)");
         return 2;
     }
+    bool mixed_given = f_mixed && f_mixed->seen, unmixed_given = f_unmixed && f_unmixed->seen;
+    if (mixed_given && D.mixed_chunk && D.disable_mixed_flag) {
+        fprintf(stderr,
+                "%s: --enable-mixed-chunk and --disable-mixed-chunk contradict each other\n", prog);
+        return 2;
+    }
+    if (!D.coloc && (mixed_given || unmixed_given)) {
+        fprintf(stderr,
+                "%s: --enable-mixed-chunk / --disable-mixed-chunk apply to --disaggregation-mode "
+                "null only (a disaggregated decode daemon runs no prefill to mix)\n",
+                prog);
+        return 2;
+    }
+    if (D.disable_mixed_flag)
+        D.mixed_chunk = false;
     if (D.args.device != PD_DEVICE_CPU || D.args.tp_size != 1) {
         fprintf(stderr, "%s: only --device cpu --tp-size 1 is built in this binary\n", prog);
         return 2;
     }
-    pd_log_set_name(role == PD_ENGINE_PREFILL ? "prefill" : "decode");
+    pd_log_set_name(role_name());
+    D.room_seq = (uint64_t)D.args.random_seed ^ ((uint64_t)getpid() << 32) ^ uv_hrtime();
     signal(SIGPIPE, SIG_IGN);
     uv_loop_init(&D.loop);
     uv_signal_init(&D.loop, &D.sigterm);

@@ -14,6 +14,10 @@
  *           → XFER_END; then one TOKEN per step, detokenized and streamed here (stop strings are
  *           matched here and end the request); END → the final answer.
  *
+ * Colocated (pdserve-decode --disaggregation-mode null): no transfer engine, no bootstrap; the
+ * daemon draws each request's room itself (bootstrap fields in a body are ignored, as SGLang
+ * ignores them without disaggregation) and its engine prefills and decodes in mixed steps.
+ *
  * Requests are found by room (one live request per room on each side) and by rid for
  * /abort_request. A client that goes away aborts its request (on prefill also the room, which
  * fails the decode side). SIGTERM/SIGINT: stop accepting, let requests finish until

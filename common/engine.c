@@ -18,6 +18,7 @@
 #include "common/page_alloc.h"
 #include "common/radix_cache.h"
 #include "common/room_map.h"
+#include "common/sched_coloc.h"
 #include "common/sched_decode.h"
 #include "common/sched_prefill.h"
 #include "common/spsc.h"
@@ -44,6 +45,7 @@ struct pd_engine {
     struct pd_radix_cache *rc;
     struct pd_sched_prefill *sp;
     struct pd_sched_decode *sd;
+    struct pd_sched_coloc *sc; /* colocated role */
     int vocab, ctx_len, max_reqs, chunk;
 
     /* request registry (compute thread): room → slot → req */
@@ -75,7 +77,7 @@ struct pd_engine {
     /* published counters */
     pthread_mutex_t stats_mu;
     struct pd_engine_stats stats;
-    int64_t steps, tokens, retractions;
+    int64_t steps, tokens, retractions, mixed_steps;
     int64_t unsignalled; /* events pushed since the loop was last woken */
     atomic_int last_check;
     bool check_steps;
@@ -155,11 +157,15 @@ static void unregister_req(struct pd_engine *e, struct pd_engine_req *r) {
 
 /* ---- creation ---- */
 
+static int coloc_new(struct pd_engine *e, const struct pd_engine_config *cfg);
+
 int pd_engine_new(const struct pd_engine_config *cfg, struct pd_engine **out) {
     *out = NULL;
     int rc;
-    if (cfg->role != PD_ENGINE_PREFILL && cfg->role != PD_ENGINE_DECODE)
-        return pd_errorf(PD_EINVAL, "engine: role %d is neither prefill nor decode", cfg->role);
+    if (cfg->role != PD_ENGINE_PREFILL && cfg->role != PD_ENGINE_DECODE &&
+        cfg->role != PD_ENGINE_COLOC)
+        return pd_errorf(PD_EINVAL, "engine: role %d is not prefill, decode or colocated",
+                         cfg->role);
     if (cfg->page_size <= 0 || cfg->max_queued_requests <= 0 || cfg->max_running_requests <= 0)
         return pd_errorf(PD_EINVAL, "engine: page size %d, max queued %d, max running %d",
                          cfg->page_size, cfg->max_queued_requests, cfg->max_running_requests);
@@ -188,6 +194,8 @@ int pd_engine_new(const struct pd_engine_config *cfg, struct pd_engine **out) {
         if (max_reqs > cfg->max_queued_requests)
             max_reqs = cfg->max_queued_requests;
     } else {
+        /* colocated: a step's rows are its admitted requests (prefilling + running), its tokens
+         * the chunk budget or one per running request, whichever is more */
         max_reqs = cfg->max_running_requests;
         if (max_tokens < max_reqs)
             max_tokens = max_reqs;
@@ -224,7 +232,10 @@ int pd_engine_new(const struct pd_engine_config *cfg, struct pd_engine **out) {
     }
     if ((rc = pd_page_alloc_new((int32_t)e->kv.layout.n_pages, &e->pa)) != PD_OK)
         goto fail;
-    if (cfg->role == PD_ENGINE_PREFILL) {
+    if (cfg->role == PD_ENGINE_COLOC) {
+        if ((rc = coloc_new(e, cfg)) != PD_OK)
+            goto fail;
+    } else if (cfg->role == PD_ENGINE_PREFILL) {
         if ((rc = pd_radix_cache_new(e->pa, cfg->page_size, cfg->disable_prefix_cache, &e->rc)) !=
             PD_OK)
             goto fail;
@@ -643,10 +654,152 @@ static bool decode_iter(struct pd_engine *e, double now) {
     return true;
 }
 
+/* ---- colocated ---- */
+
+static int coloc_new(struct pd_engine *e, const struct pd_engine_config *cfg) {
+    int rc = pd_radix_cache_new(e->pa, cfg->page_size, cfg->disable_prefix_cache, &e->rc);
+    if (rc)
+        return rc;
+    struct pd_sched_coloc_config cc = {
+        .page_size = cfg->page_size,
+        .chunked_prefill_size = cfg->chunked_prefill_size,
+        .max_prefill_tokens = cfg->max_prefill_tokens > 0 ? cfg->max_prefill_tokens : 16384,
+        .max_running_requests = cfg->max_running_requests,
+        .max_queued_requests = cfg->max_queued_requests,
+    };
+    pd_sched_coloc_config_defaults(&cc);
+    cc.mixed_chunk = cfg->mixed_chunk;
+    if (cfg->new_token_ratio > 0) {
+        cc.init_new_token_ratio = cfg->new_token_ratio < 1 ? cfg->new_token_ratio : 1;
+        if (cc.min_new_token_ratio > cc.init_new_token_ratio)
+            cc.min_new_token_ratio = cc.init_new_token_ratio;
+    }
+    return pd_sched_coloc_new(&cc, e->pa, e->rc, &e->sc);
+}
+
+static void coloc_add(struct pd_engine *e, struct pd_engine_req *r, double now) {
+    /* one forward pass carries many requests: a token the model would refuse must not get into
+     * a step and fail the requests batched with it */
+    for (int32_t i = 0; i < r->n_prompt; i++)
+        if (r->tokens[i] < 0 || r->tokens[i] >= e->vocab) {
+            pd_errorf(PD_EINVAL,
+                      "room %" PRIu64 ": prompt token %d at %d is outside the vocabulary "
+                      "(%d)",
+                      r->room, (int)r->tokens[i], (int)i, e->vocab);
+            pd_warn("room=%" PRIu64 " refused: %s", r->room, pd_error_msg());
+            emit_end(e, r, PD_END_FAILED, PD_EINVAL, 0);
+            return;
+        }
+    int rc = pd_sampler_init(&r->sampler, &r->sp, e->vocab, r->tokens, r->n_prompt,
+                             pd_model_config_of(e->model)->eos_token_ids,
+                             pd_model_config_of(e->model)->n_eos_token_ids);
+    r->has_sampler = rc == PD_OK;
+    if (!rc)
+        rc = register_req(e, r);
+    if (!rc) {
+        /* r->tokens holds the prompt, then the outputs note_token writes: the scheduler
+         * prefills a retracted request again over both */
+        rc = pd_sched_coloc_add(e->sc, r->room, r->tokens, r->n_prompt, r->sp.max_new_tokens, now);
+        if (rc)
+            unregister_req(e, r);
+    }
+    if (rc) {
+        pd_warn("room=%" PRIu64 " refused by the colocated scheduler: %s", r->room, pd_error_msg());
+        emit_end(e, r, PD_END_FAILED, rc, 0);
+    }
+}
+
+static void coloc_abort(struct pd_engine *e, uint64_t room) {
+    struct pd_engine_req *r = find_req(e, room);
+    if (!r)
+        return;
+    r->aborted = true;
+    (void)pd_sched_coloc_abort(e->sc, room);
+}
+
+/* One step: prefill chunks, then one token per running request (mixed: both in one forward
+ * pass, which the model computes as one extend); a last chunk and every decode row sample the
+ * request's next token. */
+static bool coloc_iter(struct pd_engine *e, double now) {
+    struct pd_coloc_step st;
+    int rc = pd_sched_coloc_step(e->sc, now, &st);
+    PD_ASSERT(rc == PD_OK);
+    e->retractions += st.n_retracted;
+    int32_t n = st.n_chunks + st.n_decodes;
+    if (n == 0)
+        return false;
+    PD_ASSERT(n <= e->max_reqs && n <= e->cfg.max_running_requests);
+    for (int32_t i = 0; i < st.n_chunks; i++) {
+        const struct pd_coloc_chunk *c = &st.chunks[i];
+        struct pd_engine_req *r = find_req(e, c->room);
+        PD_ASSERT(r);
+        e->seqs[i] = (struct pd_model_seq){.tokens = r->tokens + c->start,
+                                           .n_new = c->len,
+                                           .n_cached = c->start,
+                                           .pages = c->pages,
+                                           .n_pages = c->n_pages};
+    }
+    for (int32_t i = 0; i < st.n_decodes; i++) {
+        const struct pd_coloc_decode *d = &st.decodes[i];
+        struct pd_engine_req *r = find_req(e, d->room);
+        PD_ASSERT(r);
+        e->seqs[st.n_chunks + i] = (struct pd_model_seq){.tokens = r->tokens + d->pos,
+                                                         .n_new = 1,
+                                                         .n_cached = d->pos,
+                                                         .pages = d->pages,
+                                                         .n_pages = d->n_pages};
+    }
+    rc = st.n_chunks ? pd_model_extend(e->model, &e->kv, e->seqs, (int)n, false, e->logits)
+                     : pd_model_decode(e->model, &e->kv, e->seqs, (int)n, e->logits);
+    if (rc)
+        pd_error("colocated step of %d chunks (%d tokens) + %d decodes failed: %s",
+                 (int)st.n_chunks, (int)st.n_prefill_tokens, (int)st.n_decodes, pd_error_msg());
+    for (int32_t i = 0; i < n; i++) {
+        bool is_chunk = i < st.n_chunks;
+        uint64_t room = is_chunk ? st.chunks[i].room : st.decodes[i - st.n_chunks].room;
+        struct pd_engine_req *r = find_req(e, room);
+        e->stopped[i] = false;
+        if (rc) { /* the model refused the step: these requests end failed */
+            e->stopped[i] = true;
+            r->fail_status = rc;
+            if (!r->aborted)
+                coloc_abort(e, room); /* ends at step_done; the END says failed */
+            continue;
+        }
+        if ((is_chunk && !st.chunks[i].last) || r->aborted)
+            continue; /* mid-prompt, or ending at step_done anyway */
+        struct pd_sample smp;
+        pd_sampler_next(&r->sampler, &e->scratch, e->logits + (size_t)i * (size_t)e->vocab, &smp);
+        note_token(e, r, smp.token, smp.logprob, smp.finish, &smp);
+        e->stopped[i] = r->finished;
+    }
+    rc = pd_sched_coloc_step_done(e->sc, &st, e->stopped, now);
+    PD_ASSERT(rc == PD_OK);
+    e->steps++;
+    e->mixed_steps += st.n_chunks > 0 && st.n_decodes > 0;
+    e->tokens += st.n_prefill_tokens + st.n_decodes;
+    return true;
+}
+
+static void coloc_drain_ends(struct pd_engine *e) {
+    struct pd_sched_end end;
+    while (pd_sched_coloc_pop_ended(e->sc, &end) == PD_OK) {
+        struct pd_engine_req *r = find_req(e, end.room);
+        PD_ASSERT(r);
+        pd_debug("room=%" PRIu64 " colocated end=%s tokens=%d cached=%d", end.room,
+                 pd_sched_end_reason_str(end.reason), (int)r->n_out, (int)end.cached_tokens);
+        emit_end(e, r, end.reason, PD_OK, end.cached_tokens);
+    }
+}
+
 /* ---- the thread ---- */
 
 static void drain_ends(struct pd_engine *e, double now) {
     struct pd_sched_end end;
+    if (e->sc) {
+        coloc_drain_ends(e);
+        return;
+    }
     if (e->sp) {
         while (pd_sched_prefill_pop_ended(e->sp, &end) == PD_OK) {
             struct pd_engine_req *r = find_req(e, end.room);
@@ -724,7 +877,9 @@ static bool drain_commands(struct pd_engine *e, double now) {
         any = true;
         switch (c.kind) {
         case PD_ENGINE_CMD_ADD:
-            if (e->sp)
+            if (e->sc)
+                coloc_add(e, c.req, now);
+            else if (e->sp)
                 prefill_add(e, c.req, now);
             else
                 decode_add(e, c.req, now);
@@ -734,13 +889,17 @@ static bool drain_commands(struct pd_engine *e, double now) {
                 (void)pd_sched_prefill_bootstrapped(e->sp, c.room, now);
             break;
         case PD_ENGINE_CMD_XFER_END:
+            if (e->sc)
+                break; /* nothing is transferred */
             if (e->sp)
                 prefill_xfer_end(e, c.room, c.status, now);
             else
                 decode_xfer_end(e, &c, now);
             break;
         case PD_ENGINE_CMD_ABORT:
-            if (e->sp)
+            if (e->sc)
+                coloc_abort(e, c.room);
+            else if (e->sp)
                 prefill_abort(e, c.room);
             else
                 decode_abort(e, c.room);
@@ -765,7 +924,12 @@ static void publish(struct pd_engine *e) {
     s.pages_free = ps.free;
     s.pages_used = ps.used;
     s.pages_cached = ps.cached;
-    if (e->sp) {
+    if (e->sc) {
+        struct pd_coloc_counts c;
+        pd_sched_coloc_counts(e->sc, &c);
+        s.q_waiting = c.waiting;
+        s.q_running = c.running;
+    } else if (e->sp) {
         struct pd_prefill_counts c;
         pd_sched_prefill_counts(e->sp, &c);
         s.q_bootstrap = c.bootstrap;
@@ -783,11 +947,14 @@ static void publish(struct pd_engine *e) {
     s.steps = e->steps;
     s.tokens_computed = e->tokens;
     s.retractions = e->retractions;
+    s.mixed_steps = e->mixed_steps;
     pthread_mutex_lock(&e->stats_mu);
     e->stats = s;
     pthread_mutex_unlock(&e->stats_mu);
     if (e->check_steps) {
-        int rc = e->sp ? pd_sched_prefill_check(e->sp) : pd_sched_decode_check(e->sd);
+        int rc = e->sc   ? pd_sched_coloc_check(e->sc)
+                 : e->sp ? pd_sched_prefill_check(e->sp)
+                         : pd_sched_decode_check(e->sd);
         if (rc)
             pd_error("engine check failed: %s", pd_error_msg());
         if (atomic_load(&e->last_check) <= 0) /* keep the first failure */
@@ -817,7 +984,9 @@ static void *compute_main(void *arg) {
         double now = now_s();
         bool did = drain_commands(e, now);
         drain_ends(e, now); /* ends caused by commands (aborts, transfer ends) */
-        bool worked = e->sp ? prefill_iter(e, now) : decode_iter(e, now);
+        bool worked = e->sc   ? coloc_iter(e, now)
+                      : e->sp ? prefill_iter(e, now)
+                              : decode_iter(e, now);
         drain_ends(e, now);
         publish(e);
         if (e->unsignalled) { /* one wakeup per iteration, however many events */
@@ -907,7 +1076,9 @@ static void end_all(struct pd_engine *e) {
         if (!r)
             continue;
         bool q;
-        if (e->sp) {
+        if (e->sc) {
+            (void)pd_sched_coloc_abort(e->sc, r->room);
+        } else if (e->sp) {
             if (pd_sched_prefill_abort(e->sp, r->room, &q) == PD_OK && q)
                 (void)pd_sched_prefill_release(e->sp, r->room);
         } else if (pd_sched_decode_abort(e->sd, r->room, &q) == PD_OK && q) {
@@ -923,7 +1094,10 @@ static void end_all(struct pd_engine *e) {
         e->fn(e->fn_ctx, &ev);
     }
     struct pd_sched_end end;
-    if (e->sp)
+    if (e->sc)
+        while (pd_sched_coloc_pop_ended(e->sc, &end) == PD_OK) {
+        }
+    else if (e->sp)
         while (pd_sched_prefill_pop_ended(e->sp, &end) == PD_OK) {
         }
     else
@@ -967,6 +1141,7 @@ void pd_engine_free(struct pd_engine *e) {
     PD_ASSERT(!e->started || e->joined);
     pd_sched_prefill_free(e->sp);
     pd_sched_decode_free(e->sd);
+    pd_sched_coloc_free(e->sc);
     pd_radix_cache_free(e->rc);
     pd_page_alloc_free(e->pa);
     if (e->kv_ok)

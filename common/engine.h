@@ -16,6 +16,10 @@
  * here: it re-enters with prompt + generated tokens, whose KV one local extend rebuilds.
  * A request timed out in transfer, or aborted there, yields EV_QUIESCE: the loop aborts the room
  * with the prefill; the room's ending (XFER_END) releases its pages.
+ * Colocated (pdserve-decode --disaggregation-mode null): ADD puts a request in waiting; each step
+ * runs the prefill chunks and one decode token per running request in one forward pass
+ * (common/sched_coloc.h); every output token, the first included, is an EV_TOKEN. No transfer:
+ * no ADMIT, SEND, QUIESCE or XFER_END.
  *
  * PROBE (/health_generate) runs one token through the model on a page taken from the free pool
  * and given back within the command: no scheduler, no transfer, no request.
@@ -39,6 +43,7 @@
 enum pd_engine_role {
     PD_ENGINE_PREFILL = 1,
     PD_ENGINE_DECODE = 2,
+    PD_ENGINE_COLOC = 3, /* prefill and decode in one daemon (disaggregation mode null) */
 };
 
 struct pd_engine_config {
@@ -59,6 +64,7 @@ struct pd_engine_config {
     double new_token_ratio;     /* decode: share of the output reserved at admission (SGLang
                                    0.7, decaying to 0.1); 0 = SGLang's; smaller admits more
                                    and retracts sooner */
+    bool mixed_chunk;           /* colocated: prefill chunks and decode tokens in one step */
 };
 
 /* A request as the compute thread sees it. Fields above `private` are set by the loop before
@@ -145,11 +151,12 @@ struct pd_engine_event {
 /* Counters the compute thread publishes after every iteration (loop reads them any time). */
 struct pd_engine_stats {
     int32_t pages_total, pages_free, pages_used, pages_cached;
-    int32_t q_bootstrap, q_waiting, q_inflight; /* prefill */
-    int32_t q_prealloc, q_transfer, q_running;  /* decode */
+    int32_t q_bootstrap, q_waiting, q_inflight; /* prefill; colocated: waiting */
+    int32_t q_prealloc, q_transfer, q_running;  /* decode; colocated: running */
     int32_t q_draining;
     int64_t steps, tokens_computed;
     int64_t retractions; /* decode: requests retracted (and recomputed) so far */
+    int64_t mixed_steps; /* colocated: steps that carried prefill chunks and decode tokens */
 };
 
 /* Facts for /server_info, the bootstrap layout and the transfer engine. */

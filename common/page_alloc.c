@@ -241,6 +241,10 @@ int32_t pd_page_alloc_n_free(const struct pd_page_alloc *pa) {
     return pa->n_free;
 }
 
+int32_t pd_page_alloc_n_cached(const struct pd_page_alloc *pa) {
+    return pa->n_cached;
+}
+
 int32_t pd_page_alloc_n_total(const struct pd_page_alloc *pa) {
     return pa->n_pages;
 }

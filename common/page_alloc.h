@@ -47,6 +47,8 @@ void pd_page_alloc_cache_drop(struct pd_page_alloc *pa, int32_t page);
 
 int32_t pd_page_alloc_n_free(const struct pd_page_alloc *pa);
 int32_t pd_page_alloc_n_total(const struct pd_page_alloc *pa);
+/* Pages only the prefix cache holds (what eviction could give back), O(1). */
+int32_t pd_page_alloc_n_cached(const struct pd_page_alloc *pa);
 int32_t pd_page_alloc_refcount(const struct pd_page_alloc *pa, int32_t page);
 bool pd_page_alloc_is_cached(const struct pd_page_alloc *pa, int32_t page);
 /* O(n_pages): counters plus the longest free run. */

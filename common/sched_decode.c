@@ -254,12 +254,8 @@ static void update_ratio_after_retract(struct pd_sched_decode *s) {
         decoded += s->reqs[i].n_out;
         max_new += s->reqs[i].max_new;
     }
-    double est = max_new ? (double)(decoded + (int64_t)s->cfg.retract_decode_steps * s->running.n) /
-                               (double)max_new
-                         : s->cfg.init_new_token_ratio;
-    s->ratio = est < 1.0 ? est : 1.0;
-    if (s->ratio < s->cfg.min_new_token_ratio)
-        s->ratio = s->cfg.min_new_token_ratio;
+    s->ratio = pd__ratio_after_retract(decoded, max_new, s->running.n, s->cfg.retract_decode_steps,
+                                       s->cfg.init_new_token_ratio, s->cfg.min_new_token_ratio);
 }
 
 int pd_sched_decode_step(struct pd_sched_decode *s, double now_s, struct pd_decode_step *st) {
@@ -304,10 +300,9 @@ int pd_sched_decode_step(struct pd_sched_decode *s, double now_s, struct pd_deco
     }
     if (retracted)
         update_ratio_after_retract(s);
-    else if (s->ratio - s->cfg.new_token_ratio_decay > s->cfg.min_new_token_ratio)
-        s->ratio -= s->cfg.new_token_ratio_decay;
     else
-        s->ratio = s->cfg.min_new_token_ratio;
+        s->ratio =
+            pd__ratio_decay(s->ratio, s->cfg.min_new_token_ratio, s->cfg.new_token_ratio_decay);
     st->new_token_ratio = s->ratio;
 
     /* Admission: FIFO, with room for the output the admitted ones may still produce. */

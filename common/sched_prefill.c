@@ -226,25 +226,6 @@ int pd_sched_prefill_bootstrapped(struct pd_sched_prefill *s, uint64_t room, dou
     return PD_OK;
 }
 
-/* Tokens of `rest` to run with `rem` budget left: all of it, a page-aligned cut, or 0 (does not
- * fit). *stop: nothing may follow in this batch (after a cut, or a prompt over the cap running
- * alone because chunking is off and it could never fit otherwise). */
-static int32_t chunk_len(const struct pd_sched_prefill *s, int32_t rest, int32_t rem,
-                         bool batch_empty, bool *stop) {
-    *stop = false;
-    if (rest <= rem)
-        return rest;
-    if (s->unchunked) {
-        if (!batch_empty)
-            return 0;
-        *stop = true;
-        return rest;
-    }
-    int32_t len = rem / s->cfg.page_size * s->cfg.page_size;
-    *stop = len > 0;
-    return len;
-}
-
 static void add_chunk(struct pd_sched_prefill *s, struct pd_prefill_batch *b, int32_t slot,
                       int32_t len) {
     struct preq *r = &s->reqs[slot];
@@ -270,31 +251,20 @@ static void add_chunk(struct pd_sched_prefill *s, struct pd_prefill_batch *b, in
 static bool admit(struct pd_sched_prefill *s, int32_t slot, int32_t rem, bool batch_empty,
                   int32_t *len, bool *stop) {
     struct preq *r = &s->reqs[slot];
-    int32_t ps = s->cfg.page_size;
-    struct pd_radix_match m = {0, NULL};
-    /* at least the last token is computed: its logits give the first output token */
-    if (s->rc)
-        pd_radix_cache_match(s->rc, r->tokens, r->n_tokens - 1, r->pages, &m);
-    *len = chunk_len(s, r->n_tokens - m.n_pages * ps, rem, batch_empty, stop);
-    if (*len == 0)
+    struct pd__prefix_admit a = {.tokens = r->tokens,
+                                 .n_tokens = r->n_tokens,
+                                 .n_pages = r->n_pages,
+                                 .pages = r->pages,
+                                 .rem = rem,
+                                 .batch_empty = batch_empty};
+    bool ok = pd__prefix_admit(s->pa, s->rc, s->cfg.page_size, s->unchunked, &a);
+    *len = a.len;
+    *stop = a.stop;
+    if (!ok)
         return false;
-    if (s->rc) /* before evicting: the matched path must survive it */
-        pd_radix_cache_lock(s->rc, m.node);
-    int32_t need = r->n_pages - m.n_pages;
-    int32_t n_free = pd_page_alloc_n_free(s->pa);
-    if (n_free < need && s->rc)
-        pd_radix_cache_evict(s->rc, need - n_free);
-    int32_t hint = m.n_pages ? r->pages[m.n_pages - 1] : -1;
-    if (pd_page_alloc_get(s->pa, need, hint, r->pages + m.n_pages) != PD_OK) {
-        if (s->rc)
-            pd_radix_cache_unlock(s->rc, m.node);
-        return false;
-    }
-    for (int32_t i = 0; i < m.n_pages; i++)
-        pd_page_alloc_ref(s->pa, r->pages[i]);
     r->admitted = true;
-    r->node = m.node;
-    r->cached_tokens = r->done_tokens = m.n_pages * ps;
+    r->node = a.node;
+    r->cached_tokens = r->done_tokens = a.cached_pages * s->cfg.page_size;
     move_to(s, slot, ST_PREFILLING, r->t_queue);
     return true;
 }
@@ -317,7 +287,8 @@ int pd_sched_prefill_step(struct pd_sched_prefill *s, double now_s, struct pd_pr
     if (s->chunked >= 0) {
         int32_t slot = s->chunked;
         struct preq *r = &s->reqs[slot];
-        int32_t len = chunk_len(s, r->n_tokens - r->done_tokens, rem, true, &stop);
+        int32_t len = pd__chunk_len(s->cfg.page_size, s->unchunked, r->n_tokens - r->done_tokens,
+                                    rem, true, &stop);
         PD_ASSERT(len > 0); /* a whole budget holds at least one page */
         add_chunk(s, b, slot, len);
         rem -= len;
@@ -367,14 +338,7 @@ int pd_sched_prefill_batch_done(struct pd_sched_prefill *s, struct pd_prefill_ba
         }
         r->done_tokens = r->chunk_end;
         r->sent_pages = c->send_end;
-        if (s->rc && r->done_tokens >= ps) {
-            struct pd_radix_node *node;
-            /* on PD_ENOMEM node is the deepest prefix that made it: still a valid lock */
-            (void)pd_radix_cache_insert(s->rc, r->tokens, r->done_tokens / ps, r->pages, &node);
-            pd_radix_cache_lock(s->rc, node);
-            pd_radix_cache_unlock(s->rc, r->node);
-            r->node = node;
-        }
+        pd__prefix_commit(s->rc, r->tokens, r->done_tokens, ps, r->pages, &r->node);
         if (c->last)
             move_to(s, slot, ST_INFLIGHT, now_s);
     }

@@ -108,13 +108,14 @@ static int add_all(struct pd_serve_metrics *sm, int32_t n_pages) {
         if (!rc)
             pd_metric_set(sm->cache_config, 1);
     }
+    /* prefill's chunked-prefill queue; on decode, the colocated mode's (0 in PD decode) */
+    ADD(q_waiting, PD_METRIC_GAUGE, "pdserve:num_waiting_queue_reqs",
+        "Requests in the chunked-prefill scheduler's waiting queue (prefill, or colocated).");
     if (prefill) {
         ADD(q_prefill_prealloc, PD_METRIC_GAUGE, "sglang:num_prefill_prealloc_queue_reqs",
             "The number of requests in the prefill prealloc queue (pdserve: the bootstrap queue).");
         ADD(q_bootstrap, PD_METRIC_GAUGE, "pdserve:num_bootstrap_queue_reqs",
             "Prefill requests waiting for their decode's Transfer (destination pages).");
-        ADD(q_waiting, PD_METRIC_GAUGE, "pdserve:num_waiting_queue_reqs",
-            "Prefill requests in the chunked-prefill scheduler's waiting queue.");
         ADD(q_inflight, PD_METRIC_GAUGE, "sglang:num_prefill_inflight_queue_reqs",
             "The number of requests in the prefill inflight queue (KV transfers posted).");
     } else {
@@ -225,18 +226,19 @@ int pd_serve_metrics_scrape(struct pd_serve_metrics *sm, const struct pd_engine_
     double ps = sm->page_size;
     pd_metric_set(sm->num_running, prefill ? s->q_inflight : s->q_running);
     pd_metric_set(sm->num_queue,
-                  prefill ? s->q_bootstrap + s->q_waiting : s->q_prealloc + s->q_transfer);
+                  prefill ? s->q_bootstrap + s->q_waiting
+                          : s->q_prealloc + s->q_transfer + s->q_waiting /* colocated */);
     pd_metric_set(sm->token_usage, s->pages_total ? (double)s->pages_used / s->pages_total : 0);
     pd_metric_set(sm->num_used_tokens, s->pages_used * ps);
     pd_metric_set(sm->max_total_tokens, s->pages_total * ps);
     pd_metric_set(sm->prefix_cache_tokens, s->pages_cached * ps);
     pd_metric_set(sm->num_draining, s->q_draining);
+    pd_metric_set(sm->q_waiting, s->q_waiting);
     double prompt = pd_metric_value(sm->prompt_tokens);
     pd_metric_set(sm->cache_hit_rate, prompt > 0 ? pd_metric_value(sm->cached_tokens) / prompt : 0);
     if (prefill) {
         pd_metric_set(sm->q_prefill_prealloc, s->q_bootstrap);
         pd_metric_set(sm->q_bootstrap, s->q_bootstrap);
-        pd_metric_set(sm->q_waiting, s->q_waiting);
         pd_metric_set(sm->q_inflight, s->q_inflight);
     } else {
         pd_metric_set(sm->q_prealloc, s->q_prealloc);
