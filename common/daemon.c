@@ -486,11 +486,8 @@ static void end_request(struct dreq *r, const struct pd_engine_event *ev) {
     r->ereq = ev->req; /* ours again */
     r->ending = true;
     int reason = ev->reason;
-    if (D.coloc) {
+    if (D.coloc)
         r->cached_tokens = ev->cached_tokens; /* prefilled here: the engine knows the hit */
-        if (reason == PD_END_DONE || r->stopped_here)
-            D.n_prompt_tokens += r->n_prompt;
-    }
     if (r->stopped_here)
         reason = PD_END_DONE;
     pd_info("room=%" PRIu64 " rid=%s end=%s tokens=%d", r->room, r->rid,
