@@ -19,6 +19,7 @@ packages=(
     libgrpc-dev           # bootstrap service (gRPC core C API)
     libprotobuf-c-dev protobuf-c-compiler
     ucx-utils             # ucx_perftest: bench/xfer's reference in the same run
+    gnuplot-nox           # pdserve-bench --plot draws latency/throughput vs request rate
 )
 
 missing=()
