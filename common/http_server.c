@@ -354,8 +354,14 @@ static int req_check_open(struct pd_http_req *r, bool want_stream) {
     return PD_OK;
 }
 
+/* h2o keeps the value's pointer until the headers are written, which under load can be after
+ * the caller's string is gone (the router passes its upstream call's buffer): copy it into the
+ * request's pool. */
 static void add_content_type(h2o_req_t *hreq, const char *ct) {
-    h2o_set_header(&hreq->pool, &hreq->res.headers, H2O_TOKEN_CONTENT_TYPE, ct, strlen(ct), 1);
+    size_t len = strlen(ct);
+    char *v = h2o_mem_alloc_pool(&hreq->pool, len + 1);
+    memcpy(v, ct, len + 1);
+    h2o_set_header(&hreq->pool, &hreq->res.headers, H2O_TOKEN_CONTENT_TYPE, v, len, 1);
 }
 
 int pd_http_req_add_header(struct pd_http_req *r, const char *name, const char *value) {
