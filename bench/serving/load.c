@@ -280,6 +280,8 @@ static int req_start(struct req *q, CURLM *multi, size_t i, double t0) {
     curl_easy_setopt(e, CURLOPT_ERRORBUFFER, q->errbuf);
     curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
     curl_easy_setopt(e, CURLOPT_PRIVATE, q);
+    if (getenv("PD_BENCH_CURL_VERBOSE"))
+        curl_easy_setopt(e, CURLOPT_VERBOSE, 1L);
     if (q->l->timeout_s > 0)
         curl_easy_setopt(e, CURLOPT_TIMEOUT_MS, (long)(q->l->timeout_s * 1e3));
     q->t_start = pd_bench_now();

@@ -293,7 +293,9 @@ int main(int argc, char **argv) {
                     "(ignore_eos). Example: pdserve-bench --backend openai --base-url "
                     "http://127.0.0.1:30000 --dataset-name random --random-input-len 1024 "
                     "--random-output-len 128 --random-range-ratio 1 --num-prompts 200 "
-                    "--request-rate-sweep 1,2,4,inf --output-file r.jsonl --plot r.png");
+                    "--request-rate-sweep 1,2,4,inf --output-file r.jsonl --plot r.png. "
+                    "Environment: OPENAI_API_KEY (as --api-key), PD_BENCH_CURL_VERBOSE=1 "
+                    "(curl's trace of every request on stderr).");
     register_flags(&fs, &a);
     if (pd_flags_parse(&fs, argc, argv))
         return fatal("bad arguments");
