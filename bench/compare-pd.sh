@@ -11,9 +11,10 @@
 #
 # Usage: bench/compare-pd.sh [BUILD_DIR [MODEL_DIR]]     (default build, a tiny model made here)
 # Environment (defaults in brackets):
-#   RATES [2,8,32,inf]  request rates (req/s) of the sweep; inf = all at once
-#   NUM_PROMPTS [64]  requests per rate     INPUT_LEN [1024]   OUTPUT_LEN [128]
-#   SLO_TTFT_MS [500] SLO_TPOT_MS [20]      goodput counts requests meeting both
+#   RATES [8,16,32,64,inf]  request rates (req/s) of the sweep (around where the tiny CPU model
+#                     saturates); inf = all at once
+#   NUM_PROMPTS [128] requests per rate    INPUT_LEN [1024]   OUTPUT_LEN [128]
+#   SLO_TTFT_MS [200] SLO_TPOT_MS [10]      goodput counts requests meeting both
 #   DEVICE [cpu]      --device of the daemons (cuda on a GPU machine)
 #   THREADS [1]       CPU threads per PD daemon; COLOCATED_THREADS [2 x THREADS]
 #   MAX_TOTAL_TOKENS [65536]  KV pool of each daemon   CHUNK [512] --chunked-prefill-size
@@ -22,12 +23,12 @@
 set -euo pipefail
 build=${1:-build}
 model=${2:-}
-rates=${RATES:-2,8,32,inf}
-num_prompts=${NUM_PROMPTS:-64}
+rates=${RATES:-8,16,32,64,inf}
+num_prompts=${NUM_PROMPTS:-128}
 input_len=${INPUT_LEN:-1024}
 output_len=${OUTPUT_LEN:-128}
-slo_ttft=${SLO_TTFT_MS:-500}
-slo_tpot=${SLO_TPOT_MS:-20}
+slo_ttft=${SLO_TTFT_MS:-200}
+slo_tpot=${SLO_TPOT_MS:-10}
 device=${DEVICE:-cpu}
 threads=${THREADS:-1}
 colo_threads=${COLOCATED_THREADS:-$((2 * threads))}
