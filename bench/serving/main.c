@@ -17,6 +17,7 @@
 #include "common/status.h"
 #include "common/tokenizer.h"
 
+#include <cjson/cJSON.h>
 #include <curl/curl.h>
 #include <errno.h>
 #include <math.h>
@@ -324,6 +325,15 @@ int main(int argc, char **argv) {
             return die("give either --request-rate or --request-rate-sweep, not both");
     if (pd_bench_parse_rates(rate_text, &rates, &n_rates))
         return fatal(a.sweep ? "--request-rate-sweep" : "--request-rate");
+    if (a.extra_body) {
+        cJSON *extra = cJSON_Parse(a.extra_body);
+        bool ok = cJSON_IsObject(extra);
+        cJSON_Delete(extra);
+        if (!ok) {
+            pd_free(rates);
+            return die("--extra-request-body: not a JSON object");
+        }
+    }
     if (a.dataset == 1 && !a.dataset_path) {
         pd_free(rates);
         return die("--dataset-name sharegpt needs --dataset-path FILE");

@@ -99,8 +99,10 @@ int pd_bench_summarize(const struct pd_bench_result *r, size_t n, double duratio
             tp = (q->e2e - q->ttft) / (q->output_len - 1);
             tpot[np++] = tp;
         }
-        memcpy(itl + ni, q->itl, q->n_itl * sizeof(double));
-        ni += q->n_itl;
+        if (q->n_itl) {
+            memcpy(itl + ni, q->itl, q->n_itl * sizeof(double));
+            ni += q->n_itl;
+        }
         bool good = (slo_ttft_ms <= 0 || q->ttft * 1e3 <= slo_ttft_ms) &&
                     (slo_tpot_ms <= 0 || tp < 0 || tp * 1e3 <= slo_tpot_ms);
         s->good += good;

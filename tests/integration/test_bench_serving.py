@@ -293,6 +293,10 @@ def case_errors(tmp, model):
     expect_fail("sharegpt without a path", base + ["--dataset-name", "sharegpt"],
                 "--dataset-path")
     expect_fail("unknown flag", base + ["--request_rate", "1"], "did you mean '--request-rate'")
+    expect_fail("--extra-request-body not an object", base + ["--extra-request-body", "[1]"],
+                "--extra-request-body: not a JSON object")
+    expect_fail("--output-csv unwritable", base + ["--output-csv", os.path.join(tmp, "no", "x")],
+                "--output-csv", "cannot write")
 
     step("a good ShareGPT file")
     good = write(tmp, "good.json", json.dumps([
