@@ -287,11 +287,11 @@ int pd_router_config_parse(struct pd_router_config *cfg, int argc, char **argv) 
     if (rc)
         return rc;
     if (cfg->n_prefill + cfg->n_prefill_dns == 0)
-        return pd_errorf(PD_EINVAL, "at least one --prefill URL [BOOTSTRAP_PORT] or "
-                                    "--prefill-dns NAME:PORT[:BOOTSTRAP_PORT] is required");
+        return pd_errorf(PD_EINVAL, "at least one --prefill URL [BOOTSTRAP_PORT] is required "
+                                    "(or --prefill-dns NAME:PORT[:BOOTSTRAP_PORT])");
     if (cfg->n_decode + cfg->n_decode_dns == 0)
         return pd_errorf(PD_EINVAL,
-                         "at least one --decode URL or --decode-dns NAME:PORT is required");
+                         "at least one --decode URL is required (or --decode-dns NAME:PORT)");
     if (cfg->dns_server && (rc = pd_router_dns_server_parse(cfg->dns_server, cfg->dns_server_addr,
                                                             &cfg->dns_server_port)))
         return rc;

@@ -64,9 +64,12 @@ int pd_router_dns_spec_parse(const char *flag, const char *v, bool prefill,
         name_end = name + strcspn(name, ":");
         rest = name_end;
         int colons = 0;
+        bool hex = true; /* what precedes the first ':' could start an IPv6 address */
         for (const char *c = v; *c; c++)
             colons += *c == ':';
-        if (colons > 2 || strstr(v, "::"))
+        for (const char *c = v; c < name_end; c++)
+            hex = hex && isxdigit((unsigned char)*c);
+        if ((colons > 2 && hex) || strstr(v, "::"))
             return pd_errorf(PD_EINVAL, "%s '%s': an IPv6 address goes in brackets: [fd00::1]:PORT",
                              flag, v);
     }
