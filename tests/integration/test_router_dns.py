@@ -10,11 +10,13 @@ only the A pair (plus ::1 for the prefill name, where nothing listens: listed, n
 rotation). Three clients send a steady stream of greedy requests (/generate and
 /v1/completions, streamed and not), each checked against pdserve-generate's text.
 
-  add      B's addresses join the answers: both B workers enter rotation and take requests.
-  drain    the A pair is SIGSTOPped (so requests sit on it), then dropped from the answers:
-           /workers shows both draining with requests in flight and no new ones reach them;
-           after SIGCONT those requests finish correctly, the A workers leave /workers, and
-           only then are they killed.
+  add      B's addresses join the answers: both B workers enter rotation and take requests;
+           then B leaves them while requests flow and is removed once idle.
+  drain    decode A is SIGSTOPped, so every client's request sits on the A pair; B returns
+           and A leaves the answers: /workers shows both A workers draining with requests in
+           flight (a brief return to the answer revives one, listed once), new requests are
+           served by B and none reaches A; after SIGCONT A's requests finish correctly, the
+           A workers leave /workers, and only then are they killed.
   failures SERVFAIL keeps the current workers (logged once); NXDOMAIN drains a name (/health
            503), its return brings the workers back.
   localhost  a second router with the system resolver and localhost:PORT names (the Helm
@@ -40,6 +42,7 @@ BUILD = os.path.abspath(sys.argv[1])
 GENERATE = os.path.join(BUILD, "tools", "pdserve-generate")
 MAX_NEW = 12
 FAILS = []
+CLIENTS = []
 T0 = time.time()
 
 PROMPTS = ["the quick brown fox", "a lazy dog while seven wizards",
@@ -109,6 +112,29 @@ def text_of(kind, stream, raw):
     return "".join(ch.get("text") or "" for c in chunks for ch in c["choices"])
 
 
+def one_request(rt, refs, i):
+    """Request number i (prompt, endpoint and streaming vary with i), checked against refs;
+    None when right, else what went wrong."""
+    k = i % len(PROMPTS)
+    kind = ("generate", "completions")[(i // len(PROMPTS)) % 2]
+    stream = (i // 2) % 2 == 0
+    path, body = body_of(kind, PROMPTS[k], stream)
+    try:
+        st, raw = rt.post(path, body, timeout=60)
+    except OSError as e:
+        return "%s stream=%s: %r" % (path, stream, e)
+    if st != 200:
+        return "%s stream=%s: HTTP %d %s" % (path, stream, st, raw[:300])
+    try:
+        got = text_of(kind, stream, raw)
+    except (ValueError, KeyError) as e:
+        return "%s stream=%s: %s" % (path, stream, e)
+    if got != refs[k]:
+        return "%s stream=%s prompt %d: %r != reference %r" % (path, stream, k, got,
+                                                               refs[k])
+    return None
+
+
 class Clients:
     """n threads sending requests in turn until stop(); every answer is checked."""
 
@@ -117,38 +143,23 @@ class Clients:
         self.stopping = threading.Event()
         self.lock = threading.Lock()
         self.done, self.errors = 0, []
-        self.threads = [threading.Thread(target=self.run, args=(i, n)) for i in range(n)]
+        self.threads = [threading.Thread(target=self.run, args=(i, n), daemon=True)
+                        for i in range(n)]
+        CLIENTS.append(self)
         for t in self.threads:
             t.start()
 
-    def one(self, i):
-        k = i % len(PROMPTS)
-        kind = ("generate", "completions")[(i // len(PROMPTS)) % 2]
-        stream = (i // 2) % 2 == 0
-        path, body = body_of(kind, PROMPTS[k], stream)
-        try:
-            st, raw = self.rt.post(path, body, timeout=60)
-        except OSError as e:
-            return "%s stream=%s: %r" % (path, stream, e)
-        if st != 200:
-            return "%s stream=%s: HTTP %d %s" % (path, stream, st, raw[:300])
-        try:
-            got = text_of(kind, stream, raw)
-        except (ValueError, KeyError) as e:
-            return "%s stream=%s: %s" % (path, stream, e)
-        if got != self.refs[k]:
-            return "%s stream=%s prompt %d: %r != reference %r" % (path, stream, k, got,
-                                                                   self.refs[k])
-        return None
-
     def run(self, i, n):
         while not self.stopping.is_set():
-            err = self.one(i)
+            err = one_request(self.rt, self.refs, i)
             with self.lock:
                 self.done += 1
                 if err:
                     self.errors.append(err)
-                    print("request failed:", err, flush=True)
+                    if len(self.errors) <= 20:
+                        print("request failed:", err, flush=True)
+            if err:
+                time.sleep(0.05)  # a broken router must not make this spin
             i += n
 
     def count(self):
@@ -197,9 +208,14 @@ def main():
     url_pa, url_pb = "http://127.0.0.2:%d" % P, "http://127.0.0.1:%d" % P
     url_da, url_db = "http://127.0.0.3:%d" % D, "http://127.0.0.1:%d" % D
     url_v6 = "http://[::1]:%d" % P
-    rt = pc.Router(BUILD, [], [], tmp, extra=[
+    rport = pc.free_port()
+    rt = pc.Proc("router", [
+        os.path.join(BUILD, "router", "pdserve-router"), "--pd-disaggregation", "--host",
+        "127.0.0.1", "--port", str(rport), "--policy", "round_robin",
+        "--health-check-interval-secs", "5", "--log-level",
+        os.environ.get("PD_TEST_LOG_LEVEL", "info"),
         "--prefill-dns", "pf.test:%d:%d" % (P, BP), "--decode-dns", "dc.test:%d" % D,
-        "--dns-server", "127.0.0.1:%d" % dns.port, "--dns-refresh-secs", "1"])
+        "--dns-server", "127.0.0.1:%d" % dns.port, "--dns-refresh-secs", "1"], rport, tmp)
     w = workers(rt)
     step("router up through DNS: %s" % sorted(w))
     check(set(w) == {url_pa, url_v6, url_da}, "first answer: A pair and ::1 listed (%s)" % list(w))
@@ -224,12 +240,26 @@ def main():
     w = workers(rt)
     step("B serving: %s" % {u: w[u]["requests_total"] for u in w})
 
-    # ---- drain: A stopped (requests sit on it), then dropped from the answers
-    for d in (pa, da):
-        d.p.send_signal(signal.SIGSTOP)
-    check(pc.wait_until(lambda: workers(rt)[url_pa]["router_inflight"] > 0 and
-                        workers(rt)[url_da]["router_inflight"] > 0, 10),
-          "requests in flight on the stopped A pair")
+    # ---- B leaves the answers while requests flow: whatever runs on it finishes, then it is
+    # removed (its processes stay up)
+    dns.set("pf.test", ["127.0.0.2", "::1"])
+    dns.set("dc.test", ["127.0.0.3"])
+    check(pc.wait_until(lambda: url_pb not in workers(rt) and url_db not in workers(rt), 20),
+          "B removed after leaving the answers")
+    n = cl.count()
+    check(pc.wait_until(lambda: cl.count() >= n + 20, 30), "served by A after B left")
+    step("B removed; %d requests so far" % cl.count())
+
+    # ---- drain with requests held: decode A stops, so every client's request sits on the
+    # A pair (the only one); then B returns and A leaves the answers. (A stopped decode is
+    # safe to hold: decode calls the prefill's bootstrap, never the other way round.)
+    da.p.send_signal(signal.SIGSTOP)
+
+    def a_held():
+        w = workers(rt)
+        return w[url_pa]["router_inflight"] > 0 and w[url_da]["router_inflight"] > 0
+
+    check(pc.wait_until(a_held, 10), "requests sit on the A pair while its decode is stopped")
     dns.set("pf.test", ["127.0.0.1", "::1"])
     dns.set("dc.test", ["127.0.0.1"])
 
@@ -242,12 +272,25 @@ def main():
     held = {u: (w[u]["router_inflight"], w[u]["requests_total"]) for u in (url_pa, url_da)}
     step("A draining (in flight, total): %s" % held)
     check(all(v[0] > 0 for v in held.values()), "draining with requests in flight: %s" % held)
-    time.sleep(1.0)  # new requests flow meanwhile, none to A
+    # back in the answer while draining: revived and re-checked, listed once; gone: draining
+    dns.set("pf.test", ["127.0.0.2", "127.0.0.1", "::1"])
+    check(pc.wait_until(lambda: workers(rt)[url_pa]["state"] != "draining", 10),
+          "a returning draining worker is revived")
+    st, raw = rt.get("/list_workers")
+    check(json.loads(raw)["urls"].count(url_pa) == 1, "a revived worker is listed once")
+    dns.set("pf.test", ["127.0.0.1", "::1"])
+    check(pc.wait_until(a_draining, 10), "and drains again when it leaves")
+    # the clients all wait on A; new requests are served by B alone meanwhile
+    for i in range(6):
+        err = one_request(rt, refs, i)
+        check(err is None, "served by B while A drains: %s" % err)
     w = workers(rt)
-    check(all(w[u]["requests_total"] == held[u][1] for u in (url_pa, url_da)),
-          "no new request reached a draining worker")
-    for d in (pa, da):
-        d.p.send_signal(signal.SIGCONT)
+    check(all(w[u]["state"] == "draining" and w[u]["requests_total"] == held[u][1]
+              for u in (url_pa, url_da)),
+          "no new request reached a draining worker: %s" % {u: w.get(u) for u in held})
+    check(w[url_pb]["requests_total"] > 0 and w[url_db]["requests_total"] > 0,
+          "B took the new requests: %s" % {u: w[u]["requests_total"] for u in w})
+    da.p.send_signal(signal.SIGCONT)
     check(pc.wait_until(lambda: url_pa not in workers(rt) and url_da not in workers(rt), 20),
           "A pair removed once its requests finished")
     check(log_count(rt, "drained: removed") >= 2, "router logged both drains")
@@ -314,6 +357,8 @@ if __name__ == "__main__":
         import traceback
         traceback.print_exc()
     finally:
+        for c in CLIENTS:
+            c.stopping.set()
         pc.kill_all()
     step("%s: %d failures" % ("FAIL" if FAILS else "PASS", len(FAILS)))
     for f in FAILS:
