@@ -3,7 +3,7 @@
 Answers A and AAAA queries from a table the test changes while the server runs
 (set(name, [addresses])); a name not in the table gets NXDOMAIN, a name in it with no address
 of the asked family gets NOERROR with no answer (NODATA), a name marked with fail(name) gets
-SERVFAIL. TTL 0, so nothing between the router and here may cache. Queries are counted per
+SERVFAIL, and one marked with silent(name) gets no answer at all (the client times out). TTL 0, so nothing between the router and here may cache. Queries are counted per
 name so a test can tell that re-resolution happens. EDNS options and the additional section of
 a query are ignored (answers stay far below 512 bytes).
 """
@@ -25,6 +25,7 @@ class DnsServer:
         self.lock = threading.Lock()
         self.table = {}
         self.failing = set()
+        self.silent_names = set()
         self.queries = {}
         self.stopping = False
         self.thread = threading.Thread(target=self._serve, daemon=True)
@@ -41,6 +42,10 @@ class DnsServer:
     def fail(self, name, on=True):
         with self.lock:
             (self.failing.add if on else self.failing.discard)(name.lower().rstrip("."))
+
+    def silent(self, name, on=True):
+        with self.lock:
+            (self.silent_names.add if on else self.silent_names.discard)(name.lower().rstrip("."))
 
     def count(self, name):
         with self.lock:
@@ -83,6 +88,8 @@ class DnsServer:
             self.queries[name] = self.queries.get(name, 0) + 1
             failing = name in self.failing
             addrs = self.table.get(name)
+            if name in self.silent_names:
+                return None
         rcode, answers = NOERROR, []
         if failing:
             rcode = SERVFAIL

@@ -19,6 +19,8 @@ rotation). Three clients send a steady stream of greedy requests (/generate and
            A workers leave /workers, and only then are they killed.
   failures SERVFAIL keeps the current workers (logged once); NXDOMAIN drains a name (/health
            503), its return brings the workers back.
+  silent   a third name never answers: its lookups time out in a pool thread while all of the
+           above is served, and SIGTERM still ends the router within seconds.
   localhost  a second router with the system resolver and localhost:PORT names (the Helm
            chart's local test) serves through the B pair on 127.0.0.1.
 
@@ -205,6 +207,7 @@ def main():
     dns = dns_server.DnsServer()
     dns.set("pf.test", ["127.0.0.2", "::1"])
     dns.set("dc.test", ["127.0.0.3"])
+    dns.silent("silent.test")  # every lookup of it times out in the router's pool thread
     url_pa, url_pb = "http://127.0.0.2:%d" % P, "http://127.0.0.1:%d" % P
     url_da, url_db = "http://127.0.0.3:%d" % D, "http://127.0.0.1:%d" % D
     url_v6 = "http://[::1]:%d" % P
@@ -215,7 +218,8 @@ def main():
         "--health-check-interval-secs", "5", "--log-level",
         os.environ.get("PD_TEST_LOG_LEVEL", "info"),
         "--prefill-dns", "pf.test:%d:%d" % (P, BP), "--decode-dns", "dc.test:%d" % D,
-        "--dns-server", "127.0.0.1:%d" % dns.port, "--dns-refresh-secs", "1"], rport, tmp)
+        "--decode-dns", "silent.test:%d" % D, "--dns-server", "127.0.0.1:%d" % dns.port,
+        "--dns-refresh-secs", "1"], rport, tmp)
     w = workers(rt)
     step("router up through DNS: %s" % sorted(w))
     check(set(w) == {url_pa, url_v6, url_da}, "first answer: A pair and ::1 listed (%s)" % list(w))
@@ -343,9 +347,18 @@ def main():
     check(w2[url_pb]["state"] == "healthy" and w2[url_db]["state"] == "healthy",
           "localhost resolved to the 127.0.0.1 workers")
 
+    # a name whose lookups never answer held a pool thread all along without stalling the
+    # loop (everything above was served); it is listed as failed and costs no worker
+    st, raw = rt.get("/workers")
+    names = {d["name"]: d for d in json.loads(raw)["dns"]}
+    check(names["silent.test"]["state"] == "failed" and dns.count("silent.test") >= 2,
+          "an unanswered name: lookups time out and are retried: %s" % names["silent.test"])
     for r in (rt2, rt):
+        t = time.time()
         rc = r.terminate(30)
         check(rc == 0, "router exits 0 on SIGTERM (got %s)" % rc)
+        check(time.time() - t < 10, "router exits within 10 s with a lookup pending (%.1f s)" %
+              (time.time() - t))
     dns.stop()
 
 
