@@ -21,6 +21,8 @@ rotation). Three clients send a steady stream of greedy requests (/generate and
            503), its return brings the workers back.
   silent   a third name never answers: its lookups time out in a pool thread while all of the
            above is served, and SIGTERM still ends the router within seconds.
+  ipv6     a name answering 127.0.0.1 and ::1 with --dns-family ipv6: only the ::1 pair (real
+           daemons on ::1) is used and serves, bootstrap over IPv6 (skipped without ::1).
   localhost  a second router with the system resolver and localhost:PORT names (the Helm
            chart's local test) serves through the B pair on 127.0.0.1.
 
@@ -78,7 +80,7 @@ def port_free_on(addrs):
         socks = []
         try:
             for a in addrs:
-                s = socket.socket()
+                s = socket.socket(socket.AF_INET6 if ":" in a else socket.AF_INET)
                 socks.append(s)
                 s.bind((a, p))
             return p
@@ -88,6 +90,15 @@ def port_free_on(addrs):
             for s in socks:
                 s.close()
     raise RuntimeError("no common free port on %s" % addrs)
+
+
+def ipv6_loopback():
+    try:
+        with socket.socket(socket.AF_INET6) as s:
+            s.bind(("::1", 0))
+        return True
+    except OSError:
+        return False
 
 
 def body_of(kind, text, stream):
@@ -346,6 +357,36 @@ def main():
     step("localhost router workers: %s" % {u: v["state"] for u, v in w2.items()})
     check(w2[url_pb]["state"] == "healthy" and w2[url_db]["state"] == "healthy",
           "localhost resolved to the 127.0.0.1 workers")
+
+    # ---- IPv6: a name answering both families with --dns-family ipv6 gives only the ::1
+    # workers; their URLs carry brackets and decode pairs with the prefill's bootstrap at ::1
+    if ipv6_loopback():
+        P6 = port_free_on(["::1"])
+        BP6 = port_free_on(["::1"])
+        D6 = port_free_on(["::1"])
+        p6 = pc.Daemon(BUILD, "prefill", model, tmp, port=P6, bport=BP6, host="::1",
+                       wait_ready=False)
+        d6 = pc.Daemon(BUILD, "decode", model, tmp, port=D6, host="::1", wait_ready=False)
+        for d in (p6, d6):
+            d.wait_ready(60)
+        dns.set("both.test", ["127.0.0.1", "::1"])
+        rport3 = pc.free_port()
+        rt3 = pc.Proc("router", [
+            os.path.join(BUILD, "router", "pdserve-router"), "--pd-disaggregation", "--host",
+            "127.0.0.1", "--port", str(rport3), "--prefill-dns",
+            "both.test:%d:%d" % (P6, BP6), "--decode-dns", "both.test:%d" % D6,
+            "--dns-server", "127.0.0.1:%d" % dns.port, "--dns-family", "ipv6"], rport3, tmp)
+        for k, stream in ((4, True), (5, False)):
+            path, body = body_of("generate", PROMPTS[k], stream)
+            st, raw = rt3.post(path, body)
+            check(st == 200 and text_of("generate", stream, raw) == refs[k],
+                  "IPv6 pair through DNS: %s stream=%s (%d %s)" % (path, stream, st, raw[:200]))
+        w3 = workers(rt3)
+        check(set(w3) == {"http://[::1]:%d" % P6, "http://[::1]:%d" % D6},
+              "--dns-family ipv6 keeps only the ::1 addresses: %s" % list(w3))
+        check(rt3.terminate(30) == 0, "IPv6 router exits 0")
+    else:
+        step("no IPv6 loopback here: IPv6 phase skipped")
 
     # a name whose lookups never answer held a pool thread all along without stalling the
     # loop (everything above was served); it is listed as failed and costs no worker
