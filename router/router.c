@@ -17,6 +17,10 @@
  * Shutdown: the server drains (pd_http_server_shutdown); at the deadline the router aborts what
  * is left itself, so each client gets an error rather than a cut; the loop handles close once
  * the server has closed and the aborts went out.
+ * Registry: workers come from the command line and from DNS names re-resolved every
+ * --dns-refresh-secs (discovery.h plans, resolve.h looks up off the loop thread). A worker that
+ * leaves DNS drains: out of rotation and unpolled, it leaves the registry when its last router
+ * call ends, and is freed when the last request pointing at it is.
  */
 #include "router/router.h"
 
