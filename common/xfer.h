@@ -50,6 +50,12 @@
 #define PD_XFER_AM_NOTICE 0x5044u
 #define PD_XFER_AM_DATA 0x5045u
 #define PD_XFER_ERROR_TEXT_MAX 240 /* bytes of a notice's error text, NUL excluded */
+/* The engine's UCX_MM_SEG_SIZE unless the environment sets one: shared-memory FIFO elements of
+ * 64 KiB rather than 8 KiB, so a 448 KiB page is 8 active messages, not 57, and a FIFO holds
+ * 4 MiB (measured 20-30% more throughput, far more when the two processes share a core). Not
+ * larger: UCX 1.13's FIFO element keeps a message's length in 16 bits, and a longer message
+ * (UCX's own software puts included) arrives truncated. bench/xfer gives ucx_perftest the same. */
+#define PD_XFER_MM_SEG_SIZE "65535"
 
 typedef struct pd_xfer pd_xfer_t;
 typedef struct pd_xfer_peer pd_xfer_peer_t;
@@ -92,7 +98,8 @@ struct pd_xfer_config {
         PD_XFER_DATA_PUT,      /* always ucp_put_nbx (tests of the RMA path without RDMA) */
         PD_XFER_DATA_AM,       /* always active messages */
     } data_path;
-    size_t am_chunk_bytes; /* page data per active message; 0 = 8 KiB - 64 (one UCX fragment) */
+    size_t am_chunk_bytes; /* page data per active message; 0 = one eager fragment of the lane
+                              (64 KiB on shared memory, 8 KiB on tcp), less headers */
 };
 
 /* Facts about the engine, for logs and /server_info. Strings owned by the engine. */
