@@ -1253,6 +1253,8 @@ static void peer_find_transport(struct pd_xfer_peer *p) {
     if (p->am_chunk == 0)
         p->am_chunk = eager_max > AM_CHUNK_MIN + 128 ? (eager_max - 128) & ~(size_t)63
                                                      : AM_CHUNK_MIN; /* 64-byte aligned copies */
+    if (p->am_chunk > ((AM_MSG_MAX - 128) & ~(size_t)63))
+        p->am_chunk = (AM_MSG_MAX - 128) & ~(size_t)63; /* a configured one, too */
     if (!p->rkey)
         return;
     enum pd_xfer_data_path dp = p->x->cfg.data_path;

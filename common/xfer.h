@@ -98,8 +98,8 @@ struct pd_xfer_config {
         PD_XFER_DATA_PUT,      /* always ucp_put_nbx (tests of the RMA path without RDMA) */
         PD_XFER_DATA_AM,       /* always active messages */
     } data_path;
-    size_t am_chunk_bytes; /* page data per active message; 0 = one eager fragment of the lane
-                              (64 KiB on shared memory, 8 KiB on tcp), less headers */
+    size_t am_chunk_bytes; /* page data per active message, at most 65344; 0 = one eager
+                              fragment of the lane less headers (65344 on shared memory) */
 };
 
 /* Facts about the engine, for logs and /server_info. Strings owned by the engine. */
