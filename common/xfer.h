@@ -23,7 +23,12 @@
  * the notice says how many bytes were sent, and the room ends only once all of them arrived.
  * A write for a room that has ended is dropped, so it can never land in a reused page, and the
  * receiver never answers a data message (UCX 1.13's sw-rma acknowledges every put and aborts the
- * process when that acknowledgement meets a dead endpoint).
+ * process when that acknowledgement meets a dead endpoint). Each message is one eager fragment
+ * of the lane (64 KiB on shared memory, see PD_XFER_MM_SEG_SIZE), and the engine keeps polling
+ * for a moment after progress instead of sleeping, so a stream is not paced by wake-ups. Not
+ * cma's process_vm_writev, although it is zero-copy and works here: UCX 1.13 offers it no lane
+ * with peer error handling, and a write the sender makes itself cannot be refused by the
+ * receiver once the room has ended.
  *
  * Ending. on_room_end fires exactly once per room, when that side may reuse the room's pages:
  * sender — after the notice left (or the failed notice, after an abort); receiver — when the
