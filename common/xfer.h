@@ -157,7 +157,7 @@ int pd_xfer_peer_connect(pd_xfer_t *x, const struct pd_xfer_peer_info *info, voi
 /* Force-closes the endpoint; its rooms end with `status`, then on_peer_closed. Idempotent. */
 void pd_xfer_peer_close(pd_xfer_peer_t *p, int status);
 /* The lanes UCX chose to this peer and how pages travel: "rc_mlx5/mlx5_0:1 (put)",
- * "tcp/lo (am)", ... */
+ * "tcp/lo (am of 20416 bytes; UCX has only sw-rma here)", ... */
 const char *pd_xfer_peer_transport(const pd_xfer_peer_t *p);
 uint64_t pd_xfer_peer_remote_id(const pd_xfer_peer_t *p);
 
