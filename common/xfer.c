@@ -26,6 +26,7 @@
 
 #include <infiniband/verbs.h>
 #include <inttypes.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -41,6 +42,9 @@ enum room_role { ROOM_SENDER, ROOM_RECEIVER };
 enum op_kind { OP_DATA, OP_FLUSH, OP_NOTICE };
 
 #define DATA_HDR_LEN 32 /* sender_id u64 | room u64 | index u32 | reserved u32 | offset u64 */
+#define POLL_AFTER_PROGRESS_MS 2 /* keep polling this long after UCX last made progress */
+#define AM_CHUNK_MIN 4096        /* page bytes per message when the lane's limit is unknown */
+#define AM_MSG_MAX 65535         /* bytes of one message, headers included (see xfer.h) */
 #define NOTICE_WIRE_MAX (PD_XFER_NOTICE_WIRE_MIN + PD_XFER_ERROR_TEXT_MAX)
 
 /* One UCX request of ours. Lives until UCX completes the request (after a forced close maybe
@@ -104,6 +108,7 @@ struct pd_xfer_peer {
     int close_status;   /* rooms end with this */
     bool close_pending; /* ucp_ep_close_nbx request in flight */
     bool am_data;       /* pages go as active messages (lane without hardware RMA) */
+    size_t am_chunk;    /* page bytes per active message: one eager fragment of the lane */
     struct room *rooms;
     uint32_t n_rooms;
     char transport[112];
@@ -126,7 +131,8 @@ struct pd_xfer {
     bool idle_armed;
     bool freeing;
     bool in_run;
-    bool peer_failed_flag; /* a peer failed during this progress round */
+    bool peer_failed_flag;     /* a peer failed during this progress round */
+    uint64_t last_progress_ms; /* loop time UCX last made progress */
 
     void *worker_addr;
     size_t worker_addr_len;
@@ -447,7 +453,7 @@ static void on_ep_error(void *arg, ucp_ep_h ep, ucs_status_t st) {
 
 static void on_data_sent(void *req, ucs_status_t st, void *user_data) {
     struct room *r = op_done(user_data);
-    if (st != UCS_OK && r) {
+    if (st != UCS_OK && r && !r->peer->failed) { /* one line per peer, not one per message */
         pd__ucs_error(st, "sending the room's pages");
         pd_warn("xfer: room %" PRIu64 ": %s", r->id, pd_error_msg());
         peer_mark_failed(r->peer, PD_EPEER);
@@ -828,14 +834,30 @@ static void xfer_run(pd_xfer_t *x) {
         if (!changed)
             break;
     }
-    /* Re-arm the event fd; BUSY means events arrived meanwhile: go round again. */
-    ucs_status_t st = ucp_worker_arm(x->worker);
+    /* While data streams, run again on the next loop iteration rather than arm the event fd and
+     * sleep: an armed shared-memory worker makes the peer signal the next message it queues (a
+     * syscall on each side, and a wake-up), and a sender whose FIFO is full has no event to
+     * wait for at all, only the 1 ms timer. So poll for POLL_AFTER_PROGRESS_MS after the last
+     * progress, yielding the CPU on empty rounds: on a machine where the peer shares our core
+     * (two processes, busy machine) it gets to drain or refill the FIFO at once instead of at
+     * the end of our time slice. Then arm; BUSY means events arrived meanwhile: go round again.
+     * A spinning engine (bench) never sleeps while it has rooms. */
+    uint64_t now = uv_now(x->loop);
+    if (progressed > 0)
+        x->last_progress_ms = now;
+    bool polling =
+        progressed == 0 && x->n_peers > 0 &&
+        (now - x->last_progress_ms < POLL_AFTER_PROGRESS_MS || (x->cfg.spin && x->n_rooms > 0));
+    if (polling)
+        sched_yield();
+    bool again = progressed > 0 || polling;
+    ucs_status_t st = again ? UCS_OK : ucp_worker_arm(x->worker);
     x->in_run = false;
     if (x->freeing && x->n_peers == 0 && !x->end_head) {
         close_handles(x);
         return;
     }
-    arm_timer(x, st == UCS_ERR_BUSY && progressed > 0);
+    arm_timer(x, again || (st == UCS_ERR_BUSY && progressed > 0));
     if (st == UCS_ERR_BUSY && progressed == 0 && !x->timer_armed) {
         /* UCX says busy but had nothing to progress (1.13 does this for a while after a
          * shared-memory peer died): poll gently instead of spinning. */
@@ -941,8 +963,6 @@ int pd_xfer_new(uv_loop_t *loop, const struct pd_xfer_config *cfg,
         x->cfg.keepalive_ms = 1000;
     if (x->cfg.max_put_bytes == 0)
         x->cfg.max_put_bytes = (size_t)8 << 20;
-    if (x->cfg.am_chunk_bytes == 0)
-        x->cfg.am_chunk_bytes = 8192 - 64; /* tcp's and posix's default segment, less headers */
     x->end_tail = &x->end_head;
     x->efd = -1;
     if (getrandom(&x->id, sizeof(x->id), 0) != (ssize_t)sizeof(x->id)) {
@@ -970,6 +990,7 @@ int pd_xfer_new(uv_loop_t *loop, const struct pd_xfer_config *cfg,
     char ka[32];
     snprintf(ka, sizeof(ka), "%dms", x->cfg.keepalive_ms);
     if ((rc = config_set(ucfg, "KEEPALIVE_INTERVAL", ka)) ||
+        (rc = config_set(ucfg, "MM_SEG_SIZE", PD_XFER_MM_SEG_SIZE)) ||
         (net[0] && (rc = config_set(ucfg, "NET_DEVICES", net)))) {
         ucp_config_release(ucfg);
         goto fail_buckets;
@@ -1194,10 +1215,18 @@ static void peer_find_transport(struct pd_xfer_peer *p) {
         return;
     ucp_ep_print_info(p->ep, f);
     fclose(f);
-    size_t used = 0;
+    size_t used = 0, eager_max = 0;
     bool hw_rma = false;
     for (char *save = NULL, *line = strtok_r(buf, "\n", &save); line;
          line = strtok_r(NULL, "\n", &save)) {
+        /* "#    am_send: 0..<egr/short>..93..<egr/bcopy>..65600..<rndv>..(inf)": the largest
+         * message that still goes eager in one fragment */
+        char *am = strstr(line, "am_send:");
+        for (char *e = am ? strstr(am, "<egr/") : NULL; e; e = strstr(e + 1, "<egr/")) {
+            char *dots = strstr(e, ">..");
+            if (dots && dots[3] >= '0' && dots[3] <= '9')
+                eager_max = strtoull(dots + 3, NULL, 10);
+        }
         /* "#                 lane[0]:  0:tcp/lo.0 md[0]    -> md[0]/tcp/sysdev[255] am am_bw#0" */
         char *lane = strstr(line, "lane[");
         char *colon = lane ? strstr(lane, "]:") : NULL;
@@ -1215,14 +1244,26 @@ static void peer_find_transport(struct pd_xfer_peer *p) {
                                      used ? "+" : "", (int)n, tl);
     }
     free(buf); /* open_memstream's buffer comes from the C library */
+    /* Page data per message: the configured size, else one eager fragment of the lane less room
+     * for UCX's and our headers (a larger message would be fragmented and reassembled by UCX:
+     * one more copy). */
+    p->am_chunk = p->x->cfg.am_chunk_bytes;
+    if (eager_max > AM_MSG_MAX)
+        eager_max = AM_MSG_MAX;
+    if (p->am_chunk == 0)
+        p->am_chunk = eager_max > AM_CHUNK_MIN + 128 ? (eager_max - 128) & ~(size_t)63
+                                                     : AM_CHUNK_MIN; /* 64-byte aligned copies */
+    if (p->am_chunk > ((AM_MSG_MAX - 128) & ~(size_t)63))
+        p->am_chunk = (AM_MSG_MAX - 128) & ~(size_t)63; /* a configured one, too */
     if (!p->rkey)
         return;
     enum pd_xfer_data_path dp = p->x->cfg.data_path;
     p->am_data = dp == PD_XFER_DATA_AM || (dp == PD_XFER_DATA_AUTO && !(used && hw_rma));
-    snprintf(p->transport + used, sizeof(p->transport) - used, " (%s)",
-             !p->am_data ? "put"
-             : hw_rma    ? "am"
-                         : "am; UCX has only sw-rma here");
+    if (!p->am_data)
+        snprintf(p->transport + used, sizeof(p->transport) - used, " (put)");
+    else
+        snprintf(p->transport + used, sizeof(p->transport) - used, " (am of %zu bytes%s)",
+                 p->am_chunk, hw_rma ? "" : "; UCX has only sw-rma here");
 }
 
 int pd_xfer_peer_connect(pd_xfer_t *x, const struct pd_xfer_peer_info *info, void *peer_user,
@@ -1398,7 +1439,7 @@ static int send_run_put(pd_xfer_t *x, struct room *r, const char *src, uint32_t 
  * copies. */
 static int send_run_am(pd_xfer_t *x, struct room *r, uint32_t index, const char *src,
                        size_t bytes) {
-    const size_t chunk = x->cfg.am_chunk_bytes;
+    const size_t chunk = r->peer->am_chunk;
     for (size_t off = 0; off < bytes; off += chunk) {
         size_t len = bytes - off < chunk ? bytes - off : chunk;
         struct op *op = op_new(x, r, OP_DATA);

@@ -23,7 +23,12 @@
  * the notice says how many bytes were sent, and the room ends only once all of them arrived.
  * A write for a room that has ended is dropped, so it can never land in a reused page, and the
  * receiver never answers a data message (UCX 1.13's sw-rma acknowledges every put and aborts the
- * process when that acknowledgement meets a dead endpoint).
+ * process when that acknowledgement meets a dead endpoint). Each message is one eager fragment
+ * of the lane (64 KiB on shared memory, see PD_XFER_MM_SEG_SIZE), and the engine keeps polling
+ * for a moment after progress instead of sleeping, so a stream is not paced by wake-ups. Not
+ * cma's process_vm_writev, although it is zero-copy and works here: UCX 1.13 offers it no lane
+ * with peer error handling, and a write the sender makes itself cannot be refused by the
+ * receiver once the room has ended.
  *
  * Ending. on_room_end fires exactly once per room, when that side may reuse the room's pages:
  * sender — after the notice left (or the failed notice, after an abort); receiver — when the
@@ -50,6 +55,12 @@
 #define PD_XFER_AM_NOTICE 0x5044u
 #define PD_XFER_AM_DATA 0x5045u
 #define PD_XFER_ERROR_TEXT_MAX 240 /* bytes of a notice's error text, NUL excluded */
+/* The engine's UCX_MM_SEG_SIZE unless the environment sets one: shared-memory FIFO elements of
+ * 64 KiB rather than 8 KiB, so a 448 KiB page is 8 active messages, not 57, and a FIFO holds
+ * 4 MiB (measured 20-30% more throughput, far more when the two processes share a core). Not
+ * larger: UCX 1.13's FIFO element keeps a message's length in 16 bits, and a longer message
+ * (UCX's own software puts included) arrives truncated. bench/xfer gives ucx_perftest the same. */
+#define PD_XFER_MM_SEG_SIZE "65535"
 
 typedef struct pd_xfer pd_xfer_t;
 typedef struct pd_xfer_peer pd_xfer_peer_t;
@@ -92,7 +103,8 @@ struct pd_xfer_config {
         PD_XFER_DATA_PUT,      /* always ucp_put_nbx (tests of the RMA path without RDMA) */
         PD_XFER_DATA_AM,       /* always active messages */
     } data_path;
-    size_t am_chunk_bytes; /* page data per active message; 0 = 8 KiB - 64 (one UCX fragment) */
+    size_t am_chunk_bytes; /* page data per active message, at most 65344; 0 = one eager
+                              fragment of the lane less headers (65344 on shared memory) */
 };
 
 /* Facts about the engine, for logs and /server_info. Strings owned by the engine. */
@@ -145,7 +157,7 @@ int pd_xfer_peer_connect(pd_xfer_t *x, const struct pd_xfer_peer_info *info, voi
 /* Force-closes the endpoint; its rooms end with `status`, then on_peer_closed. Idempotent. */
 void pd_xfer_peer_close(pd_xfer_peer_t *p, int status);
 /* The lanes UCX chose to this peer and how pages travel: "rc_mlx5/mlx5_0:1 (put)",
- * "tcp/lo (am)", ... */
+ * "tcp/lo (am of 20416 bytes; UCX has only sw-rma here)", ... */
 const char *pd_xfer_peer_transport(const pd_xfer_peer_t *p);
 uint64_t pd_xfer_peer_remote_id(const pd_xfer_peer_t *p);
 

@@ -4,6 +4,8 @@
  */
 #include "common/xfer_plan.h"
 
+#include <math.h>
+#include <stdbool.h>
 #include <string.h>
 
 #include "common/alloc.h"
@@ -14,50 +16,119 @@ uint64_t pd_xfer_plan_rand(uint64_t *state) {
     return pd_splitmix64(state);
 }
 
-/* A free index, preferably with free neighbours so that a new run does not extend an old one. */
-static uint32_t free_start(uint64_t *rng, const uint8_t *taken, uint32_t span) {
-    for (int t = 0; t < 64; t++) {
-        uint32_t s = (uint32_t)(pd_xfer_plan_rand(rng) % span);
-        if (!taken[s] && (s == 0 || !taken[s - 1]) && (s + 1 >= span || !taken[s + 1]))
-            return s;
-    }
-    uint32_t s = (uint32_t)(pd_xfer_plan_rand(rng) % span);
-    while (taken[s]) /* the caller guarantees a free index exists */
-        s = (s + 1) % span;
-    return s;
+/* Longest run of the pages that are not scattered: runs of 2 .. PLAN_RUN_MAX pages, as a page
+ * allocator with some free stretches left hands them out. */
+#define PLAN_RUN_MAX 16
+
+static bool window_free(const uint8_t *taken, uint32_t span, uint32_t s, uint32_t len,
+                        bool isolated) {
+    if (s + len > span)
+        return false;
+    for (uint32_t k = 0; k < len; k++)
+        if (taken[s + k])
+            return false;
+    return !isolated || ((s == 0 || !taken[s - 1]) && (s + len >= span || !taken[s + len]));
 }
 
-/* Takes n distinct indices out of [lo, lo + span) as runs that continue with probability
- * 1 - scatter. */
-static int pick(uint64_t *rng, uint32_t n, double scatter, uint32_t lo, uint32_t span,
-                uint32_t *out) {
-    if (n > span)
-        return pd_errorf(PD_EINVAL, "page plan: %u pages from a span of %u", n, span);
-    uint8_t *taken = pd_calloc(span ? span : 1, 1);
-    if (!taken)
-        return pd_error_wrap(PD_ENOMEM, "page plan of %u pages", span);
-    uint64_t cut = (uint64_t)(scatter * (double)UINT32_MAX);
-    uint32_t i = 0;
-    while (i < n) {
-        uint32_t p = free_start(rng, taken, span);
-        do {
-            taken[p] = 1;
-            out[i++] = lo + p;
-            p++;
-        } while (i < n && p < span && !taken[p] && (pd_xfer_plan_rand(rng) & UINT32_MAX) >= cut);
+/* Start of `len` free indices, preferably with free neighbours so that the run does not extend
+ * another one; 0 .. len-1 shorter when the span has no such window (*len is updated; >= 1 while
+ * a free index exists, which the caller guarantees). */
+static uint32_t place(uint64_t *rng, const uint8_t *taken, uint32_t span, uint32_t *len) {
+    for (int t = 0; t < 64; t++) {
+        uint32_t s = (uint32_t)(pd_xfer_plan_rand(rng) % span);
+        if (window_free(taken, span, s, *len, true))
+            return s;
     }
-    pd_free(taken);
-    return PD_OK;
+    for (;;) {
+        uint32_t s0 = (uint32_t)(pd_xfer_plan_rand(rng) % span);
+        for (int isolated = 1; isolated >= 0; isolated--)
+            for (uint32_t k = 0; k < span; k++) {
+                uint32_t s = (s0 + k) % span;
+                if (window_free(taken, span, s, *len, isolated))
+                    return s;
+            }
+        PD_ASSERT(*len > 1);
+        (*len)--;
+    }
 }
 
 int pd_xfer_plan_pages(uint64_t seed, uint32_t n, double scatter, uint32_t src_lo,
                        uint32_t src_span, uint32_t dst_lo, uint32_t dst_span, uint32_t *src,
                        uint32_t *dst) {
+    if (n > src_span || n > dst_span)
+        return pd_errorf(PD_EINVAL, "page plan: %u pages from spans of %u and %u", n, src_span,
+                         dst_span);
+    if (!(scatter >= 0.0 && scatter <= 1.0))
+        return pd_errorf(PD_EINVAL, "page plan: scatter %g outside [0, 1]", scatter);
+    uint32_t *runs = pd_malloc((size_t)(n ? n : 1) * sizeof(*runs));
+    uint8_t *ts = pd_calloc(src_span ? src_span : 1, 1);
+    uint8_t *td = pd_calloc(dst_span ? dst_span : 1, 1);
+    if (!runs || !ts || !td) {
+        pd_free(runs);
+        pd_free(ts);
+        pd_free(td);
+        return pd_error_wrap(PD_ENOMEM, "page plan of %u pages", n);
+    }
     uint64_t rng = seed;
-    int rc = pick(&rng, n, scatter, src_lo, src_span, src);
-    if (rc)
-        return rc;
-    return pick(&rng, n, scatter, dst_lo, dst_span, dst);
+    /* Run lengths: `single` runs of one page, the other pages in runs of 2 .. PLAN_RUN_MAX (the
+     * last one may be shorter), in a random order. scatter 0 is one run of all n. */
+    uint32_t single = (uint32_t)llround(scatter * (double)n), n_runs = 0;
+    if (scatter == 0.0 && n > 0) {
+        runs[n_runs++] = n;
+    } else {
+        for (uint32_t k = 0; k < single; k++)
+            runs[n_runs++] = 1;
+        for (uint32_t left = n - single; left > 0;) {
+            uint32_t len = 2 + (uint32_t)(pd_xfer_plan_rand(&rng) % (PLAN_RUN_MAX - 1));
+            if (len > left || left - len == 1)
+                len = left; /* no stray single page: the singles are counted above */
+            runs[n_runs++] = len;
+            left -= len;
+        }
+        for (uint32_t k = n_runs; k > 1; k--) { /* Fisher-Yates */
+            uint32_t j = (uint32_t)(pd_xfer_plan_rand(&rng) % k), t = runs[k - 1];
+            runs[k - 1] = runs[j];
+            runs[j] = t;
+        }
+    }
+    uint32_t i = 0;
+    for (uint32_t r = 0; r < n_runs; r++) {
+        for (uint32_t want = runs[r]; want > 0;) {
+            uint32_t len = want, len_d;
+            uint32_t s = place(&rng, ts, src_span, &len);
+            len_d = len;
+            uint32_t d = place(&rng, td, dst_span, &len_d);
+            len = len_d; /* the destination window may be shorter: the rest goes next */
+            if (len > 2 && want - len == 1)
+                len--; /* a split leaves two pages, not a single one */
+            for (uint32_t k = 0; k < len; k++) {
+                ts[s + k] = td[d + k] = 1;
+                src[i] = src_lo + s + k;
+                dst[i] = dst_lo + d + k;
+                i++;
+            }
+            want -= len;
+        }
+    }
+    PD_ASSERT(i == n);
+    pd_free(runs);
+    pd_free(ts);
+    pd_free(td);
+    return PD_OK;
+}
+
+void pd_xfer_plan_runs(const uint32_t *src, const uint32_t *dst, uint32_t n, uint32_t *runs,
+                       uint32_t *single) {
+    *runs = 0;
+    *single = 0;
+    for (uint32_t i = 0; i < n;) {
+        uint32_t len = 1;
+        while (i + len < n && src[i + len] == src[i] + len && dst[i + len] == dst[i] + len)
+            len++;
+        (*runs)++;
+        *single += len == 1;
+        i += len;
+    }
 }
 
 void pd_xfer_plan_fill(uint64_t room, uint32_t pos, void *page, size_t bytes) {

@@ -3,10 +3,11 @@
  * tool (pdserve-xfer-test), bench/xfer and the tests share them so that a sender and a receiver
  * in different processes agree on what should arrive without talking about it.
  *
- * A page set is drawn from a seed: n (src, dst) pairs whose runs of consecutive pages follow a
- * "scatter" fraction (0 = one run, 1 = no two neighbours adjacent on either side), with every
- * index distinct within its pool range. Page contents are a pure function of (room, position),
- * so the receiver checks them byte for byte and the checksum a notice carries independently.
+ * A page set is drawn from a seed: n (src, dst) pairs with every index distinct within its pool
+ * range, of which a "scatter" fraction are single pages (no neighbour in the room continues them
+ * on both sides) and the rest runs of consecutive pairs; 0 = one run of all n. Page contents are a
+ * pure function of (room, position), so the receiver checks them byte for byte and the checksum a
+ * notice carries independently.
  */
 #ifndef PD_XFER_PLAN_H
 #define PD_XFER_PLAN_H
@@ -18,11 +19,18 @@
 uint64_t pd_xfer_plan_rand(uint64_t *state);
 
 /* Fills src[n], dst[n] with distinct indices from [src_lo, src_lo + src_span) and
- * [dst_lo, dst_lo + dst_span); needs n <= both spans, and for scatter > 0 about twice n.
- * scatter in [0, 1]: the chance that a pair starts a new run. PD_OK or PD_EINVAL. */
+ * [dst_lo, dst_lo + dst_span); needs n <= both spans. scatter in [0, 1]: the share of the n
+ * pairs that are runs of one page; the others come in runs of 2 .. 16 in random order (0: one
+ * run). Runs are placed apart so that they do not join, and are split where the spans have no
+ * room for them: within a page or two of exact when both spans are about twice n. PD_OK or
+ * PD_EINVAL. */
 int pd_xfer_plan_pages(uint64_t seed, uint32_t n, double scatter, uint32_t src_lo,
                        uint32_t src_span, uint32_t dst_lo, uint32_t dst_span, uint32_t *src,
                        uint32_t *dst);
+
+/* Counts the runs of consecutive (src, dst) pairs in a page set and how many are one page. */
+void pd_xfer_plan_runs(const uint32_t *src, const uint32_t *dst, uint32_t n, uint32_t *runs,
+                       uint32_t *single);
 
 /* Writes the content of the room's page at `pos` (its index in the room) into page[bytes]. */
 void pd_xfer_plan_fill(uint64_t room, uint32_t pos, void *page, size_t bytes);
