@@ -894,6 +894,24 @@ fail:
     return rc;
 }
 
+/* ---------------------------------------------------------------- stop strings */
+
+int pd_api_find_stop(const struct pd_api_request *r, const char *text, size_t len, size_t before,
+                     size_t *at) {
+    for (int i = 0; i < r->n_stop; i++) {
+        size_t l = r->stop_len[i];
+        size_t from = before > l ? before - l : 0; /* a match may straddle the old end */
+        if (l == 0 || len < from + l)
+            continue;
+        const char *m = memmem(text + from, len - from, r->stop[i], l);
+        if (m) {
+            *at = (size_t)(m - text);
+            return i;
+        }
+    }
+    return -1;
+}
+
 /* ---------------------------------------------------------------- fan-out */
 
 void pd_api_split_free(struct pd_api_split *s) {
@@ -1224,8 +1242,11 @@ int pd_api_merge(enum pd_api_kind kind, int n, char *const *bodies, int count, c
             rc = pd_errorf(PD_EINVAL, "sub-request %d's answer has no choice", k);
             goto fail;
         }
-        cJSON_DeleteItemFromObjectCaseSensitive(c, "index");
-        cJSON_AddNumberToObject(c, "index", k);
+        cJSON *idx = cJSON_GetObjectItemCaseSensitive(c, "index");
+        if (idx)
+            cJSON_SetNumberValue(idx, k);
+        else
+            cJSON_AddNumberToObject(c, "index", k);
         if (k % n == 0) {
             prompt +=
                 cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(usage, "prompt_tokens"));

@@ -107,6 +107,12 @@ int pd_api_parse(enum pd_api_kind kind, const char *body, size_t len,
                  struct pd_api_error *e);
 void pd_api_request_free(struct pd_api_request *r);
 
+/* Stop strings in generated text, byte-exact (either may hold NUL bytes): text[0..len) grew from
+ * `before` bytes; the first of r's stop strings (in the request's order) found in the part that
+ * could hold a new match. Returns its index and *at = its offset, or -1. */
+int pd_api_find_stop(const struct pd_api_request *r, const char *text, size_t len, size_t before,
+                     size_t *at);
+
 /* A body cut into sub-requests (SGLang's batch / parallel-sampling fan-out). Sub-request k is
  * prompt k / n, sample k % n (prompt-major, the order of OpenAI's choices). Each body is the
  * client's with the prompt (and per-prompt lists: sampling_params, return_logprob,

@@ -462,16 +462,10 @@ static void take_token(struct dreq *r, int32_t token, int index, int finish, flo
     if (finish)
         r->finish = finish == PD_FINISH_STOP ? PD_API_FINISH_STOP : PD_API_FINISH_LENGTH;
     /* stop strings: searched in the text that could contain a new match */
-    for (int i = 0; i < r->api.n_stop && !r->stopped_here; i++) {
-        /* byte-exact: text and stop strings may hold NUL bytes */
-        size_t l = r->api.stop_len[i];
-        size_t from = before > l ? before - l : 0;
-        if (!r->text || l == 0 || r->text_len < from + l)
-            continue;
-        char *m = memmem(r->text + from, r->text_len - from, r->api.stop[i], l);
-        if (!m)
-            continue;
-        r->text_len = (size_t)(m - r->text) + (r->api.no_stop_trim ? l : 0);
+    size_t at;
+    int i = r->text ? pd_api_find_stop(&r->api, r->text, r->text_len, before, &at) : -1;
+    if (i >= 0) {
+        r->text_len = at + (r->api.no_stop_trim ? r->api.stop_len[i] : 0);
         r->text[r->text_len] = '\0';
         if (r->sent_len > r->text_len)
             r->sent_len = r->text_len;
