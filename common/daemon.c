@@ -431,7 +431,7 @@ static void finish_http_error(struct dreq *r, int status, const char *msg) {
 }
 
 /* Decode: one more output token (index = its position in the output); smp: the engine's
- * record with top logprobs, or NULL (the prefill's first token: its logprob alone). */
+ * record with top logprobs (for the first token: rebuilt from the done notice), or NULL. */
 static void take_token(struct dreq *r, int32_t token, int index, int finish, float logprob,
                        const struct pd_sample *smp) {
     if (r->stopped_here || index != r->n_out)
@@ -498,6 +498,14 @@ static void prefill_send(struct dreq *r, const struct pd_engine_event *ev) {
         struct pd_xfer_notice n = {.first_token = ev->token,
                                    .first_logprob = ev->logprob,
                                    .cached_tokens = (uint32_t)ev->cached_tokens};
+        /* the first token's top logprobs: only prefill saw its logits */
+        const struct pd_sample *f = &ev->req->first;
+        for (int k = 0; r && r->api.return_logprob && k < f->n_top && k < PD_XFER_NOTICE_TOP_MAX;
+             k++) {
+            n.top_ids[k] = f->top_ids[k];
+            n.top_logprobs[k] = f->top_logprobs[k];
+            n.n_top = (uint32_t)k + 1;
+        }
         rc = pd_xfer_room_finish(D.x, ev->room, &n);
         if (r) {
             /* prefill's TTFT: the first token is sampled and handed to the transfer engine */
@@ -679,7 +687,13 @@ static void on_room_end(void *ctx, uint64_t room, void *user, int status,
             if (n->status == PD_OK) {
                 r->cached_tokens = (int)n->cached_tokens;
                 /* stream the first token now; the engine's TOKEN 0 is then ignored */
-                take_token(r, n->first_token, 0, PD_FINISH_NONE, n->first_logprob, NULL);
+                struct pd_sample s = {.token = n->first_token, .logprob = n->first_logprob};
+                for (uint32_t k = 0; k < n->n_top && k < PD_SAMPLING_MAX_LOGPROBS; k++) {
+                    s.top_ids[k] = n->top_ids[k];
+                    s.top_logprobs[k] = n->top_logprobs[k];
+                    s.n_top = (int)k + 1;
+                }
+                take_token(r, n->first_token, 0, PD_FINISH_NONE, n->first_logprob, &s);
             } else {
                 snprintf(r->fail_msg, sizeof(r->fail_msg), "%s", n->error);
             }
@@ -1073,7 +1087,7 @@ static void group_detach(struct dgroup *g, bool abort, bool user) {
 static void on_group_gone(struct pd_http_req *h, void *user) {
     (void)h;
     struct dgroup *g = user;
-    pd_info("rid=%s client of a %d-way request went away: aborting", g->rid, g->count);
+    pd_info("id=%s rid=%s client of a %d-way request went away: aborting", g->id, g->rid, g->count);
     group_detach(g, true, true);
 }
 

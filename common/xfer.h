@@ -50,6 +50,7 @@
 #define PD_XFER_AM_NOTICE 0x5044u
 #define PD_XFER_AM_DATA 0x5045u
 #define PD_XFER_ERROR_TEXT_MAX 240 /* bytes of a notice's error text, NUL excluded */
+#define PD_XFER_NOTICE_TOP_MAX 20  /* top logprobs of the first token a notice carries */
 
 typedef struct pd_xfer pd_xfer_t;
 typedef struct pd_xfer_peer pd_xfer_peer_t;
@@ -61,8 +62,13 @@ struct pd_xfer_notice {
     int32_t first_token;    /* token id sampled by prefill; -1 when none */
     float first_logprob;    /* of first_token */
     uint32_t cached_tokens; /* prompt tokens prefill found in its prefix cache */
-    uint64_t data_bytes;    /* set by the engine: page bytes sent as active messages before the
-                               notice (0 when the data went by RMA) */
+    /* the first token's top logprobs (most likely first), when the request asked for them:
+     * SGLang carries them in its transfer metadata too, since only prefill saw those logits */
+    uint32_t n_top;
+    int32_t top_ids[PD_XFER_NOTICE_TOP_MAX];
+    float top_logprobs[PD_XFER_NOTICE_TOP_MAX];
+    uint64_t data_bytes; /* set by the engine: page bytes sent as active messages before the
+                            notice (0 when the data went by RMA) */
     char error[PD_XFER_ERROR_TEXT_MAX + 1];
 };
 
@@ -175,7 +181,9 @@ int pd_xfer_room_release(pd_xfer_t *x, uint64_t room, int status);
 int pd_xfer_room_abort(pd_xfer_t *x, uint64_t room, int status, const char *why);
 bool pd_xfer_room_live(const pd_xfer_t *x, uint64_t room);
 
-/* Notice wire format (fixed, little-endian): exposed for tests of malformed notices. */
+/* Notice wire format (fixed, little-endian): exposed for tests of malformed notices. The top
+ * logprobs follow the error text (n_top u8, then n_top x {id i32, logprob f32}); a notice
+ * without them ends at the error text. */
 #define PD_XFER_NOTICE_WIRE_MIN 44 /* bytes before the error text */
 size_t pd_xfer_notice_encode(const struct pd_xfer_notice *n, uint64_t sender_id, uint8_t *buf,
                              size_t cap);
