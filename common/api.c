@@ -1315,6 +1315,12 @@ int pd_api_check_length(struct pd_api_request *r, int n_prompt_tokens, int conte
                                                         : "text";
     if (n_prompt_tokens <= 0)
         return bad(e, param, "the prompt is empty");
+    if (r->return_logprob && r->logprob_start_len >= 0 && r->logprob_start_len < n_prompt_tokens)
+        /* better a clear refusal than an answer silently missing what was asked for */
+        return bad(e, "logprob_start_len",
+                   "'logprob_start_len' %d asks for prompt logprobs (input_token_logprobs), "
+                   "which pdserve does not compute; omit it or send -1 (output logprobs only)",
+                   r->logprob_start_len);
     if (context_length <= 0)
         return PD_OK;
     if (n_prompt_tokens >= context_length)

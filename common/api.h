@@ -151,7 +151,8 @@ int pd_api_render_chat_prompt(const struct pd_api_request *r, const struct pd_ch
 
 /* After tokenizing: refuses a prompt that does not fit the context (the message names both
  * lengths) or prompt + max_new_tokens beyond it, and sets chat's default max_new_tokens to the
- * rest of the context. context_length <= 0 skips the checks. */
+ * rest of the context. context_length <= 0 skips the checks. Also refuses a request for prompt
+ * logprobs (return_logprob with logprob_start_len inside the prompt): not computed. */
 int pd_api_check_length(struct pd_api_request *r, int n_prompt_tokens, int context_length,
                         struct pd_api_error *e);
 /* Every input id and stop token id must be in [0, vocab). */

@@ -444,6 +444,17 @@ static void test_length_and_ids(void) {
     CHECK(strstr(e.message, "empty") != NULL);
     pd_api_request_free(&r);
 
+    /* prompt logprobs are refused by name, not silently left out */
+    CHECK_OK(parse(PD_API_GENERATE,
+                   "{\"text\":\"a\",\"return_logprob\":true,\"logprob_start_len\":2}", &r, &e));
+    CHECK_INT(pd_api_check_length(&r, 5, 100, &e), PD_EINVAL);
+    CHECK_STR(e.param, "logprob_start_len");
+    CHECK(strstr(e.message, "input_token_logprobs") != NULL);
+    CHECK_OK(pd_api_check_length(&r, 2, 1000, &e)); /* starts past the prompt: nothing asked */
+    r.return_logprob = false;
+    CHECK_OK(pd_api_check_length(&r, 5, 1000, &e)); /* no logprobs at all: ignored, as SGLang */
+    pd_api_request_free(&r);
+
     CHECK_OK(parse(PD_API_COMPLETIONS, "{\"prompt\":[1,2,99],\"max_tokens\":60}", &r, &e));
     CHECK_OK(pd_api_check_length(&r, 40, 100, &e));
     CHECK_INT(pd_api_check_length(&r, 41, 100, &e), PD_EINVAL);
