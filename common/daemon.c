@@ -845,11 +845,10 @@ static void on_client_gone(struct pd_http_req *h, void *user) {
     abort_req(r, true);
 }
 
-static void respond_e(struct pd_http_req *h, struct pd_api_error *e, int status, const char *param,
-                      const char *fmt, ...) __attribute__((format(printf, 5, 6)));
-/* Fills e (and answers h with it when h is non-NULL). */
-static void respond_e(struct pd_http_req *h, struct pd_api_error *e, int status, const char *param,
-                      const char *fmt, ...) {
+static void set_error(struct pd_api_error *e, int status, const char *param, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+/* Fills e for a request that is not answered yet (prepare_req's caller renders it). */
+static void set_error(struct pd_api_error *e, int status, const char *param, const char *fmt, ...) {
     char msg[512];
     va_list ap;
     va_start(ap, fmt);
@@ -857,8 +856,6 @@ static void respond_e(struct pd_http_req *h, struct pd_api_error *e, int status,
     va_end(ap);
     pd_api_error_set(e, status, status >= 500 ? "server_error" : "invalid_request_error", param,
                      NULL, "%s", msg);
-    if (h)
-        pd_http_respond_error(h, e);
 }
 
 static struct dreq *dreq_new(void) {
@@ -897,7 +894,7 @@ static int prepare_req(struct dreq *r, enum pd_api_kind kind, const char *body, 
         char *prompt = NULL;
         size_t plen = 0;
         if (!D.chat) {
-            respond_e(NULL, e, 400, "messages", "the model has no chat template");
+            set_error(e, 400, "messages", "the model has no chat template");
             return PD_EINVAL;
         }
         if (pd_api_render_chat_prompt(&r->api, D.chat, pd_tokenizer_bos_token(D.tok),
@@ -909,7 +906,7 @@ static int prepare_req(struct dreq *r, enum pd_api_kind kind, const char *body, 
         rc = pd_tokenizer_encode(D.tok, r->api.text, r->api.text_len, PD_TOK_DEFAULT, &ids);
     }
     if (rc || ids.n == 0) {
-        respond_e(NULL, e, 400, "prompt", "%s", rc ? pd_error_msg() : "the prompt is empty");
+        set_error(e, 400, "prompt", "%s", rc ? pd_error_msg() : "the prompt is empty");
         pd_token_ids_free(&ids);
         return PD_EINVAL;
     }
@@ -923,7 +920,7 @@ static int prepare_req(struct dreq *r, enum pd_api_kind kind, const char *body, 
     r->room = D.coloc ? coloc_room() : r->api.bootstrap_room;
     r->n_prompt = (int32_t)ids.n;
     if (find_room(r->room)) {
-        respond_e(NULL, e, 400, "bootstrap_room",
+        set_error(e, 400, "bootstrap_room",
                   "bootstrap_room %" PRIu64 " already has a live request on this %s daemon",
                   r->room, role_name());
         pd_token_ids_free(&ids);
@@ -942,7 +939,7 @@ static int prepare_req(struct dreq *r, enum pd_api_kind kind, const char *body, 
     rc = pd_engine_req_new(r->room, ids.ids, r->n_prompt, D.info.page_size, &sp, &r->ereq);
     pd_token_ids_free(&ids);
     if (rc) {
-        respond_e(NULL, e, 500, NULL, "%s", pd_error_msg());
+        set_error(e, 500, NULL, "%s", pd_error_msg());
         return rc;
     }
     if (r->api.rid)
@@ -961,7 +958,7 @@ static int prepare_req(struct dreq *r, enum pd_api_kind kind, const char *body, 
     }
     if (D.role == PD_ENGINE_DECODE &&
         pd_detok_new(D.tok, r->api.skip_special_tokens, &r->detok) != PD_OK) {
-        respond_e(NULL, e, 500, NULL, "%s", pd_error_msg());
+        set_error(e, 500, NULL, "%s", pd_error_msg());
         return PD_ENOMEM;
     }
     if (D.role == PD_ENGINE_DECODE && r->api.return_logprob) {
@@ -969,7 +966,7 @@ static int prepare_req(struct dreq *r, enum pd_api_kind kind, const char *body, 
         r->lps = pd_calloc(n, sizeof(*r->lps));
         r->ereq->samples = pd_calloc(n, sizeof(*r->ereq->samples));
         if (!r->lps || !r->ereq->samples) {
-            respond_e(NULL, e, 500, NULL, "out of memory for %zu logprobs", n);
+            set_error(e, 500, NULL, "out of memory for %zu logprobs", n);
             return PD_ENOMEM;
         }
     }
@@ -986,7 +983,7 @@ static int submit_req(struct dreq *r, struct pd_http_req *h, struct pd_api_error
     r->ereq->user = r;
     struct pd_engine_req *er = r->ereq;
     if (pd_engine_submit(D.eng, &(struct pd_engine_cmd){.kind = PD_ENGINE_CMD_ADD, .req = er})) {
-        respond_e(NULL, e, 503, NULL, "%s", pd_error_msg());
+        set_error(e, 503, NULL, "%s", pd_error_msg());
         dreq_free(r);
         return PD_EFULL;
     }
