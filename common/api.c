@@ -692,11 +692,12 @@ static int parse_openai(const cJSON *root, const char *body, size_t len, struct 
             r->return_logprob = true;
             r->sampling.n_logprobs = lp;
         }
-        bool echo = false;
-        if ((rc = get_bool(root, "echo", "echo", &echo, e)))
+        if ((rc = get_bool(root, "echo", "echo", &r->echo, e)))
             return rc;
-        if (echo)
-            return bad(e, "echo", "'echo' is not supported");
+        if (r->echo && r->return_logprob)
+            return bad(e, "echo",
+                       "'echo' with 'logprobs' asks for the prompt's logprobs, which pdserve "
+                       "does not compute; send 'echo' without 'logprobs'");
         const cJSON *suffix = cJSON_GetObjectItemCaseSensitive(root, "suffix");
         if (cJSON_IsString(suffix) && suffix->valuestring[0])
             return bad(e, "suffix", "'suffix' is not supported");

@@ -89,6 +89,7 @@ struct pd_api_request {
     int min_tokens;           /* EOS/stop ignored before this many tokens */
     bool skip_special_tokens; /* default true */
     bool no_stop_trim;        /* SGLang: keep the matched stop string in the text */
+    bool echo;                /* completions: the answer's text starts with the prompt's */
 
     bool return_logprob; /* generate return_logprob, completions logprobs != null, chat logprobs */
     int logprob_start_len; /* generate; -1 = none of the prompt */

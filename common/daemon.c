@@ -72,7 +72,8 @@ struct dreq {
     struct pd_detok *detok;
     char *text;
     size_t text_len, text_cap, sent_len;
-    int finish; /* enum pd_api_finish once known */
+    size_t echo_len; /* completions echo: text starts with the prompt's (stop strings skip it) */
+    int finish;      /* enum pd_api_finish once known */
     int32_t matched_token;
     int matched_stop; /* index into api.stop, -1 */
     bool streaming, first_chunk_sent;
@@ -463,9 +464,11 @@ static void take_token(struct dreq *r, int32_t token, int index, int finish, flo
         r->finish = finish == PD_FINISH_STOP ? PD_API_FINISH_STOP : PD_API_FINISH_LENGTH;
     /* stop strings: searched in the text that could contain a new match */
     size_t at;
-    int i = r->text ? pd_api_find_stop(&r->api, r->text, r->text_len, before, &at) : -1;
+    int i = r->text ? pd_api_find_stop(&r->api, r->text + r->echo_len, r->text_len - r->echo_len,
+                                       before - r->echo_len, &at)
+                    : -1;
     if (i >= 0) {
-        r->text_len = at + (r->api.no_stop_trim ? r->api.stop_len[i] : 0);
+        r->text_len = r->echo_len + at + (r->api.no_stop_trim ? r->api.stop_len[i] : 0);
         r->text[r->text_len] = '\0';
         if (r->sent_len > r->text_len)
             r->sent_len = r->text_len;
@@ -960,6 +963,21 @@ static int prepare_req(struct dreq *r, enum pd_api_kind kind, const char *body, 
         pd_detok_new(D.tok, r->api.skip_special_tokens, &r->detok) != PD_OK) {
         set_error(e, 500, NULL, "%s", pd_error_msg());
         return PD_ENOMEM;
+    }
+    if (D.role == PD_ENGINE_DECODE && r->api.echo) { /* the prompt as sent, or its ids' text */
+        char *t = NULL;
+        size_t tl = 0;
+        rc = r->api.text ? append_text(r, r->api.text, r->api.text_len)
+                         : pd_tokenizer_decode(D.tok, r->api.input_ids, (size_t)r->api.n_input_ids,
+                                               r->api.skip_special_tokens, &t, &tl);
+        if (rc == PD_OK && t)
+            rc = append_text(r, t, tl);
+        pd_free(t);
+        if (rc) {
+            set_error(e, 500, NULL, "echo: %s", pd_error_msg());
+            return rc;
+        }
+        r->echo_len = r->text_len;
     }
     if (D.role == PD_ENGINE_DECODE && r->api.return_logprob) {
         size_t n = (size_t)r->api.sampling.max_new_tokens;

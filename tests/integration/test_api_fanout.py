@@ -18,7 +18,9 @@ What a user would notice, in both cases:
   * streams: chat n = 2 with include_usage interleaves chunks by index (each index starts with
     the role, ends with one finish_reason), then one usage chunk, then one [DONE]; a batch
     /generate stream carries "index".
-  * stop strings cut every choice; the first output token's top_logprobs are filled.
+  * stop strings cut every choice; echo puts the prompt before each choice's text (echo with
+    logprobs, which needs prompt logprobs, is a 400); the first output token's top_logprobs are
+    filled.
   * 400 for n outside [1, 128] and for a batch with one bad prompt (nothing left running); a
     client that leaves a fanned-out stream aborts every sub-request: the pools are full again.
 
@@ -210,6 +212,17 @@ def case_stop_logprobs(srv):
                 for c in cut["choices"]:
                     check(c["finish_reason"] == "stop" and c["text"] == text[:text.index(stop)],
                           "stop %r cuts %r: %s" % (stop, text, c))
+    echo = single_completion(srv, A, max_tokens=8, n=2, echo=True)
+    if one and echo:
+        for c in echo["choices"]:
+            check(c["text"] == A + one["choices"][0]["text"],
+                  "echo: the prompt, then the completion: %r" % c["text"])
+    sp = single_completion(srv, A, max_tokens=8, echo=True, stop=[A[:12]])
+    if one and sp and one["choices"][0]["text"].find(A[:12]) < 0:
+        check(sp["choices"][0]["text"] == A + one["choices"][0]["text"],
+              "a stop string in the echoed prompt does not stop: %r" % sp["choices"][0])
+    st, j = post(srv, "/v1/completions", {"prompt": A, "echo": True, "logprobs": 1})
+    check(st == 400 and "echo" in json.dumps(j), "echo + logprobs refused: %s %s" % (st, j))
     lp = ok(srv, "/v1/chat/completions",
             {"messages": [{"role": "user", "content": A}], "max_tokens": 3, "temperature": 0,
              "logprobs": True, "top_logprobs": 3}, "chat logprobs")

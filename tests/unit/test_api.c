@@ -307,8 +307,10 @@ static void test_completions(void) {
                "logit_bias", "not supported");
     EXPECT_BAD(PD_API_COMPLETIONS, "{\"prompt\":\"a\",\"logprobs\":true}", 400, "logprobs",
                "must be an integer");
-    EXPECT_BAD(PD_API_COMPLETIONS, "{\"prompt\":\"a\",\"echo\":true}", 400, "echo",
-               "not supported");
+    EXPECT_BAD(PD_API_COMPLETIONS, "{\"prompt\":\"a\",\"echo\":true,\"logprobs\":2}", 400, "echo",
+               "prompt's logprobs");
+    EXPECT_BAD(PD_API_COMPLETIONS, "{\"prompt\":\"a\",\"echo\":1}", 400, "echo",
+               "must be a boolean");
     EXPECT_BAD(PD_API_COMPLETIONS, "{\"prompt\":\"a\",\"stream_options\":{\"include_usage\":1}}",
                400, "stream_options.include_usage", "must be a boolean");
     EXPECT_BAD(PD_API_COMPLETIONS, "{\"prompt\":\"a\",\"seed\":1.5}", 400, "seed",
