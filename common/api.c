@@ -1134,6 +1134,7 @@ int pd_api_split(enum pd_api_kind kind, const char *body, size_t len,
         rc = oom(e);
         goto done;
     }
+    size_t total = 0; /* n copies of a long prompt: bounded, not n x the body limit */
     const cJSON *rid = cJSON_GetObjectItemCaseSensitive(root, "rid");
     if (cJSON_IsString(rid) && !(out->rid = pd_strdup(rid->valuestring))) {
         rc = oom(e);
@@ -1194,6 +1195,14 @@ int pd_api_split(enum pd_api_kind kind, const char *body, size_t len,
         }
         if (!(out->bodies[k] = cJSON_PrintUnformatted(sub))) {
             rc = oom(e);
+            goto done;
+        }
+        total += strlen(out->bodies[k]);
+        if (total > PD_API_MAX_FANOUT_BYTES) {
+            rc = bad(e, n > 1 ? "n" : list_key,
+                     "the request fans out into %lld sub-requests whose bodies exceed %u MiB "
+                     "together: send fewer samples or shorter prompts",
+                     count, PD_API_MAX_FANOUT_BYTES >> 20);
             goto done;
         }
         cJSON_Delete(sub);

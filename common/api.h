@@ -34,10 +34,11 @@ enum pd_api_kind {
     PD_API_CHAT = 2,        /* POST /v1/chat/completions */
 };
 
-#define PD_API_MAX_STOP 16             /* stop strings per request */
-#define PD_API_MAX_N 128               /* n (parallel samples) per prompt */
-#define PD_API_MAX_FANOUT 1024         /* sub-requests per body: prompts x n */
-#define PD_API_DEFAULT_BODY (8u << 20) /* bytes: default request body limit */
+#define PD_API_MAX_STOP 16                  /* stop strings per request */
+#define PD_API_MAX_N 128                    /* n (parallel samples) per prompt */
+#define PD_API_MAX_FANOUT 1024              /* sub-requests per body: prompts x n */
+#define PD_API_MAX_FANOUT_BYTES (64u << 20) /* bytes of all sub-request bodies together */
+#define PD_API_DEFAULT_BODY (8u << 20)      /* bytes: default request body limit */
 #define PD_API_DEFAULT_BOOTSTRAP_PORT 8998
 
 struct pd_api_error {

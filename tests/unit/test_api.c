@@ -1038,6 +1038,22 @@ static void test_split(void) {
               "{\"prompt\":\"a\",\"n\":2,\"bootstrap_room\":[1,2],\"bootstrap_host\":[\"h\"]}",
               "bootstrap_host", "list of 2 entries");
 #undef SPLIT_BAD
+    /* n copies of a long prompt are bounded in bytes */
+    {
+        size_t plen = 1u << 20;
+        char *big = pd_malloc(plen + 64);
+        CHECK(big != NULL);
+        if (big) {
+            int o = snprintf(big, 64, "{\"n\":100,\"prompt\":\"");
+            memset(big + o, 'a', plen);
+            strcpy(big + o + plen, "\"}");
+            CHECK_INT(pd_api_split(PD_API_COMPLETIONS, big, strlen(big), &cfg, &sp, &e), PD_EINVAL);
+            CHECK_STR(e.param, "n");
+            CHECK(strstr(e.message, "64 MiB") != NULL);
+            CHECK(sp.bodies == NULL);
+            pd_free(big);
+        }
+    }
     /* colocated: a scalar room is ignored, as without fan-out */
     b = "{\"prompt\":\"a\",\"n\":2,\"bootstrap_room\":7}";
     CHECK_OK(pd_api_split(PD_API_COMPLETIONS, b, strlen(b), &cfg, &sp, &e));
