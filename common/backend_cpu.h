@@ -3,8 +3,9 @@
  * (backend_cpu_pool.c) and the vectorised inner loops (backend_cpu_kernels.c) that
  * backend_cpu.c builds its ops from. Not for use outside the cpu backend.
  *
- * The pool runs one task at a time on all its threads (the caller is thread 0); a task splits
- * its work by (tid, nth) itself, so no queue and no allocation happens per op. Kernels pick an
+ * The pool runs one task at a time as nth parts claimed by whichever of its threads (the caller
+ * included) gets there first; a task splits its work by (part, nth) itself and may use the
+ * thread-scratch slot of its part, so no queue and no allocation happens per op. Kernels pick an
  * AVX-512 or AVX2/FMA version at run time when the CPU has it, else a portable loop.
  */
 #ifndef PD_BACKEND_CPU_H
@@ -21,7 +22,8 @@ typedef void (*pd__cpu_task)(void *ctx, int tid, int nth);
 int pd__cpu_pool_new(int n_threads, struct pd__cpu_pool **out);
 void pd__cpu_pool_free(struct pd__cpu_pool *p);
 int pd__cpu_pool_size(const struct pd__cpu_pool *p);
-/* Runs fn(ctx, tid, nth) for tid = 0..nth-1 (tid 0 on the caller) and returns when all are done. */
+/* Runs fn(ctx, part, nth) once for each part = 0..nth-1, on whichever threads claim them (the
+ * caller runs every part no worker got to), and returns when all are done. */
 void pd__cpu_pool_run(struct pd__cpu_pool *p, pd__cpu_task fn, void *ctx);
 
 /* [i0, i1) of n items for thread tid of nth, in contiguous runs. */

@@ -1,10 +1,16 @@
 /*
  * backend_cpu_pool.c — the cpu backend's fixed set of worker threads.
  *
- * One task at a time: run() publishes (fn, ctx) under a new generation number, works as thread 0,
- * and waits for the others. Workers spin briefly on the generation before sleeping on a condition
- * variable, because a decode step issues hundreds of short tasks back to back and a futex wake per
- * task would cost more than the task; the spin is bounded so idle workers do not burn a core.
+ * One task at a time, split into n parts (n = the pool's threads; part i uses thread-scratch
+ * slot i). run() publishes (fn, ctx) under a new generation number and then every thread,
+ * the caller included, claims parts until none is left, so a worker the OS has not scheduled
+ * (a loaded machine) costs nothing: the caller runs its part instead of waiting a time slice
+ * for it. The generation and the next unclaimed part share one atomic word, so a claim made
+ * with a stale generation fails, and a part's (fn, ctx) cannot change before it is done (the
+ * next task starts only when every part of this one is). Workers spin briefly on the word
+ * before sleeping on a condition variable, because a decode step issues hundreds of short tasks
+ * back to back and a futex wake per task would cost more than the task; the spin is bounded so
+ * idle workers do not burn a core.
  * Threads are created at init and joined at free; nothing is allocated per task.
  */
 #include "common/backend_cpu.h"
@@ -14,6 +20,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
+#include <stdint.h>
 
 #define PD_POOL_SPIN 20000
 
@@ -28,13 +35,17 @@ struct pd__cpu_pool {
     struct worker_arg *args; /* [n-1] */
     pthread_mutex_t mu;
     pthread_cond_t cv_work, cv_done;
-    atomic_uint gen;    /* bumped once per task */
-    atomic_int pending; /* workers still running the current task */
-    int sleepers;       /* workers waiting on cv_work (under mu) */
+    _Atomic uint64_t state; /* generation << 32 | next unclaimed part of its task */
+    atomic_int done;        /* parts of the current task finished */
+    int sleepers;           /* workers waiting on cv_work (under mu) */
     bool stop;
     pd__cpu_task fn;
     void *ctx;
 };
+
+static inline uint32_t gen_of(uint64_t st) {
+    return (uint32_t)(st >> 32);
+}
 
 static inline void cpu_relax(void) {
 #if defined(__x86_64__) || defined(__i386__)
@@ -42,20 +53,43 @@ static inline void cpu_relax(void) {
 #endif
 }
 
+/* Claims and runs parts of generation g until none is left; the claim is a CAS on the shared
+ * word, so it fails once the task has moved on. Returns the parts this thread ran. */
+static int run_parts(struct pd__cpu_pool *p, uint32_t g) {
+    int ran = 0;
+    uint64_t st = atomic_load_explicit(&p->state, memory_order_acquire);
+    for (;;) {
+        if (gen_of(st) != g || (int)(uint32_t)st >= p->n)
+            return ran;
+        if (!atomic_compare_exchange_weak_explicit(&p->state, &st, st + 1, memory_order_acq_rel,
+                                                   memory_order_acquire))
+            continue;
+        int part = (int)(uint32_t)st;
+        p->fn(p->ctx, part, p->n); /* stable: the task cannot end before this part does */
+        ran++;
+        if (atomic_fetch_add_explicit(&p->done, 1, memory_order_acq_rel) + 1 == p->n) {
+            pthread_mutex_lock(&p->mu);
+            pthread_cond_signal(&p->cv_done);
+            pthread_mutex_unlock(&p->mu);
+        }
+        st = atomic_load_explicit(&p->state, memory_order_acquire);
+    }
+}
+
 static void *worker_main(void *arg) {
     struct worker_arg *wa = arg;
     struct pd__cpu_pool *p = wa->pool;
-    unsigned seen = 0;
+    uint32_t seen = 0;
     for (;;) {
-        unsigned g = atomic_load_explicit(&p->gen, memory_order_acquire);
+        uint32_t g = gen_of(atomic_load_explicit(&p->state, memory_order_acquire));
         for (int i = 0; g == seen && i < PD_POOL_SPIN; i++) {
             cpu_relax();
-            g = atomic_load_explicit(&p->gen, memory_order_acquire);
+            g = gen_of(atomic_load_explicit(&p->state, memory_order_acquire));
         }
         if (g == seen) {
             pthread_mutex_lock(&p->mu);
             p->sleepers++;
-            while ((g = atomic_load(&p->gen)) == seen && !p->stop)
+            while ((g = gen_of(atomic_load(&p->state))) == seen && !p->stop)
                 pthread_cond_wait(&p->cv_work, &p->mu);
             p->sleepers--;
             bool stop = p->stop;
@@ -64,12 +98,7 @@ static void *worker_main(void *arg) {
                 return NULL;
         }
         seen = g;
-        p->fn(p->ctx, wa->tid, p->n);
-        if (atomic_fetch_sub_explicit(&p->pending, 1, memory_order_acq_rel) == 1) {
-            pthread_mutex_lock(&p->mu);
-            pthread_cond_signal(&p->cv_done);
-            pthread_mutex_unlock(&p->mu);
-        }
+        run_parts(p, g);
     }
 }
 
@@ -132,21 +161,23 @@ void pd__cpu_pool_run(struct pd__cpu_pool *p, pd__cpu_task fn, void *ctx) {
         fn(ctx, 0, 1);
         return;
     }
+    /* the previous task is complete (every part done), so no worker reads fn/ctx now */
     p->fn = fn;
     p->ctx = ctx;
-    atomic_store(&p->pending, p->n - 1);
+    atomic_store_explicit(&p->done, 0, memory_order_relaxed);
+    uint32_t g = gen_of(atomic_load_explicit(&p->state, memory_order_relaxed)) + 1;
     pthread_mutex_lock(&p->mu);
-    atomic_fetch_add_explicit(&p->gen, 1, memory_order_release);
+    atomic_store_explicit(&p->state, (uint64_t)g << 32, memory_order_release);
     if (p->sleepers)
         pthread_cond_broadcast(&p->cv_work);
     pthread_mutex_unlock(&p->mu);
-    fn(ctx, 0, p->n);
-    for (int i = 0; atomic_load_explicit(&p->pending, memory_order_acquire) && i < PD_POOL_SPIN;
+    run_parts(p, g);
+    for (int i = 0; atomic_load_explicit(&p->done, memory_order_acquire) < p->n && i < PD_POOL_SPIN;
          i++)
         cpu_relax();
-    if (atomic_load(&p->pending)) {
+    if (atomic_load(&p->done) < p->n) {
         pthread_mutex_lock(&p->mu);
-        while (atomic_load(&p->pending))
+        while (atomic_load(&p->done) < p->n)
             pthread_cond_wait(&p->cv_done, &p->mu);
         pthread_mutex_unlock(&p->mu);
     }

@@ -777,9 +777,16 @@ static void on_room_rejected(void *ctx, uint64_t room, void *user, int status, c
                                 .kind = PD_ENGINE_CMD_XFER_END, .room = room, .status = status});
 }
 
+/* "host:port" for gRPC; an IPv6 address goes in brackets ("[fd00::1]:8998"), as the router
+ * sends a DNS-found prefill's address bare, the way it sends any host. */
+static void host_port(char *out, size_t size, const char *host, int port) {
+    bool v6 = strchr(host, ':') != NULL && host[0] != '[';
+    snprintf(out, size, v6 ? "[%s]:%d" : "%s:%d", host, port);
+}
+
 static pd_bootstrap_client_t *client_for(const char *host, int port) {
     char target[300];
-    snprintf(target, sizeof(target), "%s:%d", host && *host ? host : "127.0.0.1", port);
+    host_port(target, sizeof(target), host && *host ? host : "127.0.0.1", port);
     for (int i = 0; i < D.n_clients; i++)
         if (strcmp(D.clients[i].target, target) == 0)
             return D.clients[i].c;
@@ -1788,7 +1795,7 @@ static int start_transfer(void) {
         return rc;
     if (D.role == PD_ENGINE_PREFILL) {
         char addr[300];
-        snprintf(addr, sizeof(addr), "%s:%d", a->host, a->disaggregation_bootstrap_port);
+        host_port(addr, sizeof(addr), a->host, a->disaggregation_bootstrap_port);
         struct pd_bootstrap_server_config sc = {.addr = addr,
                                                 .key = D.key,
                                                 .key_len = D.key_len,

@@ -354,9 +354,10 @@ static int req_check_open(struct pd_http_req *r, bool want_stream) {
     return PD_OK;
 }
 
+/* h2o keeps the value's pointer until the headers are sent, so it is copied into the request's
+ * pool: a caller's string (the router passes its upstream call's, freed when that call ends) may
+ * be gone by then. */
 static void add_content_type(h2o_req_t *hreq, const char *ct) {
-    /* copied into the request's pool: h2o keeps the pointer until it writes the headers, and a
-     * caller's buffer (the router passes an upstream call's header) may be gone by then */
     h2o_iovec_t v = h2o_strdup(&hreq->pool, ct, strlen(ct));
     h2o_set_header(&hreq->pool, &hreq->res.headers, H2O_TOKEN_CONTENT_TYPE, v.base, v.len, 1);
 }

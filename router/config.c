@@ -1,13 +1,14 @@
 /*
  * config.c — pdserve-router's flags: the pre-pass for the repeatable, two-valued --prefill and the
- * repeatable --decode, then the shared parser for everything else.
+ * repeatable --decode, --prefill-dns and --decode-dns, then the shared parser for everything else.
  *
  * The pre-pass only removes what it understands; anything else reaches pd_flags_parse unchanged,
  * so unknown flags and stray values get the shared parser's messages. --prefill and --decode are
- * also registered on the flagset (their destinations are never written: the pre-pass consumed
- * them) so that --help documents them next to the other flags.
+ * (and the -dns ones) also registered on the flagset (their destinations are never written: the
+ * pre-pass consumed them) so that --help documents them next to the other flags.
  */
 #include "router/config.h"
+#include "router/discovery.h"
 
 #include "common/alloc.h"
 #include "common/log.h"
@@ -19,6 +20,7 @@
 
 const char *const pd_router_policy_names[] = {"round_robin", "random", "power_of_two",
                                               "cache_aware", NULL};
+const char *const pd_router_dns_family_names[] = {"any", "ipv4", "ipv6", NULL};
 
 int pd_router_url_parse(const char *url, struct pd_router_worker_spec *out) {
     memset(out, 0, sizeof(*out));
@@ -80,6 +82,23 @@ static int add_worker(struct pd_router_worker_spec **list, int *n, const char *u
         pd_free(spec.url);
         pd_free(spec.host);
         return pd_errorf(PD_ENOMEM, "adding worker %s", url);
+    }
+    grown[*n] = spec;
+    *list = grown;
+    (*n)++;
+    return PD_OK;
+}
+
+static int add_dns(const char *flag, struct pd_router_dns_spec **list, int *n, const char *v,
+                   bool prefill) {
+    struct pd_router_dns_spec spec;
+    int rc = pd_router_dns_spec_parse(flag, v, prefill, &spec);
+    if (rc)
+        return rc;
+    struct pd_router_dns_spec *grown = pd_realloc(*list, sizeof(spec) * (size_t)(*n + 1));
+    if (!grown) {
+        pd_router_dns_spec_free(&spec);
+        return pd_errorf(PD_ENOMEM, "adding %s %s", flag, v);
     }
     grown[*n] = spec;
     *list = grown;
@@ -149,6 +168,17 @@ static int prepass(struct pd_router_config *cfg, int argc, char **argv, char **r
             rc = add_worker(&cfg->decode, &cfg->n_decode, url, PD_ROUTER_BOOTSTRAP_PORT_NULL);
             if (rc)
                 return pd_error_wrap(rc, "--decode");
+        } else if (is_flag(a, "--prefill-dns") || is_flag(a, "--decode-dns")) {
+            bool prefill = is_flag(a, "--prefill-dns");
+            const char *name = prefill ? "--prefill-dns" : "--decode-dns";
+            const char *v = flag_value(argc, argv, &i, name, &eq);
+            if (!v || !*v)
+                return pd_errorf(PD_EINVAL, "%s needs a value: %s %s", name, name,
+                                 prefill ? "NAME:PORT[:BOOTSTRAP_PORT]" : "NAME:PORT");
+            rc = prefill ? add_dns(name, &cfg->prefill_dns, &cfg->n_prefill_dns, v, true)
+                         : add_dns(name, &cfg->decode_dns, &cfg->n_decode_dns, v, false);
+            if (rc)
+                return rc;
         } else {
             rest[(*n_rest)++] = argv[i];
         }
@@ -176,6 +206,29 @@ static void register_flags(struct pd_router_config *cfg) {
                    "8998)");
     pd_flag_string(fs, "--decode", &doc_only, "URL",
                    "a decode worker, e.g. http://10.0.0.2:30000; repeatable");
+    pd_flag_string(fs, "--prefill-dns", &doc_only, "NAME:PORT[:BOOTSTRAP_PORT]",
+                   "prefill workers found by DNS: every address NAME resolves to (e.g. a "
+                   "Kubernetes headless service, prefill.ns.svc.cluster.local:8000:8998) is a "
+                   "worker at http://ADDR:PORT whose bootstrap is ADDR:BOOTSTRAP_PORT; "
+                   "re-resolved every --dns-refresh-secs: new addresses join once /health answers, "
+                   "vanished ones drain (no new requests, in-flight ones finish). Repeatable; "
+                   "combines with --prefill. An authoritative empty answer (NXDOMAIN, no records) "
+                   "drains all; a failed lookup keeps the current set");
+    pd_flag_string(fs, "--decode-dns", &doc_only, "NAME:PORT",
+                   "decode workers found by DNS, as --prefill-dns; repeatable; combines with "
+                   "--decode");
+    pd_flag_double(fs, "--dns-refresh-secs", &cfg->dns_refresh_secs, "S", 0.05, 86400,
+                   "how often --prefill-dns/--decode-dns names are resolved again");
+    pd_flag_string(fs, "--dns-server", &cfg->dns_server, "A.B.C.D[:PORT]",
+                   "send the A/AAAA queries for --prefill-dns/--decode-dns to this DNS server "
+                   "(IPv4, port 53 by default) instead of the system resolver (/etc/hosts, "
+                   "/etc/resolv.conf); for tests, or clusters where the router must bypass "
+                   "resolv.conf. The search domains of resolv.conf still apply");
+    pd_flag_choice(fs, "--dns-family", &cfg->dns_family, pd_router_dns_family_names,
+                   "address families taken from DNS answers. any: A and AAAA (a worker that "
+                   "does not listen on an address never passes /health and never gets traffic, "
+                   "so 'localhost' answering 127.0.0.1 and ::1 works); ipv4/ipv6: one family "
+                   "(dual-stack services, where a pod would otherwise count twice)");
     pd_flag_choice(fs, "--policy", &cfg->policy, pd_router_policy_names,
                    "how to pick the prefill worker; decode is always least load. cache_aware "
                    "runs power_of_two for now");
@@ -212,6 +265,8 @@ int pd_router_config_parse(struct pd_router_config *cfg, int argc, char **argv) 
     cfg->shutdown_timeout_secs = 30;
     cfg->stream_buffer_bytes = 256 << 10;
     cfg->log_level = PD_LOG_INFO;
+    cfg->dns_refresh_secs = 5;
+    cfg->dns_family = PD_ROUTER_DNS_FAMILY_ANY;
     register_flags(cfg);
 
     for (int i = 1; i < argc; i++) {
@@ -231,10 +286,15 @@ int pd_router_config_parse(struct pd_router_config *cfg, int argc, char **argv) 
     pd_free(rest);
     if (rc)
         return rc;
-    if (cfg->n_prefill == 0)
-        return pd_errorf(PD_EINVAL, "at least one --prefill URL [BOOTSTRAP_PORT] is required");
-    if (cfg->n_decode == 0)
-        return pd_errorf(PD_EINVAL, "at least one --decode URL is required");
+    if (cfg->n_prefill + cfg->n_prefill_dns == 0)
+        return pd_errorf(PD_EINVAL, "at least one --prefill URL [BOOTSTRAP_PORT] is required "
+                                    "(or --prefill-dns NAME:PORT[:BOOTSTRAP_PORT])");
+    if (cfg->n_decode + cfg->n_decode_dns == 0)
+        return pd_errorf(PD_EINVAL,
+                         "at least one --decode URL is required (or --decode-dns NAME:PORT)");
+    if (cfg->dns_server && (rc = pd_router_dns_server_parse(cfg->dns_server, cfg->dns_server_addr,
+                                                            &cfg->dns_server_port)))
+        return rc;
     if (cfg->api_key && !*cfg->api_key)
         cfg->api_key = NULL;
     return PD_OK;
@@ -259,4 +319,12 @@ void pd_router_config_free(struct pd_router_config *cfg) {
     pd_free(cfg->decode);
     cfg->prefill = cfg->decode = NULL;
     cfg->n_prefill = cfg->n_decode = 0;
+    for (int i = 0; i < cfg->n_prefill_dns; i++)
+        pd_router_dns_spec_free(&cfg->prefill_dns[i]);
+    for (int i = 0; i < cfg->n_decode_dns; i++)
+        pd_router_dns_spec_free(&cfg->decode_dns[i]);
+    pd_free(cfg->prefill_dns);
+    pd_free(cfg->decode_dns);
+    cfg->prefill_dns = cfg->decode_dns = NULL;
+    cfg->n_prefill_dns = cfg->n_decode_dns = 0;
 }

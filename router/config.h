@@ -34,11 +34,35 @@ struct pd_router_worker_spec {
     int bootstrap_port; /* prefill only; PD_ROUTER_BOOTSTRAP_PORT_NULL when not given */
 };
 
+/* --prefill-dns / --decode-dns NAME:PORT[:BOOTSTRAP_PORT]: every address NAME resolves to is a
+ * worker at http://ADDR:PORT (discovery.h, router.c). */
+struct pd_router_dns_spec {
+    char *name;         /* host name or address literal, no brackets; owned */
+    int port;           /* HTTP port */
+    int bootstrap_port; /* prefill only; PD_ROUTER_BOOTSTRAP_PORT_NULL when not given */
+};
+
+enum pd_router_dns_family {
+    PD_ROUTER_DNS_FAMILY_ANY = 0,
+    PD_ROUTER_DNS_FAMILY_IPV4 = 1,
+    PD_ROUTER_DNS_FAMILY_IPV6 = 2,
+};
+extern const char *const pd_router_dns_family_names[]; /* NULL-terminated, enum order */
+
 struct pd_router_config {
     struct pd_router_worker_spec *prefill; /* [n_prefill] owned */
     int n_prefill;
     struct pd_router_worker_spec *decode; /* [n_decode] owned */
     int n_decode;
+    struct pd_router_dns_spec *prefill_dns; /* [n_prefill_dns] owned */
+    int n_prefill_dns;
+    struct pd_router_dns_spec *decode_dns; /* [n_decode_dns] owned */
+    int n_decode_dns;
+    double dns_refresh_secs;  /* re-resolve period */
+    const char *dns_server;   /* --dns-server as given; NULL = the system resolver */
+    char dns_server_addr[16]; /* parsed: IPv4 literal */
+    int dns_server_port;
+    int dns_family; /* enum pd_router_dns_family */
     bool pd_disaggregation;
     int policy; /* enum pd_router_policy */
     const char *host;

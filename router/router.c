@@ -17,12 +17,18 @@
  * Shutdown: the server drains (pd_http_server_shutdown); at the deadline the router aborts what
  * is left itself, so each client gets an error rather than a cut; the loop handles close once
  * the server has closed and the aborts went out.
+ * Registry: workers come from the command line and from DNS names re-resolved every
+ * --dns-refresh-secs (discovery.h plans, resolve.h looks up off the loop thread). A worker that
+ * leaves DNS drains: out of rotation and unpolled, it leaves the registry when its last router
+ * call ends, and is freed when the last request pointing at it is.
  */
 #include "router/router.h"
 
 #include "router/body.h"
+#include "router/discovery.h"
 #include "router/metrics.h"
 #include "router/policy.h"
+#include "router/resolve.h"
 #include "router/upstream.h"
 
 #include "common/alloc.h"
@@ -31,6 +37,7 @@
 #include "common/log.h"
 #include "common/status.h"
 
+#include <arpa/inet.h>
 #include <cjson/cJSON.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -61,14 +68,44 @@ static int sb_put(struct sbuf *b, const char *s, size_t n) {
     return PD_OK;
 }
 
+/* A worker record lives while anything points at it: the registry (while listed) and every
+ * request that chose it (rreq pw/dw/prev_*). Health and load polls are cancelled when it leaves
+ * the registry, so they never outlive it. A draining worker stays listed (out of rotation, not
+ * polled) until its last router call ends. */
 struct worker {
     struct pd_router *rt;
-    const struct pd_router_worker_spec *spec;
-    struct pd_router_load *load;
+    struct pd_router_worker_spec spec; /* owned copy */
+    struct pd_router_load load;
     bool is_prefill;
+    bool listed;   /* in rt->prefill / rt->decode */
+    bool draining; /* no new requests; leaves the registry when load.inflight reaches 0 */
+    int refs;
+    int dns;                     /* index into rt->dns of the name that found it; -1: static */
+    char addr[INET6_ADDRSTRLEN]; /* dns: the resolved address */
+    uint64_t n_requests;         /* requests the router sent it */
     struct pd_upstream_call *health_call, *load_call;
     struct sbuf load_body;
     char last_error[160];
+};
+
+/* The workers of one role, in the order they joined. */
+struct registry {
+    struct worker **w; /* [n] */
+    int n;
+    size_t cap;
+};
+
+/* One --prefill-dns / --decode-dns name and what its last lookup said. */
+enum dns_state { DNS_UNKNOWN, DNS_ANSWERED, DNS_EMPTY, DNS_FAILED };
+
+struct dns_entry {
+    struct pd_router *rt;
+    const struct pd_router_dns_spec *spec;
+    bool is_prefill;
+    int index;
+    struct pd_router_resolve *pending;
+    enum dns_state state;
+    char last_error[200];
 };
 
 enum rreq_kind { RREQ_GENERATE, RREQ_PROXY };
@@ -80,6 +117,8 @@ enum endpoint_kind {
     EP_SERVER_INFO,
     EP_GET_LOAD,
     EP_ABORT,
+    EP_WORKERS,
+    EP_LIST_WORKERS,
     EP_METRICS,
 };
 
@@ -108,6 +147,8 @@ static const struct {
     {"GET", "/get_server_info", EP_SERVER_INFO, 0},
     {"GET", "/get_load", EP_GET_LOAD, 0},
     {"POST", "/abort_request", EP_ABORT, 0},
+    {"GET", "/workers", EP_WORKERS, 0},
+    {"GET", "/list_workers", EP_LIST_WORKERS, 0},
     {"GET", "/metrics", EP_METRICS, 0},
 };
 #define N_ENDPOINTS PD_ARRAY_LEN(endpoint_table)
@@ -123,8 +164,8 @@ struct rreq {
     char *path;
     char *auth_line; /* "Authorization: ..." forwarded to the workers, or NULL */
     int attempt;
-    int p, d;           /* chosen workers, -1 before */
-    int prev_p, prev_d; /* the first attempt's pair, avoided by the retry */
+    struct worker *pw, *dw;           /* chosen workers (referenced), NULL before */
+    struct worker *prev_pw, *prev_dw; /* the first attempt's pair, avoided by the retry */
     struct pd_router_body_info info;
     char *sent; /* body with the bootstrap fields */
     size_t sent_len;
@@ -145,10 +186,14 @@ struct pd_router {
     struct pd_upstream *up;
     struct pd_router_rng rng;
     struct pd_router_metrics *metrics;
-    struct worker *prefill, *decode;
-    struct pd_router_load *prefill_load, *decode_load;
+    struct registry prefill, decode;
+    struct pd_router_load *scratch; /* [scratch_cap] what a policy sees of one registry */
+    size_t scratch_cap;
     uint64_t rr_prefill, rr_decode;
+    struct dns_entry *dns; /* [n_dns] prefill names first */
+    int n_dns;
     uv_timer_t health_timer;
+    uv_timer_t dns_timer;
     uv_timer_t drain_timer; /* shutdown: the drain deadline, then the wait for the aborts */
     int active;
     uint64_t n_total, n_failed, n_retried, n_pauses;
@@ -215,18 +260,20 @@ static void respond_cjson(struct pd_http_req *hr, int status, cJSON *root) {
 
 /* ---------------------------------------------------------------- workers */
 
+static const char *role(const struct worker *w) {
+    return w->is_prefill ? "prefill" : "decode";
+}
+
 static void set_healthy(struct worker *w, bool ok, const char *why) {
-    if (ok && !w->load->healthy)
-        pd_info("worker %s (%s) in rotation: /health answered 200", w->spec->url,
-                w->is_prefill ? "prefill" : "decode");
-    else if (!ok && w->load->healthy)
-        pd_warn("worker %s (%s) out of rotation: %s", w->spec->url,
-                w->is_prefill ? "prefill" : "decode", why);
+    if (ok && !w->load.healthy)
+        pd_info("worker %s (%s) in rotation: /health answered 200", w->spec.url, role(w));
+    else if (!ok && w->load.healthy)
+        pd_warn("worker %s (%s) out of rotation: %s", w->spec.url, role(w), why);
     if (!ok)
         snprintf(w->last_error, sizeof(w->last_error), "%s", why);
     else
         w->last_error[0] = '\0';
-    w->load->healthy = ok;
+    w->load.healthy = ok;
 }
 
 static void on_health_done(void *ud, struct pd_upstream_call *call,
@@ -286,7 +333,7 @@ static void on_load_done(void *ud, struct pd_upstream_call *call,
     int64_t load;
     if (r->status == PD_OK && r->http_status == 200 && w->load_body.p &&
         parse_load(w->load_body.p, &load))
-        w->load->polled = load;
+        w->load.polled = load;
     w->load_body.len = 0;
 }
 
@@ -298,14 +345,16 @@ static long health_timeout_ms(const struct pd_router *rt) {
 static void poll_worker(struct pd_router *rt, struct worker *w) {
     char url[600];
     struct pd_upstream_req req = {.method = "GET", .url = url, .timeout_ms = health_timeout_ms(rt)};
+    if (w->draining)
+        return; /* it gets no new requests; its health no longer matters */
     if (!w->health_call) {
-        snprintf(url, sizeof(url), "%s/health", w->spec->url);
+        snprintf(url, sizeof(url), "%s/health", w->spec.url);
         struct pd_upstream_cbs cbs = {.on_done = on_health_done};
         if (pd_upstream_call_start(rt->up, &req, &cbs, w, &w->health_call))
             w->health_call = NULL;
     }
-    if (!w->load_call && w->load->healthy) {
-        snprintf(url, sizeof(url), "%s/get_load", w->spec->url);
+    if (!w->load_call && w->load.healthy) {
+        snprintf(url, sizeof(url), "%s/get_load", w->spec.url);
         struct pd_upstream_cbs cbs = {.on_data = on_load_data, .on_done = on_load_done};
         w->load_body.len = 0;
         if (pd_upstream_call_start(rt->up, &req, &cbs, w, &w->load_call))
@@ -315,10 +364,253 @@ static void poll_worker(struct pd_router *rt, struct worker *w) {
 
 static void on_health_tick(uv_timer_t *t) {
     struct pd_router *rt = t->data;
-    for (int i = 0; i < rt->cfg->n_prefill; i++)
-        poll_worker(rt, &rt->prefill[i]);
-    for (int i = 0; i < rt->cfg->n_decode; i++)
-        poll_worker(rt, &rt->decode[i]);
+    for (int i = 0; i < rt->prefill.n; i++)
+        poll_worker(rt, rt->prefill.w[i]);
+    for (int i = 0; i < rt->decode.n; i++)
+        poll_worker(rt, rt->decode.w[i]);
+}
+
+static void stop_polls(struct worker *w) {
+    pd_upstream_call_cancel(w->health_call);
+    pd_upstream_call_cancel(w->load_call);
+    w->health_call = w->load_call = NULL;
+}
+
+static struct worker *worker_ref(struct worker *w) {
+    if (w)
+        w->refs++;
+    return w;
+}
+
+static void worker_unref(struct worker *w) {
+    if (!w || --w->refs > 0)
+        return;
+    PD_ASSERT(!w->listed && !w->health_call && !w->load_call);
+    pd_free(w->spec.url);
+    pd_free(w->spec.host);
+    pd_free(w->load_body.p);
+    pd_free(w);
+}
+
+static struct registry *registry_of(struct pd_router *rt, bool is_prefill) {
+    return is_prefill ? &rt->prefill : &rt->decode;
+}
+
+/* Lists a new worker (spec's strings move into it); it enters rotation once /health answers.
+ * NULL on allocation failure (spec freed). */
+static struct worker *registry_add(struct pd_router *rt, bool is_prefill,
+                                   struct pd_router_worker_spec *spec, int dns, const char *addr) {
+    struct registry *g = registry_of(rt, is_prefill);
+    struct worker *w = pd_calloc(1, sizeof(*w));
+    if (!w || pd_array_grow((void **)&g->w, &g->cap, (size_t)g->n + 1, sizeof(*g->w)) ||
+        pd_array_grow((void **)&rt->scratch, &rt->scratch_cap, (size_t)g->n + 1,
+                      sizeof(*rt->scratch))) {
+        pd_free(w);
+        pd_free(spec->url);
+        pd_free(spec->host);
+        pd_errorf(PD_ENOMEM, "adding a worker");
+        return NULL;
+    }
+    *w = (struct worker){
+        .rt = rt, .spec = *spec, .is_prefill = is_prefill, .listed = true, .refs = 1, .dns = dns};
+    if (addr)
+        snprintf(w->addr, sizeof(w->addr), "%s", addr);
+    snprintf(w->last_error, sizeof(w->last_error), "not checked yet");
+    g->w[g->n++] = w;
+    return w;
+}
+
+/* Out of the registry: no polls, no new requests; freed once no request holds it. */
+static void registry_remove(struct worker *w) {
+    struct registry *g = registry_of(w->rt, w->is_prefill);
+    PD_ASSERT(w->listed);
+    int i = 0;
+    while (i < g->n && g->w[i] != w)
+        i++;
+    PD_ASSERT(i < g->n);
+    memmove(&g->w[i], &g->w[i + 1], sizeof(*g->w) * (size_t)(g->n - i - 1));
+    g->n--;
+    stop_polls(w);
+    w->listed = false;
+    worker_unref(w);
+}
+
+/* A router call on w ended. The last one of a draining worker takes it out of the registry. */
+static void worker_call_ended(struct worker *w) {
+    PD_ASSERT(w->load.inflight > 0);
+    w->load.inflight--;
+    if (w->draining && w->listed && w->load.inflight == 0) {
+        pd_info("worker %s (%s) drained: removed", w->spec.url, role(w));
+        registry_remove(w);
+    }
+}
+
+/* A worker whose policy may pick it, or NULL: healthy, not draining, not `exclude`. */
+static struct worker *pick_worker(struct pd_router *rt, bool is_prefill,
+                                  const struct worker *exclude) {
+    struct registry *g = registry_of(rt, is_prefill);
+    int ex = -1;
+    for (int i = 0; i < g->n; i++) {
+        rt->scratch[i] = g->w[i]->load;
+        rt->scratch[i].healthy = g->w[i]->load.healthy && !g->w[i]->draining;
+        if (g->w[i] == exclude)
+            ex = i;
+    }
+    int i = is_prefill
+                ? pd_router_pick(rt->cfg->policy, rt->scratch, g->n, ex, &rt->rr_prefill, &rt->rng)
+                : pd_router_pick_least_load(rt->scratch, g->n, ex, &rt->rr_decode);
+    return i < 0 ? NULL : g->w[i];
+}
+
+static int count_healthy(const struct registry *g) {
+    int k = 0;
+    for (int i = 0; i < g->n; i++)
+        k += g->w[i]->load.healthy && !g->w[i]->draining;
+    return k;
+}
+
+/* ---------------------------------------------------------------- DNS discovery */
+
+static const char *dns_flag(const struct dns_entry *e) {
+    return e->is_prefill ? "--prefill-dns" : "--decode-dns";
+}
+
+static void dns_add(struct dns_entry *e, const char *addr) {
+    struct pd_router *rt = e->rt;
+    char url[80];
+    struct pd_router_worker_spec spec = {
+        .port = e->spec->port,
+        .bootstrap_port = e->is_prefill ? e->spec->bootstrap_port : PD_ROUTER_BOOTSTRAP_PORT_NULL};
+    if (pd_router_dns_worker_url(addr, e->spec->port, url, sizeof(url)) == PD_OK) {
+        spec.url = pd_strdup(url);
+        spec.host = pd_strdup(addr); /* the bootstrap host decode connects to */
+    }
+    struct worker *w = spec.url && spec.host
+                           ? registry_add(rt, e->is_prefill, &spec, e->index, addr)
+                           : (pd_free(spec.url), pd_free(spec.host), NULL);
+    if (!w) {
+        pd_error("dns %s: cannot add a worker for %s: out of memory", e->spec->name, addr);
+        return;
+    }
+    pd_info("worker %s (%s, dns %s) added: in rotation once /health answers", w->spec.url, role(w),
+            e->spec->name);
+    poll_worker(rt, w);
+}
+
+/* One answer applied: new addresses get workers, vanished ones drain (or go at once when
+ * nothing is in flight), returning ones are re-checked before they take traffic again. */
+static void dns_apply(struct dns_entry *e, const char *const *addrs, int n) {
+    struct pd_router *rt = e->rt;
+    struct registry *g = registry_of(rt, e->is_prefill);
+    int n_known = 0;
+    for (int i = 0; i < g->n; i++)
+        n_known += g->w[i]->dns == e->index;
+    struct worker **mine = pd_calloc((size_t)n_known + 1, sizeof(*mine));
+    struct pd_router_dns_known *known = pd_calloc((size_t)n_known + 1, sizeof(*known));
+    enum pd_router_dns_step *steps = pd_calloc((size_t)n_known + 1, sizeof(*steps));
+    bool *add = pd_calloc((size_t)n + 1, sizeof(*add));
+    if (!mine || !known || !steps || !add) {
+        pd_error("dns %s: out of memory applying an answer; keeping the current workers",
+                 e->spec->name);
+        goto out;
+    }
+    for (int i = 0, k = 0; i < g->n; i++) {
+        if (g->w[i]->dns != e->index)
+            continue;
+        mine[k] = g->w[i];
+        known[k++] = (struct pd_router_dns_known){.addr = g->w[i]->addr,
+                                                  .draining = g->w[i]->draining,
+                                                  .inflight = g->w[i]->load.inflight};
+    }
+    pd_router_dns_plan(known, n_known, addrs, n, steps, add);
+    for (int k = 0; k < n_known; k++) {
+        struct worker *w = mine[k];
+        switch (steps[k]) {
+        case PD_ROUTER_DNS_KEEP: break;
+        case PD_ROUTER_DNS_DRAIN:
+            pd_info("worker %s (%s) left dns %s: draining %" PRId64 " requests in flight",
+                    w->spec.url, role(w), e->spec->name, w->load.inflight);
+            w->draining = true;
+            stop_polls(w);
+            break;
+        case PD_ROUTER_DNS_REVIVE:
+            pd_info("worker %s (%s) back in dns %s: in rotation again once /health answers",
+                    w->spec.url, role(w), e->spec->name);
+            w->draining = false;
+            w->load.healthy = false;
+            snprintf(w->last_error, sizeof(w->last_error), "re-added; not checked yet");
+            poll_worker(rt, w);
+            break;
+        case PD_ROUTER_DNS_REMOVE:
+            pd_info("worker %s (%s) left dns %s: removed (nothing in flight)", w->spec.url, role(w),
+                    e->spec->name);
+            registry_remove(w);
+            break;
+        }
+    }
+    for (int a = 0; a < n; a++)
+        if (add[a])
+            dns_add(e, addrs[a]);
+out:
+    pd_free(mine);
+    pd_free(known);
+    pd_free(steps);
+    pd_free(add);
+}
+
+static void on_dns_resolved(void *ud, const struct pd_router_resolve_result *r) {
+    struct dns_entry *e = ud;
+    struct pd_router *rt = e->rt;
+    e->pending = NULL;
+    if (rt->shutting_down)
+        return;
+    int held = 0;
+    const struct registry *g = registry_of(rt, e->is_prefill);
+    for (int i = 0; i < g->n; i++)
+        held += g->w[i]->dns == e->index && !g->w[i]->draining;
+    if (r->status != PD_OK) {
+        /* logged once per change, not on every refresh */
+        if (e->state != DNS_FAILED || strcmp(e->last_error, r->error) != 0)
+            pd_warn("dns %s (%s): lookup failed: %s; keeping its %d workers", e->spec->name,
+                    dns_flag(e), r->error, held);
+        e->state = DNS_FAILED;
+        snprintf(e->last_error, sizeof(e->last_error), "%s", r->error);
+        return;
+    }
+    if (r->n == 0 && e->state != DNS_EMPTY)
+        pd_warn("dns %s (%s): no addresses (no such name or no records)%s", e->spec->name,
+                dns_flag(e), held ? "; draining its workers" : "");
+    else if (r->n > 0 && e->state != DNS_ANSWERED)
+        pd_info("dns %s (%s): %d addresses", e->spec->name, dns_flag(e), r->n);
+    e->state = r->n ? DNS_ANSWERED : DNS_EMPTY;
+    e->last_error[0] = '\0';
+    dns_apply(e, r->addrs, r->n);
+}
+
+static void on_dns_tick(uv_timer_t *t) {
+    struct pd_router *rt = t->data;
+    const struct pd_router_config *cfg = rt->cfg;
+    struct pd_router_resolve_opts o = {.family = cfg->dns_family,
+                                       .server = cfg->dns_server ? cfg->dns_server_addr : NULL,
+                                       .server_port = cfg->dns_server_port};
+    for (int i = 0; i < rt->n_dns; i++) {
+        struct dns_entry *e = &rt->dns[i];
+        if (e->pending)
+            continue; /* a slow lookup: the next tick tries again */
+        if (pd_router_resolve_start(rt->loop, e->spec->name, &o, on_dns_resolved, e, &e->pending) !=
+            PD_OK) {
+            e->pending = NULL;
+            struct pd_router_resolve_result r = {.status = PD_EIO, .error = pd_error_msg()};
+            on_dns_resolved(e, &r);
+        }
+    }
+}
+
+static void stop_dns(struct pd_router *rt) {
+    for (int i = 0; i < rt->n_dns; i++) {
+        pd_router_resolve_cancel(rt->dns[i].pending);
+        rt->dns[i].pending = NULL;
+    }
 }
 
 /* ---------------------------------------------------------------- aborts */
@@ -356,14 +648,14 @@ static void on_abort_done(void *ud, struct pd_upstream_call *call,
 static void send_abort(struct pd_router *rt, const struct worker *w, const char *rid,
                        const char *auth_line) {
     char url[600];
-    snprintf(url, sizeof(url), "%s/abort_request", w->spec->url);
+    snprintf(url, sizeof(url), "%s/abort_request", w->spec.url);
     char *body = pd_router_abort_body(rid);
     size_t wl = strlen(url) + strlen(rid) + 8;
     struct abort_call *a = pd_calloc(1, sizeof(*a) + wl);
     if (!body || !a) {
         pd_free(body);
         pd_free(a);
-        pd_error("rid=%s: out of memory aborting on %s", rid, w->spec->url);
+        pd_error("rid=%s: out of memory aborting on %s", rid, w->spec.url);
         return;
     }
     snprintf(a->what, wl, "%s rid=%s", url, rid);
@@ -374,7 +666,7 @@ static void send_abort(struct pd_router *rt, const struct worker *w, const char 
                                   .auth = auth_line,
                                   .timeout_ms = ABORT_TIMEOUT_MS};
     struct pd_upstream_cbs cbs = {.on_done = on_abort_done};
-    pd_info("rid=%s: abort on %s (%s)", rid, w->spec->url, w->is_prefill ? "prefill" : "decode");
+    pd_info("rid=%s: abort on %s (%s)", rid, w->spec.url, role(w));
     a->rt = rt;
     a->next = rt->aborts;
     if (rt->aborts)
@@ -404,6 +696,10 @@ static void rreq_maybe_free(struct rreq *rq) {
         rq->next->prev = rq->prev;
     if (rq->counted)
         rt->active--;
+    worker_unref(rq->pw);
+    worker_unref(rq->dw);
+    worker_unref(rq->prev_pw);
+    worker_unref(rq->prev_dw);
     pd_router_body_info_free(&rq->info);
     pd_free(rq->sent);
     pd_free(rq->path);
@@ -417,18 +713,17 @@ static double now_s(void) {
     return (double)uv_hrtime() / 1e9;
 }
 
-/* ---- metrics: one call_start per upstream call, one call_end when it is over ---- */
-
-static const char *call_url(const struct rreq *rq, bool prefill) {
-    return prefill ? rq->rt->prefill[rq->p].spec->url : rq->rt->decode[rq->d].spec->url;
-}
+/* ---- metrics: one call_start per upstream call, one call_end when it is over (the request
+ * holds a reference on its workers, so their URLs outlive a removal from the registry) ---- */
 
 static void call_start(struct rreq *rq, bool prefill) {
-    pd_router_metrics_call_start(rq->rt->metrics, call_url(rq, prefill), prefill);
+    struct worker *w = prefill ? rq->pw : rq->dw;
+    pd_router_metrics_call_start(rq->rt->metrics, w->spec.url, prefill);
 }
 
 static void call_end(struct rreq *rq, bool prefill, int outcome) {
-    pd_router_metrics_call_end(rq->rt->metrics, call_url(rq, prefill), prefill, outcome);
+    struct worker *w = prefill ? rq->pw : rq->dw;
+    pd_router_metrics_call_end(rq->rt->metrics, w->spec.url, prefill, outcome);
 }
 
 static int call_outcome(const struct pd_upstream_result *r) {
@@ -449,8 +744,8 @@ static void drop_pcall(struct rreq *rq) {
         return;
     pd_upstream_call_cancel(rq->pcall);
     rq->pcall = NULL;
-    rq->rt->prefill_load[rq->p].inflight--;
     call_end(rq, true, rq->client_gone ? PD_ROUTER_OUTCOME_CLIENT_GONE : PD_ROUTER_OUTCOME_ABORTED);
+    worker_call_ended(rq->pw);
 }
 
 static void drop_dcall(struct rreq *rq) {
@@ -458,9 +753,9 @@ static void drop_dcall(struct rreq *rq) {
         return;
     pd_upstream_call_cancel(rq->dcall);
     rq->dcall = NULL;
-    rq->rt->decode_load[rq->d].inflight--;
     call_end(rq, false,
              rq->client_gone ? PD_ROUTER_OUTCOME_CLIENT_GONE : PD_ROUTER_OUTCOME_ABORTED);
+    worker_call_ended(rq->dw);
 }
 
 /* Ends the client's answer with an error: a status + JSON before anything was sent, else one
@@ -502,11 +797,11 @@ static void on_client_gone(struct pd_http_req *hr, void *ud) {
         return;
     mark_finished(rq);
     rq->client_gone = true;
-    if (rq->kind == RREQ_GENERATE && rq->p >= 0) {
+    if (rq->kind == RREQ_GENERATE && rq->pw) {
         pd_info("room=%" PRIu64 " rid=%s: client gone; aborting on both workers", rq->info.rooms[0],
                 rq->info.rids[0]);
-        abort_all_rids(rq, &rq->rt->prefill[rq->p]);
-        abort_all_rids(rq, &rq->rt->decode[rq->d]);
+        abort_all_rids(rq, rq->pw);
+        abort_all_rids(rq, rq->dw);
     }
     drop_pcall(rq);
     drop_dcall(rq);
@@ -523,8 +818,12 @@ static bool try_again(struct rreq *rq) {
     rq->attempt++;
     rq->rt->n_retried++;
     pd_router_metrics_retry(rq->rt->metrics);
-    rq->prev_p = rq->p;
-    rq->prev_d = rq->d;
+    /* the references move: the retry avoids this pair */
+    worker_unref(rq->prev_pw);
+    worker_unref(rq->prev_dw);
+    rq->prev_pw = rq->pw;
+    rq->prev_dw = rq->dw;
+    rq->pw = rq->dw = NULL;
     pd_router_body_info_free(&rq->info);
     pd_free(rq->sent);
     rq->sent = NULL;
@@ -544,10 +843,10 @@ static void on_prefill_done(void *ud, struct pd_upstream_call *call,
                             const struct pd_upstream_result *r) {
     struct rreq *rq = ud;
     struct pd_router *rt = rq->rt;
-    struct worker *pw = &rt->prefill[rq->p];
+    struct worker *pw = rq->pw;
     rq->pcall = NULL;
-    rt->prefill_load[rq->p].inflight--;
     call_end(rq, true, call_outcome(r));
+    worker_call_ended(pw);
     bool ok = r->status == PD_OK && r->http_status / 100 == 2;
     /* a worker that cannot be reached leaves rotation, also when decode happened to answer
      * first (the order of the two is a race) */
@@ -560,18 +859,18 @@ static void on_prefill_done(void *ud, struct pd_upstream_call *call,
         /* drained; or decode already answered the client */
         if (!ok)
             pd_warn("room=%" PRIu64 ": prefill %s failed after decode finished: %s",
-                    rq->info.rooms[0], pw->spec->url, r->status ? r->error : "non-2xx answer");
+                    rq->info.rooms[0], pw->spec.url, r->status ? r->error : "non-2xx answer");
         rreq_maybe_free(rq);
         return;
     }
     char msg[PREFILL_ERR_KEEP + 256];
     /* decode is waiting for a transfer that will not come: abort it there */
-    abort_all_rids(rq, &rt->decode[rq->d]);
+    abort_all_rids(rq, rq->dw);
     drop_dcall(rq);
     if (r->status != PD_OK && r->status != PD_ETIMEDOUT && !rq->streaming && rq->attempt == 0 &&
         !rq->finished) {
         pd_warn("room=%" PRIu64 ": prefill %s unreachable (%s); retrying on another pair",
-                rq->info.rooms[0], pw->spec->url, r->error);
+                rq->info.rooms[0], pw->spec.url, r->error);
         if (try_again(rq))
             return;
     }
@@ -587,12 +886,12 @@ static void on_prefill_done(void *ud, struct pd_upstream_call *call,
         return;
     }
     if (r->status == PD_ETIMEDOUT)
-        snprintf(msg, sizeof(msg), "prefill worker %s timed out after %d s", pw->spec->url,
+        snprintf(msg, sizeof(msg), "prefill worker %s timed out after %d s", pw->spec.url,
                  rt->cfg->request_timeout_secs);
     else if (r->status != PD_OK)
-        snprintf(msg, sizeof(msg), "prefill worker %s failed: %s", pw->spec->url, r->error);
+        snprintf(msg, sizeof(msg), "prefill worker %s failed: %s", pw->spec.url, r->error);
     else
-        snprintf(msg, sizeof(msg), "prefill worker %s answered %ld: %.*s", pw->spec->url,
+        snprintf(msg, sizeof(msg), "prefill worker %s answered %ld: %.*s", pw->spec.url,
                  r->http_status, (int)rq->perr.len, rq->perr.p ? rq->perr.p : "");
     finish_error(rq, r->status == PD_ETIMEDOUT ? 504 : 502, msg);
     rreq_maybe_free(rq);
@@ -647,8 +946,8 @@ static void on_decode_data(void *ud, struct pd_upstream_call *call, const char *
         pd_router_metrics_ttft(rq->rt->metrics, now_s() - rq->t_start);
     }
     if (rc) {
-        abort_all_rids(rq, &rq->rt->prefill[rq->p]);
-        abort_all_rids(rq, &rq->rt->decode[rq->d]);
+        abort_all_rids(rq, rq->pw);
+        abort_all_rids(rq, rq->dw);
         drop_pcall(rq);
         drop_dcall(rq);
         finish_error(rq, 500, "out of memory streaming decode's answer");
@@ -662,17 +961,17 @@ static void on_decode_done(void *ud, struct pd_upstream_call *call,
                            const struct pd_upstream_result *r) {
     struct rreq *rq = ud;
     struct pd_router *rt = rq->rt;
-    struct worker *dw = &rt->decode[rq->d];
+    struct worker *dw = rq->dw;
     rq->dcall = NULL;
-    rt->decode_load[rq->d].inflight--;
     call_end(rq, false, call_outcome(r));
+    worker_call_ended(dw);
     if (rq->finished) {
         rreq_maybe_free(rq);
         return;
     }
     if (r->status == PD_OK) {
         if (r->http_status / 100 != 2 && rq->pcall) {
-            abort_all_rids(rq, &rt->prefill[rq->p]);
+            abort_all_rids(rq, rq->pw);
             drop_pcall(rq);
         }
         mark_finished(rq);
@@ -694,12 +993,12 @@ static void on_decode_done(void *ud, struct pd_upstream_call *call,
         set_healthy(dw, false, why);
     }
     if (rq->pcall) {
-        abort_all_rids(rq, &rt->prefill[rq->p]);
+        abort_all_rids(rq, rq->pw);
         drop_pcall(rq);
     }
     if (r->status != PD_ETIMEDOUT && !rq->streaming && rq->attempt == 0) {
         pd_warn("room=%" PRIu64 ": decode %s unreachable (%s); retrying on another pair",
-                rq->info.rooms[0], dw->spec->url, r->error);
+                rq->info.rooms[0], dw->spec.url, r->error);
         if (try_again(rq))
             return;
     }
@@ -707,10 +1006,10 @@ static void on_decode_done(void *ud, struct pd_upstream_call *call,
         abort_all_rids(rq, dw);
     char msg[400];
     if (r->status == PD_ETIMEDOUT)
-        snprintf(msg, sizeof(msg), "decode worker %s timed out after %d s", dw->spec->url,
+        snprintf(msg, sizeof(msg), "decode worker %s timed out after %d s", dw->spec.url,
                  rt->cfg->request_timeout_secs);
     else
-        snprintf(msg, sizeof(msg), "decode worker %s failed: %s", dw->spec->url, r->error);
+        snprintf(msg, sizeof(msg), "decode worker %s failed: %s", dw->spec.url, r->error);
     finish_error(rq, r->status == PD_ETIMEDOUT ? 504 : 502, msg);
     rreq_maybe_free(rq);
 }
@@ -722,30 +1021,27 @@ static int start_attempt(struct rreq *rq) {
     const struct pd_router_config *cfg = rt->cfg;
     /* a retry avoids both workers of the failed pair where another one is healthy (the one
      * that failed is out of rotation anyway) */
-    rq->p = pd_router_pick(cfg->policy, rt->prefill_load, cfg->n_prefill, rq->prev_p,
-                           &rt->rr_prefill, &rt->rng);
-    if (rq->p < 0 && rq->prev_p >= 0)
-        rq->p = pd_router_pick(cfg->policy, rt->prefill_load, cfg->n_prefill, -1, &rt->rr_prefill,
-                               &rt->rng);
-    rq->d = pd_router_pick_least_load(rt->decode_load, cfg->n_decode, rq->prev_d, &rt->rr_decode);
-    if (rq->d < 0 && rq->prev_d >= 0)
-        rq->d = pd_router_pick_least_load(rt->decode_load, cfg->n_decode, -1, &rt->rr_decode);
-    if (rq->p < 0 || rq->d < 0) {
-        int p = rq->p;
-        rq->p = rq->d = -1;
-        finish_error(rq, 503, p < 0 ? "no healthy prefill worker" : "no healthy decode worker");
+    struct worker *pw = pick_worker(rt, true, rq->prev_pw);
+    if (!pw && rq->prev_pw)
+        pw = pick_worker(rt, true, NULL);
+    struct worker *dw = pick_worker(rt, false, rq->prev_dw);
+    if (!dw && rq->prev_dw)
+        dw = pick_worker(rt, false, NULL);
+    if (!pw || !dw) {
+        finish_error(rq, 503, !pw ? "no healthy prefill worker" : "no healthy decode worker");
         return PD_EAGAIN;
     }
-    const struct worker *pw = &rt->prefill[rq->p], *dw = &rt->decode[rq->d];
     size_t len;
     const char *body = pd_http_req_body(rq->hr, &len);
-    int rc = pd_router_body_rewrite(rq->route, body, len, pw->spec->host, pw->spec->bootstrap_port,
+    /* the bootstrap host is the prefill's own address: a DNS-found one's resolved address */
+    int rc = pd_router_body_rewrite(rq->route, body, len, pw->spec.host, pw->spec.bootstrap_port,
                                     &rt->rng, &rq->sent, &rq->sent_len, &rq->info);
     if (rc) {
-        rq->p = rq->d = -1;
         finish_error(rq, rc == PD_ENOMEM ? 500 : 400, pd_error_msg());
         return rc;
     }
+    rq->pw = worker_ref(pw);
+    rq->dw = worker_ref(dw);
     char url[600];
     struct pd_upstream_req req = {.method = "POST",
                                   .url = url,
@@ -755,19 +1051,21 @@ static int start_attempt(struct rreq *rq) {
                                   .timeout_ms = (long)cfg->request_timeout_secs * 1000,
                                   .connect_timeout_ms = 10000};
     pd_info("room=%" PRIu64 " rid=%s: %s%s → prefill %s, decode %s%s", rq->info.rooms[0],
-            rq->info.rids[0], rq->path, rq->info.stream ? " (stream)" : "", pw->spec->url,
-            dw->spec->url, rq->attempt ? " (retry)" : "");
+            rq->info.rids[0], rq->path, rq->info.stream ? " (stream)" : "", pw->spec.url,
+            dw->spec.url, rq->attempt ? " (retry)" : "");
     struct pd_upstream_cbs pcbs = {.on_data = on_prefill_data, .on_done = on_prefill_done};
     struct pd_upstream_cbs dcbs = {.on_data = on_decode_data, .on_done = on_decode_done};
-    snprintf(url, sizeof(url), "%s%s", dw->spec->url, rq->path);
+    snprintf(url, sizeof(url), "%s%s", dw->spec.url, rq->path);
     rc = pd_upstream_call_start(rt->up, &req, &dcbs, rq, &rq->dcall);
     if (rc == PD_OK) {
-        rt->decode_load[rq->d].inflight++;
+        dw->load.inflight++;
+        dw->n_requests++;
         call_start(rq, false);
-        snprintf(url, sizeof(url), "%s%s", pw->spec->url, rq->path);
+        snprintf(url, sizeof(url), "%s%s", pw->spec.url, rq->path);
         rc = pd_upstream_call_start(rt->up, &req, &pcbs, rq, &rq->pcall);
         if (rc == PD_OK) {
-            rt->prefill_load[rq->p].inflight++;
+            pw->load.inflight++;
+            pw->n_requests++;
             call_start(rq, true);
         } else {
             drop_dcall(rq);
@@ -804,7 +1102,6 @@ static struct rreq *rreq_new(struct pd_router *rt, struct pd_http_req *hr, enum 
     rq->hr = hr;
     rq->kind = kind;
     rq->t_start = now_s();
-    rq->p = rq->d = rq->prev_p = rq->prev_d = -1;
     rq->path = pd_strdup(pd_http_req_path(hr));
     bool oom;
     rq->auth_line = auth_line_new(hr, &oom);
@@ -856,10 +1153,9 @@ static void on_proxy_data(void *ud, struct pd_upstream_call *call, const char *b
 static void on_proxy_done(void *ud, struct pd_upstream_call *call,
                           const struct pd_upstream_result *r) {
     struct rreq *rq = ud;
-    struct pd_router *rt = rq->rt;
     rq->dcall = NULL;
-    rt->decode_load[rq->d].inflight--;
     call_end(rq, false, call_outcome(r));
+    worker_call_ended(rq->dw);
     if (!rq->finished) {
         if (r->status == PD_OK) {
             mark_finished(rq);
@@ -869,8 +1165,7 @@ static void on_proxy_done(void *ud, struct pd_upstream_call *call,
             rq->hr = NULL;
         } else {
             char msg[400];
-            snprintf(msg, sizeof(msg), "decode worker %s failed: %s", rt->decode[rq->d].spec->url,
-                     r->error);
+            snprintf(msg, sizeof(msg), "decode worker %s failed: %s", rq->dw->spec.url, r->error);
             finish_error(rq, r->status == PD_ETIMEDOUT ? 504 : 502, msg);
         }
     }
@@ -883,14 +1178,14 @@ static void handle_proxy_get(struct pd_router *rt, struct pd_http_req *fr) {
         respond_error(fr, 500, "out of memory");
         return;
     }
-    rq->d = pd_router_pick_least_load(rt->decode_load, rt->cfg->n_decode, -1, &rt->rr_decode);
-    if (rq->d < 0) {
+    rq->dw = worker_ref(pick_worker(rt, false, NULL));
+    if (!rq->dw) {
         finish_error(rq, 503, "no healthy decode worker");
         rreq_maybe_free(rq);
         return;
     }
     char url[600];
-    snprintf(url, sizeof(url), "%s%s", rt->decode[rq->d].spec->url, rq->path);
+    snprintf(url, sizeof(url), "%s%s", rq->dw->spec.url, rq->path);
     struct pd_upstream_req req = {
         .method = "GET", .url = url, .auth = rq->auth_line, .timeout_ms = 30000};
     struct pd_upstream_cbs cbs = {.on_data = on_proxy_data, .on_done = on_proxy_done};
@@ -898,7 +1193,7 @@ static void handle_proxy_get(struct pd_router *rt, struct pd_http_req *fr) {
         rq->dcall = NULL;
         finish_error(rq, 500, pd_error_msg());
     } else {
-        rt->decode_load[rq->d].inflight++;
+        rq->dw->load.inflight++;
         call_start(rq, false);
     }
     rreq_maybe_free(rq);
@@ -906,37 +1201,81 @@ static void handle_proxy_get(struct pd_router *rt, struct pd_http_req *fr) {
 
 /* ---------------------------------------------------------------- router's own endpoints */
 
-static int count_healthy(const struct pd_router_load *l, int n) {
-    int k = 0;
-    for (int i = 0; i < n; i++)
-        k += l[i].healthy;
-    return k;
+static const char *worker_state(const struct worker *w) {
+    return w->draining ? "draining" : w->load.healthy ? "healthy" : "unhealthy";
 }
 
+/* Every listed worker; draining ones too, since requests still run on them. */
 static cJSON *workers_json(const struct pd_router *rt) {
     cJSON *arr = cJSON_CreateArray();
     for (int side = 0; side < 2; side++) {
-        int n = side ? rt->cfg->n_decode : rt->cfg->n_prefill;
-        for (int i = 0; i < n; i++) {
-            const struct worker *w = side ? &rt->decode[i] : &rt->prefill[i];
+        const struct registry *g = side ? &rt->decode : &rt->prefill;
+        for (int i = 0; i < g->n; i++) {
+            const struct worker *w = g->w[i];
             cJSON *o = cJSON_CreateObject();
-            cJSON_AddStringToObject(o, "url", w->spec->url);
+            cJSON_AddStringToObject(o, "url", w->spec.url);
             cJSON_AddStringToObject(o, "worker_type", side ? "decode" : "prefill");
             if (!side) {
-                if (w->spec->bootstrap_port == PD_ROUTER_BOOTSTRAP_PORT_NULL)
+                if (w->spec.bootstrap_port == PD_ROUTER_BOOTSTRAP_PORT_NULL)
                     cJSON_AddNullToObject(o, "bootstrap_port");
                 else
-                    cJSON_AddNumberToObject(o, "bootstrap_port", w->spec->bootstrap_port);
+                    cJSON_AddNumberToObject(o, "bootstrap_port", w->spec.bootstrap_port);
             }
-            cJSON_AddBoolToObject(o, "healthy", w->load->healthy);
-            cJSON_AddNumberToObject(o, "load", (double)w->load->polled);
-            cJSON_AddNumberToObject(o, "router_inflight", (double)w->load->inflight);
-            if (w->last_error[0])
+            /* "healthy" = in rotation; sglang-router's /workers calls it is_healthy */
+            bool in_rotation = w->load.healthy && !w->draining;
+            cJSON_AddBoolToObject(o, "healthy", in_rotation);
+            cJSON_AddBoolToObject(o, "is_healthy", in_rotation);
+            cJSON_AddStringToObject(o, "state", worker_state(w));
+            cJSON_AddStringToObject(o, "source", w->dns >= 0 ? "dns" : "static");
+            if (w->dns >= 0)
+                cJSON_AddStringToObject(o, "dns_name", rt->dns[w->dns].spec->name);
+            cJSON_AddNumberToObject(o, "load", (double)w->load.polled);
+            cJSON_AddNumberToObject(o, "router_inflight", (double)w->load.inflight);
+            cJSON_AddNumberToObject(o, "requests_total", (double)w->n_requests);
+            if (w->last_error[0] && !in_rotation)
                 cJSON_AddStringToObject(o, "last_error", w->last_error);
             cJSON_AddItemToArray(arr, o);
         }
     }
     return arr;
+}
+
+/* GET /workers in sglang-router's shape: {"workers": [...], "total", "stats"}, plus what each
+ * DNS name last answered. */
+static void handle_workers(struct pd_router *rt, struct pd_http_req *hr) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddItemToObject(o, "workers", workers_json(rt));
+    cJSON_AddNumberToObject(o, "total", rt->prefill.n + rt->decode.n);
+    cJSON *st = cJSON_AddObjectToObject(o, "stats");
+    cJSON_AddNumberToObject(st, "prefill_count", rt->prefill.n);
+    cJSON_AddNumberToObject(st, "decode_count", rt->decode.n);
+    cJSON_AddNumberToObject(st, "regular_count", 0);
+    cJSON *names = cJSON_AddArrayToObject(o, "dns");
+    static const char *const states[] = {"pending", "answered", "empty", "failed"};
+    for (int i = 0; i < rt->n_dns; i++) {
+        const struct dns_entry *e = &rt->dns[i];
+        cJSON *d = cJSON_CreateObject();
+        cJSON_AddStringToObject(d, "name", e->spec->name);
+        cJSON_AddStringToObject(d, "worker_type", e->is_prefill ? "prefill" : "decode");
+        cJSON_AddNumberToObject(d, "port", e->spec->port);
+        cJSON_AddStringToObject(d, "state", states[e->state]);
+        if (e->last_error[0])
+            cJSON_AddStringToObject(d, "last_error", e->last_error);
+        cJSON_AddItemToArray(names, d);
+    }
+    respond_cjson(hr, 200, o);
+}
+
+/* GET /list_workers, sglang-router's older listing: {"urls": [...]}. */
+static void handle_list_workers(struct pd_router *rt, struct pd_http_req *hr) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON *urls = cJSON_AddArrayToObject(o, "urls");
+    for (int side = 0; side < 2; side++) {
+        const struct registry *g = side ? &rt->decode : &rt->prefill;
+        for (int i = 0; i < g->n; i++)
+            cJSON_AddItemToArray(urls, cJSON_CreateString(g->w[i]->spec.url));
+    }
+    respond_cjson(hr, 200, o);
 }
 
 static void handle_server_info(struct pd_router *rt, struct pd_http_req *hr) {
@@ -955,6 +1294,10 @@ static void handle_server_info(struct pd_router *rt, struct pd_http_req *hr) {
     cJSON_AddNumberToObject(o, "max_concurrent_requests", cfg->max_concurrent_requests);
     cJSON_AddNumberToObject(o, "health_check_interval_secs", cfg->health_check_interval_secs);
     cJSON_AddNumberToObject(o, "shutdown_timeout_secs", cfg->shutdown_timeout_secs);
+    cJSON_AddNumberToObject(o, "dns_refresh_secs", cfg->dns_refresh_secs);
+    cJSON_AddStringToObject(o, "dns_family", pd_router_dns_family_names[cfg->dns_family]);
+    if (cfg->dns_server)
+        cJSON_AddStringToObject(o, "dns_server", cfg->dns_server);
     cJSON_AddNumberToObject(o, "num_running_reqs", rt->active);
     cJSON_AddNumberToObject(o, "num_requests_total", (double)rt->n_total);
     cJSON_AddNumberToObject(o, "num_failed_requests_total", (double)rt->n_failed);
@@ -976,11 +1319,11 @@ static void handle_server_info(struct pd_router *rt, struct pd_http_req *hr) {
 static void handle_metrics(struct pd_router *rt, struct pd_http_req *hr) {
     pd_router_metrics_workers_begin(rt->metrics);
     for (int side = 0; side < 2; side++) {
-        int n = side ? rt->cfg->n_decode : rt->cfg->n_prefill;
-        for (int i = 0; i < n; i++) {
-            const struct worker *w = side ? &rt->decode[i] : &rt->prefill[i];
-            pd_router_metrics_worker(rt->metrics, w->spec->url, !side, w->load->healthy,
-                                     w->load->inflight);
+        const struct registry *reg = side ? &rt->decode : &rt->prefill;
+        for (int i = 0; i < reg->n; i++) {
+            const struct worker *w = reg->w[i];
+            pd_router_metrics_worker(rt->metrics, w->spec.url, !side,
+                                     w->load.healthy && !w->draining, w->load.inflight);
         }
     }
     char *text = NULL;
@@ -1001,8 +1344,8 @@ static void handle_get_load(struct pd_router *rt, struct pd_http_req *hr) {
 }
 
 static void handle_health(struct pd_router *rt, struct pd_http_req *hr) {
-    int hp = count_healthy(rt->prefill_load, rt->cfg->n_prefill);
-    int hd = count_healthy(rt->decode_load, rt->cfg->n_decode);
+    int hp = count_healthy(&rt->prefill);
+    int hd = count_healthy(&rt->decode);
     if (hp > 0 && hd > 0 && !rt->shutting_down) {
         pd_http_respond(hr, 200, "text/plain", "", 0);
         return;
@@ -1012,7 +1355,7 @@ static void handle_health(struct pd_router *rt, struct pd_http_req *hr) {
         snprintf(msg, sizeof(msg), "the router is shutting down");
     else
         snprintf(msg, sizeof(msg), "not ready: %d/%d prefill and %d/%d decode workers healthy", hp,
-                 rt->cfg->n_prefill, hd, rt->cfg->n_decode);
+                 rt->prefill.n, hd, rt->decode.n);
     respond_error(hr, 503, msg);
 }
 
@@ -1029,10 +1372,10 @@ static void handle_abort(struct pd_router *rt, struct pd_http_req *hr) {
     }
     bool oom;
     char *line = auth_line_new(hr, &oom);
-    for (int i = 0; i < rt->cfg->n_prefill; i++)
-        send_abort(rt, &rt->prefill[i], rid->valuestring, line);
-    for (int i = 0; i < rt->cfg->n_decode; i++)
-        send_abort(rt, &rt->decode[i], rid->valuestring, line);
+    for (int i = 0; i < rt->prefill.n; i++)
+        send_abort(rt, rt->prefill.w[i], rid->valuestring, line);
+    for (int i = 0; i < rt->decode.n; i++)
+        send_abort(rt, rt->decode.w[i], rid->valuestring, line);
     pd_free(line);
     cJSON_Delete(j);
     respond_json(hr, 200, "{}");
@@ -1078,6 +1421,8 @@ static void on_request(struct pd_http_req *hr, void *ud) {
     case EP_SERVER_INFO: handle_server_info(rt, hr); break;
     case EP_GET_LOAD: handle_get_load(rt, hr); break;
     case EP_ABORT: handle_abort(rt, hr); break;
+    case EP_WORKERS: handle_workers(rt, hr); break;
+    case EP_LIST_WORKERS: handle_list_workers(rt, hr); break;
     case EP_HEALTH:
     case EP_METRICS: break;
     }
@@ -1085,24 +1430,37 @@ static void on_request(struct pd_http_req *hr, void *ud) {
 
 /* ---------------------------------------------------------------- lifecycle */
 
+/* The static workers, then one entry per DNS name (resolved by the first dns tick). */
 static int init_workers(struct pd_router *rt) {
     const struct pd_router_config *cfg = rt->cfg;
-    rt->prefill = pd_calloc((size_t)cfg->n_prefill, sizeof(*rt->prefill));
-    rt->decode = pd_calloc((size_t)cfg->n_decode, sizeof(*rt->decode));
-    rt->prefill_load = pd_calloc((size_t)cfg->n_prefill, sizeof(*rt->prefill_load));
-    rt->decode_load = pd_calloc((size_t)cfg->n_decode, sizeof(*rt->decode_load));
-    if (!rt->prefill || !rt->decode || !rt->prefill_load || !rt->decode_load)
-        return pd_errorf(PD_ENOMEM, "worker registry");
-    for (int i = 0; i < cfg->n_prefill; i++)
-        rt->prefill[i] = (struct worker){
-            .rt = rt, .spec = &cfg->prefill[i], .load = &rt->prefill_load[i], .is_prefill = true};
-    for (int i = 0; i < cfg->n_decode; i++)
-        rt->decode[i] =
-            (struct worker){.rt = rt, .spec = &cfg->decode[i], .load = &rt->decode_load[i]};
-    for (int i = 0; i < cfg->n_prefill; i++)
-        snprintf(rt->prefill[i].last_error, sizeof(rt->prefill[i].last_error), "not checked yet");
-    for (int i = 0; i < cfg->n_decode; i++)
-        snprintf(rt->decode[i].last_error, sizeof(rt->decode[i].last_error), "not checked yet");
+    for (int side = 0; side < 2; side++) {
+        int n = side ? cfg->n_decode : cfg->n_prefill;
+        for (int i = 0; i < n; i++) {
+            const struct pd_router_worker_spec *c = side ? &cfg->decode[i] : &cfg->prefill[i];
+            struct pd_router_worker_spec spec = *c;
+            spec.url = pd_strdup(c->url);
+            spec.host = pd_strdup(c->host);
+            if (!spec.url || !spec.host) {
+                pd_free(spec.url);
+                pd_free(spec.host);
+                return pd_errorf(PD_ENOMEM, "worker registry");
+            }
+            if (!registry_add(rt, !side, &spec, -1, NULL))
+                return pd_error_wrap(PD_ENOMEM, "worker registry");
+        }
+    }
+    rt->n_dns = cfg->n_prefill_dns + cfg->n_decode_dns;
+    rt->dns = pd_calloc((size_t)rt->n_dns + 1, sizeof(*rt->dns));
+    if (!rt->dns)
+        return pd_errorf(PD_ENOMEM, "dns names");
+    for (int i = 0; i < rt->n_dns; i++) {
+        bool pf = i < cfg->n_prefill_dns;
+        rt->dns[i] = (struct dns_entry){.rt = rt,
+                                        .spec = pf ? &cfg->prefill_dns[i]
+                                                   : &cfg->decode_dns[i - cfg->n_prefill_dns],
+                                        .is_prefill = pf,
+                                        .index = i};
+    }
     return PD_OK;
 }
 
@@ -1149,8 +1507,14 @@ int pd_router_new(uv_loop_t *loop, const struct pd_router_config *cfg, struct pd
     rt->health_timer.data = rt;
     uv_timer_init(loop, &rt->drain_timer);
     rt->drain_timer.data = rt;
+    uv_timer_init(loop, &rt->dns_timer);
+    rt->dns_timer.data = rt;
     uint64_t every = (uint64_t)(cfg->health_check_interval_secs * 1000);
     uv_timer_start(&rt->health_timer, on_health_tick, 0, every ? every : 1);
+    if (rt->n_dns) {
+        uint64_t dns_every = (uint64_t)(cfg->dns_refresh_secs * 1000);
+        uv_timer_start(&rt->dns_timer, on_dns_tick, 0, dns_every ? dns_every : 1);
+    }
     return PD_OK;
 }
 
@@ -1179,22 +1543,19 @@ static void close_all(struct pd_router *rt) {
         drop_dcall(rq);
         rreq_maybe_free(rq);
     }
-    for (int side = 0; side < 2; side++) {
-        int n = side ? rt->cfg->n_decode : rt->cfg->n_prefill;
-        for (int i = 0; i < n; i++) {
-            struct worker *w = side ? &rt->decode[i] : &rt->prefill[i];
-            pd_upstream_call_cancel(w->health_call);
-            pd_upstream_call_cancel(w->load_call);
-            w->health_call = w->load_call = NULL;
-        }
-    }
+    for (int i = 0; i < rt->prefill.n; i++)
+        stop_polls(rt->prefill.w[i]);
+    for (int i = 0; i < rt->decode.n; i++)
+        stop_polls(rt->decode.w[i]);
     while (rt->aborts) {
         pd_upstream_call_cancel(rt->aborts->call);
         abort_call_free(rt->aborts);
     }
     pd_upstream_free(rt->up); /* its own handles close on their own */
     rt->up = NULL;
-    rt->open_handles = 2;
+    stop_dns(rt);
+    rt->open_handles = 3;
+    uv_close((uv_handle_t *)&rt->dns_timer, on_handle_closed);
     uv_close((uv_handle_t *)&rt->health_timer, on_handle_closed);
     uv_close((uv_handle_t *)&rt->drain_timer, on_handle_closed);
 }
@@ -1212,15 +1573,10 @@ static void on_http_closed(struct pd_http_server *s, void *ud) {
     (void)s;
     rt->http_closed = true;
     /* health polls are over; what is left are prefill drains and aborts */
-    for (int side = 0; side < 2; side++) {
-        int n = side ? rt->cfg->n_decode : rt->cfg->n_prefill;
-        for (int i = 0; i < n; i++) {
-            struct worker *w = side ? &rt->decode[i] : &rt->prefill[i];
-            pd_upstream_call_cancel(w->health_call);
-            pd_upstream_call_cancel(w->load_call);
-            w->health_call = w->load_call = NULL;
-        }
-    }
+    for (int i = 0; i < rt->prefill.n; i++)
+        stop_polls(rt->prefill.w[i]);
+    for (int i = 0; i < rt->decode.n; i++)
+        stop_polls(rt->decode.w[i]);
     rt->final_since_ms = uv_now(rt->loop);
     uv_timer_start(&rt->drain_timer, on_final_poll, 0, FINAL_POLL_MS);
 }
@@ -1237,9 +1593,9 @@ static void abort_inflight(struct pd_router *rt) {
         next = rq->next;
         if (rq->finished)
             continue;
-        if (rq->kind == RREQ_GENERATE && rq->p >= 0) {
-            abort_all_rids(rq, &rt->prefill[rq->p]);
-            abort_all_rids(rq, &rt->decode[rq->d]);
+        if (rq->kind == RREQ_GENERATE && rq->pw) {
+            abort_all_rids(rq, rq->pw);
+            abort_all_rids(rq, rq->dw);
         }
         drop_pcall(rq);
         drop_dcall(rq);
@@ -1268,6 +1624,8 @@ void pd_router_shutdown(struct pd_router *rt, uint64_t timeout_ms, pd_router_don
     pd_info("shutting down: %d requests in flight, waiting up to %llu ms", rt->active,
             (unsigned long long)timeout_ms);
     uv_timer_stop(&rt->health_timer);
+    uv_timer_stop(&rt->dns_timer);
+    stop_dns(rt);
     uv_timer_start(&rt->drain_timer, on_drain_deadline, timeout_ms, 0);
     pd_http_server_shutdown(rt->http, timeout_ms + CUT_GRACE_MS, on_http_closed, rt);
 }
@@ -1277,14 +1635,15 @@ void pd_router_free(struct pd_router *rt) {
         return;
     PD_ASSERT(rt->reqs == NULL);
     pd_http_server_free(rt->http);
-    for (int i = 0; i < rt->cfg->n_prefill; i++)
-        pd_free(rt->prefill[i].load_body.p);
-    for (int i = 0; i < rt->cfg->n_decode; i++)
-        pd_free(rt->decode[i].load_body.p);
-    pd_free(rt->prefill);
-    pd_free(rt->decode);
-    pd_free(rt->prefill_load);
-    pd_free(rt->decode_load);
+    stop_dns(rt);
+    while (rt->prefill.n)
+        registry_remove(rt->prefill.w[rt->prefill.n - 1]);
+    while (rt->decode.n)
+        registry_remove(rt->decode.w[rt->decode.n - 1]);
+    pd_free(rt->prefill.w);
+    pd_free(rt->decode.w);
+    pd_free(rt->scratch);
+    pd_free(rt->dns);
     pd_router_metrics_free(rt->metrics);
     pd_free(rt);
 }

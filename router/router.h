@@ -6,6 +6,10 @@
  * both; a worker unreachable before any byte went to the client → out of rotation, retry once on
  * another pair. Decode's stream is read only as fast as the client takes it (backpressure).
  *
+ * Workers are the static --prefill/--decode ones plus those --prefill-dns/--decode-dns names
+ * resolve to, re-resolved periodically: new addresses join once /health answers, vanished ones
+ * drain (no new requests; in-flight ones finish). GET /workers lists them.
+ *
  * Everything runs on one libuv loop thread. The router owns its HTTP server (common/
  * http_server), its upstream client and the per-request state; pd_router_shutdown closes their
  * handles and pd_router_free releases the memory.

@@ -20,6 +20,7 @@ packages=(
     libgrpc-dev           # bootstrap service (gRPC core C API)
     libprotobuf-c-dev protobuf-c-compiler
     ucx-utils             # ucx_perftest: bench/xfer's reference in the same run
+    gnuplot-nox           # pdserve-bench --plot draws latency/throughput vs request rate
 )
 # Test tooling only, left out where PD_SETUP_BUILD_ONLY=1 (deploy/Dockerfile's build stage).
 tool_packages=(

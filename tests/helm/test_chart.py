@@ -534,7 +534,7 @@ def check_monitors(tag, values, objs, all_pods):
           "%s: %d ServiceMonitors" % (tag, len(sm)))
     for p in pm:
         for k, labels in all_pods.items():
-            check(selects(p["spec"]["selector"], labels) == (k != "router"),
+            check(selects(p["spec"]["selector"], labels),
                   "%s: PodMonitor selection of %s pods is wrong" % (tag, k))
         ep = p["spec"]["podMetricsEndpoints"]
         check(ep and ep[0]["port"] == "http" and ep[0]["path"] == "/metrics",
@@ -542,7 +542,7 @@ def check_monitors(tag, values, objs, all_pods):
     for s in sm:
         svcs = [v for v in by_kind(objs, "Service") if selects(s["spec"]["selector"],
                                                                 v["metadata"]["labels"])]
-        check(sorted(component(v) for v in svcs) == ["decode", "prefill"],
+        check(sorted(component(v) for v in svcs) == ["decode", "prefill", "router"],
               "%s: ServiceMonitor selects Services %s" % (tag, [v["metadata"]["name"] for v in svcs]))
         ep = s["spec"]["endpoints"]
         check(ep and ep[0]["port"] == "http" and ep[0]["path"] == "/metrics",

@@ -57,9 +57,9 @@ def wait_until(pred, timeout, step=0.05):
         time.sleep(step)
 
 
-def http_call(port, method, path, body=None, timeout=60, headers=None):
+def http_call(port, method, path, body=None, timeout=60, headers=None, host="127.0.0.1"):
     """One request on a fresh connection: (status, body bytes); raises OSError on failure."""
-    c = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    c = http.client.HTTPConnection(host, port, timeout=timeout)
     try:
         data = None
         h = dict(headers or {})
@@ -86,13 +86,16 @@ def sse_events(raw):
 class Proc:
     """A process with a log file; ready once GET /health answers 200 on its port."""
 
-    def __init__(self, name, args, port, tmp, env=None, ready_timeout=60, wait_ready=True):
+    def __init__(self, name, args, port, tmp, env=None, ready_timeout=60, wait_ready=True,
+                 host="127.0.0.1"):
         self.name = name
+        self.host = host
         self.args = args
         self.port = port
         self.tmp = tmp
         self.env = env
-        self.log_path = os.path.join(tmp, "%s-%d.log" % (name, port))
+        tag = name if host == "127.0.0.1" else "%s-%s" % (name, host)
+        self.log_path = os.path.join(tmp, "%s-%d.log" % (tag, port))
         self.p = None
         self.auth = {}  # headers sent when a call gives none (an API key)
         self.start(ready_timeout if wait_ready else None)
@@ -122,11 +125,11 @@ class Proc:
 
     def get(self, path, timeout=10, headers=None):
         return http_call(self.port, "GET", path, None, timeout,
-                         self.auth if headers is None else headers)
+                         self.auth if headers is None else headers, self.host)
 
     def post(self, path, body, timeout=60, headers=None):
         return http_call(self.port, "POST", path, body, timeout,
-                         self.auth if headers is None else headers)
+                         self.auth if headers is None else headers, self.host)
 
     def kill(self):
         if self.p.poll() is None:
@@ -167,19 +170,20 @@ class Proc:
 
 
 class Daemon(Proc):
-    def __init__(self, build, role, model, tmp, extra=(), port=None, bport=None, **kw):
+    def __init__(self, build, role, model, tmp, extra=(), port=None, bport=None,
+                 host="127.0.0.1", **kw):
         self.role = role
         port = port or free_port()
         self.bport = (bport or free_port()) if role == "prefill" else None
         binary = os.path.join(build, role, "pdserve-" + role)
-        args = [binary, "--model-path", model, "--host", "127.0.0.1", "--port", str(port),
+        args = [binary, "--model-path", model, "--host", host, "--port", str(port),
                 "--disaggregation-mode", role, "--page-size", "16", "--chunked-prefill-size", "64",
                 "--threads", "1", "--max-total-tokens", "16384", "--log-level",
                 os.environ.get("PD_TEST_LOG_LEVEL", "info")]
         if self.bport:
             args += ["--disaggregation-bootstrap-port", str(self.bport)]
         args += list(extra)
-        super().__init__(role, args, port, tmp, **kw)
+        super().__init__(role, args, port, tmp, host=host, **kw)
 
     def server_info(self):
         st, body = self.get("/server_info")

@@ -1,0 +1,276 @@
+/*
+ * dataset.c — the prompts pdserve-bench sends, made as sglang.bench_serving makes them so that
+ * the same flags give the same load shape:
+ *   random    input lengths uniform in [max(int(len*ratio), 1), len], output lengths in
+ *             [int(len*ratio), len] (at least 1); prompts are random token ids of the model's
+ *             vocabulary, special tokens left out (an EOS in a prompt would be noise), sent as
+ *             ids where the API takes ids (exact lengths) or decoded to text for chat;
+ *   sharegpt  a ShareGPT JSON file: first turn the prompt, second turn's token count the output
+ *             length; shuffled; too short (< 2 tokens) or too long (> context) pairs skipped.
+ * A malformed file is an error naming the file and where it is wrong (line for JSON syntax, the
+ * JSON path for structure); entries with fewer than two turns are skipped as bench_serving does.
+ */
+#include "bench/serving/serving.h"
+
+#include "common/alloc.h"
+#include "common/file.h"
+#include "common/rng.h"
+#include "common/status.h"
+#include "common/tokenizer.h"
+
+#include <cjson/cJSON.h>
+#include <string.h>
+
+struct rng {
+    uint64_t s[4];
+};
+
+static void rng_seed(struct rng *r, uint64_t seed) {
+    uint64_t x = seed;
+    for (int i = 0; i < 4; i++)
+        r->s[i] = pd_splitmix64(&x);
+}
+
+/* Uniform integer in [lo, hi]. */
+static int rng_int(struct rng *r, int lo, int hi) {
+    uint64_t span = (uint64_t)(hi - lo) + 1;
+    return lo + (int)(pd_xoshiro256ss(r->s) % span);
+}
+
+void pd_bench_dataset_free(struct pd_bench_dataset *d) {
+    if (!d)
+        return;
+    for (size_t i = 0; i < d->n; i++) {
+        pd_free(d->p[i].text);
+        pd_free(d->p[i].ids);
+    }
+    pd_free(d->p);
+    d->p = NULL;
+    d->n = 0;
+}
+
+int pd_bench_dataset_random(const struct pd_bench_random_spec *spec, size_t n, uint64_t seed,
+                            const struct pd_tokenizer *tok, struct pd_bench_dataset *out) {
+    if (spec->input_len < 1 || spec->output_len < 1)
+        return pd_errorf(PD_EINVAL,
+                         "random dataset: input and output lengths must be >= 1 "
+                         "(got %d and %d)",
+                         spec->input_len, spec->output_len);
+    if (!(spec->range_ratio >= 0 && spec->range_ratio <= 1))
+        return pd_errorf(PD_EINVAL, "random dataset: --random-range-ratio must be in [0, 1]");
+    int32_t vocab = pd_tokenizer_vocab_size(tok);
+    /* The ids a prompt may use: every non-special one. */
+    int32_t *pool = pd_calloc((size_t)vocab, sizeof(int32_t));
+    if (!pool)
+        return pd_errorf(PD_ENOMEM, "random dataset: vocabulary of %d ids", vocab);
+    int32_t n_pool = 0;
+    for (int32_t id = 0; id < vocab; id++)
+        if (!pd_tokenizer_is_special(tok, id) && pd_tokenizer_id_to_token(tok, id))
+            pool[n_pool++] = id;
+    if (n_pool == 0) {
+        pd_free(pool);
+        return pd_errorf(PD_EINVAL, "random dataset: the tokenizer has no non-special tokens");
+    }
+    struct rng r;
+    rng_seed(&r, seed);
+    out->p = pd_calloc(n ? n : 1, sizeof(*out->p));
+    out->n = 0;
+    if (!out->p) {
+        pd_free(pool);
+        return pd_errorf(PD_ENOMEM, "random dataset: %zu prompts", n);
+    }
+    int in_lo = (int)(spec->input_len * spec->range_ratio);
+    in_lo = in_lo < 1 ? 1 : in_lo;
+    int out_lo = (int)(spec->output_len * spec->range_ratio);
+    out_lo = out_lo < 1 ? 1 : out_lo;
+    int rc = PD_OK;
+    for (size_t i = 0; i < n; i++) {
+        struct pd_bench_prompt *p = &out->p[i];
+        p->prompt_len = rng_int(&r, in_lo, spec->input_len);
+        p->output_len = rng_int(&r, out_lo, spec->output_len);
+        p->ids = pd_malloc((size_t)p->prompt_len * sizeof(int32_t));
+        out->n = i + 1;
+        if (!p->ids) {
+            rc = pd_errorf(PD_ENOMEM, "random dataset: prompt of %d tokens", p->prompt_len);
+            break;
+        }
+        for (int j = 0; j < p->prompt_len; j++)
+            p->ids[j] = pool[rng_int(&r, 0, n_pool - 1)];
+        if (spec->as_text) {
+            size_t len;
+            rc = pd_tokenizer_decode(tok, p->ids, (size_t)p->prompt_len, false, &p->text, &len);
+            pd_free(p->ids);
+            p->ids = NULL;
+            if (rc) {
+                pd_error_wrap(rc, "random dataset: decoding prompt %zu", i);
+                break;
+            }
+        }
+    }
+    pd_free(pool);
+    if (rc)
+        pd_bench_dataset_free(out);
+    return rc;
+}
+
+/* Line and column of byte offset off in text (1-based), for a JSON syntax error. */
+static void line_col(const char *text, size_t off, int *line, int *col) {
+    *line = 1;
+    *col = 1;
+    for (size_t i = 0; i < off && text[i]; i++) {
+        if (text[i] == '\n') {
+            (*line)++;
+            *col = 1;
+        } else {
+            (*col)++;
+        }
+    }
+}
+
+static int count_tokens(const struct pd_tokenizer *tok, const char *s, const char *path, size_t idx,
+                        int *out) {
+    struct pd_token_ids ids = {0};
+    int rc = pd_tokenizer_encode(tok, s, strlen(s), PD_TOK_ADD_SPECIAL, &ids);
+    *out = (int)ids.n;
+    pd_token_ids_free(&ids);
+    if (rc)
+        return pd_error_wrap(rc, "%s: [%zu]: tokenizing", path, idx);
+    return PD_OK;
+}
+
+/* The "value" string of conversations[turn] of entry idx, or an error naming the JSON path. */
+static int turn_value(const cJSON *conv, int turn, const char *path, size_t idx, const char *key,
+                      const char **out) {
+    const cJSON *t = cJSON_GetArrayItem(conv, turn);
+    if (!cJSON_IsObject(t))
+        return pd_errorf(PD_EFORMAT, "%s: [%zu].%s[%d]: expected an object with \"value\"", path,
+                         idx, key, turn);
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(t, "value");
+    if (!cJSON_IsString(v))
+        return pd_errorf(PD_EFORMAT, "%s: [%zu].%s[%d].value: expected a string", path, idx, key,
+                         turn);
+    *out = v->valuestring;
+    return PD_OK;
+}
+
+int pd_bench_dataset_sharegpt(const char *path, size_t n, uint64_t seed, int fixed_output_len,
+                              int context_len, const struct pd_tokenizer *tok,
+                              struct pd_bench_dataset *out) {
+    char *text = NULL;
+    size_t len = 0;
+    int rc = pd_file_read_all(path, &text, &len);
+    if (rc)
+        return pd_error_wrap(rc, "ShareGPT dataset");
+    const char *end = NULL;
+    cJSON *root = cJSON_ParseWithLengthOpts(text, len, &end, false);
+    if (!root) {
+        int line, col;
+        size_t off = end ? (size_t)(end - text) : 0;
+        if (!end && cJSON_GetErrorPtr())
+            off = (size_t)(cJSON_GetErrorPtr() - text);
+        line_col(text, off, &line, &col);
+        pd_free(text);
+        return pd_errorf(PD_EFORMAT, "%s: not valid JSON (syntax error at line %d, column %d)",
+                         path, line, col);
+    }
+    size_t *order = NULL;
+    size_t n_entries = 0;
+    if (!cJSON_IsArray(root)) {
+        rc = pd_errorf(PD_EFORMAT, "%s: expected a JSON list of conversations at the top level",
+                       path);
+        goto done;
+    }
+    /* Structure check of every entry first: a malformed file fails whatever the shuffle picks. */
+    size_t total = (size_t)cJSON_GetArraySize(root);
+    order = pd_calloc(total ? total : 1, sizeof(size_t));
+    if (!order) {
+        rc = pd_errorf(PD_ENOMEM, "%s: %zu entries", path, total);
+        goto done;
+    }
+    size_t idx = 0;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, root) {
+        if (!cJSON_IsObject(e)) {
+            rc = pd_errorf(PD_EFORMAT, "%s: [%zu]: expected an object with \"conversations\"", path,
+                           idx);
+            goto done;
+        }
+        const char *key = "conversations";
+        const cJSON *conv = cJSON_GetObjectItemCaseSensitive(e, key);
+        if (!conv) {
+            key = "conversation";
+            conv = cJSON_GetObjectItemCaseSensitive(e, key);
+        }
+        if (!cJSON_IsArray(conv)) {
+            rc = pd_errorf(PD_EFORMAT, "%s: [%zu].conversations: expected a list of turns", path,
+                           idx);
+            goto done;
+        }
+        if (cJSON_GetArraySize(conv) >= 2) {
+            const char *a = NULL, *b = NULL;
+            if ((rc = turn_value(conv, 0, path, idx, key, &a)) ||
+                (rc = turn_value(conv, 1, path, idx, key, &b)))
+                goto done;
+            order[n_entries++] = idx;
+        }
+        idx++;
+    }
+    if (n_entries == 0) {
+        rc = pd_errorf(PD_EFORMAT, "%s: no conversation with at least two turns", path);
+        goto done;
+    }
+    struct rng r;
+    rng_seed(&r, seed);
+    for (size_t i = n_entries - 1; i > 0; i--) { /* Fisher-Yates */
+        size_t j = (size_t)rng_int(&r, 0, (int)i);
+        size_t t = order[i];
+        order[i] = order[j];
+        order[j] = t;
+    }
+    out->p = pd_calloc(n ? n : 1, sizeof(*out->p));
+    out->n = 0;
+    if (!out->p) {
+        rc = pd_errorf(PD_ENOMEM, "%s: %zu prompts", path, n);
+        goto done;
+    }
+    for (size_t k = 0; k < n_entries && out->n < n; k++) {
+        const cJSON *entry = cJSON_GetArrayItem(root, (int)order[k]);
+        const char *key = cJSON_GetObjectItemCaseSensitive(entry, "conversations") ? "conversations"
+                                                                                   : "conversation";
+        const cJSON *conv = cJSON_GetObjectItemCaseSensitive(entry, key);
+        const char *prompt = "", *answer = "";
+        if ((rc = turn_value(conv, 0, path, order[k], key, &prompt)) ||
+            (rc = turn_value(conv, 1, path, order[k], key, &answer)))
+            goto done; /* checked above; kept for the compiler and for safety */
+        int plen, olen = fixed_output_len;
+        if ((rc = count_tokens(tok, prompt, path, order[k], &plen)))
+            goto done;
+        if (fixed_output_len <= 0 && (rc = count_tokens(tok, answer, path, order[k], &olen)))
+            goto done;
+        if (plen < 2 || olen < 2)
+            continue; /* too short */
+        if (context_len > 0 && plen + olen > context_len)
+            continue; /* too long */
+        struct pd_bench_prompt *p = &out->p[out->n];
+        p->text = pd_strdup(prompt);
+        if (!p->text) {
+            rc = pd_errorf(PD_ENOMEM, "%s: prompt text", path);
+            goto done;
+        }
+        p->prompt_len = plen;
+        p->output_len = olen;
+        out->n++;
+    }
+    if (out->n == 0)
+        rc = pd_errorf(PD_EINVAL,
+                       "%s: every conversation was skipped (prompt or answer under 2 tokens, or "
+                       "longer than the context of %d tokens)",
+                       path, context_len);
+done:
+    if (rc)
+        pd_bench_dataset_free(out);
+    pd_free(order);
+    cJSON_Delete(root);
+    pd_free(text);
+    return rc;
+}

@@ -1,0 +1,499 @@
+/*
+ * load.c — one open-loop load: requests leave at their arrival times whatever the server does
+ * (Poisson: exponential gaps of mean 1/rate, the first at 0, as bench_serving's get_request),
+ * held back only by --max-concurrency; every answer is streamed (SSE) and timed chunk by chunk.
+ *
+ * One thread, curl multi on its own poll loop (curl_multi_poll with a timeout up to the next
+ * arrival): a chunk's timestamp is taken in the write callback, i.e. when curl hands us the
+ * bytes after the poll woke, so a timestamp is late by at most one loop turn (microseconds on an
+ * idle client). Nothing blocks between arrivals. Bodies are built before the load starts so the
+ * send path does no JSON work.
+ *
+ * A request fails on a transport error, an HTTP status other than 200, an error event in the
+ * stream, a stream with no token, or a stream that ends without `data: [DONE]` (truncated);
+ * the failure keeps a one-line reason for the report.
+ */
+#include "bench/serving/serving.h"
+
+#include "common/alloc.h"
+#include "common/rng.h"
+#include "common/status.h"
+
+#include <cjson/cJSON.h>
+#include <curl/curl.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+enum { ERRBODY_MAX = 2048 };
+
+struct req {
+    const struct pd_bench_load *l;
+    struct pd_bench_result *res;
+    CURL *easy;
+    struct curl_slist *headers;
+    char *body;
+    char *buf; /* received bytes not yet cut into lines */
+    size_t len, cap;
+    long status; /* HTTP status, read at the first byte */
+    bool got_first, done_marker;
+    double t_start, t_last, t_end;
+    int tokens_seen;  /* sum of new tokens over chunks */
+    int server_count; /* usage.completion_tokens / meta_info.completion_tokens, -1 = none */
+    char errbuf[CURL_ERROR_SIZE];
+};
+
+double pd_bench_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+void pd_bench_result_free(struct pd_bench_result *r) {
+    if (!r)
+        return;
+    pd_free(r->itl);
+    pd_free(r->error);
+    r->itl = NULL;
+    r->error = NULL;
+    r->n_itl = r->cap_itl = 0;
+}
+
+static void fail(struct req *q, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void fail(struct req *q, const char *fmt, ...) {
+    if (q->res->error)
+        return; /* the first reason is the one that matters */
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    q->res->error = pd_strdup(msg);
+}
+
+static void token_event(struct req *q, int k, double t) {
+    if (k <= 0)
+        return;
+    if (!q->got_first) {
+        q->got_first = true;
+        q->res->ttft = t - q->t_start;
+    } else {
+        /* A chunk that carries k tokens counts as k gaps of equal share (bench_serving). */
+        double gap = (t - q->t_last) / k;
+        if (pd_array_grow((void **)&q->res->itl, &q->res->cap_itl, q->res->n_itl + (size_t)k,
+                          sizeof(double)) == PD_OK) {
+            for (int i = 0; i < k; i++)
+                q->res->itl[q->res->n_itl++] = gap;
+        }
+    }
+    q->t_last = t;
+    q->tokens_seen += k;
+}
+
+static void sse_event(struct req *q, const char *data, double t) {
+    if (strcmp(data, "[DONE]") == 0) {
+        q->done_marker = true;
+        q->t_end = t;
+        return;
+    }
+    cJSON *ev = cJSON_Parse(data);
+    if (!ev) {
+        fail(q, "unparsable stream event: %.200s", data);
+        return;
+    }
+    const cJSON *err = cJSON_GetObjectItemCaseSensitive(ev, "error");
+    if (err) {
+        const cJSON *m = cJSON_GetObjectItemCaseSensitive(err, "message");
+        fail(q, "error in stream: %.300s", cJSON_IsString(m) ? m->valuestring : "(no message)");
+        cJSON_Delete(ev);
+        return;
+    }
+    q->t_end = t;
+    if (q->l->backend == PD_BENCH_SGLANG) {
+        const cJSON *mi = cJSON_GetObjectItemCaseSensitive(ev, "meta_info");
+        const cJSON *ct = cJSON_GetObjectItemCaseSensitive(mi, "completion_tokens");
+        if (cJSON_IsNumber(ct)) {
+            int now = (int)ct->valuedouble;
+            int prev = q->server_count < 0 ? 0 : q->server_count;
+            token_event(q, now - prev, t);
+            q->server_count = now;
+        } else {
+            const cJSON *tx = cJSON_GetObjectItemCaseSensitive(ev, "text");
+            if (cJSON_IsString(tx) && tx->valuestring[0])
+                token_event(q, 1, t);
+        }
+    } else {
+        const cJSON *ch = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(ev, "choices"), 0);
+        const cJSON *tx = q->l->backend == PD_BENCH_OPENAI
+                              ? cJSON_GetObjectItemCaseSensitive(ch, "text")
+                              : cJSON_GetObjectItemCaseSensitive(
+                                    cJSON_GetObjectItemCaseSensitive(ch, "delta"), "content");
+        if (cJSON_IsString(tx) && tx->valuestring[0])
+            token_event(q, 1, t);
+        const cJSON *u = cJSON_GetObjectItemCaseSensitive(ev, "usage");
+        const cJSON *ct = cJSON_GetObjectItemCaseSensitive(u, "completion_tokens");
+        if (cJSON_IsNumber(ct))
+            q->server_count = (int)ct->valuedouble;
+    }
+    cJSON_Delete(ev);
+}
+
+static size_t on_write(char *ptr, size_t size, size_t nmemb, void *userp) {
+    struct req *q = userp;
+    size_t n = size * nmemb;
+    double t = pd_bench_now();
+    if (q->status == 0)
+        curl_easy_getinfo(q->easy, CURLINFO_RESPONSE_CODE, &q->status);
+    size_t room = q->status == 200 ? n : (q->len < ERRBODY_MAX ? ERRBODY_MAX - q->len : 0);
+    size_t take = n < room ? n : room;
+    if (pd_array_grow((void **)&q->buf, &q->cap, q->len + take + 1, 1) != PD_OK)
+        return 0; /* curl fails the transfer with a write error */
+    memcpy(q->buf + q->len, ptr, take);
+    q->len += take;
+    q->buf[q->len] = '\0';
+    if (q->status != 200)
+        return n; /* kept for the error message */
+    /* Cut complete lines; a `data:` line is one event (servers send one JSON per line). */
+    size_t pos = 0;
+    for (;;) {
+        char *nl = memchr(q->buf + pos, '\n', q->len - pos);
+        if (!nl)
+            break;
+        char *line = q->buf + pos;
+        size_t ll = (size_t)(nl - line);
+        pos += ll + 1;
+        if (ll && line[ll - 1] == '\r')
+            ll--;
+        line[ll] = '\0';
+        if (strncmp(line, "data:", 5) == 0) {
+            char *d = line + 5;
+            while (*d == ' ')
+                d++;
+            sse_event(q, d, t);
+        }
+    }
+    memmove(q->buf, q->buf + pos, q->len - pos);
+    q->len -= pos;
+    q->buf[q->len] = '\0';
+    return n;
+}
+
+/* The body of one request as the backend wants it. */
+static char *build_body(const struct pd_bench_load *l, const struct pd_bench_prompt *p,
+                        int max_output, const cJSON *extra) {
+    int out_len = max_output > 0 && p->output_len > max_output ? max_output : p->output_len;
+    cJSON *b = cJSON_CreateObject();
+    if (!b)
+        return NULL;
+    cJSON *prompt =
+        p->ids ? cJSON_CreateIntArray(p->ids, p->prompt_len) : cJSON_CreateString(p->text);
+    if (l->backend == PD_BENCH_SGLANG) {
+        cJSON_AddItemToObject(b, p->ids ? "input_ids" : "text", prompt);
+        cJSON *sp = cJSON_AddObjectToObject(b, "sampling_params");
+        cJSON_AddNumberToObject(sp, "max_new_tokens", out_len);
+        cJSON_AddNumberToObject(sp, "temperature", 0.0);
+        cJSON_AddBoolToObject(sp, "ignore_eos", l->ignore_eos);
+    } else {
+        cJSON_AddStringToObject(b, "model", l->model ? l->model : "default");
+        if (l->backend == PD_BENCH_OPENAI) {
+            cJSON_AddItemToObject(b, "prompt", prompt);
+        } else {
+            cJSON *msgs = cJSON_AddArrayToObject(b, "messages");
+            cJSON *m = cJSON_CreateObject();
+            cJSON_AddStringToObject(m, "role", "user");
+            cJSON_AddItemToObject(m, "content", prompt);
+            cJSON_AddItemToArray(msgs, m);
+        }
+        cJSON_AddNumberToObject(b, "max_tokens", out_len);
+        cJSON_AddNumberToObject(b, "temperature", 0.0);
+        cJSON_AddBoolToObject(b, "ignore_eos", l->ignore_eos);
+        cJSON *so = cJSON_AddObjectToObject(b, "stream_options");
+        cJSON_AddBoolToObject(so, "include_usage", true);
+    }
+    cJSON_AddBoolToObject(b, "stream", true);
+    const cJSON *it;
+    cJSON_ArrayForEach(it, extra) {
+        cJSON_DeleteItemFromObjectCaseSensitive(b, it->string);
+        cJSON_AddItemToObject(b, it->string, cJSON_Duplicate(it, true));
+    }
+    char *s = cJSON_PrintUnformatted(b);
+    cJSON_Delete(b);
+    return s;
+}
+
+static void req_free(struct req *q) {
+    if (q->easy)
+        curl_easy_cleanup(q->easy);
+    curl_slist_free_all(q->headers);
+    if (q->body)
+        cJSON_free(q->body);
+    pd_free(q->buf);
+    memset(q, 0, sizeof(*q));
+}
+
+/* Fills res from how the transfer ended. */
+static void finish(struct req *q, CURLcode code) {
+    struct pd_bench_result *r = q->res;
+    if (q->status == 0)
+        curl_easy_getinfo(q->easy, CURLINFO_RESPONSE_CODE, &q->status);
+    if (code != CURLE_OK) {
+        fail(q, "transport: %s", q->errbuf[0] ? q->errbuf : curl_easy_strerror(code));
+    } else if (q->status != 200) {
+        const char *msg = q->buf ? q->buf : "";
+        cJSON *j = cJSON_Parse(msg);
+        const cJSON *m = cJSON_GetObjectItemCaseSensitive(
+            cJSON_GetObjectItemCaseSensitive(j, "error"), "message");
+        if (!cJSON_IsString(m))
+            m = cJSON_GetObjectItemCaseSensitive(j, "message");
+        if (!cJSON_IsString(m))
+            m = cJSON_GetObjectItemCaseSensitive(j, "detail");
+        fail(q, "HTTP %ld: %.300s", q->status, cJSON_IsString(m) ? m->valuestring : msg);
+        cJSON_Delete(j);
+    } else if (!q->got_first) {
+        fail(q, "the stream ended without a token");
+    } else if (!q->done_marker) {
+        fail(q, "the stream ended without data: [DONE] (truncated)");
+    }
+    r->ok = r->error == NULL;
+    if (r->ok) {
+        r->e2e = q->t_end - q->t_start;
+        r->output_len = q->server_count >= 0 ? q->server_count : q->tokens_seen;
+    }
+}
+
+static int req_start(struct req *q, CURLM *multi, size_t i, double t0) {
+    q->easy = curl_easy_init();
+    if (!q->easy)
+        return pd_errorf(PD_ENOMEM, "curl_easy_init for request %zu", i);
+    CURL *e = q->easy;
+    curl_easy_setopt(e, CURLOPT_URL, q->l->api_url);
+    curl_easy_setopt(e, CURLOPT_POST, 1L);
+    curl_easy_setopt(e, CURLOPT_POSTFIELDS, q->body);
+    curl_easy_setopt(e, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)strlen(q->body));
+    curl_easy_setopt(e, CURLOPT_HTTPHEADER, q->headers);
+    curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, on_write);
+    curl_easy_setopt(e, CURLOPT_WRITEDATA, q);
+    curl_easy_setopt(e, CURLOPT_ERRORBUFFER, q->errbuf);
+    curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(e, CURLOPT_PRIVATE, q);
+    if (getenv("PD_BENCH_CURL_VERBOSE"))
+        curl_easy_setopt(e, CURLOPT_VERBOSE, 1L);
+    if (q->l->timeout_s > 0)
+        curl_easy_setopt(e, CURLOPT_TIMEOUT_MS, (long)(q->l->timeout_s * 1e3));
+    q->t_start = pd_bench_now();
+    q->res->start = q->t_start - t0;
+    CURLMcode mc = curl_multi_add_handle(multi, e);
+    if (mc != CURLM_OK)
+        return pd_errorf(PD_EINTERNAL, "curl_multi_add_handle: %s", curl_multi_strerror(mc));
+    return PD_OK;
+}
+
+static void progress(const struct pd_bench_load *l, bool tty, size_t done, size_t n, int failed,
+                     double elapsed, bool last) {
+    if (tty) {
+        int width = 30, fill = n ? (int)(width * done / n) : width;
+        fprintf(stderr, "\r%s [", l->label ? l->label : "");
+        for (int i = 0; i < width; i++)
+            fputc(i < fill ? '#' : ' ', stderr);
+        fprintf(stderr, "] %zu/%zu  %.1f s  %d failed%s", done, n, elapsed, failed,
+                last ? "\n" : "");
+    } else {
+        fprintf(stderr, "%s: %zu/%zu requests done, %d failed, %.1f s\n", l->label ? l->label : "",
+                done, n, failed, elapsed);
+    }
+    fflush(stderr);
+}
+
+int pd_bench_load_run(const struct pd_bench_load *l, const struct pd_bench_prompt *prompts,
+                      size_t n, int max_output, struct pd_bench_result *out, double *duration) {
+    int rc = PD_OK;
+    cJSON *extra = NULL;
+    if (l->extra_body) {
+        extra = cJSON_Parse(l->extra_body);
+        if (!cJSON_IsObject(extra)) {
+            cJSON_Delete(extra);
+            return pd_errorf(PD_EINVAL, "--extra-request-body: not a JSON object: %s",
+                             l->extra_body);
+        }
+    }
+    struct req *qs = pd_calloc(n ? n : 1, sizeof(*qs));
+    double *arrival = pd_calloc(n ? n : 1, sizeof(double));
+    CURLM *multi = curl_multi_init();
+    if (!qs || !arrival || !multi) {
+        rc = pd_errorf(PD_ENOMEM, "load of %zu requests", n);
+        goto done;
+    }
+    curl_multi_setopt(multi, CURLMOPT_MAX_HOST_CONNECTIONS, 0L);
+    char auth[512];
+    snprintf(auth, sizeof(auth), "Authorization: Bearer %s", l->api_key ? l->api_key : "");
+    for (size_t i = 0; i < n; i++) {
+        struct req *q = &qs[i];
+        q->l = l;
+        q->res = &out[i];
+        q->server_count = -1;
+        q->res->prompt_len = prompts[i].prompt_len;
+        q->body = build_body(l, &prompts[i], max_output, extra);
+        q->headers = curl_slist_append(NULL, "Content-Type: application/json");
+        /* no "Expect: 100-continue" round trip for bodies over 1 KiB */
+        struct curl_slist *h = q->headers ? curl_slist_append(q->headers, "Expect:") : NULL;
+        if (h && l->api_key)
+            h = curl_slist_append(h, auth);
+        if (!q->body || !h) {
+            rc = pd_errorf(PD_ENOMEM, "request body %zu", i);
+            goto done;
+        }
+    }
+    /* Arrival times: the first at 0, then exponential gaps (Poisson process). */
+    struct {
+        uint64_t s[4];
+    } rng;
+    uint64_t x = l->seed ^ 0x5bd1e995u;
+    for (int i = 0; i < 4; i++)
+        rng.s[i] = pd_splitmix64(&x);
+    for (size_t i = 1; i < n; i++) {
+        double gap = 0;
+        if (isfinite(l->request_rate)) {
+            double u = (double)(pd_xoshiro256ss(rng.s) >> 11) * 0x1.0p-53; /* [0, 1) */
+            gap = -log1p(-u) / l->request_rate;
+        }
+        arrival[i] = arrival[i - 1] + gap;
+    }
+
+    bool tty = isatty(STDERR_FILENO);
+    size_t next = 0, done_n = 0;
+    int active = 0, failed = 0;
+    double t0 = pd_bench_now(), last_progress = t0;
+    while (done_n < n) {
+        double now = pd_bench_now();
+        while (next < n && arrival[next] <= now - t0 &&
+               (l->max_concurrency <= 0 || active < l->max_concurrency)) {
+            if ((rc = req_start(&qs[next], multi, next, t0)))
+                goto done;
+            next++;
+            active++;
+        }
+        int running;
+        CURLMcode mc = curl_multi_perform(multi, &running);
+        if (mc != CURLM_OK) {
+            rc = pd_errorf(PD_EINTERNAL, "curl_multi_perform: %s", curl_multi_strerror(mc));
+            goto done;
+        }
+        CURLMsg *msg;
+        int left;
+        while ((msg = curl_multi_info_read(multi, &left))) {
+            if (msg->msg != CURLMSG_DONE)
+                continue;
+            struct req *q;
+            curl_easy_getinfo(msg->easy_handle, CURLINFO_PRIVATE, (char **)&q);
+            CURLcode code = msg->data.result;
+            curl_multi_remove_handle(multi, q->easy);
+            finish(q, code);
+            if (!q->res->ok)
+                failed++;
+            req_free(q);
+            active--;
+            done_n++;
+        }
+        now = pd_bench_now();
+        if (l->progress && (now - last_progress >= (tty ? 0.2 : 10.0))) {
+            progress(l, tty, done_n, n, failed, now - t0, false);
+            last_progress = now;
+        }
+        if (done_n == n)
+            break;
+        /* Sleep until the next arrival (if one may start), a socket event, or a progress tick. */
+        double wait = tty ? 0.2 : 1.0;
+        if (next < n && (l->max_concurrency <= 0 || active < l->max_concurrency)) {
+            double until = arrival[next] - (now - t0);
+            wait = until < wait ? until : wait;
+        }
+        int wait_ms = wait <= 0 ? 0 : (int)ceil(wait * 1e3);
+        if (wait_ms > 0 || active > 0) {
+            mc = curl_multi_poll(multi, NULL, 0, wait_ms, NULL);
+            if (mc != CURLM_OK) {
+                rc = pd_errorf(PD_EINTERNAL, "curl_multi_poll: %s", curl_multi_strerror(mc));
+                goto done;
+            }
+        }
+    }
+    *duration = pd_bench_now() - t0;
+    if (l->progress)
+        progress(l, tty, done_n, n, failed, pd_bench_now() - t0, true);
+done:
+    if (qs) {
+        for (size_t i = 0; i < n; i++) {
+            if (qs[i].easy && multi)
+                curl_multi_remove_handle(multi, qs[i].easy);
+            req_free(&qs[i]);
+        }
+    }
+    if (multi)
+        curl_multi_cleanup(multi);
+    pd_free(qs);
+    pd_free(arrival);
+    cJSON_Delete(extra);
+    return rc;
+}
+
+int pd_bench_probe(const char *base_url, const char *api_key, char **model_id, int *max_model_len) {
+    *model_id = NULL;
+    *max_model_len = 0;
+    static const char *const paths[] = {"/v1/models", "/health"};
+    int rc = PD_OK;
+    for (int k = 0; k < 2; k++) {
+        CURL *e = curl_easy_init();
+        if (!e)
+            return pd_errorf(PD_ENOMEM, "curl_easy_init");
+        char url[2048], auth[512], errbuf[CURL_ERROR_SIZE] = "";
+        snprintf(url, sizeof(url), "%s%s", base_url, paths[k]);
+        struct req q = {0};
+        struct pd_bench_result dummy = {0};
+        struct pd_bench_load l = {.backend = PD_BENCH_SGLANG};
+        q.l = &l;
+        q.res = &dummy;
+        q.easy = e;
+        struct curl_slist *h = NULL;
+        if (api_key) {
+            snprintf(auth, sizeof(auth), "Authorization: Bearer %s", api_key);
+            h = curl_slist_append(NULL, auth);
+        }
+        curl_easy_setopt(e, CURLOPT_URL, url);
+        curl_easy_setopt(e, CURLOPT_HTTPHEADER, h);
+        curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, on_write);
+        curl_easy_setopt(e, CURLOPT_WRITEDATA, &q);
+        curl_easy_setopt(e, CURLOPT_ERRORBUFFER, errbuf);
+        curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
+        curl_easy_setopt(e, CURLOPT_TIMEOUT_MS, 10000L);
+        q.status = -1; /* on_write: not 200, so bytes are kept raw (up to ERRBODY_MAX) */
+        CURLcode code = curl_easy_perform(e);
+        long status = 0;
+        curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, &status);
+        if (code != CURLE_OK) {
+            rc = pd_errorf(PD_EPEER, "cannot reach %s: %s (curl error %d)", url,
+                           errbuf[0] ? errbuf : curl_easy_strerror(code), (int)code);
+        } else if (k == 0 && status == 200) {
+            cJSON *j = cJSON_Parse(q.buf ? q.buf : "");
+            const cJSON *m0 = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(j, "data"), 0);
+            const cJSON *id = cJSON_GetObjectItemCaseSensitive(m0, "id");
+            const cJSON *ml = cJSON_GetObjectItemCaseSensitive(m0, "max_model_len");
+            if (cJSON_IsString(id))
+                *model_id = pd_strdup(id->valuestring);
+            if (cJSON_IsNumber(ml))
+                *max_model_len = (int)ml->valuedouble;
+            cJSON_Delete(j);
+        }
+        curl_slist_free_all(h);
+        curl_easy_cleanup(e);
+        pd_free(q.buf);
+        if (rc || (k == 0 && status == 200))
+            return rc;
+        if (k == 1 && status != 200 && status != 404)
+            return pd_errorf(PD_EPEER, "%s answered HTTP %ld (and %s/v1/models did not answer 200)",
+                             url, status, base_url);
+    }
+    return PD_OK;
+}

@@ -1,0 +1,171 @@
+/*
+ * serving.h — pdserve-bench, the serving benchmark: open-loop load against an OpenAI-compatible
+ * or SGLang /generate endpoint, measured as sglang.bench_serving measures it (same flags, same
+ * result field names), so numbers from both tools can be put side by side.
+ *
+ * The pieces, one file each: dataset.c makes the prompts (random token ids or a ShareGPT file),
+ * load.c sends them (Poisson arrivals and/or a concurrency cap, curl multi on its own poll loop,
+ * SSE streams parsed as they arrive, one timestamp per chunk), metrics.c reduces the per-request
+ * records to the summary, report.c prints the table and writes JSON Lines / CSV, plot.c draws a
+ * sweep with gnuplot, main.c holds the flags and runs one load per request rate.
+ *
+ * Times are seconds (double) on CLOCK_MONOTONIC unless a name says _ms. Nothing here is shared
+ * between threads: the whole benchmark runs on one thread.
+ */
+#ifndef PD_BENCH_SERVING_H
+#define PD_BENCH_SERVING_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+struct pd_tokenizer;
+
+enum pd_bench_backend {
+    PD_BENCH_SGLANG = 0,      /* POST /generate, SGLang native */
+    PD_BENCH_OPENAI = 1,      /* POST /v1/completions */
+    PD_BENCH_OPENAI_CHAT = 2, /* POST /v1/chat/completions */
+};
+extern const char *const pd_bench_backend_names[]; /* "sglang", "openai", "openai-chat" */
+
+/* One prompt to send. Exactly one of text / ids is set. */
+struct pd_bench_prompt {
+    char *text;     /* NUL-terminated, or NULL */
+    int32_t *ids;   /* [prompt_len] token ids, or NULL */
+    int prompt_len; /* tokens */
+    int output_len; /* tokens asked for (max_tokens / max_new_tokens) */
+};
+
+struct pd_bench_dataset {
+    struct pd_bench_prompt *p; /* [n] */
+    size_t n;
+};
+
+/* Random dataset (sglang's --dataset-name random): lengths uniform in [len*ratio, len]; prompts
+ * are random non-special token ids, sent as ids when as_text is false, else decoded to text. */
+struct pd_bench_random_spec {
+    int input_len, output_len;
+    double range_ratio;
+    bool as_text;
+};
+int pd_bench_dataset_random(const struct pd_bench_random_spec *spec, size_t n, uint64_t seed,
+                            const struct pd_tokenizer *tok, struct pd_bench_dataset *out);
+
+/* ShareGPT JSON file: [{"conversations": [{"from", "value"}, ...]}, ...]. The first turn is the
+ * prompt, the second turn's token count the output length (unless fixed_output_len > 0).
+ * Shuffled with seed; pairs with a prompt or output under 2 tokens are skipped, and those longer
+ * than context_len together (when > 0). Malformed files fail with the path and the JSON path /
+ * line of the problem. */
+int pd_bench_dataset_sharegpt(const char *path, size_t n, uint64_t seed, int fixed_output_len,
+                              int context_len, const struct pd_tokenizer *tok,
+                              struct pd_bench_dataset *out);
+void pd_bench_dataset_free(struct pd_bench_dataset *d);
+
+/* What one request measured. */
+struct pd_bench_result {
+    bool ok;
+    double start; /* s since the load began: when the request was handed to curl */
+    double ttft;  /* s, first token (first chunk with text / new tokens) */
+    double e2e;   /* s, until the end of the stream */
+    double *itl;  /* [n_itl] s between chunks (a chunk of k tokens gives k gaps of 1/k) */
+    size_t n_itl, cap_itl;
+    int prompt_len; /* tokens, from the dataset (as bench_serving counts) */
+    int output_len; /* tokens generated: the server's usage / meta_info count, else chunks */
+    char *error;    /* NULL when ok */
+};
+void pd_bench_result_free(struct pd_bench_result *r);
+
+/* One load (one request rate). */
+struct pd_bench_load {
+    enum pd_bench_backend backend;
+    const char *api_url;    /* full URL of the generation endpoint */
+    const char *model;      /* "model" field for OpenAI backends */
+    const char *api_key;    /* Authorization: Bearer, or NULL */
+    const char *extra_body; /* JSON object merged into every body, or NULL */
+    double request_rate;    /* requests/s, INFINITY = all at once */
+    int max_concurrency;    /* 0 = no cap */
+    bool ignore_eos;
+    uint64_t seed;     /* arrival times */
+    bool progress;     /* progress bar / lines on stderr */
+    const char *label; /* for progress lines */
+    double timeout_s;  /* per request, 0 = none */
+};
+
+/* Sends prompts[0..n) (each with output_len capped at max_output when > 0) as the load says and
+ * fills out[0..n) (zero-initialised by the caller). *duration: s from the first send to the last
+ * end. PD_OK when the load ran, whatever the requests' fates; an error only when the load could
+ * not run (curl setup, memory). */
+int pd_bench_load_run(const struct pd_bench_load *l, const struct pd_bench_prompt *prompts,
+                      size_t n, int max_output, struct pd_bench_result *out, double *duration);
+
+/* GET base_url/v1/models then /health: PD_OK when the server answers. *model_id (caller frees)
+ * gets data[0].id when /v1/models gives one, *max_model_len its max_model_len (0 if absent). A
+ * connection failure is PD_EPEER naming the URL and curl's error. */
+int pd_bench_probe(const char *base_url, const char *api_key, char **model_id, int *max_model_len);
+
+/* The summary of one load, bench_serving's fields. */
+struct pd_bench_summary {
+    double request_rate; /* as asked; INFINITY for inf */
+    int max_concurrency;
+    double duration; /* s */
+    int completed, failed;
+    long total_input_tokens, total_output_tokens;
+    double request_throughput, input_throughput, output_throughput, total_throughput;
+    double concurrency; /* sum of e2e / duration */
+    double request_goodput;
+    int good;                        /* requests meeting both SLOs */
+    double slo_ttft_ms, slo_tpot_ms; /* 0 = not set */
+    /* [0]=mean [1]=median [2]=std [3]=p90 [4]=p95 [5]=p99 [6]=max; ms */
+    double ttft[7], tpot[7], itl[7], e2e[7];
+};
+enum {
+    PD_BENCH_MEAN,
+    PD_BENCH_P50,
+    PD_BENCH_STD,
+    PD_BENCH_P90,
+    PD_BENCH_P95,
+    PD_BENCH_P99,
+    PD_BENCH_MAX,
+    PD_BENCH_NSTAT
+};
+extern const char *const pd_bench_stat_names[]; /* "mean", "median", "std", "p90", ... */
+
+int pd_bench_summarize(const struct pd_bench_result *r, size_t n, double duration,
+                       double slo_ttft_ms, double slo_tpot_ms, struct pd_bench_summary *s);
+
+/* Output. */
+struct pd_bench_run_info {
+    const char *backend, *dataset_name, *base_url, *model;
+    int num_prompts;
+    int random_input_len, random_output_len;
+    double random_range_ratio;
+    int sharegpt_output_len;
+};
+void pd_bench_print_table(FILE *f, const struct pd_bench_run_info *info,
+                          const struct pd_bench_summary *s);
+/* One JSON object (one line) with bench_serving's field names; details adds per-request arrays. */
+int pd_bench_json_line(const struct pd_bench_run_info *info, const struct pd_bench_summary *s,
+                       const struct pd_bench_result *r, size_t n, bool details, char **out);
+void pd_bench_csv_header(FILE *f);
+void pd_bench_csv_rows(FILE *f, const struct pd_bench_summary *s, const struct pd_bench_result *r,
+                       size_t n);
+
+/* Plot: one series per label; each point is one summary (one request rate). */
+struct pd_bench_series {
+    const char *label;
+    const struct pd_bench_summary *s; /* [n] */
+    size_t n;
+};
+/* PD_OK when gnuplot is on PATH; else PD_ENOENT with a message saying how to get it. */
+int pd_bench_plot_check(void);
+int pd_bench_plot(const char *png_path, const struct pd_bench_series *series, size_t n_series);
+/* Reads a JSON Lines result file written by --output-file back into summaries (for --plot-from). */
+int pd_bench_read_results(const char *path, struct pd_bench_summary **out, size_t *n);
+
+/* CLOCK_MONOTONIC seconds. */
+double pd_bench_now(void);
+/* Parses "1,2.5,inf": each rate > 0 (inf allowed). PD_EINVAL naming the bad item. */
+int pd_bench_parse_rates(const char *s, double **rates, size_t *n);
+
+#endif

@@ -1,0 +1,143 @@
+#!/usr/bin/env python3
+"""fake_sse_server.py — a test fixture for pdserve-bench (not a product): an HTTP server that
+streams SSE answers with controlled timing on /generate (SGLang shape), /v1/completions and
+/v1/chat/completions (OpenAI shapes), and logs, for every request, its own server-side times.
+
+Timing: the first token is written --first-ms after the request was read, then one token every
+--itl-ms; a request gets exactly max_tokens / sampling_params.max_new_tokens tokens. Each request
+appends one JSON line to --log: {"path", "recv", "first", "last", "n", "inflight"} where the
+times are time.monotonic() (CLOCK_MONOTONIC, the clock pdserve-bench uses too) taken just after
+the body was read, after the first chunk was flushed, and after the last ([DONE]) was flushed;
+"inflight" is how many requests were being served when this one arrived (itself included).
+
+--fail-every K answers every K-th generation request (1-based count) with HTTP 400 and an
+OpenAI error body; --no-usage leaves out usage / meta_info token counts (the client must count
+chunks). GET /v1/models names --model-id; GET /health is 200. Prints "port N" once listening.
+Stdlib only.
+"""
+import argparse
+import json
+import socketserver
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+ARGS = None
+LOCK = threading.Lock()
+STATE = {"count": 0, "inflight": 0}
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.0"  # the body ends when the connection closes
+
+    def log_message(self, fmt, *args):
+        pass
+
+    def send_json(self, status, obj):
+        data = json.dumps(obj).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self):
+        if self.path == "/health":
+            self.send_json(200, {})
+        elif self.path == "/v1/models":
+            self.send_json(200, {"object": "list", "data": [
+                {"id": ARGS.model_id, "object": "model", "owned_by": "sglang",
+                 "max_model_len": 4096}]})
+        else:
+            self.send_json(404, {"error": {"message": "no such path"}})
+
+    def event(self, obj):
+        data = obj if isinstance(obj, str) else json.dumps(obj)
+        self.wfile.write(("data: %s\n\n" % data).encode())
+        self.wfile.flush()
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
+        recv = time.monotonic()
+        with LOCK:
+            STATE["count"] += 1
+            STATE["inflight"] += 1
+            nth, inflight = STATE["count"], STATE["inflight"]
+        try:
+            self.serve(body, recv, nth, inflight)
+        finally:
+            with LOCK:
+                STATE["inflight"] -= 1
+
+    def serve(self, body, recv, nth, inflight):
+        path = self.path
+        if ARGS.fail_every and nth % ARGS.fail_every == 0:
+            self.send_json(400, {"error": {"message": "injected failure %d" % nth,
+                                           "type": "BadRequestError", "code": 400}})
+            self.log(path, recv, recv, time.monotonic(), 0, inflight, failed=True)
+            return
+        if path == "/generate":
+            n = body["sampling_params"]["max_new_tokens"]
+        elif path in ("/v1/completions", "/v1/chat/completions"):
+            n = body["max_tokens"]
+        else:
+            self.send_json(404, {"error": {"message": "no such path"}})
+            return
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        first = None
+        text = ""
+        time.sleep(ARGS.first_ms / 1e3)
+        for k in range(1, n + 1):
+            if k > 1:
+                time.sleep(ARGS.itl_ms / 1e3)
+            piece = "t%d " % k
+            text += piece
+            if path == "/generate":
+                ev = {"text": text, "output_ids": list(range(k))}
+                if not ARGS.no_usage:
+                    ev["meta_info"] = {"id": "r%d" % nth, "prompt_tokens": 1,
+                                       "completion_tokens": k}
+            elif path == "/v1/completions":
+                ev = {"object": "text_completion", "choices": [{"index": 0, "text": piece}]}
+            else:
+                ev = {"object": "chat.completion.chunk",
+                      "choices": [{"index": 0, "delta": {"content": piece}}]}
+            self.event(ev)
+            if first is None:
+                first = time.monotonic()
+        if path != "/generate" and not ARGS.no_usage:
+            self.event({"choices": [], "usage": {"prompt_tokens": 1, "completion_tokens": n,
+                                                 "total_tokens": n + 1}})
+        self.event("[DONE]")
+        self.log(path, recv, first, time.monotonic(), n, inflight)
+
+    def log(self, path, recv, first, last, n, inflight, failed=False):
+        with LOCK:
+            with open(ARGS.log, "a") as f:
+                f.write(json.dumps({"path": path, "recv": recv, "first": first, "last": last,
+                                    "n": n, "inflight": inflight, "failed": failed}) + "\n")
+
+
+def main():
+    global ARGS
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--port", type=int, default=0)
+    ap.add_argument("--first-ms", type=float, default=150)
+    ap.add_argument("--itl-ms", type=float, default=30)
+    ap.add_argument("--log", required=True)
+    ap.add_argument("--model-id", default="fake")
+    ap.add_argument("--fail-every", type=int, default=0)
+    ap.add_argument("--no-usage", action="store_true")
+    ARGS = ap.parse_args()
+    socketserver.TCPServer.request_queue_size = 1024
+    ThreadingHTTPServer.daemon_threads = True
+    srv = ThreadingHTTPServer(("127.0.0.1", ARGS.port), Handler)
+    print("port %d" % srv.server_address[1], flush=True)
+    srv.serve_forever()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

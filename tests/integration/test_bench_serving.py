@@ -1,0 +1,576 @@
+#!/usr/bin/env python3
+"""test_bench_serving.py — pdserve-bench measured against independent clocks. Cases:
+
+  fake      fake_sse_server.py streams with known timing (first token 150 ms after the request,
+            then one every 30 ms) and logs its own times per request; for each backend (sglang,
+            openai, openai-chat, and openai without usage counts) the bench's medians of TTFT,
+            ITL and E2E agree with the server's own, its counts are exact, and its JSON Lines
+            (bench_serving's field names) and CSV (header + one row per request) are complete.
+  arrivals  Poisson arrivals: the gaps between the requests the server received have the mean
+            1/rate and the spread of an exponential distribution; the bench's start_times match
+            the server's arrival times; --max-concurrency N keeps exactly N in flight.
+  errors    bad input: unreachable URL, malformed ShareGPT files (syntax line, JSON path),
+            zero/negative/garbage rates, bad lengths, bad concurrency -> non-zero exit and a
+            message naming the problem; per-request server errors are counted as failed and
+            the first ones printed; a ShareGPT file that is fine is used.
+  plot      --plot draws a PNG for a sweep and --plot-from for two result files (skips, 77,
+            without gnuplot).
+  pd        the real thing: pdserve-router + prefill + decode with a small model; the bench
+            talks to the router through a Python TCP proxy that times every request itself
+            (first byte in, first SSE event out, end of stream); medians agree; counts exact
+            (ignore_eos) on /generate and /v1/completions; a burst of 128 at once all succeed.
+
+Tolerances and why: a client's TTFT/E2E is the server's own time plus the request's trip on
+loopback and the server's dispatch (fractions of a ms idle); on this shared 2-core machine a
+process can wait a few ms for a core, so medians must agree within 5 ms + 10 % for the fake
+server (whose times are fixed by sleeps). On the real cluster the proxy times the very same
+requests one loopback hop from the bench (a request of 256 in / 128 out takes tens of ms), so
+their medians must agree within 5 ms + 5 %: the hop, a Python thread waking on a busy machine,
+and the bench's clock also covering the connect to the proxy, which opens its upstream
+connection and starts two relay threads on accept. Poisson: the mean of n exponential gaps has a relative
+standard error of 1/sqrt(n); 4 of those (32 % at n = 159) plus timer slack; the coefficient of
+variation (1 for an exponential, 0 for a fixed pace) within 0.6..1.4 (its standard error is
+about 0.11 at n = 159).
+
+Stdlib only. Usage: test_bench_serving.py BUILD_DIR CASE. Every process is killed on exit.
+"""
+import json
+import os
+import re
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import pd_cluster as pc  # noqa: E402
+
+BUILD = os.path.abspath(sys.argv[1])
+CASE = sys.argv[2] if len(sys.argv) > 2 else "fake"
+BENCH = os.path.join(BUILD, "bench", "pdserve-bench")
+FAKE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fake_sse_server.py")
+FAILS = []
+T0 = time.time()
+
+# bench_serving's result fields that pdserve-bench must write under the same names
+SGLANG_FIELDS = [
+    "backend", "dataset_name", "request_rate", "max_concurrency", "sharegpt_output_len",
+    "random_input_len", "random_output_len", "random_range_ratio", "duration", "completed",
+    "total_input_tokens", "total_output_tokens", "request_throughput", "input_throughput",
+    "output_throughput", "mean_e2e_latency_ms", "median_e2e_latency_ms", "std_e2e_latency_ms",
+    "p99_e2e_latency_ms", "mean_ttft_ms", "median_ttft_ms", "std_ttft_ms", "p99_ttft_ms",
+    "mean_tpot_ms", "median_tpot_ms", "std_tpot_ms", "p99_tpot_ms", "mean_itl_ms",
+    "median_itl_ms", "std_itl_ms", "p95_itl_ms", "p99_itl_ms", "concurrency"]
+DETAIL_FIELDS = ["input_lens", "output_lens", "ttfts", "itls", "errors"]
+
+
+def check(cond, what):
+    if not cond:
+        FAILS.append(what)
+        print("FAIL:", what, flush=True)
+    return cond
+
+
+def step(msg):
+    print("[%7.2f] %s" % (time.time() - T0, msg), flush=True)
+
+
+def close(a, b, abs_tol, rel_tol):
+    return abs(a - b) <= abs_tol + rel_tol * max(abs(a), abs(b))
+
+
+class Fake:
+    """fake_sse_server.py as a process; log() reads its per-request log lines."""
+
+    def __init__(self, tmp, model, *extra):
+        self.log_path = os.path.join(tmp, "fake-%d.log" % len(pc.PROCS))
+        open(self.log_path, "w").close()
+        self.p = subprocess.Popen([sys.executable, FAKE, "--log", self.log_path, "--model-id",
+                                   model] + list(extra), stdout=subprocess.PIPE, text=True,
+                                  preexec_fn=pc._die_with_parent)
+        pc.PROCS.append(self.p)
+        line = self.p.stdout.readline()
+        if not line.startswith("port "):
+            raise RuntimeError("fake server did not start: %r" % line)
+        self.port = int(line.split()[1])
+        self.url = "http://127.0.0.1:%d" % self.port
+
+    def clear(self):
+        open(self.log_path, "w").close()
+
+    def log(self):
+        with open(self.log_path) as f:
+            return sorted((json.loads(x) for x in f if x.strip()), key=lambda r: r["recv"])
+
+
+def bench(*args, timeout=120):
+    r = subprocess.run([BENCH] + [str(a) for a in args], capture_output=True, text=True,
+                       timeout=timeout)
+    return r.returncode, r.stdout, r.stderr
+
+
+def results(path):
+    with open(path) as f:
+        return [json.loads(x) for x in f if x.strip()]
+
+
+def median(xs):
+    return statistics.median(xs) if xs else float("nan")
+
+
+# ------------------------------------------------------------------ fake
+
+def case_fake(tmp, model):
+    n, in_len, out_len = 12, 16, 6
+    for backend, extra in (("sglang", ()), ("openai", ()), ("openai-chat", ()),
+                           ("openai", ("--no-usage",))):
+        fake = Fake(tmp, model, "--first-ms", "150", "--itl-ms", "30", *extra)
+        tag = backend + (" (no usage counts)" if extra else "")
+        step("fake server, backend %s" % tag)
+        jpath, cpath = os.path.join(tmp, "r.jsonl"), os.path.join(tmp, "r.csv")
+        rc, out, err = bench("--base-url", fake.url, "--backend", backend, "--dataset-name",
+                             "random", "--random-input-len", in_len, "--random-output-len",
+                             out_len, "--random-range-ratio", 1, "--num-prompts", n,
+                             "--request-rate", 10, "--seed", 7, "--output-file", jpath,
+                             "--output-details", "--output-csv", cpath)
+        if not check(rc == 0, "%s: exit %d: %s" % (tag, rc, err[-2000:])):
+            continue
+        check("Serving Benchmark Result" in out and "Median TTFT (ms):" in out,
+              "%s: no table on stdout" % tag)
+        res = results(jpath)
+        check(len(res) == 1, "%s: %d JSON lines, want 1" % (tag, len(res)))
+        r = res[0]
+        missing = [k for k in SGLANG_FIELDS + DETAIL_FIELDS if k not in r]
+        check(not missing, "%s: JSON lacks %s" % (tag, missing))
+        check(r["completed"] == n and r["failed"] == 0, "%s: completed %s failed %s" %
+              (tag, r["completed"], r["failed"]))
+        check(r["total_output_tokens"] == n * out_len, "%s: output tokens %s, want %d" %
+              (tag, r["total_output_tokens"], n * out_len))
+        check(r["total_input_tokens"] == n * in_len, "%s: input tokens %s, want %d" %
+              (tag, r["total_input_tokens"], n * in_len))
+        check(r["output_lens"] == [out_len] * n, "%s: output_lens %s" % (tag, r["output_lens"]))
+        log = fake.log()
+        check(len(log) == n + 1, "%s: server saw %d requests, want %d + 1 warm-up" %
+              (tag, len(log), n))
+        log = log[1:]  # the warm-up goes alone, first
+        check(all(x["n"] == out_len for x in log), "%s: server sent other lengths" % tag)
+        s_ttft = median([(x["first"] - x["recv"]) * 1e3 for x in log])
+        s_e2e = median([(x["last"] - x["recv"]) * 1e3 for x in log])
+        s_itl = median([(x["last"] - x["first"]) * 1e3 / (x["n"] - 1) for x in log])
+        b_ttft, b_e2e, b_itl = r["median_ttft_ms"], r["median_e2e_latency_ms"], r["median_itl_ms"]
+        step("%s: median TTFT bench %.2f server %.2f; ITL %.2f / %.2f; E2E %.2f / %.2f ms" %
+             (tag, b_ttft, s_ttft, b_itl, s_itl, b_e2e, s_e2e))
+        check(b_ttft >= 150, "%s: bench TTFT %.2f ms under the server's 150 ms sleep" %
+              (tag, b_ttft))
+        check(close(b_ttft, s_ttft, 5, 0.10), "%s: TTFT bench %.2f vs server %.2f ms" %
+              (tag, b_ttft, s_ttft))
+        check(close(b_itl, s_itl, 5, 0.10), "%s: ITL bench %.2f vs server %.2f ms" %
+              (tag, b_itl, s_itl))
+        check(close(b_e2e, s_e2e, 5, 0.10), "%s: E2E bench %.2f vs server %.2f ms" %
+              (tag, b_e2e, s_e2e))
+        # per-request TTFT from the details: each at least the server's sleep
+        check(min(r["ttfts"]) >= 0.150, "%s: a TTFT under 150 ms: %s" % (tag, min(r["ttfts"])))
+        check(all(len(x) == out_len - 1 for x in r["itls"]), "%s: ITL lists of %s entries" %
+              (tag, sorted({len(x) for x in r["itls"]})))
+        with open(cpath) as f:
+            rows = [x for x in f.read().split("\n") if x]
+        check(len(rows) == n + 1, "%s: CSV has %d lines, want header + %d" % (tag, len(rows), n))
+        check(rows[0].startswith("request_rate,index,start_s,success"), "%s: CSV header %r" %
+              (tag, rows[0]))
+        check(all(x.split(",")[3] == "1" for x in rows[1:]), "%s: CSV rows not all success" % tag)
+        fake.p.kill()
+
+
+# ------------------------------------------------------------------ arrivals
+
+def case_arrivals(tmp, model):
+    rate, n = 40.0, 160
+    fake = Fake(tmp, model, "--first-ms", "2", "--itl-ms", "1")
+    step("Poisson arrivals at %g req/s, %d requests" % (rate, n))
+    jpath = os.path.join(tmp, "a.jsonl")
+    rc, out, err = bench("--base-url", fake.url, "--backend", "sglang", "--random-input-len", 8,
+                         "--random-output-len", 2, "--random-range-ratio", 1, "--num-prompts",
+                         n, "--request-rate", rate, "--seed", 3, "--output-file", jpath,
+                         "--output-details")
+    if check(rc == 0, "arrivals: exit %d: %s" % (rc, err[-2000:])):
+        log = fake.log()[1:]  # without the warm-up
+        check(len(log) == n, "arrivals: server saw %d requests" % len(log))
+        recv = [x["recv"] for x in log]
+        gaps = [b - a for a, b in zip(recv, recv[1:])]
+        mean = statistics.mean(gaps)
+        cv = statistics.pstdev(gaps) / mean
+        tol = 4 / (len(gaps) ** 0.5)
+        step("server-side gaps: mean %.2f ms (1/rate %.2f), cv %.2f" %
+             (mean * 1e3, 1e3 / rate, cv))
+        check(abs(mean - 1 / rate) <= tol / rate + 0.002,
+              "arrivals: mean gap %.2f ms, want %.2f ms +- %.0f %%" %
+              (mean * 1e3, 1e3 / rate, tol * 100))
+        check(0.6 <= cv <= 1.4, "arrivals: coefficient of variation %.2f, want ~1" % cv)
+        r = results(jpath)[0]
+        # CLOCK_MONOTONIC is one clock for both processes: server arrival minus bench send
+        # time is the trip of each request; its spread shows whether the sends kept pace
+        starts = sorted(r["start_times"])
+        trip = [x - s for s, x in zip(starts, recv)]
+        spread = [abs(t - median(trip)) for t in trip]
+        step("bench send times vs server arrivals: spread median %.2f ms, max %.2f ms" %
+             (median(spread) * 1e3, max(spread) * 1e3))
+        check(median(spread) < 0.002, "arrivals: bench start_times and the server's arrival "
+              "times differ by %.2f ms (median spread)" % (median(spread) * 1e3))
+    fake.p.kill()
+
+    step("--max-concurrency 3, rate inf")
+    fake = Fake(tmp, model, "--first-ms", "100", "--itl-ms", "10")
+    rc, out, err = bench("--base-url", fake.url, "--backend", "openai", "--random-input-len", 8,
+                         "--random-output-len", 4, "--random-range-ratio", 1, "--num-prompts",
+                         12, "--max-concurrency", 3, "--warmup-requests", 0)
+    if check(rc == 0, "concurrency: exit %d: %s" % (rc, err[-2000:])):
+        log = fake.log()
+        peak = max(x["inflight"] for x in log)
+        check(len(log) == 12, "concurrency: server saw %d requests" % len(log))
+        check(peak == 3, "concurrency: %d requests in flight at once, want 3" % peak)
+        check("Max request concurrency:                 3" in out, "concurrency: table")
+    fake.p.kill()
+
+
+# ------------------------------------------------------------------ errors
+
+def write(tmp, name, text):
+    p = os.path.join(tmp, name)
+    with open(p, "w") as f:
+        f.write(text)
+    return p
+
+
+def expect_fail(what, args, *fragments):
+    rc, out, err = bench(*args)
+    text = out + err
+    ok = check(rc != 0, "%s: exit 0, want non-zero" % what)
+    for fr in fragments:
+        ok &= check(fr in text, "%s: message lacks %r: %s" % (what, fr, text[-600:]))
+    if ok:
+        step("%s -> %s" % (what, err.strip().splitlines()[-1] if err.strip() else "?"))
+
+
+def case_errors(tmp, model):
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    dead = s.getsockname()[1]
+    s.close()
+    url = "http://127.0.0.1:%d" % dead
+    expect_fail("unreachable URL", ["--base-url", url, "--num-prompts", 2],
+                "cannot reach %s" % url, "onnect")
+    fake = Fake(tmp, model, "--first-ms", "5", "--itl-ms", "2")
+    base = ["--base-url", fake.url, "--num-prompts", 3, "--random-input-len", 8,
+            "--random-output-len", 4]
+    for r in ("0", "-1", "abc", "", "2,,3"):
+        expect_fail("--request-rate %r" % r, base + ["--request-rate", r], "--request-rate")
+    expect_fail("sweep with a zero", base + ["--request-rate-sweep", "1,0,inf"],
+                "request rate 0 must be > 0")
+    expect_fail("--random-input-len 0", base + ["--random-input-len", 0], "--random-input-len")
+    expect_fail("--random-output-len -5", base + ["--random-output-len", -5],
+                "--random-output-len")
+    expect_fail("--random-range-ratio 1.5", base + ["--random-range-ratio", 1.5],
+                "--random-range-ratio")
+    expect_fail("--max-concurrency 0", base + ["--max-concurrency", 0], "--max-concurrency")
+    expect_fail("--num-prompts 0", base + ["--num-prompts", 0], "--num-prompts")
+    sg = ["--dataset-name", "sharegpt", "--dataset-path"]
+    bad = write(tmp, "syntax.json", '[\n  {"conversations": [\n    {"from": "human" "value": "x"}'
+                '\n  ]}\n]\n')
+    expect_fail("ShareGPT syntax error", base + sg + [bad], bad, "line 3")
+    bad = write(tmp, "shape.json", '[{"conversations": [{"from": "human", "value": "hello there"},'
+                ' {"from": "gpt", "value": "hi you"}]}, {"conversations": "oops"}]')
+    expect_fail("ShareGPT wrong shape", base + sg + [bad], bad, "[1].conversations")
+    bad = write(tmp, "value.json", '[{"conversations": [{"from": "human", "value": 5},'
+                ' {"from": "gpt", "value": "hi"}]}]')
+    expect_fail("ShareGPT value not a string", base + sg + [bad], "[0].conversations[0].value")
+    bad = write(tmp, "object.json", '{"conversations": []}')
+    expect_fail("ShareGPT not a list", base + sg + [bad], "expected a JSON list")
+    expect_fail("ShareGPT missing file", base + sg + [os.path.join(tmp, "nope.json")],
+                "nope.json", "No such file")
+    expect_fail("sharegpt without a path", base + ["--dataset-name", "sharegpt"],
+                "--dataset-path")
+    expect_fail("unknown flag", base + ["--request_rate", "1"], "did you mean '--request-rate'")
+    expect_fail("--extra-request-body not an object", base + ["--extra-request-body", "[1]"],
+                "--extra-request-body: not a JSON object")
+    expect_fail("--output-csv unwritable", base + ["--output-csv", os.path.join(tmp, "no", "x")],
+                "--output-csv", "cannot write")
+
+    step("a good ShareGPT file")
+    good = write(tmp, "good.json", json.dumps([
+        {"conversations": [{"from": "human", "value": "tell me about the sea and the river"},
+                           {"from": "gpt", "value": "the river runs to the sea"}]},
+        {"conversations": [{"from": "human", "value": "only one turn here"}]},
+        {"conversations": [{"from": "human", "value": "what is a lazy dog doing all day"},
+                           {"from": "gpt", "value": "sleeping under the stars, mostly"}]},
+        {"id": "x", "conversation": [{"from": "human", "value": "seven wizards hex a clerk"},
+                                     {"from": "gpt", "value": "jolly vexed bank clerk"}]}]))
+    jpath = os.path.join(tmp, "sg.jsonl")
+    rc, out, err = bench(*(base[:2] + ["--backend", "openai-chat", "--num-prompts", 10] + sg +
+                           [good, "--sharegpt-output-len", 5, "--output-file", jpath]))
+    if check(rc == 0, "good ShareGPT: exit %d: %s" % (rc, err[-1500:])):
+        r = results(jpath)[0]
+        check(r["completed"] == 3 and r["total_output_tokens"] == 15,
+              "good ShareGPT: completed %s, output tokens %s; want 3 and 15" %
+              (r["completed"], r["total_output_tokens"]))
+        check("3 usable conversations" in err, "good ShareGPT: no note about 3 of 10: %s" % err)
+
+    step("server errors per request are failures, with messages")
+    fake2 = Fake(tmp, model, "--first-ms", "5", "--itl-ms", "2", "--fail-every", "3")
+    jpath = os.path.join(tmp, "fail.jsonl")
+    rc, out, err = bench("--base-url", fake2.url, "--num-prompts", 9, "--random-input-len", 8,
+                         "--random-output-len", 4, "--request-rate", "inf", "--output-file",
+                         jpath, "--disable-progress")
+    # request 1 is the warm-up; of the load's 2..10, 3, 6 and 9 fail
+    if check(rc == 0, "server errors: exit %d (some requests succeeded): %s" % (rc, err)):
+        r = results(jpath)[0]
+        check(r["failed"] == 3 and r["completed"] == 6, "server errors: failed %s completed %s, "
+              "want 3 and 6" % (r["failed"], r["completed"]))
+        check("3 of 9 requests failed" in err and "HTTP 400: injected failure" in err,
+              "server errors: messages not printed: %s" % err)
+    fake3 = Fake(tmp, model, "--first-ms", "5", "--itl-ms", "2", "--fail-every", "1")
+    expect_fail("every request fails", ["--base-url", fake3.url, "--num-prompts", 2,
+                                        "--random-input-len", 8, "--random-output-len", 4],
+                "every warm-up request failed", "injected failure 1")
+
+
+# ------------------------------------------------------------------ plot
+
+def case_plot(tmp, model):
+    if not shutil.which("gnuplot"):
+        print("SKIP: gnuplot is not installed (Debian gnuplot-nox; scripts/setup.sh)")
+        rc, out, err = bench("--plot", os.path.join(tmp, "x.png"), "--base-url",
+                             "http://127.0.0.1:1")
+        check(rc != 0 and "gnuplot-nox" in err, "without gnuplot: %s" % err)
+        if FAILS:
+            return
+        sys.exit(77)
+    fake = Fake(tmp, model, "--first-ms", "5", "--itl-ms", "3")
+    files = []
+    for k in range(2):
+        png = os.path.join(tmp, "sweep%d.png" % k)
+        jpath = os.path.join(tmp, "sweep%d.jsonl" % k)
+        rc, out, err = bench("--base-url", fake.url, "--num-prompts", 10, "--random-input-len",
+                             8, "--random-output-len", 4 + 4 * k, "--request-rate-sweep",
+                             "5,20,inf", "--output-file", jpath, "--plot", png,
+                             "--disable-progress")
+        check(rc == 0, "plot: exit %d: %s" % (rc, err[-1500:]))
+        check(len(results(jpath)) == 3, "plot: sweep of 3 rates wrote %d lines" %
+              len(results(jpath)))
+        files.append(jpath)
+    png = os.path.join(tmp, "both.png")
+    rc, out, err = bench("--plot-from", "short=%s,long=%s" % tuple(files), "--plot", png)
+    check(rc == 0, "plot-from: exit %d: %s" % (rc, err))
+    for p in (os.path.join(tmp, "sweep0.png"), png):
+        with open(p, "rb") as f:
+            data = f.read()
+        step("%s: %d bytes" % (p, len(data)))
+        check(data[:8] == b"\x89PNG\r\n\x1a\n", "plot: %s is not a PNG" % p)
+        check(len(data) > 20000, "plot: %s is only %d bytes" % (p, len(data)))
+
+
+# ------------------------------------------------------------------ pd
+
+class TimingProxy:
+    """A TCP proxy between the bench and the router that times every request itself: t0 when
+    the request's first byte reaches the proxy, then (from the response it relays, de-chunked
+    and cut into SSE lines) the first data event and the end of the stream. Bytes are relayed
+    as they come, so the bench sees the router's timing plus one loopback hop each way."""
+
+    def __init__(self, upstream_port):
+        self.up = upstream_port
+        self.records = []  # (ttft, e2e, events) per request, in order of completion
+        self.lock = threading.Lock()
+        self.srv = socket.socket()
+        self.srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.srv.bind(("127.0.0.1", 0))
+        self.srv.listen(256)
+        self.port = self.srv.getsockname()[1]
+        threading.Thread(target=self.accept, daemon=True).start()
+
+    def accept(self):
+        while True:
+            try:
+                c, _ = self.srv.accept()
+            except OSError:
+                return
+            u = socket.create_connection(("127.0.0.1", self.up))
+            for sk in (c, u):
+                sk.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            conn = {"t0": None}
+            threading.Thread(target=self.pump_requests, args=(c, u, conn), daemon=True).start()
+            threading.Thread(target=self.pump_responses, args=(u, c, conn), daemon=True).start()
+
+    def pump_requests(self, c, u, conn):
+        while True:
+            try:
+                d = c.recv(65536)
+            except OSError:
+                d = b""
+            if not d:
+                break
+            if conn["t0"] is None:
+                conn["t0"] = time.monotonic()  # the first byte of a new request
+            u.sendall(d)
+        try:
+            u.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
+
+    def pump_responses(self, u, c, conn):
+        raw = b""
+        state = "head"  # head -> chunks -> head (keep-alive)
+        body = b""
+        first = None
+        events = 0
+        while True:
+            try:
+                d = u.recv(65536)
+            except OSError:
+                d = b""
+            if not d:
+                break
+            now = time.monotonic()
+            raw += d
+            while True:
+                if state == "head":
+                    k = raw.find(b"\r\n\r\n")
+                    if k < 0:
+                        break
+                    head = raw[:k].lower()
+                    raw = raw[k + 4:]
+                    body, first, events = b"", None, 0
+                    if b"transfer-encoding: chunked" in head:
+                        state = "chunks"
+                    else:  # a plain body (GET /v1/models): skip it, time nothing
+                        m = re.search(rb"content-length: *(\d+)", head)
+                        state, skip = "plain", int(m.group(1)) if m else 0
+                    continue
+                if state == "plain":
+                    take = min(skip, len(raw))
+                    raw, skip = raw[take:], skip - take
+                    if skip:
+                        break
+                    conn["t0"] = None
+                    state = "head"
+                    continue
+                k = raw.find(b"\r\n")
+                if k < 0:
+                    break
+                size = int(raw[:k].split(b";")[0], 16)
+                if len(raw) < k + 2 + size + 2:
+                    break
+                body += raw[k + 2:k + 2 + size]
+                raw = raw[k + 2 + size + 2:]
+                *lines, body = body.split(b"\n")
+                for line in lines:
+                    if line.startswith(b"data:"):
+                        events += 1
+                        if first is None:
+                            first = now
+                if size == 0:  # the last chunk: this response is complete
+                    t0 = conn["t0"]
+                    with self.lock:
+                        self.records.append((first - t0, now - t0, events))
+                    conn["t0"] = None
+                    state = "head"
+            # relayed only once parsed: the next request on this connection (sent when the
+            # bench has the whole answer) must find this one's t0 cleared
+            c.sendall(d)
+
+    def close(self):
+        self.srv.close()
+
+
+def case_pd(tmp, tiny):
+    # wider and deeper than the tiny test model, so that a request takes tens of ms on the CPU
+    # and a few ms of disagreement would show against the tolerance
+    model = os.path.join(tmp, "model-256")
+    subprocess.run([os.path.join(BUILD, "tools", "pdserve-mkmodel"), "--out", model,
+                    "--hidden-size", "256", "--intermediate-size", "768", "--layers", "4",
+                    "--heads", "8", "--kv-heads", "2"], check=True, capture_output=True,
+                   timeout=60)
+    pf, dc, rt = pc.start_cluster(BUILD, tmp, model)
+    n, in_len, out_len = 12, 256, 128
+    # distinct prompts per run (seeds), so that no run is served from the other's prefix cache
+    for k, (backend, rate) in enumerate((("sglang", "inf"), ("openai", "8"))):
+        proxy = TimingProxy(rt.port)
+        step("bench (%s, rate %s, concurrency 2) through a timing proxy" % (backend, rate))
+        jpath = os.path.join(tmp, "pd-%s.jsonl" % backend)
+        rc, out, err = bench("--base-url", "http://127.0.0.1:%d" % proxy.port, "--backend",
+                             backend, "--random-input-len", in_len, "--random-output-len",
+                             out_len, "--random-range-ratio", 1, "--num-prompts", n,
+                             "--request-rate", rate, "--max-concurrency", 2, "--seed", 11 + k,
+                             "--output-file", jpath, "--disable-progress", timeout=240)
+        proxy.close()
+        if not check(rc == 0, "pd %s: exit %d: %s" % (backend, rc, err[-2000:])):
+            continue
+        r = results(jpath)[0]
+        check(r["completed"] == n and r["failed"] == 0, "pd %s: completed %s failed %s" %
+              (backend, r["completed"], r["failed"]))
+        check(r["total_output_tokens"] == n * out_len, "pd %s: output tokens %s, want %d" %
+              (backend, r["total_output_tokens"], n * out_len))
+        check(r["total_input_tokens"] == n * in_len, "pd %s: input tokens %s" %
+              (backend, r["total_input_tokens"]))
+        recs = proxy.records[1:]  # without the warm-up
+        check(len(recs) == n, "pd %s: the proxy saw %d requests" % (backend, len(recs)))
+        e2e = median([x[1] * 1e3 for x in recs])
+        step("pd %s: median E2E bench %.2f proxy %.2f ms" %
+             (backend, r["median_e2e_latency_ms"], e2e))
+        check(close(r["median_e2e_latency_ms"], e2e, 5, 0.05), "pd %s: E2E bench %.2f vs "
+              "proxy %.2f ms" % (backend, r["median_e2e_latency_ms"], e2e))
+        if backend == "sglang":
+            # every /generate event carries a token (meta_info counts it even when its text is
+            # empty), so the first event is the first token for both sides
+            ttft = median([x[0] * 1e3 for x in recs])
+            step("pd %s: median TTFT bench %.2f proxy %.2f ms" %
+                 (backend, r["median_ttft_ms"], ttft))
+            check(close(r["median_ttft_ms"], ttft, 5, 0.05), "pd %s: TTFT bench %.2f vs proxy "
+                  "%.2f ms" % (backend, r["median_ttft_ms"], ttft))
+            check(all(x[2] == out_len + 1 for x in recs), "pd sglang: events per stream %s, "
+                  "want %d tokens + [DONE]" % (sorted({x[2] for x in recs}), out_len))
+    check(pf.pool_full() and dc.pool_full(), "pd: page pools not back to full")
+    pc.kill_all()
+
+    # A burst through the router: 128 requests at once (rate inf). The router once handed h2o a
+    # Content-Type it did not own, and 1-2 answers of such a burst had garbage in the headers.
+    pf, dc, rt = pc.start_cluster(BUILD, tmp, tiny)
+    for seed in (1, 2):
+        jpath = os.path.join(tmp, "burst.jsonl")
+        rc, out, err = bench("--base-url", "http://127.0.0.1:%d" % rt.port, "--backend",
+                             "sglang", "--random-input-len", 1024, "--random-output-len", 16,
+                             "--random-range-ratio", 1, "--num-prompts", 128, "--seed", seed,
+                             "--output-file", jpath, "--disable-progress", timeout=240)
+        if check(rc == 0, "burst: exit %d: %s" % (rc, err[-2000:])):
+            r = results(jpath)[0]
+            step("burst of 128: %d completed, %d failed, %.2f s" %
+                 (r["completed"], r["failed"], r["duration"]))
+            check(r["completed"] == 128 and r["total_output_tokens"] == 128 * 16,
+                  "burst: completed %s, output tokens %s: %s" %
+                  (r["completed"], r["total_output_tokens"], err[-800:]))
+
+
+def main():
+    if not os.path.exists(BENCH):
+        print("SKIP: %s not built" % BENCH)
+        return 77
+    tmp = pc.tmpdir()
+    try:
+        model = pc.make_model(BUILD, tmp)
+        {"fake": case_fake, "arrivals": case_arrivals, "errors": case_errors,
+         "plot": case_plot, "pd": case_pd}[CASE](tmp, model)
+    finally:
+        pc.kill_all()
+    if FAILS:
+        print("%d failure(s):" % len(FAILS))
+        for f in FAILS:
+            print("  -", f)
+        return 1
+    print("ok (%s, %.1f s)" % (CASE, time.time() - T0))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
