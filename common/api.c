@@ -474,33 +474,104 @@ fail:
 
 /* ---------------------------------------------------------------- sampling */
 
-static int parse_stop(const cJSON *obj, const char *param, struct pd_api_request *r,
-                      struct pd_api_error *e) {
+/* Decodes the JSON string literal at p (already validated by cJSON) into out (at least as many
+ * bytes as the literal), keeping the NUL bytes a "\u0000" makes. Returns the decoded length. */
+static size_t json_unescape(const char *p, const char *end, char *out) {
+    size_t n = 0;
+    for (p++; p < end && *p != '"'; p++) {
+        if (*p != '\\') {
+            out[n++] = *p;
+            continue;
+        }
+        p++;
+        switch (*p) {
+        case 'b': out[n++] = '\b'; break;
+        case 'f': out[n++] = '\f'; break;
+        case 'n': out[n++] = '\n'; break;
+        case 'r': out[n++] = '\r'; break;
+        case 't': out[n++] = '\t'; break;
+        case 'u': {
+            unsigned cp = (unsigned)strtoul((char[5]){p[1], p[2], p[3], p[4], 0}, NULL, 16);
+            p += 4;
+            if (cp >= 0xD800 && cp < 0xDC00 && p + 6 < end && p[1] == '\\' && p[2] == 'u') {
+                unsigned lo = (unsigned)strtoul((char[5]){p[3], p[4], p[5], p[6], 0}, NULL, 16);
+                cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
+                p += 6;
+            }
+            if (cp < 0x80) {
+                out[n++] = (char)cp;
+            } else if (cp < 0x800) {
+                out[n++] = (char)(0xC0 | (cp >> 6));
+                out[n++] = (char)(0x80 | (cp & 0x3F));
+            } else if (cp < 0x10000) {
+                out[n++] = (char)(0xE0 | (cp >> 12));
+                out[n++] = (char)(0x80 | ((cp >> 6) & 0x3F));
+                out[n++] = (char)(0x80 | (cp & 0x3F));
+            } else {
+                out[n++] = (char)(0xF0 | (cp >> 18));
+                out[n++] = (char)(0x80 | ((cp >> 12) & 0x3F));
+                out[n++] = (char)(0x80 | ((cp >> 6) & 0x3F));
+                out[n++] = (char)(0x80 | (cp & 0x3F));
+            }
+            break;
+        }
+        default: out[n++] = *p; break; /* " \\ / */
+        }
+    }
+    return n;
+}
+
+/* One stop string from its raw literal (raw_len bytes starting at '"'), NUL bytes kept. */
+static int add_stop(struct pd_api_request *r, const char *raw, size_t raw_len, const char *param,
+                    struct pd_api_error *e) {
+    char *s = pd_malloc(raw_len + 1);
+    if (!s)
+        return oom(e);
+    size_t n = json_unescape(raw, raw + raw_len, s);
+    s[n] = '\0';
+    if (n == 0) {
+        pd_free(s);
+        return PD_OK;
+    }
+    if (r->n_stop == PD_API_MAX_STOP) {
+        pd_free(s);
+        return bad(e, param, "'%s' has more than %d strings", param, PD_API_MAX_STOP);
+    }
+    r->stop[r->n_stop] = s;
+    r->stop_len[r->n_stop++] = n;
+    return PD_OK;
+}
+
+/* stop: a string or a list of strings, decoded from the object's raw text (obj_raw, obj_len
+ * bytes) so that a "\u0000" inside one stays part of it. */
+static int parse_stop(const cJSON *obj, const char *obj_raw, size_t obj_len, const char *param,
+                      struct pd_api_request *r, struct pd_api_error *e) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, "stop");
     if (!v || cJSON_IsNull(v))
         return PD_OK;
-    if (cJSON_IsString(v)) {
-        if (!v->valuestring[0])
-            return PD_OK;
-        if (!(r->stop[0] = pd_strdup(v->valuestring)))
-            return oom(e);
-        r->n_stop = 1;
-        return PD_OK;
-    }
-    if (!cJSON_IsArray(v))
+    if (!cJSON_IsString(v) && !cJSON_IsArray(v))
         return bad(e, param, "'%s' must be a string or a list of strings, got %s", param,
                    type_name(v));
     const cJSON *it;
     cJSON_ArrayForEach(it, v) {
         if (!cJSON_IsString(it))
             return bad(e, param, "'%s' must hold strings, got %s", param, type_name(it));
-        if (!it->valuestring[0])
-            continue;
-        if (r->n_stop == PD_API_MAX_STOP)
-            return bad(e, param, "'%s' has more than %d strings", param, PD_API_MAX_STOP);
-        if (!(r->stop[r->n_stop] = pd_strdup(it->valuestring)))
-            return oom(e);
-        r->n_stop++;
+    }
+    const char *raw;
+    size_t raw_len;
+    if (!obj_raw || !raw_member(obj_raw, obj_len, "stop", &raw, &raw_len))
+        return bad(e, param, "'%s' could not be read (a key written with escapes?)", param);
+    const char *p = raw, *end = raw + raw_len;
+    if (*p == '"')
+        return add_stop(r, p, raw_len, param, e);
+    for (p = skip_ws(p + 1, end); p < end && *p != ']';) {
+        const char *q = skip_value(p, end);
+        int rc = add_stop(r, p, (size_t)(q - p), param, e);
+        if (rc)
+            return rc;
+        p = skip_ws(q, end);
+        if (p < end && *p == ',')
+            p = skip_ws(p + 1, end);
     }
     return PD_OK;
 }
@@ -525,8 +596,8 @@ static int parse_stop_ids(const cJSON *obj, const char *param, struct pd_samplin
 
 /* The sampling fields shared by all three endpoints. obj is sampling_params (generate) or the
  * body (OpenAI); pfx is prepended to param names ("sampling_params." or ""). */
-static int parse_sampling(const cJSON *obj, const char *pfx, struct pd_api_request *r,
-                          struct pd_api_error *e) {
+static int parse_sampling(const cJSON *obj, const char *obj_raw, size_t obj_len, const char *pfx,
+                          struct pd_api_request *r, struct pd_api_error *e) {
     struct pd_sampling_params *sp = &r->sampling;
     char p[96];
 #define P(name) (snprintf(p, sizeof(p), "%s%s", pfx, name), p)
@@ -551,7 +622,7 @@ static int parse_sampling(const cJSON *obj, const char *pfx, struct pd_api_reque
                        &r->skip_special_tokens, e)) ||
         (rc = get_bool(obj, "no_stop_trim", P("no_stop_trim"), &r->no_stop_trim, e)) ||
         (rc = get_int(obj, "min_tokens", P("min_tokens"), 0, INT32_MAX, &r->min_tokens, NULL, e)) ||
-        (rc = parse_stop(obj, P("stop"), r, e)) ||
+        (rc = parse_stop(obj, obj_raw, obj_len, P("stop"), r, e)) ||
         (rc = parse_stop_ids(obj, P("stop_token_ids"), sp, e)))
         return rc;
     int n = 1;
@@ -578,9 +649,10 @@ static int parse_max_tokens(const cJSON *obj, const char *key, const char *param
                    &r->max_tokens_given, e);
 }
 
-static int parse_openai(const cJSON *root, struct pd_api_request *r, struct pd_api_error *e) {
+static int parse_openai(const cJSON *root, const char *body, size_t len, struct pd_api_request *r,
+                        struct pd_api_error *e) {
     int rc;
-    if ((rc = parse_sampling(root, "", r, e)))
+    if ((rc = parse_sampling(root, body, len, "", r, e)))
         return rc;
     if (r->kind == PD_API_CHAT) {
         if ((rc = parse_max_tokens(root, "max_tokens", "max_tokens", 1, r, e)) ||
@@ -620,11 +692,12 @@ static int parse_openai(const cJSON *root, struct pd_api_request *r, struct pd_a
             r->return_logprob = true;
             r->sampling.n_logprobs = lp;
         }
-        bool echo = false;
-        if ((rc = get_bool(root, "echo", "echo", &echo, e)))
+        if ((rc = get_bool(root, "echo", "echo", &r->echo, e)))
             return rc;
-        if (echo)
-            return bad(e, "echo", "'echo' is not supported");
+        if (r->echo && r->return_logprob)
+            return bad(e, "echo",
+                       "'echo' with 'logprobs' asks for the prompt's logprobs, which pdserve "
+                       "does not compute; send 'echo' without 'logprobs'");
         const cJSON *suffix = cJSON_GetObjectItemCaseSensitive(root, "suffix");
         if (cJSON_IsString(suffix) && suffix->valuestring[0])
             return bad(e, "suffix", "'suffix' is not supported");
@@ -656,16 +729,21 @@ static int parse_openai(const cJSON *root, struct pd_api_request *r, struct pd_a
     return get_string(root, "rid", "rid", &r->rid, e);
 }
 
-static int parse_generate(const cJSON *root, struct pd_api_request *r, struct pd_api_error *e) {
+static int parse_generate(const cJSON *root, const char *body, size_t len, struct pd_api_request *r,
+                          struct pd_api_error *e) {
     int rc;
     const cJSON *sp = cJSON_GetObjectItemCaseSensitive(root, "sampling_params");
+    const char *sp_raw = NULL;
+    size_t sp_len = 0;
+    if (!raw_member(body, len, "sampling_params", &sp_raw, &sp_len))
+        sp_raw = NULL;
     if (sp && !cJSON_IsNull(sp)) {
         if (cJSON_IsArray(sp))
             return batch_unsupported(e, "sampling_params");
         if (!cJSON_IsObject(sp))
             return bad(e, "sampling_params", "'sampling_params' must be an object, got %s",
                        type_name(sp));
-        if ((rc = parse_sampling(sp, "sampling_params.", r, e)) ||
+        if ((rc = parse_sampling(sp, sp_raw, sp_len, "sampling_params.", r, e)) ||
             (rc =
                  parse_max_tokens(sp, "max_new_tokens", "sampling_params.max_new_tokens", 0, r, e)))
             return rc;
@@ -797,8 +875,8 @@ int pd_api_parse(enum pd_api_kind kind, const char *body, size_t len,
         rc = parse_completion_prompt(root, r, e);
     else
         rc = parse_messages(root, r, e);
-    if (rc ||
-        (rc = kind == PD_API_GENERATE ? parse_generate(root, r, e) : parse_openai(root, r, e)))
+    if (rc || (rc = kind == PD_API_GENERATE ? parse_generate(root, body, len, r, e)
+                                            : parse_openai(root, body, len, r, e)))
         goto fail;
     if (kind != PD_API_GENERATE && (rc = check_model(root, cfg, r, e)))
         goto fail;
@@ -814,6 +892,407 @@ fail:
     cJSON_Delete(root);
     pd_api_request_free(r);
     r->kind = kind;
+    return rc;
+}
+
+/* ---------------------------------------------------------------- stop strings */
+
+int pd_api_find_stop(const struct pd_api_request *r, const char *text, size_t len, size_t before,
+                     size_t *at) {
+    for (int i = 0; i < r->n_stop; i++) {
+        size_t l = r->stop_len[i];
+        size_t from = before > l ? before - l : 0; /* a match may straddle the old end */
+        if (l == 0 || len < from + l)
+            continue;
+        const char *m = memmem(text + from, len - from, r->stop[i], l);
+        if (m) {
+            *at = (size_t)(m - text);
+            return i;
+        }
+    }
+    return -1;
+}
+
+/* ---------------------------------------------------------------- fan-out */
+
+void pd_api_split_free(struct pd_api_split *s) {
+    if (!s)
+        return;
+    for (int k = 0; s->bodies && k < s->count; k++)
+        pd_free(s->bodies[k]);
+    pd_free(s->bodies);
+    pd_free(s->rid);
+    memset(s, 0, sizeof(*s));
+}
+
+/* The raw text of each item of the JSON list at raw (raw_len bytes, validated): up to cap. */
+static int raw_items(const char *raw, size_t raw_len, const char **items, size_t *lens, int cap) {
+    const char *p = raw, *end = raw + raw_len;
+    int n = 0;
+    if (p >= end || *p != '[')
+        return -1;
+    for (p = skip_ws(p + 1, end); p < end && *p != ']';) {
+        const char *q = skip_value(p, end);
+        if (n == cap)
+            return -1;
+        items[n] = p;
+        lens[n++] = (size_t)(q - p);
+        p = skip_ws(q, end);
+        if (p < end && *p == ',')
+            p = skip_ws(p + 1, end);
+    }
+    return n;
+}
+
+/* Replaces obj[key] with a copy of item (NULL: removes it). */
+static int put_item(cJSON *obj, const char *key, const cJSON *item) {
+    cJSON_DeleteItemFromObjectCaseSensitive(obj, key);
+    if (!item)
+        return PD_OK;
+    cJSON *c = cJSON_Duplicate(item, true);
+    if (!c || !cJSON_AddItemToObject(obj, key, c)) {
+        cJSON_Delete(c);
+        return PD_ENOMEM;
+    }
+    return PD_OK;
+}
+
+/* The prompt list of a batch body (NULL: one prompt) and the key it lives under. */
+static const cJSON *batch_list(enum pd_api_kind kind, const cJSON *root, const char **key) {
+    if (kind == PD_API_GENERATE) {
+        const cJSON *text = cJSON_GetObjectItemCaseSensitive(root, "text");
+        const cJSON *ids = cJSON_GetObjectItemCaseSensitive(root, "input_ids");
+        if (cJSON_IsArray(text)) {
+            *key = "text";
+            return text;
+        }
+        if (cJSON_IsArray(ids) &&
+            (cJSON_GetArraySize(ids) == 0 || cJSON_IsArray(cJSON_GetArrayItem(ids, 0)))) {
+            *key = "input_ids";
+            return ids;
+        }
+    } else if (kind == PD_API_COMPLETIONS) {
+        const cJSON *p = cJSON_GetObjectItemCaseSensitive(root, "prompt");
+        const cJSON *first = cJSON_GetArrayItem(p, 0);
+        if (cJSON_IsArray(p) && (!first || cJSON_IsString(first) || cJSON_IsArray(first))) {
+            *key = "prompt";
+            return p;
+        }
+    }
+    return NULL;
+}
+
+/* n of an object (absent or null: 1); 400 outside [1, PD_API_MAX_N]. */
+static int samples_of(const cJSON *obj, const char *param, int *n, struct pd_api_error *e) {
+    *n = 1;
+    return get_int(obj, "n", param, 1, PD_API_MAX_N, n, NULL, e);
+}
+
+/* Per-prompt generate fields SGLang accepts as lists (one entry per prompt). */
+static const char *const per_prompt_keys[] = {"sampling_params", "return_logprob",
+                                              "logprob_start_len", "top_logprobs_num"};
+
+/* Sub-request k's rid: the client's list entry, or "<rid>_<j>" derived from a shared one. */
+static int sub_rid(const cJSON *rid, int k, int n, int count, int n_prompts, char *buf, size_t cap,
+                   struct pd_api_error *e) {
+    buf[0] = '\0';
+    if (!rid || cJSON_IsNull(rid))
+        return PD_OK;
+    if (cJSON_IsString(rid)) {
+        snprintf(buf, cap, "%s_%d", rid->valuestring, k);
+        return PD_OK;
+    }
+    int len = cJSON_IsArray(rid) ? cJSON_GetArraySize(rid) : -1;
+    const cJSON *it = NULL;
+    if (len == count)
+        it = cJSON_GetArrayItem(rid, k);
+    else if (len == n_prompts)
+        it = cJSON_GetArrayItem(rid, k / n);
+    if (!cJSON_IsString(it))
+        return bad(e, "rid",
+                   "'rid' must be a string or a list of %d strings (one per sub-request) or "
+                   "of %d (one per prompt)",
+                   count, n_prompts);
+    if (len == count)
+        snprintf(buf, cap, "%s", it->valuestring);
+    else
+        snprintf(buf, cap, "%s_%d", it->valuestring, k % n);
+    return PD_OK;
+}
+
+/* bootstrap_host / bootstrap_port: a list with one entry per sub-request, or one for all. */
+static int sub_bootstrap(cJSON *sub, const cJSON *root, const char *key, int k, int count,
+                         struct pd_api_error *e) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, key);
+    if (!cJSON_IsArray(v))
+        return PD_OK;
+    if (cJSON_GetArraySize(v) != count)
+        return bad(e, key, "'%s' must be a list of %d entries (one per sub-request), got %d", key,
+                   count, cJSON_GetArraySize(v));
+    return put_item(sub, key, cJSON_GetArrayItem(v, k)) ? oom(e) : PD_OK;
+}
+
+int pd_api_split(enum pd_api_kind kind, const char *body, size_t len,
+                 const struct pd_api_config *cfg, struct pd_api_split *out,
+                 struct pd_api_error *e) {
+    memset(out, 0, sizeof(*out));
+    memset(e, 0, sizeof(*e));
+    out->count = out->n = out->n_prompts = 1;
+    const char **rooms = NULL;
+    size_t *room_lens = NULL;
+    cJSON *sub = NULL;
+    if (!pd_api_utf8_valid(body, len, NULL))
+        return PD_OK; /* pd_api_parse says what is wrong */
+    cJSON *root = cJSON_ParseWithLength(body, len);
+    if (!cJSON_IsObject(root)) {
+        cJSON_Delete(root);
+        return PD_OK;
+    }
+    int rc = PD_OK;
+    const char *list_key = NULL;
+    const cJSON *list = batch_list(kind, root, &list_key);
+    int n_prompts = list ? cJSON_GetArraySize(list) : 1;
+    if (n_prompts == 0) {
+        rc = bad(e, list_key, "'%s' must not be empty", list_key);
+        goto done;
+    }
+    int n = 1;
+    const cJSON *sp = cJSON_GetObjectItemCaseSensitive(root, "sampling_params");
+    if (kind != PD_API_GENERATE) {
+        rc = samples_of(root, "n", &n, e);
+    } else if (cJSON_IsObject(sp)) {
+        rc = samples_of(sp, "sampling_params.n", &n, e);
+    } else if (cJSON_IsArray(sp)) { /* one per prompt: n must agree */
+        const cJSON *it;
+        int i = 0;
+        cJSON_ArrayForEach(it, sp) {
+            int ni = 1;
+            if (cJSON_IsObject(it) && (rc = samples_of(it, "sampling_params.n", &ni, e)))
+                break;
+            if (i++ == 0)
+                n = ni;
+            else if (ni != n) {
+                rc = bad(e, "sampling_params",
+                         "every 'sampling_params' entry must have the same "
+                         "'n'");
+                break;
+            }
+        }
+    }
+    if (rc)
+        goto done;
+    long long count = (long long)n_prompts * n;
+    if (count > PD_API_MAX_FANOUT) {
+        rc = bad(e, n > 1 ? "n" : list_key,
+                 "the request fans out into %lld sub-requests (%d prompts x n = %d): at most %d",
+                 count, n_prompts, n, PD_API_MAX_FANOUT);
+        goto done;
+    }
+    out->n = n;
+    out->n_prompts = n_prompts;
+    out->batch = list != NULL;
+    out->count = (int)count;
+    if (count == 1 && !list)
+        goto done;
+    if (list && kind == PD_API_GENERATE)
+        for (size_t i = 0; i < PD_ARRAY_LEN(per_prompt_keys); i++) {
+            const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, per_prompt_keys[i]);
+            if (cJSON_IsArray(v) && cJSON_GetArraySize(v) != n_prompts) {
+                rc = bad(e, per_prompt_keys[i], "'%s' must have one entry per prompt (%d), got %d",
+                         per_prompt_keys[i], n_prompts, cJSON_GetArraySize(v));
+                goto done;
+            }
+        }
+    /* bootstrap_room: raw list items, so 64-bit rooms stay exact */
+    const cJSON *room = cJSON_GetObjectItemCaseSensitive(root, "bootstrap_room");
+    const char *room_raw = NULL;
+    size_t room_raw_len = 0;
+    if (cJSON_IsArray(room)) {
+        rooms = pd_calloc((size_t)count, sizeof(*rooms));
+        room_lens = pd_calloc((size_t)count, sizeof(*room_lens));
+        if (!rooms || !room_lens) {
+            rc = oom(e);
+            goto done;
+        }
+        if (!raw_member(body, len, "bootstrap_room", &room_raw, &room_raw_len) ||
+            cJSON_GetArraySize(room) != count ||
+            raw_items(room_raw, room_raw_len, rooms, room_lens, (int)count) != count) {
+            rc = bad(e, "bootstrap_room",
+                     "'bootstrap_room' must be a list of %lld rooms (one per sub-request: %d "
+                     "prompts x n = %d), got %d",
+                     count, n_prompts, n, cJSON_GetArraySize(room));
+            goto done;
+        }
+    } else if (cfg && cfg->disaggregated && room && !cJSON_IsNull(room)) {
+        rc = bad(e, "bootstrap_room",
+                 "the request fans out into %lld sub-requests (%d prompts x n = %d): "
+                 "'bootstrap_room' must be a list of %lld rooms",
+                 count, n_prompts, n, count);
+        goto done;
+    }
+    if (!(out->bodies = pd_calloc((size_t)count, sizeof(char *)))) {
+        rc = oom(e);
+        goto done;
+    }
+    size_t total = 0; /* n copies of a long prompt: bounded, not n x the body limit */
+    const cJSON *rid = cJSON_GetObjectItemCaseSensitive(root, "rid");
+    if (cJSON_IsString(rid) && !(out->rid = pd_strdup(rid->valuestring))) {
+        rc = oom(e);
+        goto done;
+    }
+    for (int k = 0; k < count; k++) {
+        int i = k / n;
+        char rbuf[256];
+        if (!(sub = cJSON_Duplicate(root, true))) {
+            rc = oom(e);
+            goto done;
+        }
+        if (list && put_item(sub, list_key, cJSON_GetArrayItem(list, i))) {
+            rc = oom(e);
+            goto done;
+        }
+        if (list && kind == PD_API_GENERATE)
+            for (size_t f = 0; f < PD_ARRAY_LEN(per_prompt_keys); f++) {
+                const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, per_prompt_keys[f]);
+                if (cJSON_IsArray(v) &&
+                    put_item(sub, per_prompt_keys[f], cJSON_GetArrayItem(v, i))) {
+                    rc = oom(e);
+                    goto done;
+                }
+            }
+        if (kind == PD_API_GENERATE) {
+            cJSON *ssp = cJSON_GetObjectItemCaseSensitive(sub, "sampling_params");
+            if (cJSON_IsObject(ssp))
+                cJSON_DeleteItemFromObjectCaseSensitive(ssp, "n");
+        } else {
+            cJSON_DeleteItemFromObjectCaseSensitive(sub, "n");
+        }
+        if ((rc = sub_rid(rid, k, n, (int)count, n_prompts, rbuf, sizeof(rbuf), e)))
+            goto done;
+        if (rbuf[0]) {
+            cJSON_DeleteItemFromObjectCaseSensitive(sub, "rid");
+            if (!cJSON_AddStringToObject(sub, "rid", rbuf)) {
+                rc = oom(e);
+                goto done;
+            }
+        }
+        if ((rc = sub_bootstrap(sub, root, "bootstrap_host", k, (int)count, e)) ||
+            (rc = sub_bootstrap(sub, root, "bootstrap_port", k, (int)count, e)))
+            goto done;
+        if (rooms) {
+            char num[40];
+            if (room_lens[k] >= sizeof(num)) {
+                rc = bad(e, "bootstrap_room", "'bootstrap_room'[%d] must be an integer", k);
+                goto done;
+            }
+            memcpy(num, rooms[k], room_lens[k]);
+            num[room_lens[k]] = '\0';
+            cJSON_DeleteItemFromObjectCaseSensitive(sub, "bootstrap_room");
+            if (!cJSON_AddRawToObject(sub, "bootstrap_room", num)) {
+                rc = oom(e);
+                goto done;
+            }
+        }
+        if (!(out->bodies[k] = cJSON_PrintUnformatted(sub))) {
+            rc = oom(e);
+            goto done;
+        }
+        total += strlen(out->bodies[k]);
+        if (total > PD_API_MAX_FANOUT_BYTES) {
+            rc = bad(e, n > 1 ? "n" : list_key,
+                     "the request fans out into %lld sub-requests whose bodies exceed %u MiB "
+                     "together: send fewer samples or shorter prompts",
+                     count, PD_API_MAX_FANOUT_BYTES >> 20);
+            goto done;
+        }
+        cJSON_Delete(sub);
+        sub = NULL;
+    }
+done:
+    cJSON_Delete(sub);
+    cJSON_Delete(root);
+    pd_free(rooms);
+    pd_free(room_lens);
+    if (rc)
+        pd_api_split_free(out);
+    return rc;
+}
+
+int pd_api_merge(enum pd_api_kind kind, int n, char *const *bodies, int count, char **out) {
+    *out = NULL;
+    if (kind == PD_API_GENERATE) { /* a list of the bodies as they are */
+        size_t total = 3;
+        for (int k = 0; k < count; k++)
+            total += strlen(bodies[k]) + 1;
+        char *s = pd_malloc(total), *o = s;
+        if (!s)
+            return pd_errorf(PD_ENOMEM, "out of memory rendering a batch answer");
+        *o++ = '[';
+        for (int k = 0; k < count; k++) {
+            size_t l = strlen(bodies[k]);
+            if (k)
+                *o++ = ',';
+            memcpy(o, bodies[k], l);
+            o += l;
+        }
+        *o++ = ']';
+        *o = '\0';
+        *out = s;
+        return PD_OK;
+    }
+    cJSON *root = NULL, *sub = NULL;
+    double prompt = 0, completion = 0, cached = 0;
+    int rc = PD_OK;
+    for (int k = 0; k < count; k++) {
+        sub = cJSON_Parse(bodies[k]);
+        cJSON *choices = cJSON_GetObjectItemCaseSensitive(sub, "choices");
+        cJSON *usage = cJSON_GetObjectItemCaseSensitive(sub, "usage");
+        cJSON *c = cJSON_DetachItemFromArray(choices, 0);
+        if (!c) {
+            rc = pd_errorf(PD_EINVAL, "sub-request %d's answer has no choice", k);
+            goto fail;
+        }
+        cJSON *idx = cJSON_GetObjectItemCaseSensitive(c, "index");
+        if (idx)
+            cJSON_SetNumberValue(idx, k);
+        else
+            cJSON_AddNumberToObject(c, "index", k);
+        if (k % n == 0) {
+            prompt +=
+                cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(usage, "prompt_tokens"));
+            cached += cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(
+                cJSON_GetObjectItemCaseSensitive(usage, "prompt_tokens_details"), "cached_tokens"));
+        }
+        completion +=
+            cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(usage, "completion_tokens"));
+        if (!root) {
+            root = sub;
+            sub = NULL;
+        }
+        if (!cJSON_AddItemToArray(cJSON_GetObjectItemCaseSensitive(root, "choices"), c)) {
+            cJSON_Delete(c);
+            rc = pd_errorf(PD_ENOMEM, "out of memory rendering a batch answer");
+            goto fail;
+        }
+        cJSON_Delete(sub);
+        sub = NULL;
+    }
+    cJSON *usage = cJSON_GetObjectItemCaseSensitive(root, "usage");
+    if (usage) {
+        cJSON_SetNumberValue(cJSON_GetObjectItemCaseSensitive(usage, "prompt_tokens"), prompt);
+        cJSON_SetNumberValue(cJSON_GetObjectItemCaseSensitive(usage, "completion_tokens"),
+                             completion);
+        cJSON_SetNumberValue(cJSON_GetObjectItemCaseSensitive(usage, "total_tokens"),
+                             prompt + completion);
+        cJSON_SetNumberValue(
+            cJSON_GetObjectItemCaseSensitive(
+                cJSON_GetObjectItemCaseSensitive(usage, "prompt_tokens_details"), "cached_tokens"),
+            cached);
+    }
+    return print_json(root, out);
+fail:
+    cJSON_Delete(sub);
+    cJSON_Delete(root);
     return rc;
 }
 
@@ -846,6 +1325,12 @@ int pd_api_check_length(struct pd_api_request *r, int n_prompt_tokens, int conte
                                                         : "text";
     if (n_prompt_tokens <= 0)
         return bad(e, param, "the prompt is empty");
+    if (r->return_logprob && r->logprob_start_len >= 0 && r->logprob_start_len < n_prompt_tokens)
+        /* better a clear refusal than an answer silently missing what was asked for */
+        return bad(e, "logprob_start_len",
+                   "'logprob_start_len' %d asks for prompt logprobs (input_token_logprobs), "
+                   "which pdserve does not compute; omit it or send -1 (output logprobs only)",
+                   r->logprob_start_len);
     if (context_length <= 0)
         return PD_OK;
     if (n_prompt_tokens >= context_length)
@@ -928,6 +1413,11 @@ static cJSON *add_text(cJSON *obj, const char *key, const char *s, size_t len) {
     if (tmp != small)
         pd_free(tmp);
     return v;
+}
+
+/* matched_stop's bytes: its length when the daemon gave one (it may hold NUL), else strlen. */
+static size_t stop_len(const struct pd_api_result *res) {
+    return res->matched_stop_len ? res->matched_stop_len : strlen(res->matched_stop);
 }
 
 static const char *finish_str(enum pd_api_finish f) {
@@ -1040,7 +1530,7 @@ int pd_api_render_generate(const struct pd_api_request *r, const struct pd_api_r
         cJSON_AddStringToObject(fr, "type", finish_str(res->finish));
         if (res->finish == PD_API_FINISH_STOP) {
             if (res->matched_stop)
-                cJSON_AddStringToObject(fr, "matched", res->matched_stop);
+                add_text(fr, "matched", res->matched_stop, stop_len(res));
             else if (res->matched_token >= 0)
                 cJSON_AddNumberToObject(fr, "matched", res->matched_token);
             else
@@ -1056,6 +1546,8 @@ int pd_api_render_generate(const struct pd_api_request *r, const struct pd_api_r
     cJSON_AddNumberToObject(mi, "completion_tokens", res->completion_tokens);
     cJSON_AddNumberToObject(mi, "cached_tokens", res->cached_tokens);
     cJSON_AddNumberToObject(mi, "e2e_latency", res->e2e_latency);
+    if (res->has_index)
+        cJSON_AddNumberToObject(root, "index", res->index);
     if (r->return_logprob) {
         cJSON_AddItemToObject(mi, "output_token_logprobs", sglang_logprobs(res, false));
         if (r->sampling.n_logprobs > 0)
@@ -1167,7 +1659,7 @@ static int render_openai(const struct pd_api_request *r, const struct pd_api_res
         cJSON_Delete(c);
         goto fail;
     }
-    cJSON_AddNumberToObject(c, "index", 0);
+    cJSON_AddNumberToObject(c, "index", res->index);
     const char *text = res->text ? res->text : "";
     if (!chat) {
         if (!add_text(c, "text", text, res->text_len))
@@ -1186,7 +1678,7 @@ static int render_openai(const struct pd_api_request *r, const struct pd_api_res
     add_finish_reason(c, "finish_reason", openai_finish(res->finish));
     if (!chunk) {
         if (res->finish == PD_API_FINISH_STOP && res->matched_stop)
-            cJSON_AddStringToObject(c, "matched_stop", res->matched_stop);
+            add_text(c, "matched_stop", res->matched_stop, stop_len(res));
         else if (res->finish == PD_API_FINISH_STOP && res->matched_token >= 0)
             cJSON_AddNumberToObject(c, "matched_stop", res->matched_token);
         cJSON_AddItemToObject(root, "usage", usage_json(res));

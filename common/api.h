@@ -9,9 +9,12 @@
  * names the field and what is allowed) and return PD_EINVAL; the daemon renders it with
  * pd_api_error_render. Only a failed allocation returns PD_ENOMEM (and a 500 error).
  *
- * Supported: one prompt per request. A batch (text/prompt as a list of strings, input_ids as a
- * list of lists), n != 1 and a non-empty logit_bias are refused with a 400 that names the field.
- * bootstrap_room is read exactly from the body text (a double would round ids above 2^53).
+ * pd_api_parse takes one prompt and one sample. A batch (text/prompt as a list of strings,
+ * input_ids / prompt as a list of lists) and n > 1 are first cut by pd_api_split into one body per
+ * (prompt, sample), SGLang's fan-out: each sub-request has its own rid and bootstrap_room, and the
+ * daemon assembles the answers (pd_api_merge). A non-empty logit_bias is refused with a 400.
+ * bootstrap_room is read exactly from the body text (a double would round ids above 2^53), and
+ * stop strings exactly too (a "\u0000" in one is kept: cJSON strings would end there).
  */
 #ifndef PD_API_H
 #define PD_API_H
@@ -31,8 +34,11 @@ enum pd_api_kind {
     PD_API_CHAT = 2,        /* POST /v1/chat/completions */
 };
 
-#define PD_API_MAX_STOP 16             /* stop strings per request */
-#define PD_API_DEFAULT_BODY (8u << 20) /* bytes: default request body limit */
+#define PD_API_MAX_STOP 16                  /* stop strings per request */
+#define PD_API_MAX_N 128                    /* n (parallel samples) per prompt */
+#define PD_API_MAX_FANOUT 1024              /* sub-requests per body: prompts x n */
+#define PD_API_MAX_FANOUT_BYTES (64u << 20) /* bytes of all sub-request bodies together */
+#define PD_API_DEFAULT_BODY (8u << 20)      /* bytes: default request body limit */
 #define PD_API_DEFAULT_BOOTSTRAP_PORT 8998
 
 struct pd_api_error {
@@ -78,11 +84,13 @@ struct pd_api_request {
 
     struct pd_sampling_params sampling; /* max_new_tokens, temperature, ..., n_logprobs */
     bool max_tokens_given;              /* false: chat defaults to the rest of the context */
-    char *stop[PD_API_MAX_STOP];        /* heap strings */
+    char *stop[PD_API_MAX_STOP];        /* heap strings; may hold NUL bytes: */
+    size_t stop_len[PD_API_MAX_STOP];   /* bytes of each (matching is byte-exact) */
     int n_stop;
     int min_tokens;           /* EOS/stop ignored before this many tokens */
     bool skip_special_tokens; /* default true */
     bool no_stop_trim;        /* SGLang: keep the matched stop string in the text */
+    bool echo;                /* completions: the answer's text starts with the prompt's */
 
     bool return_logprob; /* generate return_logprob, completions logprobs != null, chat logprobs */
     int logprob_start_len; /* generate; -1 = none of the prompt */
@@ -101,6 +109,42 @@ int pd_api_parse(enum pd_api_kind kind, const char *body, size_t len,
                  struct pd_api_error *e);
 void pd_api_request_free(struct pd_api_request *r);
 
+/* Stop strings in generated text, byte-exact (either may hold NUL bytes): text[0..len) grew from
+ * `before` bytes; the first of r's stop strings (in the request's order) found in the part that
+ * could hold a new match. Returns its index and *at = its offset, or -1. */
+int pd_api_find_stop(const struct pd_api_request *r, const char *text, size_t len, size_t before,
+                     size_t *at);
+
+/* A body cut into sub-requests (SGLang's batch / parallel-sampling fan-out). Sub-request k is
+ * prompt k / n, sample k % n (prompt-major, the order of OpenAI's choices). Each body is the
+ * client's with the prompt (and per-prompt lists: sampling_params, return_logprob,
+ * logprob_start_len, top_logprobs_num) narrowed to that prompt, n removed, and rid /
+ * bootstrap_host / bootstrap_port / bootstrap_room taken from entry k of their lists. A rid
+ * string (or a list with one rid per prompt when n > 1) becomes "<rid>_<k>" (per prompt:
+ * "<rid>_<sample>"), as SGLang names parallel samples. */
+struct pd_api_split {
+    int count;     /* sub-requests: n_prompts * n */
+    int n;         /* samples per prompt, [1, PD_API_MAX_N] */
+    int n_prompts; /* 1 unless batch */
+    bool batch;    /* the prompt was a list: /generate answers a JSON list */
+    char **bodies; /* [count] heap JSON; NULL when count is 1 and !batch: use the body as is */
+    char *rid;     /* the client's rid when it was one string (heap), else NULL */
+};
+/* Cuts body for kind. A body pd_api_parse would refuse anyway (bad JSON, wrong types) comes back
+ * as count 1 and no bodies, so that its error is pd_api_parse's. 400 for n outside
+ * [1, PD_API_MAX_N], more than PD_API_MAX_FANOUT sub-requests, an empty prompt list, per-prompt
+ * lists of the wrong length, or (cfg->disaggregated) a bootstrap_room that is not a list of count
+ * rooms when count > 1. */
+int pd_api_split(enum pd_api_kind kind, const char *body, size_t len,
+                 const struct pd_api_config *cfg, struct pd_api_split *out, struct pd_api_error *e);
+void pd_api_split_free(struct pd_api_split *s);
+
+/* Assembles the sub-requests' final bodies (bodies[k] = sub-request k's rendered answer):
+ * /generate → a JSON list of them; OpenAI → the first body with every body's choices[0] (index k)
+ * and usage summed (prompt and cached tokens once per prompt: k % n == 0; completion tokens all).
+ * *out heap. PD_EINVAL when a body is not the JSON it should be, PD_ENOMEM. */
+int pd_api_merge(enum pd_api_kind kind, int n, char *const *bodies, int count, char **out);
+
 /* Renders a chat request's messages through the model's template (chat_template_kwargs become
  * template variables). Template errors (raise_exception) are the user's: a 400. *out heap. */
 int pd_api_render_chat_prompt(const struct pd_api_request *r, const struct pd_chat_template *t,
@@ -109,7 +153,8 @@ int pd_api_render_chat_prompt(const struct pd_api_request *r, const struct pd_ch
 
 /* After tokenizing: refuses a prompt that does not fit the context (the message names both
  * lengths) or prompt + max_new_tokens beyond it, and sets chat's default max_new_tokens to the
- * rest of the context. context_length <= 0 skips the checks. */
+ * rest of the context. context_length <= 0 skips the checks. Also refuses a request for prompt
+ * logprobs (return_logprob with logprob_start_len inside the prompt): not computed. */
 int pd_api_check_length(struct pd_api_request *r, int n_prompt_tokens, int context_length,
                         struct pd_api_error *e);
 /* Every input id and stop token id must be in [0, vocab). */
@@ -150,6 +195,9 @@ struct pd_api_result {
     enum pd_api_finish finish;
     int32_t matched_token;     /* finish STOP on a token: its id; -1 otherwise */
     const char *matched_stop;  /* finish STOP on a stop string: it; NULL otherwise */
+    size_t matched_stop_len;   /* its bytes (it may hold NUL) */
+    int index;                 /* OpenAI choices[].index; /generate "index" when has_index */
+    bool has_index;            /* a batch /generate stream event: SGLang adds "index" */
     const char *abort_message; /* finish ABORT: why */
     double e2e_latency;        /* seconds */
     /* logprobs of the tokens this body covers (generate: all so far; OpenAI chunk: the delta) */

@@ -143,9 +143,9 @@ void pd_backend_kv_store(struct pd_backend *be, const struct pd_kv_layout *kv, i
 }
 
 void pd_backend_attention(struct pd_backend *be, const struct pd_kv_layout *kv, int layer,
-                          const float *q, int heads, float scale, float *out) {
-    PD_ASSERT(layer >= 0 && layer < kv->n_layers && heads % kv->kv_heads == 0);
-    be->ops->attention(be, kv, layer, q, heads, scale, out);
+                          const float *q, int heads, float scale, int window, float *out) {
+    PD_ASSERT(layer >= 0 && layer < kv->n_layers && heads % kv->kv_heads == 0 && window >= 0);
+    be->ops->attention(be, kv, layer, q, heads, scale, window, out);
 }
 
 void pd_backend_gather_out_rows(struct pd_backend *be, const float *src, int width, float *dst) {

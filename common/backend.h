@@ -137,9 +137,12 @@ void pd_backend_add(struct pd_backend *be, float *x, const float *y, int64_t cou
 void pd_backend_kv_store(struct pd_backend *be, const struct pd_kv_layout *kv, int layer,
                          const float *k, const float *v);
 /* Causal attention of the batch's queries over each request's pages (after kv_store), GQA by
- * heads / kv_heads, scaled by scale.  q [n][heads][head_dim]; out [n][heads][head_dim] f32 */
+ * heads / kv_heads, scaled by scale. window > 0: a query at position p sees only keys
+ * p - window + 1 .. p (the sliding window of Mistral / Qwen, as transformers masks it); 0: all
+ * keys 0 .. p. The cuda backend takes window 0 only (the model refuses such a model there).
+ * q [n][heads][head_dim]; out [n][heads][head_dim] f32 */
 void pd_backend_attention(struct pd_backend *be, const struct pd_kv_layout *kv, int layer,
-                          const float *q, int heads, float scale, float *out);
+                          const float *q, int heads, float scale, int window, float *out);
 /* dst[j] = src[out_rows[j]] for the plan's out rows.  src [n][width]; dst [n_out_rows][width] */
 void pd_backend_gather_out_rows(struct pd_backend *be, const float *src, int width, float *dst);
 

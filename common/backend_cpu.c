@@ -460,6 +460,7 @@ struct attn_task {
     struct cpu_backend *c;
     const struct pd_kv_layout *kv;
     int layer, heads, tq; /* tq: tokens per work item */
+    int window;           /* keys a query sees, itself included; 0 = all (causal only) */
     float scale;
     const float *q;
     float *out;
@@ -489,7 +490,9 @@ static const float *kv_run(const struct attn_task *t, int which, const int32_t *
  * what makes GQA and prefill cheap on memory. A block spanning two requests is done as two
  * pieces. Keys go by runs of contiguous rows within a page. Scores are kept whole per row
  * (two-pass softmax, as the reference computes it), in per-thread scratch; rows of earlier
- * tokens zero the scores of keys only later tokens see. */
+ * tokens zero the scores of keys only later tokens see. With a sliding window the block reads
+ * keys from its first token's window start on, and each row also zeroes the keys that fell out
+ * of its own window (scores are indexed by absolute key position). */
 static void attn_task_fn(void *ctx, int tid, int nth) {
     struct attn_task *t = ctx;
     struct cpu_backend *c = t->c;
@@ -514,12 +517,13 @@ static void attn_task_fn(void *ctx, int tid, int nth) {
             int n_new = c->req_tok_start[r + 1] - c->req_tok_start[r];
             int pos0 = c->req_kv_len[r] - n_new + (i0 - c->req_tok_start[r]);
             int len = pos0 + n; /* causal: the block's last token sees keys 0..pos0+n-1 */
+            int lo = t->window > 0 && pos0 + 1 > t->window ? pos0 + 1 - t->window : 0;
             const int32_t *pages = c->page_table + c->req_page_start[r];
             for (int ti = 0; ti < n; ti++)
                 memcpy(qb + (size_t)ti * group * hd,
                        t->q + ((size_t)(i0 + ti) * t->heads + (size_t)h * group) * hd,
                        (size_t)group * (size_t)hd * sizeof(float));
-            for (int j = 0, nk; j < len; j += nk) {
+            for (int j = lo, nk; j < len; j += nk) {
                 nk = ps - j % ps < len - j ? ps - j % ps : len - j;
                 nk = nk < PD_CPU_ATTN_RUN ? nk : PD_CPU_ATTN_RUN;
                 int64_t ld;
@@ -527,13 +531,15 @@ static void attn_task_fn(void *ctx, int tid, int nth) {
                 pd__cpu_attn_scores(qb, nq, hd, kr, ld, nk, t->scale, sc + j, lds, kt);
             }
             for (int q = 0; q < nq; q++) {
-                int own = pos0 + q / group + 1; /* keys this row's token sees */
+                int own = pos0 + q / group + 1; /* keys this row's token sees: first..own-1 */
+                int first = t->window > 0 && own > t->window ? own - t->window : 0;
                 float *s = sc + (size_t)q * lds;
-                pd__cpu_softmax(s, own);
+                pd__cpu_softmax(s + first, own - first);
+                memset(s + lo, 0, (size_t)(first - lo) * sizeof(float));
                 memset(s + own, 0, (size_t)(len - own) * sizeof(float));
             }
             memset(ob, 0, (size_t)nq * (size_t)hd * sizeof(float));
-            for (int j = 0, nk; j < len; j += nk) {
+            for (int j = lo, nk; j < len; j += nk) {
                 nk = ps - j % ps < len - j ? ps - j % ps : len - j;
                 nk = nk < PD_CPU_ATTN_RUN ? nk : PD_CPU_ATTN_RUN;
                 int64_t ld;
@@ -548,12 +554,12 @@ static void attn_task_fn(void *ctx, int tid, int nth) {
 }
 
 static void cpu_attention(struct pd_backend *be, const struct pd_kv_layout *kv, int layer,
-                          const float *q, int heads, float scale, float *out) {
+                          const float *q, int heads, float scale, int window, float *out) {
     struct cpu_backend *c = cpu(be);
     PD_ASSERT(heads <= c->lim.max_heads && kv->head_dim <= c->lim.max_head_dim);
     /* blocks of tokens share K/V reads in a prefill; a decode step keeps one item per token */
     int tq = c->n_tokens > c->n_reqs ? PD_CPU_ATTN_TOKENS : 1;
-    struct attn_task t = {c, kv, layer, heads, tq, scale, q, out};
+    struct attn_task t = {c, kv, layer, heads, tq, window, scale, q, out};
     pd__cpu_pool_run(c->pool, attn_task_fn, &t);
 }
 

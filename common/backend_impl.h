@@ -35,7 +35,7 @@ struct pd__backend_ops {
     void (*kv_store)(struct pd_backend *be, const struct pd_kv_layout *kv, int layer,
                      const float *k, const float *v);
     void (*attention)(struct pd_backend *be, const struct pd_kv_layout *kv, int layer,
-                      const float *q, int heads, float scale, float *out);
+                      const float *q, int heads, float scale, int window, float *out);
     void (*gather_out_rows)(struct pd_backend *be, const float *src, int width, float *dst);
 };
 

@@ -40,9 +40,13 @@
 #define MAX_PROBES 16        /* /health_generate calls waiting for the compute thread */
 #define PROBE_TIMEOUT_S 20.0 /* ... before they answer 503 (SGLang waits 20 s too) */
 
+struct dgroup;
+
 struct dreq {
     uint64_t room;
     int32_t slot;
+    struct dgroup *grp; /* fan-out (batch / n > 1): the group answering the client; else NULL */
+    int sub;            /* index in grp: prompt * n + sample */
     char rid[96];
     char id[64]; /* response id: "chatcmpl-…" / "cmpl-…" / rid */
     struct pd_http_req *http;
@@ -68,7 +72,8 @@ struct dreq {
     struct pd_detok *detok;
     char *text;
     size_t text_len, text_cap, sent_len;
-    int finish; /* enum pd_api_finish once known */
+    size_t echo_len; /* completions echo: text starts with the prompt's (stop strings skip it) */
+    int finish;      /* enum pd_api_finish once known */
     int32_t matched_token;
     int matched_stop; /* index into api.stop, -1 */
     bool streaming, first_chunk_sent;
@@ -81,6 +86,25 @@ struct dreq {
     int fail_status;
     char fail_msg[256];
     bool aborted; /* by the user (abort_request) */
+};
+
+/* One client request cut into sub-requests (pd_api_split): each sub-request is a dreq of its
+ * own (room, rid, engine request) whose http is the group's while the group answers; the group
+ * renders the merged answer once every sub-request answered, or fails the whole request at the
+ * first failure (the others are aborted). Freed when its last sub-request is. */
+struct dgroup {
+    struct pd_http_req *http; /* NULL once answered or the client left */
+    enum pd_api_kind kind;
+    int count, n;
+    int refs;     /* sub-requests not yet freed */
+    int answered; /* sub-requests whose answer is in */
+    bool batch, streaming, include_usage;
+    struct dreq **subs; /* [count]; an entry is NULL once that dreq is freed */
+    char **bodies;      /* [count] non-streamed answers */
+    int prompt_tokens, completion_tokens, cached_tokens; /* streamed usage */
+    char rid[96]; /* the client's rid (abort_request), "" if none */
+    char id[64];
+    int64_t created;
 };
 
 struct early_room {
@@ -171,9 +195,16 @@ static struct dreq *find_rid(const char *rid) {
     return NULL;
 }
 
+static void group_free(struct dgroup *g);
+
 static void dreq_free(struct dreq *r) {
     if (!r)
         return;
+    if (r->grp) {
+        r->grp->subs[r->sub] = NULL;
+        if (--r->grp->refs == 0)
+            group_free(r->grp);
+    }
     if (r->slot >= 0) {
         pd_room_map_del(&D.rooms, r->room);
         D.reqs[r->slot] = NULL;
@@ -256,7 +287,12 @@ static void fill_result(struct dreq *r, struct pd_api_result *res, const char *t
     res->cached_tokens = r->cached_tokens;
     res->finish = (enum pd_api_finish)r->finish;
     res->matched_token = r->matched_token;
-    res->matched_stop = r->matched_stop >= 0 ? r->api.stop[r->matched_stop] : NULL;
+    if (r->matched_stop >= 0) {
+        res->matched_stop = r->api.stop[r->matched_stop];
+        res->matched_stop_len = r->api.stop_len[r->matched_stop];
+    }
+    res->index = r->grp ? r->sub : 0;
+    res->has_index = r->grp && r->grp->batch && r->streaming;
     res->e2e_latency = now_s() - r->t_start;
     res->token_text = token_text;
     if (r->lps) {
@@ -287,7 +323,7 @@ static void stream_progress(struct dreq *r, bool final) {
     size_t hold = 0;
     if (!final)
         for (int i = 0; i < r->api.n_stop; i++) {
-            size_t l = strlen(r->api.stop[i]);
+            size_t l = r->api.stop_len[i];
             if (l > hold + 1)
                 hold = l - 1;
         }
@@ -319,10 +355,41 @@ static void stream_progress(struct dreq *r, bool final) {
     r->sent_len = upto;
 }
 
+static void group_finish(struct dgroup *g);
+static void group_fail(struct dgroup *g, int status, const char *msg);
+
+/* A sub-request of a group answered: its body is kept (streams: its last chunk went out). */
+static void group_sub_ok(struct dreq *r) {
+    struct dgroup *g = r->grp;
+    if (r->streaming) {
+        stream_progress(r, true);
+        g->completion_tokens += r->n_out;
+        if (r->sub % g->n == 0) {
+            g->prompt_tokens += r->n_prompt;
+            g->cached_tokens += r->cached_tokens;
+        }
+    } else {
+        struct pd_api_result res;
+        fill_result(r, &res, r->text ? r->text : "", r->text_len);
+        if (!(g->bodies[r->sub] = render(r, &res, false))) {
+            r->http = NULL;
+            group_fail(g, 500, "out of memory rendering the response");
+            return;
+        }
+    }
+    r->http = NULL;
+    if (++g->answered == g->count)
+        group_finish(g);
+}
+
 static void finish_http_ok(struct dreq *r) {
     struct pd_http_req *h = r->http;
     if (!h)
         return;
+    if (r->grp) {
+        group_sub_ok(r);
+        return;
+    }
     r->http = NULL;
     if (r->streaming) {
         r->http = h;
@@ -350,6 +417,12 @@ static void finish_http_error(struct dreq *r, int status, const char *msg) {
     if (!h)
         return;
     r->http = NULL;
+    if (r->grp) {
+        char m[480];
+        snprintf(m, sizeof(m), "sub-request %d (rid %s): %s", r->sub, r->rid, msg);
+        group_fail(r->grp, status, m);
+        return;
+    }
     struct pd_api_error e;
     fill_error(&e, status, msg);
     if (r->streaming)
@@ -359,7 +432,7 @@ static void finish_http_error(struct dreq *r, int status, const char *msg) {
 }
 
 /* Decode: one more output token (index = its position in the output); smp: the engine's
- * record with top logprobs, or NULL (the prefill's first token: its logprob alone). */
+ * record with top logprobs (for the first token: rebuilt from the done notice), or NULL. */
 static void take_token(struct dreq *r, int32_t token, int index, int finish, float logprob,
                        const struct pd_sample *smp) {
     if (r->stopped_here || index != r->n_out)
@@ -390,15 +463,12 @@ static void take_token(struct dreq *r, int32_t token, int index, int finish, flo
     if (finish)
         r->finish = finish == PD_FINISH_STOP ? PD_API_FINISH_STOP : PD_API_FINISH_LENGTH;
     /* stop strings: searched in the text that could contain a new match */
-    for (int i = 0; i < r->api.n_stop && !r->stopped_here; i++) {
-        size_t l = strlen(r->api.stop[i]);
-        size_t from = before > l ? before - l : 0;
-        if (!r->text || l == 0)
-            continue;
-        char *m = strstr(r->text + from, r->api.stop[i]);
-        if (!m)
-            continue;
-        r->text_len = (size_t)(m - r->text) + (r->api.no_stop_trim ? l : 0);
+    size_t at;
+    int i = r->text ? pd_api_find_stop(&r->api, r->text + r->echo_len, r->text_len - r->echo_len,
+                                       before - r->echo_len, &at)
+                    : -1;
+    if (i >= 0) {
+        r->text_len = r->echo_len + at + (r->api.no_stop_trim ? r->api.stop_len[i] : 0);
         r->text[r->text_len] = '\0';
         if (r->sent_len > r->text_len)
             r->sent_len = r->text_len;
@@ -431,6 +501,14 @@ static void prefill_send(struct dreq *r, const struct pd_engine_event *ev) {
         struct pd_xfer_notice n = {.first_token = ev->token,
                                    .first_logprob = ev->logprob,
                                    .cached_tokens = (uint32_t)ev->cached_tokens};
+        /* the first token's top logprobs: only prefill saw its logits */
+        const struct pd_sample *f = &ev->req->first;
+        for (int k = 0; r && r->api.return_logprob && k < f->n_top && k < PD_XFER_NOTICE_TOP_MAX;
+             k++) {
+            n.top_ids[k] = f->top_ids[k];
+            n.top_logprobs[k] = f->top_logprobs[k];
+            n.n_top = (uint32_t)k + 1;
+        }
         rc = pd_xfer_room_finish(D.x, ev->room, &n);
         if (r) {
             /* prefill's TTFT: the first token is sampled and handed to the transfer engine */
@@ -612,7 +690,13 @@ static void on_room_end(void *ctx, uint64_t room, void *user, int status,
             if (n->status == PD_OK) {
                 r->cached_tokens = (int)n->cached_tokens;
                 /* stream the first token now; the engine's TOKEN 0 is then ignored */
-                take_token(r, n->first_token, 0, PD_FINISH_NONE, n->first_logprob, NULL);
+                struct pd_sample s = {.token = n->first_token, .logprob = n->first_logprob};
+                for (uint32_t k = 0; k < n->n_top && k < PD_SAMPLING_MAX_LOGPROBS; k++) {
+                    s.top_ids[k] = n->top_ids[k];
+                    s.top_logprobs[k] = n->top_logprobs[k];
+                    s.n_top = (int)k + 1;
+                }
+                take_token(r, n->first_token, 0, PD_FINISH_NONE, n->first_logprob, &s);
             } else {
                 snprintf(r->fail_msg, sizeof(r->fail_msg), "%s", n->error);
             }
@@ -771,33 +855,41 @@ static void on_client_gone(struct pd_http_req *h, void *user) {
     abort_req(r, true);
 }
 
-static void handle_generate(struct pd_http_req *h, enum pd_api_kind kind) {
-    struct pd_api_error e;
-    if (D.stopping || !D.ready) {
-        respond_error(h, 503, "server_error", NULL, "the %s daemon is %s", role_name(),
-                      D.stopping ? "shutting down" : "not ready");
-        return;
-    }
+static void set_error(struct pd_api_error *e, int status, const char *param, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+/* Fills e for a request that is not answered yet (prepare_req's caller renders it). */
+static void set_error(struct pd_api_error *e, int status, const char *param, const char *fmt, ...) {
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    pd_api_error_set(e, status, status >= 500 ? "server_error" : "invalid_request_error", param,
+                     NULL, "%s", msg);
+}
+
+static struct dreq *dreq_new(void) {
     struct dreq *r = pd_calloc(1, sizeof(*r));
-    if (!r) {
-        respond_error(h, 500, "server_error", NULL, "out of memory");
-        return;
-    }
+    if (!r)
+        return NULL;
     r->slot = -1;
     r->matched_stop = -1;
     r->matched_token = -1;
     r->t_start = now_s();
     r->created = (int64_t)time(NULL);
-    size_t blen;
-    const char *body = pd_http_req_body(h, &blen);
+    return r;
+}
+
+/* Parses body (one prompt, one sample) into r, tokenizes it and builds its engine request; on
+ * failure e says why and r is the caller's to free. Nothing is registered yet. */
+static int prepare_req(struct dreq *r, enum pd_api_kind kind, const char *body, size_t blen,
+                       struct pd_api_error *e) {
     struct pd_api_config ac = {.served_model_name = D.args.served_model_name,
                                .model_path = D.args.model_path,
                                .disaggregated = !D.coloc,
                                .context_length = D.info.context_length};
-    if (pd_api_parse(kind, body, blen, &ac, &r->api, &e) != PD_OK) {
-        pd_http_respond_error(h, &e);
-        goto fail;
-    }
+    if (pd_api_parse(kind, body, blen, &ac, &r->api, e) != PD_OK)
+        return PD_EINVAL;
     /* the prompt's ids */
     struct pd_token_ids ids = {0};
     int rc = PD_OK;
@@ -812,106 +904,117 @@ static void handle_generate(struct pd_http_req *h, enum pd_api_kind kind) {
         char *prompt = NULL;
         size_t plen = 0;
         if (!D.chat) {
-            respond_error(h, 400, "invalid_request_error", "messages",
-                          "the model has no chat template");
-            goto fail;
+            set_error(e, 400, "messages", "the model has no chat template");
+            return PD_EINVAL;
         }
         if (pd_api_render_chat_prompt(&r->api, D.chat, pd_tokenizer_bos_token(D.tok),
-                                      pd_tokenizer_eos_token(D.tok), &prompt, &plen, &e) != PD_OK) {
-            pd_http_respond_error(h, &e);
-            goto fail;
-        }
+                                      pd_tokenizer_eos_token(D.tok), &prompt, &plen, e) != PD_OK)
+            return PD_EINVAL;
         rc = pd_tokenizer_encode(D.tok, prompt, plen, PD_TOK_PARSE_SPECIAL, &ids);
         pd_free(prompt);
     } else {
         rc = pd_tokenizer_encode(D.tok, r->api.text, r->api.text_len, PD_TOK_DEFAULT, &ids);
     }
     if (rc || ids.n == 0) {
-        respond_error(h, 400, "invalid_request_error", "prompt", "%s",
-                      rc ? pd_error_msg() : "the prompt is empty");
+        set_error(e, 400, "prompt", "%s", rc ? pd_error_msg() : "the prompt is empty");
         pd_token_ids_free(&ids);
-        goto fail;
+        return PD_EINVAL;
     }
-    if (pd_api_check_length(&r->api, (int)ids.n, D.info.context_length, &e) != PD_OK ||
-        pd_api_check_token_ids(&r->api, D.info.vocab_size, &e) != PD_OK) {
-        pd_http_respond_error(h, &e);
+    if (pd_api_check_length(&r->api, (int)ids.n, D.info.context_length, e) != PD_OK ||
+        pd_api_check_token_ids(&r->api, D.info.vocab_size, e) != PD_OK) {
         pd_token_ids_free(&ids);
-        goto fail;
+        return PD_EINVAL;
     }
     if (r->api.sampling.max_new_tokens < 1)
         r->api.sampling.max_new_tokens = 1; /* the prefill's token is always produced */
     r->room = D.coloc ? coloc_room() : r->api.bootstrap_room;
     r->n_prompt = (int32_t)ids.n;
     if (find_room(r->room)) {
-        respond_error(h, 400, "invalid_request_error", "bootstrap_room",
-                      "bootstrap_room %" PRIu64 " already has a live request on this %s daemon",
-                      r->room, role_name());
+        set_error(e, 400, "bootstrap_room",
+                  "bootstrap_room %" PRIu64 " already has a live request on this %s daemon",
+                  r->room, role_name());
         pd_token_ids_free(&ids);
-        goto fail;
-    }
-    if (D.n_free == 0) {
-        respond_error(h, 503, "server_error", NULL,
-                      "too many requests queued (--max-queued-requests %d)",
-                      D.args.max_queued_requests);
-        pd_token_ids_free(&ids);
-        goto fail;
+        return PD_EINVAL;
     }
     struct pd_sampling_params sp = r->api.sampling;
     if (!sp.has_seed && sp.temperature > 0) {
         /* both daemons draw from the same stream: a seed from the room, unless given */
         sp.has_seed = true;
         sp.seed = r->room ^ (uint64_t)D.args.random_seed;
+    } else if (sp.has_seed && r->sub > 0) {
+        /* n > 1 with a seed: each sample its own stream (vLLM's seeded n samples differ);
+         * prefill and decode derive the same one from the sub-request's index */
+        sp.seed += (uint64_t)r->sub * 0x9E3779B97F4A7C15ull;
     }
     rc = pd_engine_req_new(r->room, ids.ids, r->n_prompt, D.info.page_size, &sp, &r->ereq);
     pd_token_ids_free(&ids);
     if (rc) {
-        respond_error(h, 500, "server_error", NULL, "%s", pd_error_msg());
-        goto fail;
+        set_error(e, 500, NULL, "%s", pd_error_msg());
+        return rc;
     }
     if (r->api.rid)
         snprintf(r->rid, sizeof(r->rid), "%s", r->api.rid);
     else
         snprintf(r->rid, sizeof(r->rid), "%016" PRIx64, r->room);
-    uint64_t seq = ++D.id_seq;
-    if (kind == PD_API_GENERATE)
-        snprintf(r->id, sizeof(r->id), "%s", r->rid);
-    else
-        pd_api_format_id(r->id, sizeof(r->id), kind == PD_API_CHAT ? "chatcmpl-" : "cmpl-", r->room,
-                         seq);
+    if (r->grp && kind != PD_API_GENERATE) {
+        snprintf(r->id, sizeof(r->id), "%s", r->grp->id); /* one id for all choices */
+    } else {
+        uint64_t seq = ++D.id_seq;
+        if (kind == PD_API_GENERATE)
+            snprintf(r->id, sizeof(r->id), "%s", r->rid);
+        else
+            pd_api_format_id(r->id, sizeof(r->id), kind == PD_API_CHAT ? "chatcmpl-" : "cmpl-",
+                             r->room, seq);
+    }
     if (D.role == PD_ENGINE_DECODE &&
         pd_detok_new(D.tok, r->api.skip_special_tokens, &r->detok) != PD_OK) {
-        respond_error(h, 500, "server_error", NULL, "%s", pd_error_msg());
-        goto fail;
+        set_error(e, 500, NULL, "%s", pd_error_msg());
+        return PD_ENOMEM;
+    }
+    if (D.role == PD_ENGINE_DECODE && r->api.echo) { /* the prompt as sent, or its ids' text */
+        char *t = NULL;
+        size_t tl = 0;
+        rc = r->api.text ? append_text(r, r->api.text, r->api.text_len)
+                         : pd_tokenizer_decode(D.tok, r->api.input_ids, (size_t)r->api.n_input_ids,
+                                               r->api.skip_special_tokens, &t, &tl);
+        if (rc == PD_OK && t)
+            rc = append_text(r, t, tl);
+        pd_free(t);
+        if (rc) {
+            set_error(e, 500, NULL, "echo: %s", pd_error_msg());
+            return rc;
+        }
+        r->echo_len = r->text_len;
     }
     if (D.role == PD_ENGINE_DECODE && r->api.return_logprob) {
         size_t n = (size_t)r->api.sampling.max_new_tokens;
         r->lps = pd_calloc(n, sizeof(*r->lps));
         r->ereq->samples = pd_calloc(n, sizeof(*r->ereq->samples));
         if (!r->lps || !r->ereq->samples) {
-            respond_error(h, 500, "server_error", NULL, "out of memory for %zu logprobs", n);
-            goto fail;
+            set_error(e, 500, NULL, "out of memory for %zu logprobs", n);
+            return PD_ENOMEM;
         }
     }
-    /* registered: from here the request ends through the engine */
+    return PD_OK;
+}
+
+/* Registers a prepared r and hands it to the engine; h is the connection its answer goes to.
+ * On failure r is freed and e says why (503). */
+static int submit_req(struct dreq *r, struct pd_http_req *h, struct pd_api_error *e) {
     r->slot = D.free_slots[--D.n_free];
     D.reqs[r->slot] = r;
     pd_room_map_put(&D.rooms, r->room, r->slot);
     D.n_live++;
-    r->http = h;
     r->ereq->user = r;
     struct pd_engine_req *er = r->ereq;
     if (pd_engine_submit(D.eng, &(struct pd_engine_cmd){.kind = PD_ENGINE_CMD_ADD, .req = er})) {
-        r->http = NULL;
-        respond_error(h, 503, "server_error", NULL, "%s", pd_error_msg());
+        set_error(e, 503, NULL, "%s", pd_error_msg());
         dreq_free(r);
-        return;
+        return PD_EFULL;
     }
     r->ereq = NULL; /* the engine's now */
-    pd_http_req_on_gone(h, on_client_gone, r);
-    if (r->api.stream) {
-        r->streaming = true;
-        pd_http_sse_start(h);
-    }
+    r->http = h;
+    r->streaming = r->api.stream;
     pd_info("room=%" PRIu64 " rid=%s %s prompt=%d max_new=%d", r->room, r->rid, role_name(),
             (int)r->n_prompt, r->api.sampling.max_new_tokens);
     if (D.role == PD_ENGINE_PREFILL) {
@@ -925,9 +1028,212 @@ static void handle_generate(struct pd_http_req *h, enum pd_api_kind kind) {
                 break;
             }
     }
+    return PD_OK;
+}
+
+static void handle_group(struct pd_http_req *h, enum pd_api_kind kind, struct pd_api_split *sp);
+
+static void handle_generate(struct pd_http_req *h, enum pd_api_kind kind) {
+    struct pd_api_error e;
+    if (D.stopping || !D.ready) {
+        respond_error(h, 503, "server_error", NULL, "the %s daemon is %s", role_name(),
+                      D.stopping ? "shutting down" : "not ready");
+        return;
+    }
+    size_t blen;
+    const char *body = pd_http_req_body(h, &blen);
+    struct pd_api_config ac = {.served_model_name = D.args.served_model_name,
+                               .model_path = D.args.model_path,
+                               .disaggregated = !D.coloc,
+                               .context_length = D.info.context_length};
+    struct pd_api_split split;
+    if (pd_api_split(kind, body, blen, &ac, &split, &e) != PD_OK) {
+        pd_http_respond_error(h, &e);
+        return;
+    }
+    if (split.bodies) {
+        handle_group(h, kind, &split);
+        pd_api_split_free(&split);
+        return;
+    }
+    struct dreq *r = dreq_new();
+    if (!r) {
+        respond_error(h, 500, "server_error", NULL, "out of memory");
+        return;
+    }
+    if (prepare_req(r, kind, body, blen, &e) != PD_OK) {
+        pd_http_respond_error(h, &e);
+        dreq_free(r);
+        return;
+    }
+    if (D.n_free == 0) {
+        respond_error(h, 503, "server_error", NULL,
+                      "too many requests queued (--max-queued-requests %d)",
+                      D.args.max_queued_requests);
+        dreq_free(r);
+        return;
+    }
+    if (submit_req(r, h, &e) != PD_OK) {
+        pd_http_respond_error(h, &e);
+        return;
+    }
+    pd_http_req_on_gone(h, on_client_gone, r);
+    if (r->streaming)
+        pd_http_sse_start(h);
+}
+
+/* ---- fan-out groups (batch /generate, prompt lists, n > 1) ---- */
+
+static void group_free(struct dgroup *g) {
+    for (int k = 0; g->bodies && k < g->count; k++)
+        pd_free(g->bodies[k]);
+    pd_free(g->bodies);
+    pd_free(g->subs);
+    pd_free(g);
+}
+
+/* Detaches every sub-request from the client (they answer nobody from now on); abort: also
+ * abort the ones still running. */
+static void group_detach(struct dgroup *g, bool abort, bool user) {
+    g->http = NULL;
+    for (int k = 0; k < g->count; k++) {
+        struct dreq *s = g->subs[k];
+        if (!s || !s->http)
+            continue;
+        s->http = NULL;
+        if (abort && s->slot >= 0 && !s->ending)
+            abort_req(s, user);
+    }
+}
+
+static void on_group_gone(struct pd_http_req *h, void *user) {
+    (void)h;
+    struct dgroup *g = user;
+    pd_info("id=%s rid=%s client of a %d-way request went away: aborting", g->id, g->rid, g->count);
+    group_detach(g, true, true);
+}
+
+/* A sub-request failed: the whole request fails (as SGLang's batch does), the others stop. */
+static void group_fail(struct dgroup *g, int status, const char *msg) {
+    struct pd_http_req *h = g->http;
+    if (!h)
+        return;
+    group_detach(g, true, false);
+    struct pd_api_error e;
+    fill_error(&e, status, msg);
+    if (g->streaming)
+        pd_http_sse_fail(h, &e);
+    else
+        pd_http_respond_error(h, &e);
+}
+
+/* Every sub-request answered: the merged body, or the stream's usage chunk and [DONE]. */
+static void group_finish(struct dgroup *g) {
+    struct pd_http_req *h = g->http;
+    group_detach(g, false, false);
+    if (g->streaming) {
+        if (g->include_usage && g->kind != PD_API_GENERATE) {
+            struct pd_api_request api = {.kind = g->kind};
+            struct pd_api_result res = {.id = g->id,
+                                        .model = D.args.served_model_name,
+                                        .created = g->created,
+                                        .prompt_tokens = g->prompt_tokens,
+                                        .completion_tokens = g->completion_tokens,
+                                        .cached_tokens = g->cached_tokens};
+            char *u = NULL;
+            if (pd_api_render_usage_chunk(&api, &res, &u) == PD_OK) {
+                pd_http_sse_send(h, u, strlen(u));
+                pd_free(u);
+            }
+        }
+        pd_http_sse_end(h);
+        return;
+    }
+    char *out = NULL;
+    if (pd_api_merge(g->kind, g->n, g->bodies, g->count, &out) != PD_OK) {
+        respond_error(h, 500, "server_error", NULL, "%s", pd_error_msg());
+        return;
+    }
+    respond_owned_json(h, 200, out);
+}
+
+static void handle_group(struct pd_http_req *h, enum pd_api_kind kind, struct pd_api_split *sp) {
+    struct pd_api_error e;
+    if (sp->count > D.n_free) {
+        respond_error(h, 503, "server_error", NULL,
+                      "the request fans out into %d sub-requests; %d fit in the queue now "
+                      "(--max-queued-requests %d)",
+                      sp->count, D.n_free, D.args.max_queued_requests);
+        return;
+    }
+    struct dgroup *g = pd_calloc(1, sizeof(*g));
+    if (g) {
+        g->subs = pd_calloc((size_t)sp->count, sizeof(*g->subs));
+        g->bodies = pd_calloc((size_t)sp->count, sizeof(*g->bodies));
+    }
+    if (!g || !g->subs || !g->bodies) {
+        if (g)
+            group_free(g);
+        respond_error(h, 500, "server_error", NULL, "out of memory");
+        return;
+    }
+    g->kind = kind;
+    g->count = sp->count;
+    g->n = sp->n;
+    g->batch = sp->batch;
+    g->created = (int64_t)time(NULL);
+    pd_api_format_id(g->id, sizeof(g->id), kind == PD_API_CHAT ? "chatcmpl-" : "cmpl-",
+                     pd_splitmix64(&D.room_seq), ++D.id_seq);
+    /* every sub-request parsed and tokenized before any runs: a bad one fails the request */
+    for (int k = 0; k < g->count; k++) {
+        struct dreq *r = dreq_new();
+        if (!r) {
+            respond_error(h, 500, "server_error", NULL, "out of memory");
+            goto fail;
+        }
+        g->subs[k] = r;
+        g->refs++;
+        r->grp = g;
+        r->sub = k;
+        if (prepare_req(r, kind, sp->bodies[k], strlen(sp->bodies[k]), &e) != PD_OK) {
+            pd_http_respond_error(h, &e);
+            goto fail;
+        }
+        for (int j = 0; j < k; j++)
+            if (g->subs[j]->room == r->room) {
+                respond_error(h, 400, "invalid_request_error", "bootstrap_room",
+                              "bootstrap_room %" PRIu64 " is given to two sub-requests", r->room);
+                goto fail;
+            }
+    }
+    struct pd_api_request *a0 = &g->subs[0]->api;
+    g->streaming = a0->stream;
+    g->include_usage = a0->include_usage;
+    snprintf(g->rid, sizeof(g->rid), "%s", sp->rid ? sp->rid : "");
+    g->http = h;
+    pd_http_req_on_gone(h, on_group_gone, g);
+    if (g->streaming)
+        pd_http_sse_start(h);
+    g->refs++; /* the loop's: a failed submit may free every sub-request */
+    for (int k = 0; k < g->count; k++) {
+        struct dreq *r = g->subs[k];
+        if (!g->http) { /* an earlier one could not be queued: the rest never run */
+            dreq_free(r);
+            continue;
+        }
+        if (submit_req(r, h, &e) != PD_OK) /* freed it */
+            group_fail(g, e.status, e.message);
+    }
+    if (--g->refs == 0)
+        group_free(g);
     return;
 fail:
-    dreq_free(r);
+    for (int k = 0; k < g->count; k++)
+        if (g->subs[k]) {
+            g->subs[k]->grp = NULL;
+            dreq_free(g->subs[k]);
+        }
+    group_free(g);
 }
 
 static void h_generate(struct pd_http_req *h, void *ud) {
@@ -1057,6 +1363,14 @@ static void h_abort(struct pd_http_req *h, void *ud) {
     struct dreq *r = find_rid(rid->valuestring);
     if (r)
         abort_req(r, true);
+    for (int32_t i = 0; i < D.cap; i++) { /* a fanned-out request by its client's rid */
+        struct dreq *s = D.reqs[i];
+        if (s && s != r && s->grp && s->grp->rid[0] && !s->ending &&
+            strcmp(s->grp->rid, rid->valuestring) == 0) {
+            abort_req(s, true);
+            r = s;
+        }
+    }
     pd_info("abort_request rid=%s %s", rid->valuestring, r ? "found" : "not found");
     cJSON_Delete(j);
     pd_http_respond_json(h, 200, r ? "{\"success\":true}" : "{\"success\":false}");

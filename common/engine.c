@@ -422,6 +422,7 @@ static int prefill_run(struct pd_engine *e, struct pd_prefill_batch *b, int32_t 
         r->tokens[r->n_prompt] = smp.token;
         r->n_out = 1;
         r->first_logprob = smp.logprob; /* rides on the last chunk's event */
+        r->first = smp;
     }
     return PD_OK;
 }

@@ -94,6 +94,9 @@ struct pd_engine_req {
     int fail_status; /* the model refused a step with this */
     float first_logprob;
     int32_t n_out;
+    /* prefill: the first token's record (its top logprobs), written before the last SEND event
+     * and never again; the loop reads it to put the top logprobs into the done notice */
+    struct pd_sample first;
     int32_t slot;
 };
 

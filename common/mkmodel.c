@@ -236,7 +236,17 @@ int pd_mkmodel_config(const struct pd_mkmodel_opts *o, struct pd_model_config *c
     c.tie_word_embeddings = o->tie_word_embeddings < 0 ? s->tie : o->tie_word_embeddings != 0;
     c.attention_bias = fam == PD_MKMODEL_QWEN2;
     c.qk_norm = fam == PD_MKMODEL_QWEN3;
-    c.sliding_window = 0;
+    if (o->sliding_window < 0 || o->max_window_layers < 0)
+        return pd_errorf(PD_EINVAL, "sliding window %d / max window layers %d: must be >= 0",
+                         o->sliding_window, o->max_window_layers);
+    if (o->sliding_window > 0 && fam != PD_MKMODEL_MISTRAL && fam != PD_MKMODEL_QWEN2 &&
+        fam != PD_MKMODEL_QWEN3)
+        return pd_errorf(PD_EINVAL, "a sliding window needs family mistral, qwen2 or qwen3");
+    if (o->max_window_layers > 0 && (o->sliding_window == 0 || fam == PD_MKMODEL_MISTRAL))
+        return pd_errorf(PD_EINVAL, "max window layers needs a sliding window and family qwen2 "
+                                    "or qwen3");
+    c.sliding_window = o->sliding_window;
+    c.max_window_layers = o->max_window_layers;
     c.torch_dtype = o->dtype;
     c.bos_token_id = -1;
     c.pad_token_id = -1;

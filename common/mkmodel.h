@@ -43,6 +43,8 @@ struct pd_mkmodel_opts {
     int num_key_value_heads;
     int head_dim;            /* 0: the shape's, or hidden/heads when those were overridden */
     int tie_word_embeddings; /* -1 keeps the shape's; 0 or 1 */
+    int sliding_window;      /* mistral, qwen2, qwen3: attention window in tokens; 0 = none */
+    int max_window_layers;   /* qwen2, qwen3: the window applies to layers >= this */
     enum pd_dtype dtype;
     uint64_t seed;
     uint64_t max_shard_bytes; /* 0: one model.safetensors however large */

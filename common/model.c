@@ -239,6 +239,16 @@ static int alloc_buf(struct pd_model *m, size_t floats, float **out) {
     return rc;
 }
 
+/* Layer l's attention window (pd_backend_attention): the config's sliding window on the layers
+ * it covers, 0 elsewhere and when the window is no shorter than the context (it masks nothing). */
+static int layer_window(const struct pd_model *m, int l) {
+    const struct pd_model_config *c = &m->cfg;
+    if (c->sliding_window <= 0 || c->sliding_window >= m->context_length ||
+        l < c->max_window_layers)
+        return 0;
+    return c->sliding_window;
+}
+
 int pd_model_new(struct pd_backend *be, const struct pd_model_config *cfg, pd_model_find_fn find,
                  void *find_ctx, const struct pd_model_opts *opts, struct pd_model **out) {
     *out = NULL;
@@ -252,6 +262,16 @@ int pd_model_new(struct pd_backend *be, const struct pd_model_config *cfg, pd_mo
         goto fail;
     const struct pd_model_opts *o = &m->opts;
     m->context_length = o->context_length ? o->context_length : cfg->max_position_embeddings;
+    if (pd_backend_kind_of(be) != PD_BACKEND_CPU && layer_window(m, cfg->num_hidden_layers - 1)) {
+        rc = pd_errorf(PD_EUNSUPPORTED,
+                       "the model's sliding_window (%d tokens) is shorter than the context (%d "
+                       "tokens) and the %s backend has no sliding-window attention: results "
+                       "would differ from the model's; use the cpu backend, or --context-length "
+                       "%d (the window then masks nothing)",
+                       cfg->sliding_window, m->context_length, pd_backend_name(be),
+                       cfg->sliding_window);
+        goto fail;
+    }
     m->tp = o->tp;
     m->tp_rank = o->tp ? o->tp->rank : 0;
     m->tp_size = o->tp ? o->tp->size : 1;
@@ -497,7 +517,7 @@ static int forward(struct pd_model *m, struct pd_kv_pool *kv, const struct pd_mo
         pd_backend_rope(be, m->q, H, (int)hd, m->inv_freq);
         pd_backend_rope(be, m->k, KVH, (int)hd, m->inv_freq);
         pd_backend_kv_store(be, L, l, m->k, m->v);
-        pd_backend_attention(be, L, l, m->q, H, scale, m->att);
+        pd_backend_attention(be, L, l, m->q, H, scale, layer_window(m, l), m->att);
         pd_backend_matmul(be, m->att, n, &w->wo, w->has_o_bias ? &w->bo : NULL, m->h);
         if (m->tp && (rc = m->tp->all_reduce_sum(m->tp, be, m->h, (size_t)(n * hid))) != PD_OK)
             return pd_error_wrap(rc, "layer %d attention output", l);

@@ -430,6 +430,7 @@ static int parse_config(const char *src, const char *json, size_t len,
     /* sliding window: Mistral's applies when set (null = none); Qwen's only with
      * use_sliding_window true. Llama has none and ignores the key, as transformers does. */
     c.sliding_window = 0;
+    c.max_window_layers = 0;
     if (c.arch == PD_ARCH_MISTRAL || c.arch == PD_ARCH_QWEN2 || c.arch == PD_ARCH_QWEN3) {
         bool use = true;
         const cJSON *sw = cJSON_GetObjectItemCaseSensitive(root, "sliding_window");
@@ -440,6 +441,14 @@ static int parse_config(const char *src, const char *json, size_t len,
             if ((rc = get_int(src, root, "sliding_window", false, PD_DEFAULT_SLIDING_WINDOW,
                               &c.sliding_window)) != PD_OK ||
                 (rc = check_range(src, "sliding_window", c.sliding_window, 1, INT_MAX)) != PD_OK)
+                goto out;
+            /* transformers' Qwen2/Qwen3: layer i slides when i >= max_window_layers (default
+             * 28, so a small model with the key absent slides nowhere) */
+            if (c.arch != PD_ARCH_MISTRAL &&
+                ((rc = get_int(src, root, "max_window_layers", false, 28, &c.max_window_layers)) !=
+                     PD_OK ||
+                 (rc = check_range(src, "max_window_layers", c.max_window_layers, 0, INT_MAX)) !=
+                     PD_OK))
                 goto out;
         }
     }
@@ -613,8 +622,8 @@ char *pd_model_config_to_json(const struct pd_model_config *cfg) {
     ADD("hidden_size", cJSON_CreateNumber(cfg->hidden_size));
     ADD("intermediate_size", cJSON_CreateNumber(cfg->intermediate_size));
     ADD("max_position_embeddings", cJSON_CreateNumber(cfg->max_position_embeddings));
-    if (qwen && cfg->sliding_window > 0) /* our window covers every layer */
-        ADD("max_window_layers", cJSON_CreateNumber(0));
+    if (qwen && cfg->sliding_window > 0)
+        ADD("max_window_layers", cJSON_CreateNumber(cfg->max_window_layers));
     ADD("model_type", cJSON_CreateString(ai->model_type));
     ADD("num_attention_heads", cJSON_CreateNumber(cfg->num_attention_heads));
     ADD("num_hidden_layers", cJSON_CreateNumber(cfg->num_hidden_layers));

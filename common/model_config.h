@@ -60,10 +60,12 @@ struct pd_model_config {
     double rope_theta; /* default 10000 */
     struct pd_rope_scaling rope_scaling;
     bool tie_word_embeddings;
-    bool attention_bias; /* bias on q/k/v projections (always for qwen2); for llama and
-                            qwen3 also on o_proj, as transformers builds them */
-    bool qk_norm;        /* per-head RMSNorm on q and k (qwen3) */
-    int sliding_window;  /* 0 = none (mistral/qwen may set it; we record it) */
+    bool attention_bias;   /* bias on q/k/v projections (always for qwen2); for llama and
+                              qwen3 also on o_proj, as transformers builds them */
+    bool qk_norm;          /* per-head RMSNorm on q and k (qwen3) */
+    int sliding_window;    /* keys a query sees (itself included); 0 = none (mistral, qwen with
+                              use_sliding_window) */
+    int max_window_layers; /* the window applies to layers >= this (qwen; mistral: 0 = all) */
     enum pd_dtype torch_dtype;
     int bos_token_id; /* -1 when absent */
     int pad_token_id; /* -1 when absent */

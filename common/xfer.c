@@ -45,7 +45,8 @@ enum op_kind { OP_DATA, OP_FLUSH, OP_NOTICE };
 #define POLL_AFTER_PROGRESS_MS 2 /* keep polling this long after UCX last made progress */
 #define AM_CHUNK_MIN 4096        /* page bytes per message when the lane's limit is unknown */
 #define AM_MSG_MAX 65535         /* bytes of one message, headers included (see xfer.h) */
-#define NOTICE_WIRE_MAX (PD_XFER_NOTICE_WIRE_MIN + PD_XFER_ERROR_TEXT_MAX)
+#define NOTICE_WIRE_MAX                                                                            \
+    (PD_XFER_NOTICE_WIRE_MIN + PD_XFER_ERROR_TEXT_MAX + 1 + 8 * PD_XFER_NOTICE_TOP_MAX)
 
 /* One UCX request of ours. Lives until UCX completes the request (after a forced close maybe
  * never: then until the engine is freed); names its room by id + serial, never by pointer. */
@@ -218,13 +219,16 @@ static uint64_t get_u64(const uint8_t *p) {
 }
 
 /* Layout: magic u16 | sender_id u64 | room u64 | status i32 | first_token i32 | logprob f32 |
- * cached_tokens u32 | error_len u16 | data_bytes u64 | error bytes (no NUL). */
+ * cached_tokens u32 | error_len u16 | data_bytes u64 | error bytes (no NUL) | when n_top > 0:
+ * n_top u8 | n_top x (id i32 | logprob f32). */
 #define NOTICE_MAGIC 0x5044u
 
 size_t pd_xfer_notice_encode(const struct pd_xfer_notice *n, uint64_t sender_id, uint8_t *buf,
                              size_t cap) {
     size_t elen = strnlen(n->error, PD_XFER_ERROR_TEXT_MAX);
-    if (cap < PD_XFER_NOTICE_WIRE_MIN + elen)
+    uint32_t n_top = n->n_top < PD_XFER_NOTICE_TOP_MAX ? n->n_top : PD_XFER_NOTICE_TOP_MAX;
+    size_t tlen = n_top ? 1 + 8 * (size_t)n_top : 0;
+    if (cap < PD_XFER_NOTICE_WIRE_MIN + elen + tlen)
         return 0;
     uint32_t lp;
     memcpy(&lp, &n->first_logprob, sizeof(lp));
@@ -238,7 +242,17 @@ size_t pd_xfer_notice_encode(const struct pd_xfer_notice *n, uint64_t sender_id,
     put_u16(buf + 34, (uint16_t)elen);
     put_u64(buf + 36, n->data_bytes);
     memcpy(buf + PD_XFER_NOTICE_WIRE_MIN, n->error, elen);
-    return PD_XFER_NOTICE_WIRE_MIN + elen;
+    uint8_t *t = buf + PD_XFER_NOTICE_WIRE_MIN + elen;
+    if (n_top) {
+        *t++ = (uint8_t)n_top;
+        for (uint32_t k = 0; k < n_top; k++, t += 8) {
+            uint32_t v;
+            memcpy(&v, &n->top_logprobs[k], sizeof(v));
+            put_u32(t, (uint32_t)n->top_ids[k]);
+            put_u32(t + 4, v);
+        }
+    }
+    return PD_XFER_NOTICE_WIRE_MIN + elen + tlen;
 }
 
 int pd_xfer_notice_decode(const void *buf, size_t len, struct pd_xfer_notice *n,
@@ -250,9 +264,15 @@ int pd_xfer_notice_decode(const void *buf, size_t len, struct pd_xfer_notice *n,
     if (get_u16(p) != NOTICE_MAGIC)
         return pd_errorf(PD_EFORMAT, "room notice with bad magic 0x%04x", get_u16(p));
     size_t elen = get_u16(p + 34);
-    if (elen > PD_XFER_ERROR_TEXT_MAX || len != PD_XFER_NOTICE_WIRE_MIN + elen)
-        return pd_errorf(PD_EFORMAT, "room notice length %zu disagrees with its text length %zu",
-                         len, elen);
+    size_t base = PD_XFER_NOTICE_WIRE_MIN + elen;
+    uint32_t n_top = len > base ? p[base] : 0;
+    if (elen > PD_XFER_ERROR_TEXT_MAX ||
+        (len != base &&
+         (n_top == 0 || n_top > PD_XFER_NOTICE_TOP_MAX || len != base + 1 + 8 * (size_t)n_top)))
+        return pd_errorf(PD_EFORMAT,
+                         "room notice length %zu disagrees with its text length %zu and %u top "
+                         "logprobs",
+                         len, elen, n_top);
     memset(n, 0, sizeof(*n));
     *sender_id = get_u64(p + 2);
     n->room = get_u64(p + 10);
@@ -264,6 +284,13 @@ int pd_xfer_notice_decode(const void *buf, size_t len, struct pd_xfer_notice *n,
     n->data_bytes = get_u64(p + 36);
     memcpy(n->error, p + PD_XFER_NOTICE_WIRE_MIN, elen);
     n->error[elen] = '\0';
+    n->n_top = n_top;
+    for (uint32_t k = 0; k < n_top; k++) {
+        const uint8_t *t = p + base + 1 + 8 * k;
+        uint32_t v = get_u32(t + 4);
+        n->top_ids[k] = (int32_t)get_u32(t);
+        memcpy(&n->top_logprobs[k], &v, sizeof(v));
+    }
     if (n->status > 0 || n->status < PD_EINTERNAL)
         n->status = PD_EPEER; /* an unknown failure is still a failure */
     return PD_OK;

@@ -61,6 +61,7 @@
  * larger: UCX 1.13's FIFO element keeps a message's length in 16 bits, and a longer message
  * (UCX's own software puts included) arrives truncated. bench/xfer gives ucx_perftest the same. */
 #define PD_XFER_MM_SEG_SIZE "65535"
+#define PD_XFER_NOTICE_TOP_MAX 20 /* top logprobs of the first token a notice carries */
 
 typedef struct pd_xfer pd_xfer_t;
 typedef struct pd_xfer_peer pd_xfer_peer_t;
@@ -72,8 +73,13 @@ struct pd_xfer_notice {
     int32_t first_token;    /* token id sampled by prefill; -1 when none */
     float first_logprob;    /* of first_token */
     uint32_t cached_tokens; /* prompt tokens prefill found in its prefix cache */
-    uint64_t data_bytes;    /* set by the engine: page bytes sent as active messages before the
-                               notice (0 when the data went by RMA) */
+    /* the first token's top logprobs (most likely first), when the request asked for them:
+     * SGLang carries them in its transfer metadata too, since only prefill saw those logits */
+    uint32_t n_top;
+    int32_t top_ids[PD_XFER_NOTICE_TOP_MAX];
+    float top_logprobs[PD_XFER_NOTICE_TOP_MAX];
+    uint64_t data_bytes; /* set by the engine: page bytes sent as active messages before the
+                            notice (0 when the data went by RMA) */
     char error[PD_XFER_ERROR_TEXT_MAX + 1];
 };
 
@@ -187,7 +193,9 @@ int pd_xfer_room_release(pd_xfer_t *x, uint64_t room, int status);
 int pd_xfer_room_abort(pd_xfer_t *x, uint64_t room, int status, const char *why);
 bool pd_xfer_room_live(const pd_xfer_t *x, uint64_t room);
 
-/* Notice wire format (fixed, little-endian): exposed for tests of malformed notices. */
+/* Notice wire format (fixed, little-endian): exposed for tests of malformed notices. The top
+ * logprobs follow the error text (n_top u8, then n_top x {id i32, logprob f32}); a notice
+ * without them ends at the error text. */
 #define PD_XFER_NOTICE_WIRE_MIN 44 /* bytes before the error text */
 size_t pd_xfer_notice_encode(const struct pd_xfer_notice *n, uint64_t sender_id, uint8_t *buf,
                              size_t cap);

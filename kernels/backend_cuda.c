@@ -435,7 +435,10 @@ static void cuda_kv_store(struct pd_backend *be, const struct pd_kv_layout *kv, 
 }
 
 static void cuda_attention(struct pd_backend *be, const struct pd_kv_layout *kv, int layer,
-                           const float *q, int heads, float scale, float *out) {
+                           const float *q, int heads, float scale, int window, float *out) {
+    /* no sliding window in the kernel: pd_model_new refuses a model whose window would mask
+     * anything on this backend, so a window here is our bug */
+    PD_ASSERT(window == 0);
     struct op *o = log_op(cb(be), OP_ATTENTION);
     o->kv = *kv;
     o->layer = layer;

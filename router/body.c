@@ -8,6 +8,7 @@
 #include "router/config.h"
 
 #include "common/alloc.h"
+#include "common/api.h"
 #include "common/status.h"
 
 #include <cjson/cJSON.h>
@@ -91,14 +92,25 @@ static int batch_size(int route, const cJSON *root) {
     return n > 0 ? n : -1;
 }
 
-static int samples_n(int route, const cJSON *root, double *n) {
+/* n (parallel samples per prompt): generate's sampling_params.n (an object, or a list with one
+ * per prompt whose first entry speaks for all: the daemons check they agree), OpenAI's n. */
+static int samples_n(int route, const cJSON *root, int *n) {
     const cJSON *item = NULL;
-    if (route == PD_ROUTER_ROUTE_GENERATE)
-        item = cJSON_GetObjectItemCaseSensitive(
-            cJSON_GetObjectItemCaseSensitive(root, "sampling_params"), "n");
-    else
+    *n = 1;
+    if (route == PD_ROUTER_ROUTE_GENERATE) {
+        const cJSON *sp = cJSON_GetObjectItemCaseSensitive(root, "sampling_params");
+        if (cJSON_IsArray(sp))
+            sp = cJSON_GetArrayItem(sp, 0);
+        item = cJSON_GetObjectItemCaseSensitive(sp, "n");
+    } else {
         item = cJSON_GetObjectItemCaseSensitive(root, "n");
-    *n = cJSON_IsNumber(item) ? item->valuedouble : 1;
+    }
+    if (!item || cJSON_IsNull(item))
+        return PD_OK;
+    double v = cJSON_GetNumberValue(item);
+    if (!cJSON_IsNumber(item) || v != (double)(int)v || v < 1 || v > PD_API_MAX_N)
+        return pd_errorf(PD_EINVAL, "'n' must be an integer in [1, %d]", PD_API_MAX_N);
+    *n = (int)v;
     return PD_OK;
 }
 
@@ -125,15 +137,27 @@ static int collect_rids(const cJSON *root, struct pd_router_body_info *info) {
             return pd_errorf(PD_EINVAL, "'rid' must be a string");
         return (info->rids[0] = pd_strdup(rid->valuestring)) ? PD_OK : pd_errorf(PD_ENOMEM, "rids");
     }
-    if (!cJSON_IsArray(rid) || cJSON_GetArraySize(rid) != info->n)
-        return pd_errorf(PD_EINVAL, "'rid' must be a list of %d strings, one per prompt", info->n);
-    int i = 0;
-    const cJSON *r;
-    cJSON_ArrayForEach(r, rid) {
+    /* the sub-requests' rids as the daemons name them (common/api.h pd_api_split): a list entry
+     * each, "<rid>_<k>" from one string, "<rid[prompt]>_<sample>" from one per prompt */
+    int n = info->samples > 0 ? info->samples : 1, prompts = info->n / n;
+    int len = cJSON_IsArray(rid) ? cJSON_GetArraySize(rid) : -1;
+    if (!cJSON_IsString(rid) && len != info->n && len != prompts)
+        return pd_errorf(PD_EINVAL,
+                         "'rid' must be a string or a list of %d strings (one per "
+                         "sub-request) or of %d (one per prompt)",
+                         info->n, prompts);
+    for (int k = 0; k < info->n; k++) {
+        const cJSON *r = cJSON_IsString(rid) ? rid
+                         : len == info->n    ? cJSON_GetArrayItem(rid, k)
+                                             : cJSON_GetArrayItem(rid, k / n);
         if (!cJSON_IsString(r))
-            return pd_errorf(PD_EINVAL, "'rid' must be a list of %d strings, one per prompt",
-                             info->n);
-        if (!(info->rids[i++] = pd_strdup(r->valuestring)))
+            return pd_errorf(PD_EINVAL, "'rid' must hold strings");
+        char s[300];
+        if (len == info->n)
+            snprintf(s, sizeof(s), "%s", r->valuestring);
+        else
+            snprintf(s, sizeof(s), "%s_%d", r->valuestring, cJSON_IsString(rid) ? k : k % n);
+        if (!(info->rids[k] = pd_strdup(s)))
             return pd_errorf(PD_ENOMEM, "rids");
     }
     return PD_OK;
@@ -202,21 +226,26 @@ int pd_router_body_rewrite(int route, const char *body, size_t len, const char *
         rc = pd_errorf(PD_EINVAL, "request body must be a JSON object");
         goto fail;
     }
-    double n_samples;
-    samples_n(route, root, &n_samples);
-    if (n_samples > 1) {
-        rc = pd_errorf(PD_EUNSUPPORTED,
-                       "n > 1 is not supported through pdserve-router yet; send n separate "
-                       "requests");
+    int n_samples;
+    if ((rc = samples_n(route, root, &n_samples)))
         goto fail;
-    }
     int bs = batch_size(route, root);
     if (bs < 0) {
         rc = pd_errorf(PD_EINVAL, "the prompt list is empty");
         goto fail;
     }
-    info->batch = bs > 0;
-    info->n = bs > 0 ? bs : 1;
+    long long count = (long long)(bs > 0 ? bs : 1) * n_samples;
+    if (count > PD_API_MAX_FANOUT) {
+        rc = pd_errorf(PD_EINVAL,
+                       "the request fans out into %lld sub-requests (prompts x n): at "
+                       "most %d",
+                       count, PD_API_MAX_FANOUT);
+        goto fail;
+    }
+    /* one room (and rid) per sub-request the daemons fan the body out into, prompt-major */
+    info->batch = bs > 0 || n_samples > 1;
+    info->n = (int)count;
+    info->samples = n_samples;
     info->stream = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(root, "stream"));
     info->rooms = pd_calloc((size_t)info->n, sizeof(uint64_t));
     if (!info->rooms) {

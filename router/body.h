@@ -4,8 +4,10 @@
  * the client gave none, rid = the room in decimal, so that the router can later abort the request
  * on either worker with POST /abort_request {"rid": ...}. With a batch (/generate `text` list or
  * `input_ids` list of lists, /v1/completions `prompt` list of strings or of token lists) every
- * field is an array with one entry per prompt. `n` > 1 is refused (PD_EUNSUPPORTED → 400) until
- * the daemons define how rooms map to parallel samples.
+ * field is an array with one entry per prompt. With `n` > 1 (and a batch) the daemons fan the body
+ * out into prompts x n sub-requests (common/api.h pd_api_split), so the arrays get one entry per
+ * sub-request, prompt-major (SGLang's bootstrap_room list convention); n outside [1, 128] or more
+ * than 1024 sub-requests is refused.
  *
  * The client's bytes are kept: the fields are spliced in after the opening brace, so numbers the
  * router never reads (a 64-bit seed, say) are not rounded through a double. Only when the client
@@ -27,8 +29,9 @@ enum pd_router_route {
 };
 
 struct pd_router_body_info {
-    int n;           /* prompts in the request: 1, or the batch size */
-    bool batch;      /* the fields went in as arrays */
+    int n;           /* sub-requests: 1, or prompts x samples */
+    int samples;     /* n of the request (samples per prompt) */
+    bool batch;      /* the fields went in as arrays (a batch, or n > 1) */
     bool stream;     /* "stream": true */
     bool rid_added;  /* rid came from the router (= room), not the client */
     uint64_t *rooms; /* [n] owned */
@@ -38,7 +41,7 @@ struct pd_router_body_info {
 /* Rewrites body (len bytes, any JSON) for the prefill at bootstrap_host:bootstrap_port
  * (PD_ROUTER_BOOTSTRAP_PORT_NULL → null). *out (*out_len bytes, NUL-terminated) and info are
  * owned by the caller (pd_free, pd_router_body_info_free). Errors: PD_EINVAL (not a JSON object,
- * rid of the wrong type or length, empty batch) or PD_EUNSUPPORTED (n > 1), message for a 400. */
+ * rid of the wrong type or length, empty batch, n out of range), message for a 400. */
 int pd_router_body_rewrite(int route, const char *body, size_t len, const char *bootstrap_host,
                            int bootstrap_port, struct pd_router_rng *rng, char **out,
                            size_t *out_len, struct pd_router_body_info *info);

@@ -65,6 +65,10 @@ int main(int argc, char **argv) {
         &fs, "--tie-word-embeddings", &tie,
         "share embed_tokens with lm_head (--tie-word-embeddings=false unties; default: shape's)");
     pd_flag_choice(&fs, "--dtype", &dtype, dtype_choices, "weight dtype (config torch_dtype)");
+    pd_flag_int(&fs, "--sliding-window", &o.sliding_window, "N", 0, 1 << 30,
+                "attention window in tokens (mistral, qwen2, qwen3; 0 = none)");
+    pd_flag_int(&fs, "--max-window-layers", &o.max_window_layers, "N", 0, 1024,
+                "qwen2/qwen3: the window applies to layers >= N (default 0: every layer)");
     pd_flag_int64(&fs, "--seed", &seed, "N", 0, 9007199254740991.0,
                   "weight seed: same seed and flags, same bytes");
     pd_flag_string(&fs, "--shard-size", &shard_size, "BYTES",

@@ -198,8 +198,19 @@ def test_routing_and_streaming(router, prefills, decodes):
     pb = prefill_batch_bodies()
     check(len(pb) == 1 and len(pb[0]["bootstrap_room"]) == 2 and
           len(set(pb[0]["bootstrap_room"])) == 2, "batch: one room per prompt")
-    st, _, data = router.request("POST", "/generate", {"text": "a", "sampling_params": {"n": 2}})
-    check(st == 400 and b"n > 1" in data, "n > 1 refused with 400")
+    # n > 1: one room per sub-request (prompts x n), the daemons fan out alike
+    st, _, data = router.request("POST", "/generate",
+                                 {"text": ["a", "b"], "rid": "nn", "sampling_params": {"n": 2}})
+
+    def prefill_n_bodies():
+        return [r["body"] for p in prefills for r in p.log()["requests"]
+                if r["body"].get("rid") == "nn"]
+    wait_for(prefill_n_bodies)
+    pn = prefill_n_bodies()
+    check(len(pn) == 1 and len(pn[0]["bootstrap_room"]) == 4 and
+          len(set(pn[0]["bootstrap_room"])) == 4, "n = 2 x 2 prompts: four rooms")
+    st, _, data = router.request("POST", "/generate", {"text": "a", "sampling_params": {"n": 129}})
+    check(st == 400 and b"'n'" in data, "n = 129 refused with 400")
     st, _, data = router.request("POST", "/generate", "{not json")
     check(st == 400 and json.loads(data)["error"]["code"] == 400, "bad JSON: 400 OpenAI error")
     # pass-through GETs

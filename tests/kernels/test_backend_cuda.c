@@ -342,8 +342,8 @@ static void run_attn_case(const struct attn_case *ac, enum pd_dtype kvt) {
         pd_backend_kv_store(gpu, &Lg, layer, k.g, v.g);
         if (pass) {
             float scale = 1.0f / sqrtf((float)hd);
-            pd_backend_attention(cpu, &Lc, layer, q.c, H, scale, o.c);
-            pd_backend_attention(gpu, &Lg, layer, q.g, H, scale, o.g);
+            pd_backend_attention(cpu, &Lc, layer, q.c, H, scale, 0, o.c);
+            pd_backend_attention(gpu, &Lg, layer, q.g, H, scale, 0, o.g);
             double e = dual_err(&o, (size_t)n * H * hd);
             if (!(e < 1e-4))
                 fprintf(stderr,

@@ -266,6 +266,24 @@ def check_transformers(fam, d, cfg):
     check(marker in text and "Bye" in text, f"{fam}: chat template gave {text!r}")
 
 
+def check_sliding_window(binary, tmp):
+    """A windowed model means to transformers what it means to pdserve: mistral slides on every
+    layer, qwen2 with --max-window-layers 1 on layer 1 only (transformers' layer_types)."""
+    if transformers is None:
+        return
+    for fam, extra, want in (("mistral", [], ["sliding_attention"] * 2),
+                             ("qwen2", ["--max-window-layers", "1"],
+                              ["full_attention", "sliding_attention"])):
+        d = os.path.join(tmp, f"{fam}-window")
+        mkmodel(binary, d, "--family", fam, "--seed", "3", "--sliding-window", "8", *extra)
+        c = AutoConfig.from_pretrained(d)
+        check(c.sliding_window == 8, f"{fam}: AutoConfig sliding_window {c.sliding_window}")
+        types = getattr(c, "layer_types", None)
+        if types is not None:
+            check(list(types) == want, f"{fam}: AutoConfig layer_types {types} != {want}")
+        print(f"{fam}: sliding window checked (layer_types {types})")
+
+
 def main():
     if len(sys.argv) != 2:
         raise SystemExit(__doc__)
@@ -292,6 +310,7 @@ def main():
             check_tokenizer(fam, d["bf16"], cfg)
             check_transformers(fam, d["bf16"], cfg)
             print(f"{fam}: checked ({len(a)} tensors)")
+        check_sliding_window(binary, tmp)
     if failures:
         print(f"{len(failures)} check(s) failed")
         return 1

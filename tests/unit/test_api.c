@@ -307,8 +307,10 @@ static void test_completions(void) {
                "logit_bias", "not supported");
     EXPECT_BAD(PD_API_COMPLETIONS, "{\"prompt\":\"a\",\"logprobs\":true}", 400, "logprobs",
                "must be an integer");
-    EXPECT_BAD(PD_API_COMPLETIONS, "{\"prompt\":\"a\",\"echo\":true}", 400, "echo",
-               "not supported");
+    EXPECT_BAD(PD_API_COMPLETIONS, "{\"prompt\":\"a\",\"echo\":true,\"logprobs\":2}", 400, "echo",
+               "prompt's logprobs");
+    EXPECT_BAD(PD_API_COMPLETIONS, "{\"prompt\":\"a\",\"echo\":1}", 400, "echo",
+               "must be a boolean");
     EXPECT_BAD(PD_API_COMPLETIONS, "{\"prompt\":\"a\",\"stream_options\":{\"include_usage\":1}}",
                400, "stream_options.include_usage", "must be a boolean");
     EXPECT_BAD(PD_API_COMPLETIONS, "{\"prompt\":\"a\",\"seed\":1.5}", 400, "seed",
@@ -442,6 +444,17 @@ static void test_length_and_ids(void) {
     CHECK_INT(r.sampling.max_new_tokens, 70); /* chat default: the rest of the context */
     CHECK_INT(pd_api_check_length(&r, 0, 100, &e), PD_EINVAL);
     CHECK(strstr(e.message, "empty") != NULL);
+    pd_api_request_free(&r);
+
+    /* prompt logprobs are refused by name, not silently left out */
+    CHECK_OK(parse(PD_API_GENERATE,
+                   "{\"text\":\"a\",\"return_logprob\":true,\"logprob_start_len\":2}", &r, &e));
+    CHECK_INT(pd_api_check_length(&r, 5, 100, &e), PD_EINVAL);
+    CHECK_STR(e.param, "logprob_start_len");
+    CHECK(strstr(e.message, "input_token_logprobs") != NULL);
+    CHECK_OK(pd_api_check_length(&r, 2, 1000, &e)); /* starts past the prompt: nothing asked */
+    r.return_logprob = false;
+    CHECK_OK(pd_api_check_length(&r, 5, 1000, &e)); /* no logprobs at all: ignored, as SGLang */
     pd_api_request_free(&r);
 
     CHECK_OK(parse(PD_API_COMPLETIONS, "{\"prompt\":[1,2,99],\"max_tokens\":60}", &r, &e));
@@ -869,6 +882,239 @@ static void test_info(void) {
     cJSON_Delete(j);
 }
 
+/* A "\u0000" inside a stop string is part of it; matching is byte-exact past NUL bytes. */
+static void test_stop_nul(void) {
+    struct pd_api_request r;
+    struct pd_api_error e;
+    CHECK_INT(parse(PD_API_GENERATE,
+                    "{\"text\":\"a\",\"sampling_params\":{\"stop\":[\"x\\u0000y\",\"\\u00e9\\n\","
+                    "\"\\ud83d\\ude00\"]}}",
+                    &r, &e),
+              PD_OK);
+    CHECK_INT(r.n_stop, 3);
+    CHECK_INT(r.stop_len[0], 3);
+    CHECK(memcmp(r.stop[0], "x\0y", 3) == 0);
+    CHECK_INT(r.stop_len[1], 3);
+    CHECK(memcmp(r.stop[1], "\xc3\xa9\n", 3) == 0);
+    CHECK_INT(r.stop_len[2], 4);
+    CHECK(memcmp(r.stop[2], "\xf0\x9f\x98\x80", 4) == 0);
+    size_t at = 99;
+    const char text[] = "ab\0cx\0y tail"; /* 12 bytes */
+    CHECK_INT(pd_api_find_stop(&r, text, 12, 0, &at), 0);
+    CHECK_INT(at, 4);
+    /* new text from byte 6 on: the match straddling the old end (bytes 4..6) is found */
+    CHECK_INT(pd_api_find_stop(&r, text, 12, 6, &at), 0);
+    CHECK_INT(pd_api_find_stop(&r, text, 6, 0, &at), -1); /* "x\0" only: no match yet */
+    CHECK_INT(pd_api_find_stop(&r, "\0\0\xc3\xa9\n", 5, 3, &at), 1);
+    CHECK_INT(at, 2);
+    pd_api_request_free(&r);
+    /* OpenAI: top-level stop, a string */
+    CHECK_INT(parse(PD_API_COMPLETIONS, "{\"prompt\":\"a\",\"stop\":\"\\u0000\"}", &r, &e), PD_OK);
+    CHECK_INT(r.n_stop, 1);
+    CHECK_INT(r.stop_len[0], 1);
+    CHECK_INT(pd_api_find_stop(&r, "ab\0", 3, 0, &at), 0);
+    CHECK_INT(at, 2);
+    pd_api_request_free(&r);
+    /* a rendered matched stop keeps its NUL */
+    struct pd_api_request g = {.kind = PD_API_GENERATE};
+    struct pd_api_result res = {.finish = PD_API_FINISH_STOP,
+                                .matched_stop = "x\0y",
+                                .matched_stop_len = 3,
+                                .matched_token = -1};
+    char *out = NULL;
+    CHECK_OK(pd_api_render_generate(&g, &res, &out));
+    CHECK(out && strstr(out, "\"matched\":\"x\\u0000y\""));
+    pd_free(out);
+}
+
+static const struct pd_api_config pd_cfg = {.disaggregated = true, .context_length = 100};
+
+static cJSON *split_body(const struct pd_api_split *sp, int k) {
+    cJSON *j = cJSON_Parse(sp->bodies[k]);
+    CHECK(j != NULL);
+    return j;
+}
+
+static void test_split(void) {
+    struct pd_api_split sp;
+    struct pd_api_error e;
+    const char *b = "{\"text\":\"a\"}";
+    /* one prompt, n 1: nothing to cut */
+    CHECK_OK(pd_api_split(PD_API_GENERATE, b, strlen(b), &cfg, &sp, &e));
+    CHECK(sp.count == 1 && !sp.bodies && !sp.batch);
+    pd_api_split_free(&sp);
+    /* a batch of one is still a batch (a list answer) */
+    b = "{\"text\":[\"a\"]}";
+    CHECK_OK(pd_api_split(PD_API_GENERATE, b, strlen(b), &cfg, &sp, &e));
+    CHECK(sp.count == 1 && sp.bodies && sp.batch);
+    pd_api_split_free(&sp);
+    /* 2 prompts x n 2, per-prompt sampling_params, rooms exact, rid per prompt */
+    b = "{\"input_ids\":[[1,2],[3]],\"sampling_params\":[{\"n\":2,\"max_new_tokens\":3},"
+        "{\"n\":2,\"max_new_tokens\":5}],\"return_logprob\":[true,false],\"rid\":[\"p\",\"q\"],"
+        "\"bootstrap_host\":\"h\",\"bootstrap_port\":[1,2,3,4],"
+        "\"bootstrap_room\":[9223372036854775807,1,2,9007199254740993]}";
+    CHECK_OK(pd_api_split(PD_API_GENERATE, b, strlen(b), &pd_cfg, &sp, &e));
+    CHECK_INT(sp.count, 4);
+    CHECK_INT(sp.n, 2);
+    CHECK_INT(sp.n_prompts, 2);
+    CHECK(sp.batch && sp.rid == NULL);
+    const char *want_rid[] = {"p_0", "p_1", "q_0", "q_1"};
+    const uint64_t want_room[] = {UINT64_C(9223372036854775807), 1, 2, UINT64_C(9007199254740993)};
+    for (int k = 0; k < 4; k++) {
+        struct pd_api_request r;
+        CHECK_OK(
+            pd_api_parse(PD_API_GENERATE, sp.bodies[k], strlen(sp.bodies[k]), &pd_cfg, &r, &e));
+        CHECK_STR(r.rid, want_rid[k]);
+        CHECK(r.bootstrap_room == want_room[k]);
+        CHECK_INT(r.bootstrap_port, k + 1);
+        CHECK_STR(r.bootstrap_host, "h");
+        CHECK_INT(r.n_input_ids, k < 2 ? 2 : 1);
+        CHECK_INT(r.input_ids[0], k < 2 ? 1 : 3);
+        CHECK_INT(r.sampling.max_new_tokens, k < 2 ? 3 : 5);
+        CHECK(r.return_logprob == (k < 2));
+        pd_api_request_free(&r);
+    }
+    pd_api_split_free(&sp);
+    /* OpenAI: n from the top level, a string rid gets _k, the prompt list is cut */
+    b = "{\"prompt\":[\"x\",\"y\"],\"n\":3,\"rid\":\"r\",\"seed\":5}";
+    CHECK_OK(pd_api_split(PD_API_COMPLETIONS, b, strlen(b), &cfg, &sp, &e));
+    CHECK_INT(sp.count, 6);
+    CHECK_STR(sp.rid, "r");
+    cJSON *j = split_body(&sp, 4);
+    CHECK_STR(cJSON_GetObjectItem(j, "prompt")->valuestring, "y");
+    CHECK_STR(cJSON_GetObjectItem(j, "rid")->valuestring, "r_4");
+    CHECK(cJSON_GetObjectItem(j, "n") == NULL);
+    CHECK_INT(cJSON_GetObjectItem(j, "seed")->valueint, 5);
+    cJSON_Delete(j);
+    pd_api_split_free(&sp);
+    /* chat n 2; a token-id prompt [int...] is one prompt, not a batch */
+    b = "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"n\":2}";
+    CHECK_OK(pd_api_split(PD_API_CHAT, b, strlen(b), &cfg, &sp, &e));
+    CHECK(sp.count == 2 && !sp.batch);
+    pd_api_split_free(&sp);
+    b = "{\"prompt\":[5,6,7],\"n\":2}";
+    CHECK_OK(pd_api_split(PD_API_COMPLETIONS, b, strlen(b), &cfg, &sp, &e));
+    CHECK(sp.count == 2 && !sp.batch);
+    j = split_body(&sp, 1);
+    CHECK_INT(cJSON_GetArraySize(cJSON_GetObjectItem(j, "prompt")), 3);
+    cJSON_Delete(j);
+    pd_api_split_free(&sp);
+    /* a body pd_api_parse refuses anyway passes through uncut */
+    b = "{\"text\":";
+    CHECK_OK(pd_api_split(PD_API_GENERATE, b, strlen(b), &cfg, &sp, &e));
+    CHECK(sp.count == 1 && !sp.bodies);
+    pd_api_split_free(&sp);
+    /* refusals */
+#define SPLIT_BAD(kind, c, body, want_param, needle)                                               \
+    do {                                                                                           \
+        const char *bb = body;                                                                     \
+        CHECK_INT(pd_api_split(kind, bb, strlen(bb), c, &sp, &e), PD_EINVAL);                      \
+        CHECK_INT(e.status, 400);                                                                  \
+        CHECK_STR(e.param, want_param);                                                            \
+        CHECK(strstr(e.message, needle) != NULL);                                                  \
+        CHECK(sp.bodies == NULL);                                                                  \
+    } while (0)
+    SPLIT_BAD(PD_API_COMPLETIONS, &cfg, "{\"prompt\":\"a\",\"n\":0}", "n", "[1, 128]");
+    SPLIT_BAD(PD_API_COMPLETIONS, &cfg, "{\"prompt\":\"a\",\"n\":129}", "n", "[1, 128]");
+    SPLIT_BAD(PD_API_CHAT, &cfg, "{\"messages\":[],\"n\":2.5}", "n", "fractional");
+    SPLIT_BAD(PD_API_GENERATE, &cfg, "{\"text\":\"a\",\"sampling_params\":{\"n\":-1}}",
+              "sampling_params.n", "[1, 128]");
+    SPLIT_BAD(PD_API_GENERATE, &cfg, "{\"text\":[]}", "text", "must not be empty");
+    SPLIT_BAD(PD_API_GENERATE, &cfg,
+              "{\"text\":[\"a\",\"b\"],\"sampling_params\":[{\"n\":2},{\"n\":3}]}",
+              "sampling_params", "same 'n'");
+    SPLIT_BAD(PD_API_GENERATE, &cfg, "{\"text\":[\"a\",\"b\"],\"sampling_params\":[{}]}",
+              "sampling_params", "one entry per prompt (2), got 1");
+    SPLIT_BAD(PD_API_GENERATE, &cfg, "{\"text\":[\"a\",\"b\"],\"rid\":[\"a\",\"b\",\"c\"]}", "rid",
+              "list of 2 strings");
+    SPLIT_BAD(PD_API_GENERATE, &pd_cfg, "{\"text\":[\"a\",\"b\"],\"bootstrap_room\":[1]}",
+              "bootstrap_room", "list of 2 rooms");
+    SPLIT_BAD(PD_API_COMPLETIONS, &pd_cfg, "{\"prompt\":\"a\",\"n\":2,\"bootstrap_room\":7}",
+              "bootstrap_room", "must be a list of 2 rooms");
+    SPLIT_BAD(PD_API_COMPLETIONS, &cfg,
+              "{\"prompt\":[\"a\",\"b\",\"c\",\"d\",\"e\",\"f\",\"g\",\"h\",\"i\"],\"n\":128}", "n",
+              "at most 1024");
+    SPLIT_BAD(PD_API_COMPLETIONS, &pd_cfg,
+              "{\"prompt\":\"a\",\"n\":2,\"bootstrap_room\":[1,2],\"bootstrap_host\":[\"h\"]}",
+              "bootstrap_host", "list of 2 entries");
+#undef SPLIT_BAD
+    /* n copies of a long prompt are bounded in bytes */
+    {
+        size_t plen = 1u << 20;
+        char *big = pd_malloc(plen + 64);
+        CHECK(big != NULL);
+        if (big) {
+            int o = snprintf(big, 64, "{\"n\":100,\"prompt\":\"");
+            memset(big + o, 'a', plen);
+            strcpy(big + o + plen, "\"}");
+            CHECK_INT(pd_api_split(PD_API_COMPLETIONS, big, strlen(big), &cfg, &sp, &e), PD_EINVAL);
+            CHECK_STR(e.param, "n");
+            CHECK(strstr(e.message, "64 MiB") != NULL);
+            CHECK(sp.bodies == NULL);
+            pd_free(big);
+        }
+    }
+    /* colocated: a scalar room is ignored, as without fan-out */
+    b = "{\"prompt\":\"a\",\"n\":2,\"bootstrap_room\":7}";
+    CHECK_OK(pd_api_split(PD_API_COMPLETIONS, b, strlen(b), &cfg, &sp, &e));
+    CHECK_INT(sp.count, 2);
+    pd_api_split_free(&sp);
+    /* allocation failures: a 500 or success, nothing leaked (ASan) */
+    b = "{\"text\":[\"a\",\"b\"],\"rid\":\"r\",\"sampling_params\":{\"n\":2},"
+        "\"bootstrap_room\":[1,2,3,4]}";
+    int saw_oom = 0;
+    for (long n = 0; n < 80; n++) {
+        pd_alloc_fail_after(n);
+        int rc = pd_api_split(PD_API_GENERATE, b, strlen(b), &pd_cfg, &sp, &e);
+        pd_alloc_fail_after(-1);
+        CHECK(rc == PD_OK || (rc == PD_ENOMEM && e.status == 500));
+        saw_oom += rc == PD_ENOMEM;
+        pd_api_split_free(&sp);
+    }
+    CHECK(saw_oom > 0);
+}
+
+static void test_merge(void) {
+    char *out = NULL;
+    char *gen[] = {"{\"text\":\"a\"}", "{\"text\":\"b\"}"};
+    CHECK_OK(pd_api_merge(PD_API_GENERATE, 1, gen, 2, &out));
+    CHECK_STR(out, "[{\"text\":\"a\"},{\"text\":\"b\"}]");
+    pd_free(out);
+    /* 2 prompts x n 2: prompt tokens once per prompt, completion tokens all */
+    char *oa[4];
+    char buf[4][256];
+    const int prompt[] = {5, 5, 7, 7}, completion[] = {1, 2, 3, 4}, cached[] = {2, 2, 0, 0};
+    for (int k = 0; k < 4; k++) {
+        snprintf(buf[k], sizeof(buf[k]),
+                 "{\"id\":\"cmpl-1\",\"object\":\"text_completion\",\"choices\":[{\"index\":0,"
+                 "\"text\":\"t%d\"}],\"usage\":{\"prompt_tokens\":%d,\"completion_tokens\":%d,"
+                 "\"total_tokens\":0,\"prompt_tokens_details\":{\"cached_tokens\":%d}}}",
+                 k, prompt[k], completion[k], cached[k]);
+        oa[k] = buf[k];
+    }
+    CHECK_OK(pd_api_merge(PD_API_COMPLETIONS, 2, oa, 4, &out));
+    cJSON *j = cJSON_Parse(out);
+    cJSON *ch = cJSON_GetObjectItem(j, "choices");
+    CHECK_INT(cJSON_GetArraySize(ch), 4);
+    for (int k = 0; k < 4; k++) {
+        char want[8];
+        snprintf(want, sizeof(want), "t%d", k);
+        CHECK_INT(cJSON_GetObjectItem(cJSON_GetArrayItem(ch, k), "index")->valueint, k);
+        CHECK_STR(cJSON_GetObjectItem(cJSON_GetArrayItem(ch, k), "text")->valuestring, want);
+    }
+    cJSON *u = cJSON_GetObjectItem(j, "usage");
+    CHECK_INT(cJSON_GetObjectItem(u, "prompt_tokens")->valueint, 12);
+    CHECK_INT(cJSON_GetObjectItem(u, "completion_tokens")->valueint, 10);
+    CHECK_INT(cJSON_GetObjectItem(u, "total_tokens")->valueint, 22);
+    CHECK_INT(cJSON_GetObjectItem(cJSON_GetObjectItem(u, "prompt_tokens_details"), "cached_tokens")
+                  ->valueint,
+              2);
+    cJSON_Delete(j);
+    pd_free(out);
+    char *broken[] = {"{\"choices\":[]}"};
+    CHECK_ERR(pd_api_merge(PD_API_CHAT, 1, broken, 1, &out), PD_EINVAL, "no choice");
+}
+
 static void test_alloc_failures(void) {
     /* every allocation failure is a 500 with nothing leaked (ASan checks the leaks) */
     const char *body =
@@ -897,4 +1143,5 @@ PD_TEST_MAIN(PD_TEST(test_generate_fields), PD_TEST(test_generate_bad), PD_TEST(
              PD_TEST(test_utf8), PD_TEST(test_bootstrap), PD_TEST(test_completions),
              PD_TEST(test_model_name), PD_TEST(test_chat), PD_TEST(test_length_and_ids),
              PD_TEST(test_chat_prompt), PD_TEST(test_error_render), PD_TEST(test_render_generate),
-             PD_TEST(test_render_openai), PD_TEST(test_info), PD_TEST(test_alloc_failures))
+             PD_TEST(test_render_openai), PD_TEST(test_info), PD_TEST(test_alloc_failures),
+             PD_TEST(test_stop_nul), PD_TEST(test_split), PD_TEST(test_merge))

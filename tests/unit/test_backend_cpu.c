@@ -198,7 +198,10 @@ static void test_rows_ops(void) {
 
 /* Two requests, pages scattered, prefix already cached for one: attention over the pages must
  * equal attention over the plain token sequence. */
-static void check_attention(enum pd_dtype kv_dtype, int heads, int kv_heads, int threads) {
+/* window > 0: the naive reference masks keys older than the window (transformers' sliding
+ * window: position p sees keys p - window + 1 .. p). */
+static void check_attention(enum pd_dtype kv_dtype, int heads, int kv_heads, int threads,
+                            int window) {
     struct pd_backend *be = make(threads);
     enum { PS = 4, HD = 20, NPAGES = 16, L = 2 }; /* HD: a full and a partial vector */
     int esz = kv_dtype == PD_DTYPE_F32 ? 4 : 2;
@@ -268,7 +271,7 @@ static void check_attention(enum pd_dtype kv_dtype, int heads, int kv_heads, int
     CHECK_OK(pd_backend_set_batch(be, &p2));
     pd_backend_kv_store(be, &kv, layer, kin, vin);
     float scale = 1.0f / sqrtf(HD);
-    pd_backend_attention(be, &kv, layer, qin, heads, scale, out);
+    pd_backend_attention(be, &kv, layer, qin, heads, scale, window, out);
     double err = 0;
     n = 0;
     int group = heads / kv_heads;
@@ -278,18 +281,19 @@ static void check_attention(enum pd_dtype kv_dtype, int heads, int kv_heads, int
             for (int h = 0; h < heads; h++) {
                 double s[11], mx = -1e30, sum = 0;
                 const float *qq = qseq[r][p] + h * HD;
-                for (int j = 0; j <= p; j++) {
+                int j0 = window > 0 && p + 1 > window ? p + 1 - window : 0;
+                for (int j = j0; j <= p; j++) {
                     s[j] = 0;
                     for (int d = 0; d < HD; d++)
                         s[j] += (double)qq[d] * kseq[r][j][(h / group) * HD + d];
                     s[j] *= scale;
                     mx = fmax(mx, s[j]);
                 }
-                for (int j = 0; j <= p; j++)
+                for (int j = j0; j <= p; j++)
                     sum += s[j] = exp(s[j] - mx);
                 for (int d = 0; d < HD; d++) {
                     double o = 0;
-                    for (int j = 0; j <= p; j++)
+                    for (int j = j0; j <= p; j++)
                         o += s[j] / sum * vseq[r][j][(h / group) * HD + d];
                     err = fmax(err, fabs(o - out[(n * heads + h) * HD + d]));
                 }
@@ -297,16 +301,28 @@ static void check_attention(enum pd_dtype kv_dtype, int heads, int kv_heads, int
         }
     CHECK(err < 1e-5);
     if (err >= 1e-5)
-        fprintf(stderr, "  attention heads %d kv %d: err %g\n", heads, kv_heads, err);
+        fprintf(stderr, "  attention heads %d kv %d window %d: err %g\n", heads, kv_heads, window,
+                err);
     pd_backend_release(be, kv.base);
     pd_backend_free(be);
 }
 
 static void test_attention(void) {
-    check_attention(PD_DTYPE_F32, 4, 4, 1);
-    check_attention(PD_DTYPE_F32, 4, 2, 3);
-    check_attention(PD_DTYPE_F32, 8, 2, 2);
-    check_attention(PD_DTYPE_BF16, 8, 1, 2);
+    check_attention(PD_DTYPE_F32, 4, 4, 1, 0);
+    check_attention(PD_DTYPE_F32, 4, 2, 3, 0);
+    check_attention(PD_DTYPE_F32, 8, 2, 2, 0);
+    check_attention(PD_DTYPE_BF16, 8, 1, 2, 0);
+}
+
+/* Sliding windows: 1 (only itself), 3 (starts mid-page, crosses pages), 5 and 7 (the window
+ * start moves through the 5-token block), 11 (= the longest request: masks nothing). */
+static void test_attention_sliding_window(void) {
+    const int windows[] = {1, 3, 5, 7, 11};
+    for (size_t i = 0; i < PD_ARRAY_LEN(windows); i++) {
+        check_attention(PD_DTYPE_F32, 4, 2, 1, windows[i]);
+        check_attention(PD_DTYPE_F32, 8, 2, 3, windows[i]);
+        check_attention(PD_DTYPE_BF16, 4, 4, 2, windows[i]);
+    }
 }
 
 static void test_bad_plans(void) {
@@ -338,4 +354,4 @@ static void test_bad_plans(void) {
 }
 
 PD_TEST_MAIN(PD_TEST(test_matmul), PD_TEST(test_rows_ops), PD_TEST(test_attention),
-             PD_TEST(test_bad_plans))
+             PD_TEST(test_attention_sliding_window), PD_TEST(test_bad_plans))

@@ -62,6 +62,10 @@ static int parse_flags(char *flags, struct pd_mkmodel_opts *o) {
             o->num_attention_heads = atoi(v);
         } else if (strcmp(w, "--kv-heads") == 0) {
             o->num_key_value_heads = atoi(v);
+        } else if (strcmp(w, "--sliding-window") == 0) {
+            o->sliding_window = atoi(v);
+        } else if (strcmp(w, "--max-window-layers") == 0) {
+            o->max_window_layers = atoi(v);
         } else {
             return -1;
         }

@@ -416,6 +416,22 @@ static void test_overrides_and_bad_options(void) {
     o = tiny(PD_MKMODEL_LLAMA);
     o.num_hidden_layers = -2;
     CHECK_ERR(pd_mkmodel_config(&o, &c), PD_ERANGE, "--layers");
+    /* sliding windows: mistral and qwen only; written and read back */
+    o = tiny(PD_MKMODEL_LLAMA);
+    o.sliding_window = 8;
+    CHECK_ERR(pd_mkmodel_config(&o, &c), PD_EINVAL, "mistral, qwen2 or qwen3");
+    o = tiny(PD_MKMODEL_MISTRAL);
+    o.sliding_window = 8;
+    o.max_window_layers = 1;
+    CHECK_ERR(pd_mkmodel_config(&o, &c), PD_EINVAL, "qwen2 or qwen3");
+    o = tiny(PD_MKMODEL_QWEN2);
+    o.sliding_window = 8;
+    o.max_window_layers = 1;
+    d = dir_for("window");
+    CHECK_OK(pd_mkmodel_write(&o, d));
+    CHECK_OK(pd_model_config_load(d, &got));
+    CHECK_INT(got.sliding_window, 8);
+    CHECK_INT(got.max_window_layers, 1);
 
     uint64_t v;
     CHECK_OK(pd_mkmodel_size_parse("0", &v));

@@ -46,10 +46,14 @@ struct rig {
     int vocab;
 };
 
-static int rig_init(struct rig *r, enum pd_arch arch, enum pd_dtype dt, int max_tokens) {
+/* window / max_window_layers: the config's sliding window (0: none). */
+static int rig_init_window(struct rig *r, enum pd_arch arch, enum pd_dtype dt, int max_tokens,
+                           int window, int max_window_layers) {
     memset(r, 0, sizeof(*r));
     struct pd_backend_opts bo = {.kind = PD_BACKEND_CPU, .threads = 2};
     struct pd_model_config c = tiny_config(arch);
+    c.sliding_window = window;
+    c.max_window_layers = max_window_layers;
     fake_ckpt_weights(&c, dt, 0.3f, frand, &r->ck);
     r->vocab = c.vocab_size;
     struct pd_model_opts mo = {.max_tokens = max_tokens, .max_reqs = 4, .page_size = 16};
@@ -62,6 +66,10 @@ static int rig_init(struct rig *r, enum pd_arch arch, enum pd_dtype dt, int max_
         rc = pd_kv_pool_init(&r->kv, r->be, &ko);
     }
     return rc;
+}
+
+static int rig_init(struct rig *r, enum pd_arch arch, enum pd_dtype dt, int max_tokens) {
+    return rig_init_window(r, arch, dt, max_tokens, 0, 0);
 }
 
 static void rig_free(struct rig *r) {
@@ -150,6 +158,55 @@ static void test_chunking_qwen2(void) {
 }
 static void test_chunking_qwen3_bf16(void) {
     check_chunking(PD_ARCH_QWEN3, PD_DTYPE_BF16);
+}
+
+/* A sliding window of W = 20 tokens (Mistral's, Qwen's with use_sliding_window): the same
+ * weights with and without it give the same logits at positions < W (nothing is masked yet) and
+ * different ones after; chunked prefill and decode steps agree with one whole extend under the
+ * window; with max_window_layers 1 only the second layer slides (a third, distinct result). */
+static void test_sliding_window(void) {
+    enum { W = 20 };
+    struct rig full, win, last;
+    rng = 7;
+    CHECK_OK(rig_init_window(&full, PD_ARCH_QWEN2, PD_DTYPE_F32, 2 * MAX_T, 0, 0));
+    rng = 7; /* the same weights */
+    CHECK_OK(rig_init_window(&win, PD_ARCH_QWEN2, PD_DTYPE_F32, 2 * MAX_T, W, 0));
+    rng = 7;
+    CHECK_OK(rig_init_window(&last, PD_ARCH_QWEN2, PD_DTYPE_F32, 2 * MAX_T, W, 1));
+    if (full.m && win.m && last.m) {
+        int32_t prompt[PROMPT], pages[8] = {31, 4, 17, 0, 22, 9, 38, 12};
+        for (int i = 0; i < PROMPT; i++)
+            prompt[i] = (int32_t)((i * 37 + 11) % full.vocab);
+        size_t nl = (size_t)PROMPT * full.vocab, nw = (size_t)W * full.vocab;
+        float *a = pd_malloc(sizeof(float) * nl), *b = pd_malloc(sizeof(float) * nl);
+        float *c = pd_malloc(sizeof(float) * nl), *d = pd_malloc(sizeof(float) * nl);
+        int32_t ga[GEN], gb[GEN], gc[GEN], gd[GEN];
+        run_chunked(&full, prompt, pages, PROMPT, a, ga);
+        run_chunked(&win, prompt, pages, PROMPT, b, gb);
+        run_chunked(&last, prompt, pages, PROMPT, c, gc);
+        CHECK(rel_err(b, a, nw) < 1e-6); /* inside the window: unchanged */
+        CHECK(rel_err(c, a, nw) < 1e-6);
+        const float *la = a + nl - full.vocab, *lb = b + nl - full.vocab, *lc = c + nl - full.vocab;
+        CHECK(rel_err(lb, la, full.vocab) > 1e-3); /* beyond it: the window masks */
+        CHECK(rel_err(lc, la, full.vocab) > 1e-3);
+        CHECK(rel_err(lc, lb, full.vocab) > 1e-3);
+        static const int chunks[] = {1, 7, 16};
+        for (size_t k = 0; k < PD_ARRAY_LEN(chunks); k++) {
+            run_chunked(&win, prompt, pages, chunks[k], d, gd);
+            double e = rel_err(d, b, nl);
+            CHECK(e < 1e-5);
+            if (e >= 1e-5)
+                fprintf(stderr, "  window %d chunk %d: rel err %g\n", W, chunks[k], e);
+            CHECK(memcmp(gd, gb, sizeof(gb)) == 0);
+        }
+        pd_free(a);
+        pd_free(b);
+        pd_free(c);
+        pd_free(d);
+    }
+    rig_free(&full);
+    rig_free(&win);
+    rig_free(&last);
 }
 
 /* Three requests of lengths 5, 23 and 40 (one with a cached prefix) in one step give the same
@@ -267,4 +324,4 @@ static void test_missing_tensor(void) {
 
 PD_TEST_MAIN(PD_TEST(test_chunking_llama), PD_TEST(test_chunking_qwen2),
              PD_TEST(test_chunking_qwen3_bf16), PD_TEST(test_batch_equals_alone),
-             PD_TEST(test_bad_input), PD_TEST(test_missing_tensor))
+             PD_TEST(test_bad_input), PD_TEST(test_missing_tensor), PD_TEST(test_sliding_window))

@@ -193,27 +193,27 @@ static int parse_gen(const char *json, struct pd_model_config *c) {
 }
 
 static int same_config(const struct pd_model_config *a, const struct pd_model_config *b) {
-    int same = a->arch == b->arch && a->vocab_size == b->vocab_size &&
-               a->hidden_size == b->hidden_size && a->intermediate_size == b->intermediate_size &&
-               a->num_hidden_layers == b->num_hidden_layers &&
-               a->num_attention_heads == b->num_attention_heads &&
-               a->num_key_value_heads == b->num_key_value_heads && a->head_dim == b->head_dim &&
-               a->max_position_embeddings == b->max_position_embeddings &&
-               a->rms_norm_eps == b->rms_norm_eps && a->rope_theta == b->rope_theta &&
-               a->rope_scaling.type == b->rope_scaling.type &&
-               a->rope_scaling.factor == b->rope_scaling.factor &&
-               a->rope_scaling.low_freq_factor == b->rope_scaling.low_freq_factor &&
-               a->rope_scaling.high_freq_factor == b->rope_scaling.high_freq_factor &&
-               a->rope_scaling.original_max_position_embeddings ==
-                   b->rope_scaling.original_max_position_embeddings &&
-               a->tie_word_embeddings == b->tie_word_embeddings &&
-               a->attention_bias == b->attention_bias && a->qk_norm == b->qk_norm &&
-               a->sliding_window == b->sliding_window && a->torch_dtype == b->torch_dtype &&
-               a->bos_token_id == b->bos_token_id && a->pad_token_id == b->pad_token_id &&
-               a->n_eos_token_ids == b->n_eos_token_ids &&
-               a->gen_temperature == b->gen_temperature && a->gen_top_p == b->gen_top_p &&
-               a->gen_top_k == b->gen_top_k &&
-               a->gen_repetition_penalty == b->gen_repetition_penalty;
+    int same =
+        a->arch == b->arch && a->vocab_size == b->vocab_size && a->hidden_size == b->hidden_size &&
+        a->intermediate_size == b->intermediate_size &&
+        a->num_hidden_layers == b->num_hidden_layers &&
+        a->num_attention_heads == b->num_attention_heads &&
+        a->num_key_value_heads == b->num_key_value_heads && a->head_dim == b->head_dim &&
+        a->max_position_embeddings == b->max_position_embeddings &&
+        a->rms_norm_eps == b->rms_norm_eps && a->rope_theta == b->rope_theta &&
+        a->rope_scaling.type == b->rope_scaling.type &&
+        a->rope_scaling.factor == b->rope_scaling.factor &&
+        a->rope_scaling.low_freq_factor == b->rope_scaling.low_freq_factor &&
+        a->rope_scaling.high_freq_factor == b->rope_scaling.high_freq_factor &&
+        a->rope_scaling.original_max_position_embeddings ==
+            b->rope_scaling.original_max_position_embeddings &&
+        a->tie_word_embeddings == b->tie_word_embeddings &&
+        a->attention_bias == b->attention_bias && a->qk_norm == b->qk_norm &&
+        a->sliding_window == b->sliding_window && a->max_window_layers == b->max_window_layers &&
+        a->torch_dtype == b->torch_dtype && a->bos_token_id == b->bos_token_id &&
+        a->pad_token_id == b->pad_token_id && a->n_eos_token_ids == b->n_eos_token_ids &&
+        a->gen_temperature == b->gen_temperature && a->gen_top_p == b->gen_top_p &&
+        a->gen_top_k == b->gen_top_k && a->gen_repetition_penalty == b->gen_repetition_penalty;
     for (int i = 0; same && i < a->n_eos_token_ids; i++)
         same = a->eos_token_ids[i] == b->eos_token_ids[i];
     return same;
@@ -521,6 +521,19 @@ static void test_defaults(void) {
                                                "\"sliding_window\":1024}",
                    &c));
     CHECK_INT(c.sliding_window, 1024);
+    CHECK_INT(c.max_window_layers, 28); /* Qwen2Config's default: layers >= 28 slide */
+    check_round_trip(&c);
+    CHECK_OK(parse(MINIMAL("Qwen2ForCausalLM") ",\"use_sliding_window\":true,"
+                                               "\"max_window_layers\":3}",
+                   &c));
+    CHECK_INT(c.max_window_layers, 3);
+    check_round_trip(&c);
+    CHECK_ERR(parse(MINIMAL("Qwen2ForCausalLM") ",\"use_sliding_window\":true,"
+                                                "\"max_window_layers\":-1}",
+                    &c),
+              PD_ERANGE, "max_window_layers");
+    CHECK_OK(parse(MINIMAL("MistralForCausalLM") ",\"sliding_window\":64}", &c));
+    CHECK_INT(c.max_window_layers, 0); /* Mistral: every layer */
 
     CHECK_OK(parse(MINIMAL("Qwen3ForCausalLM") "}", &c));
     CHECK_INT(c.head_dim, 128); /* Qwen3Config's default */

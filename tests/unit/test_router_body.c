@@ -147,13 +147,20 @@ static void test_refusals(void) {
               code, needle)
     REFUSE(PD_ROUTER_ROUTE_GENERATE, "{\"text\":", PD_EINVAL, "not valid JSON");
     REFUSE(PD_ROUTER_ROUTE_GENERATE, "[1]", PD_EINVAL, "JSON object");
-    REFUSE(PD_ROUTER_ROUTE_GENERATE, "{\"text\":\"a\",\"sampling_params\":{\"n\":2}}",
-           PD_EUNSUPPORTED, "n > 1");
-    REFUSE(PD_ROUTER_ROUTE_CHAT, "{\"messages\":[],\"n\":3}", PD_EUNSUPPORTED, "n > 1");
+    REFUSE(PD_ROUTER_ROUTE_GENERATE, "{\"text\":\"a\",\"sampling_params\":{\"n\":0}}", PD_EINVAL,
+           "'n' must be an integer in [1, 128]");
+    REFUSE(PD_ROUTER_ROUTE_CHAT, "{\"messages\":[],\"n\":1.5}", PD_EINVAL, "'n' must be");
+    REFUSE(PD_ROUTER_ROUTE_CHAT, "{\"messages\":[],\"n\":129}", PD_EINVAL, "[1, 128]");
+    REFUSE(PD_ROUTER_ROUTE_COMPLETIONS,
+           "{\"prompt\":[\"a\",\"b\",\"c\",\"d\",\"e\",\"f\",\"g\",\"h\",\"i\"],\"n\":128}",
+           PD_EINVAL, "at most 1024");
     REFUSE(PD_ROUTER_ROUTE_GENERATE, "{\"text\":[]}", PD_EINVAL, "empty");
     REFUSE(PD_ROUTER_ROUTE_GENERATE, "{\"text\":\"a\",\"rid\":5}", PD_EINVAL, "'rid' must be");
     REFUSE(PD_ROUTER_ROUTE_GENERATE, "{\"text\":[\"a\",\"b\"],\"rid\":[\"x\"]}", PD_EINVAL,
            "list of 2 strings");
+    REFUSE(PD_ROUTER_ROUTE_GENERATE,
+           "{\"text\":[\"a\",\"b\"],\"rid\":[\"x\",\"y\",\"z\"],\"sampling_params\":{\"n\":2}}",
+           PD_EINVAL, "of 2 (one per prompt)");
     CHECK(info.rooms == NULL && info.rids == NULL); /* nothing left to free on failure */
 #undef REFUSE
 }
@@ -175,6 +182,51 @@ static void test_alloc_failures_leak_nothing(void) {
     }
 }
 
+/* n > 1: one room and rid per sub-request (prompts x n, prompt-major), as the daemons fan out */
+static void test_parallel_samples(void) {
+    struct pd_router_body_info info;
+    char *text;
+    cJSON *j = rewrite(PD_ROUTER_ROUTE_CHAT, "{\"messages\":[],\"n\":3,\"rid\":\"q\"}", "h", 5,
+                       &info, &text);
+    CHECK_INT(info.n, 3);
+    CHECK_INT(info.samples, 3);
+    CHECK(info.batch);
+    CHECK(!info.rid_added);
+    const cJSON *rooms = cJSON_GetObjectItem(j, "bootstrap_room");
+    CHECK_INT(cJSON_GetArraySize(rooms), 3);
+    CHECK_INT(cJSON_GetArraySize(cJSON_GetObjectItem(j, "bootstrap_host")), 3);
+    CHECK(info.rooms[0] != info.rooms[1] && info.rooms[1] != info.rooms[2]);
+    CHECK_STR(info.rids[0], "q_0");
+    CHECK_STR(info.rids[2], "q_2");
+    CHECK_STR(cJSON_GetObjectItem(j, "rid")->valuestring, "q"); /* the client's, kept */
+    cJSON_Delete(j);
+    pd_free(text);
+    pd_router_body_info_free(&info);
+
+    j = rewrite(PD_ROUTER_ROUTE_GENERATE,
+                "{\"text\":[\"a\",\"b\"],\"rid\":[\"x\",\"y\"],\"sampling_params\":{\"n\":2}}", "h",
+                5, &info, &text);
+    CHECK_INT(info.n, 4);
+    CHECK_STR(info.rids[0], "x_0");
+    CHECK_STR(info.rids[1], "x_1");
+    CHECK_STR(info.rids[3], "y_1");
+    CHECK_INT(cJSON_GetArraySize(cJSON_GetObjectItem(j, "bootstrap_room")), 4);
+    cJSON_Delete(j);
+    pd_free(text);
+    pd_router_body_info_free(&info);
+
+    j = rewrite(PD_ROUTER_ROUTE_COMPLETIONS, "{\"prompt\":\"a\",\"n\":2}", "h", 5, &info, &text);
+    CHECK(info.rid_added); /* the router's rids: one per sub-request, the rooms */
+    const cJSON *rids = cJSON_GetObjectItem(j, "rid");
+    CHECK_INT(cJSON_GetArraySize(rids), 2);
+    char room[24];
+    snprintf(room, sizeof(room), "%" PRIu64, info.rooms[1]);
+    CHECK_STR(cJSON_GetArrayItem(rids, 1)->valuestring, room);
+    cJSON_Delete(j);
+    pd_free(text);
+    pd_router_body_info_free(&info);
+}
+
 static void test_abort_body(void) {
     char *b = pd_router_abort_body("r\"1");
     CHECK_STR(b, "{\"rid\":\"r\\\"1\"}");
@@ -184,9 +236,9 @@ static void test_abort_body(void) {
 int main(void) {
     pd_router_rng_seed_with(&rng, 99);
     static const struct pd_test_case cases[] = {
-        PD_TEST(test_single),    PD_TEST(test_null_port_rid_kept_empty_object),
-        PD_TEST(test_batches),   PD_TEST(test_client_bootstrap_fields_replaced),
-        PD_TEST(test_refusals),  PD_TEST(test_alloc_failures_leak_nothing),
-        PD_TEST(test_abort_body)};
+        PD_TEST(test_single),     PD_TEST(test_null_port_rid_kept_empty_object),
+        PD_TEST(test_batches),    PD_TEST(test_client_bootstrap_fields_replaced),
+        PD_TEST(test_refusals),   PD_TEST(test_alloc_failures_leak_nothing),
+        PD_TEST(test_abort_body), PD_TEST(test_parallel_samples)};
     return pd_test_run("unit_router_body", cases, PD_ARRAY_LEN(cases));
 }

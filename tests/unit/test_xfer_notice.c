@@ -1,0 +1,58 @@
+/* The done notice's wire format (common/xfer.h): every field survives a round trip, the first
+ * token's top logprobs included; a notice without them (an older sender's) still decodes; a
+ * length that disagrees with the error text and the top count is refused, never trusted. */
+#include "pd_test.h"
+
+#include "common/xfer.h"
+
+static void test_round_trip_with_top(void) {
+    struct pd_xfer_notice n = {.room = 0x7fffffffffffffffull,
+                               .status = PD_OK,
+                               .first_token = 812,
+                               .first_logprob = -0.25f,
+                               .cached_tokens = 48,
+                               .data_bytes = 123456789,
+                               .n_top = 3,
+                               .top_ids = {812, 7, 1023},
+                               .top_logprobs = {-0.25f, -1.5f, -9.75f}};
+    snprintf(n.error, sizeof(n.error), "%s", "");
+    uint8_t buf[1024];
+    size_t len = pd_xfer_notice_encode(&n, 99, buf, sizeof(buf));
+    CHECK_INT(len, PD_XFER_NOTICE_WIRE_MIN + 1 + 3 * 8);
+    struct pd_xfer_notice d;
+    uint64_t sender = 0;
+    CHECK_OK(pd_xfer_notice_decode(buf, len, &d, &sender));
+    CHECK_INT(sender, 99);
+    CHECK(d.room == n.room);
+    CHECK_INT(d.first_token, 812);
+    CHECK(d.first_logprob == -0.25f);
+    CHECK_INT(d.cached_tokens, 48);
+    CHECK_INT(d.data_bytes, 123456789);
+    CHECK_INT(d.n_top, 3);
+    for (int k = 0; k < 3; k++) {
+        CHECK_INT(d.top_ids[k], n.top_ids[k]);
+        CHECK(d.top_logprobs[k] == n.top_logprobs[k]);
+    }
+    /* the buffer must hold the top logprobs too */
+    CHECK_INT(pd_xfer_notice_encode(&n, 99, buf, len - 1), 0);
+    /* a truncated or padded top section is refused */
+    CHECK_ERR(pd_xfer_notice_decode(buf, len - 1, &d, &sender), PD_EFORMAT, "top logprobs");
+    buf[PD_XFER_NOTICE_WIRE_MIN] = PD_XFER_NOTICE_TOP_MAX + 1;
+    CHECK_ERR(pd_xfer_notice_decode(buf, len, &d, &sender), PD_EFORMAT, "top logprobs");
+}
+
+static void test_failed_notice_without_top(void) {
+    struct pd_xfer_notice n = {.room = 5, .status = PD_ECANCELED, .first_token = -1};
+    snprintf(n.error, sizeof(n.error), "%s", "client went away");
+    uint8_t buf[1024];
+    size_t len = pd_xfer_notice_encode(&n, 1, buf, sizeof(buf));
+    CHECK_INT(len, PD_XFER_NOTICE_WIRE_MIN + strlen("client went away"));
+    struct pd_xfer_notice d;
+    uint64_t sender;
+    CHECK_OK(pd_xfer_notice_decode(buf, len, &d, &sender));
+    CHECK_INT(d.status, PD_ECANCELED);
+    CHECK_INT(d.n_top, 0);
+    CHECK_STR(d.error, "client went away");
+}
+
+PD_TEST_MAIN(PD_TEST(test_round_trip_with_top), PD_TEST(test_failed_notice_without_top))
