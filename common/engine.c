@@ -202,9 +202,15 @@ int pd_engine_new(const struct pd_engine_config *cfg, struct pd_engine **out) {
     }
     e->max_reqs = max_reqs;
 
-    struct pd_backend_opts bo = {.kind = PD_BACKEND_CPU, .threads = cfg->threads};
-    if ((rc = pd_backend_new(&bo, &e->be)) != PD_OK)
+    struct pd_backend_opts bo = {.kind = cfg->device == PD_BACKEND_CUDA ? PD_BACKEND_CUDA
+                                                                        : PD_BACKEND_CPU,
+                                 .threads = cfg->threads,
+                                 .device_index = cfg->device_index};
+    if ((rc = pd_backend_new(&bo, &e->be)) != PD_OK) {
+        if (bo.kind == PD_BACKEND_CUDA)
+            rc = pd_error_wrap(rc, "--device cuda (GPU %d)", cfg->device_index);
         goto fail;
+    }
     struct pd_model_opts mo = {.max_tokens = max_tokens,
                                .max_reqs = max_reqs,
                                .max_logit_rows = max_reqs,
@@ -307,6 +313,8 @@ void pd_engine_get_info(const struct pd_engine *e, struct pd_engine_info *o) {
         .page_bytes = e->kv.layout.page_bytes,
         .n_pages = (int32_t)e->kv.layout.n_pages,
         .pool_base = e->kv.layout.base,
+        .pool_on_device = pd_backend_kind_of(e->be) == PD_BACKEND_CUDA,
+        .device_index = e->cfg.device_index,
         .dtype = pd_dtype_name(e->kv.layout.dtype),
         .backend = pd_backend_name(e->be),
         .model_type = pd_arch_model_type(mc->arch),

@@ -33,9 +33,9 @@
  * failed notice (sent after a flush) arrives, when the control plane says no write can land
  * (pd_xfer_room_release), or — bounded — abort_timeout_ms later by force-closing the peer.
  *
- * Not here: the page allocator (callers own page indices), the bootstrap RPCs (common/bootstrap.h),
- * GPU memory (UCX here is host-only; pd_xfer_info says whether it takes CUDA memory — the CUDA
- * path will hand this engine a pinned staging ring instead).
+ * GPU pools (pd_xfer_register_device_pool): registered with UCX directly when it takes CUDA
+ * memory, else staged through a pinned host ring (see there).
+ * Not here: the page allocator (callers own page indices), the bootstrap RPCs (common/bootstrap.h).
  */
 #ifndef PD_XFER_H
 #define PD_XFER_H
@@ -92,7 +92,9 @@ struct pd_xfer_config {
         PD_XFER_DATA_PUT,      /* always ucp_put_nbx (tests of the RMA path without RDMA) */
         PD_XFER_DATA_AM,       /* always active messages */
     } data_path;
-    size_t am_chunk_bytes; /* page data per active message; 0 = 8 KiB - 64 (one UCX fragment) */
+    size_t am_chunk_bytes;   /* page data per active message; 0 = 8 KiB - 64 (one UCX fragment) */
+    size_t stage_slot_bytes; /* staged GPU pool: bytes per ring slot; 0 = 4 MiB */
+    int stage_slots;         /* staged GPU pool: ring slots; 0 = 4 */
 };
 
 /* Facts about the engine, for logs and /server_info. Strings owned by the engine. */
@@ -107,6 +109,8 @@ struct pd_xfer_info {
     size_t page_bytes;
     uint64_t dropped_writes; /* receiver: page data refused (room not live, wrong peer, outside
                                 the room's pages) */
+    bool staged;             /* GPU pool moved through the pinned staging ring */
+    uint64_t staged_bytes;   /* sender: page bytes that went through the ring */
 };
 
 /* Remote side of a pair, as exchanged at Pair. The receiver's side of the pair (decode connects
@@ -132,8 +136,20 @@ void pd_xfer_free(pd_xfer_t *x);
 uint64_t pd_xfer_id(const pd_xfer_t *x); /* random, per process start */
 void pd_xfer_get_info(const pd_xfer_t *x, struct pd_xfer_info *out);
 
+struct pd_devmem;
+
 /* Registers the KV pool (host memory): [base, base + page_bytes * n_pages). Once per engine. */
 int pd_xfer_register_pool(pd_xfer_t *x, void *base, size_t page_bytes, uint32_t n_pages);
+/* Registers a KV pool in device memory (instead of pd_xfer_register_pool). ucx_direct: UCX
+ * takes the GPU memory itself (pd_xfer_info.cuda_memory; PD_EUNSUPPORTED otherwise) and pages
+ * move as on a host pool. Else pages are staged: the sender copies each run device→host into a
+ * slot of a pinned ring (registered with UCX; its rkey is what peers get) on dm's transfer
+ * stream and sends the slot as active messages once the copy's event completed — the copy of
+ * the next run overlaps the send of this one, and the room's flush + notice follow the last
+ * run's send; the receiver copies every message host→device before counting it. dm (the device
+ * the pool is on; devmem.h) must outlive the engine. */
+int pd_xfer_register_device_pool(pd_xfer_t *x, void *base, size_t page_bytes, uint32_t n_pages,
+                                 struct pd_devmem *dm, bool ucx_direct);
 /* Our worker address (always) and packed pool rkey (after register_pool; else NULL, 0). Valid
  * for the engine's life. */
 void pd_xfer_local_address(const pd_xfer_t *x, const void **addr, size_t *len);
