@@ -24,7 +24,7 @@ enum pd_devmem_kind {
 struct pd_devmem_opts {
     enum pd_devmem_kind kind;
     int device_index; /* cuda: the GPU the pool lives on */
-    /* host: copies are queued and one runs per event query, so a consumer that reads a
+    /* host: copies are queued and one runs per two event queries, so a consumer that reads a
      * destination before its event reports done sees stale bytes (tests of the ordering). */
     bool host_deferred;
 };
