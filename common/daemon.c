@@ -1468,6 +1468,14 @@ static int start_transfer(void) {
                                                (uint32_t)D.info.n_pages, D.dm, xi.cuda_memory)) !=
                 PD_OK)
             return pd_error_wrap(rc, "the GPU KV pool's transfer");
+    } else if (getenv("PD_XFER_STAGE_HOST")) {
+        /* tests: the host pool through the staged GPU path, copies completing late (devmem.h's
+         * deferred host mode), so CPU machines run what a GPU without CUDA-aware UCX runs */
+        struct pd_devmem_opts dmo = {.kind = PD_DEVMEM_HOST, .host_deferred = true};
+        if ((rc = pd_devmem_new(&dmo, &D.dm)) != PD_OK ||
+            (rc = pd_xfer_register_device_pool(D.x, D.info.pool_base, D.info.page_bytes,
+                                               (uint32_t)D.info.n_pages, D.dm, false)) != PD_OK)
+            return rc;
     } else if ((rc = pd_xfer_register_pool(D.x, D.info.pool_base, D.info.page_bytes,
                                            (uint32_t)D.info.n_pages)) != PD_OK) {
         return rc;
@@ -1475,9 +1483,9 @@ static int start_transfer(void) {
     pd_xfer_get_info(D.x, &xi);
     snprintf(D.transport, sizeof(D.transport), "ucx:%s%s%s", xi.transports ? xi.transports : "all",
              xi.rdma ? "+rdma" : "",
-             !D.info.pool_on_device ? ""
-             : xi.staged            ? "+gpu-staged"
-                                    : "+gpu-direct");
+             xi.staged               ? "+staged"
+             : D.info.pool_on_device ? "+gpu-direct"
+                                     : "");
     memset(&D.layout, 0, sizeof(D.layout));
     snprintf(D.layout.model, sizeof(D.layout.model), "%s/v%d/l%d/kv%dx%d", D.info.architecture,
              D.info.vocab_size, D.info.n_layers, D.info.kv_heads, D.info.head_dim);
