@@ -67,9 +67,7 @@ done
 # UCX loads its transports (cma, ib, rdmacm) as modules at run time; ib's libraries are not on
 # every machine, and UCX skips a module it cannot load
 UCXMOD=$(dirname "$(ldd "$STAGE/.bin/pdserve-prefill" | awk '/libucs.so/ {print $3}')")/ucx
-for m in "$UCXMOD"/libuct_cma.so.0; do
-    [ -e "$m" ] && cp -L "$m" "$STAGE/lib/ucx/"
-done
+[ -e "$UCXMOD/libuct_cma.so.0" ] && cp -L "$UCXMOD/libuct_cma.so.0" "$STAGE/lib/ucx/"
 strip --strip-unneeded "$STAGE"/lib/*.so* "$STAGE"/lib/ucx/*.so* 2>/dev/null || true
 [ -e "$STAGE/lib/ld-linux-x86-64.so.2" ] || cp -L /lib64/ld-linux-x86-64.so.2 "$STAGE/lib/"
 
