@@ -1,8 +1,8 @@
 /*
  * devmem.c — dispatch of devmem.h, and its host implementation: "device" memory is host memory,
  * copies are memcpy. In deferred mode a copy is only queued, and every other event query runs
- * one queued copy, so the transfer's consumers are tested against copies that complete late (a
- * reader that does not wait for its event sees the old bytes).
+ * the queue up to that event, so the transfer's consumers are tested against copies that complete
+ * late (a reader that does not wait for its event sees the old bytes).
  */
 #include "common/devmem.h"
 
@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common/alloc.h"
 #include "common/status.h"
@@ -68,6 +69,24 @@ int pd_devmem_host_alloc(struct pd_devmem *d, size_t bytes, void **out) {
 void pd_devmem_host_free(struct pd_devmem *d, void *p) {
     if (p)
         d->ops->host_free(d, p);
+}
+
+int pd_devmem_sync(struct pd_devmem *d) {
+    return d->ops->sync(d);
+}
+
+int pd_devmem_ipc_export(struct pd_devmem *d, void *base, uint8_t *handle, size_t *len) {
+    return d->ops->ipc_export(d, base, handle, len);
+}
+
+int pd_devmem_ipc_open(struct pd_devmem *d, const uint8_t *handle, size_t len, void **base) {
+    *base = NULL;
+    return d->ops->ipc_open(d, handle, len, base);
+}
+
+void pd_devmem_ipc_close(struct pd_devmem *d, void *base) {
+    if (base)
+        d->ops->ipc_close(d, base);
 }
 
 /* ---- host implementation ---- */
@@ -155,9 +174,10 @@ static int host_event_record(struct pd_devmem *d, struct pd_devmem_event *e) {
 
 static int host_event_query(struct pd_devmem *d, struct pd_devmem_event *e) {
     struct host_devmem *h = (struct host_devmem *)d;
-    /* every other query moves the queue by one copy: a first look always finds it pending */
-    if (h->done < e->target && h->q_head < h->q_len && (h->queries++ & 1))
-        host_run_one(h);
+    /* every other query runs the queue up to the event: a first look always finds it pending */
+    if (h->done < e->target && (h->queries++ & 1))
+        while (h->done < e->target && h->q_head < h->q_len)
+            host_run_one(h);
     return h->done >= e->target ? 1 : 0;
 }
 
@@ -172,6 +192,48 @@ static void host_host_free(struct pd_devmem *d, void *p) {
     pd_free(p);
 }
 
+static int host_sync(struct pd_devmem *d) {
+    struct host_devmem *h = (struct host_devmem *)d;
+    while (h->q_head < h->q_len)
+        host_run_one(h);
+    return PD_OK;
+}
+
+/* "IPC" inside one process: the handle names the process and the address, and only that process
+ * can open it (the transfer's IPC path runs on CPU machines in one-process tests). */
+#define HOST_IPC_MAGIC 0x50444950u /* "PDIP" */
+
+static int host_ipc_export(struct pd_devmem *d, void *base, uint8_t *handle, size_t *len) {
+    (void)d;
+    uint32_t magic = HOST_IPC_MAGIC, pid = (uint32_t)getpid();
+    uint64_t addr = (uint64_t)(uintptr_t)base;
+    memcpy(handle, &magic, 4);
+    memcpy(handle + 4, &pid, 4);
+    memcpy(handle + 8, &addr, 8);
+    *len = 16;
+    return PD_OK;
+}
+
+static int host_ipc_open(struct pd_devmem *d, const uint8_t *handle, size_t len, void **base) {
+    (void)d;
+    uint32_t magic, pid;
+    uint64_t addr;
+    if (len != 16)
+        return pd_errorf(PD_EUNSUPPORTED, "not a host IPC handle (%zu bytes)", len);
+    memcpy(&magic, handle, 4);
+    memcpy(&pid, handle + 4, 4);
+    memcpy(&addr, handle + 8, 8);
+    if (magic != HOST_IPC_MAGIC || pid != (uint32_t)getpid())
+        return pd_errorf(PD_EUNSUPPORTED, "host IPC handle of another process");
+    *base = (void *)(uintptr_t)addr;
+    return PD_OK;
+}
+
+static void host_ipc_close(struct pd_devmem *d, void *base) {
+    (void)d;
+    (void)base;
+}
+
 static const struct pd_devmem_ops host_ops = {
     .free = host_free,
     .copy_async = host_copy_async,
@@ -182,6 +244,10 @@ static const struct pd_devmem_ops host_ops = {
     .event_query = host_event_query,
     .host_alloc = host_alloc,
     .host_free = host_host_free,
+    .sync = host_sync,
+    .ipc_export = host_ipc_export,
+    .ipc_open = host_ipc_open,
+    .ipc_close = host_ipc_close,
 };
 
 int pd__devmem_host_new(const struct pd_devmem_opts *o, struct pd_devmem **out) {

@@ -15,6 +15,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 enum pd_devmem_kind {
     PD_DEVMEM_HOST = 0, /* "device" memory is host memory: tests and CPU machines */
@@ -24,7 +25,7 @@ enum pd_devmem_kind {
 struct pd_devmem_opts {
     enum pd_devmem_kind kind;
     int device_index; /* cuda: the GPU the pool lives on */
-    /* host: copies are queued and one runs per two event queries, so a consumer that reads a
+    /* host: copies are queued and run only at every second event query, so a consumer that reads a
      * destination before its event reports done sees stale bytes (tests of the ordering). */
     bool host_deferred;
 };
@@ -51,6 +52,19 @@ int pd_devmem_event_record(struct pd_devmem *d, struct pd_devmem_event *e);
  * else a PD_E* status (negative). */
 int pd_devmem_event_query(struct pd_devmem *d, struct pd_devmem_event *e);
 
+/* Waits until every copy enqueued so far is done. */
+int pd_devmem_sync(struct pd_devmem *d);
+
+/* Same-node export of a device buffer to another process (CUDA IPC: cudaIpcGetMemHandle of
+ * the allocation holding base). handle gets at most PD_DEVMEM_IPC_MAX bytes; *len its size.
+ * The host implementation exports within its own process only (tests of the IPC data path). */
+#define PD_DEVMEM_IPC_MAX 128
+int pd_devmem_ipc_export(struct pd_devmem *d, void *base, uint8_t *handle, size_t *len);
+/* Maps a peer's exported buffer: *base is its start in our address space, valid until
+ * pd_devmem_ipc_close. PD_EUNSUPPORTED when the handle is from another node or process kind. */
+int pd_devmem_ipc_open(struct pd_devmem *d, const uint8_t *handle, size_t len, void **base);
+void pd_devmem_ipc_close(struct pd_devmem *d, void *base);
+
 /* Page-locked host memory (staging ring); zeroed. */
 int pd_devmem_host_alloc(struct pd_devmem *d, size_t bytes, void **out);
 void pd_devmem_host_free(struct pd_devmem *d, void *p);
@@ -66,6 +80,10 @@ struct pd_devmem_ops {
     int (*event_query)(struct pd_devmem *d, struct pd_devmem_event *e);
     int (*host_alloc)(struct pd_devmem *d, size_t bytes, void **out);
     void (*host_free)(struct pd_devmem *d, void *p);
+    int (*sync)(struct pd_devmem *d);
+    int (*ipc_export)(struct pd_devmem *d, void *base, uint8_t *handle, size_t *len);
+    int (*ipc_open)(struct pd_devmem *d, const uint8_t *handle, size_t len, void **base);
+    void (*ipc_close)(struct pd_devmem *d, void *base);
 };
 
 struct pd_devmem {

@@ -88,6 +88,8 @@ struct room {
     uint32_t staged_jobs; /* sender, staged: runs queued or in the ring, not yet posted */
     bool finish_wait;     /* sender, staged: finished; flush once staged_jobs reaches 0 */
     bool staged_drop;     /* sender, staged: aborted; its queued runs are dropped, not sent */
+    bool ipc_posted;      /* sender, IPC peer: device copies enqueued for this room */
+    bool ipc_waiting;     /* sender, IPC peer: an event after its copies is queued (ipc_waits) */
     struct pd_xfer_notice notice;
 };
 
@@ -133,6 +135,7 @@ struct pd_xfer_peer {
     int close_status;   /* rooms end with this */
     bool close_pending; /* ucp_ep_close_nbx request in flight */
     bool am_data;       /* pages go as active messages (lane without hardware RMA) */
+    void *ipc_base;     /* the receiver's pool mapped here (CUDA IPC): pages are device copies */
     struct room *rooms;
     uint32_t n_rooms;
     char transport[112];
@@ -195,6 +198,17 @@ struct pd_xfer {
     struct stage_job *jobs; /* FIFO [jobs_head, jobs_head + n_jobs) mod jobs_cap */
     size_t jobs_cap, jobs_head, n_jobs;
     uint64_t staged_bytes; /* sender: bytes that went through the ring (tests, logs) */
+    uint8_t ipc_handle[PD_DEVMEM_IPC_MAX]; /* our device pool's export; ipc_len 0: none */
+    size_t ipc_len;
+    /* IPC copies: rooms waiting for the event recorded after their copies, in stream order */
+    struct ipc_wait {
+        uint64_t room, serial;
+        struct pd_devmem_event *ev;
+    } * ipc_waits;
+    size_t ipc_cap, ipc_head, n_ipc;
+    struct pd_devmem_event **free_evs;
+    size_t n_free_evs, free_evs_cap;
+    uint64_t ipc_bytes; /* sender: bytes copied through IPC mappings */
 };
 
 /* ---- status translation: the one place ucs_status_t is interpreted ---- */
@@ -854,6 +868,82 @@ static bool run_stage(pd_xfer_t *x) {
     return changed;
 }
 
+/* Records an event after the room's copies (everything enqueued so far) and queues the room:
+ * its flush and notice go once the event completed. */
+static int ipc_wait_push(pd_xfer_t *x, struct room *r) {
+    if (r->ipc_waiting)
+        return PD_OK; /* the event queued earlier covers every copy of the room */
+    if (x->n_ipc == x->ipc_cap) {
+        size_t cap = x->ipc_cap ? x->ipc_cap * 2 : 64;
+        struct ipc_wait *w = pd_malloc(cap * sizeof(*w));
+        if (!w)
+            return pd_error_wrap(PD_ENOMEM, "room %" PRIu64 ": waiting for copies", r->id);
+        for (size_t k = 0; k < x->n_ipc; k++)
+            w[k] = x->ipc_waits[(x->ipc_head + k) % x->ipc_cap];
+        pd_free(x->ipc_waits);
+        x->ipc_waits = w;
+        x->ipc_cap = cap;
+        x->ipc_head = 0;
+    }
+    struct pd_devmem_event *ev = NULL;
+    int rc;
+    if (x->n_free_evs)
+        ev = x->free_evs[--x->n_free_evs];
+    else if ((rc = pd_devmem_event_new(x->dm, &ev)) != PD_OK)
+        return rc;
+    if ((rc = pd_devmem_event_record(x->dm, ev)) != PD_OK) {
+        pd_devmem_event_free(x->dm, ev);
+        return rc;
+    }
+    x->ipc_waits[(x->ipc_head + x->n_ipc) % x->ipc_cap] =
+        (struct ipc_wait){.room = r->id, .serial = r->serial, .ev = ev};
+    x->n_ipc++;
+    r->ipc_waiting = true;
+    return PD_OK;
+}
+
+static void ipc_event_release(pd_xfer_t *x, struct pd_devmem_event *ev) {
+    if (x->n_free_evs == x->free_evs_cap) {
+        size_t cap = x->free_evs_cap ? x->free_evs_cap * 2 : 64;
+        struct pd_devmem_event **f = pd_realloc(x->free_evs, cap * sizeof(*f));
+        if (!f) {
+            pd_devmem_event_free(x->dm, ev);
+            return;
+        }
+        x->free_evs = f;
+        x->free_evs_cap = cap;
+    }
+    x->free_evs[x->n_free_evs++] = ev;
+}
+
+/* Rooms whose copies are done post their flush + notice; one stream, so in queue order. */
+static bool run_ipc(pd_xfer_t *x) {
+    bool changed = false;
+    while (x->n_ipc) {
+        struct ipc_wait w = x->ipc_waits[x->ipc_head];
+        int q = pd_devmem_event_query(x->dm, w.ev);
+        if (q == 0)
+            break;
+        x->ipc_head = (x->ipc_head + 1) % x->ipc_cap;
+        x->n_ipc--;
+        ipc_event_release(x, w.ev);
+        changed = true;
+        struct room *r = room_find(x, w.room);
+        if (!r || r->serial != w.serial || r->state == ROOM_ENDED)
+            continue;
+        r->ipc_waiting = false;
+        if (q < 0) {
+            pd_warn("xfer: room %" PRIu64 ": %s", r->id, pd_error_msg());
+            peer_mark_failed(r->peer, PD_EINTERNAL);
+        } else if (r->finish_wait && r->state == ROOM_LIVE && !r->peer->failed &&
+                   r->peer->state == PEER_UP) {
+            r->finish_wait = false;
+            post_flush(x, r);
+        }
+    }
+    return changed;
+}
+
 static void peer_free(pd_xfer_t *x, struct pd_xfer_peer *p) {
     if (p->prev)
         p->prev->next = p->next;
@@ -882,6 +972,13 @@ static bool run_peers(pd_xfer_t *x) {
         }
         if (p->state != PEER_CLOSED)
             continue;
+        /* copies into its pool must be over before its rooms end (their pages get reused) */
+        if (p->ipc_base) {
+            if (pd_devmem_sync(x->dm) != PD_OK)
+                pd_warn("xfer: peer %016" PRIx64 ": %s", p->remote_id, pd_error_msg());
+            pd_devmem_ipc_close(x->dm, p->ipc_base);
+            p->ipc_base = NULL;
+        }
         /* its endpoint is closed: UCX reads no slot of it any more */
         for (int i = 0; i < x->n_slots; i++)
             if (x->slots[i].peer == p && x->slots[i].state == SLOT_SENDING) {
@@ -959,6 +1056,8 @@ static void xfer_run(pd_xfer_t *x) {
         }
         if (x->staged)
             changed |= run_stage(x);
+        if (x->n_ipc)
+            changed |= run_ipc(x);
         run_deadlines(x);
         changed |= run_peers(x);
         /* The end queue: call the user, free the room (UCX holds ops, not rooms). */
@@ -1000,8 +1099,8 @@ static void xfer_run(pd_xfer_t *x) {
  * requests or rooms have unflushed puts, 50 ms while a receiver abort waits for its deadline,
  * nothing when idle (the event fd wakes us). */
 static void arm_timer(pd_xfer_t *x, bool again) {
-    bool busy =
-        x->outstanding > 0 || x->n_unflushed > 0 || x->end_head || x->flushed_head || x->n_jobs > 0;
+    bool busy = x->outstanding > 0 || x->n_unflushed > 0 || x->end_head || x->flushed_head ||
+                x->n_jobs > 0 || x->n_ipc > 0;
     for (int i = 0; !busy && i < x->n_slots; i++)
         busy = x->slots[i].state == SLOT_COPYING;
     for (struct pd_xfer_peer *p = x->peers; !busy && p; p = p->next)
@@ -1252,6 +1351,12 @@ static void on_handle_closed(uv_handle_t *h) {
     pd_free(x->jobs);
     if (x->ring)
         pd_devmem_host_free(x->dm, x->ring); /* the devmem outlives the engine (xfer.h) */
+    for (size_t k = 0; k < x->n_ipc; k++)
+        pd_devmem_event_free(x->dm, x->ipc_waits[(x->ipc_head + k) % x->ipc_cap].ev);
+    for (size_t k = 0; k < x->n_free_evs; k++)
+        pd_devmem_event_free(x->dm, x->free_evs[k]);
+    pd_free(x->ipc_waits);
+    pd_free(x->free_evs);
     ucp_cleanup(x->ctx);
     for (struct op *op = x->ops, *next; op; op = next) {
         next = op->next;
@@ -1305,6 +1410,7 @@ void pd_xfer_get_info(const pd_xfer_t *x, struct pd_xfer_info *out) {
     out->dropped_writes = x->dropped_writes;
     out->staged = x->staged;
     out->staged_bytes = x->staged_bytes;
+    out->ipc_bytes = x->ipc_bytes;
 }
 
 int pd_xfer_register_pool(pd_xfer_t *x, void *base, size_t page_bytes, uint32_t n_pages) {
@@ -1397,6 +1503,10 @@ int pd_xfer_register_device_pool(pd_xfer_t *x, void *base, size_t page_bytes, ui
     x->pool_base = base;
     x->page_bytes = page_bytes;
     x->n_pages = n_pages;
+    if (pd_devmem_ipc_export(dm, base, x->ipc_handle, &x->ipc_len) != PD_OK) {
+        pd_info("xfer: the GPU KV pool is not exported for same-node copies: %s", pd_error_msg());
+        x->ipc_len = 0;
+    }
     if (x->staged)
         pd_info("xfer: GPU KV pool (%s): %u pages of %zu bytes, staged through a pinned ring of "
                 "%d x %zu bytes",
@@ -1419,6 +1529,11 @@ fail_ring:
     x->n_slots = 0;
     x->dm = NULL;
     return rc;
+}
+
+void pd_xfer_local_ipc(const pd_xfer_t *x, const void **handle, size_t *len) {
+    *handle = x->ipc_len ? x->ipc_handle : NULL;
+    *len = x->ipc_len;
 }
 
 void pd_xfer_local_address(const pd_xfer_t *x, const void **addr, size_t *len) {
@@ -1472,11 +1587,14 @@ static void peer_find_transport(struct pd_xfer_peer *p) {
     p->am_data = dp == PD_XFER_DATA_AM || (dp == PD_XFER_DATA_AUTO && !(used && hw_rma));
     if (p->x->staged) /* GPU pages through the pinned ring, sent as active messages */
         p->am_data = true;
+    if (p->ipc_base) /* device copies into the peer's mapped pool; UCX carries the notice */
+        p->am_data = false;
     snprintf(p->transport + used, sizeof(p->transport) - used, " (%s)",
-             p->x->staged  ? "am, GPU pages staged through pinned host memory"
-             : !p->am_data ? "put"
-             : hw_rma      ? "am"
-                           : "am; UCX has only sw-rma here");
+             p->ipc_base    ? "notice only; GPU pages by CUDA IPC device copies"
+             : p->x->staged ? "am, GPU pages staged through pinned host memory"
+             : !p->am_data  ? "put"
+             : hw_rma       ? "am"
+                            : "am; UCX has only sw-rma here");
 }
 
 int pd_xfer_peer_connect(pd_xfer_t *x, const struct pd_xfer_peer_info *info, void *peer_user,
@@ -1518,6 +1636,14 @@ int pd_xfer_peer_connect(pd_xfer_t *x, const struct pd_xfer_peer_info *info, voi
         if (st != UCS_OK) {
             rc = pd__ucs_error(st, "unpacking the peer's KV pool rkey");
             goto fail_ep;
+        }
+    }
+    if (info->ipc_handle_len && x->dm && !x->cfg.disable_ipc) {
+        if (pd_devmem_ipc_open(x->dm, info->ipc_handle, info->ipc_handle_len, &p->ipc_base) !=
+            PD_OK) {
+            pd_info("xfer: peer %016" PRIx64 ": no CUDA IPC (%s); pages go over UCX",
+                    info->remote_id, pd_error_msg());
+            p->ipc_base = NULL;
         }
     }
     peer_find_transport(p);
@@ -1737,7 +1863,7 @@ int pd_xfer_room_send(pd_xfer_t *x, uint64_t room, uint32_t first, const uint32_
     const size_t pb = x->page_bytes;
     /* Very long runs are split: puts of a few MiB pipeline better on the transports measured;
      * staged runs are at most one ring slot. */
-    size_t max_bytes = x->staged ? x->slot_bytes : x->cfg.max_put_bytes;
+    size_t max_bytes = p->ipc_base ? SIZE_MAX : x->staged ? x->slot_bytes : x->cfg.max_put_bytes;
     uint32_t max_len = max_bytes / pb ? (uint32_t)(max_bytes / pb) : 1;
     for (uint32_t i = 0; i < n;) {
         uint32_t len = 1;
@@ -1745,9 +1871,16 @@ int pd_xfer_room_send(pd_xfer_t *x, uint64_t room, uint32_t first, const uint32_
                dst[i + len] == dst[i] + len)
             len++;
         const char *src = (const char *)x->pool_base + (size_t)src_pages[i] * pb;
-        rc = x->staged    ? stage_queue(x, r, first + i, src, (size_t)len * pb)
-             : p->am_data ? send_run_am(x, r, first + i, src, (size_t)len * pb, -1)
-                          : send_run_put(x, r, src, dst[i], (size_t)len * pb);
+        if (p->ipc_base) {
+            rc = pd_devmem_copy_async(x->dm, (char *)p->ipc_base + (size_t)dst[i] * pb, src,
+                                      (size_t)len * pb);
+            r->ipc_posted = true;
+            x->ipc_bytes += rc ? 0 : (uint64_t)len * pb;
+        } else {
+            rc = x->staged    ? stage_queue(x, r, first + i, src, (size_t)len * pb)
+                 : p->am_data ? send_run_am(x, r, first + i, src, (size_t)len * pb, -1)
+                              : send_run_put(x, r, src, dst[i], (size_t)len * pb);
+        }
         if (rc) {
             pd_warn("xfer: room %" PRIu64 ": %s", room, pd_error_msg());
             peer_mark_failed(p, rc == PD_ENOMEM ? PD_ENOMEM : PD_EPEER);
@@ -1780,10 +1913,18 @@ int pd_xfer_room_finish(pd_xfer_t *x, uint64_t room, const struct pd_xfer_notice
     if (r->peer->failed || r->peer->state != PEER_UP)
         return pd_errorf(PD_EPEER, "room %" PRIu64 ": peer has failed", room);
     set_notice(r, n);
-    if (r->staged_jobs) /* the notice follows the data: flush once the ring posted them all */
+    if (r->ipc_posted) { /* the notice follows the data: once the device copies are done */
         r->finish_wait = true;
-    else
+        if ((rc = ipc_wait_push(x, r)) != PD_OK) {
+            peer_mark_failed(r->peer, rc);
+            kick(x);
+            return rc;
+        }
+    } else if (r->staged_jobs) { /* ... once the ring posted every run */
+        r->finish_wait = true;
+    } else {
         post_flush(x, r);
+    }
     kick(x);
     return PD_OK;
 }
@@ -1828,10 +1969,16 @@ int pd_xfer_room_abort(pd_xfer_t *x, uint64_t room, int status, const char *why)
     switch (r->state) {
     case ROOM_LIVE:
         if (r->peer->failed || r->peer->state != PEER_UP)
-            break;             /* the peer's close ends it */
+            break; /* the peer's close ends it */
+        set_notice(r, &n);
+        if (r->ipc_posted) { /* copies into the peer's pages cannot be recalled: wait them out */
+            r->finish_wait = true;
+            if (ipc_wait_push(x, r) != PD_OK)
+                peer_mark_failed(r->peer, PD_ENOMEM);
+            break;
+        }
         r->staged_drop = true; /* runs still queued or copying are not sent */
         r->finish_wait = false;
-        set_notice(r, &n);
         post_flush(x, r);
         break;
     case ROOM_FLUSHING: set_notice(r, &n); break; /* the notice is not out yet: swap it */

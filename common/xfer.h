@@ -95,6 +95,7 @@ struct pd_xfer_config {
     size_t am_chunk_bytes;   /* page data per active message; 0 = 8 KiB - 64 (one UCX fragment) */
     size_t stage_slot_bytes; /* staged GPU pool: bytes per ring slot; 0 = 4 MiB */
     int stage_slots;         /* staged GPU pool: ring slots; 0 = 4 */
+    bool disable_ipc;        /* GPU pools: never copy through a peer's CUDA IPC mapping */
 };
 
 /* Facts about the engine, for logs and /server_info. Strings owned by the engine. */
@@ -111,6 +112,7 @@ struct pd_xfer_info {
                                 the room's pages) */
     bool staged;             /* GPU pool moved through the pinned staging ring */
     uint64_t staged_bytes;   /* sender: page bytes that went through the ring */
+    uint64_t ipc_bytes;      /* sender: page bytes copied into peers' pools by CUDA IPC */
 };
 
 /* Remote side of a pair, as exchanged at Pair. The receiver's side of the pair (decode connects
@@ -124,6 +126,12 @@ struct pd_xfer_peer_info {
     uint64_t base;       /* remote pool base address */
     uint64_t page_bytes; /* must equal ours */
     uint32_t n_pages;
+    /* the receiver's device pool exported for same-node copies (pd_xfer_local_ipc); a sender
+     * with a device pool that can map it copies pages device to device on its transfer stream
+     * instead of sending them, and sends the notice once the copies' event completed. NULL, 0:
+     * none (host pool, other node, or export failed). */
+    const void *ipc_handle;
+    size_t ipc_handle_len;
 };
 
 /* Engine. cb is copied. The engine lives until pd_xfer_free's close completes on the loop. */
@@ -154,6 +162,8 @@ int pd_xfer_register_device_pool(pd_xfer_t *x, void *base, size_t page_bytes, ui
  * for the engine's life. */
 void pd_xfer_local_address(const pd_xfer_t *x, const void **addr, size_t *len);
 void pd_xfer_local_rkey(const pd_xfer_t *x, const void **rkey, size_t *len, uint64_t *base);
+/* The device pool's same-node export (CUDA IPC handle); NULL, 0 for a host pool. */
+void pd_xfer_local_ipc(const pd_xfer_t *x, const void **handle, size_t *len);
 
 /* One endpoint per peer, with UCP_ERR_HANDLING_MODE_PEER. */
 int pd_xfer_peer_connect(pd_xfer_t *x, const struct pd_xfer_peer_info *info, void *peer_user,

@@ -101,6 +101,64 @@ static void cd_host_free(struct pd_devmem *d, void *p) {
     cudaFreeHost(p);
 }
 
+static int cd_sync(struct pd_devmem *d) {
+    struct cuda_devmem *c = (struct cuda_devmem *)d;
+    return pd__cuda_status(cudaStreamSynchronize(c->stream), "waiting for KV transfer copies");
+}
+
+/* The handle: our boot id (IPC works between processes of one node only), then the
+ * cudaIpcMemHandle_t. base must be the start of its cudaMalloc allocation (the KV pool is one
+ * pd_backend_alloc), which is what the peer's cudaIpcOpenMemHandle maps. */
+#define BOOT_ID_LEN 36
+_Static_assert(BOOT_ID_LEN + sizeof(cudaIpcMemHandle_t) <= PD_DEVMEM_IPC_MAX, "ipc handle");
+
+static void boot_id(char out[BOOT_ID_LEN]) {
+    memset(out, 0, BOOT_ID_LEN);
+    FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
+    if (f) {
+        size_t n = fread(out, 1, BOOT_ID_LEN, f);
+        (void)n;
+        fclose(f);
+    }
+}
+
+static int cd_ipc_export(struct pd_devmem *d, void *base, uint8_t *handle, size_t *len) {
+    (void)d;
+    cudaIpcMemHandle_t h;
+    int rc = pd__cuda_status(cudaIpcGetMemHandle(&h, base), "exporting the KV pool (CUDA IPC)");
+    if (rc)
+        return rc;
+    boot_id((char *)handle);
+    memcpy(handle + BOOT_ID_LEN, &h, sizeof(h));
+    *len = BOOT_ID_LEN + sizeof(h);
+    return PD_OK;
+}
+
+static int cd_ipc_open(struct pd_devmem *d, const uint8_t *handle, size_t len, void **base) {
+    struct cuda_devmem *c = (struct cuda_devmem *)d;
+    cudaIpcMemHandle_t h;
+    if (len != BOOT_ID_LEN + sizeof(h))
+        return pd_errorf(PD_EUNSUPPORTED, "not a CUDA IPC handle (%zu bytes)", len);
+    char mine[BOOT_ID_LEN];
+    boot_id(mine);
+    if (memcmp(mine, handle, BOOT_ID_LEN) != 0)
+        return pd_errorf(PD_EUNSUPPORTED, "the peer's KV pool is on another node (CUDA IPC "
+                                          "works within one)");
+    memcpy(&h, handle + BOOT_ID_LEN, sizeof(h));
+    int rc = select_dev(c);
+    if (!rc)
+        rc = pd__cuda_status(cudaIpcOpenMemHandle(base, h, cudaIpcMemLazyEnablePeerAccess),
+                             "opening the peer's KV pool (CUDA IPC)");
+    if (rc)
+        (void)cudaGetLastError();
+    return rc;
+}
+
+static void cd_ipc_close(struct pd_devmem *d, void *base) {
+    (void)d;
+    cudaIpcCloseMemHandle(base);
+}
+
 static const struct pd_devmem_ops cuda_devmem_ops = {
     .free = cd_free,
     .copy_async = cd_copy_async,
@@ -111,6 +169,10 @@ static const struct pd_devmem_ops cuda_devmem_ops = {
     .event_query = cd_event_query,
     .host_alloc = cd_host_alloc,
     .host_free = cd_host_free,
+    .sync = cd_sync,
+    .ipc_export = cd_ipc_export,
+    .ipc_open = cd_ipc_open,
+    .ipc_close = cd_ipc_close,
 };
 
 int pd__devmem_cuda_new(const struct pd_devmem_opts *o, struct pd_devmem **out) {

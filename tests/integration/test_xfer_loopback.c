@@ -99,6 +99,10 @@ static enum pd_xfer_data_path data_path; /* of the next pair_up */
  * land only when their event is polled): the staged GPU path, with a ring of STAGE_SLOTS slots
  * of STAGE_SLOT_PAGES pages so it is reused many times per room. */
 static bool staged;
+/* with staged: the receiver's pool is exported (host "IPC" within this process), so the sender
+ * copies pages into it on its transfer stream (the CUDA IPC path) and the notice waits for the
+ * copies' event */
+static bool ipc;
 static struct pd_devmem *snd_dm, *rcv_dm;
 #define STAGE_SLOTS 3
 #define STAGE_SLOT_PAGES 8
@@ -134,6 +138,8 @@ static void pair_up(int abort_timeout_ms) {
         .remote_id = pd_xfer_id(rcv.x), .page_bytes = PAGE_BYTES, .n_pages = POOL_PAGES};
     pd_xfer_local_address(rcv.x, &ri.worker_addr, &ri.worker_addr_len);
     pd_xfer_local_rkey(rcv.x, &ri.rkey, &ri.rkey_len, &ri.base);
+    if (ipc)
+        pd_xfer_local_ipc(rcv.x, &ri.ipc_handle, &ri.ipc_handle_len);
     CHECK_OK(pd_xfer_peer_connect(snd.x, &ri, NULL, &snd.peer));
     /* sender's side (what PairReply carries): no pool, liveness only */
     struct pd_xfer_peer_info si = {.remote_id = pd_xfer_id(snd.x)};
@@ -219,7 +225,8 @@ static void rooms_byte_exact(int n_rooms) {
                         (int32_t)pd_xfer_plan_checksum(rcv.pool, PAGE_BYTES, dst[k], n[k]);
             bad_sums += rcv.last_notice.cached_tokens != n[k];
             /* staged: the notice left after every run went through the ring */
-            bad_sums += staged && rcv.last_notice.data_bytes != (uint64_t)n[k] * PAGE_BYTES;
+            bad_sums +=
+                staged && rcv.last_notice.data_bytes != (ipc ? 0 : (uint64_t)n[k] * PAGE_BYTES);
             pages_total += n[k];
         }
         CHECK(run_until(&snd.ended, want_s, 10000));
@@ -236,8 +243,10 @@ static void rooms_byte_exact(int n_rooms) {
     pd_xfer_get_info(snd.x, &info);
     CHECK_INT(info.live_rooms, 0);
     CHECK(info.staged == staged);
-    if (staged)
-        CHECK_INT((long long)info.staged_bytes, (long long)pages_sent * PAGE_BYTES);
+    if (staged) {
+        CHECK_INT((long long)info.staged_bytes, ipc ? 0 : (long long)pages_sent * PAGE_BYTES);
+        CHECK_INT((long long)info.ipc_bytes, ipc ? (long long)pages_sent * PAGE_BYTES : 0);
+    }
     fprintf(stderr, "rooms %d, pages %ld verified\n", rcv.ended, pages_total);
     unpair();
 }
@@ -268,6 +277,16 @@ static void test_staged(void) {
     test_abort_from_sender();
     test_peer_close_fails_rooms();
     staged = false;
+}
+
+/* The CUDA IPC path on host memory: byte-exact with the notice after the copies' event (copies
+ * land late), an abort with copies in flight (the failed notice waits for them), a peer close. */
+static void test_ipc(void) {
+    staged = ipc = true;
+    rooms_byte_exact(300);
+    test_abort_from_sender();
+    test_peer_close_fails_rooms();
+    staged = ipc = false;
 }
 
 static bool pages_are(const uint8_t *pool, const uint32_t *pages, uint32_t n, uint8_t v) {
@@ -439,4 +458,4 @@ PD_TEST_MAIN(PD_TEST(loop_open), PD_TEST(test_validation), PD_TEST(test_abort_fr
              PD_TEST(test_abort_from_receiver), PD_TEST(test_peer_close_fails_rooms),
              PD_TEST(test_late_write_dropped), PD_TEST(test_write_outside_room_refused),
              PD_TEST(test_rooms_byte_exact), PD_TEST(test_rooms_byte_exact_put),
-             PD_TEST(test_staged), PD_TEST(loop_close))
+             PD_TEST(test_staged), PD_TEST(test_ipc), PD_TEST(loop_close))
