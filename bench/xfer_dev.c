@@ -12,7 +12,11 @@
  * the same bytes pool to pool with one copy per room on the transfer stream.
  * Every room's pages are checked byte-exact on the receiver once (first room) per run.
  *
- *   pdserve-bench-xfer-dev [--device cpu|cuda] [--rooms N] [--room-pages N] [--json FILE]
+ *   pdserve-bench-xfer-dev [--device cpu|cuda] [--rooms N] [--room-pages N] [--no-ipc]
+ *                          [--json FILE]
+ * By default the receiver's pool export reaches the sender as decode's Pair carries it, so
+ * the same-node path runs (CUDA IPC device copies; the host devmem maps it within the process);
+ * --no-ipc measures the UCX path instead (direct or staged through the pinned ring).
  */
 #include <inttypes.h>
 #include <stdio.h>
@@ -71,6 +75,7 @@ int main(int argc, char **argv) {
     const char *device = "cpu", *json_path = NULL;
     int rooms = 20;
     uint32_t room_pages = 256;
+    bool no_ipc = false;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--device") == 0 && i + 1 < argc)
             device = argv[++i];
@@ -80,9 +85,11 @@ int main(int argc, char **argv) {
             room_pages = (uint32_t)atoi(argv[++i]);
         else if (strcmp(argv[i], "--json") == 0 && i + 1 < argc)
             json_path = argv[++i];
+        else if (strcmp(argv[i], "--no-ipc") == 0)
+            no_ipc = true;
         else {
             fprintf(stderr, "usage: pdserve-bench-xfer-dev [--device cpu|cuda] [--rooms N] "
-                            "[--room-pages N] [--json FILE]\n");
+                            "[--room-pages N] [--no-ipc] [--json FILE]\n");
             return 2;
         }
     }
@@ -116,7 +123,7 @@ int main(int argc, char **argv) {
         die("device memory");
     if (uv_loop_init(&loop))
         return 1;
-    struct pd_xfer_config cfg = {.abort_timeout_ms = 3000, .spin = true};
+    struct pd_xfer_config cfg = {.abort_timeout_ms = 3000, .spin = true, .disable_ipc = no_ipc};
     struct pd_xfer_callbacks cs = {.ctx = &snd, .on_room_end = on_end};
     struct pd_xfer_callbacks cr = {.ctx = &rcv, .on_room_end = on_end};
     if (pd_xfer_new(&loop, &cfg, &cs, &snd.x) || pd_xfer_new(&loop, &cfg, &cr, &rcv.x))
@@ -130,6 +137,8 @@ int main(int argc, char **argv) {
         .remote_id = pd_xfer_id(rcv.x), .page_bytes = PAGE_BYTES, .n_pages = n_pages};
     pd_xfer_local_address(rcv.x, &ri.worker_addr, &ri.worker_addr_len);
     pd_xfer_local_rkey(rcv.x, &ri.rkey, &ri.rkey_len, &ri.base);
+    if (!no_ipc) /* as decode's Pair carries it: the sender copies into the mapped pool */
+        pd_xfer_local_ipc(rcv.x, &ri.ipc_handle, &ri.ipc_handle_len);
     struct pd_xfer_peer_info si = {.remote_id = pd_xfer_id(snd.x)};
     pd_xfer_local_address(snd.x, &si.worker_addr, &si.worker_addr_len);
     if (pd_xfer_peer_connect(snd.x, &ri, NULL, &snd.peer) ||
@@ -181,10 +190,11 @@ int main(int argc, char **argv) {
     double t_copy = now_s() - t0;
     double gbs = room_bytes * rooms / t_xfer / 1e9, copy_gbs = room_bytes * rooms / t_copy / 1e9;
     pd_xfer_get_info(snd.x, &xi);
+    const char *path = xi.ipc_bytes ? "cuda-ipc" : xi.staged ? "staged" : "direct";
     printf("kv transfer (%s, %s): %d rooms of %u pages (%.1f MiB): %.2f GB/s; device copy of "
            "the same bytes: %.2f GB/s; ratio %.3f; lane %s\n",
-           device, xi.staged ? "staged" : "direct", rooms, room_pages, room_bytes / 1048576.0, gbs,
-           copy_gbs, gbs / copy_gbs, pd_xfer_peer_transport(snd.peer));
+           device, path, rooms, room_pages, room_bytes / 1048576.0, gbs, copy_gbs, gbs / copy_gbs,
+           pd_xfer_peer_transport(snd.peer));
     if (json_path) {
         FILE *f = fopen(json_path, "w");
         if (!f)
@@ -192,8 +202,8 @@ int main(int argc, char **argv) {
         fprintf(f,
                 "{\"device\":\"%s\",\"path\":\"%s\",\"lane\":\"%s\",\"rooms\":%d,"
                 "\"room_bytes\":%.0f,\"xfer_gbps\":%.3f,\"copy_gbps\":%.3f,\"ratio\":%.4f}\n",
-                device, xi.staged ? "staged" : "direct", pd_xfer_peer_transport(snd.peer), rooms,
-                room_bytes, gbs, copy_gbs, gbs / copy_gbs);
+                device, path, pd_xfer_peer_transport(snd.peer), rooms, room_bytes, gbs, copy_gbs,
+                gbs / copy_gbs);
         fclose(f);
     }
     pd_xfer_free(snd.x);

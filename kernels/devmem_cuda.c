@@ -6,6 +6,7 @@
  */
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cuda_runtime_api.h>
 
@@ -18,6 +19,7 @@ struct cuda_devmem {
     struct pd_devmem base;
     int dev;
     cudaStream_t stream;
+    bool own_opened; /* ipc_open was given a handle of this process */
 };
 
 static int select_dev(struct cuda_devmem *c) {
@@ -106,11 +108,13 @@ static int cd_sync(struct pd_devmem *d) {
     return pd__cuda_status(cudaStreamSynchronize(c->stream), "waiting for KV transfer copies");
 }
 
-/* The handle: our boot id (IPC works between processes of one node only), then the
- * cudaIpcMemHandle_t. base must be the start of its cudaMalloc allocation (the KV pool is one
- * pd_backend_alloc), which is what the peer's cudaIpcOpenMemHandle maps. */
+/* The handle: our boot id (IPC works between processes of one node only), pid and the address
+ * (a handle opened in the process that made it is the address itself: CUDA refuses to open its
+ * own handles), then the cudaIpcMemHandle_t. base must be the start of its cudaMalloc
+ * allocation (the KV pool is one pd_backend_alloc), which is what cudaIpcOpenMemHandle maps. */
 #define BOOT_ID_LEN 36
-_Static_assert(BOOT_ID_LEN + sizeof(cudaIpcMemHandle_t) <= PD_DEVMEM_IPC_MAX, "ipc handle");
+#define HANDLE_LEN (BOOT_ID_LEN + 4 + 8 + sizeof(cudaIpcMemHandle_t))
+_Static_assert(HANDLE_LEN <= PD_DEVMEM_IPC_MAX, "ipc handle");
 
 static void boot_id(char out[BOOT_ID_LEN]) {
     memset(out, 0, BOOT_ID_LEN);
@@ -128,23 +132,36 @@ static int cd_ipc_export(struct pd_devmem *d, void *base, uint8_t *handle, size_
     int rc = pd__cuda_status(cudaIpcGetMemHandle(&h, base), "exporting the KV pool (CUDA IPC)");
     if (rc)
         return rc;
+    uint32_t pid = (uint32_t)getpid();
+    uint64_t addr = (uint64_t)(uintptr_t)base;
     boot_id((char *)handle);
-    memcpy(handle + BOOT_ID_LEN, &h, sizeof(h));
-    *len = BOOT_ID_LEN + sizeof(h);
+    memcpy(handle + BOOT_ID_LEN, &pid, 4);
+    memcpy(handle + BOOT_ID_LEN + 4, &addr, 8);
+    memcpy(handle + BOOT_ID_LEN + 12, &h, sizeof(h));
+    *len = HANDLE_LEN;
     return PD_OK;
 }
 
 static int cd_ipc_open(struct pd_devmem *d, const uint8_t *handle, size_t len, void **base) {
     struct cuda_devmem *c = (struct cuda_devmem *)d;
     cudaIpcMemHandle_t h;
-    if (len != BOOT_ID_LEN + sizeof(h))
+    if (len != HANDLE_LEN)
         return pd_errorf(PD_EUNSUPPORTED, "not a CUDA IPC handle (%zu bytes)", len);
     char mine[BOOT_ID_LEN];
     boot_id(mine);
     if (memcmp(mine, handle, BOOT_ID_LEN) != 0)
         return pd_errorf(PD_EUNSUPPORTED, "the peer's KV pool is on another node (CUDA IPC "
                                           "works within one)");
-    memcpy(&h, handle + BOOT_ID_LEN, sizeof(h));
+    uint32_t pid;
+    uint64_t addr;
+    memcpy(&pid, handle + BOOT_ID_LEN, 4);
+    memcpy(&addr, handle + BOOT_ID_LEN + 4, 8);
+    if (pid == (uint32_t)getpid()) { /* our own pool (benchmarks of two engines in one process) */
+        *base = (void *)(uintptr_t)addr;
+        c->own_opened = true;
+        return PD_OK;
+    }
+    memcpy(&h, handle + BOOT_ID_LEN + 12, sizeof(h));
     int rc = select_dev(c);
     if (!rc)
         rc = pd__cuda_status(cudaIpcOpenMemHandle(base, h, cudaIpcMemLazyEnablePeerAccess),
@@ -155,7 +172,9 @@ static int cd_ipc_open(struct pd_devmem *d, const uint8_t *handle, size_t len, v
 }
 
 static void cd_ipc_close(struct pd_devmem *d, void *base) {
-    (void)d;
+    struct cuda_devmem *c = (struct cuda_devmem *)d;
+    if (c->own_opened) /* our own address: nothing was mapped */
+        return;
     cudaIpcCloseMemHandle(base);
 }
 

@@ -21,7 +21,7 @@
 # and gcc, with a naive sgemm in place of OpenBLAS for the cpu reference.
 # Files: summary.txt (one line per stage), build.log, test.log, perf.txt + perf.json,
 # memcheck.log, resource-usage.txt, generate.txt (greedy text cuda vs cpu), device.log,
-# disagg.json + disagg.log, xfer.json, torch.json, results.json (everything measured, merged).
+# disagg.json + disagg.log, xfer.json + xfer-ucx.json, torch.json, results.json (merged).
 set -u
 
 OUTDIR=""
@@ -214,9 +214,13 @@ fi
 
 # ---- KV page transfer between two device pools vs a device copy of the same bytes ----
 if stage xfer && [ $FULL = 1 ]; then
-    timeout 240 "$BUILD/bench/pdserve-bench-xfer-dev" --device cuda --rooms 20 \
+    # the same-node path the daemons take (CUDA IPC device copies), then the UCX path
+    timeout 120 "$BUILD/bench/pdserve-bench-xfer-dev" --device cuda --rooms 20 \
         --room-pages 256 --json "$OUTDIR/xfer.json" >"$OUTDIR/xfer.txt" 2>&1
-    say "kv transfer bench: rc $?"
+    say "kv transfer bench (ipc): rc $?"
+    timeout 120 "$BUILD/bench/pdserve-bench-xfer-dev" --device cuda --rooms 20 --no-ipc \
+        --room-pages 256 --json "$OUTDIR/xfer-ucx.json" >>"$OUTDIR/xfer.txt" 2>&1
+    say "kv transfer bench (ucx): rc $?"
     grep -E "^kv transfer" "$OUTDIR/xfer.txt" | tee -a "$SUMMARY"
 fi
 

@@ -24,11 +24,12 @@ def load(path):
 def main():
     out = sys.argv[1]
     perf = load(os.path.join(out, "perf.json"))
-    xfer = load(os.path.join(out, "xfer.json"))
+    xfers = [x for x in (load(os.path.join(out, "xfer.json")),
+                         load(os.path.join(out, "xfer-ucx.json"))) if x]
     torch = load(os.path.join(out, "torch.json"))
     disagg = load(os.path.join(out, "disagg.json"))
     rows = []  # (what, value, against)
-    res = {"perf": perf, "xfer": xfer, "torch": torch, "disagg": disagg}
+    res = {"perf": perf, "xfer": xfers, "torch": torch, "disagg": disagg}
     pd_b1_ms = None
     if perf:
         copy, gemm = perf.get("measured_copy_gbps", 0), perf.get("measured_gemm_tflops", 0)
@@ -59,12 +60,12 @@ def main():
                              "%.0f%% of copy" % (100 * r["gbps"] / copy if copy else 0)))
     else:
         rows.append(("bench/gpu", "missing", "perf.json"))
-    if xfer:
+    for xfer in xfers:
         rows.append(("KV transfer between daemon pools (%s)" % xfer["path"],
                      "%.2f GB/s" % xfer["xfer_gbps"],
                      "device copy %.1f GB/s, ratio %.3f; %s" %
                      (xfer["copy_gbps"], xfer["ratio"], xfer["lane"])))
-    else:
+    if not xfers:
         rows.append(("KV transfer", "missing", "xfer.json"))
     if torch:
         t = torch.get("decode_ms_b1")
