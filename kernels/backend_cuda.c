@@ -345,7 +345,11 @@ static int cuda_set_batch(struct pd_backend *be, const struct pd_batch_plan *p) 
     struct cuda_backend *c = cb(be);
     if (!c->reserved)
         return pd_errorf(PD_EINVAL, "cuda backend: set_batch before reserve");
-    int rc = flush(c);
+    /* the step may run on another thread than the one that created the backend (the daemons'
+     * compute thread): the current device is per thread, and --base-gpu-id may not be 0 */
+    int rc = pd__cuda_status(cudaSetDevice(c->dev), "selecting the GPU");
+    if (!rc)
+        rc = flush(c);
     if (rc)
         return rc;
     if ((rc = pd__batch_plan_check(p, &c->lim)))
