@@ -1466,10 +1466,18 @@ static int start_transfer(void) {
         /* GPU pool: UCX puts it directly when it can take CUDA memory, else the transfer stages
          * pages through a pinned host ring on a stream of its own */
         struct pd_devmem_opts dmo = {.kind = PD_DEVMEM_CUDA, .device_index = D.info.device_index};
-        if ((rc = pd_devmem_new(&dmo, &D.dm)) != PD_OK ||
-            (rc = pd_xfer_register_device_pool(D.x, D.info.pool_base, D.info.page_bytes,
-                                               (uint32_t)D.info.n_pages, D.dm, xi.cuda_memory)) !=
-                PD_OK)
+        if ((rc = pd_devmem_new(&dmo, &D.dm)) != PD_OK)
+            return pd_error_wrap(rc, "the GPU KV pool's transfer");
+        rc = pd_xfer_register_device_pool(D.x, D.info.pool_base, D.info.page_bytes,
+                                          (uint32_t)D.info.n_pages, D.dm, xi.cuda_memory);
+        if (rc && xi.cuda_memory) {
+            pd_warn("UCX reports CUDA memory but could not register the GPU pool (%s); staging "
+                    "pages through pinned host memory instead",
+                    pd_error_msg());
+            rc = pd_xfer_register_device_pool(D.x, D.info.pool_base, D.info.page_bytes,
+                                              (uint32_t)D.info.n_pages, D.dm, false);
+        }
+        if (rc)
             return pd_error_wrap(rc, "the GPU KV pool's transfer");
     } else if (getenv("PD_XFER_STAGE_HOST")) {
         /* tests: the host pool through the staged GPU path, copies completing late (devmem.h's
