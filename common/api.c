@@ -1781,6 +1781,7 @@ int pd_api_render_server_info(const struct pd_server_args *a, const struct pd_ap
     cJSON_AddNumberToObject(root, "page_size", a->page_size);
     cJSON_AddNumberToObject(root, "mem_fraction_static", a->mem_fraction_static);
     cJSON_AddStringToObject(root, "device", pd_device_names[a->device]);
+    cJSON_AddNumberToObject(root, "base_gpu_id", a->base_gpu_id);
     cJSON_AddNumberToObject(root, "threads", a->threads);
     cJSON_AddStringToObject(root, "log_level", pd_log_level_names[a->log_level]);
     cJSON_AddBoolToObject(root, "disable_radix_cache", a->disable_prefix_cache);

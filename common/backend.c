@@ -73,6 +73,13 @@ int pd_backend_sync(struct pd_backend *be) {
     return be->ops->sync(be);
 }
 
+int pd_backend_argmax(struct pd_backend *be, const float *x, int rows, int cols, int32_t *ids,
+                      float *logprobs) {
+    if (rows < 0 || cols < 1)
+        return pd_errorf(PD_EINVAL, "argmax of %d rows of %d", rows, cols);
+    return rows ? be->ops->argmax(be, x, rows, cols, ids, logprobs) : PD_OK;
+}
+
 int pd_backend_set_batch(struct pd_backend *be, const struct pd_batch_plan *plan) {
     return be->ops->set_batch(be, plan);
 }

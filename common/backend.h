@@ -146,4 +146,11 @@ void pd_backend_attention(struct pd_backend *be, const struct pd_kv_layout *kv, 
 /* dst[j] = src[out_rows[j]] for the plan's out rows.  src [n][width]; dst [n_out_rows][width] */
 void pd_backend_gather_out_rows(struct pd_backend *be, const float *src, int width, float *dst);
 
+/* Greedy fast path (a sync point, like download): ids[r] = argmax of x[r] (lowest index on
+ * ties) and logprobs[r] = its log-softmax, for rows (<= the reserved max_tokens) of width cols.
+ * x is device f32 (e.g. the model's logits); ids and logprobs are host [rows]. Only 8 bytes a
+ * row leave the device. */
+int pd_backend_argmax(struct pd_backend *be, const float *x, int rows, int cols, int32_t *ids,
+                      float *logprobs);
+
 #endif

@@ -338,6 +338,29 @@ static void cpu_gather_out_rows(struct pd_backend *be, const float *src, int wid
                 (size_t)width * sizeof(float));
 }
 
+/* The host sampler's greedy choice and logprob, computed the same way (common/sampling.c), so
+ * the fast path gives the same tokens and logprobs on this backend. */
+static int cpu_argmax(struct pd_backend *be, const float *x, int rows, int cols, int32_t *ids,
+                      float *logprobs) {
+    (void)be;
+    for (int r = 0; r < rows; r++) {
+        const float *l = x + (size_t)r * (size_t)cols;
+        int32_t b = 0;
+        float mx = -INFINITY;
+        for (int t = 0; t < cols; t++) {
+            mx = l[t] > mx ? l[t] : mx;
+            if (l[t] > l[b])
+                b = t;
+        }
+        double sum = 0;
+        for (int t = 0; t < cols; t++)
+            sum += exp((double)(l[t] - mx));
+        ids[r] = b;
+        logprobs[r] = l[b] - (mx + (float)log(sum));
+    }
+    return PD_OK;
+}
+
 /* ---- matmul ---- */
 
 struct matmul_task {
@@ -592,6 +615,7 @@ static const struct pd__backend_ops cpu_ops = {
     .kv_store = cpu_kv_store,
     .attention = cpu_attention,
     .gather_out_rows = cpu_gather_out_rows,
+    .argmax = cpu_argmax,
 };
 
 static int online_cores(void) {

@@ -37,6 +37,8 @@ struct pd__backend_ops {
     void (*attention)(struct pd_backend *be, const struct pd_kv_layout *kv, int layer,
                       const float *q, int heads, float scale, int window, float *out);
     void (*gather_out_rows)(struct pd_backend *be, const float *src, int width, float *dst);
+    int (*argmax)(struct pd_backend *be, const float *x, int rows, int cols, int32_t *ids,
+                  float *logprobs);
 };
 
 struct pd_backend {

@@ -257,6 +257,8 @@ static void serve_pair(pd_bootstrap_server_t *s, const char *peer, const uint8_t
             .base = rq->kv_base,
             .page_bytes = dl.page_bytes,
             .n_pages = rq->kv_pages,
+            .ipc_handle = rq->kv_ipc_handle.data,
+            .ipc_handle_len = rq->kv_ipc_handle.len,
         };
         int rc = pd_xfer_peer_connect(s->x, &pi, p, &p->peer);
         if (rc) {
@@ -717,6 +719,11 @@ static int start_pair(pd_bootstrap_client_t *c) {
     rq.kv_rkey.data = (uint8_t *)rkey;
     rq.kv_rkey.len = rkey_len;
     rq.kv_base = base;
+    const void *ipc;
+    size_t ipc_len;
+    pd_xfer_local_ipc(c->x, &ipc, &ipc_len);
+    rq.kv_ipc_handle.data = (uint8_t *)ipc;
+    rq.kv_ipc_handle.len = ipc_len;
     struct pd_xfer_info info;
     pd_xfer_get_info(c->x, &info);
     rq.kv_pages = info.pool_pages;

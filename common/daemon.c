@@ -11,8 +11,10 @@
 
 #include "common/alloc.h"
 #include "common/api.h"
+#include "common/backend.h"
 #include "common/bootstrap.h"
 #include "common/chat_template.h"
+#include "common/devmem.h"
 #include "common/flags.h"
 #include "common/grpc_bridge.h"
 #include "common/http_server.h"
@@ -147,6 +149,7 @@ struct daemon {
     struct pd_http_server *http;
     pd_grpc_bridge_t *bridge;
     pd_xfer_t *x;
+    struct pd_devmem *dm; /* --device cuda: the transfer's copies (freed after the loop) */
     pd_bootstrap_server_t *bserver;
     struct client_slot clients[MAX_CLIENTS];
     int n_clients;
@@ -1690,6 +1693,11 @@ static int start(void) {
         .mixed_chunk = D.mixed_chunk,
         .new_token_ratio = D.conservativeness != 1.0 ? 0.7 * D.conservativeness : 0,
         .model_path = a->model_path,
+        .device = a->device == PD_DEVICE_CUDA ? PD_BACKEND_CUDA : PD_BACKEND_CPU,
+        .device_index = a->base_gpu_id,
+        /* on a GPU the argmax of greedy steps stays there; PD_GREEDY_FAST_PATH=1 takes the same
+         * path on the cpu backend (tests) */
+        .greedy_on_device = a->device == PD_DEVICE_CUDA || getenv("PD_GREEDY_FAST_PATH") != NULL,
         .threads = a->threads,
         .page_size = a->page_size,
         .chunked_prefill_size = a->chunked_prefill_size,
@@ -1771,14 +1779,45 @@ static int start_transfer(void) {
                                     .on_peer_failed = on_peer_failed,
                                     .on_peer_closed = on_peer_closed};
     if ((rc = pd_grpc_bridge_new(&D.loop, &D.bridge)) != PD_OK ||
-        (rc = pd_xfer_new(&D.loop, &xc, &xcb, &D.x)) != PD_OK ||
-        (rc = pd_xfer_register_pool(D.x, D.info.pool_base, D.info.page_bytes,
-                                    (uint32_t)D.info.n_pages)) != PD_OK)
+        (rc = pd_xfer_new(&D.loop, &xc, &xcb, &D.x)) != PD_OK)
         return rc;
     struct pd_xfer_info xi;
     pd_xfer_get_info(D.x, &xi);
-    snprintf(D.transport, sizeof(D.transport), "ucx:%s%s", xi.transports ? xi.transports : "all",
-             xi.rdma ? "+rdma" : "");
+    if (D.info.pool_on_device) {
+        /* GPU pool: UCX puts it directly when it can take CUDA memory, else the transfer stages
+         * pages through a pinned host ring on a stream of its own */
+        struct pd_devmem_opts dmo = {.kind = PD_DEVMEM_CUDA, .device_index = D.info.device_index};
+        if ((rc = pd_devmem_new(&dmo, &D.dm)) != PD_OK)
+            return pd_error_wrap(rc, "the GPU KV pool's transfer");
+        rc = pd_xfer_register_device_pool(D.x, D.info.pool_base, D.info.page_bytes,
+                                          (uint32_t)D.info.n_pages, D.dm, xi.cuda_memory);
+        if (rc && xi.cuda_memory) {
+            pd_warn("UCX reports CUDA memory but could not register the GPU pool (%s); staging "
+                    "pages through pinned host memory instead",
+                    pd_error_msg());
+            rc = pd_xfer_register_device_pool(D.x, D.info.pool_base, D.info.page_bytes,
+                                              (uint32_t)D.info.n_pages, D.dm, false);
+        }
+        if (rc)
+            return pd_error_wrap(rc, "the GPU KV pool's transfer");
+    } else if (getenv("PD_XFER_STAGE_HOST")) {
+        /* tests: the host pool through the staged GPU path, copies completing late (devmem.h's
+         * deferred host mode), so CPU machines run what a GPU without CUDA-aware UCX runs */
+        struct pd_devmem_opts dmo = {.kind = PD_DEVMEM_HOST, .host_deferred = true};
+        if ((rc = pd_devmem_new(&dmo, &D.dm)) != PD_OK ||
+            (rc = pd_xfer_register_device_pool(D.x, D.info.pool_base, D.info.page_bytes,
+                                               (uint32_t)D.info.n_pages, D.dm, false)) != PD_OK)
+            return rc;
+    } else if ((rc = pd_xfer_register_pool(D.x, D.info.pool_base, D.info.page_bytes,
+                                           (uint32_t)D.info.n_pages)) != PD_OK) {
+        return rc;
+    }
+    pd_xfer_get_info(D.x, &xi);
+    snprintf(D.transport, sizeof(D.transport), "ucx:%s%s%s", xi.transports ? xi.transports : "all",
+             xi.rdma ? "+rdma" : "",
+             xi.staged               ? "+staged"
+             : D.info.pool_on_device ? "+gpu-direct"
+                                     : "");
     memset(&D.layout, 0, sizeof(D.layout));
     snprintf(D.layout.model, sizeof(D.layout.model), "%s/v%d/l%d/kv%dx%d", D.info.architecture,
              D.info.vocab_size, D.info.n_layers, D.info.kv_heads, D.info.head_dim);
@@ -1894,8 +1933,9 @@ int pd_daemon_main(int role, int argc, char **argv) {
     }
     if (D.disable_mixed_flag)
         D.mixed_chunk = false;
-    if (D.args.device != PD_DEVICE_CPU || D.args.tp_size != 1) {
-        fprintf(stderr, "%s: only --device cpu --tp-size 1 is built in this binary\n", prog);
+    if (D.args.tp_size != 1) {
+        fprintf(stderr, "%s: --tp-size %d: only 1 is built in this binary (one GPU per daemon)\n",
+                prog, D.args.tp_size);
         return 2;
     }
     pd_log_set_name(role_name());
@@ -1925,6 +1965,7 @@ int pd_daemon_main(int role, int argc, char **argv) {
     pd_room_map_free(&D.rooms);
     pd_free(D.reqs);
     pd_free(D.free_slots);
+    pd_devmem_free(D.dm); /* after the loop ran the transfer engine's last close */
     pd_info("%s: stopped", role_name());
     return D.exit_code;
 }

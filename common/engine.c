@@ -57,6 +57,8 @@ struct pd_engine {
     /* step memory */
     struct pd_model_seq *seqs; /* [max_reqs] */
     float *logits;             /* [max_reqs][vocab] */
+    int32_t *greedy_ids;       /* [max_reqs] greedy fast path */
+    float *greedy_lp;          /* [max_reqs] */
     bool *stopped;             /* [max_running] */
     struct pd_sampling_scratch scratch;
 
@@ -82,6 +84,8 @@ struct pd_engine {
     atomic_int last_check;
     bool check_steps;
 };
+
+static bool greedy_only(const struct pd_sampler *s);
 
 static double now_s(void) {
     struct timespec ts;
@@ -202,9 +206,15 @@ int pd_engine_new(const struct pd_engine_config *cfg, struct pd_engine **out) {
     }
     e->max_reqs = max_reqs;
 
-    struct pd_backend_opts bo = {.kind = PD_BACKEND_CPU, .threads = cfg->threads};
-    if ((rc = pd_backend_new(&bo, &e->be)) != PD_OK)
+    struct pd_backend_opts bo = {.kind = cfg->device == PD_BACKEND_CUDA ? PD_BACKEND_CUDA
+                                                                        : PD_BACKEND_CPU,
+                                 .threads = cfg->threads,
+                                 .device_index = cfg->device_index};
+    if ((rc = pd_backend_new(&bo, &e->be)) != PD_OK) {
+        if (bo.kind == PD_BACKEND_CUDA)
+            rc = pd_error_wrap(rc, "--device cuda (GPU %d)", cfg->device_index);
         goto fail;
+    }
     struct pd_model_opts mo = {.max_tokens = max_tokens,
                                .max_reqs = max_reqs,
                                .max_logit_rows = max_reqs,
@@ -270,8 +280,11 @@ int pd_engine_new(const struct pd_engine_config *cfg, struct pd_engine **out) {
     e->free_slots = pd_calloc((size_t)e->cap, sizeof(int32_t));
     e->seqs = pd_calloc((size_t)max_reqs, sizeof(*e->seqs));
     e->logits = pd_calloc((size_t)max_reqs * (size_t)e->vocab, sizeof(float));
+    e->greedy_ids = pd_calloc((size_t)max_reqs, sizeof(int32_t));
+    e->greedy_lp = pd_calloc((size_t)max_reqs, sizeof(float));
     e->stopped = pd_calloc((size_t)cfg->max_running_requests, sizeof(bool));
-    if (!e->reqs || !e->free_slots || !e->seqs || !e->logits || !e->stopped) {
+    if (!e->reqs || !e->free_slots || !e->seqs || !e->logits || !e->stopped || !e->greedy_ids ||
+        !e->greedy_lp) {
         rc = pd_error_wrap(PD_ENOMEM, "engine step buffers");
         goto fail;
     }
@@ -307,6 +320,8 @@ void pd_engine_get_info(const struct pd_engine *e, struct pd_engine_info *o) {
         .page_bytes = e->kv.layout.page_bytes,
         .n_pages = (int32_t)e->kv.layout.n_pages,
         .pool_base = e->kv.layout.base,
+        .pool_on_device = pd_backend_kind_of(e->be) == PD_BACKEND_CUDA,
+        .device_index = e->cfg.device_index,
         .dtype = pd_dtype_name(e->kv.layout.dtype),
         .backend = pd_backend_name(e->be),
         .model_type = pd_arch_model_type(mc->arch),
@@ -633,7 +648,12 @@ static bool decode_iter(struct pd_engine *e, double now) {
                                            .pages = d->pages,
                                            .n_pages = d->n_pages};
     }
-    rc = pd_model_decode(e->model, &e->kv, e->seqs, (int)nb, e->logits);
+    bool greedy = e->cfg.greedy_on_device;
+    for (int32_t i = 0; greedy && i < nb; i++)
+        greedy = greedy_only(&find_req(e, st.batch[i].room)->sampler);
+    rc = greedy ? pd_model_decode_greedy(e->model, &e->kv, e->seqs, (int)nb, e->greedy_ids,
+                                         e->greedy_lp)
+                : pd_model_decode(e->model, &e->kv, e->seqs, (int)nb, e->logits);
     if (rc)
         pd_error("decode step of %d requests failed: %s", (int)nb, pd_error_msg());
     for (int32_t i = 0; i < nb; i++) {
@@ -644,7 +664,15 @@ static bool decode_iter(struct pd_engine *e, double now) {
             continue;
         }
         struct pd_sample smp;
-        pd_sampler_next(&r->sampler, &e->scratch, e->logits + (size_t)i * (size_t)e->vocab, &smp);
+        if (greedy) {
+            memset(&smp, 0, sizeof(smp));
+            smp.token = e->greedy_ids[i];
+            smp.logprob = e->greedy_lp[i];
+            pd_sampler_accept(&r->sampler, smp.token, &smp.finish);
+        } else {
+            pd_sampler_next(&r->sampler, &e->scratch, e->logits + (size_t)i * (size_t)e->vocab,
+                            &smp);
+        }
         note_token(e, r, smp.token, smp.logprob, smp.finish, &smp);
         e->stopped[i] = r->finished;
     }
@@ -653,6 +681,14 @@ static bool decode_iter(struct pd_engine *e, double now) {
     e->steps++;
     e->tokens += nb;
     return true;
+}
+
+/* A request the device argmax serves exactly: greedy, nothing that needs the whole logits row
+ * (penalties change it before the choice; top-n logprobs read it). */
+static bool greedy_only(const struct pd_sampler *s) {
+    const struct pd_sampling_params *p = &s->p;
+    return (p->temperature < 1e-5f || p->top_k == 1) && p->repetition_penalty == 1.0f &&
+           p->frequency_penalty == 0.0f && p->presence_penalty == 0.0f && p->n_logprobs == 0;
 }
 
 /* ---- colocated ---- */
@@ -1154,6 +1190,8 @@ void pd_engine_free(struct pd_engine *e) {
     pd_free(e->free_slots);
     pd_free(e->seqs);
     pd_free(e->logits);
+    pd_free(e->greedy_ids);
+    pd_free(e->greedy_lp);
     pd_free(e->stopped);
     pd_sampling_scratch_free(&e->scratch);
     pd_spsc_free(&e->cmdq);

@@ -49,6 +49,8 @@ enum pd_engine_role {
 struct pd_engine_config {
     int role; /* enum pd_engine_role */
     const char *model_path;
+    int device;               /* enum pd_backend_kind: PD_BACKEND_CPU or PD_BACKEND_CUDA */
+    int device_index;         /* cuda: which GPU */
     int threads;              /* cpu backend threads; 0 = one per core */
     int page_size;            /* tokens per KV page */
     int chunked_prefill_size; /* prefill step budget; decode: recompute chunk; <= 0: unchunked */
@@ -65,6 +67,9 @@ struct pd_engine_config {
                                    0.7, decaying to 0.1); 0 = SGLang's; smaller admits more
                                    and retracts sooner */
     bool mixed_chunk;           /* colocated: prefill chunks and decode tokens in one step */
+    bool greedy_on_device;      /* decode steps whose requests are all greedy (no penalties, no
+                                   top-n logprobs) take the argmax on the device: 8 bytes a
+                                   request come back instead of the logits (cuda) */
 };
 
 /* A request as the compute thread sees it. Fields above `private` are set by the loop before
@@ -170,7 +175,9 @@ struct pd_engine_info {
     int n_layers, kv_heads, head_dim, page_size;
     size_t page_bytes;
     int32_t n_pages;
-    void *pool_base; /* host memory of the KV pool (cpu backend) */
+    void *pool_base;     /* the KV pool: host memory (cpu) or device memory (cuda) */
+    bool pool_on_device; /* pool_base is device memory (cuda backend) */
+    int device_index;    /* cuda: the GPU the pool lives on */
     const char *dtype;
     const char *backend;
     const char *model_type;   /* "llama" */

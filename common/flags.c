@@ -355,6 +355,8 @@ void pd_server_args_register(struct pd_flagset *fs, struct pd_server_args *a) {
     pd_flag_string(fs, "--host", &a->host, "ADDR", "HTTP listen address");
     pd_flag_int(fs, "--port", &a->port, "PORT", 1, 65535, "HTTP listen port");
     pd_flag_choice(fs, "--device", &a->device, pd_device_names, "compute backend");
+    pd_flag_int(fs, "--base-gpu-id", &a->base_gpu_id, "N", 0, 1023,
+                "--device cuda: index of the GPU to run on (as CUDA_VISIBLE_DEVICES numbers them)");
     pd_flag_int(fs, "--tp-size", &a->tp_size, "N", 1, 64, "tensor-parallel size (GPUs per model)");
     pd_flag_int(fs, "--threads", &a->threads, "N", 0, 1024,
                 "CPU backend threads, 0 = one per core");

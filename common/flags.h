@@ -107,9 +107,10 @@ struct pd_server_args {
     int disaggregation_mode; /* enum pd_disagg_mode */
     int disaggregation_bootstrap_port;
     const char *disaggregation_ib_device;
-    int device;    /* enum pd_device_kind */
-    int threads;   /* CPU backend threads; 0 = all cores */
-    int log_level; /* enum pd_log_level */
+    int device;      /* enum pd_device_kind */
+    int base_gpu_id; /* cuda: the GPU this daemon runs on (SGLang's --base-gpu-id) */
+    int threads;     /* CPU backend threads; 0 = all cores */
+    int log_level;   /* enum pd_log_level */
     bool disable_prefix_cache;
     int64_t random_seed;
 };

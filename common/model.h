@@ -83,5 +83,10 @@ int pd_model_extend(struct pd_model *m, struct pd_kv_pool *kv, const struct pd_m
 /* One token per request (every n_new must be 1). logits: host [n_seqs][vocab] f32 */
 int pd_model_decode(struct pd_model *m, struct pd_kv_pool *kv, const struct pd_model_seq *seqs,
                     int n_seqs, float *logits);
+/* pd_model_decode for greedy requests without penalties or top-n logprobs: the argmax runs on
+ * the device and only ids[n_seqs] and logprobs[n_seqs] (host) come back, not the logits. */
+int pd_model_decode_greedy(struct pd_model *m, struct pd_kv_pool *kv,
+                           const struct pd_model_seq *seqs, int n_seqs, int32_t *ids,
+                           float *logprobs);
 
 #endif

@@ -34,6 +34,7 @@
 #include <ucp/api/ucp.h>
 
 #include "common/alloc.h"
+#include "common/devmem.h"
 #include "common/log.h"
 #include "common/status.h"
 
@@ -56,6 +57,8 @@ struct op {
     uint64_t room;
     uint64_t serial;
     enum op_kind kind;
+    int slot;          /* staging-ring slot whose bytes UCX reads (AM data), or -1 */
+    uint32_t slot_gen; /* that slot's generation: a late completion never frees a reused slot */
     uint8_t buf[NOTICE_WIRE_MAX]; /* AM data header or notice wire: UCX may read it until done */
 };
 
@@ -86,8 +89,36 @@ struct room {
     uint64_t abort_deadline_ms; /* receiver, ROOM_ABORTING: loop time */
     uint32_t *dst;              /* [n_dst] receiver pool page indices, in the sender's order */
     uint32_t n_dst;
-    uint64_t data_bytes; /* sender: page bytes posted as AM; receiver: bytes received */
+    uint64_t data_bytes;  /* sender: page bytes posted as AM; receiver: bytes received */
+    uint32_t staged_jobs; /* sender, staged: runs queued or in the ring, not yet posted */
+    bool finish_wait;     /* sender, staged: finished; flush once staged_jobs reaches 0 */
+    bool staged_drop;     /* sender, staged: aborted; its queued runs are dropped, not sent */
+    bool ipc_posted;      /* sender, IPC peer: device copies enqueued for this room */
+    bool ipc_waiting;     /* sender, IPC peer: an event after its copies is queued (ipc_waits) */
     struct pd_xfer_notice notice;
+};
+
+/* Staged GPU pages (device pool, UCX without CUDA memory): a run waits in the job queue, is
+ * copied device→host into a free slot of the pinned ring on the transfer stream, and is posted
+ * as active messages once the slot's event says the copy is done; the slot is reused when UCX
+ * has sent every message of it. The copy of one slot overlaps the sends of the others. */
+struct stage_job {
+    uint64_t room, serial;
+    uint32_t index;  /* the run's position in the room's page list */
+    const void *src; /* device */
+    size_t bytes;
+};
+
+enum slot_state { SLOT_FREE, SLOT_COPYING, SLOT_SENDING };
+
+struct stage_slot {
+    enum slot_state state;
+    uint32_t gen;
+    int pending; /* AM ops of this slot UCX holds */
+    struct pd_xfer_peer *peer;
+    struct stage_job job;
+    struct pd_devmem_event *ev;
+    char *buf; /* pinned host, slot_bytes */
 };
 
 enum peer_state { PEER_UP, PEER_CLOSING, PEER_CLOSED };
@@ -110,6 +141,7 @@ struct pd_xfer_peer {
     bool close_pending; /* ucp_ep_close_nbx request in flight */
     bool am_data;       /* pages go as active messages (lane without hardware RMA) */
     size_t am_chunk;    /* page bytes per active message: one eager fragment of the lane */
+    void *ipc_base;     /* the receiver's pool mapped here (CUDA IPC): pages are device copies */
     struct room *rooms;
     uint32_t n_rooms;
     char transport[112];
@@ -162,6 +194,28 @@ struct pd_xfer {
     char net_devices[256];
     bool cuda_memory;
     bool rdma;
+
+    /* device pool (pd_xfer_register_device_pool) */
+    struct pd_devmem *dm; /* NULL: the pool is host memory */
+    bool staged;          /* device pool that UCX cannot read: through the ring */
+    void *ring;           /* pinned host; memh/rkey above are the ring's */
+    size_t slot_bytes;
+    int n_slots;
+    struct stage_slot *slots;
+    struct stage_job *jobs; /* FIFO [jobs_head, jobs_head + n_jobs) mod jobs_cap */
+    size_t jobs_cap, jobs_head, n_jobs;
+    uint64_t staged_bytes; /* sender: bytes that went through the ring (tests, logs) */
+    uint8_t ipc_handle[PD_DEVMEM_IPC_MAX]; /* our device pool's export; ipc_len 0: none */
+    size_t ipc_len;
+    /* IPC copies: rooms waiting for the event recorded after their copies, in stream order */
+    struct ipc_wait {
+        uint64_t room, serial;
+        struct pd_devmem_event *ev;
+    } * ipc_waits;
+    size_t ipc_cap, ipc_head, n_ipc;
+    struct pd_devmem_event **free_evs;
+    size_t n_free_evs, free_evs_cap;
+    uint64_t ipc_bytes; /* sender: bytes copied through IPC mappings */
 };
 
 /* ---- status translation: the one place ucs_status_t is interpreted ---- */
@@ -413,6 +467,7 @@ static struct op *op_new(pd_xfer_t *x, struct room *r, enum op_kind kind) {
     op->room = r->id;
     op->serial = r->serial;
     op->kind = kind;
+    op->slot = -1;
     op->prev = NULL;
     op->next = x->ops;
     if (x->ops)
@@ -479,7 +534,12 @@ static void on_ep_error(void *arg, ucp_ep_h ep, ucs_status_t st) {
 }
 
 static void on_data_sent(void *req, ucs_status_t st, void *user_data) {
-    struct room *r = op_done(user_data);
+    struct op *op = user_data;
+    pd_xfer_t *x = op->x;
+    if (op->slot >= 0 && x->slots[op->slot].gen == op->slot_gen &&
+        --x->slots[op->slot].pending == 0 && x->slots[op->slot].state == SLOT_SENDING)
+        x->slots[op->slot].state = SLOT_FREE;
+    struct room *r = op_done(op);
     if (st != UCS_OK && r && !r->peer->failed) { /* one line per peer, not one per message */
         pd__ucs_error(st, "sending the room's pages");
         pd_warn("xfer: room %" PRIu64 ": %s", r->id, pd_error_msg());
@@ -620,7 +680,17 @@ static ucs_status_t on_data_am(void *arg, const void *header, size_t header_leng
         room_end(x, r, PD_ERANGE);
         return UCS_OK;
     }
-    memcpy((char *)x->pool_base + (size_t)r->dst[index] * pb + off, data, length);
+    char *dst = (char *)x->pool_base + (size_t)r->dst[index] * pb + off;
+    if (x->dm) {
+        int rc = pd_devmem_copy(x->dm, dst, data, length);
+        if (rc) {
+            pd_warn("xfer: room %" PRIu64 ": %s; failing the room", room, pd_error_msg());
+            room_end(x, r, rc);
+            return UCS_OK;
+        }
+    } else {
+        memcpy(dst, data, length);
+    }
     r->data_bytes += length;
     room_try_complete(x, r);
     return UCS_OK;
@@ -744,6 +814,169 @@ static void post_flush(pd_xfer_t *x, struct room *r) {
     }
 }
 
+static int send_run_am(pd_xfer_t *x, struct room *r, uint32_t index, const char *src, size_t bytes,
+                       int slot);
+
+/* A sending room of a staged job, or NULL when it ended, its peer failed or it was aborted. */
+static struct room *stage_room(pd_xfer_t *x, const struct stage_job *j) {
+    struct room *r = room_find(x, j->room);
+    if (!r || r->serial != j->serial || r->state == ROOM_ENDED || r->staged_drop ||
+        r->peer->failed || r->peer->state != PEER_UP)
+        return NULL;
+    return r;
+}
+
+/* A run of a room is done with the ring (posted or dropped): a finished room flushes after its
+ * last one. */
+static void stage_job_done(pd_xfer_t *x, const struct stage_job *j) {
+    struct room *r = room_find(x, j->room);
+    if (!r || r->serial != j->serial || !r->staged_jobs)
+        return;
+    if (--r->staged_jobs == 0 && r->finish_wait && r->state == ROOM_LIVE) {
+        r->finish_wait = false;
+        post_flush(x, r);
+    }
+}
+
+/* The ring's step: copied slots are posted, free slots take the next queued runs. */
+static bool run_stage(pd_xfer_t *x) {
+    bool changed = false;
+    for (int i = 0; i < x->n_slots; i++) {
+        struct stage_slot *sl = &x->slots[i];
+        if (sl->state != SLOT_COPYING)
+            continue;
+        int q = pd_devmem_event_query(x->dm, sl->ev);
+        if (q == 0)
+            continue;
+        changed = true;
+        struct room *r = stage_room(x, &sl->job);
+        sl->state = SLOT_FREE;
+        if (q < 0) {
+            pd_warn("xfer: room %" PRIu64 ": %s", sl->job.room, pd_error_msg());
+            if (r)
+                peer_mark_failed(r->peer, PD_EINTERNAL);
+        } else if (r) {
+            sl->state = SLOT_SENDING;
+            sl->peer = r->peer;
+            int rc = send_run_am(x, r, sl->job.index, sl->buf, sl->job.bytes, i);
+            if (rc) {
+                pd_warn("xfer: room %" PRIu64 ": %s", r->id, pd_error_msg());
+                peer_mark_failed(r->peer, rc == PD_ENOMEM ? PD_ENOMEM : PD_EPEER);
+            }
+            x->staged_bytes += sl->job.bytes;
+            if (sl->pending == 0) /* UCX took every message inline */
+                sl->state = SLOT_FREE;
+        }
+        stage_job_done(x, &sl->job);
+    }
+    for (int i = 0; i < x->n_slots && x->n_jobs; i++) {
+        struct stage_slot *sl = &x->slots[i];
+        if (sl->state != SLOT_FREE)
+            continue;
+        while (x->n_jobs && sl->state == SLOT_FREE) {
+            struct stage_job j = x->jobs[x->jobs_head];
+            x->jobs_head = (x->jobs_head + 1) % x->jobs_cap;
+            x->n_jobs--;
+            changed = true;
+            struct room *r = stage_room(x, &j);
+            if (!r) {
+                stage_job_done(x, &j);
+                continue;
+            }
+            int rc = pd_devmem_copy_async(x->dm, sl->buf, j.src, j.bytes);
+            if (!rc)
+                rc = pd_devmem_event_record(x->dm, sl->ev);
+            if (rc) {
+                pd_warn("xfer: room %" PRIu64 ": %s", r->id, pd_error_msg());
+                peer_mark_failed(r->peer, PD_EINTERNAL);
+                stage_job_done(x, &j);
+                continue;
+            }
+            sl->job = j;
+            sl->gen++;
+            sl->pending = 0;
+            sl->state = SLOT_COPYING;
+        }
+    }
+    return changed;
+}
+
+/* Records an event after the room's copies (everything enqueued so far) and queues the room:
+ * its flush and notice go once the event completed. */
+static int ipc_wait_push(pd_xfer_t *x, struct room *r) {
+    if (r->ipc_waiting)
+        return PD_OK; /* the event queued earlier covers every copy of the room */
+    if (x->n_ipc == x->ipc_cap) {
+        size_t cap = x->ipc_cap ? x->ipc_cap * 2 : 64;
+        struct ipc_wait *w = pd_malloc(cap * sizeof(*w));
+        if (!w)
+            return pd_error_wrap(PD_ENOMEM, "room %" PRIu64 ": waiting for copies", r->id);
+        for (size_t k = 0; k < x->n_ipc; k++)
+            w[k] = x->ipc_waits[(x->ipc_head + k) % x->ipc_cap];
+        pd_free(x->ipc_waits);
+        x->ipc_waits = w;
+        x->ipc_cap = cap;
+        x->ipc_head = 0;
+    }
+    struct pd_devmem_event *ev = NULL;
+    int rc;
+    if (x->n_free_evs)
+        ev = x->free_evs[--x->n_free_evs];
+    else if ((rc = pd_devmem_event_new(x->dm, &ev)) != PD_OK)
+        return rc;
+    if ((rc = pd_devmem_event_record(x->dm, ev)) != PD_OK) {
+        pd_devmem_event_free(x->dm, ev);
+        return rc;
+    }
+    x->ipc_waits[(x->ipc_head + x->n_ipc) % x->ipc_cap] =
+        (struct ipc_wait){.room = r->id, .serial = r->serial, .ev = ev};
+    x->n_ipc++;
+    r->ipc_waiting = true;
+    return PD_OK;
+}
+
+static void ipc_event_release(pd_xfer_t *x, struct pd_devmem_event *ev) {
+    if (x->n_free_evs == x->free_evs_cap) {
+        size_t cap = x->free_evs_cap ? x->free_evs_cap * 2 : 64;
+        struct pd_devmem_event **f = pd_realloc(x->free_evs, cap * sizeof(*f));
+        if (!f) {
+            pd_devmem_event_free(x->dm, ev);
+            return;
+        }
+        x->free_evs = f;
+        x->free_evs_cap = cap;
+    }
+    x->free_evs[x->n_free_evs++] = ev;
+}
+
+/* Rooms whose copies are done post their flush + notice; one stream, so in queue order. */
+static bool run_ipc(pd_xfer_t *x) {
+    bool changed = false;
+    while (x->n_ipc) {
+        struct ipc_wait w = x->ipc_waits[x->ipc_head];
+        int q = pd_devmem_event_query(x->dm, w.ev);
+        if (q == 0)
+            break;
+        x->ipc_head = (x->ipc_head + 1) % x->ipc_cap;
+        x->n_ipc--;
+        ipc_event_release(x, w.ev);
+        changed = true;
+        struct room *r = room_find(x, w.room);
+        if (!r || r->serial != w.serial || r->state == ROOM_ENDED)
+            continue;
+        r->ipc_waiting = false;
+        if (q < 0) {
+            pd_warn("xfer: room %" PRIu64 ": %s", r->id, pd_error_msg());
+            peer_mark_failed(r->peer, PD_EINTERNAL);
+        } else if (r->finish_wait && r->state == ROOM_LIVE && !r->peer->failed &&
+                   r->peer->state == PEER_UP) {
+            r->finish_wait = false;
+            post_flush(x, r);
+        }
+    }
+    return changed;
+}
+
 static void peer_free(pd_xfer_t *x, struct pd_xfer_peer *p) {
     if (p->prev)
         p->prev->next = p->next;
@@ -772,6 +1005,20 @@ static bool run_peers(pd_xfer_t *x) {
         }
         if (p->state != PEER_CLOSED)
             continue;
+        /* copies into its pool must be over before its rooms end (their pages get reused) */
+        if (p->ipc_base) {
+            if (pd_devmem_sync(x->dm) != PD_OK)
+                pd_warn("xfer: peer %016" PRIx64 ": %s", p->remote_id, pd_error_msg());
+            pd_devmem_ipc_close(x->dm, p->ipc_base);
+            p->ipc_base = NULL;
+        }
+        /* its endpoint is closed: UCX reads no slot of it any more */
+        for (int i = 0; i < x->n_slots; i++)
+            if (x->slots[i].peer == p && x->slots[i].state == SLOT_SENDING) {
+                x->slots[i].state = SLOT_FREE;
+                x->slots[i].pending = 0;
+                x->slots[i].gen++;
+            }
         /* The endpoint is gone: no write of ours or theirs through it can still land. Requests
          * UCX still holds for its rooms are orphaned (their ops name rooms by id). */
         for (struct room *r = p->rooms; r; r = r->pnext)
@@ -840,6 +1087,10 @@ static void xfer_run(pd_xfer_t *x) {
                 post_notice(x, r);
             changed = true;
         }
+        if (x->staged)
+            changed |= run_stage(x);
+        if (x->n_ipc)
+            changed |= run_ipc(x);
         run_deadlines(x);
         changed |= run_peers(x);
         /* The end queue: call the user, free the room (UCX holds ops, not rooms). */
@@ -897,7 +1148,10 @@ static void xfer_run(pd_xfer_t *x) {
  * requests or rooms have unflushed puts, 50 ms while a receiver abort waits for its deadline,
  * nothing when idle (the event fd wakes us). */
 static void arm_timer(pd_xfer_t *x, bool again) {
-    bool busy = x->outstanding > 0 || x->n_unflushed > 0 || x->end_head || x->flushed_head;
+    bool busy = x->outstanding > 0 || x->n_unflushed > 0 || x->end_head || x->flushed_head ||
+                x->n_jobs > 0 || x->n_ipc > 0;
+    for (int i = 0; !busy && i < x->n_slots; i++)
+        busy = x->slots[i].state == SLOT_COPYING;
     for (struct pd_xfer_peer *p = x->peers; !busy && p; p = p->next)
         busy = p->state != PEER_UP || (p->failed && !p->fail_reported);
     if (again || (busy && x->cfg.spin)) {
@@ -1139,6 +1393,18 @@ static void on_handle_closed(uv_handle_t *h) {
     if (x->memh)
         ucp_mem_unmap(x->ctx, x->memh);
     ucp_worker_destroy(x->worker); /* no callback can come after this */
+    for (int i = 0; x->slots && i < x->n_slots; i++)
+        pd_devmem_event_free(x->dm, x->slots[i].ev);
+    pd_free(x->slots);
+    pd_free(x->jobs);
+    if (x->ring)
+        pd_devmem_host_free(x->dm, x->ring); /* the devmem outlives the engine (xfer.h) */
+    for (size_t k = 0; k < x->n_ipc; k++)
+        pd_devmem_event_free(x->dm, x->ipc_waits[(x->ipc_head + k) % x->ipc_cap].ev);
+    for (size_t k = 0; k < x->n_free_evs; k++)
+        pd_devmem_event_free(x->dm, x->free_evs[k]);
+    pd_free(x->ipc_waits);
+    pd_free(x->free_evs);
     ucp_cleanup(x->ctx);
     for (struct op *op = x->ops, *next; op; op = next) {
         next = op->next;
@@ -1190,6 +1456,9 @@ void pd_xfer_get_info(const pd_xfer_t *x, struct pd_xfer_info *out) {
     out->pool_pages = x->n_pages;
     out->page_bytes = x->page_bytes;
     out->dropped_writes = x->dropped_writes;
+    out->staged = x->staged;
+    out->staged_bytes = x->staged_bytes;
+    out->ipc_bytes = x->ipc_bytes;
 }
 
 int pd_xfer_register_pool(pd_xfer_t *x, void *base, size_t page_bytes, uint32_t n_pages) {
@@ -1216,6 +1485,103 @@ int pd_xfer_register_pool(pd_xfer_t *x, void *base, size_t page_bytes, uint32_t 
     x->n_pages = n_pages;
     pd_info("xfer: KV pool registered: %u pages of %zu bytes at %p", n_pages, page_bytes, base);
     return PD_OK;
+}
+
+int pd_xfer_register_device_pool(pd_xfer_t *x, void *base, size_t page_bytes, uint32_t n_pages,
+                                 struct pd_devmem *dm, bool ucx_direct) {
+    PD_ASSERT(!x->memh && !x->dm);
+    if (!base || page_bytes == 0 || n_pages == 0 || !dm)
+        return pd_errorf(PD_EINVAL, "registering the KV pool: empty pool");
+    int rc;
+    if (ucx_direct) {
+        if (!x->cuda_memory)
+            return pd_errorf(PD_EUNSUPPORTED, "registering the GPU KV pool with UCX: this UCX "
+                                              "does not support CUDA memory");
+        ucp_mem_map_params_t mp = {
+            .field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH |
+                          UCP_MEM_MAP_PARAM_FIELD_MEMORY_TYPE,
+            .address = base,
+            .length = page_bytes * n_pages,
+            .memory_type = UCS_MEMORY_TYPE_CUDA,
+        };
+        ucs_status_t st = ucp_mem_map(x->ctx, &mp, &x->memh);
+        if (st != UCS_OK)
+            return pd__ucs_error(st, "registering the GPU KV pool with UCX");
+    } else {
+        /* the ring: enough slots that copies and sends overlap; a slot holds at least a page */
+        size_t want = x->cfg.stage_slot_bytes ? x->cfg.stage_slot_bytes : (size_t)4 << 20;
+        x->slot_bytes = want < page_bytes ? page_bytes : want / page_bytes * page_bytes;
+        x->n_slots = x->cfg.stage_slots > 0 ? x->cfg.stage_slots : 4;
+        x->jobs_cap = 1024;
+        x->slots = pd_calloc((size_t)x->n_slots, sizeof(*x->slots));
+        x->jobs = pd_malloc(x->jobs_cap * sizeof(*x->jobs));
+        if (!x->slots || !x->jobs) {
+            rc = pd_error_wrap(PD_ENOMEM, "the staging ring");
+            goto fail_ring;
+        }
+        x->dm = dm; /* event_free below needs it */
+        for (int i = 0; i < x->n_slots; i++)
+            if ((rc = pd_devmem_event_new(dm, &x->slots[i].ev)) != PD_OK)
+                goto fail_ring;
+        if ((rc = pd_devmem_host_alloc(dm, x->slot_bytes * (size_t)x->n_slots, &x->ring)) != PD_OK)
+            goto fail_ring;
+        for (int i = 0; i < x->n_slots; i++)
+            x->slots[i].buf = (char *)x->ring + x->slot_bytes * (size_t)i;
+        ucp_mem_map_params_t mp = {
+            .field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH,
+            .address = x->ring,
+            .length = x->slot_bytes * (size_t)x->n_slots,
+        };
+        ucs_status_t st = ucp_mem_map(x->ctx, &mp, &x->memh);
+        if (st != UCS_OK) {
+            rc = pd__ucs_error(st, "registering the staging ring with UCX");
+            goto fail_ring;
+        }
+        x->staged = true;
+    }
+    ucs_status_t st = ucp_rkey_pack(x->ctx, x->memh, &x->rkey_buf, &x->rkey_len);
+    if (st != UCS_OK) {
+        rc = pd__ucs_error(st, "packing the KV pool rkey");
+        ucp_mem_unmap(x->ctx, x->memh);
+        x->memh = NULL;
+        x->staged = false;
+        goto fail_ring;
+    }
+    x->dm = dm;
+    x->pool_base = base;
+    x->page_bytes = page_bytes;
+    x->n_pages = n_pages;
+    if (pd_devmem_ipc_export(dm, base, x->ipc_handle, &x->ipc_len) != PD_OK) {
+        pd_info("xfer: the GPU KV pool is not exported for same-node copies: %s", pd_error_msg());
+        x->ipc_len = 0;
+    }
+    if (x->staged)
+        pd_info("xfer: GPU KV pool (%s): %u pages of %zu bytes, staged through a pinned ring of "
+                "%d x %zu bytes",
+                pd_devmem_name(dm), n_pages, page_bytes, x->n_slots, x->slot_bytes);
+    else
+        pd_info("xfer: GPU KV pool (%s) registered with UCX: %u pages of %zu bytes",
+                pd_devmem_name(dm), n_pages, page_bytes);
+    return PD_OK;
+
+fail_ring:
+    for (int i = 0; x->slots && i < x->n_slots; i++)
+        pd_devmem_event_free(dm, x->slots[i].ev);
+    if (x->ring)
+        pd_devmem_host_free(dm, x->ring);
+    pd_free(x->slots);
+    pd_free(x->jobs);
+    x->slots = NULL;
+    x->jobs = NULL;
+    x->ring = NULL;
+    x->n_slots = 0;
+    x->dm = NULL;
+    return rc;
+}
+
+void pd_xfer_local_ipc(const pd_xfer_t *x, const void **handle, size_t *len) {
+    *handle = x->ipc_len ? x->ipc_handle : NULL;
+    *len = x->ipc_len;
 }
 
 void pd_xfer_local_address(const pd_xfer_t *x, const void **addr, size_t *len) {
@@ -1286,11 +1652,21 @@ static void peer_find_transport(struct pd_xfer_peer *p) {
         return;
     enum pd_xfer_data_path dp = p->x->cfg.data_path;
     p->am_data = dp == PD_XFER_DATA_AM || (dp == PD_XFER_DATA_AUTO && !(used && hw_rma));
-    if (!p->am_data)
+    if (p->x->staged) /* GPU pages through the pinned ring, sent as active messages */
+        p->am_data = true;
+    if (p->ipc_base) /* device copies into the peer's mapped pool; UCX carries the notice */
+        p->am_data = false;
+    if (p->ipc_base)
+        snprintf(p->transport + used, sizeof(p->transport) - used,
+                 " (notice only; GPU pages by CUDA IPC device copies)");
+    else if (!p->am_data)
         snprintf(p->transport + used, sizeof(p->transport) - used, " (put)");
     else
         snprintf(p->transport + used, sizeof(p->transport) - used, " (am of %zu bytes%s)",
-                 p->am_chunk, hw_rma ? "" : "; UCX has only sw-rma here");
+                 p->am_chunk,
+                 p->x->staged ? "; GPU pages staged through pinned host memory"
+                 : hw_rma     ? ""
+                              : "; UCX has only sw-rma here");
 }
 
 int pd_xfer_peer_connect(pd_xfer_t *x, const struct pd_xfer_peer_info *info, void *peer_user,
@@ -1332,6 +1708,14 @@ int pd_xfer_peer_connect(pd_xfer_t *x, const struct pd_xfer_peer_info *info, voi
         if (st != UCS_OK) {
             rc = pd__ucs_error(st, "unpacking the peer's KV pool rkey");
             goto fail_ep;
+        }
+    }
+    if (info->ipc_handle_len && x->dm && !x->cfg.disable_ipc) {
+        if (pd_devmem_ipc_open(x->dm, info->ipc_handle, info->ipc_handle_len, &p->ipc_base) !=
+            PD_OK) {
+            pd_info("xfer: peer %016" PRIx64 ": no CUDA IPC (%s); pages go over UCX",
+                    info->remote_id, pd_error_msg());
+            p->ipc_base = NULL;
         }
     }
     peer_find_transport(p);
@@ -1444,6 +1828,28 @@ static int room_get(const pd_xfer_t *x, uint64_t room, struct room **out) {
     return PD_OK;
 }
 
+/* Staged: the run waits for a ring slot (run_stage copies and posts it). */
+static int stage_queue(pd_xfer_t *x, struct room *r, uint32_t index, const char *src,
+                       size_t bytes) {
+    if (x->n_jobs == x->jobs_cap) {
+        size_t cap = x->jobs_cap * 2;
+        struct stage_job *jobs = pd_malloc(cap * sizeof(*jobs));
+        if (!jobs)
+            return pd_error_wrap(PD_ENOMEM, "room %" PRIu64 ": queueing pages", r->id);
+        for (size_t k = 0; k < x->n_jobs; k++)
+            jobs[k] = x->jobs[(x->jobs_head + k) % x->jobs_cap];
+        pd_free(x->jobs);
+        x->jobs = jobs;
+        x->jobs_cap = cap;
+        x->jobs_head = 0;
+    }
+    x->jobs[(x->jobs_head + x->n_jobs) % x->jobs_cap] = (struct stage_job){
+        .room = r->id, .serial = r->serial, .index = index, .src = src, .bytes = bytes};
+    x->n_jobs++;
+    r->staged_jobs++;
+    return PD_OK;
+}
+
 /* One run as one put (hardware RMA lane): completion is observed through the room's flush. */
 static int send_run_put(pd_xfer_t *x, struct room *r, const char *src, uint32_t dst_page,
                         size_t bytes) {
@@ -1464,14 +1870,18 @@ static int send_run_put(pd_xfer_t *x, struct room *r, const char *src, uint32_t 
 /* One run as eager active messages of at most am_chunk_bytes, each naming the room, the run's
  * position in the room's page list and the byte offset from there: the receiver checks and
  * copies. */
-static int send_run_am(pd_xfer_t *x, struct room *r, uint32_t index, const char *src,
-                       size_t bytes) {
+static int send_run_am(pd_xfer_t *x, struct room *r, uint32_t index, const char *src, size_t bytes,
+                       int slot) {
     const size_t chunk = r->peer->am_chunk;
     for (size_t off = 0; off < bytes; off += chunk) {
         size_t len = bytes - off < chunk ? bytes - off : chunk;
         struct op *op = op_new(x, r, OP_DATA);
         if (!op)
             return pd_error_wrap(PD_ENOMEM, "room %" PRIu64 ": sending pages", r->id);
+        if (slot >= 0) {
+            op->slot = slot;
+            op->slot_gen = x->slots[slot].gen;
+        }
         put_u64(op->buf, x->id);
         put_u64(op->buf + 8, r->id);
         put_u32(op->buf + 16, index);
@@ -1491,10 +1901,13 @@ static int send_run_am(pd_xfer_t *x, struct room *r, uint32_t index, const char 
             op_free(op);
             return pd__ucs_error(UCS_PTR_STATUS(req), "sending pages as active messages");
         }
-        if (req)
+        if (req) {
             op_held(x, r);
-        else
+            if (slot >= 0)
+                x->slots[slot].pending++;
+        } else {
             op_free(op);
+        }
         r->data_bytes += len;
     }
     return PD_OK;
@@ -1520,16 +1933,26 @@ int pd_xfer_room_send(pd_xfer_t *x, uint64_t room, uint32_t first, const uint32_
         return pd_errorf(PD_EPEER, "room %" PRIu64 ": peer has failed", room);
     const uint32_t *dst = r->dst + first;
     const size_t pb = x->page_bytes;
-    /* Very long runs are split: puts of a few MiB pipeline better on the transports measured. */
-    uint32_t max_len = x->cfg.max_put_bytes / pb ? (uint32_t)(x->cfg.max_put_bytes / pb) : 1;
+    /* Very long runs are split: puts of a few MiB pipeline better on the transports measured;
+     * staged runs are at most one ring slot. */
+    size_t max_bytes = p->ipc_base ? SIZE_MAX : x->staged ? x->slot_bytes : x->cfg.max_put_bytes;
+    uint32_t max_len = max_bytes / pb ? (uint32_t)(max_bytes / pb) : 1;
     for (uint32_t i = 0; i < n;) {
         uint32_t len = 1;
         while (i + len < n && len < max_len && src_pages[i + len] == src_pages[i] + len &&
                dst[i + len] == dst[i] + len)
             len++;
         const char *src = (const char *)x->pool_base + (size_t)src_pages[i] * pb;
-        rc = p->am_data ? send_run_am(x, r, first + i, src, (size_t)len * pb)
-                        : send_run_put(x, r, src, dst[i], (size_t)len * pb);
+        if (p->ipc_base) {
+            rc = pd_devmem_copy_async(x->dm, (char *)p->ipc_base + (size_t)dst[i] * pb, src,
+                                      (size_t)len * pb);
+            r->ipc_posted = true;
+            x->ipc_bytes += rc ? 0 : (uint64_t)len * pb;
+        } else {
+            rc = x->staged    ? stage_queue(x, r, first + i, src, (size_t)len * pb)
+                 : p->am_data ? send_run_am(x, r, first + i, src, (size_t)len * pb, -1)
+                              : send_run_put(x, r, src, dst[i], (size_t)len * pb);
+        }
         if (rc) {
             pd_warn("xfer: room %" PRIu64 ": %s", room, pd_error_msg());
             peer_mark_failed(p, rc == PD_ENOMEM ? PD_ENOMEM : PD_EPEER);
@@ -1557,12 +1980,23 @@ int pd_xfer_room_finish(pd_xfer_t *x, uint64_t room, const struct pd_xfer_notice
     int rc = room_get(x, room, &r);
     if (rc)
         return rc;
-    if (r->role != ROOM_SENDER || r->state != ROOM_LIVE)
+    if (r->role != ROOM_SENDER || r->state != ROOM_LIVE || r->finish_wait)
         return pd_errorf(PD_EINVAL, "room %" PRIu64 ": already finishing", room);
     if (r->peer->failed || r->peer->state != PEER_UP)
         return pd_errorf(PD_EPEER, "room %" PRIu64 ": peer has failed", room);
     set_notice(r, n);
-    post_flush(x, r);
+    if (r->ipc_posted) { /* the notice follows the data: once the device copies are done */
+        r->finish_wait = true;
+        if ((rc = ipc_wait_push(x, r)) != PD_OK) {
+            peer_mark_failed(r->peer, rc);
+            kick(x);
+            return rc;
+        }
+    } else if (r->staged_jobs) { /* ... once the ring posted every run */
+        r->finish_wait = true;
+    } else {
+        post_flush(x, r);
+    }
     kick(x);
     return PD_OK;
 }
@@ -1609,6 +2043,14 @@ int pd_xfer_room_abort(pd_xfer_t *x, uint64_t room, int status, const char *why)
         if (r->peer->failed || r->peer->state != PEER_UP)
             break; /* the peer's close ends it */
         set_notice(r, &n);
+        if (r->ipc_posted) { /* copies into the peer's pages cannot be recalled: wait them out */
+            r->finish_wait = true;
+            if (ipc_wait_push(x, r) != PD_OK)
+                peer_mark_failed(r->peer, PD_ENOMEM);
+            break;
+        }
+        r->staged_drop = true; /* runs still queued or copying are not sent */
+        r->finish_wait = false;
         post_flush(x, r);
         break;
     case ROOM_FLUSHING: set_notice(r, &n); break; /* the notice is not out yet: swap it */

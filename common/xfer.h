@@ -38,9 +38,9 @@
  * failed notice (sent after a flush) arrives, when the control plane says no write can land
  * (pd_xfer_room_release), or — bounded — abort_timeout_ms later by force-closing the peer.
  *
- * Not here: the page allocator (callers own page indices), the bootstrap RPCs (common/bootstrap.h),
- * GPU memory (UCX here is host-only; pd_xfer_info says whether it takes CUDA memory — the CUDA
- * path will hand this engine a pinned staging ring instead).
+ * GPU pools (pd_xfer_register_device_pool): registered with UCX directly when it takes CUDA
+ * memory, else staged through a pinned host ring (see there).
+ * Not here: the page allocator (callers own page indices), the bootstrap RPCs (common/bootstrap.h).
  */
 #ifndef PD_XFER_H
 #define PD_XFER_H
@@ -109,8 +109,11 @@ struct pd_xfer_config {
         PD_XFER_DATA_PUT,      /* always ucp_put_nbx (tests of the RMA path without RDMA) */
         PD_XFER_DATA_AM,       /* always active messages */
     } data_path;
-    size_t am_chunk_bytes; /* page data per active message, at most 65344; 0 = one eager
-                              fragment of the lane less headers (65344 on shared memory) */
+    size_t am_chunk_bytes;   /* page data per active message, at most 65344; 0 = one eager
+                                fragment of the lane less headers (65344 on shared memory) */
+    size_t stage_slot_bytes; /* staged GPU pool: bytes per ring slot; 0 = 4 MiB */
+    int stage_slots;         /* staged GPU pool: ring slots; 0 = 4 */
+    bool disable_ipc;        /* GPU pools: never copy through a peer's CUDA IPC mapping */
 };
 
 /* Facts about the engine, for logs and /server_info. Strings owned by the engine. */
@@ -125,6 +128,9 @@ struct pd_xfer_info {
     size_t page_bytes;
     uint64_t dropped_writes; /* receiver: page data refused (room not live, wrong peer, outside
                                 the room's pages) */
+    bool staged;             /* GPU pool moved through the pinned staging ring */
+    uint64_t staged_bytes;   /* sender: page bytes that went through the ring */
+    uint64_t ipc_bytes;      /* sender: page bytes copied into peers' pools by CUDA IPC */
 };
 
 /* Remote side of a pair, as exchanged at Pair. The receiver's side of the pair (decode connects
@@ -138,6 +144,12 @@ struct pd_xfer_peer_info {
     uint64_t base;       /* remote pool base address */
     uint64_t page_bytes; /* must equal ours */
     uint32_t n_pages;
+    /* the receiver's device pool exported for same-node copies (pd_xfer_local_ipc); a sender
+     * with a device pool that can map it copies pages device to device on its transfer stream
+     * instead of sending them, and sends the notice once the copies' event completed. NULL, 0:
+     * none (host pool, other node, or export failed). */
+    const void *ipc_handle;
+    size_t ipc_handle_len;
 };
 
 /* Engine. cb is copied. The engine lives until pd_xfer_free's close completes on the loop. */
@@ -150,12 +162,26 @@ void pd_xfer_free(pd_xfer_t *x);
 uint64_t pd_xfer_id(const pd_xfer_t *x); /* random, per process start */
 void pd_xfer_get_info(const pd_xfer_t *x, struct pd_xfer_info *out);
 
+struct pd_devmem;
+
 /* Registers the KV pool (host memory): [base, base + page_bytes * n_pages). Once per engine. */
 int pd_xfer_register_pool(pd_xfer_t *x, void *base, size_t page_bytes, uint32_t n_pages);
+/* Registers a KV pool in device memory (instead of pd_xfer_register_pool). ucx_direct: UCX
+ * takes the GPU memory itself (pd_xfer_info.cuda_memory; PD_EUNSUPPORTED otherwise) and pages
+ * move as on a host pool. Else pages are staged: the sender copies each run device→host into a
+ * slot of a pinned ring (registered with UCX; its rkey is what peers get) on dm's transfer
+ * stream and sends the slot as active messages once the copy's event completed — the copy of
+ * the next run overlaps the send of this one, and the room's flush + notice follow the last
+ * run's send; the receiver copies every message host→device before counting it. dm (the device
+ * the pool is on; devmem.h) must outlive the engine. */
+int pd_xfer_register_device_pool(pd_xfer_t *x, void *base, size_t page_bytes, uint32_t n_pages,
+                                 struct pd_devmem *dm, bool ucx_direct);
 /* Our worker address (always) and packed pool rkey (after register_pool; else NULL, 0). Valid
  * for the engine's life. */
 void pd_xfer_local_address(const pd_xfer_t *x, const void **addr, size_t *len);
 void pd_xfer_local_rkey(const pd_xfer_t *x, const void **rkey, size_t *len, uint64_t *base);
+/* The device pool's same-node export (CUDA IPC handle); NULL, 0 for a host pool. */
+void pd_xfer_local_ipc(const pd_xfer_t *x, const void **handle, size_t *len);
 
 /* One endpoint per peer, with UCP_ERR_HANDLING_MODE_PEER. */
 int pd_xfer_peer_connect(pd_xfer_t *x, const struct pd_xfer_peer_info *info, void *peer_user,

@@ -98,6 +98,7 @@ struct cuda_backend {
     int max_items, max_split_tokens, max_graph_reqs;
     void *xconv;             /* device [max_tokens][max_dim] 2-byte GEMM inputs */
     float *part_o, *part_ml; /* device attention split partials */
+    char *amax_d, *amax_h;   /* argmax ids + logprobs: device [max_tokens] x 2, pinned copy */
     struct op *log;          /* [PD_CUDA_LOG_OPS] */
     int n_log;
     /* current step */
@@ -164,6 +165,9 @@ static void free_step_buffers(struct cuda_backend *c) {
     cudaFree(c->xconv);
     cudaFree(c->part_o);
     cudaFree(c->part_ml);
+    cudaFree(c->amax_d);
+    cudaFreeHost(c->amax_h);
+    c->amax_d = c->amax_h = NULL;
     pd_free(c->log);
     c->meta_h = c->meta_d = NULL;
     c->xconv = NULL;
@@ -221,7 +225,9 @@ static int cuda_reserve(struct pd_backend *be, const struct pd_backend_limits *l
              cudaMalloc((void **)&c->part_o, split_rows * (size_t)lim->max_head_dim * 4),
              "attention split partials")) ||
         (rc = pd__cuda_status(cudaMalloc((void **)&c->part_ml, split_rows * 2 * 4),
-                              "attention split partials"))) {
+                              "attention split partials")) ||
+        (rc = pd__cuda_status(cudaMalloc((void **)&c->amax_d, nt * 8), "argmax results")) ||
+        (rc = pd__cuda_status(cudaMallocHost((void **)&c->amax_h, nt * 8), "argmax results"))) {
         free_step_buffers(c);
         return pd_error_wrap(rc, "reserving cuda backend step buffers");
     }
@@ -279,6 +285,35 @@ static int cuda_download(struct pd_backend *be, void *dst, const void *src, size
     return st ? st : rc;
 }
 
+/* Greedy fast path: one kernel over the rows, then 8 bytes per row come back instead of the
+ * whole vocabulary. */
+static int cuda_argmax(struct pd_backend *be, const float *x, int rows, int cols, int32_t *ids,
+                       float *logprobs) {
+    struct cuda_backend *c = cb(be);
+    if (!c->reserved || rows > c->lim.max_tokens)
+        return pd_errorf(PD_ERANGE, "argmax of %d rows: at most the reserved %d", rows,
+                         c->reserved ? c->lim.max_tokens : 0);
+    int rc = flush(c);
+    int32_t *ids_d = (int32_t *)c->amax_d;
+    float *lp_d = (float *)(c->amax_d + (size_t)rows * 4);
+    struct pd_kernel_argmax_params ap = {
+        .logits = x, .rows = rows, .vocab = cols, .ids = ids_d, .logprob = lp_d};
+    if (!rc)
+        rc = pd_kernel_argmax(&ap, c->stream);
+    if (!rc)
+        rc = pd__cuda_status(cudaMemcpyAsync(c->amax_h, c->amax_d, (size_t)rows * 8,
+                                             cudaMemcpyDeviceToHost, c->stream),
+                             "copying argmax results from the GPU");
+    if (!rc)
+        rc = pd__cuda_status(cudaStreamSynchronize(c->stream), "running the step on the GPU");
+    int st = take_status(c);
+    if (st || rc)
+        return st ? st : rc;
+    memcpy(ids, c->amax_h, (size_t)rows * 4);
+    memcpy(logprobs, c->amax_h + (size_t)rows * 4, (size_t)rows * 4);
+    return PD_OK;
+}
+
 static int cuda_sync(struct pd_backend *be) {
     struct cuda_backend *c = cb(be);
     int rc = flush(c);
@@ -310,7 +345,11 @@ static int cuda_set_batch(struct pd_backend *be, const struct pd_batch_plan *p) 
     struct cuda_backend *c = cb(be);
     if (!c->reserved)
         return pd_errorf(PD_EINVAL, "cuda backend: set_batch before reserve");
-    int rc = flush(c);
+    /* the step may run on another thread than the one that created the backend (the daemons'
+     * compute thread): the current device is per thread, and --base-gpu-id may not be 0 */
+    int rc = pd__cuda_status(cudaSetDevice(c->dev), "selecting the GPU");
+    if (!rc)
+        rc = flush(c);
     if (rc)
         return rc;
     if ((rc = pd__batch_plan_check(p, &c->lim)))
@@ -759,6 +798,7 @@ static const struct pd__backend_ops cuda_ops = {
     .kv_store = cuda_kv_store,
     .attention = cuda_attention,
     .gather_out_rows = cuda_gather_out_rows,
+    .argmax = cuda_argmax,
 };
 
 void pd_backend_cuda_stats(struct pd_backend *be, struct pd_backend_cuda_stats *out) {

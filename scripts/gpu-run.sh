@@ -1,38 +1,57 @@
 #!/bin/sh
-# gpu-run.sh — everything a GPU machine should run for the cuda backend, in one command that
-# fits one 10-minute device call: build (Release, sm_90a), the `gpu`-label tests, the kernel
-# perf mode, a memcheck pass and the kernels' register/spill report. Results go to OUTDIR.
+# gpu-run.sh — everything a GPU machine should run for the cuda backend: build (Release,
+# sm_90a) or take the prebuilt bundle, the `gpu`-label tests, --device cuda on the daemons, the
+# disaggregated path on the GPU (prefill + decode processes + router vs pdserve-generate), the
+# KV page transfer rate, the kernel/model perf mode (bench/gpu), the PyTorch baseline, a
+# memcheck pass and the kernels' register/spill report. Results go to OUTDIR.
 #
-#   scripts/gpu-run.sh [OUTDIR] [--no-perf] [--quick] [--no-sanitizer]
+#   scripts/gpu-run.sh [OUTDIR] [--no-perf] [--quick] [--no-sanitizer] [--only STAGES]
 #
+# STAGES: comma list of tests,memcheck,generate,device,disagg,xfer,perf,torch (default: all).
+# Two device calls of 10 minutes cover everything (the bundle saves the build):
+#   1) scripts/gpu-run.sh --only tests,device,generate,disagg,xfer        (about 5 min)
+#   2) scripts/gpu-run.sh --only perf,torch,memcheck                      (about 7 min)
+# (each stage has its own timeout; estimates, not yet measured on the H200)
+# With the device tool: scripts/gpu-bundle.sh here first, then run(carry ["gpu-bundle"]).
 # OUTDIR defaults to $OUT (the device tool's result folder), else ./gpu-results.
-# PD_GPU_RUN_MINIMAL=1 skips the CMake attempt.
+# gpu-bundle/pdserve-gpu.tar.gz (scripts/gpu-bundle.sh) present: it is unpacked and used, no
+# build (PD_GPU_RUN_BUNDLE=0 ignores it). PD_GPU_RUN_MINIMAL=1 skips the CMake attempt.
 # The full CMake build needs the project's Debian packages (UCX, gRPC, h2o, OpenBLAS, ...); GPU
 # images often lack them and cannot install anything, so when configuring fails the script
 # builds just what the kernel tests need (kernels/, the backends, the model) straight with nvcc
 # and gcc, with a naive sgemm in place of OpenBLAS for the cpu reference.
 # Files: summary.txt (one line per stage), build.log, test.log, perf.txt + perf.json,
-# memcheck.log, resource-usage.txt, generate.txt (full build only: greedy text cuda vs cpu).
+# memcheck.log, resource-usage.txt, generate.txt (greedy text cuda vs cpu), device.log,
+# disagg.json + disagg.log, xfer.json + xfer-ucx.json, torch.json, results.json (merged).
 set -u
 
 OUTDIR=""
 PERF=1
 QUICK=""
 SAN=1
+ONLY="tests,memcheck,generate,device,disagg,xfer,perf,torch"
+want_only=0
 for a in "$@"; do
+    if [ $want_only = 1 ]; then
+        ONLY="$a"
+        want_only=0
+        continue
+    fi
     case "$a" in
     --no-perf) PERF=0 ;;
     --quick) QUICK="--quick" ;;
     --no-sanitizer) SAN=0 ;;
+    --only) want_only=1 ;;
     -*) echo "unknown option $a" >&2; exit 2 ;;
     *) OUTDIR="$a" ;;
     esac
 done
+stage() { case ",$ONLY," in *",$1,"*) return 0 ;; esac; return 1; }
 [ -n "$OUTDIR" ] || OUTDIR="${OUT:-gpu-results}"
 mkdir -p "$OUTDIR"
 OUTDIR=$(cd "$OUTDIR" && pwd)
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-cd "$ROOT"
+cd "$ROOT" || exit 1
 JOBS=$(nproc 2>/dev/null || echo 8)
 SUMMARY="$OUTDIR/summary.txt"
 : >"$SUMMARY"
@@ -49,11 +68,18 @@ CUDA_HOME=$(dirname "$(dirname "$NVCC")")
     git -C "$ROOT" log --oneline -1 || true
 } >"$OUTDIR/env.txt" 2>&1
 
-# ---- build ----
+# ---- build (or the prebuilt bundle) ----
 MODE=""
 TESTBIN=""
 BUILD="$ROOT/build-gpu"
-if [ "${PD_GPU_RUN_MINIMAL:-0}" != 1 ] &&
+BUNDLE="$ROOT/gpu-bundle/pdserve-gpu.tar.gz"
+if [ "${PD_GPU_RUN_BUNDLE:-1}" = 1 ] && [ -f "$BUNDLE" ]; then
+    MODE=bundle
+    BUILD=/tmp/pdserve-bundle
+    rm -rf "$BUILD" && mkdir -p "$BUILD" && tar -C "$BUILD" -xzf "$BUNDLE" >"$OUTDIR/build.log" 2>&1
+    cat "$ROOT/gpu-bundle/MANIFEST" >>"$OUTDIR/build.log" 2>/dev/null
+    TESTBIN="$BUILD/tests/gpu_backend_cuda"
+elif [ "${PD_GPU_RUN_MINIMAL:-0}" != 1 ] &&
     cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DPD_CUDA=ON \
     -DCMAKE_CUDA_ARCHITECTURES=90a >"$OUTDIR/build.log" 2>&1 &&
     cmake --build "$BUILD" -j"$JOBS" >>"$OUTDIR/build.log" 2>&1; then
@@ -101,10 +127,18 @@ if [ -z "$TESTBIN" ] || [ ! -x "$TESTBIN" ]; then
     exit 1
 fi
 say "build: ok ($MODE, sm_90a) in $BUILD"
+FULL=0 # the daemons, router and tools are there
+[ "$MODE" = minimal ] || FULL=1
+# UCX between the daemons of this node: shared memory, with the error handling our endpoints need
+export UCX_TLS="${UCX_TLS:-posix,cma,tcp}" UCX_MM_ERROR_HANDLING=y UCX_POSIX_ERROR_HANDLING=y
+PY=$(command -v python3 || echo python3)
 
 # ---- register / spill report of every kernel ----
 if command -v cuobjdump >/dev/null 2>&1; then
-    if [ "$MODE" = cmake ]; then
+    if [ "$MODE" = bundle ]; then
+        cuobjdump --dump-resource-usage "$BUILD/.bin/gpu_backend_cuda" \
+            >"$OUTDIR/resource-usage.txt" 2>&1 || true
+    elif [ "$MODE" = cmake ]; then
         cuobjdump --dump-resource-usage "$BUILD/kernels/libpdkernels.a" \
             >"$OUTDIR/resource-usage.txt" 2>&1 || true
     else
@@ -116,31 +150,35 @@ if command -v cuobjdump >/dev/null 2>&1; then
 fi
 
 # ---- gpu tests ----
-if [ "$MODE" = cmake ]; then
-    (cd "$BUILD" && ctest -L gpu --output-on-failure -V) >"$OUTDIR/test.log" 2>&1
+rc=0
+if ! stage tests; then
+    rc=-1
+elif [ "$MODE" = cmake ]; then
+    (cd "$BUILD" && timeout 300 ctest -L gpu --output-on-failure -V) >"$OUTDIR/test.log" 2>&1
     rc=$?
 else
-    "$TESTBIN" >"$OUTDIR/test.log" 2>&1
+    timeout 300 "$TESTBIN" >"$OUTDIR/test.log" 2>&1
     rc=$?
 fi
 case $rc in
+-1) ;;
 0) say "gpu tests: PASS" ;;
 77) say "gpu tests: SKIPPED (no device?)" ;;
 *) say "gpu tests: FAIL (rc $rc) — see test.log" ;;
 esac
-grep -E "^(PASS|FAIL|model|SKIP)|checks" "$OUTDIR/test.log" | tee -a "$SUMMARY"
+[ -f "$OUTDIR/test.log" ] && grep -E "^(PASS|FAIL|model|SKIP)|checks" "$OUTDIR/test.log" | tee -a "$SUMMARY"
 
 # ---- memcheck of the op and attention tests ----
-if [ $SAN = 1 ] && command -v compute-sanitizer >/dev/null 2>&1; then
+if stage memcheck && [ $SAN = 1 ] && command -v compute-sanitizer >/dev/null 2>&1; then
     for t in attention page_copy argmax rmsnorm; do
-        timeout 240 compute-sanitizer --tool memcheck --error-exitcode 9 "$TESTBIN" "$t" \
+        timeout 60 compute-sanitizer --tool memcheck --error-exitcode 9 "$TESTBIN" "$t" \
             >>"$OUTDIR/memcheck.log" 2>&1
         say "memcheck $t: rc $?"
     done
 fi
 
 # ---- greedy text: --device cuda vs cpu on a tiny random model (full build only) ----
-if [ "$MODE" = cmake ] && [ -x "$BUILD/tools/pdserve-mkmodel" ]; then
+if stage generate && [ $FULL = 1 ]; then
     M="$BUILD/models/tiny-gpu-run"
     {
         "$BUILD/tools/pdserve-mkmodel" --out "$M" &&
@@ -149,17 +187,66 @@ if [ "$MODE" = cmake ] && [ -x "$BUILD/tools/pdserve-mkmodel" ]; then
             "$BUILD/tools/pdserve-generate" --model-path "$M" --device cuda --ids \
                 --max-new-tokens 24 "The quick brown fox" "Hello" >"$OUTDIR/gen-cuda.txt"
     } >"$OUTDIR/generate.txt" 2>&1
-    if cmp -s "$OUTDIR/gen-cpu.txt" "$OUTDIR/gen-cuda.txt"; then
+    if [ ! -s "$OUTDIR/gen-cuda.txt" ]; then
+        say "generate: FAILED — generate.txt"
+    elif cmp -s "$OUTDIR/gen-cpu.txt" "$OUTDIR/gen-cuda.txt"; then
         say "generate: cuda greedy text equals cpu"
     else
         say "generate: cuda and cpu differ (see gen-*.txt; bf16 GEMM inputs can flip near-ties)"
     fi
 fi
 
+# ---- --device cuda on the daemons: they start on GPU 0, /server_info names the backend ----
+if stage device && [ $FULL = 1 ]; then
+    PD_TEST_GPU=1 timeout 300 "$PY" "$ROOT/tests/integration/test_device_cuda.py" "$BUILD" \
+        >"$OUTDIR/device.log" 2>&1
+    say "daemons --device cuda: rc $? — device.log"
+    grep -E "^FAIL" "$OUTDIR/device.log" | tee -a "$SUMMARY"
+fi
+
+# ---- disaggregated on the GPU: prefill + decode processes + router vs pdserve-generate ----
+if stage disagg && [ $FULL = 1 ]; then
+    shapes="tiny,qwen2.5-1.5b"
+    timeout 420 "$PY" "$ROOT/scripts/gpu_disagg.py" "$BUILD" "$OUTDIR" --shapes "$shapes" \
+        >"$OUTDIR/disagg.log" 2>&1
+    say "disaggregated path: rc $? — disagg.log, disagg.json"
+    grep -E "^disagg" "$OUTDIR/disagg.log" | tee -a "$SUMMARY"
+fi
+
+# ---- KV page transfer between two device pools vs a device copy of the same bytes ----
+if stage xfer && [ $FULL = 1 ]; then
+    # the same-node path the daemons take (CUDA IPC device copies), then the UCX path
+    timeout 120 "$BUILD/bench/pdserve-bench-xfer-dev" --device cuda --rooms 20 \
+        --room-pages 256 --json "$OUTDIR/xfer.json" >"$OUTDIR/xfer.txt" 2>&1
+    say "kv transfer bench (ipc): rc $?"
+    timeout 120 "$BUILD/bench/pdserve-bench-xfer-dev" --device cuda --rooms 20 --no-ipc \
+        --room-pages 256 --json "$OUTDIR/xfer-ucx.json" >>"$OUTDIR/xfer.txt" 2>&1
+    say "kv transfer bench (ucx): rc $?"
+    grep -E "^kv transfer" "$OUTDIR/xfer.txt" | tee -a "$SUMMARY"
+fi
+
 # ---- perf mode ----
-if [ $PERF = 1 ]; then
+if stage perf && [ $PERF = 1 ]; then
     timeout 420 "$TESTBIN" --perf $QUICK --json "$OUTDIR/perf.json" >"$OUTDIR/perf.txt" 2>&1
     say "perf: rc $? — perf.txt, perf.json"
     cat "$OUTDIR/perf.txt"
 fi
+# ---- PyTorch + transformers baseline on a qwen2.5-1.5b-shaped random model ----
+if stage torch && [ $FULL = 1 ]; then
+    M=/tmp/pd-torch-model
+    [ -f "$M/config.json" ] || "$BUILD/tools/pdserve-mkmodel" --out "$M" --log-level warning \
+        --shape qwen2.5-0.5b --hidden-size 1536 --intermediate-size 8960 --layers 28 --heads 12 \
+        --kv-heads 2 --head-dim 128 >"$OUTDIR/torch.log" 2>&1
+    timeout 300 "$PY" "$ROOT/bench/gpu_torch_baseline.py" "$M" "$OUTDIR/torch.json" \
+        --new 64 --batch 64 --prefill 4096 >>"$OUTDIR/torch.log" 2>&1
+    rc=$?
+    case $rc in
+    0) say "torch baseline: $(tail -1 "$OUTDIR/torch.log")" ;;
+    77) say "torch baseline: skipped ($(tail -1 "$OUTDIR/torch.log"))" ;;
+    *) say "torch baseline: FAIL rc $rc — torch.log" ;;
+    esac
+fi
+
+# ---- everything measured, in one JSON and one table ----
+"$PY" "$ROOT/scripts/gpu_results.py" "$OUTDIR" 2>&1 | tee -a "$SUMMARY"
 say "results in $OUTDIR"

@@ -36,7 +36,7 @@ struct prompt {
 
 struct args {
     const char *model_path, *prompt_file, *prompt_ids, *logits_out, *stop_ids;
-    int device, threads, page_size, chunk, max_new_tokens, top_k, logprobs, log_level;
+    int device, base_gpu_id, threads, page_size, chunk, max_new_tokens, top_k, logprobs, log_level;
     double temperature, top_p, min_p, rep, freq, pres;
     int64_t seed;
     bool ids, ignore_eos, no_tokenizer, raw_prompt;
@@ -206,7 +206,8 @@ static int run(const struct args *a, int n_texts, char **texts_in) {
 
     struct pd_backend_opts bo = {.kind =
                                      a->device == PD_DEVICE_CUDA ? PD_BACKEND_CUDA : PD_BACKEND_CPU,
-                                 .threads = a->threads};
+                                 .threads = a->threads,
+                                 .device_index = a->base_gpu_id};
     if ((rc = pd_backend_new(&bo, &be)) != PD_OK)
         goto out;
     if (!a->no_tokenizer) {
@@ -415,6 +416,8 @@ int main(int argc, char **argv) {
     pd_flag_int(&fs, "--logprobs", &a.logprobs, "N", 0, PD_SAMPLING_MAX_LOGPROBS,
                 "report logprobs (sum of the chosen tokens')");
     pd_flag_choice(&fs, "--device", &a.device, pd_device_names, "compute backend");
+    pd_flag_int(&fs, "--base-gpu-id", &a.base_gpu_id, "N", 0, 1023,
+                "--device cuda: index of the GPU to run on");
     pd_flag_int(&fs, "--threads", &a.threads, "N", 0, 1024, "cpu threads, 0 = one per core");
     pd_flag_int(&fs, "--page-size", &a.page_size, "TOKENS", 1, 1024, "tokens per KV page");
     pd_flag_int(&fs, "--chunked-prefill-size", &a.chunk, "TOKENS", 1, 1 << 20,

@@ -197,6 +197,10 @@ def make_prompts(n, rng):
 def case_tokens(model, tmp):
     pf = Daemon("prefill", model, tmp)
     dc = Daemon("decode", model, tmp)
+    if os.environ.get("PD_XFER_STAGE_HOST"):  # the staged GPU path on host memory
+        for d in (pf, dc):
+            tr = json.loads(d.get("/server_info")[1]).get("transfer_transport", "")
+            check(tr.endswith("+staged"), "%s transport %r is staged" % (d.role, tr))
     rng = random.Random(7)
     prompts = make_prompts(36, rng)
     max_new = 16

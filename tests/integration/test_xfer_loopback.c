@@ -12,6 +12,7 @@
 #include <uv.h>
 
 #include "common/alloc.h"
+#include "common/devmem.h"
 #include "common/log.h"
 #include "common/xfer.h"
 #include "common/xfer_plan.h"
@@ -94,9 +95,23 @@ static bool run_until(const int *done, int want, int ms) {
 }
 
 static enum pd_xfer_data_path data_path; /* of the next pair_up */
+/* Next pair_up registers both pools as device memory of the host devmem in deferred mode (copies
+ * land only when their event is polled): the staged GPU path, with a ring of STAGE_SLOTS slots
+ * of STAGE_SLOT_PAGES pages so it is reused many times per room. */
+static bool staged;
+/* with staged: the receiver's pool is exported (host "IPC" within this process), so the sender
+ * copies pages into it on its transfer stream (the CUDA IPC path) and the notice waits for the
+ * copies' event */
+static bool ipc;
+static struct pd_devmem *snd_dm, *rcv_dm;
+#define STAGE_SLOTS 3
+#define STAGE_SLOT_PAGES 8
 
 static void pair_up(int abort_timeout_ms) {
-    struct pd_xfer_config cfg = {.abort_timeout_ms = abort_timeout_ms, .data_path = data_path};
+    struct pd_xfer_config cfg = {.abort_timeout_ms = abort_timeout_ms,
+                                 .data_path = data_path,
+                                 .stage_slots = STAGE_SLOTS,
+                                 .stage_slot_bytes = STAGE_SLOT_PAGES * PAGE_BYTES};
     struct pd_xfer_callbacks cs = {.ctx = &snd, .on_room_end = on_end, .on_peer_closed = on_closed};
     struct pd_xfer_callbacks cr = {.ctx = &rcv, .on_room_end = on_end, .on_peer_closed = on_closed};
     memset(&snd, 0, sizeof(snd));
@@ -106,13 +121,25 @@ static void pair_up(int abort_timeout_ms) {
     PD_ASSERT(snd.pool && rcv.pool);
     CHECK_OK(pd_xfer_new(&loop, &cfg, &cs, &snd.x));
     CHECK_OK(pd_xfer_new(&loop, &cfg, &cr, &rcv.x));
-    CHECK_OK(pd_xfer_register_pool(snd.x, snd.pool, PAGE_BYTES, POOL_PAGES));
-    CHECK_OK(pd_xfer_register_pool(rcv.x, rcv.pool, PAGE_BYTES, POOL_PAGES));
+    if (staged) {
+        struct pd_devmem_opts dmo = {.kind = PD_DEVMEM_HOST, .host_deferred = true};
+        CHECK_OK(pd_devmem_new(&dmo, &snd_dm));
+        CHECK_OK(pd_devmem_new(&dmo, &rcv_dm));
+        CHECK_OK(
+            pd_xfer_register_device_pool(snd.x, snd.pool, PAGE_BYTES, POOL_PAGES, snd_dm, false));
+        CHECK_OK(
+            pd_xfer_register_device_pool(rcv.x, rcv.pool, PAGE_BYTES, POOL_PAGES, rcv_dm, false));
+    } else {
+        CHECK_OK(pd_xfer_register_pool(snd.x, snd.pool, PAGE_BYTES, POOL_PAGES));
+        CHECK_OK(pd_xfer_register_pool(rcv.x, rcv.pool, PAGE_BYTES, POOL_PAGES));
+    }
     /* receiver's side of the pair: its pool (what Pair carries) */
     struct pd_xfer_peer_info ri = {
         .remote_id = pd_xfer_id(rcv.x), .page_bytes = PAGE_BYTES, .n_pages = POOL_PAGES};
     pd_xfer_local_address(rcv.x, &ri.worker_addr, &ri.worker_addr_len);
     pd_xfer_local_rkey(rcv.x, &ri.rkey, &ri.rkey_len, &ri.base);
+    if (ipc)
+        pd_xfer_local_ipc(rcv.x, &ri.ipc_handle, &ri.ipc_handle_len);
     CHECK_OK(pd_xfer_peer_connect(snd.x, &ri, NULL, &snd.peer));
     /* sender's side (what PairReply carries): no pool, liveness only */
     struct pd_xfer_peer_info si = {.remote_id = pd_xfer_id(snd.x)};
@@ -125,6 +152,9 @@ static void unpair(void) {
     pd_xfer_free(snd.x);
     pd_xfer_free(rcv.x);
     uv_run(&loop, UV_RUN_DEFAULT); /* until both engines' handles are closed */
+    pd_devmem_free(snd_dm);        /* the engines are gone: their devmem may go */
+    pd_devmem_free(rcv_dm);
+    snd_dm = rcv_dm = NULL;
     pd_free(snd.pool);
     pd_free(rcv.pool);
 }
@@ -148,13 +178,14 @@ static void rooms_byte_exact(int n_rooms) {
     static uint32_t src[WAVE_ROOMS][SLOT_PAGES], dst[WAVE_ROOMS][SLOT_PAGES];
     uint32_t n[WAVE_ROOMS];
     int bad_pages = 0, bad_sums = 0, bad_status = 0;
-    long pages_total = 0;
+    long pages_total = 0, pages_sent = 0; /* verified (the last of each loop round); sent */
     for (int base = 0; base < n_rooms; base += WAVE_ROOMS) {
         int want = rcv.ended + WAVE_ROOMS;
         int want_s = snd.ended + WAVE_ROOMS;
         for (int k = 0; k < WAVE_ROOMS; k++) {
             uint64_t room = 1000000 + (uint64_t)base + (uint64_t)k;
             n[k] = room_pages(&rng, base + k);
+            pages_sent += n[k];
             double scatter = (double)(pd_xfer_plan_rand(&rng) % 5) / 4.0; /* 0 .. 1 */
             CHECK_OK(pd_xfer_plan_pages(room, n[k], scatter, (uint32_t)k * SLOT_PAGES, SLOT_PAGES,
                                         (uint32_t)k * SLOT_PAGES, SLOT_PAGES, src[k], dst[k]));
@@ -193,6 +224,9 @@ static void rooms_byte_exact(int n_rooms) {
             bad_sums += rcv.last_notice.first_token !=
                         (int32_t)pd_xfer_plan_checksum(rcv.pool, PAGE_BYTES, dst[k], n[k]);
             bad_sums += rcv.last_notice.cached_tokens != n[k];
+            /* staged: the notice left after every run went through the ring */
+            bad_sums +=
+                staged && rcv.last_notice.data_bytes != (ipc ? 0 : (uint64_t)n[k] * PAGE_BYTES);
             pages_total += n[k];
         }
         CHECK(run_until(&snd.ended, want_s, 10000));
@@ -208,6 +242,11 @@ static void rooms_byte_exact(int n_rooms) {
     struct pd_xfer_info info;
     pd_xfer_get_info(snd.x, &info);
     CHECK_INT(info.live_rooms, 0);
+    CHECK(info.staged == staged);
+    if (staged) {
+        CHECK_INT((long long)info.staged_bytes, ipc ? 0 : (long long)pages_sent * PAGE_BYTES);
+        CHECK_INT((long long)info.ipc_bytes, ipc ? (long long)pages_sent * PAGE_BYTES : 0);
+    }
     fprintf(stderr, "rooms %d, pages %ld verified\n", rcv.ended, pages_total);
     unpair();
 }
@@ -223,6 +262,31 @@ static void test_rooms_byte_exact_put(void) {
     data_path = PD_XFER_DATA_PUT;
     rooms_byte_exact(200);
     data_path = PD_XFER_DATA_AUTO;
+}
+
+/* The staged GPU path (device pools of the deferred host devmem): byte-exact through a ring of 3
+ * slots, the notice after the data; an abort with runs still queued; a peer close with runs in
+ * the ring. */
+static void test_abort_from_sender(void);
+static void test_peer_close_fails_rooms(void);
+
+static void test_staged(void) {
+    staged = true;
+    data_path = PD_XFER_DATA_AUTO;
+    rooms_byte_exact(300);
+    test_abort_from_sender();
+    test_peer_close_fails_rooms();
+    staged = false;
+}
+
+/* The CUDA IPC path on host memory: byte-exact with the notice after the copies' event (copies
+ * land late), an abort with copies in flight (the failed notice waits for them), a peer close. */
+static void test_ipc(void) {
+    staged = ipc = true;
+    rooms_byte_exact(300);
+    test_abort_from_sender();
+    test_peer_close_fails_rooms();
+    staged = ipc = false;
 }
 
 static bool pages_are(const uint8_t *pool, const uint32_t *pages, uint32_t n, uint8_t v) {
@@ -394,4 +458,4 @@ PD_TEST_MAIN(PD_TEST(loop_open), PD_TEST(test_validation), PD_TEST(test_abort_fr
              PD_TEST(test_abort_from_receiver), PD_TEST(test_peer_close_fails_rooms),
              PD_TEST(test_late_write_dropped), PD_TEST(test_write_outside_room_refused),
              PD_TEST(test_rooms_byte_exact), PD_TEST(test_rooms_byte_exact_put),
-             PD_TEST(loop_close))
+             PD_TEST(test_staged), PD_TEST(test_ipc), PD_TEST(loop_close))

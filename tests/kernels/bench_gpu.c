@@ -476,6 +476,86 @@ static void bench_model(bool quick) {
     pd_free(s);
 }
 
+/* Prefill of one 4096-token prompt on Llama-3.1-8B's shape (32 layers, 4096 wide, 14336 MLP, GQA
+ * 32/8, vocab 128256; 16 GB of bf16 weights): model FLOPs against the measured GEMM rate. */
+static void bench_prefill_8b(void) {
+    struct shared_ckpt *s = pd_calloc(1, sizeof(*s));
+    struct pd_model_config *c = &s->cfg;
+    c->arch = PD_ARCH_LLAMA;
+    c->vocab_size = 128256;
+    c->hidden_size = 4096;
+    c->intermediate_size = 14336;
+    c->num_hidden_layers = 32;
+    c->num_attention_heads = 32;
+    c->num_key_value_heads = 8;
+    c->head_dim = 128;
+    c->max_position_embeddings = 131072;
+    c->rms_norm_eps = 1e-5;
+    c->rope_theta = 500000;
+    size_t max_elems = (size_t)c->vocab_size * c->hidden_size;
+    uint16_t *blk = pd_malloc(max_elems * 2);
+    if (!s || !blk) {
+        fprintf(stderr, "prefill 8b: no host memory for the weights block\n");
+        exit(1);
+    }
+    uint64_t r = 7;
+    for (size_t i = 0; i < max_elems; i++) {
+        r = r * 6364136223846793005ull + 1442695040888963407ull;
+        blk[i] = pd_f32_to_bf16(0.02f * ((float)((r >> 40) & 0xffffff) / 8388608.0f - 1.0f));
+    }
+    s->block = blk;
+    const int prefill = 4096, pages_per = prefill / 16 + 1;
+    struct pd_backend *be = NULL;
+    struct pd_backend_opts o = {.kind = PD_BACKEND_CUDA};
+    struct pd_model *m = NULL;
+    struct pd_kv_pool kv = {0};
+    struct pd_model_opts mo = {
+        .max_tokens = prefill, .max_reqs = 1, .page_size = 16, .context_length = 8192};
+    if (pd_backend_new(&o, &be) || pd_model_new(be, c, shared_find, s, &mo, &m)) {
+        fprintf(stderr, "model 8b: %s\n", pd_error_msg());
+        exit(1);
+    }
+    struct pd_kv_pool_opts ko = pd_model_kv_opts(m, PD_DTYPE_BF16);
+    ko.n_pages = pages_per;
+    if (pd_kv_pool_init(&kv, be, &ko)) {
+        fprintf(stderr, "kv pool 8b: %s\n", pd_error_msg());
+        exit(1);
+    }
+    double wbytes = (double)pd_model_weight_bytes(m);
+    float *logits = pd_malloc(sizeof(float) * (size_t)c->vocab_size);
+    int32_t *pages = pd_calloc((size_t)pages_per, 4), *toks = pd_calloc((size_t)prefill, 4);
+    for (int i = 0; i < pages_per; i++)
+        pages[i] = i;
+    for (int i = 0; i < prefill; i++)
+        toks[i] = (int32_t)((i * 7919) % c->vocab_size);
+    struct pd_model_seq p = {toks, prefill, 0, pages, pages_per};
+    if (pd_model_extend(m, &kv, &p, 1, false, logits)) {
+        fprintf(stderr, "prefill 8b: %s\n", pd_error_msg());
+        exit(1);
+    }
+    double t0 = now_s();
+    int reps = 3;
+    for (int i = 0; i < reps; i++)
+        pd_model_extend(m, &kv, &p, 1, false, logits);
+    double t = (now_s() - t0) / reps;
+    /* 2 FLOPs per weight per token (the lm_head only for the last row) + causal attention */
+    double params = wbytes / 2 - 2.0 * c->vocab_size * c->hidden_size;
+    double fl = 2.0 * params * prefill + 2.0 * c->vocab_size * c->hidden_size +
+                4.0 * c->head_dim * c->num_attention_heads * c->num_hidden_layers *
+                    ((double)prefill * (prefill + 1) / 2);
+    report("prefill", "llama-3.1-8b 4096 tokens", t, 0, fl);
+    printf("%-22s %-34s %10.1f ms  %6.0f tokens/s  (target: >= 50%% of the gemm rate)\n", "", "",
+           t * 1e3, prefill / t);
+    pd_free(logits);
+    pd_free(pages);
+    pd_free(toks);
+    pd_kv_pool_free(&kv);
+    pd_model_free(m);
+    pd_backend_free(be);
+    pd_free(blk);
+    pd_free(s);
+}
+
 int pd_bench_gpu_main(int argc, char **argv) {
     bool quick = false;
     const char *json_path = NULL;
@@ -527,6 +607,7 @@ int pd_bench_gpu_main(int argc, char **argv) {
     bench_attn("attn_extend d64", 1, 2048, 2048, 16, 16, 64, sms);
     pd_kernel_gemm_free(g);
     bench_model(quick);
+    bench_prefill_8b();
     if (json) {
         fprintf(json, "\n],\"measured_copy_gbps\":%.1f,\"measured_gemm_tflops\":%.1f}\n",
                 meas_bw / 1e9, meas_tf / 1e12);

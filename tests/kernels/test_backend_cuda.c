@@ -617,6 +617,29 @@ static void test_argmax(void) {
         }
 }
 
+/* pd_backend_argmax, the greedy fast path the decode engine takes: the cuda backend's ids
+ * equal the cpu backend's (the host sampler's rule) and logprobs agree, over rows up to the
+ * reserved max_tokens. */
+static void test_backend_argmax(void) {
+    const int V = 1000, R = lim.max_tokens < 64 ? lim.max_tokens : 64;
+    struct dual x = dual_new((size_t)V * R * 4);
+    dual_fill(&x, 8.0f);
+    float *xc = x.c;
+    xc[5] = xc[700] = 50.0f; /* row 0: a tie */
+    CHECK_OK(pd_backend_upload(gpu, x.g, x.c, x.bytes));
+    int32_t ic[64], ig[64];
+    float lc[64], lg[64];
+    CHECK_OK(pd_backend_argmax(cpu, x.c, R, V, ic, lc));
+    CHECK_OK(pd_backend_argmax(gpu, x.g, R, V, ig, lg));
+    CHECK_INT(ig[0], 5);
+    for (int r = 0; r < R; r++) {
+        CHECK_INT(ig[r], ic[r]);
+        CHECK_DBL(lg[r], lc[r], 1e-4);
+    }
+    CHECK(pd_backend_argmax(gpu, x.g, lim.max_tokens + 1, V, ig, lg) == PD_ERANGE);
+    dual_free(&x);
+}
+
 int pd_bench_gpu_main(int argc, char **argv); /* bench_gpu.c: the perf mode */
 
 int main(int argc, char **argv) {
@@ -656,7 +679,8 @@ int main(int argc, char **argv) {
         {"rmsnorm", test_rmsnorm},         {"matmul", test_matmul},
         {"elementwise", test_elementwise}, {"rope_embed_gather", test_rope_embed_gather},
         {"attention", test_attention},     {"page_copy", test_page_copy},
-        {"argmax", test_argmax},           {"models", test_models},
+        {"argmax", test_argmax},           {"backend_argmax", test_backend_argmax},
+        {"models", test_models},
     };
     const char *only = argc > 1 ? argv[1] : NULL;
     for (size_t i = 0; i < PD_ARRAY_LEN(tests); i++) {

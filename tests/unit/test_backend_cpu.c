@@ -8,9 +8,11 @@
 
 #include "common/alloc.h"
 #include "common/backend.h"
+#include "common/sampling.h"
 
 #include <math.h>
 #include <stdint.h>
+#include <string.h>
 
 static uint64_t rng_state = 42;
 static float frand(void) { /* uniform in [-1, 1) */
@@ -353,5 +355,45 @@ static void test_bad_plans(void) {
     }
 }
 
+/* The greedy fast path gives exactly what the host sampler's greedy draw gives: token (lowest
+ * index on ties) and logprob, so a decode daemon may take either path. */
+static void test_argmax_matches_sampler(void) {
+    struct pd_backend_opts o = {.kind = PD_BACKEND_CPU, .threads = 1};
+    struct pd_backend *be = NULL;
+    CHECK_OK(pd_backend_new(&o, &be));
+    enum { ROWS = 5, V = 1000 };
+    static float x[ROWS][V], row[V];
+    uint64_t r = 99;
+    for (int i = 0; i < ROWS; i++)
+        for (int t = 0; t < V; t++) {
+            r = r * 6364136223846793005ull + 1442695040888963407ull;
+            x[i][t] = (float)((r >> 33) % 20000) / 1000.0f - 10.0f;
+        }
+    x[2][17] = x[2][400] = 50.0f; /* a tie: the lower index wins */
+    int32_t ids[ROWS];
+    float lp[ROWS];
+    CHECK_OK(pd_backend_argmax(be, &x[0][0], ROWS, V, ids, lp));
+    CHECK_INT(ids[2], 17);
+    struct pd_sampling_params sp;
+    pd_sampling_params_default(&sp);
+    sp.temperature = 0;
+    struct pd_sampling_scratch sc;
+    CHECK_OK(pd_sampling_scratch_init(&sc, V));
+    for (int i = 0; i < ROWS; i++) {
+        struct pd_sampler smp;
+        CHECK_OK(pd_sampler_init(&smp, &sp, V, NULL, 0, NULL, 0));
+        struct pd_sample out;
+        memcpy(row, x[i], sizeof(row));
+        pd_sampler_next(&smp, &sc, row, &out);
+        CHECK_INT(ids[i], out.token);
+        CHECK(lp[i] == out.logprob);
+        pd_sampler_free(&smp);
+    }
+    CHECK(pd_backend_argmax(be, &x[0][0], ROWS, 0, ids, lp) == PD_EINVAL);
+    pd_sampling_scratch_free(&sc);
+    pd_backend_free(be);
+}
+
 PD_TEST_MAIN(PD_TEST(test_matmul), PD_TEST(test_rows_ops), PD_TEST(test_attention),
-             PD_TEST(test_attention_sliding_window), PD_TEST(test_bad_plans))
+             PD_TEST(test_attention_sliding_window), PD_TEST(test_bad_plans),
+             PD_TEST(test_argmax_matches_sampler))

@@ -1,0 +1,262 @@
+/*
+ * devmem.c — dispatch of devmem.h, and its host implementation: "device" memory is host memory,
+ * copies are memcpy. In deferred mode a copy is only queued, and every other event query runs
+ * the queue up to that event, so the transfer's consumers are tested against copies that complete
+ * late (a reader that does not wait for its event sees the old bytes).
+ */
+#include "common/devmem.h"
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/alloc.h"
+#include "common/status.h"
+
+int pd_devmem_new(const struct pd_devmem_opts *o, struct pd_devmem **out) {
+    *out = NULL;
+    switch (o->kind) {
+    case PD_DEVMEM_HOST: return pd__devmem_host_new(o, out);
+    case PD_DEVMEM_CUDA:
+        if (!pd__devmem_cuda_new)
+            return pd_errorf(PD_EUNSUPPORTED, "GPU page transfer: the CUDA code is not in this "
+                                              "build (configure with PD_CUDA=ON)");
+        return pd__devmem_cuda_new(o, out);
+    }
+    return pd_errorf(PD_EINVAL, "unknown device memory kind %d", (int)o->kind);
+}
+
+void pd_devmem_free(struct pd_devmem *d) {
+    if (d)
+        d->ops->free(d);
+}
+
+const char *pd_devmem_name(const struct pd_devmem *d) {
+    return d->name;
+}
+
+int pd_devmem_copy_async(struct pd_devmem *d, void *dst, const void *src, size_t bytes) {
+    return bytes ? d->ops->copy_async(d, dst, src, bytes) : PD_OK;
+}
+
+int pd_devmem_copy(struct pd_devmem *d, void *dst, const void *src, size_t bytes) {
+    return bytes ? d->ops->copy(d, dst, src, bytes) : PD_OK;
+}
+
+int pd_devmem_event_new(struct pd_devmem *d, struct pd_devmem_event **out) {
+    return d->ops->event_new(d, out);
+}
+
+void pd_devmem_event_free(struct pd_devmem *d, struct pd_devmem_event *e) {
+    if (e)
+        d->ops->event_free(d, e);
+}
+
+int pd_devmem_event_record(struct pd_devmem *d, struct pd_devmem_event *e) {
+    return d->ops->event_record(d, e);
+}
+
+int pd_devmem_event_query(struct pd_devmem *d, struct pd_devmem_event *e) {
+    return d->ops->event_query(d, e);
+}
+
+int pd_devmem_host_alloc(struct pd_devmem *d, size_t bytes, void **out) {
+    return d->ops->host_alloc(d, bytes, out);
+}
+
+void pd_devmem_host_free(struct pd_devmem *d, void *p) {
+    if (p)
+        d->ops->host_free(d, p);
+}
+
+int pd_devmem_sync(struct pd_devmem *d) {
+    return d->ops->sync(d);
+}
+
+int pd_devmem_ipc_export(struct pd_devmem *d, void *base, uint8_t *handle, size_t *len) {
+    return d->ops->ipc_export(d, base, handle, len);
+}
+
+int pd_devmem_ipc_open(struct pd_devmem *d, const uint8_t *handle, size_t len, void **base) {
+    *base = NULL;
+    return d->ops->ipc_open(d, handle, len, base);
+}
+
+void pd_devmem_ipc_close(struct pd_devmem *d, void *base) {
+    if (base)
+        d->ops->ipc_close(d, base);
+}
+
+/* ---- host implementation ---- */
+
+struct host_copy {
+    void *dst;
+    const void *src;
+    size_t bytes;
+};
+
+struct host_devmem {
+    struct pd_devmem base;
+    bool deferred;
+    struct host_copy *q; /* queued copies q[done - head_seq ..] */
+    size_t q_len, q_cap, q_head;
+    uint64_t enqueued, done;
+    uint64_t queries;
+};
+
+struct pd_devmem_event {
+    uint64_t target; /* host: copies that must be done */
+};
+
+static void host_run_one(struct host_devmem *h) {
+    struct host_copy *c = &h->q[h->q_head++];
+    memcpy(c->dst, c->src, c->bytes);
+    h->done++;
+    if (h->q_head == h->q_len)
+        h->q_head = h->q_len = 0;
+}
+
+static void host_free(struct pd_devmem *d) {
+    struct host_devmem *h = (struct host_devmem *)d;
+    while (h->q_head < h->q_len)
+        host_run_one(h);
+    pd_free(h->q);
+    pd_free(h);
+}
+
+static int host_copy_async(struct pd_devmem *d, void *dst, const void *src, size_t bytes) {
+    struct host_devmem *h = (struct host_devmem *)d;
+    h->enqueued++;
+    if (!h->deferred) {
+        memcpy(dst, src, bytes);
+        h->done++;
+        return PD_OK;
+    }
+    if (h->q_len == h->q_cap) {
+        size_t cap = h->q_cap ? h->q_cap * 2 : 64;
+        struct host_copy *q = pd_realloc(h->q, cap * sizeof(*q));
+        if (!q) {
+            h->enqueued--;
+            return pd_error_wrap(PD_ENOMEM, "queueing a copy");
+        }
+        h->q = q;
+        h->q_cap = cap;
+    }
+    h->q[h->q_len++] = (struct host_copy){.dst = dst, .src = src, .bytes = bytes};
+    return PD_OK;
+}
+
+static int host_copy(struct pd_devmem *d, void *dst, const void *src, size_t bytes) {
+    struct host_devmem *h = (struct host_devmem *)d;
+    while (h->q_head < h->q_len) /* stream order: earlier copies first */
+        host_run_one(h);
+    memcpy(dst, src, bytes);
+    return PD_OK;
+}
+
+static int host_event_new(struct pd_devmem *d, struct pd_devmem_event **out) {
+    (void)d;
+    *out = pd_calloc(1, sizeof(**out));
+    return *out ? PD_OK : pd_error_wrap(PD_ENOMEM, "creating a copy event");
+}
+
+static void host_event_free(struct pd_devmem *d, struct pd_devmem_event *e) {
+    (void)d;
+    pd_free(e);
+}
+
+static int host_event_record(struct pd_devmem *d, struct pd_devmem_event *e) {
+    e->target = ((struct host_devmem *)d)->enqueued;
+    return PD_OK;
+}
+
+static int host_event_query(struct pd_devmem *d, struct pd_devmem_event *e) {
+    struct host_devmem *h = (struct host_devmem *)d;
+    /* every other query runs the queue up to the event: a first look always finds it pending */
+    if (h->done < e->target && (h->queries++ & 1))
+        while (h->done < e->target && h->q_head < h->q_len)
+            host_run_one(h);
+    return h->done >= e->target ? 1 : 0;
+}
+
+static int host_alloc(struct pd_devmem *d, size_t bytes, void **out) {
+    (void)d;
+    *out = pd_calloc(1, bytes);
+    return *out ? PD_OK : pd_error_wrap(PD_ENOMEM, "staging buffer of %zu bytes", bytes);
+}
+
+static void host_host_free(struct pd_devmem *d, void *p) {
+    (void)d;
+    pd_free(p);
+}
+
+static int host_sync(struct pd_devmem *d) {
+    struct host_devmem *h = (struct host_devmem *)d;
+    while (h->q_head < h->q_len)
+        host_run_one(h);
+    return PD_OK;
+}
+
+/* "IPC" inside one process: the handle names the process and the address, and only that process
+ * can open it (the transfer's IPC path runs on CPU machines in one-process tests). */
+#define HOST_IPC_MAGIC 0x50444950u /* "PDIP" */
+
+static int host_ipc_export(struct pd_devmem *d, void *base, uint8_t *handle, size_t *len) {
+    (void)d;
+    uint32_t magic = HOST_IPC_MAGIC, pid = (uint32_t)getpid();
+    uint64_t addr = (uint64_t)(uintptr_t)base;
+    memcpy(handle, &magic, 4);
+    memcpy(handle + 4, &pid, 4);
+    memcpy(handle + 8, &addr, 8);
+    *len = 16;
+    return PD_OK;
+}
+
+static int host_ipc_open(struct pd_devmem *d, const uint8_t *handle, size_t len, void **base) {
+    (void)d;
+    uint32_t magic, pid;
+    uint64_t addr;
+    if (len != 16)
+        return pd_errorf(PD_EUNSUPPORTED, "not a host IPC handle (%zu bytes)", len);
+    memcpy(&magic, handle, 4);
+    memcpy(&pid, handle + 4, 4);
+    memcpy(&addr, handle + 8, 8);
+    if (magic != HOST_IPC_MAGIC || pid != (uint32_t)getpid())
+        return pd_errorf(PD_EUNSUPPORTED, "host IPC handle of another process");
+    *base = (void *)(uintptr_t)addr;
+    return PD_OK;
+}
+
+static void host_ipc_close(struct pd_devmem *d, void *base) {
+    (void)d;
+    (void)base;
+}
+
+static const struct pd_devmem_ops host_ops = {
+    .free = host_free,
+    .copy_async = host_copy_async,
+    .copy = host_copy,
+    .event_new = host_event_new,
+    .event_free = host_event_free,
+    .event_record = host_event_record,
+    .event_query = host_event_query,
+    .host_alloc = host_alloc,
+    .host_free = host_host_free,
+    .sync = host_sync,
+    .ipc_export = host_ipc_export,
+    .ipc_open = host_ipc_open,
+    .ipc_close = host_ipc_close,
+};
+
+int pd__devmem_host_new(const struct pd_devmem_opts *o, struct pd_devmem **out) {
+    struct host_devmem *h = pd_calloc(1, sizeof(*h));
+    if (!h)
+        return pd_error_wrap(PD_ENOMEM, "host device-memory");
+    h->base.ops = &host_ops;
+    h->deferred = o->host_deferred;
+    snprintf(h->base.name, sizeof(h->base.name), "host%s", h->deferred ? " (deferred)" : "");
+    *out = &h->base;
+    return PD_OK;
+}

@@ -1,0 +1,99 @@
+/*
+ * devmem.h — the device-memory operations the KV transfer needs when the pool lives on a GPU
+ * and UCX cannot touch GPU memory (DESIGN.md §3, §6): copies on one dedicated transfer stream,
+ * events that say when the copies enqueued before them are done, and pinned host memory for the
+ * staging ring. common/ stays free of CUDA headers: kernels/devmem_cuda.c implements this with
+ * the CUDA runtime (joined like the backend, through a weak reference), and devmem_host.c with
+ * plain host memory, so the transfer's ordering logic runs and is tested on machines with no GPU.
+ *
+ * Invariants: copy_async calls execute in the order they were enqueued; an event recorded after
+ * a copy is done only once that copy (and every earlier one) is complete. All calls come from
+ * one thread (the daemon's loop).
+ */
+#ifndef PD_DEVMEM_H
+#define PD_DEVMEM_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+enum pd_devmem_kind {
+    PD_DEVMEM_HOST = 0, /* "device" memory is host memory: tests and CPU machines */
+    PD_DEVMEM_CUDA = 1,
+};
+
+struct pd_devmem_opts {
+    enum pd_devmem_kind kind;
+    int device_index; /* cuda: the GPU the pool lives on */
+    /* host: copies are queued and run only at every second event query, so a consumer that reads a
+     * destination before its event reports done sees stale bytes (tests of the ordering). */
+    bool host_deferred;
+};
+
+struct pd_devmem;
+struct pd_devmem_event;
+
+/* PD_EUNSUPPORTED for cuda when the CUDA build is absent or no device is usable. */
+int pd_devmem_new(const struct pd_devmem_opts *o, struct pd_devmem **out);
+void pd_devmem_free(struct pd_devmem *d); /* waits for enqueued copies; accepts NULL */
+const char *pd_devmem_name(const struct pd_devmem *d);
+
+/* Enqueues a copy of bytes (device↔host, device→device): dst and src stay valid and untouched
+ * until an event recorded after it reports done. */
+int pd_devmem_copy_async(struct pd_devmem *d, void *dst, const void *src, size_t bytes);
+/* Copies now and returns when the bytes are at dst (src may be reused right away). */
+int pd_devmem_copy(struct pd_devmem *d, void *dst, const void *src, size_t bytes);
+
+int pd_devmem_event_new(struct pd_devmem *d, struct pd_devmem_event **out);
+void pd_devmem_event_free(struct pd_devmem *d, struct pd_devmem_event *e);
+/* Marks the copies enqueued so far. */
+int pd_devmem_event_record(struct pd_devmem *d, struct pd_devmem_event *e);
+/* 1 when everything before the last record is done (or never recorded), 0 while pending,
+ * else a PD_E* status (negative). */
+int pd_devmem_event_query(struct pd_devmem *d, struct pd_devmem_event *e);
+
+/* Waits until every copy enqueued so far is done. */
+int pd_devmem_sync(struct pd_devmem *d);
+
+/* Same-node export of a device buffer to another process (CUDA IPC: cudaIpcGetMemHandle of
+ * the allocation holding base). handle gets at most PD_DEVMEM_IPC_MAX bytes; *len its size.
+ * The host implementation exports within its own process only (tests of the IPC data path). */
+#define PD_DEVMEM_IPC_MAX 128
+int pd_devmem_ipc_export(struct pd_devmem *d, void *base, uint8_t *handle, size_t *len);
+/* Maps a peer's exported buffer: *base is its start in our address space, valid until
+ * pd_devmem_ipc_close. PD_EUNSUPPORTED when the handle is from another node or process kind. */
+int pd_devmem_ipc_open(struct pd_devmem *d, const uint8_t *handle, size_t len, void **base);
+void pd_devmem_ipc_close(struct pd_devmem *d, void *base);
+
+/* Page-locked host memory (staging ring); zeroed. */
+int pd_devmem_host_alloc(struct pd_devmem *d, size_t bytes, void **out);
+void pd_devmem_host_free(struct pd_devmem *d, void *p);
+
+/* ---- the implementation table (devmem.c dispatches; devmem_host.c, kernels/devmem_cuda.c) ---- */
+struct pd_devmem_ops {
+    void (*free)(struct pd_devmem *d);
+    int (*copy_async)(struct pd_devmem *d, void *dst, const void *src, size_t bytes);
+    int (*copy)(struct pd_devmem *d, void *dst, const void *src, size_t bytes);
+    int (*event_new)(struct pd_devmem *d, struct pd_devmem_event **out);
+    void (*event_free)(struct pd_devmem *d, struct pd_devmem_event *e);
+    int (*event_record)(struct pd_devmem *d, struct pd_devmem_event *e);
+    int (*event_query)(struct pd_devmem *d, struct pd_devmem_event *e);
+    int (*host_alloc)(struct pd_devmem *d, size_t bytes, void **out);
+    void (*host_free)(struct pd_devmem *d, void *p);
+    int (*sync)(struct pd_devmem *d);
+    int (*ipc_export)(struct pd_devmem *d, void *base, uint8_t *handle, size_t *len);
+    int (*ipc_open)(struct pd_devmem *d, const uint8_t *handle, size_t len, void **base);
+    void (*ipc_close)(struct pd_devmem *d, void *base);
+};
+
+struct pd_devmem {
+    const struct pd_devmem_ops *ops;
+    char name[64];
+};
+
+int pd__devmem_host_new(const struct pd_devmem_opts *o, struct pd_devmem **out);
+/* Defined by kernels/devmem_cuda.c when the CUDA build is linked in. */
+int pd__devmem_cuda_new(const struct pd_devmem_opts *o, struct pd_devmem **out)
+    __attribute__((weak));
+
+#endif
