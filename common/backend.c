@@ -4,6 +4,7 @@
  * repeat them.
  */
 #include "common/backend.h"
+#include "common/sampling.h"
 #include "common/backend_impl.h"
 #include "common/status.h"
 
@@ -78,6 +79,26 @@ int pd_backend_argmax(struct pd_backend *be, const float *x, int rows, int cols,
     if (rows < 0 || cols < 1)
         return pd_errorf(PD_EINVAL, "argmax of %d rows of %d", rows, cols);
     return rows ? be->ops->argmax(be, x, rows, cols, ids, logprobs) : PD_OK;
+}
+
+int pd_backend_sample(struct pd_backend *be, const float *x, int rows, int cols,
+                      const struct pd_sample_row *row, int32_t *ids, float *logprobs) {
+    if (rows < 0 || cols < 1)
+        return pd_errorf(PD_EINVAL, "sampling %d rows of %d", rows, cols);
+    for (int r = 0; r < rows; r++) {
+        struct pd_sampling_params p;
+        pd_sampling_params_default(&p);
+        p.temperature = row[r].temperature;
+        p.top_k = row[r].top_k;
+        p.top_p = row[r].top_p;
+        p.min_p = row[r].min_p;
+        int rc = pd_sampling_params_check(&p);
+        if (rc)
+            return pd_error_wrap(rc, "sampling row %d", r);
+        if (!(row[r].u >= 0 && row[r].u < 1))
+            return pd_errorf(PD_EINVAL, "sampling row %d: u %g outside [0, 1)", r, row[r].u);
+    }
+    return rows ? be->ops->sample(be, x, rows, cols, row, ids, logprobs) : PD_OK;
 }
 
 int pd_backend_set_batch(struct pd_backend *be, const struct pd_batch_plan *plan) {

@@ -153,4 +153,13 @@ void pd_backend_gather_out_rows(struct pd_backend *be, const float *src, int wid
 int pd_backend_argmax(struct pd_backend *be, const float *x, int rows, int cols, int32_t *ids,
                       float *logprobs);
 
+struct pd_sample_row;
+/* Sampling fast path (a sync point): ids[r] = the token common/sampling.c's pd_sampling_choose
+ * picks from x[r] with row[r] (temperature, top-k, top-p, min-p, the request's u; no
+ * penalties), logprobs[r] its log-softmax under the raw x[r]. x is device f32 [rows][cols],
+ * rows <= the reserved max_tokens; row, ids and logprobs are host [rows]. The cuda backend
+ * chooses on the device, so only 8 bytes a row come back. */
+int pd_backend_sample(struct pd_backend *be, const float *x, int rows, int cols,
+                      const struct pd_sample_row *row, int32_t *ids, float *logprobs);
+
 #endif

@@ -16,6 +16,7 @@
 #include "common/alloc.h"
 #include "common/backend_cpu.h"
 #include "common/backend_impl.h"
+#include "common/sampling.h"
 #include "common/status.h"
 
 #include <cblas.h>
@@ -361,6 +362,33 @@ static int cpu_argmax(struct pd_backend *be, const float *x, int rows, int cols,
     return PD_OK;
 }
 
+/* The host sampler's choice itself (pd_sampling_choose) on a copy of each row, with the
+ * logprob computed as cpu_argmax does: this backend is the reference the device sampler is
+ * tested against. Working memory is allocated per call (one call per decode step). */
+static int cpu_sample(struct pd_backend *be, const float *x, int rows, int cols,
+                      const struct pd_sample_row *row, int32_t *ids, float *logprobs) {
+    (void)be;
+    struct pd_sampling_scratch sc;
+    int rc = pd_sampling_scratch_init(&sc, cols);
+    if (rc)
+        return rc;
+    for (int r = 0; r < rows; r++) {
+        const float *l = x + (size_t)r * (size_t)cols;
+        memcpy(sc.raw, l, sizeof(float) * (size_t)cols);
+        int32_t tok = pd_sampling_choose(&row[r], &sc, sc.raw, cols);
+        float mx = -INFINITY;
+        for (int t = 0; t < cols; t++)
+            mx = l[t] > mx ? l[t] : mx;
+        double sum = 0;
+        for (int t = 0; t < cols; t++)
+            sum += exp((double)(l[t] - mx));
+        ids[r] = tok;
+        logprobs[r] = l[tok] - (mx + (float)log(sum));
+    }
+    pd_sampling_scratch_free(&sc);
+    return PD_OK;
+}
+
 /* ---- matmul ---- */
 
 struct matmul_task {
@@ -616,6 +644,7 @@ static const struct pd__backend_ops cpu_ops = {
     .attention = cpu_attention,
     .gather_out_rows = cpu_gather_out_rows,
     .argmax = cpu_argmax,
+    .sample = cpu_sample,
 };
 
 static int online_cores(void) {

@@ -39,6 +39,8 @@ struct pd__backend_ops {
     void (*gather_out_rows)(struct pd_backend *be, const float *src, int width, float *dst);
     int (*argmax)(struct pd_backend *be, const float *x, int rows, int cols, int32_t *ids,
                   float *logprobs);
+    int (*sample)(struct pd_backend *be, const float *x, int rows, int cols,
+                  const struct pd_sample_row *row, int32_t *ids, float *logprobs);
 };
 
 struct pd_backend {

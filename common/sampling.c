@@ -203,9 +203,8 @@ static int32_t argmax(const float *l, int n) {
     return b;
 }
 
-static int32_t draw(struct pd_sampler *s, struct pd_sampling_scratch *sc, float *l) {
-    const struct pd_sampling_params *p = &s->p;
-    int V = s->vocab;
+static int32_t draw(const struct pd_sample_row *p, struct pd_sampling_scratch *sc, float *l,
+                    int V) {
     float inv_t = 1.0f / p->temperature;
     for (int t = 0; t < V; t++)
         l[t] *= inv_t;
@@ -242,13 +241,37 @@ static int32_t draw(struct pd_sampler *s, struct pd_sampling_scratch *sc, float 
         total += sc->prob[i];
         n = i + 1;
     }
-    double r = uniform01(s->rng) * total, acc = 0;
+    double r = p->u * total, acc = 0;
     for (int i = 0; i < n; i++) {
         acc += sc->prob[i];
         if (r < acc)
             return sc->idx[i];
     }
     return sc->idx[n - 1];
+}
+
+bool pd_sampling_row_greedy(const struct pd_sample_row *r) {
+    return r->temperature < 1e-5f || r->top_k == 1;
+}
+
+int32_t pd_sampling_choose(const struct pd_sample_row *r, struct pd_sampling_scratch *sc,
+                           float *logits, int vocab) {
+    PD_ASSERT(sc->vocab >= vocab && vocab >= 1);
+    return pd_sampling_row_greedy(r) ? argmax(logits, vocab) : draw(r, sc, logits, vocab);
+}
+
+void pd_sampler_row(const struct pd_sampler *s, struct pd_sample_row *r) {
+    r->temperature = s->p.temperature;
+    r->top_k = s->p.top_k;
+    r->top_p = s->p.top_p;
+    r->min_p = s->p.min_p;
+    r->u = 0;
+}
+
+double pd_sampler_next_u(struct pd_sampler *s) {
+    struct pd_sample_row r;
+    pd_sampler_row(s, &r);
+    return pd_sampling_row_greedy(&r) ? 0 : uniform01(s->rng);
 }
 
 void pd_sampler_next(struct pd_sampler *s, struct pd_sampling_scratch *sc, float *logits,
@@ -260,27 +283,16 @@ void pd_sampler_next(struct pd_sampler *s, struct pd_sampling_scratch *sc, float
     float lse;
     model_logprobs(s, sc, sc->raw, out, &lse);
     apply_penalties(s, logits);
-    bool greedy = s->p.temperature < 1e-5f || s->p.top_k == 1;
-    int32_t tok = greedy ? argmax(logits, s->vocab) : draw(s, sc, logits);
+    struct pd_sample_row row;
+    pd_sampler_row(s, &row);
+    row.u = pd_sampler_next_u(s); /* the draw takes exactly one value from the stream */
+    int32_t tok = pd_sampling_choose(&row, sc, logits, s->vocab);
     out->token = tok;
     out->logprob = sc->raw[tok] - lse;
-    s->n_generated++;
-    if (s->out_counts)
-        s->out_counts[tok]++;
-    for (int i = 0; i < s->p.n_stop_token_ids; i++)
-        if (tok == s->p.stop_token_ids[i])
-            out->finish = PD_FINISH_STOP;
-    for (int i = 0; i < s->n_eos && !s->p.ignore_eos; i++)
-        if (tok == s->eos_ids[i])
-            out->finish = PD_FINISH_STOP;
-    if (!out->finish && s->n_generated >= s->p.max_new_tokens)
-        out->finish = PD_FINISH_LENGTH;
+    pd_sampler_record(s, tok, &out->finish);
 }
 
-void pd_sampler_accept(struct pd_sampler *s, int32_t token, enum pd_finish *finish) {
-    bool greedy = s->p.temperature < 1e-5f || s->p.top_k == 1;
-    if (!greedy)
-        (void)uniform01(s->rng); /* draw() takes exactly one value from the stream */
+void pd_sampler_record(struct pd_sampler *s, int32_t token, enum pd_finish *finish) {
     s->n_generated++;
     if (s->out_counts && token >= 0 && token < s->vocab)
         s->out_counts[token]++;
@@ -293,4 +305,13 @@ void pd_sampler_accept(struct pd_sampler *s, int32_t token, enum pd_finish *fini
             *finish = PD_FINISH_STOP;
     if (!*finish && s->n_generated >= s->p.max_new_tokens)
         *finish = PD_FINISH_LENGTH;
+}
+
+void pd_sampler_accept(struct pd_sampler *s, int32_t token, enum pd_finish *finish) {
+    (void)pd_sampler_next_u(s); /* as the draw pd_sampler_next would have made */
+    pd_sampler_record(s, token, finish);
+}
+
+bool pd_sampler_has_penalties(const struct pd_sampler *s) {
+    return s->out_counts != NULL;
 }

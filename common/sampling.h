@@ -79,6 +79,23 @@ int pd_sampling_params_check(const struct pd_sampling_params *p);
 int pd_sampling_scratch_init(struct pd_sampling_scratch *s, int vocab);
 void pd_sampling_scratch_free(struct pd_sampling_scratch *s);
 
+/* One row's choice once penalties are applied: what the device sampler (pd_backend_sample) and
+ * the host share, so both pick the same token from the same logits and u. */
+struct pd_sample_row {
+    float temperature;
+    int32_t top_k;
+    float top_p;
+    float min_p;
+    double u; /* the request's uniform [0, 1) draw for this token; unused when greedy */
+};
+
+/* temperature < 1e-5 or top_k 1: the argmax (lowest id on ties), and no draw is taken. */
+bool pd_sampling_row_greedy(const struct pd_sample_row *r);
+/* Temperature, top-k, top-p, min-p and the draw with r->u over logits (host [vocab] f32,
+ * modified in place); the token chosen. */
+int32_t pd_sampling_choose(const struct pd_sample_row *r, struct pd_sampling_scratch *sc,
+                           float *logits, int vocab);
+
 /* Sets up a request's sampler; the prompt feeds the repetition penalty. eos ids (up to 8) finish
  * the request unless ignore_eos. */
 int pd_sampler_init(struct pd_sampler *s, const struct pd_sampling_params *p, int vocab,
@@ -89,6 +106,18 @@ void pd_sampler_free(struct pd_sampler *s);
  * penalties' counts, and says whether the request is finished. */
 void pd_sampler_next(struct pd_sampler *s, struct pd_sampling_scratch *scratch, float *logits,
                      struct pd_sample *out);
+
+/* The row of s's parameters (u left 0). */
+void pd_sampler_row(const struct pd_sampler *s, struct pd_sample_row *r);
+/* Takes the next value from s's random stream as pd_sampler_next would: 0 without a draw for
+ * greedy parameters. For choosing elsewhere (the device): pd_sampler_next_u, choose, then
+ * pd_sampler_record. */
+double pd_sampler_next_u(struct pd_sampler *s);
+/* Counts a token chosen elsewhere with a u from pd_sampler_next_u; *finish as in
+ * pd_sampler_next. */
+void pd_sampler_record(struct pd_sampler *s, int32_t token, enum pd_finish *finish);
+/* True when repetition/frequency/presence penalties change s's logits (device choice cannot). */
+bool pd_sampler_has_penalties(const struct pd_sampler *s);
 
 /* Records a token chosen elsewhere as if this sampler had drawn it — the first output token
  * that the prefill daemon sampled from the same parameters: penalties count it, the random

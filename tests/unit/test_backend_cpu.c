@@ -394,6 +394,81 @@ static void test_argmax_matches_sampler(void) {
     pd_backend_free(be);
 }
 
+/* The sampling fast path gives exactly what a seeded host sampler draws: the cpu backend's
+ * pd_backend_sample with each row's u taken from a twin of the request's random stream equals
+ * pd_sampler_next over temperatures and top-k / top-p / min-p combinations, ties included; bad
+ * rows are refused naming the field. */
+static void test_sample_matches_sampler(void) {
+    struct pd_backend_opts o = {.kind = PD_BACKEND_CPU, .threads = 1};
+    struct pd_backend *be = NULL;
+    CHECK_OK(pd_backend_new(&o, &be));
+    enum { ROWS = 48, V = 3000 };
+    static float x[ROWS][V], buf[V];
+    uint64_t r = 7;
+    for (int i = 0; i < ROWS; i++)
+        for (int t = 0; t < V; t++) {
+            r = r * 6364136223846793005ull + 1442695040888963407ull;
+            /* coarse values in some rows: many exact ties, as bf16 logits have */
+            int q = i % 3 == 0 ? 64 : 100000;
+            x[i][t] = (float)((r >> 33) % (uint64_t)q) * (12.0f / (float)q) - 6.0f;
+        }
+    static const float temps[] = {0.0f, 0.3f, 0.7f, 1.0f, 1.5f};
+    static const int ks[] = {0, 1, 5, 40, 2999, 5000};
+    static const float ps[] = {1.0f, 0.95f, 0.5f, 0.05f};
+    static const float mps[] = {0.0f, 0.05f, 0.5f};
+    struct pd_sampling_scratch sc;
+    CHECK_OK(pd_sampling_scratch_init(&sc, V));
+    struct pd_sampler smp[ROWS], twin[ROWS];
+    struct pd_sample_row rows[ROWS];
+    int combos = 0, differ = 0;
+    for (int ti = 0; ti < 5; ti++)
+        for (int ki = 0; ki < 6; ki++)
+            for (int pi = 0; pi < 4; pi++)
+                for (int mi = 0; mi < 3; mi++, combos++) {
+                    struct pd_sampling_params sp;
+                    pd_sampling_params_default(&sp);
+                    sp.temperature = temps[ti];
+                    sp.top_k = ks[ki];
+                    sp.top_p = ps[pi];
+                    sp.min_p = mps[mi];
+                    sp.has_seed = true;
+                    for (int i = 0; i < ROWS; i++) {
+                        sp.seed = (uint64_t)(combos * ROWS + i);
+                        CHECK_OK(pd_sampler_init(&smp[i], &sp, V, NULL, 0, NULL, 0));
+                        CHECK_OK(pd_sampler_init(&twin[i], &sp, V, NULL, 0, NULL, 0));
+                        pd_sampler_row(&twin[i], &rows[i]);
+                        rows[i].u = pd_sampler_next_u(&twin[i]);
+                    }
+                    int32_t ids[ROWS];
+                    float lp[ROWS];
+                    CHECK_OK(pd_backend_sample(be, &x[0][0], ROWS, V, rows, ids, lp));
+                    for (int i = 0; i < ROWS; i++) {
+                        struct pd_sample out;
+                        memcpy(buf, x[i], sizeof(buf));
+                        pd_sampler_next(&smp[i], &sc, buf, &out);
+                        CHECK_INT(ids[i], out.token);
+                        CHECK(lp[i] == out.logprob);
+                        differ += ids[i] != ids[(i + 1) % ROWS];
+                        pd_sampler_free(&smp[i]);
+                        pd_sampler_free(&twin[i]);
+                    }
+                }
+    CHECK(differ > 0); /* the rows do not all give one token */
+    struct pd_sample_row bad = {.temperature = 1, .top_p = 0, .u = 0.5};
+    int32_t id;
+    float lp;
+    CHECK_ERR(pd_backend_sample(be, &x[0][0], 1, V, &bad, &id, &lp), PD_EINVAL, "top_p");
+    bad.top_p = 1;
+    bad.u = 1.0;
+    CHECK_ERR(pd_backend_sample(be, &x[0][0], 1, V, &bad, &id, &lp), PD_EINVAL, "u 1");
+    bad.u = 0.5;
+    bad.min_p = -1;
+    CHECK_ERR(pd_backend_sample(be, &x[0][0], 1, V, &bad, &id, &lp), PD_EINVAL, "min_p");
+    CHECK(pd_backend_sample(be, &x[0][0], 1, 0, &bad, &id, &lp) == PD_EINVAL);
+    pd_sampling_scratch_free(&sc);
+    pd_backend_free(be);
+}
+
 PD_TEST_MAIN(PD_TEST(test_matmul), PD_TEST(test_rows_ops), PD_TEST(test_attention),
              PD_TEST(test_attention_sliding_window), PD_TEST(test_bad_plans),
-             PD_TEST(test_argmax_matches_sampler))
+             PD_TEST(test_argmax_matches_sampler), PD_TEST(test_sample_matches_sampler))
