@@ -55,11 +55,12 @@ struct pd_engine {
     int32_t n_free, cap;
 
     /* step memory */
-    struct pd_model_seq *seqs; /* [max_reqs] */
-    float *logits;             /* [max_reqs][vocab] */
-    int32_t *greedy_ids;       /* [max_reqs] greedy fast path */
-    float *greedy_lp;          /* [max_reqs] */
-    bool *stopped;             /* [max_running] */
+    struct pd_model_seq *seqs;         /* [max_reqs] */
+    float *logits;                     /* [max_reqs][vocab] */
+    int32_t *greedy_ids;               /* [max_reqs] greedy fast path */
+    float *greedy_lp;                  /* [max_reqs] */
+    struct pd_sample_row *sample_rows; /* [max_reqs] device sampling fast path */
+    bool *stopped;                     /* [max_running] */
     struct pd_sampling_scratch scratch;
 
     /* threads */
@@ -85,7 +86,7 @@ struct pd_engine {
     bool check_steps;
 };
 
-static bool greedy_only(const struct pd_sampler *s);
+static bool on_device_ok(const struct pd_sampler *s);
 
 static double now_s(void) {
     struct timespec ts;
@@ -282,9 +283,10 @@ int pd_engine_new(const struct pd_engine_config *cfg, struct pd_engine **out) {
     e->logits = pd_calloc((size_t)max_reqs * (size_t)e->vocab, sizeof(float));
     e->greedy_ids = pd_calloc((size_t)max_reqs, sizeof(int32_t));
     e->greedy_lp = pd_calloc((size_t)max_reqs, sizeof(float));
+    e->sample_rows = pd_calloc((size_t)max_reqs, sizeof(*e->sample_rows));
     e->stopped = pd_calloc((size_t)cfg->max_running_requests, sizeof(bool));
     if (!e->reqs || !e->free_slots || !e->seqs || !e->logits || !e->stopped || !e->greedy_ids ||
-        !e->greedy_lp) {
+        !e->greedy_lp || !e->sample_rows) {
         rc = pd_error_wrap(PD_ENOMEM, "engine step buffers");
         goto fail;
     }
@@ -648,12 +650,27 @@ static bool decode_iter(struct pd_engine *e, double now) {
                                            .pages = d->pages,
                                            .n_pages = d->n_pages};
     }
-    bool greedy = e->cfg.greedy_on_device;
-    for (int32_t i = 0; greedy && i < nb; i++)
-        greedy = greedy_only(&find_req(e, st.batch[i].room)->sampler);
-    rc = greedy ? pd_model_decode_greedy(e->model, &e->kv, e->seqs, (int)nb, e->greedy_ids,
-                                         e->greedy_lp)
-                : pd_model_decode(e->model, &e->kv, e->seqs, (int)nb, e->logits);
+    /* the token is chosen on the device when every request of the step can be: argmax when
+     * all are greedy, else the device sampler with each request's next u from its own stream */
+    bool dev = e->cfg.greedy_on_device, all_greedy = true;
+    for (int32_t i = 0; dev && i < nb; i++) {
+        struct pd_sample_row *row = &e->sample_rows[i];
+        const struct pd_sampler *s = &find_req(e, st.batch[i].room)->sampler;
+        dev = on_device_ok(s);
+        pd_sampler_row(s, row);
+        all_greedy = all_greedy && pd_sampling_row_greedy(row);
+    }
+    if (dev && !all_greedy)
+        for (int32_t i = 0; i < nb; i++)
+            e->sample_rows[i].u = pd_sampler_next_u(&find_req(e, st.batch[i].room)->sampler);
+    if (!dev)
+        rc = pd_model_decode(e->model, &e->kv, e->seqs, (int)nb, e->logits);
+    else if (all_greedy)
+        rc =
+            pd_model_decode_greedy(e->model, &e->kv, e->seqs, (int)nb, e->greedy_ids, e->greedy_lp);
+    else
+        rc = pd_model_decode_sample(e->model, &e->kv, e->seqs, (int)nb, e->sample_rows,
+                                    e->greedy_ids, e->greedy_lp);
     if (rc)
         pd_error("decode step of %d requests failed: %s", (int)nb, pd_error_msg());
     for (int32_t i = 0; i < nb; i++) {
@@ -664,11 +681,12 @@ static bool decode_iter(struct pd_engine *e, double now) {
             continue;
         }
         struct pd_sample smp;
-        if (greedy) {
+        if (dev) {
             memset(&smp, 0, sizeof(smp));
             smp.token = e->greedy_ids[i];
             smp.logprob = e->greedy_lp[i];
-            pd_sampler_accept(&r->sampler, smp.token, &smp.finish);
+            /* greedy: no u was taken, and record takes none */
+            pd_sampler_record(&r->sampler, smp.token, &smp.finish);
         } else {
             pd_sampler_next(&r->sampler, &e->scratch, e->logits + (size_t)i * (size_t)e->vocab,
                             &smp);
@@ -683,12 +701,10 @@ static bool decode_iter(struct pd_engine *e, double now) {
     return true;
 }
 
-/* A request the device argmax serves exactly: greedy, nothing that needs the whole logits row
- * (penalties change it before the choice; top-n logprobs read it). */
-static bool greedy_only(const struct pd_sampler *s) {
-    const struct pd_sampling_params *p = &s->p;
-    return (p->temperature < 1e-5f || p->top_k == 1) && p->repetition_penalty == 1.0f &&
-           p->frequency_penalty == 0.0f && p->presence_penalty == 0.0f && p->n_logprobs == 0;
+/* A request the device argmax or sampler serves exactly: nothing that needs the whole logits
+ * row on the host (penalties change it before the choice; top-n logprobs read it). */
+static bool on_device_ok(const struct pd_sampler *s) {
+    return !pd_sampler_has_penalties(s) && s->p.n_logprobs == 0;
 }
 
 /* ---- colocated ---- */
@@ -1192,6 +1208,7 @@ void pd_engine_free(struct pd_engine *e) {
     pd_free(e->logits);
     pd_free(e->greedy_ids);
     pd_free(e->greedy_lp);
+    pd_free(e->sample_rows);
     pd_free(e->stopped);
     pd_sampling_scratch_free(&e->scratch);
     pd_spsc_free(&e->cmdq);

@@ -67,9 +67,10 @@ struct pd_engine_config {
                                    0.7, decaying to 0.1); 0 = SGLang's; smaller admits more
                                    and retracts sooner */
     bool mixed_chunk;           /* colocated: prefill chunks and decode tokens in one step */
-    bool greedy_on_device;      /* decode steps whose requests are all greedy (no penalties, no
-                                   top-n logprobs) take the argmax on the device: 8 bytes a
-                                   request come back instead of the logits (cuda) */
+    bool greedy_on_device;      /* decode steps whose requests all go without penalties and
+                                   top-n logprobs choose on the device (argmax when all are
+                                   greedy, else pd_backend_sample with each request's u): 8
+                                   bytes a request come back instead of the logits (cuda) */
 };
 
 /* A request as the compute thread sees it. Fields above `private` are set by the loop before

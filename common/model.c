@@ -535,7 +535,7 @@ static int forward(struct pd_model *m, struct pd_kv_pool *kv, const struct pd_mo
     pd_backend_gather_out_rows(be, m->x, (int)hid, m->out);
     pd_backend_rmsnorm(be, m->out, &m->final_norm, plan.n_out_rows, (int)hid, eps, m->out);
     pd_backend_matmul(be, m->out, plan.n_out_rows, &m->lm_head, NULL, m->logits);
-    if (!logits) /* the caller reads them on the device (pd_model_decode_greedy) */
+    if (!logits) /* the caller reads them on the device (pd_model_decode_greedy / _sample) */
         return PD_OK;
     return pd_backend_download(be, logits, m->logits,
                                sizeof(float) * (size_t)plan.n_out_rows * (size_t)c->vocab_size);
@@ -566,4 +566,17 @@ int pd_model_decode_greedy(struct pd_model *m, struct pd_kv_pool *kv,
     if (rc)
         return rc;
     return pd_backend_argmax(m->be, m->logits, n_seqs, m->cfg.vocab_size, ids, logprobs);
+}
+
+int pd_model_decode_sample(struct pd_model *m, struct pd_kv_pool *kv,
+                           const struct pd_model_seq *seqs, int n_seqs,
+                           const struct pd_sample_row *rows, int32_t *ids, float *logprobs) {
+    for (int r = 0; r < n_seqs; r++)
+        if (seqs[r].n_new != 1)
+            return pd_errorf(PD_EINVAL, "decode: request %d has %d new tokens, must have 1", r,
+                             seqs[r].n_new);
+    int rc = forward(m, kv, seqs, n_seqs, false, NULL);
+    if (rc)
+        return rc;
+    return pd_backend_sample(m->be, m->logits, n_seqs, m->cfg.vocab_size, rows, ids, logprobs);
 }

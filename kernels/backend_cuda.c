@@ -26,6 +26,7 @@
 #include "common/backend_impl.h"
 #include "common/log.h"
 #include "common/status.h"
+#include "common/sampling.h"
 #include "kernels/kernels.h"
 
 #include <stdio.h>
@@ -81,6 +82,9 @@ struct meta_layout {
     size_t total;
 };
 
+/* per reserved token row: 8 bytes of results, then one pd_kernel_sample_row */
+#define AMAX_ROW_BYTES (8 + sizeof(struct pd_kernel_sample_row))
+
 struct cuda_backend {
     struct pd_backend base;
     int dev, sms;
@@ -98,8 +102,10 @@ struct cuda_backend {
     int max_items, max_split_tokens, max_graph_reqs;
     void *xconv;             /* device [max_tokens][max_dim] 2-byte GEMM inputs */
     float *part_o, *part_ml; /* device attention split partials */
-    char *amax_d, *amax_h;   /* argmax ids + logprobs: device [max_tokens] x 2, pinned copy */
-    struct op *log;          /* [PD_CUDA_LOG_OPS] */
+    /* argmax / sample results (ids + logprobs, [max_tokens] x 8 bytes) then the sample rows'
+     * parameters ([max_tokens] x pd_kernel_sample_row): device, and a pinned copy */
+    char *amax_d, *amax_h;
+    struct op *log; /* [PD_CUDA_LOG_OPS] */
     int n_log;
     /* current step */
     bool meta_pending; /* set_batch ran; metadata not yet planned and copied */
@@ -226,8 +232,10 @@ static int cuda_reserve(struct pd_backend *be, const struct pd_backend_limits *l
              "attention split partials")) ||
         (rc = pd__cuda_status(cudaMalloc((void **)&c->part_ml, split_rows * 2 * 4),
                               "attention split partials")) ||
-        (rc = pd__cuda_status(cudaMalloc((void **)&c->amax_d, nt * 8), "argmax results")) ||
-        (rc = pd__cuda_status(cudaMallocHost((void **)&c->amax_h, nt * 8), "argmax results"))) {
+        (rc = pd__cuda_status(cudaMalloc((void **)&c->amax_d, nt * AMAX_ROW_BYTES),
+                              "argmax results")) ||
+        (rc = pd__cuda_status(cudaMallocHost((void **)&c->amax_h, nt * AMAX_ROW_BYTES),
+                              "argmax results"))) {
         free_step_buffers(c);
         return pd_error_wrap(rc, "reserving cuda backend step buffers");
     }
@@ -287,6 +295,51 @@ static int cuda_download(struct pd_backend *be, void *dst, const void *src, size
 
 /* Greedy fast path: one kernel over the rows, then 8 bytes per row come back instead of the
  * whole vocabulary. */
+/* Sampling fast path: the rows' parameters go up with the launch, the kernel chooses on the
+ * device (kernels/sampling.cu mirrors common/sampling.c), and 8 bytes a row come back. */
+static int cuda_sample(struct pd_backend *be, const float *x, int rows, int cols,
+                       const struct pd_sample_row *row, int32_t *ids, float *logprobs) {
+    struct cuda_backend *c = cb(be);
+    if (!c->reserved || rows > c->lim.max_tokens)
+        return pd_errorf(PD_ERANGE, "sampling %d rows: at most the reserved %d", rows,
+                         c->reserved ? c->lim.max_tokens : 0);
+    int rc = flush(c);
+    size_t nt = (size_t)c->lim.max_tokens;
+    struct pd_kernel_sample_row *rows_h = (struct pd_kernel_sample_row *)(c->amax_h + nt * 8);
+    for (int r = 0; r < rows; r++)
+        rows_h[r] = (struct pd_kernel_sample_row){.temperature = row[r].temperature,
+                                                  .top_k = row[r].top_k,
+                                                  .top_p = row[r].top_p,
+                                                  .min_p = row[r].min_p,
+                                                  .u = row[r].u};
+    struct pd_kernel_sample_params sp = {
+        .logits = x,
+        .rows = rows,
+        .vocab = cols,
+        .row = (const struct pd_kernel_sample_row *)(c->amax_d + nt * 8),
+        .ids = (int32_t *)c->amax_d,
+        .logprob = (float *)(c->amax_d + (size_t)rows * 4)};
+    if (!rc)
+        rc = pd__cuda_status(cudaMemcpyAsync(c->amax_d + nt * 8, rows_h,
+                                             (size_t)rows * sizeof(*rows_h), cudaMemcpyHostToDevice,
+                                             c->stream),
+                             "copying sampling parameters to the GPU");
+    if (!rc)
+        rc = pd_kernel_sample(&sp, c->stream);
+    if (!rc)
+        rc = pd__cuda_status(cudaMemcpyAsync(c->amax_h, c->amax_d, (size_t)rows * 8,
+                                             cudaMemcpyDeviceToHost, c->stream),
+                             "copying sampling results from the GPU");
+    if (!rc)
+        rc = pd__cuda_status(cudaStreamSynchronize(c->stream), "running the step on the GPU");
+    int st = take_status(c);
+    if (st || rc)
+        return st ? st : rc;
+    memcpy(ids, c->amax_h, (size_t)rows * 4);
+    memcpy(logprobs, c->amax_h + (size_t)rows * 4, (size_t)rows * 4);
+    return PD_OK;
+}
+
 static int cuda_argmax(struct pd_backend *be, const float *x, int rows, int cols, int32_t *ids,
                        float *logprobs) {
     struct cuda_backend *c = cb(be);
@@ -799,6 +852,7 @@ static const struct pd__backend_ops cuda_ops = {
     .attention = cuda_attention,
     .gather_out_rows = cuda_gather_out_rows,
     .argmax = cuda_argmax,
+    .sample = cuda_sample,
 };
 
 void pd_backend_cuda_stats(struct pd_backend *be, struct pd_backend_cuda_stats *out) {

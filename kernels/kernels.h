@@ -216,6 +216,29 @@ struct pd_kernel_argmax_params {
 };
 int pd_kernel_argmax(const struct pd_kernel_argmax_params *p, cudaStream_t s);
 
+/* One row's sampling parameters, as common/sampling.h's pd_sample_row. */
+struct pd_kernel_sample_row {
+    float temperature; /* < 1e-5 (or top_k 1): greedy */
+    int32_t top_k;     /* <= 0: all */
+    float top_p;       /* (0, 1] */
+    float min_p;       /* [0, 1] */
+    double u;          /* the request's uniform [0, 1) draw */
+};
+/* ids[r] = the token common/sampling.c's pd_sampling_choose picks from logits[r] with row[r]
+ * (temperature, then top-k / top-p / min-p on the sorted probabilities, then the draw with u;
+ * ties by lowest id), logprob[r] its log-softmax under the raw row (NULL to skip). One block a
+ * row; the sorted order is never built: each prefix boundary (the top-p cut, the min-p cut's
+ * mass, the drawn token) is found by a radix search over the row's logits. */
+struct pd_kernel_sample_params {
+    const float *logits; /* [rows][vocab] f32 */
+    int64_t rows;
+    int vocab;
+    const struct pd_kernel_sample_row *row; /* [rows] */
+    int32_t *ids;                           /* [rows] */
+    float *logprob;                         /* [rows] or NULL */
+};
+int pd_kernel_sample(const struct pd_kernel_sample_params *p, cudaStream_t s);
+
 /* ---- GEMM (cuBLAS, bf16/f16 tensor cores with f32 accumulation) ---- */
 
 struct pd_kernel_gemm;

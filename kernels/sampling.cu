@@ -1,7 +1,8 @@
 /*
  * sampling.cu — token choice on the device. The greedy fast path (argmax, lowest id on ties as
  * common/sampling.c, plus the token's log-softmax) needs one block per row and sends 8 bytes per
- * request back instead of the whole vocabulary row.
+ * request back instead of the whole vocabulary row; the sampler below does the same for
+ * temperature / top-k / top-p / min-p requests.
  */
 #include "kernels/kcommon.cuh"
 
@@ -70,4 +71,292 @@ extern "C" int pd_kernel_argmax(const struct pd_kernel_argmax_params *p, cudaStr
         return pd__cuda_status(cudaErrorInvalidValue, "argmax: empty vocabulary");
     argmax_kernel<<<(unsigned)p->rows, PDK_ARGMAX_THREADS, 0, s>>>(*p);
     return PDK_LAUNCHED("argmax");
+}
+
+/* ---- sampling: temperature, top-k / top-p / min-p and the draw, as common/sampling.c ---- *
+ *
+ * The host sorts candidates by (scaled logit desc, id asc) and walks prefixes of that order: the
+ * top-p cut is the first token whose preceding mass exceeds top_p, min-p keeps a prefix (the
+ * probabilities fall along the order), and the draw is the first token whose cumulative mass
+ * exceeds u × the kept mass. Every one of those is "the first token in sorted order whose
+ * inclusive cumulative weight exceeds a target", which a radix search finds without sorting:
+ * four passes over the row, each a 256-bucket histogram of (count, mass) of the tokens under the
+ * key prefix found so far, then thread 0 walks the buckets from the top. Tokens that share the
+ * boundary value are a tie group ordered by id; how many of them the prefix takes is arithmetic,
+ * and which id that is, another radix search over ids (only when it is not the group's first).
+ *
+ * Masses are summed as 2^-62 fixed point in 64-bit integers: exact and order-independent, so the
+ * result does not depend on the schedule, and within ~1e-16 of the host's double sums; a
+ * different token needs u to land that close to a boundary. Probabilities themselves are
+ * computed as on the host: (float)(exp((double)(l/T - max)) / z), with l/T rounded, not fused. */
+
+#define PDK_SAMPLE_THREADS 1024
+#define PDK_FIX 0x1p62
+
+struct samp_shared {
+    unsigned long long mass[256];
+    int cnt[256];
+    int minid[256];
+    double red_d[32];
+    float red_f[32];
+    int red_i[32];
+    /* search state, written by thread 0 between barriers */
+    uint32_t prefix, mask;
+    int cnt_above, sel, found;
+    unsigned long long mass_above;
+};
+
+struct samp_row {
+    const float *l;
+    int V;
+    float inv_t, mx;
+    double z;
+};
+
+struct samp_hit {
+    bool ok;                 /* false: the whole row's weight does not exceed the target */
+    int rank, id;            /* position in sorted order, token id */
+    unsigned long long incl; /* mass (fixed point) of the tokens up to and including it */
+};
+
+/* Larger float → larger key; -0 and +0 share one (the host compares them equal). */
+static __device__ __forceinline__ uint32_t okey(float v) {
+    uint32_t b = __float_as_uint(v);
+    if ((b << 1) == 0)
+        b = 0;
+    return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+}
+
+static __device__ __forceinline__ float unkey(uint32_t k) {
+    return __uint_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k);
+}
+
+static __device__ __forceinline__ float scaled(const samp_row &c, int t) {
+    return __fmul_rn(c.l[t], c.inv_t);
+}
+
+static __device__ __forceinline__ float prob_of(const samp_row &c, float s) {
+    return (float)(exp((double)__fsub_rn(s, c.mx)) / c.z);
+}
+
+static __device__ __forceinline__ unsigned long long fix_of(float w) {
+    return __double2ull_rn((double)w * PDK_FIX);
+}
+
+static __device__ __forceinline__ double block_sum_d(double v, double *sh) {
+    int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    __syncthreads();
+    if (lane == 0)
+        sh[wid] = v;
+    __syncthreads();
+    v = lane < nw ? sh[lane] : 0.0;
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+static __device__ __forceinline__ int block_sum_i(int v, int *sh) {
+    int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    __syncthreads();
+    if (lane == 0)
+        sh[wid] = v;
+    __syncthreads();
+    v = lane < nw ? sh[lane] : 0;
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+/* The need-th (1-based) smallest id among the tokens whose key is key. */
+static __device__ int id_select(const samp_row &c, uint32_t key, int need, samp_shared &sh) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        sh.prefix = 0;
+        sh.mask = 0;
+        sh.cnt_above = need;
+    }
+    for (int shift = 24; shift >= 0; shift -= 8) {
+        for (int i = threadIdx.x; i < 256; i += blockDim.x)
+            sh.cnt[i] = 0;
+        __syncthreads();
+        uint32_t prefix = sh.prefix, mask = sh.mask;
+        for (int t = threadIdx.x; t < c.V; t += blockDim.x)
+            if (((uint32_t)t & mask) == prefix && okey(scaled(c, t)) == key)
+                atomicAdd(&sh.cnt[((uint32_t)t >> shift) & 255], 1);
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            int left = sh.cnt_above, d = 0;
+            for (; d < 255 && left > sh.cnt[d]; d++)
+                left -= sh.cnt[d];
+            sh.cnt_above = left;
+            sh.prefix |= (uint32_t)d << shift;
+            sh.mask |= 255u << shift;
+        }
+        __syncthreads();
+    }
+    int id = (int)sh.prefix;
+    __syncthreads();
+    return id;
+}
+
+/* The first token in (scaled logit desc, id asc) order whose inclusive cumulative weight
+ * exceeds target: weight 1 per token when by_count, else its probability in fixed point. The
+ * probability mass up to it (incl) is summed when by_count is false or with_mass. */
+static __device__ samp_hit search(const samp_row &c, bool by_count, bool with_mass,
+                                  unsigned long long target, samp_shared &sh) {
+    with_mass = with_mass || !by_count;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        sh.prefix = sh.mask = 0;
+        sh.cnt_above = 0;
+        sh.mass_above = 0;
+        sh.found = 1;
+        sh.sel = 0;
+    }
+    for (int shift = 24; shift >= 0; shift -= 8) {
+        for (int i = threadIdx.x; i < 256; i += blockDim.x) {
+            sh.cnt[i] = 0;
+            sh.mass[i] = 0;
+            sh.minid[i] = 0x7fffffff;
+        }
+        __syncthreads();
+        uint32_t prefix = sh.prefix, mask = sh.mask;
+        for (int t = threadIdx.x; t < c.V; t += blockDim.x) {
+            float s = scaled(c, t);
+            uint32_t k = okey(s);
+            if ((k & mask) != prefix)
+                continue;
+            int d = (int)((k >> shift) & 255);
+            atomicAdd(&sh.cnt[d], 1);
+            if (with_mass)
+                atomicAdd(&sh.mass[d], fix_of(prob_of(c, s)));
+            if (shift == 0)
+                atomicMin(&sh.minid[d], t);
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            int ca = sh.cnt_above, sel = -1;
+            unsigned long long ma = sh.mass_above;
+            for (int d = 255; d >= 0; d--) {
+                int n = sh.cnt[d];
+                if (!n)
+                    continue;
+                unsigned long long cum = by_count ? (unsigned long long)(ca + n) : ma + sh.mass[d];
+                if (cum > target) {
+                    sel = d;
+                    break;
+                }
+                ca += n;
+                ma += sh.mass[d];
+            }
+            sh.cnt_above = ca;
+            sh.mass_above = ma;
+            if (sel < 0) {
+                sh.found = 0;
+            } else {
+                sh.sel = sel;
+                sh.prefix |= (uint32_t)sel << shift;
+                sh.mask |= 255u << shift;
+            }
+        }
+        __syncthreads();
+        if (!sh.found)
+            break;
+    }
+    samp_hit h;
+    h.ok = sh.found != 0;
+    h.rank = sh.cnt_above;
+    h.incl = sh.mass_above;
+    h.id = -1;
+    if (!h.ok) {
+        __syncthreads();
+        return h;
+    }
+    /* the tie group at the boundary value: g tokens of weight wq each, in id order */
+    uint32_t key = sh.prefix;
+    int g = sh.cnt[sh.sel], first = sh.minid[sh.sel];
+    unsigned long long wq = with_mass ? fix_of(prob_of(c, unkey(key))) : 0;
+    unsigned long long step = by_count ? 1 : wq;
+    unsigned long long before = by_count ? (unsigned long long)h.rank : h.incl;
+    unsigned long long j = step ? (target - before) / step + 1 : 1;
+    if (j > (unsigned long long)g)
+        j = (unsigned long long)g;
+    h.rank += (int)j - 1;
+    h.incl += j * wq;
+    h.id = j == 1 ? first : id_select(c, key, (int)j, sh);
+    __syncthreads();
+    return h;
+}
+
+static __global__ void __launch_bounds__(PDK_SAMPLE_THREADS)
+    sample_kernel(struct pd_kernel_sample_params p) {
+    __shared__ samp_shared sh;
+    struct pd_kernel_sample_row r = p.row[blockIdx.x];
+    samp_row c;
+    c.l = p.logits + (int64_t)blockIdx.x * p.vocab;
+    c.V = p.vocab;
+    bool greedy = r.temperature < 1e-5f || r.top_k == 1;
+    c.inv_t = greedy ? 1.0f : __fdiv_rn(1.0f, r.temperature);
+    c.mx = 0.0f;
+    c.z = 1.0;
+    int tok;
+    if (greedy) {
+        tok = search(c, true, false, 0, sh).id;
+    } else {
+        float mx = -INFINITY;
+        for (int t = threadIdx.x; t < c.V; t += blockDim.x)
+            mx = fmaxf(mx, scaled(c, t));
+        c.mx = block_max(mx, sh.red_f);
+        double z = 0.0;
+        for (int t = threadIdx.x; t < c.V; t += blockDim.x)
+            z += exp((double)__fsub_rn(scaled(c, t), c.mx));
+        c.z = block_sum_d(z, sh.red_d);
+        int k = r.top_k > 0 && r.top_k < c.V ? r.top_k : c.V;
+        /* top-p: tokens up to and including the first whose inclusive mass exceeds top_p */
+        double tp = (double)r.top_p * PDK_FIX;
+        samp_hit hp = search(c, false, false, (unsigned long long)tp, sh);
+        int keep = hp.ok && hp.rank + 1 < k ? hp.rank + 1 : k;
+        /* min-p: the probabilities fall along the order, so the kept prefix is a count */
+        float thr = __fmul_rn(r.min_p, (float)(1.0 / c.z));
+        int above = 0;
+        for (int t = threadIdx.x; t < c.V; t += blockDim.x)
+            above += prob_of(c, scaled(c, t)) >= thr;
+        above = block_sum_i(above, sh.red_i);
+        int n = above < keep ? above : keep;
+        if (n < 1)
+            n = 1;
+        samp_hit last = search(c, true, true, (unsigned long long)(n - 1), sh);
+        double tr = r.u * (double)last.incl;
+        samp_hit hd = search(c, false, false, (unsigned long long)tr, sh);
+        tok = hd.ok && hd.rank < n ? hd.id : last.id;
+    }
+    if (tok < 0) /* every logit NaN: token 0, as the host loop would return */
+        tok = 0;
+    if (p.logprob) {
+        float mx = -INFINITY;
+        for (int t = threadIdx.x; t < c.V; t += blockDim.x)
+            mx = fmaxf(mx, c.l[t]);
+        mx = block_max(mx, sh.red_f);
+        double s = 0.0;
+        for (int t = threadIdx.x; t < c.V; t += blockDim.x)
+            s += exp((double)(c.l[t] - mx));
+        s = block_sum_d(s, sh.red_d);
+        if (threadIdx.x == 0)
+            p.logprob[blockIdx.x] = c.l[tok] - (mx + (float)log(s));
+    }
+    if (threadIdx.x == 0)
+        p.ids[blockIdx.x] = tok;
+}
+
+extern "C" int pd_kernel_sample(const struct pd_kernel_sample_params *p, cudaStream_t s) {
+    if (p->rows <= 0)
+        return PDK_OK;
+    if (p->vocab < 1)
+        return pd__cuda_status(cudaErrorInvalidValue, "sample: empty vocabulary");
+    sample_kernel<<<(unsigned)p->rows, PDK_SAMPLE_THREADS, 0, s>>>(*p);
+    return PDK_LAUNCHED("sample");
 }

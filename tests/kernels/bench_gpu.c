@@ -237,6 +237,59 @@ static void bench_rows(void) {
     cudaFree(inv);
 }
 
+/* ---- sampling: greedy argmax and the device sampler over Qwen-sized logits ---- */
+
+struct samp_ctx {
+    struct pd_kernel_sample_params p;
+    struct pd_kernel_argmax_params a;
+};
+static int samp_launch(void *ctx) {
+    return pd_kernel_sample(&((struct samp_ctx *)ctx)->p, st);
+}
+static int amax_launch(void *ctx) {
+    return pd_kernel_argmax(&((struct samp_ctx *)ctx)->a, st);
+}
+
+static void bench_sample(void) {
+    const int V = 151936;
+    static const int rows_list[] = {1, 64, 256};
+    static const struct {
+        const char *name;
+        struct pd_kernel_sample_row r;
+    } cfg[] = {
+        {"T0.7 top_p0.9", {0.7f, 0, 0.9f, 0.0f, 0.5}},
+        {"T1 (all tokens)", {1.0f, 0, 1.0f, 0.0f, 0.5}},
+        {"T0.6 k20 p0.95 min_p0.05", {0.6f, 20, 0.95f, 0.05f, 0.5}},
+    };
+    float *x = dmalloc((size_t)V * 256 * 4), *lp = dmalloc(256 * 4);
+    int32_t *ids = dmalloc(256 * 4);
+    struct pd_kernel_sample_row *rows_d = dmalloc(256 * sizeof(struct pd_kernel_sample_row));
+    struct pd_kernel_sample_row rows_h[256];
+    dfill(x, PD_DTYPE_F32, (size_t)V * 256, 8.0f);
+    for (size_t ri = 0; ri < PD_ARRAY_LEN(rows_list); ri++) {
+        int R = rows_list[ri];
+        char sh[96];
+        struct samp_ctx c = {.a = {x, R, V, ids, lp}};
+        snprintf(sh, sizeof(sh), "%d x %d f32 greedy", R, V);
+        double s = time_it(amax_launch, &c, 20);
+        report("argmax", sh, s, (double)R * V * 4, 0);
+        for (size_t ci = 0; ci < PD_ARRAY_LEN(cfg); ci++) {
+            for (int r = 0; r < R; r++)
+                rows_h[r] = cfg[ci].r;
+            CK(cudaMemcpy(rows_d, rows_h, (size_t)R * sizeof(rows_h[0]), cudaMemcpyHostToDevice));
+            c.p = (struct pd_kernel_sample_params){x, R, V, rows_d, ids, lp};
+            snprintf(sh, sizeof(sh), "%d x %d %s", R, V, cfg[ci].name);
+            s = time_it(samp_launch, &c, 10);
+            report("sample", sh, s, (double)R * V * 4, 0);
+            printf("%-22s %-34s %10.0f rows/s\n", "", "", R / s);
+        }
+    }
+    cudaFree(x);
+    cudaFree(lp);
+    cudaFree(ids);
+    cudaFree(rows_d);
+}
+
 /* ---- attention ---- */
 
 struct attn_ctx {
@@ -597,6 +650,7 @@ int pd_bench_gpu_main(int argc, char **argv) {
     }
     bench_limits(g, quick);
     bench_rows();
+    bench_sample();
     int sms = prop.multiProcessorCount;
     bench_attn("attn_decode", 64, 1, 4096, 32, 8, 128, sms);
     bench_attn("attn_decode", 256, 1, 1024, 12, 2, 128, sms);

@@ -14,6 +14,7 @@
 
 #include "common/alloc.h"
 #include "common/backend.h"
+#include "common/sampling.h"
 #include "common/model.h"
 #include "kernels/backend_cuda.h"
 #include "kernels/kernels.h"
@@ -640,6 +641,93 @@ static void test_backend_argmax(void) {
     dual_free(&x);
 }
 
+/* pd_backend_sample: the cuda backend's device sampler picks exactly the tokens the cpu
+ * backend's (the host sampler's pd_sampling_choose) picks from the same logits and u, over
+ * vocabulary sizes up to Qwen's, temperatures (greedy included), top-k / top-p / min-p
+ * combinations, peaked and flat rows, and rows of coarse values full of exact ties (bf16-like);
+ * thousands of rows in all. Logprobs agree to rounding. */
+static uint64_t urng = 777;
+static double urand(void) { /* [0, 1), 53 bits, as the host sampler's stream */
+    urng = urng * 6364136223846793005ull + 1442695040888963407ull;
+    uint64_t a = urng >> 11;
+    urng = urng * 6364136223846793005ull + 1442695040888963407ull;
+    return (double)((a ^ (urng >> 32)) & ((1ull << 53) - 1)) * 0x1.0p-53;
+}
+
+static void test_backend_sample(void) {
+    static const int vocabs[] = {1, 7, 1000, 32000, 151936};
+    static const float temps[] = {0.0f, 0.2f, 0.7f, 1.0f, 1.3f, 3.0f};
+    static const int ks[] = {0, 0, 1, 5, 50, 1000, 100000};
+    static const float ps[] = {1.0f, 1.0f, 0.99f, 0.9f, 0.5f, 0.1f};
+    static const float mps[] = {0.0f, 0.0f, 0.01f, 0.1f, 0.6f};
+    const int R = lim.max_tokens;
+    static struct pd_sample_row row[257];
+    int32_t ic[256], ig[256];
+    float lc[256], lg[256];
+    int rows_total = 0, mismatch = 0, drawn_not_top = 0, distinct_calls = 0;
+    for (size_t vi = 0; vi < PD_ARRAY_LEN(vocabs); vi++) {
+        int V = vocabs[vi];
+        /* big vocabularies: fewer rounds (the host reference sorts up to the whole row) */
+        int rounds = V >= 100000 ? 2 : V >= 10000 ? 6 : 12;
+        struct dual x = dual_new((size_t)V * R * 4);
+        for (int round = 0; round < rounds; round++) {
+            float *xc = x.c;
+            for (int r = 0; r < R; r++) {
+                float *l = xc + (size_t)r * V;
+                int kind = (r + round) % 4;
+                for (int t = 0; t < V; t++) {
+                    float f = frand();
+                    /* 0: flat; 1: peaked (a few tokens far above); 2: coarse, many ties;
+                     * 3: a realistic spread */
+                    l[t] = kind == 0   ? 2.0f * f
+                           : kind == 1 ? 4.0f * f + (t % 97 == 3 ? 12.0f : 0.0f)
+                           : kind == 2 ? floorf(8.0f * f) * 0.75f
+                                       : 10.0f * f * fabsf(f);
+                }
+                int c = r * 7 + round * 131;
+                row[r] = (struct pd_sample_row){.temperature = temps[c % PD_ARRAY_LEN(temps)],
+                                                .top_k = ks[(c / 6) % PD_ARRAY_LEN(ks)],
+                                                .top_p = ps[(c / 3) % PD_ARRAY_LEN(ps)],
+                                                .min_p = mps[(c / 5) % PD_ARRAY_LEN(mps)],
+                                                .u = urand()};
+            }
+            CHECK_OK(pd_backend_upload(gpu, x.g, x.c, x.bytes));
+            CHECK_OK(pd_backend_sample(cpu, x.c, R, V, row, ic, lc));
+            CHECK_OK(pd_backend_sample(gpu, x.g, R, V, row, ig, lg));
+            int32_t a[256];
+            float al[256];
+            CHECK_OK(pd_backend_argmax(cpu, x.c, R, V, a, al));
+            for (int r = 0; r < R; r++) {
+                if (ig[r] != ic[r] && mismatch++ < 5)
+                    printf("  sample mismatch: V %d row %d (T %g k %d p %g min_p %g u %.17g): "
+                           "gpu %d cpu %d\n",
+                           V, r, row[r].temperature, row[r].top_k, row[r].top_p, row[r].min_p,
+                           row[r].u, ig[r], ic[r]);
+                CHECK_DBL(lg[r], lc[r], 1e-4);
+                drawn_not_top += ic[r] != a[r];
+            }
+            distinct_calls++;
+            rows_total += R;
+        }
+        dual_free(&x);
+    }
+    CHECK_INT(mismatch, 0);
+    printf("  %d rows in %d calls, %d drew other than the argmax\n", rows_total, distinct_calls,
+           drawn_not_top);
+    CHECK(rows_total >= 5000);
+    CHECK(drawn_not_top > rows_total / 10); /* the draws are not all greedy */
+    /* limits and bad rows */
+    struct dual x = dual_new(1000 * 4);
+    dual_fill(&x, 1.0f);
+    row[0] = (struct pd_sample_row){.temperature = 1, .top_p = 1, .u = 0.5};
+    for (int i = 1; i <= 256; i++)
+        row[i] = row[0];
+    CHECK(pd_backend_sample(gpu, x.g, lim.max_tokens + 1, 1000, row, ig, lg) == PD_ERANGE);
+    row[0].u = 1.5;
+    CHECK(pd_backend_sample(gpu, x.g, 1, 1000, row, ig, lg) == PD_EINVAL);
+    dual_free(&x);
+}
+
 int pd_bench_gpu_main(int argc, char **argv); /* bench_gpu.c: the perf mode */
 
 int main(int argc, char **argv) {
@@ -676,10 +764,15 @@ int main(int argc, char **argv) {
         const char *name;
         void (*fn)(void);
     } tests[] = {
-        {"rmsnorm", test_rmsnorm},         {"matmul", test_matmul},
-        {"elementwise", test_elementwise}, {"rope_embed_gather", test_rope_embed_gather},
-        {"attention", test_attention},     {"page_copy", test_page_copy},
-        {"argmax", test_argmax},           {"backend_argmax", test_backend_argmax},
+        {"rmsnorm", test_rmsnorm},
+        {"matmul", test_matmul},
+        {"elementwise", test_elementwise},
+        {"rope_embed_gather", test_rope_embed_gather},
+        {"attention", test_attention},
+        {"page_copy", test_page_copy},
+        {"argmax", test_argmax},
+        {"backend_argmax", test_backend_argmax},
+        {"backend_sample", test_backend_sample},
         {"models", test_models},
     };
     const char *only = argc > 1 ? argv[1] : NULL;
