@@ -1695,8 +1695,8 @@ static int start(void) {
         .model_path = a->model_path,
         .device = a->device == PD_DEVICE_CUDA ? PD_BACKEND_CUDA : PD_BACKEND_CPU,
         .device_index = a->base_gpu_id,
-        /* on a GPU the argmax of greedy steps stays there; PD_GREEDY_FAST_PATH=1 takes the same
-         * path on the cpu backend (tests) */
+        /* on a GPU the token choice (argmax, or the sampler without penalties) stays there;
+         * PD_GREEDY_FAST_PATH=1 takes the same path on the cpu backend (tests) */
         .greedy_on_device = a->device == PD_DEVICE_CUDA || getenv("PD_GREEDY_FAST_PATH") != NULL,
         .threads = a->threads,
         .page_size = a->page_size,

@@ -118,16 +118,23 @@ void pd_sampler_free(struct pd_sampler *s) {
 
 /* ---- selection ---- */
 
-/* Moves the m largest logits' indices to idx[0..m-1] (unordered); idx holds n indices. */
+/* The sorting order: logit descending, ties by lower id. A strict total order, so the top m
+ * are the same tokens however many candidates are taken (the device sampler relies on it). */
+static inline bool ranks_before(int32_t a, float va, int32_t b, float vb) {
+    return va > vb || (va == vb && a < b);
+}
+
+/* Moves the m first tokens in sorting order to idx[0..m-1] (unordered); idx holds n indices. */
 static void select_top(int32_t *idx, int n, int m, const float *l) {
     int lo = 0, hi = n - 1;
     while (lo < hi) {
-        float pivot = l[idx[(lo + hi) / 2]];
+        int32_t pid = idx[(lo + hi) / 2];
+        float pv = l[pid];
         int i = lo, j = hi;
         while (i <= j) {
-            while (l[idx[i]] > pivot)
+            while (ranks_before(idx[i], l[idx[i]], pid, pv))
                 i++;
-            while (l[idx[j]] < pivot)
+            while (ranks_before(pid, pv, idx[j], l[idx[j]]))
                 j--;
             if (i <= j) {
                 int32_t t = idx[i];

@@ -171,13 +171,14 @@ def text_of(kind, stream, raw):
     return "".join(c["choices"][0]["text"] for c in chunks if c["choices"])
 
 
-def reference(model, prompts, max_new):
-    """pdserve-generate's text for each prompt, one run per prompt (texts may hold newlines)."""
+def reference(model, prompts, max_new, sampling=None):
+    """pdserve-generate's text for each prompt, one run per prompt (texts may hold newlines);
+    sampling: extra flags (temperature, top-k/p, min-p, seed)."""
     out = []
     for p in prompts:
         r = subprocess.run([GENERATE, "--model-path", model, "--max-new-tokens", str(max_new),
-                            "--chunked-prefill-size", "64", "--page-size", "16", "--threads", "1",
-                            "--", p], capture_output=True, check=True).stdout
+                            "--chunked-prefill-size", "64", "--page-size", "16", "--threads", "1"]
+                           + (sampling or []) + ["--", p], capture_output=True, check=True).stdout
         out.append(r[:-1].decode("utf-8"))  # the text, then one newline
     return out
 
@@ -219,6 +220,26 @@ def case_tokens(model, tmp):
                 got = text_of(kind, stream, db)
                 check(got == ref[i], "prompt %d (%s stream=%s) text %r != reference %r" %
                       (i, kind, stream, got, ref[i]))
+    # seeded sampling: the daemons' text equals pdserve-generate's with the same parameters and
+    # seed (the prefill daemon draws the first token, decode continues the request's random
+    # stream; with PD_GREEDY_FAST_PATH=1 decode chooses through pd_backend_sample as on a GPU)
+    sampled = [(0.8, 0, 1.0, 0.0, 11), (1.0, 40, 0.9, 0.0, 12), (0.7, 0, 0.95, 0.05, 13),
+               (1.3, 0, 1.0, 0.1, 14)]
+    for i, (t, k, tp, mp, seed) in enumerate(sampled):
+        p = prompts[i * 5]
+        want = reference(model, [p], max_new, ["--temperature", str(t), "--top-k", str(k),
+                                               "--top-p", str(tp), "--min-p", str(mp),
+                                               "--seed", str(seed), "--ignore-eos"])[0]
+        room += 1
+        b = body_for(p, max_new, room, pf)
+        b["sampling_params"].update({"temperature": t, "top_k": k, "top_p": tp, "min_p": mp,
+                                     "sampling_seed": seed, "ignore_eos": True})
+        ds, db, ps, pb = pair(pf, dc, b, "/generate")
+        check(ds == 200 and ps == 200, "sampled %d: status %d/%d %r" % (i, ds, ps, db[:200]))
+        if ds == 200:
+            got = text_of("generate", False, db)
+            check(got == want, "sampled %d (T %g k %d p %g min_p %g seed %d) text %r != %r" %
+                  (i, t, k, tp, mp, seed, got, want))
     # 24 concurrent streams
     results = [None] * 24
     threads = []
