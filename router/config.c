@@ -237,7 +237,9 @@ static void register_flags(struct pd_router_config *cfg) {
                 "port to listen on; 0 = any free port (the log line says which)");
     pd_flag_string(fs, "--api-key", &cfg->api_key, "KEY",
                    "require 'Authorization: Bearer KEY' from clients (not on /health); the "
-                   "header is forwarded to the workers");
+                   "header is forwarded to the workers, and the router's own calls to them "
+                   "(/health, /get_load, /abort_request) send the same key, so workers can "
+                   "run with --api-key KEY too");
     pd_flag_int(fs, "--request-timeout-secs", &cfg->request_timeout_secs, "S", 1, 86400 * 7,
                 "whole-request deadline for each upstream request");
     pd_flag_int(fs, "--max-concurrent-requests", &cfg->max_concurrent_requests, "N", 0, 1e7,

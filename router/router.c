@@ -206,6 +206,11 @@ struct pd_router {
     int open_handles; /* ours, while closing */
     pd_router_done_fn done;
     void *done_ud;
+    /* "Authorization: Bearer <--api-key>" on the router's own calls to the workers (/health,
+     * /get_load, /abort_request), or NULL without a key: workers started with the same
+     * --api-key answer those with 401 otherwise (sglang-router's --api-key is likewise the
+     * key it presents to workers) */
+    char *worker_auth;
 };
 
 /* ---------------------------------------------------------------- JSON answers */
@@ -344,7 +349,8 @@ static long health_timeout_ms(const struct pd_router *rt) {
 
 static void poll_worker(struct pd_router *rt, struct worker *w) {
     char url[600];
-    struct pd_upstream_req req = {.method = "GET", .url = url, .timeout_ms = health_timeout_ms(rt)};
+    struct pd_upstream_req req = {
+        .method = "GET", .url = url, .auth = rt->worker_auth, .timeout_ms = health_timeout_ms(rt)};
     if (w->draining)
         return; /* it gets no new requests; its health no longer matters */
     if (!w->health_call) {
@@ -663,7 +669,7 @@ static void send_abort(struct pd_router *rt, const struct worker *w, const char 
                                   .url = url,
                                   .body = body,
                                   .body_len = strlen(body),
-                                  .auth = auth_line,
+                                  .auth = rt->worker_auth ? rt->worker_auth : auth_line,
                                   .timeout_ms = ABORT_TIMEOUT_MS};
     struct pd_upstream_cbs cbs = {.on_done = on_abort_done};
     pd_info("rid=%s: abort on %s (%s)", rid, w->spec.url, role(w));
@@ -1493,6 +1499,12 @@ int pd_router_new(uv_loop_t *loop, const struct pd_router_config *cfg, struct pd
     *out = rt; /* on failure too: see router.h */
     if ((rc = pd_router_rng_seed(&rt->rng)))
         return rc;
+    if (cfg->api_key) {
+        size_t n = strlen(cfg->api_key) + sizeof("Authorization: Bearer ");
+        if (!(rt->worker_auth = pd_malloc(n)))
+            return pd_errorf(PD_ENOMEM, "router");
+        snprintf(rt->worker_auth, n, "Authorization: Bearer %s", cfg->api_key);
+    }
     if ((rc = init_workers(rt)))
         return rc;
     if ((rc = pd_router_metrics_new(&rt->metrics)))
@@ -1645,5 +1657,6 @@ void pd_router_free(struct pd_router *rt) {
     pd_free(rt->scratch);
     pd_free(rt->dns);
     pd_router_metrics_free(rt->metrics);
+    pd_free(rt->worker_auth);
     pd_free(rt);
 }

@@ -10,7 +10,11 @@ exist, and it records what it saw so tests can check the router's behaviour:
                          generation requests, 0 = none), hang (wait until aborted/unhung),
                          tokens, token_delay_ms, prefill_delay_ms, pad (bytes of filler per
                          streamed event, to make a stream large)
-Usage: fake_worker.py --role prefill|decode [--port N]; prints "PORT <n>" on stdout when ready.
+With --api-key KEY it requires "Authorization: Bearer KEY" as an SGLang worker started with
+--api-key does (not on /health or /_fake/*): others get 401 and their path is listed in the log's
+"unauthorized"; "load_polls" counts the /get_load calls it answered.
+Usage: fake_worker.py --role prefill|decode [--port N] [--api-key KEY]; prints "PORT <n>" on
+stdout when ready.
 """
 import argparse
 import json
@@ -21,10 +25,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 LOCK = threading.Lock()
 COND = threading.Condition(LOCK)
-STATE = {"requests": [], "aborts": [], "sent": {}}
+STATE = {"requests": [], "aborts": [], "sent": {}, "unauthorized": [], "load_polls": 0}
 CONFIG = {"health": 200, "load": 0, "fail": 0, "hang": False, "tokens": 5,
           "token_delay_ms": 10, "prefill_delay_ms": 0, "pad": 0}
 ROLE = "decode"
+API_KEY = None
 
 
 def rid_of(body):
@@ -46,13 +51,27 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
+    def authorized(self):
+        """False (after a 401) when --api-key is set and the request does not carry it."""
+        if API_KEY is None or self.path == "/health" or self.path.startswith("/_fake/"):
+            return True
+        if self.headers.get("Authorization") == "Bearer " + API_KEY:
+            return True
+        with LOCK:
+            STATE["unauthorized"].append(self.path)
+        self.reply(401, b'{"error":"invalid api key"}')
+        return False
+
     def do_GET(self):
+        if not self.authorized():
+            return
         if self.path == "/health":
             with LOCK:
                 st = CONFIG["health"]
             self.reply(st, b"" if st == 200 else b'{"error":"unhealthy"}')
         elif self.path == "/get_load":
             with LOCK:
+                STATE["load_polls"] += 1
                 self.reply(200, json.dumps({"load": CONFIG["load"]}))
         elif self.path == "/v1/models":
             self.reply(200, json.dumps({"object": "list", "data": [{
@@ -70,6 +89,8 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_POST(self):
         raw = self.read_body()
+        if not self.authorized():
+            return
         try:
             body = json.loads(raw) if raw else {}
         except ValueError:
@@ -177,12 +198,14 @@ class Server(ThreadingHTTPServer):
 
 
 def main():
-    global ROLE
+    global ROLE, API_KEY
     ap = argparse.ArgumentParser()
     ap.add_argument("--role", choices=["prefill", "decode"], required=True)
     ap.add_argument("--port", type=int, default=0)
+    ap.add_argument("--api-key", default=None)
     a = ap.parse_args()
     ROLE = a.role
+    API_KEY = a.api_key
     srv = Server(("127.0.0.1", a.port), Handler)
     print("PORT %d" % srv.server_address[1], flush=True)
     try:

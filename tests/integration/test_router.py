@@ -38,10 +38,11 @@ def check(cond, what):
 
 
 class Fake:
-    def __init__(self, role, port=0):
+    def __init__(self, role, port=0, api_key=None):
         self.role = role
         self.proc = subprocess.Popen([sys.executable, os.path.join(HERE, "fake_worker.py"),
-                                      "--role", role, "--port", str(port)],
+                                      "--role", role, "--port", str(port)]
+                                     + (["--api-key", api_key] if api_key else []),
                                      stdout=subprocess.PIPE, text=True)
         PROCS.append(self.proc)
         line = self.proc.stdout.readline()
@@ -499,6 +500,44 @@ def test_shutdown_deadline(p, d):
     d.config(tokens=5, token_delay_ms=10)
 
 
+def test_worker_api_key(p, d):
+    """Workers that require the key (--api-key on them too): the router's own calls carry its
+    --api-key — /get_load polls (the polled load shows in the router's /get_load), the aborts of
+    a client's /abort_request and of a client that went away — and none is refused."""
+    r = Router(["--prefill", p.url, "--decode", d.url, "--api-key", "k3y",
+                "--health-check-interval-secs", "0.1"])
+    h = {"Authorization": "Bearer k3y"}
+    check(r.wait_healthy(), "router with worker keys healthy")
+    d.config(load=7)
+    check(wait_for(lambda: d.log()["load_polls"] >= 2 and p.log()["load_polls"] >= 2),
+          "/get_load polled on workers that require the key")
+
+    def decode_load():
+        st, _, data = r.request("GET", "/get_load", headers=h)
+        ws = json.loads(data).get("workers", []) if st == 200 else []
+        return [w.get("load") for w in ws if w.get("url") == d.url]
+    check(wait_for(lambda: decode_load() == [7]), "polled load 7 reaches the router (%r)"
+          % decode_load())
+    st, _, _ = r.request("POST", "/abort_request", {"rid": "ak1"}, headers=h)
+    check(st == 200, "client abort_request: 200")
+    check(wait_for(lambda: "ak1" in d.log()["aborts"] and "ak1" in p.log()["aborts"]),
+          "client abort reaches both workers with the key")
+    d.config(hang=True)
+    s = socket.create_connection(("127.0.0.1", r.port))
+    body = json.dumps({"text": "x", "stream": True, "rid": "ak2"})
+    s.sendall(("POST /generate HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer k3y\r\n"
+               "Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+               % (len(body), body)).encode())
+    wait_for(lambda: any(q["body"].get("rid") == "ak2" for q in d.log()["requests"]))
+    s.close()
+    check(wait_for(lambda: "ak2" in d.log()["aborts"] and "ak2" in p.log()["aborts"]),
+          "disconnect abort reaches both workers with the key")
+    d.config(hang=False, load=0)
+    bad = d.log()["unauthorized"] + p.log()["unauthorized"]
+    check(bad == [], "no router call refused by the workers: %r" % bad[:5])
+    r.stop()
+
+
 def main():
     t0 = time.time()
     try:
@@ -527,6 +566,8 @@ def main():
         test_backpressure(r3, p, d, limit)
         test_graceful_shutdown(r3, p, d)
         test_shutdown_deadline(p, d)
+
+        test_worker_api_key(Fake("prefill", api_key="k3y"), Fake("decode", api_key="k3y"))
     finally:
         for proc in PROCS:
             if proc.poll() is None:
