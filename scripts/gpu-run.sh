@@ -103,7 +103,8 @@ else
     done
     for f in kernels/*.c common/backend.c common/backend_cpu.c common/backend_cpu_kernels.c \
         common/backend_cpu_pool.c common/status.c common/alloc.c common/log.c common/dtype.c \
-        common/model.c common/kv_pool.c tests/kernels/*.c tests/kernels/compat/cblas_naive.c; do
+        common/model.c common/kv_pool.c common/sampling.c tests/kernels/*.c \
+        tests/kernels/compat/cblas_naive.c; do
         o="$BUILD/obj/$(echo "$f" | tr / _).o"
         (gcc $CFLAGS -I"$ROOT/tests/unit" -I"$ROOT/tests/kernels/compat" -c "$f" -o "$o" \
             >"$o.log" 2>&1 || echo "FAILED $f" >"$o.failed") &
