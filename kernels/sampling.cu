@@ -225,17 +225,37 @@ static __device__ samp_hit search(const samp_row &c, bool by_count, bool with_ma
         }
         __syncthreads();
         uint32_t prefix = sh.prefix, mask = sh.mask;
+        /* a thread's tokens mostly share the top digits (logits span a few binades), so runs of
+         * one digit are summed in registers first: far fewer atomics on the same few buckets;
+         * the integer sums come out the same in any order */
+        int run_d = -1, run_n = 0;
+        unsigned long long run_m = 0;
         for (int t = threadIdx.x; t < c.V; t += blockDim.x) {
             float s = scaled(c, t);
             uint32_t k = okey(s);
             if ((k & mask) != prefix)
                 continue;
             int d = (int)((k >> shift) & 255);
-            atomicAdd(&sh.cnt[d], 1);
+            if (d != run_d) {
+                if (run_n) {
+                    atomicAdd(&sh.cnt[run_d], run_n);
+                    if (with_mass)
+                        atomicAdd(&sh.mass[run_d], run_m);
+                }
+                run_d = d;
+                run_n = 0;
+                run_m = 0;
+            }
+            run_n++;
             if (with_mass)
-                atomicAdd(&sh.mass[d], fix_of(prob_of(c, s)));
+                run_m += fix_of(prob_of(c, s));
             if (shift == 0)
                 atomicMin(&sh.minid[d], t);
+        }
+        if (run_n) {
+            atomicAdd(&sh.cnt[run_d], run_n);
+            if (with_mass)
+                atomicAdd(&sh.mass[run_d], run_m);
         }
         __syncthreads();
         if (threadIdx.x == 0) {
