@@ -22,7 +22,8 @@ What a user would notice, in both cases:
   * /v1/completions echo + logprobs 3 (as lm-eval sends it, max_tokens 0): tokens /
     token_logprobs / top_logprobs / text_offset cover the prompt, the first logprob null, the
     rest equal the reference; no completion token. With max_tokens 2: the prompt's entries
-    then the completion's, streamed or not, the same. max_tokens 0 without echo: 400.
+    then the completion's, streamed or not, the same. A list of prompts: choice k equals prompt
+    k's single answer. max_tokens 0 without echo: 400.
 
 Stdlib only. Usage: test_input_logprobs.py BUILD_DIR coloc|pd. Every process is killed on exit.
 """
@@ -248,6 +249,15 @@ def case_completions(srv, prompt, ref):
                     got += ch["logprobs"]["token_logprobs"]
         check(got == lp2["token_logprobs"], "streamed logprobs equal the whole answer's: %s vs %s"
               % (got[:3], lp2["token_logprobs"][:3]))
+    step("a batch of prompts (lm-eval sends lists): choice k is prompt k's answer")
+    other = prompt[:40]
+    b = ok(srv, "/v1/completions", dict(body, prompt=[other, prompt]), "echo logprobs batch")
+    one = ok(srv, "/v1/completions", dict(body, prompt=other), "echo logprobs other")
+    if b and c and one:
+        got = {ch["index"]: ch["logprobs"]["token_logprobs"] for ch in b["choices"]}
+        check(got.get(0) == one["choices"][0]["logprobs"]["token_logprobs"] and
+              got.get(1) == c["choices"][0]["logprobs"]["token_logprobs"],
+              "batch choices equal the single answers: %s" % {k: len(v) for k, v in got.items()})
     st, j = post(srv, "/v1/completions", {"prompt": prompt, "max_tokens": 0})
     check(st == 400 and "max_tokens" in json.dumps(j), "max_tokens 0 without echo: 400 %s" % j)
 
