@@ -683,7 +683,8 @@ static int parse_openai(const cJSON *root, const char *body, size_t len, struct 
         if (cJSON_IsArray(tools) && cJSON_GetArraySize(tools) > 0)
             return bad(e, "tools", "'tools' (function calling) is not supported");
     } else {
-        if ((rc = parse_max_tokens(root, "max_tokens", "max_tokens", 1, r, e)))
+        /* 0 only with echo (the prompt's logprobs alone: lm-eval's loglikelihood), below */
+        if ((rc = parse_max_tokens(root, "max_tokens", "max_tokens", 0, r, e)))
             return rc;
         int lp = -1;
         if ((rc = get_int(root, "logprobs", "logprobs", 0, PD_SAMPLING_MAX_LOGPROBS, &lp, NULL, e)))
@@ -695,9 +696,9 @@ static int parse_openai(const cJSON *root, const char *body, size_t len, struct 
         if ((rc = get_bool(root, "echo", "echo", &r->echo, e)))
             return rc;
         if (r->echo && r->return_logprob)
-            return bad(e, "echo",
-                       "'echo' with 'logprobs' asks for the prompt's logprobs, which pdserve "
-                       "does not compute; send 'echo' without 'logprobs'");
+            r->logprob_start_len = 0; /* the prompt's logprobs, then the completion's */
+        if (r->max_tokens_given && r->sampling.max_new_tokens == 0 && !r->echo)
+            return bad(e, "max_tokens", "'max_tokens' 0 needs 'echo': true (the prompt alone)");
         const cJSON *suffix = cJSON_GetObjectItemCaseSensitive(root, "suffix");
         if (cJSON_IsString(suffix) && suffix->valuestring[0])
             return bad(e, "suffix", "'suffix' is not supported");
@@ -1317,6 +1318,10 @@ int pd_api_render_chat_prompt(const struct pd_api_request *r, const struct pd_ch
     return PD_OK;
 }
 
+bool pd_api_wants_input_logprobs(const struct pd_api_request *r, int n_prompt_tokens) {
+    return r->return_logprob && r->logprob_start_len >= 0 && r->logprob_start_len < n_prompt_tokens;
+}
+
 int pd_api_check_length(struct pd_api_request *r, int n_prompt_tokens, int context_length,
                         struct pd_api_error *e) {
     const char *param = r->kind == PD_API_CHAT          ? "messages"
@@ -1325,12 +1330,6 @@ int pd_api_check_length(struct pd_api_request *r, int n_prompt_tokens, int conte
                                                         : "text";
     if (n_prompt_tokens <= 0)
         return bad(e, param, "the prompt is empty");
-    if (r->return_logprob && r->logprob_start_len >= 0 && r->logprob_start_len < n_prompt_tokens)
-        /* better a clear refusal than an answer silently missing what was asked for */
-        return bad(e, "logprob_start_len",
-                   "'logprob_start_len' %d asks for prompt logprobs (input_token_logprobs), "
-                   "which pdserve does not compute; omit it or send -1 (output logprobs only)",
-                   r->logprob_start_len);
     if (context_length <= 0)
         return PD_OK;
     if (n_prompt_tokens >= context_length)
@@ -1483,15 +1482,25 @@ static cJSON *usage_json(const struct pd_api_result *res) {
     return u;
 }
 
-/* SGLang's [logprob, token_id, null] triples. */
-static cJSON *sglang_logprobs(const struct pd_api_result *res, bool top) {
+/* A logprob as JSON: NAN (the first prompt token's: nothing predicts it) is null. */
+static cJSON *logprob_json(float lp) {
+    return isnan(lp) ? cJSON_CreateNull() : cJSON_CreateNumber(lp);
+}
+
+/* SGLang's [logprob, token_id, null] triples (top: per position a list of them; null for the
+ * first prompt token, which has no distribution). */
+static cJSON *sglang_logprobs(const struct pd_sample *samples, int n, bool top) {
     cJSON *arr = cJSON_CreateArray();
-    for (int i = 0; arr && i < res->n_logprobs; i++) {
-        const struct pd_sample *s = &res->logprobs[i];
+    for (int i = 0; arr && i < n; i++) {
+        const struct pd_sample *s = &samples[i];
+        if (top && isnan(s->logprob)) {
+            cJSON_AddItemToArray(arr, cJSON_CreateNull());
+            continue;
+        }
         if (!top) {
             cJSON *t = cJSON_CreateArray();
             cJSON_AddItemToArray(arr, t);
-            cJSON_AddItemToArray(t, cJSON_CreateNumber(s->logprob));
+            cJSON_AddItemToArray(t, logprob_json(s->logprob));
             cJSON_AddItemToArray(t, cJSON_CreateNumber(s->token));
             cJSON_AddItemToArray(t, cJSON_CreateNull());
             continue;
@@ -1549,9 +1558,20 @@ int pd_api_render_generate(const struct pd_api_request *r, const struct pd_api_r
     if (res->has_index)
         cJSON_AddNumberToObject(root, "index", res->index);
     if (r->return_logprob) {
-        cJSON_AddItemToObject(mi, "output_token_logprobs", sglang_logprobs(res, false));
+        if (res->input_logprobs) {
+            cJSON_AddItemToObject(
+                mi, "input_token_logprobs",
+                sglang_logprobs(res->input_logprobs, res->n_input_logprobs, false));
+            if (r->sampling.n_logprobs > 0)
+                cJSON_AddItemToObject(
+                    mi, "input_top_logprobs",
+                    sglang_logprobs(res->input_logprobs, res->n_input_logprobs, true));
+        }
+        cJSON_AddItemToObject(mi, "output_token_logprobs",
+                              sglang_logprobs(res->logprobs, res->n_logprobs, false));
         if (r->sampling.n_logprobs > 0)
-            cJSON_AddItemToObject(mi, "output_top_logprobs", sglang_logprobs(res, true));
+            cJSON_AddItemToObject(mi, "output_top_logprobs",
+                                  sglang_logprobs(res->logprobs, res->n_logprobs, true));
     }
     return print_json(root, out);
 fail:
@@ -1573,14 +1593,23 @@ static cJSON *completion_logprobs(const struct pd_api_request *r, const struct p
     struct tok_text *t = pd_malloc(sizeof(*t));
     if (!t)
         return lp;
-    int offset = res->logprob_offset;
-    for (int i = 0; i < res->n_logprobs; i++) {
-        const struct pd_sample *s = &res->logprobs[i];
+    /* echo: the prompt's tokens first (offsets from 0, the first one's logprob and top null as
+     * vLLM gives them), then the completion's from logprob_offset */
+    int offset = 0;
+    int n_in = res->input_logprobs ? res->n_input_logprobs : 0;
+    for (int j = 0; j < n_in + res->n_logprobs; j++) {
+        const struct pd_sample *s = j < n_in ? &res->input_logprobs[j] : &res->logprobs[j - n_in];
+        if (j == n_in)
+            offset = res->logprob_offset;
         token_text(res, s->token, t);
         cJSON_AddItemToArray(toks, cJSON_CreateString(t->text));
-        cJSON_AddItemToArray(tlp, cJSON_CreateNumber(s->logprob));
+        cJSON_AddItemToArray(tlp, logprob_json(s->logprob));
         cJSON_AddItemToArray(off, cJSON_CreateNumber(offset));
         offset += (int)t->raw_len;
+        if (isnan(s->logprob)) {
+            cJSON_AddItemToArray(top, cJSON_CreateNull());
+            continue;
+        }
         cJSON *m = cJSON_CreateObject();
         cJSON_AddItemToArray(top, m);
         for (int k = 0; m && k < s->n_top; k++) {

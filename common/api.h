@@ -93,7 +93,8 @@ struct pd_api_request {
     bool echo;                /* completions: the answer's text starts with the prompt's */
 
     bool return_logprob; /* generate return_logprob, completions logprobs != null, chat logprobs */
-    int logprob_start_len; /* generate; -1 = none of the prompt */
+    int logprob_start_len; /* generate; -1 = none of the prompt; completions echo with
+                              logprobs: 0 (every prompt token) */
 
     char *bootstrap_host; /* heap or NULL */
     int bootstrap_port;   /* PD_API_DEFAULT_BOOTSTRAP_PORT when absent or null */
@@ -155,6 +156,10 @@ int pd_api_render_chat_prompt(const struct pd_api_request *r, const struct pd_ch
  * lengths) or prompt + max_new_tokens beyond it, and sets chat's default max_new_tokens to the
  * rest of the context. context_length <= 0 skips the checks. Also refuses a request for prompt
  * logprobs (return_logprob with logprob_start_len inside the prompt): not computed. */
+/* The request asks for prompt logprobs (input_token_logprobs, completions echo + logprobs):
+ * return_logprob with logprob_start_len inside the n_prompt_tokens prompt. */
+bool pd_api_wants_input_logprobs(const struct pd_api_request *r, int n_prompt_tokens);
+
 int pd_api_check_length(struct pd_api_request *r, int n_prompt_tokens, int context_length,
                         struct pd_api_error *e);
 /* Every input id and stop token id must be in [0, vocab). */
@@ -204,6 +209,11 @@ struct pd_api_result {
     const struct pd_sample *logprobs; /* [n_logprobs] or NULL */
     int n_logprobs;
     int logprob_offset; /* completions text_offset of the first covered token */
+    /* input (prompt) logprobs from logprob_start_len on (generate: every body; completions
+     * echo: the body that carries the prompt's text); entry of prompt token 0: logprob NAN,
+     * rendered null (nothing predicts it). NULL: none in this body. */
+    const struct pd_sample *input_logprobs;
+    int n_input_logprobs;
     pd_api_token_text_fn token_text;
     void *token_text_ud;
 };

@@ -71,6 +71,12 @@ struct dreq {
     size_t cap_out;
     struct pd_sample *lps; /* [max_new_tokens] with return_logprob (decode), else NULL */
     int lp_sent;           /* entries already in stream chunks (OpenAI: deltas) */
+    /* prompt logprobs (prefill and colocated), the engine request's (in_lp): readable once
+     * in_lp_ready (the first output token's event came: the engine wrote them all before) */
+    const struct pd_sample *in_lp;
+    int n_in_lp;
+    bool in_lp_ready, in_lp_sent; /* sent: a completions stream chunk carried them */
+    bool prompt_only;             /* max_tokens 0: the prompt's logprobs; no output token */
     struct pd_detok *detok;
     char *text;
     size_t text_len, text_cap, sent_len;
@@ -301,6 +307,11 @@ static void fill_result(struct dreq *r, struct pd_api_result *res, const char *t
     if (r->lps) {
         res->logprobs = r->lps;
         res->n_logprobs = r->n_out;
+        res->logprob_offset = (int)r->echo_len; /* completions: the output's text follows */
+    }
+    if (r->in_lp && r->in_lp_ready) {
+        res->input_logprobs = r->in_lp;
+        res->n_input_logprobs = r->n_in_lp;
     }
 }
 
@@ -343,8 +354,13 @@ static void stream_progress(struct dreq *r, bool final) {
         if (r->lps) { /* the tokens since the last chunk */
             res.logprobs = r->lps + r->lp_sent;
             res.n_logprobs = r->n_out - r->lp_sent;
-            res.logprob_offset = (int)r->sent_len;
+            res.logprob_offset = (int)(r->sent_len > r->echo_len ? r->sent_len : r->echo_len);
         }
+        if (r->in_lp_sent) { /* the prompt's: once, with the echoed prompt */
+            res.input_logprobs = NULL;
+            res.n_input_logprobs = 0;
+        }
+        r->in_lp_sent = r->in_lp_sent || res.input_logprobs;
     }
     if (!final)
         res.finish = PD_API_FINISH_NONE;
@@ -439,7 +455,12 @@ static void finish_http_error(struct dreq *r, int status, const char *msg) {
 static void take_token(struct dreq *r, int32_t token, int index, int finish, float logprob,
                        const struct pd_sample *smp) {
     if (r->stopped_here || index != r->n_out)
-        return; /* after a stop string, or the first token seen twice */
+        return;            /* after a stop string, or the first token seen twice */
+    r->in_lp_ready = true; /* colocated: the engine scored the prompt before this token */
+    if (r->prompt_only) {  /* max_tokens 0: the token the engine must draw is not the output */
+        r->finish = PD_API_FINISH_LENGTH;
+        return;
+    }
     if (r->lps && index < r->api.sampling.max_new_tokens)
         r->lps[index] = smp ? *smp : (struct pd_sample){.token = token, .logprob = logprob};
     if (pd_array_grow((void **)&r->out_ids, &r->cap_out, (size_t)r->n_out + 1, sizeof(int32_t)) ==
@@ -500,6 +521,8 @@ static void prefill_send(struct dreq *r, const struct pd_engine_event *ev) {
             r->t_xfer = now_s();
         r->xfer_bytes += (double)(ev->end - ev->begin) * (double)D.info.page_bytes;
     }
+    if (r && ev->last)
+        r->in_lp_ready = true; /* the engine scored the prompt before its last chunk's event */
     if (rc == PD_OK && ev->last) {
         struct pd_xfer_notice n = {.first_token = ev->token,
                                    .first_logprob = ev->logprob,
@@ -928,8 +951,10 @@ static int prepare_req(struct dreq *r, enum pd_api_kind kind, const char *body, 
         pd_token_ids_free(&ids);
         return PD_EINVAL;
     }
-    if (r->api.sampling.max_new_tokens < 1)
+    if (r->api.sampling.max_new_tokens < 1) {
         r->api.sampling.max_new_tokens = 1; /* the prefill's token is always produced */
+        r->prompt_only = true;              /* but not answered (SGLang/vLLM max tokens 0) */
+    }
     r->room = D.coloc ? coloc_room() : r->api.bootstrap_room;
     r->n_prompt = (int32_t)ids.n;
     if (find_room(r->room)) {
@@ -988,6 +1013,19 @@ static int prepare_req(struct dreq *r, enum pd_api_kind kind, const char *body, 
             return rc;
         }
         r->echo_len = r->text_len;
+    }
+    if ((D.role == PD_ENGINE_PREFILL || D.coloc) &&
+        pd_api_wants_input_logprobs(&r->api, r->n_prompt)) {
+        /* scored where the prompt is prefilled; in PD mode the router merges the prefill's
+         * input_token_logprobs into the decode's answer */
+        r->n_in_lp = r->n_prompt - r->api.logprob_start_len;
+        r->ereq->in_lp = pd_calloc((size_t)r->n_in_lp, sizeof(*r->ereq->in_lp));
+        if (!r->ereq->in_lp) {
+            set_error(e, 500, NULL, "out of memory for %d prompt logprobs", r->n_in_lp);
+            return PD_ENOMEM;
+        }
+        r->ereq->in_lp_start = r->api.logprob_start_len;
+        r->in_lp = r->ereq->in_lp;
     }
     if (D.role == PD_ENGINE_DECODE && r->api.return_logprob) {
         size_t n = (size_t)r->api.sampling.max_new_tokens;

@@ -118,6 +118,7 @@ int pd_engine_req_new(uint64_t room, const int32_t *tokens, int32_t n, int page_
     }
     memcpy(r->tokens, tokens, (size_t)n * sizeof(int32_t));
     r->slot = -1;
+    r->in_lp_start = -1;
     *out = r;
     return PD_OK;
 }
@@ -130,6 +131,7 @@ void pd_engine_req_free(struct pd_engine_req *r) {
     pd_free(r->tokens);
     pd_free(r->pages);
     pd_free(r->samples);
+    pd_free(r->in_lp);
     pd_free(r);
 }
 
@@ -370,6 +372,64 @@ static void emit_end(struct pd_engine *e, struct pd_engine_req *r, int reason, i
     emit(e, &ev);
 }
 
+/* ---- input logprobs ---- */
+
+/* Before its scheduler add: the positions to score and the prefix-cache limit that keeps them
+ * computed (SGLang too takes no cache hit past logprob_start_len for such a request). */
+static void in_lp_begin(struct pd_engine_req *r) {
+    if (!r->in_lp)
+        return;
+    r->in_lp_next = r->in_lp_start > 0 ? r->in_lp_start - 1 : 0;
+    if (r->in_lp_start == 0)
+        r->in_lp[0] = (struct pd_sample){.token = r->tokens[0], .logprob = NAN};
+}
+
+static int32_t in_lp_cache_max(const struct pd_engine_req *r) {
+    return r->in_lp_start > 0 ? r->in_lp_start - 1 : 0;
+}
+
+/* Logits rows of positions p0 .. p0+n-1: each scores the prompt token after it, once. */
+static void in_lp_score(struct pd_engine *e, struct pd_engine_req *r, int32_t p0, int32_t n,
+                        const float *logits) {
+    if (!r->in_lp)
+        return;
+    for (int32_t k = 0; k < n; k++) {
+        int32_t p = p0 + k;
+        if (p != r->in_lp_next || p + 1 >= r->n_prompt)
+            continue;
+        pd_sampler_score(&r->sampler, &e->scratch, logits + (size_t)k * (size_t)e->vocab,
+                         r->tokens[p + 1], &r->in_lp[p + 1 - r->in_lp_start]);
+        r->in_lp_next++;
+    }
+}
+
+/* A chunk of a request that scores positions in it: all but its last token run alone first,
+ * every position's logits kept, in pieces of at most max_reqs rows (the model's
+ * max_logit_rows, so memory stays that of a step); the last token stays in the step's batch,
+ * whose row for it is scored there. *seq is narrowed to that last token. */
+static int in_lp_prepass(struct pd_engine *e, struct pd_engine_req *r, struct pd_model_seq *seq) {
+    int32_t start = seq->n_cached, end = start + seq->n_new - 1; /* run [start, end) here */
+    if (!r->in_lp || end <= start || r->in_lp_next >= r->n_prompt - 1 || end <= r->in_lp_next)
+        return PD_OK;
+    for (int32_t p = start; p < end; p += e->max_reqs) {
+        int32_t n = end - p < e->max_reqs ? end - p : e->max_reqs;
+        struct pd_model_seq s = {.tokens = r->tokens + p,
+                                 .n_new = n,
+                                 .n_cached = p,
+                                 .pages = seq->pages,
+                                 .n_pages = seq->n_pages};
+        int rc = pd_model_extend(e->model, &e->kv, &s, 1, true, e->logits);
+        if (rc)
+            return pd_error_wrap(rc, "room %" PRIu64 ": prompt logprobs at %d..%d", r->room, (int)p,
+                                 (int)(p + n));
+        in_lp_score(e, r, p, n, e->logits);
+    }
+    seq->tokens = r->tokens + end;
+    seq->n_new = 1;
+    seq->n_cached = end;
+    return PD_OK;
+}
+
 /* ---- prefill ---- */
 
 static void prefill_add(struct pd_engine *e, struct pd_engine_req *r, double now) {
@@ -383,6 +443,10 @@ static void prefill_add(struct pd_engine *e, struct pd_engine_req *r, double now
         rc = register_req(e, r);
     if (!rc) {
         rc = pd_sched_prefill_add(e->sp, r->room, r->tokens, r->n_prompt, now);
+        if (!rc && r->in_lp) {
+            in_lp_begin(r);
+            rc = pd_sched_prefill_limit_cache(e->sp, r->room, in_lp_cache_max(r));
+        }
         if (rc)
             unregister_req(e, r);
     }
@@ -425,15 +489,20 @@ static int prefill_run(struct pd_engine *e, struct pd_prefill_batch *b, int32_t 
                                            .n_cached = c->start,
                                            .pages = c->pages,
                                            .n_pages = c->n_pages};
+        int rc = in_lp_prepass(e, r, &e->seqs[k]);
+        if (rc)
+            return rc;
     }
     int rc = pd_model_extend(e->model, &e->kv, e->seqs, (int)n, false, e->logits);
     if (rc)
         return rc;
     for (int32_t k = 0; k < n; k++) {
         struct pd_prefill_chunk *c = &b->chunks[i0 + k];
+        struct pd_engine_req *r = find_req(e, c->room);
+        in_lp_score(e, r, e->seqs[k].n_cached + e->seqs[k].n_new - 1, 1,
+                    e->logits + (size_t)k * (size_t)e->vocab);
         if (!c->last)
             continue;
-        struct pd_engine_req *r = find_req(e, c->room);
         struct pd_sample smp;
         pd_sampler_next(&r->sampler, &e->scratch, e->logits + (size_t)k * (size_t)e->vocab, &smp);
         r->tokens[r->n_prompt] = smp.token;
@@ -753,6 +822,10 @@ static void coloc_add(struct pd_engine *e, struct pd_engine_req *r, double now) 
         /* r->tokens holds the prompt, then the outputs note_token writes: the scheduler
          * prefills a retracted request again over both */
         rc = pd_sched_coloc_add(e->sc, r->room, r->tokens, r->n_prompt, r->sp.max_new_tokens, now);
+        if (!rc && r->in_lp) {
+            in_lp_begin(r);
+            rc = pd_sched_coloc_limit_cache(e->sc, r->room, in_lp_cache_max(r));
+        }
         if (rc)
             unregister_req(e, r);
     }
@@ -791,6 +864,8 @@ static bool coloc_iter(struct pd_engine *e, double now) {
                                            .n_cached = c->start,
                                            .pages = c->pages,
                                            .n_pages = c->n_pages};
+        if (!rc)
+            rc = in_lp_prepass(e, r, &e->seqs[i]);
     }
     for (int32_t i = 0; i < st.n_decodes; i++) {
         const struct pd_coloc_decode *d = &st.decodes[i];
@@ -802,8 +877,9 @@ static bool coloc_iter(struct pd_engine *e, double now) {
                                                          .pages = d->pages,
                                                          .n_pages = d->n_pages};
     }
-    rc = st.n_chunks ? pd_model_extend(e->model, &e->kv, e->seqs, (int)n, false, e->logits)
-                     : pd_model_decode(e->model, &e->kv, e->seqs, (int)n, e->logits);
+    if (!rc)
+        rc = st.n_chunks ? pd_model_extend(e->model, &e->kv, e->seqs, (int)n, false, e->logits)
+                         : pd_model_decode(e->model, &e->kv, e->seqs, (int)n, e->logits);
     if (rc)
         pd_error("colocated step of %d chunks (%d tokens) + %d decodes failed: %s",
                  (int)st.n_chunks, (int)st.n_prefill_tokens, (int)st.n_decodes, pd_error_msg());
@@ -819,6 +895,9 @@ static bool coloc_iter(struct pd_engine *e, double now) {
                 coloc_abort(e, room); /* ends at step_done; the END says failed */
             continue;
         }
+        if (is_chunk)
+            in_lp_score(e, r, e->seqs[i].n_cached + e->seqs[i].n_new - 1, 1,
+                        e->logits + (size_t)i * (size_t)e->vocab);
         if ((is_chunk && !st.chunks[i].last) || r->aborted)
             continue; /* mid-prompt, or ending at step_done anyway */
         struct pd_sample smp;

@@ -85,6 +85,14 @@ struct pd_engine_req {
      * (freed with the request); the compute thread fills entry i (top-n per sp.n_logprobs)
      * before the TOKEN event of index i and never writes it again. NULL: none kept. */
     struct pd_sample *samples;
+    /* input (prompt) logprobs, when asked for: in_lp_start = logprob_start_len (-1: none) and
+     * in_lp[n_prompt - in_lp_start], entry i for prompt token in_lp_start + i, scored from the
+     * logits of the position before it (entry of token 0: logprob NAN, no logits before it).
+     * Set by the loop before ADD (freed with the request); the compute thread fills every entry
+     * before the first output token's event (prefill: the last SEND; colocated: TOKEN 0) and
+     * never writes them again. The prefix cache serves at most the tokens before in_lp_start-1. */
+    int32_t in_lp_start;
+    struct pd_sample *in_lp;
     /* published by the compute thread before the event that names them */
     uint32_t *pages; /* [cap_pages] prefill: source pages; decode: destination pages */
     int32_t n_pages;
@@ -100,6 +108,7 @@ struct pd_engine_req {
     int fail_status; /* the model refused a step with this */
     float first_logprob;
     int32_t n_out;
+    int32_t in_lp_next; /* the next position whose logits score a prompt token */
     /* prefill: the first token's record (its top logprobs), written before the last SEND event
      * and never again; the loop reads it to put the top logprobs into the done notice */
     struct pd_sample first;

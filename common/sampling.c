@@ -202,6 +202,15 @@ static void model_logprobs(const struct pd_sampler *s, struct pd_sampling_scratc
     }
 }
 
+void pd_sampler_score(const struct pd_sampler *s, struct pd_sampling_scratch *sc,
+                      const float *logits, int32_t token, struct pd_sample *out) {
+    float lse;
+    model_logprobs(s, sc, logits, out, &lse);
+    out->token = token;
+    out->logprob = logits[token] - lse;
+    out->finish = PD_FINISH_NONE;
+}
+
 static int32_t argmax(const float *l, int n) {
     int32_t b = 0;
     for (int i = 1; i < n; i++)

@@ -119,6 +119,12 @@ void pd_sampler_record(struct pd_sampler *s, int32_t token, enum pd_finish *fini
 /* True when repetition/frequency/presence penalties change s's logits (device choice cannot). */
 bool pd_sampler_has_penalties(const struct pd_sampler *s);
 
+/* The model's logprob of a given token (a prompt token: input logprobs) under logits (one
+ * row, untouched) and the row's top-n (p.n_logprobs), as pd_sampler_next reports them; draws
+ * nothing. */
+void pd_sampler_score(const struct pd_sampler *s, struct pd_sampling_scratch *sc,
+                      const float *logits, int32_t token, struct pd_sample *out);
+
 /* Records a token chosen elsewhere as if this sampler had drawn it — the first output token
  * that the prefill daemon sampled from the same parameters: penalties count it, the random
  * stream advances as a draw would, and *finish says whether it ends the request. So a decode

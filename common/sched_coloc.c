@@ -43,6 +43,7 @@ struct creq {
     uint8_t state;
     int8_t pending_end; /* end reason to apply at step_done, -1 none */
     int8_t end_reason;
+    int32_t cache_max; /* prefix-cache hit limit in tokens; -1 none (input logprobs) */
     double t_queue;
 };
 
@@ -225,6 +226,7 @@ int pd_sched_coloc_add(struct pd_sched_coloc *s, uint64_t room, const int32_t *t
     int rc = pd_room_map_put(&s->rooms, room, slot);
     PD_ASSERT(rc == PD_OK); /* checked above; the map is as large as the slot array */
     s->reqs[slot] = (struct creq){.room = room,
+                                  .cache_max = -1,
                                   .tokens = tokens,
                                   .prompt_len = prompt_len,
                                   .max_new = max_new_tokens,
@@ -363,7 +365,9 @@ static void build_prefill(struct pd_sched_coloc *s, struct pd_coloc_step *st, in
                                      .pages = r->pages,
                                      .rem = rem,
                                      .batch_empty = st->n_chunks == 0,
-                                     .reserve = reserve};
+                                     .reserve = reserve,
+                                     .cache_limited = r->cache_max >= 0,
+                                     .cache_max = r->cache_max};
         if (!pd__prefix_admit(s->pa, s->rc, ps, s->unchunked, &a))
             break; /* FIFO: nobody overtakes the head */
         r->admitted = true;
@@ -470,6 +474,14 @@ int pd_sched_coloc_step_done(struct pd_sched_coloc *s, const struct pd_coloc_ste
         produced(s, slot, stopped && stopped[st->n_chunks + i], now_s);
     }
     s->outstanding = false;
+    return PD_OK;
+}
+
+int pd_sched_coloc_limit_cache(struct pd_sched_coloc *s, uint64_t room, int32_t max_tokens) {
+    int32_t slot = pd_room_map_get(&s->rooms, room);
+    if (slot < 0)
+        return pd_errorf(PD_ENOENT, "room %llu: no live request", (unsigned long long)room);
+    s->reqs[slot].cache_max = max_tokens < 0 ? 0 : max_tokens;
     return PD_OK;
 }
 

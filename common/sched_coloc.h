@@ -104,6 +104,9 @@ void pd_sched_coloc_free(struct pd_sched_coloc *s);
  * PD_EFULL (max_queued_requests), PD_ENOMEM. */
 int pd_sched_coloc_add(struct pd_sched_coloc *s, uint64_t room, const int32_t *tokens,
                        int32_t prompt_len, int32_t max_new_tokens, double now_s);
+/* The room's prefix-cache hits cover at most max_tokens tokens (call right after add): a
+ * request with input logprobs needs the logits from there on, so they are computed. PD_ENOENT. */
+int pd_sched_coloc_limit_cache(struct pd_sched_coloc *s, uint64_t room, int32_t max_tokens);
 /* Page growth and retractions, then this step's chunks and decode tokens (possibly none). The
  * previous step must have been given back (PD_EINVAL otherwise). */
 int pd_sched_coloc_step(struct pd_sched_coloc *s, double now_s, struct pd_coloc_step *st);

@@ -49,8 +49,11 @@ int32_t pd__chunk_len(int32_t page_size, bool unchunked, int32_t rest, int32_t r
 bool pd__prefix_admit(struct pd_page_alloc *pa, struct pd_radix_cache *rc, int32_t page_size,
                       bool unchunked, struct pd__prefix_admit *a) {
     struct pd_radix_match m = {0, NULL};
-    if (rc)
-        pd_radix_cache_match(rc, a->tokens, a->n_tokens - 1, a->pages, &m);
+    int32_t match_len = a->n_tokens - 1;
+    if (a->cache_limited && a->cache_max < match_len)
+        match_len = a->cache_max > 0 ? a->cache_max : 0;
+    if (rc && match_len > 0)
+        pd_radix_cache_match(rc, a->tokens, match_len, a->pages, &m);
     a->len = pd__chunk_len(page_size, unchunked, a->n_tokens - m.n_pages * page_size, a->rem,
                            a->batch_empty, &a->stop);
     if (a->len == 0)

@@ -156,10 +156,13 @@ struct pd__prefix_admit {
     /* in */
     const int32_t *tokens;
     int32_t n_tokens, n_pages;
-    int32_t *pages;   /* [n_pages] filled on success: cached prefix (referenced), then new */
-    int32_t rem;      /* budget left in the step */
-    bool batch_empty; /* nothing in the step yet */
-    int32_t reserve;  /* pages that must still be free after taking (output reservation) */
+    int32_t *pages;     /* [n_pages] filled on success: cached prefix (referenced), then new */
+    int32_t rem;        /* budget left in the step */
+    bool batch_empty;   /* nothing in the step yet */
+    int32_t reserve;    /* pages that must still be free after taking (output reservation) */
+    bool cache_limited; /* the prefix-cache hit covers at most cache_max tokens: a request with
+                           input logprobs needs the logits of the positions after them */
+    int32_t cache_max;
     /* out */
     int32_t len;                /* first chunk */
     bool stop;                  /* nothing may follow in this batch */

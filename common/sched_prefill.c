@@ -42,6 +42,7 @@ struct preq {
     uint8_t state;
     int8_t pending_end; /* end reason to apply at batch_done, -1 none */
     int8_t end_reason;
+    int32_t cache_max; /* prefix-cache hit limit in tokens; -1 none (input logprobs) */
     int32_t cached_tokens;
     int32_t done_tokens; /* computed or cached, always page-aligned until the last chunk */
     int32_t chunk_end;   /* done_tokens after the running step */
@@ -197,6 +198,7 @@ int pd_sched_prefill_add(struct pd_sched_prefill *s, uint64_t room, const int32_
     PD_ASSERT(rc == PD_OK); /* checked above; the map is as large as the slot array */
     struct preq *r = &s->reqs[slot];
     *r = (struct preq){.room = room,
+                       .cache_max = -1,
                        .tokens = tokens,
                        .n_tokens = n_tokens,
                        .n_pages = n_pages,
@@ -211,6 +213,15 @@ static int find(struct pd_sched_prefill *s, uint64_t room, int32_t *slot) {
     *slot = pd_room_map_get(&s->rooms, room);
     if (*slot < 0)
         return pd_errorf(PD_ENOENT, "room %llu: no live request", (unsigned long long)room);
+    return PD_OK;
+}
+
+int pd_sched_prefill_limit_cache(struct pd_sched_prefill *s, uint64_t room, int32_t max_tokens) {
+    int32_t slot;
+    int rc = find(s, room, &slot);
+    if (rc)
+        return rc;
+    s->reqs[slot].cache_max = max_tokens < 0 ? 0 : max_tokens;
     return PD_OK;
 }
 
@@ -256,7 +267,9 @@ static bool admit(struct pd_sched_prefill *s, int32_t slot, int32_t rem, bool ba
                                  .n_pages = r->n_pages,
                                  .pages = r->pages,
                                  .rem = rem,
-                                 .batch_empty = batch_empty};
+                                 .batch_empty = batch_empty,
+                                 .cache_limited = r->cache_max >= 0,
+                                 .cache_max = r->cache_max};
     bool ok = pd__prefix_admit(s->pa, s->rc, s->cfg.page_size, s->unchunked, &a);
     *len = a.len;
     *stop = a.stop;

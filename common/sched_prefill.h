@@ -75,6 +75,9 @@ void pd_sched_prefill_free(struct pd_sched_prefill *s);
  * PD_EFULL (max_queued_requests), PD_ENOMEM. */
 int pd_sched_prefill_add(struct pd_sched_prefill *s, uint64_t room, const int32_t *tokens,
                          int32_t n_tokens, double now_s);
+/* The room's prefix-cache hit covers at most max_tokens tokens (call right after add): a
+ * request with input logprobs needs the logits from there on, so they are computed. PD_ENOENT. */
+int pd_sched_prefill_limit_cache(struct pd_sched_prefill *s, uint64_t room, int32_t max_tokens);
 /* Decode's Transfer for the room arrived (destination pages known): bootstrap → waiting.
  * PD_ENOENT (no live request), PD_EINVAL (not in bootstrap). */
 int pd_sched_prefill_bootstrapped(struct pd_sched_prefill *s, uint64_t room, double now_s);

@@ -210,6 +210,25 @@ static void put_fields(struct sbuf *b, const struct pd_router_body_info *info, c
     }
 }
 
+/* Prompt logprobs asked for; a logprob_start_len list (batch) counts when any entry is >= 0. */
+static bool wants_input_logprobs(int route, const cJSON *root) {
+    if (route == PD_ROUTER_ROUTE_COMPLETIONS) {
+        const cJSON *lp = cJSON_GetObjectItemCaseSensitive(root, "logprobs");
+        return cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(root, "echo")) && cJSON_IsNumber(lp);
+    }
+    if (route != PD_ROUTER_ROUTE_GENERATE)
+        return false;
+    const cJSON *rl = cJSON_GetObjectItemCaseSensitive(root, "return_logprob");
+    const cJSON *st = cJSON_GetObjectItemCaseSensitive(root, "logprob_start_len");
+    bool any_rl = cJSON_IsTrue(rl), any_st = cJSON_IsNumber(st) && st->valuedouble >= 0;
+    const cJSON *it;
+    if (cJSON_IsArray(rl))
+        cJSON_ArrayForEach(it, rl) any_rl = any_rl || cJSON_IsTrue(it);
+    if (cJSON_IsArray(st))
+        cJSON_ArrayForEach(it, st) any_st = any_st || (cJSON_IsNumber(it) && it->valuedouble >= 0);
+    return any_rl && any_st;
+}
+
 int pd_router_body_rewrite(int route, const char *body, size_t len, const char *bootstrap_host,
                            int bootstrap_port, struct pd_router_rng *rng, char **out,
                            size_t *out_len, struct pd_router_body_info *info) {
@@ -247,6 +266,7 @@ int pd_router_body_rewrite(int route, const char *body, size_t len, const char *
     info->n = (int)count;
     info->samples = n_samples;
     info->stream = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(root, "stream"));
+    info->input_logprobs = wants_input_logprobs(route, root);
     info->rooms = pd_calloc((size_t)info->n, sizeof(uint64_t));
     if (!info->rooms) {
         rc = pd_errorf(PD_ENOMEM, "rooms");

@@ -29,13 +29,16 @@ enum pd_router_route {
 };
 
 struct pd_router_body_info {
-    int n;           /* sub-requests: 1, or prompts x samples */
-    int samples;     /* n of the request (samples per prompt) */
-    bool batch;      /* the fields went in as arrays (a batch, or n > 1) */
-    bool stream;     /* "stream": true */
-    bool rid_added;  /* rid came from the router (= room), not the client */
-    uint64_t *rooms; /* [n] owned */
-    char **rids;     /* [n] owned NUL-terminated strings, as sent */
+    int n;               /* sub-requests: 1, or prompts x samples */
+    int samples;         /* n of the request (samples per prompt) */
+    bool batch;          /* the fields went in as arrays (a batch, or n > 1) */
+    bool stream;         /* "stream": true */
+    bool rid_added;      /* rid came from the router (= room), not the client */
+    bool input_logprobs; /* prompt logprobs asked for (/generate return_logprob with a
+                            logprob_start_len >= 0, completions echo + logprobs): the prefill
+                            computes them, its answer is merged into decode's (lpmerge.h) */
+    uint64_t *rooms;     /* [n] owned */
+    char **rids;         /* [n] owned NUL-terminated strings, as sent */
 };
 
 /* Rewrites body (len bytes, any JSON) for the prefill at bootstrap_host:bootstrap_port

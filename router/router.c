@@ -26,6 +26,7 @@
 
 #include "router/body.h"
 #include "router/discovery.h"
+#include "router/lpmerge.h"
 #include "router/metrics.h"
 #include "router/policy.h"
 #include "router/resolve.h"
@@ -49,6 +50,8 @@
 #define BODY_GROWTH_BYTES 4096 /* bootstrap_host/port/room and rid, with margin */
 #define MAX_BODY_BYTES (PD_HTTP_DEFAULT_MAX_BODY - BODY_GROWTH_BYTES)
 #define PREFILL_ERR_KEEP 1024 /* bytes of a failed prefill's body quoted in the error */
+/* a prefill answer carrying prompt logprobs is kept whole (they go into decode's) up to this */
+#define PREFILL_LP_KEEP ((size_t)256 << 20)
 #define ABORT_TIMEOUT_MS 5000
 #define CUT_GRACE_MS 1000   /* after the drain deadline, for clients to take their error */
 #define ABORT_FLUSH_MS 2000 /* at most this long for the last aborts to reach the workers */
@@ -176,6 +179,13 @@ struct rreq {
     double t_start;       /* the client's request arrived (uv_hrtime, s) */
     bool paused;          /* the decode call waits for the client to drain */
     struct sbuf dbuf, perr;
+    /* prompt logprobs (info.input_logprobs): perr keeps the prefill's whole answer; lpm is it
+     * parsed once it is in (lpm_ready); until then decode's stream events wait in sse, and a
+     * decode that finished first is held (dheld, its status in d_status) */
+    struct pd_router_lpmerge lpm;
+    bool lpm_ready, dheld;
+    long d_status;
+    struct sbuf sse;
 };
 
 struct pd_router {
@@ -712,6 +722,8 @@ static void rreq_maybe_free(struct rreq *rq) {
     pd_free(rq->auth_line);
     pd_free(rq->dbuf.p);
     pd_free(rq->perr.p);
+    pd_free(rq->sse.p);
+    pd_router_lpmerge_free(&rq->lpm);
     pd_free(rq);
 }
 
@@ -833,7 +845,9 @@ static bool try_again(struct rreq *rq) {
     pd_router_body_info_free(&rq->info);
     pd_free(rq->sent);
     rq->sent = NULL;
-    rq->dbuf.len = rq->perr.len = 0;
+    rq->dbuf.len = rq->perr.len = rq->sse.len = 0;
+    pd_router_lpmerge_free(&rq->lpm);
+    rq->lpm_ready = rq->dheld = false;
     start_attempt(rq); /* answers the client itself when it cannot start */
     rreq_maybe_free(rq);
     return true;
@@ -841,9 +855,13 @@ static bool try_again(struct rreq *rq) {
 
 static void on_prefill_data(void *ud, struct pd_upstream_call *call, const char *buf, size_t len) {
     struct rreq *rq = ud;
-    if (rq->perr.len < PREFILL_ERR_KEEP)
-        sb_put(&rq->perr, buf, len < PREFILL_ERR_KEEP ? len : PREFILL_ERR_KEEP);
+    size_t keep = rq->info.input_logprobs ? PREFILL_LP_KEEP : PREFILL_ERR_KEEP;
+    if (rq->perr.len < keep)
+        sb_put(&rq->perr, buf, len < keep - rq->perr.len ? len : keep - rq->perr.len);
 }
+
+static int stream_out(struct rreq *rq, const char *buf, size_t len);
+static void finish_held(struct rreq *rq);
 
 static void on_prefill_done(void *ud, struct pd_upstream_call *call,
                             const struct pd_upstream_result *r) {
@@ -860,6 +878,31 @@ static void on_prefill_done(void *ud, struct pd_upstream_call *call,
         char why[200];
         snprintf(why, sizeof(why), "request failed: %s", r->error);
         set_healthy(pw, false, why);
+    }
+    if (ok && rq->info.input_logprobs && !rq->finished) {
+        /* the prompt's logprobs are in: decode's answer (held, or its waiting events) gets them */
+        if (pd_router_lpmerge_init(&rq->lpm, rq->route, rq->perr.p ? rq->perr.p : "",
+                                   rq->perr.len) == PD_OK)
+            rq->lpm_ready = true;
+        else
+            pd_warn("room=%" PRIu64 ": prefill's answer with prompt logprobs: %s",
+                    rq->info.rooms[0], pd_error_msg());
+        if (rq->dheld) {
+            finish_held(rq);
+            rreq_maybe_free(rq);
+            return;
+        }
+        if (rq->streaming && stream_out(rq, NULL, 0) != PD_OK)
+            return; /* the client is gone: rq may be freed */
+    }
+    if (!ok && rq->dheld && !rq->finished) {
+        /* decode answered, but the prompt's logprobs it needs will not come */
+        char m[PREFILL_ERR_KEEP + 256];
+        snprintf(m, sizeof(m), "prefill worker %s failed; the prompt logprobs are missing: %s",
+                 pw->spec.url, r->status ? r->error : "non-2xx answer");
+        finish_error(rq, 502, m);
+        rreq_maybe_free(rq);
+        return;
     }
     if (ok || !rq->dcall) {
         /* drained; or decode already answered the client */
@@ -925,6 +968,110 @@ static void apply_backpressure(struct rreq *rq, struct pd_upstream_call *call) {
     pd_upstream_call_pause(call, true);
 }
 
+/* Out of memory while streaming: the request ends (rq may be freed). PD_ENOMEM. */
+static int stream_oom(struct rreq *rq) {
+    abort_all_rids(rq, rq->pw);
+    abort_all_rids(rq, rq->dw);
+    drop_pcall(rq);
+    drop_dcall(rq);
+    finish_error(rq, 500, "out of memory streaming decode's answer");
+    rreq_maybe_free(rq);
+    return PD_ENOMEM;
+}
+
+/* The end of the first whole SSE event in p[0..len) (its blank line), or NULL. */
+static char *event_end(char *p, size_t len) {
+    for (size_t i = 0; i + 1 < len; i++)
+        if (p[i] == '\n' && p[i + 1] == '\n')
+            return p + i;
+    return NULL;
+}
+
+/* Sends buf to the streaming client. PD_OK, or the request ended (client gone, out of memory:
+ * rq may be freed, touch nothing). */
+static int send_piece(struct rreq *rq, const char *buf, size_t len) {
+    int rc = pd_http_stream_send(rq->hr, buf, len);
+    if (rc == PD_ECANCELED)
+        return rc; /* the client is gone: on_client_gone ran and rq may be freed */
+    if (rc == PD_OK && !rq->first_byte_sent) {
+        rq->first_byte_sent = true;
+        pd_router_metrics_ttft(rq->rt->metrics, now_s() - rq->t_start);
+    }
+    return rc ? stream_oom(rq) : PD_OK;
+}
+
+/* Decode's stream bytes to the client. With prompt logprobs, whole events only (a read may end
+ * mid-event), each merged with the prefill's answer; they wait in rq->sse until it is in. */
+static int stream_out(struct rreq *rq, const char *buf, size_t len) {
+    if (!rq->info.input_logprobs)
+        return send_piece(rq, buf, len);
+    if (len && sb_put(&rq->sse, buf, len))
+        return stream_oom(rq);
+    while (rq->lpm_ready && rq->sse.len) {
+        char *p = rq->sse.p;
+        char *end = event_end(p, rq->sse.len);
+        if (!end)
+            break;
+        size_t elen = (size_t)(end - p);
+        struct sbuf ev = {0};
+        int rc = PD_OK;
+        if (elen >= 5 && strncmp(p, "data:", 5) == 0) {
+            char *m = NULL;
+            size_t ml = 0;
+            size_t skip = elen > 5 && p[5] == ' ' ? 6 : 5;
+            if (pd_router_lpmerge_event(&rq->lpm, p + skip, elen - skip, &m, &ml) == PD_OK) {
+                rc = sb_put(&ev, "data: ", 6);
+                rc = rc ? rc : sb_put(&ev, m, ml);
+            } else {
+                rc = sb_put(&ev, p, elen);
+            }
+            pd_free(m);
+        } else {
+            rc = sb_put(&ev, p, elen);
+        }
+        rc = rc ? rc : sb_put(&ev, "\n\n", 2);
+        /* consumed before sending: a send may end (and free) the request */
+        memmove(p, end + 2, rq->sse.len - elen - 2);
+        rq->sse.len -= elen + 2;
+        if (rc) {
+            pd_free(ev.p);
+            return stream_oom(rq);
+        }
+        rc = send_piece(rq, ev.p, ev.len);
+        pd_free(ev.p);
+        if (rc)
+            return rc;
+    }
+    return PD_OK;
+}
+
+/* Decode finished before the prefill's prompt logprobs came; now they did (or cannot): the
+ * client gets decode's answer merged. */
+static void finish_held(struct rreq *rq) {
+    rq->dheld = false;
+    if (rq->streaming) {
+        if (stream_out(rq, NULL, 0) != PD_OK)
+            return;
+        mark_finished(rq);
+        pd_http_stream_end(rq->hr);
+        rq->hr = NULL;
+        return;
+    }
+    char *m = NULL;
+    size_t ml = 0;
+    if (!rq->lpm_ready || pd_router_lpmerge_body(&rq->lpm, rq->dbuf.p ? rq->dbuf.p : "",
+                                                 rq->dbuf.len, &m, &ml) != PD_OK) {
+        finish_error(rq, 502,
+                     "the prefill's prompt logprobs could not be merged into the "
+                     "decode's answer");
+        return;
+    }
+    mark_finished(rq);
+    pd_http_respond(rq->hr, (int)rq->d_status, "application/json", m, ml);
+    pd_free(m);
+    rq->hr = NULL;
+}
+
 static void on_decode_data(void *ud, struct pd_upstream_call *call, const char *buf, size_t len) {
     struct rreq *rq = ud;
     if (rq->finished)
@@ -944,23 +1091,8 @@ static void on_decode_data(void *ud, struct pd_upstream_call *call, const char *
                      rq->info.rooms[0]);
         return;
     }
-    int rc = pd_http_stream_send(rq->hr, buf, len);
-    if (rc == PD_ECANCELED)
-        return; /* the client is gone: on_client_gone ran and rq may be freed */
-    if (rc == PD_OK && !rq->first_byte_sent) {
-        rq->first_byte_sent = true;
-        pd_router_metrics_ttft(rq->rt->metrics, now_s() - rq->t_start);
-    }
-    if (rc) {
-        abort_all_rids(rq, rq->pw);
-        abort_all_rids(rq, rq->dw);
-        drop_pcall(rq);
-        drop_dcall(rq);
-        finish_error(rq, 500, "out of memory streaming decode's answer");
-        rreq_maybe_free(rq);
-        return;
-    }
-    apply_backpressure(rq, call);
+    if (stream_out(rq, buf, len) == PD_OK)
+        apply_backpressure(rq, call);
 }
 
 static void on_decode_done(void *ud, struct pd_upstream_call *call,
@@ -972,6 +1104,15 @@ static void on_decode_done(void *ud, struct pd_upstream_call *call,
     call_end(rq, false, call_outcome(r));
     worker_call_ended(dw);
     if (rq->finished) {
+        rreq_maybe_free(rq);
+        return;
+    }
+    if (r->status == PD_OK && r->http_status / 100 == 2 && rq->info.input_logprobs) {
+        /* the answer needs the prefill's prompt logprobs: merged now, or when they come */
+        rq->dheld = true;
+        rq->d_status = r->http_status;
+        if (rq->lpm_ready || !rq->pcall)
+            finish_held(rq);
         rreq_maybe_free(rq);
         return;
     }

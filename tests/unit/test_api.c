@@ -9,6 +9,7 @@
 #include "common/flags.h"
 
 #include <cjson/cJSON.h>
+#include <math.h>
 
 static const struct pd_api_config cfg = {
     .served_model_name = "tiny",
@@ -291,11 +292,11 @@ static void test_completions(void) {
     EXPECT_BAD(PD_API_COMPLETIONS, "{\"prompt\":[\"a\",\"b\"]}", 400, "prompt", "batch");
     EXPECT_BAD(PD_API_COMPLETIONS, "{\"prompt\":[[1],[2]]}", 400, "prompt", "batch");
     EXPECT_BAD(PD_API_COMPLETIONS, "{\"prompt\":\"a\",\"max_tokens\":-5}", 400, "max_tokens",
-               "must be in [1, 2147483647]");
-    EXPECT_BAD(PD_API_COMPLETIONS, "{\"prompt\":\"a\",\"max_tokens\":0}", 400, "max_tokens",
-               "must be in [1,");
+               "must be in [0, 2147483647]");
+    EXPECT_BAD(PD_API_COMPLETIONS, "{\"prompt\":\"a\",\"max_tokens\":-1}", 400, "max_tokens",
+               "must be in [0,");
     EXPECT_BAD(PD_API_COMPLETIONS, "{\"prompt\":\"a\",\"max_tokens\":99999999999}", 400,
-               "max_tokens", "must be in [1, 2147483647]");
+               "max_tokens", "must be in [0, 2147483647]");
     EXPECT_BAD(PD_API_COMPLETIONS, "{\"prompt\":\"a\",\"max_tokens\":\"5\"}", 400, "max_tokens",
                "must be an integer, got a string");
     EXPECT_BAD(PD_API_COMPLETIONS, "{\"prompt\":\"a\",\"temperature\":-1}", 400, "temperature",
@@ -307,8 +308,8 @@ static void test_completions(void) {
                "logit_bias", "not supported");
     EXPECT_BAD(PD_API_COMPLETIONS, "{\"prompt\":\"a\",\"logprobs\":true}", 400, "logprobs",
                "must be an integer");
-    EXPECT_BAD(PD_API_COMPLETIONS, "{\"prompt\":\"a\",\"echo\":true,\"logprobs\":2}", 400, "echo",
-               "prompt's logprobs");
+    EXPECT_BAD(PD_API_COMPLETIONS, "{\"prompt\":\"a\",\"max_tokens\":0}", 400, "max_tokens",
+               "needs 'echo'");
     EXPECT_BAD(PD_API_COMPLETIONS, "{\"prompt\":\"a\",\"echo\":1}", 400, "echo",
                "must be a boolean");
     EXPECT_BAD(PD_API_COMPLETIONS, "{\"prompt\":\"a\",\"stream_options\":{\"include_usage\":1}}",
@@ -446,15 +447,24 @@ static void test_length_and_ids(void) {
     CHECK(strstr(e.message, "empty") != NULL);
     pd_api_request_free(&r);
 
-    /* prompt logprobs are refused by name, not silently left out */
+    /* prompt logprobs: asked for when logprob_start_len falls inside the prompt */
     CHECK_OK(parse(PD_API_GENERATE,
                    "{\"text\":\"a\",\"return_logprob\":true,\"logprob_start_len\":2}", &r, &e));
-    CHECK_INT(pd_api_check_length(&r, 5, 100, &e), PD_EINVAL);
-    CHECK_STR(e.param, "logprob_start_len");
-    CHECK(strstr(e.message, "input_token_logprobs") != NULL);
-    CHECK_OK(pd_api_check_length(&r, 2, 1000, &e)); /* starts past the prompt: nothing asked */
+    CHECK_OK(pd_api_check_length(&r, 5, 1000, &e));
+    CHECK(pd_api_wants_input_logprobs(&r, 5));
+    CHECK(!pd_api_wants_input_logprobs(&r, 2)); /* starts past the prompt: nothing asked */
     r.return_logprob = false;
-    CHECK_OK(pd_api_check_length(&r, 5, 1000, &e)); /* no logprobs at all: ignored, as SGLang */
+    CHECK(!pd_api_wants_input_logprobs(&r, 5)); /* no logprobs at all: ignored, as SGLang */
+    pd_api_request_free(&r);
+    /* completions echo + logprobs: every prompt token's, as vLLM; max_tokens 0 with echo */
+    CHECK_OK(parse(PD_API_COMPLETIONS,
+                   "{\"prompt\":\"a\",\"echo\":true,\"logprobs\":2,\"max_tokens\":0}", &r, &e));
+    CHECK_INT(r.logprob_start_len, 0);
+    CHECK_INT(r.sampling.max_new_tokens, 0);
+    CHECK(pd_api_wants_input_logprobs(&r, 1));
+    pd_api_request_free(&r);
+    CHECK_OK(parse(PD_API_COMPLETIONS, "{\"prompt\":\"a\",\"logprobs\":2}", &r, &e));
+    CHECK(!pd_api_wants_input_logprobs(&r, 5)); /* no echo: the completion's only */
     pd_api_request_free(&r);
 
     CHECK_OK(parse(PD_API_COMPLETIONS, "{\"prompt\":[1,2,99],\"max_tokens\":60}", &r, &e));
@@ -1139,9 +1149,73 @@ static void test_alloc_failures(void) {
     CHECK(saw_oom > 0);
 }
 
+/* Prompt logprobs: /generate input_token_logprobs/input_top_logprobs with the first prompt
+ * token's null; completions echo lists the prompt's entries, then the completion's from
+ * logprob_offset, the first token's logprob and top null (vLLM). */
+static void test_render_input_logprobs(void) {
+    struct pd_api_request r;
+    struct pd_api_error e;
+    CHECK_OK(parse(PD_API_GENERATE,
+                   "{\"text\":\"a\",\"return_logprob\":true,\"top_logprobs_num\":1,"
+                   "\"logprob_start_len\":0}",
+                   &r, &e));
+    struct pd_sample in[2] = {
+        {.token = 7, .logprob = NAN},
+        {.token = 8, .logprob = -2.0f, .n_top = 1, .top_ids = {3}, .top_logprobs = {-0.5f}}};
+    struct pd_sample out[1] = {{.token = 4, .logprob = -0.75f}};
+    struct pd_api_result res = {.id = "x",
+                                .text = "T",
+                                .text_len = 1,
+                                .prompt_tokens = 2,
+                                .completion_tokens = 1,
+                                .matched_token = -1,
+                                .logprobs = out,
+                                .n_logprobs = 1,
+                                .logprob_offset = 2,
+                                .input_logprobs = in,
+                                .n_input_logprobs = 2};
+    char *s;
+    CHECK_OK(pd_api_render_generate(&r, &res, &s));
+    cJSON *j = parse_out(s);
+    const cJSON *mi = cJSON_GetObjectItem(j, "meta_info");
+    const cJSON *il = cJSON_GetObjectItem(mi, "input_token_logprobs");
+    CHECK_INT(cJSON_GetArraySize(il), 2);
+    CHECK(cJSON_IsNull(cJSON_GetArrayItem(cJSON_GetArrayItem(il, 0), 0)));
+    CHECK_INT(cJSON_GetArrayItem(cJSON_GetArrayItem(il, 0), 1)->valueint, 7);
+    CHECK(cJSON_GetArrayItem(cJSON_GetArrayItem(il, 1), 0)->valuedouble == -2.0);
+    const cJSON *it = cJSON_GetObjectItem(mi, "input_top_logprobs");
+    CHECK(cJSON_IsNull(cJSON_GetArrayItem(it, 0)));
+    CHECK_INT(cJSON_GetArrayItem(cJSON_GetArrayItem(cJSON_GetArrayItem(it, 1), 0), 1)->valueint, 3);
+    CHECK_INT(cJSON_GetArraySize(cJSON_GetObjectItem(mi, "output_token_logprobs")), 1);
+    cJSON_Delete(j);
+    pd_api_request_free(&r);
+
+    CHECK_OK(parse(PD_API_COMPLETIONS, "{\"prompt\":\"a\",\"echo\":true,\"logprobs\":1}", &r, &e));
+    CHECK_OK(pd_api_render_completion(&r, &res, &s));
+    j = parse_out(s);
+    const cJSON *lp =
+        cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0), "logprobs");
+    const cJSON *tlp = cJSON_GetObjectItem(lp, "token_logprobs");
+    const cJSON *off = cJSON_GetObjectItem(lp, "text_offset");
+    const cJSON *top = cJSON_GetObjectItem(lp, "top_logprobs");
+    CHECK_INT(cJSON_GetArraySize(tlp), 3);
+    CHECK(cJSON_IsNull(cJSON_GetArrayItem(tlp, 0)));
+    CHECK(cJSON_GetArrayItem(tlp, 1)->valuedouble == -2.0);
+    CHECK(cJSON_GetArrayItem(tlp, 2)->valuedouble == -0.75);
+    CHECK(cJSON_IsNull(cJSON_GetArrayItem(top, 0)));
+    CHECK(cJSON_GetObjectItem(cJSON_GetArrayItem(top, 1), "<3>") != NULL);
+    /* token texts "<7>", "<8>" (3 bytes each): offsets 0, 3; the completion's at 2 */
+    CHECK_INT(cJSON_GetArrayItem(off, 0)->valueint, 0);
+    CHECK_INT(cJSON_GetArrayItem(off, 1)->valueint, 3);
+    CHECK_INT(cJSON_GetArrayItem(off, 2)->valueint, 2);
+    cJSON_Delete(j);
+    pd_api_request_free(&r);
+}
+
 PD_TEST_MAIN(PD_TEST(test_generate_fields), PD_TEST(test_generate_bad), PD_TEST(test_body_errors),
              PD_TEST(test_utf8), PD_TEST(test_bootstrap), PD_TEST(test_completions),
              PD_TEST(test_model_name), PD_TEST(test_chat), PD_TEST(test_length_and_ids),
              PD_TEST(test_chat_prompt), PD_TEST(test_error_render), PD_TEST(test_render_generate),
              PD_TEST(test_render_openai), PD_TEST(test_info), PD_TEST(test_alloc_failures),
-             PD_TEST(test_stop_nul), PD_TEST(test_split), PD_TEST(test_merge))
+             PD_TEST(test_stop_nul), PD_TEST(test_split), PD_TEST(test_merge),
+             PD_TEST(test_render_input_logprobs))
