@@ -754,7 +754,7 @@ static bool decode_iter(struct pd_engine *e, double now) {
             memset(&smp, 0, sizeof(smp));
             smp.token = e->greedy_ids[i];
             smp.logprob = e->greedy_lp[i];
-            /* greedy: no u was taken, and record takes none */
+            /* a sampled row took its u above (greedy ones take none); record takes none */
             pd_sampler_record(&r->sampler, smp.token, &smp.finish);
         } else {
             pd_sampler_next(&r->sampler, &e->scratch, e->logits + (size_t)i * (size_t)e->vocab,
