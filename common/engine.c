@@ -1140,10 +1140,18 @@ static void on_async(uv_async_t *a) {
 void pd_engine_poll(struct pd_engine *e) {
     struct pd_engine_event ev;
     bool any = false;
-    while (pd_spsc_pop(&e->evq, &ev) == PD_OK) {
+    /* At most what is queued on entry: the compute thread refills the queue while this drains
+     * it, and a loop that stayed here would not get back to its sockets until a generation
+     * ended (on a loaded machine a client's /abort_request was read only after the stream it
+     * meant to stop had finished). The rest comes on the next loop iteration, after I/O. */
+    uint32_t budget = pd_spsc_count(&e->evq);
+    while (budget > 0 && pd_spsc_pop(&e->evq, &ev) == PD_OK) {
+        budget--;
         any = true;
         e->fn(e->fn_ctx, &ev);
     }
+    if (pd_spsc_count(&e->evq) > 0)
+        uv_async_send(e->async);
     if (any) {
         pthread_mutex_lock(&e->mu);
         pthread_cond_broadcast(&e->cv_space);

@@ -25,6 +25,10 @@
 #include "common/log.h"
 #include "common/status.h"
 
+/* How long one connection attempt may take (see pd_grpc_channel_new): as long as a bootstrap
+ * RPC's default deadline (PD_BOOTSTRAP_DEADLINE_MS). */
+#define PD_GRPC_CONNECT_TIMEOUT_MS 5000
+
 struct tag {
     void (*fn)(struct tag *t, bool ok);
 };
@@ -544,7 +548,11 @@ int pd_grpc_channel_new(pd_grpc_bridge_t *b, const char *target, pd_grpc_channel
     snprintf(c->target, sizeof(c->target), "%s", target);
     /* A restarted prefill is back on its bootstrap port within a second or two: reconnect
      * that fast (gRPC's default backoff starts at 1 s and grows to 120 s, during which every
-     * Pair fails at once with the old "connection refused"). */
+     * Pair fails at once with the old "connection refused"). gRPC reads "min reconnect
+     * backoff" as the least time one connection attempt (TCP connect and HTTP/2 handshake) may
+     * take, not as a delay: at 100 ms a loaded machine failed Pair calls with "tcp handshaker
+     * shutdown" (xfer_pair_aborts_tcp under ctest -j2); an attempt now has as long as a
+     * bootstrap RPC's deadline, and a refused connect still fails (and is retried) at once. */
     grpc_arg args[] = {
         {.type = GRPC_ARG_INTEGER, .key = (char *)GRPC_ARG_ENABLE_RETRIES, .value.integer = 0},
         {.type = GRPC_ARG_INTEGER,
@@ -552,7 +560,7 @@ int pd_grpc_channel_new(pd_grpc_bridge_t *b, const char *target, pd_grpc_channel
          .value.integer = 100},
         {.type = GRPC_ARG_INTEGER,
          .key = (char *)GRPC_ARG_MIN_RECONNECT_BACKOFF_MS,
-         .value.integer = 100},
+         .value.integer = PD_GRPC_CONNECT_TIMEOUT_MS},
         {.type = GRPC_ARG_INTEGER,
          .key = (char *)GRPC_ARG_MAX_RECONNECT_BACKOFF_MS,
          .value.integer = 1000},

@@ -17,9 +17,10 @@
  * watch, no polling. That read appends to the socket's input buffer and may grow (move) it, so
  * first every string of the request that still points into that buffer (for a request without
  * a body: method, path, authority, headers — h2o copies them itself only when a body follows)
- * is copied into the request's pool, and the body is copied out. h2o's own error responses (413 for
- * a too large body, 400 for broken framing) are rewritten into OpenAI error JSON by a filter on the
- * host's fallback path, the only path such early errors go through.
+ * is copied into the request's pool, and the body is copied out. A reset seen by that read
+ * leaves the stream unwritable for libuv, which h2o does not expect (see conn_send_done). h2o's own
+ * error responses (413 for a too large body, 400 for broken framing) are rewritten into OpenAI
+ * error JSON by a filter on the host's fallback path, the only path such early errors go through.
  */
 #include "common/http_server.h"
 
@@ -50,6 +51,7 @@ struct conn {
     uv_tcp_t tcp; /* first: h2o's close callback gets this handle */
     struct pd_http_server *srv;
     h2o_socket_t *sock;
+    h2o_timeout_entry_t dead_write; /* in ctx.zero_timeout: see conn_send_done */
     struct conn *prev, *next;
 };
 
@@ -232,6 +234,35 @@ static void watch_stop(struct pd_http_req *r) {
     r->watching = false;
 }
 
+/* A read that fails (our watch seeing a client's reset: ECONNRESET) makes libuv mark the stream
+ * unwritable, and from then on uv_write fails at once without ever calling back. h2o 2.2 ignores
+ * uv_write's result and waits for that callback: the connection would never close, and a
+ * draining server never finish (a router hung at SIGTERM after a client reset a stream, under
+ * load, when no write was in flight at the reset). So around each h2o_send of ours: if the stream
+ * was already unwritable and h2o started a write, that write was refused, and it is completed
+ * here with an error from the next loop iteration, as libuv would have done; h2o then closes the
+ * connection. (Without TLS, h2o's write completion is only this callback.) */
+static bool conn_unwritable(const struct conn *c) {
+    return c && !uv_is_writable((const uv_stream_t *)&c->tcp);
+}
+
+static void on_dead_write(h2o_timeout_entry_t *e) {
+    struct conn *c = container_of(e, struct conn, dead_write);
+    if (!c->sock || uv_is_closing((uv_handle_t *)&c->tcp) || !c->sock->_cb.write)
+        return;
+    h2o_socket_cb cb = c->sock->_cb.write;
+    c->sock->_cb.write = NULL;
+    pd_debug("http: completing a write refused on a reset connection");
+    cb(c->sock, h2o_socket_error_io);
+}
+
+static void conn_send_done(struct conn *c, bool was_unwritable) {
+    if (!was_unwritable || !c->sock || uv_is_closing((uv_handle_t *)&c->tcp) ||
+        !c->sock->_cb.write || h2o_timeout_is_linked(&c->dead_write))
+        return;
+    h2o_timeout_link(c->srv->loop, &c->srv->ctx.zero_timeout, &c->dead_write);
+}
+
 /* Sends what is queued: the final bytes (copied into h2o's pool, which outlives the write) when
  * finishing, else the pending events as one IN_PROGRESS write. */
 static void req_flush(struct pd_http_req *r) {
@@ -248,9 +279,13 @@ static void req_flush(struct pd_http_req *r) {
         }
         watch_stop(r);
         req_detach_h2o(r);
+        struct conn *c = r->conn;
+        bool dead = conn_unwritable(c);
         r->in_call++;
         h2o_send(hreq, v.len ? &v : NULL, v.len ? 1 : 0, H2O_SEND_STATE_FINAL);
         r->in_call--;
+        if (c)
+            conn_send_done(c, dead);
         return;
     }
     if (!r->pending.len)
@@ -261,9 +296,13 @@ static void req_flush(struct pd_http_req *r) {
     r->pending.len = 0;
     h2o_iovec_t v = h2o_iovec_init(r->sending.p, r->sending.len);
     r->in_flight = true;
+    struct conn *c = r->conn;
+    bool dead = conn_unwritable(c);
     r->in_call++;
     h2o_send(hreq, &v, 1, H2O_SEND_STATE_IN_PROGRESS);
     r->in_call--;
+    if (c)
+        conn_send_done(c, dead);
 }
 
 static size_t req_backlog(const struct pd_http_req *r) {
@@ -295,10 +334,14 @@ static void req_finish_h2o(struct pd_http_req *r) {
     if (!r->started) {
         h2o_req_t *hreq = r->hreq;
         req_detach_h2o(r);
+        struct conn *c = r->conn;
+        bool dead = conn_unwritable(c);
         r->in_call++;
         h2o_send_error_generic(hreq, 499, status_reason(499), "client closed request",
                                H2O_SEND_ERROR_HTTP1_CLOSE_CONNECTION);
         r->in_call--;
+        if (c)
+            conn_send_done(c, dead);
         return;
     }
     r->finishing = true;
@@ -401,6 +444,8 @@ int pd_http_respond(struct pd_http_req *r, int status, const char *content_type,
     r->started = true;
     r->user_done = true;
     req_detach_h2o(r);
+    struct conn *c = r->conn;
+    bool dead = conn_unwritable(c);
     r->in_call++;
     h2o_start_response(hreq, &oneshot);
     if (h2o_memis(hreq->input.method.base, hreq->input.method.len, H2O_STRLIT("HEAD")))
@@ -408,6 +453,8 @@ int pd_http_respond(struct pd_http_req *r, int status, const char *content_type,
     else
         h2o_send(hreq, &v, 1, H2O_SEND_STATE_FINAL);
     r->in_call--;
+    if (c)
+        conn_send_done(c, dead);
     req_maybe_free(r);
     return PD_OK;
 }
@@ -444,12 +491,16 @@ int pd_http_stream_start(struct pd_http_req *r, int status, const char *content_
     r->gen.stop = gen_stop;
     r->started = true;
     r->streaming = true;
+    struct conn *c = r->conn;
+    bool dead = conn_unwritable(c);
     r->in_call++;
     h2o_start_response(hreq, &r->gen);
     /* an empty write puts the headers on the wire now */
     r->in_flight = true;
     h2o_send(hreq, NULL, 0, H2O_SEND_STATE_IN_PROGRESS);
     r->in_call--;
+    if (c)
+        conn_send_done(c, dead);
     return PD_OK;
 }
 
@@ -614,7 +665,8 @@ size_t pd_http_server_inflight(const struct pd_http_server *s) {
 
 void pd_http_server_stats(const struct pd_http_server *s, struct pd_http_server_stats *out) {
     *out = (struct pd_http_server_stats){.stream_backlog_peak = s->backlog_peak,
-                                         .slow_clients_cut = s->n_slow_cut};
+                                         .slow_clients_cut = s->n_slow_cut,
+                                         .connections = s->n_conns};
     for (const struct pd_http_req *r = s->reqs; r; r = r->next) {
         out->inflight += !r->user_done;
         out->stream_backlog += req_backlog(r);
@@ -814,6 +866,8 @@ static void on_conn_closed(uv_handle_t *h) {
         s->conns = c->next;
     if (c->next)
         c->next->prev = c->prev;
+    if (h2o_timeout_is_linked(&c->dead_write))
+        h2o_timeout_unlink(&c->dead_write);
     s->n_conns--;
     pd_free(c);
     srv_check_drained(s);
@@ -828,6 +882,7 @@ static void on_accept(uv_stream_t *listener, int status) {
         return;
     uv_tcp_init(s->loop, &c->tcp);
     c->srv = s;
+    c->dead_write.cb = on_dead_write;
     c->next = s->conns;
     if (s->conns)
         s->conns->prev = c;

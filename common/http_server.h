@@ -78,6 +78,7 @@ struct pd_http_server_stats {
     size_t stream_backlog;      /* bytes queued for streaming clients, all requests, now */
     size_t stream_backlog_peak; /* the largest backlog one request has reached; bytes */
     uint64_t slow_clients_cut;  /* streams dropped for passing max_stream_backlog */
+    size_t connections;         /* client connections open now */
 };
 void pd_http_server_stats(const struct pd_http_server *s, struct pd_http_server_stats *out);
 

@@ -5,8 +5,9 @@
  * a client leaving mid-stream and before any byte, also on a GET without a body (the daemon's
  * on_gone fires and the compute side stops), raw streams (any status and content type, bytes as
  * they are), backpressure (a producer that waits on pd_http_stream_on_drain keeps a slow
- * client's backlog bounded), and a graceful shutdown that finishes a running stream, cuts a stuck
- * request at the deadline and closes every handle (uv_loop_close succeeds). */
+ * client's backlog bounded), a client that resets its connection (RST) mid-stream or before
+ * the answer (the connection still closes), and a graceful shutdown that finishes a running stream,
+ * cuts a stuck request at the deadline and closes every handle (uv_loop_close succeeds). */
 #include "pd_test.h"
 
 #include "common/alloc.h"
@@ -17,6 +18,7 @@
 #include <cjson/cJSON.h>
 #include <curl/curl.h>
 #include <pthread.h>
+#include <netinet/in.h>
 #include <stdatomic.h>
 #include <sys/socket.h>
 #include <time.h>
@@ -50,6 +52,7 @@ static int n_events;
 static atomic_int compute_stop;
 static uv_async_t token_async; /* compute → loop */
 static uv_async_t ctl_async;   /* main → loop: shutdown */
+static uv_async_t stats_async; /* main → loop: read the server's connection count */
 
 static int64_t now_ms(void) {
     struct timespec ts;
@@ -311,6 +314,7 @@ static void on_closed(struct pd_http_server *s, void *ud) {
     atomic_store(&closed_called, 1);
     uv_close((uv_handle_t *)&token_async, NULL);
     uv_close((uv_handle_t *)&ctl_async, NULL);
+    uv_close((uv_handle_t *)&stats_async, NULL);
 }
 
 static void on_idle_closed(struct pd_http_server *s, void *ud) {
@@ -323,6 +327,25 @@ static atomic_int shutdown_timeout_ms;
 static void on_ctl(uv_async_t *a) {
     (void)a;
     pd_http_server_shutdown(srv, (uint64_t)atomic_load(&shutdown_timeout_ms), on_closed, NULL);
+}
+
+static bool wait_for(atomic_int *v, int want, int timeout_ms);
+static atomic_size_t stats_connections;
+static atomic_int stats_seq;
+static void on_stats(uv_async_t *a) {
+    (void)a;
+    struct pd_http_server_stats st;
+    pd_http_server_stats(srv, &st);
+    atomic_store(&stats_connections, st.connections);
+    atomic_fetch_add(&stats_seq, 1);
+}
+
+/* The server's open connections now (asked on the loop thread). */
+static size_t server_connections(void) {
+    int seq = atomic_load(&stats_seq);
+    uv_async_send(&stats_async);
+    wait_for(&stats_seq, seq + 1, 5000);
+    return atomic_load(&stats_connections);
 }
 
 static void *loop_main(void *arg) {
@@ -841,6 +864,64 @@ static void test_backpressure(void) {
     curl_easy_cleanup(c);
 }
 
+/* A raw client that sends `path` with `body`, reads until `until` arrived (NULL: until /slow's
+ * handler has the request), then
+ * resets the connection (SO_LINGER 0: RST, not FIN). The server sees the reset through its
+ * watch read, which leaves the stream unwritable for libuv; the answer h2o then writes must not
+ * wait forever for a write callback: the connection has to close (it did not: a draining router
+ * hung at SIGTERM). */
+static void reset_client(const char *path, const char *body, const char *until) {
+    int before_gone = atomic_load(&gone_count);
+    size_t before = server_connections();
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET,
+                            .sin_port = htons(pd_http_server_port(srv)),
+                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    CHECK_INT(connect(fd, (struct sockaddr *)&a, sizeof(a)), 0);
+    char req[1024];
+    int n = snprintf(req, sizeof(req),
+                     "POST %s HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " API_KEY
+                     "\r\nContent-Type: application/json\r\nContent-Length: %zu\r\n\r\n%s",
+                     path, strlen(body), body);
+    CHECK_INT(send(fd, req, (size_t)n, 0), n);
+    char got[8192] = "";
+    size_t len = 0;
+    struct timeval tv = {.tv_sec = 5};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    while (until && !strstr(got, until) && len < sizeof(got) - 1) {
+        ssize_t k = recv(fd, got + len, sizeof(got) - 1 - len, 0);
+        if (k <= 0)
+            break;
+        len += (size_t)k;
+        got[len] = '\0';
+    }
+    CHECK(!until || strstr(got, until));
+    for (int i = 0; !until && !stuck_req && i < 500; i++) /* /slow reached its handler */
+        usleep(10000);
+    CHECK(until || stuck_req);
+    struct linger lg = {.l_onoff = 1, .l_linger = 0};
+    setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg));
+    close(fd);
+    CHECK(wait_for(&gone_count, before_gone + 1, 3000)); /* on_gone: the daemon stops */
+    size_t now = before + 1;
+    for (int i = 0; i < 300 && (now = server_connections()) > before; i++)
+        usleep(10000);
+    if (now > before)
+        fprintf(stderr, "%s: the reset connection is still open (%zu > %zu)\n", path, now, before);
+    CHECK(now <= before);
+}
+
+static void test_reset_mid_stream(void) {
+    /* tokens every 50 ms: between two writes nothing is in flight when the reset arrives */
+    char *b = stream_body(1000, 50, false);
+    reset_client("/v1/chat/completions", b, "tok1 ");
+    free(b);
+}
+
+static void test_reset_before_response(void) {
+    reset_client("/slow", "{\"x\":1}", NULL);
+}
+
 static void *slow_client_main(void *p) {
     struct client_arg *a = p;
     CURL *c = curl_easy_init();
@@ -896,6 +977,7 @@ int main(int argc, char **argv) {
     CHECK_INT(uv_loop_init(&loop), 0);
     uv_async_init(&loop, &token_async, on_tokens);
     uv_async_init(&loop, &ctl_async, on_ctl);
+    uv_async_init(&loop, &stats_async, on_stats);
     struct pd_http_server_config cfg = {.host = "127.0.0.1", .port = 0, .api_key = API_KEY};
     CHECK_OK(pd_http_server_new(&loop, &cfg, &srv));
     CHECK_OK(pd_http_server_route(srv, "GET", "/health", PD_HTTP_PUBLIC, h_health, NULL));
@@ -927,6 +1009,8 @@ int main(int argc, char **argv) {
         PD_TEST(test_disconnect_before_response_get),
         PD_TEST(test_raw_stream),
         PD_TEST(test_backpressure),
+        PD_TEST(test_reset_mid_stream),
+        PD_TEST(test_reset_before_response),
         PD_TEST(test_graceful_shutdown),
     };
     int rc = pd_test_run(argv[0], cases, PD_ARRAY_LEN(cases));

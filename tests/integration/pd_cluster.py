@@ -26,12 +26,22 @@ def _die_with_parent():
         pass
 
 
+_PORTS_GIVEN = set()
+
+
 def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
+    """A port nobody listens on now, and never one this process handed out before: two calls
+    in a row can get the same port from the kernel (a prefill's HTTP and bootstrap ports once
+    clashed: 'HTTP listen ... address already in use')."""
+    for _ in range(1000):
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        p = s.getsockname()[1]
+        s.close()
+        if p not in _PORTS_GIVEN:
+            _PORTS_GIVEN.add(p)
+            return p
+    raise RuntimeError("no fresh free port")
 
 
 def kill_all():

@@ -217,8 +217,12 @@ def case_arrivals(tmp, model):
         spread = [abs(t - median(trip)) for t in trip]
         step("bench send times vs server arrivals: spread median %.2f ms, max %.2f ms" %
              (median(spread) * 1e3, max(spread) * 1e3))
-        check(median(spread) < 0.002, "arrivals: bench start_times and the server's arrival "
-              "times differ by %.2f ms (median spread)" % (median(spread) * 1e3))
+        # A quarter of the mean gap: sends that fell behind their schedule spread by whole gaps
+        # (25 ms here). It was 2 ms, but the fake server's arrival stamps themselves wait for
+        # the Python server to be scheduled: 3 ms median under `ctest -j2` on a loaded 2-core
+        # machine while every send kept pace.
+        check(median(spread) < 0.25 / rate, "arrivals: bench start_times and the server's "
+              "arrival times differ by %.2f ms (median spread)" % (median(spread) * 1e3))
     fake.p.kill()
 
     step("--max-concurrency 3, rate inf")

@@ -41,12 +41,21 @@ def check(cond, what):
         print("FAIL:", what, flush=True)
 
 
+_PORTS_GIVEN = set()
+
+
 def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
+    """A free port never handed out before here (the kernel can give the same one twice in a
+    row; see pd_cluster.free_port)."""
+    for _ in range(1000):
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        p = s.getsockname()[1]
+        s.close()
+        if p not in _PORTS_GIVEN:
+            _PORTS_GIVEN.add(p)
+            return p
+    raise RuntimeError("no fresh free port")
 
 
 def kill_all():

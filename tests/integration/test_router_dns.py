@@ -269,6 +269,14 @@ def main():
     # A pair (the only one); then B returns and A leaves the answers. (A stopped decode is
     # safe to hold: decode calls the prefill's bootstrap, never the other way round.)
     da.p.send_signal(signal.SIGSTOP)
+    # The clients' requests may all be past their prefill when decode stops (prefill answers
+    # once the KV cache went over, decode then generates; under load that is the longer part),
+    # leaving nothing on prefill A. One more request now certainly holds both A workers: prefill
+    # A waits for the stopped decode to fetch the cache.
+    held_answer = []
+    held_client = threading.Thread(target=lambda: held_answer.append(one_request(rt, refs, 1)),
+                                   daemon=True)
+    held_client.start()
 
     def a_held():
         w = workers(rt)
@@ -306,6 +314,8 @@ def main():
     check(w[url_pb]["requests_total"] > 0 and w[url_db]["requests_total"] > 0,
           "B took the new requests: %s" % {u: w[u]["requests_total"] for u in w})
     da.p.send_signal(signal.SIGCONT)
+    held_client.join(60)
+    check(held_answer == [None], "the request held on A finished right: %s" % held_answer)
     check(pc.wait_until(lambda: url_pa not in workers(rt) and url_da not in workers(rt), 20),
           "A pair removed once its requests finished")
     check(log_count(rt, "drained: removed") >= 2, "router logged both drains")
