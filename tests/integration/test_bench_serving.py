@@ -523,7 +523,11 @@ def case_pd(tmp, tiny):
         e2e = median([x[1] * 1e3 for x in recs])
         step("pd %s: median E2E bench %.2f proxy %.2f ms" %
              (backend, r["median_e2e_latency_ms"], e2e))
-        check(close(r["median_e2e_latency_ms"], e2e, 5, 0.05), "pd %s: E2E bench %.2f vs "
+        # the bench's clock includes the proxy's relay both ways and the proxy's does not; on a
+        # loaded 2-core CI machine that Python relay alone has cost up to ~12 ms per request, so
+        # the medians agree within 10 ms + 10% (a bench timing from the scheduled arrival instead
+        # of the send would be off by the concurrency queue: hundreds of ms at rate inf)
+        check(close(r["median_e2e_latency_ms"], e2e, 10, 0.10), "pd %s: E2E bench %.2f vs "
               "proxy %.2f ms" % (backend, r["median_e2e_latency_ms"], e2e))
         if backend == "sglang":
             # every /generate event carries a token (meta_info counts it even when its text is
@@ -531,7 +535,7 @@ def case_pd(tmp, tiny):
             ttft = median([x[0] * 1e3 for x in recs])
             step("pd %s: median TTFT bench %.2f proxy %.2f ms" %
                  (backend, r["median_ttft_ms"], ttft))
-            check(close(r["median_ttft_ms"], ttft, 5, 0.05), "pd %s: TTFT bench %.2f vs proxy "
+            check(close(r["median_ttft_ms"], ttft, 10, 0.10), "pd %s: TTFT bench %.2f vs proxy "
                   "%.2f ms" % (backend, r["median_ttft_ms"], ttft))
             check(all(x[2] == out_len + 1 for x in recs), "pd sglang: events per stream %s, "
                   "want %d tokens + [DONE]" % (sorted({x[2] for x in recs}), out_len))
