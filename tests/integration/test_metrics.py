@@ -265,7 +265,10 @@ def case_load(model, tmp):
     pf, dc, rt = pc.start_cluster(BUILD, tmp, model, prefill_extra=extra, decode_extra=extra)
     for p in (pf, dc, rt):
         scrape(p)  # parses before any request
-    n, max_new = 16, 400
+    # long enough that a scrape every 10 ms sees the streams running even on a loaded machine
+    # (400 tokens finished between two scrapes under four busy loops); 16 x ~940 tokens fit
+    # the 16384-token pool
+    n, max_new = 16, 800
     prompts = ["the river runs to the sea %d " % i + "under stars " * (3 + i * 4) for i in range(n)]
     prompts[1] = prompts[0]  # a prefix-cache hit on prefill (sent after the first finished)
     metas = [None] * n
