@@ -114,7 +114,7 @@ static int rank_load(struct pd_tp_group *g, struct rank *k) {
     struct pd_model_opts mo = g->o.model;
     mo.tp = g->comms[k->r];
     if ((rc = pd_model_load(k->be, g->o.model_path, &mo, &k->model)) != PD_OK)
-        return pd_error_wrap(rc, "loading the model from %s", g->o.model_path);
+        return rc; /* the message names the directory */
     if (g->o.n_pages == 0 && bo.kind != PD_BACKEND_CPU) {
         struct pd_kv_pool_opts ko = kv_opts(g, k);
         size_t total, avail;
@@ -289,9 +289,9 @@ static int make_carrier(struct pd_tp_group *g) {
     }
     if (!pd_tp_nccl_new)
         return pd_errorf(PD_EUNSUPPORTED,
-                         "--tp-size %d with --device cuda needs NCCL, and this pdserve was built "
-                         "without it (the build looks for nccl.h and libnccl.so in the CUDA "
-                         "toolkit); use --tp-size 1 or rebuild with NCCL",
+                         "--tp-size %d with --device cuda needs NCCL, not in this build (it "
+                         "looks for nccl.h and libnccl.so in the CUDA toolkit); use --tp-size 1 "
+                         "or rebuild with NCCL",
                          S);
     int devs[PD_TP_MAX];
     for (int r = 0; r < S; r++)
