@@ -1,7 +1,8 @@
 /*
- * engine.h — a daemon's compute thread (DESIGN.md §2a): it owns the backend, the model, the KV
- * pool, the page allocator, the prefix cache (prefill) and one scheduler (prefill or decode
- * flavour), and runs one step at a time. The loop thread talks to it only through two bounded
+ * engine.h — a daemon's compute thread (DESIGN.md §2a): it owns the model with its backend and
+ * KV pool (over tp_size ranks: common/tp_group.h, whose workers it drives in lockstep), the page
+ * allocator, the prefix cache (prefill) and one scheduler (prefill or decode flavour), and runs
+ * one step at a time. The loop thread talks to it only through two bounded
  * SPSC queues: commands in (pd_engine_submit; the compute thread is woken by a condition
  * variable), events out (drained on the loop by a uv_async_t into the event callback).
  *

@@ -364,7 +364,7 @@ void pd_server_args_register(struct pd_flagset *fs, struct pd_server_args *a) {
                 "over NCCL); --disaggregation-mode null only for now (the KV transfer of a split "
                 "pool is not built yet)");
     pd_flag_int(fs, "--threads", &a->threads, "N", 0, 1024,
-                "CPU backend threads, 0 = one per core");
+                "CPU backend threads (all --tp-size ranks together), 0 = one per core");
     pd_flag_int(fs, "--page-size", &a->page_size, "TOKENS", 1, 1024, "tokens per KV-cache page");
     pd_flag_int(fs, "--chunked-prefill-size", &a->chunked_prefill_size, "TOKENS", -1, 1 << 24,
                 "token budget of one prefill step; -1 disables chunking");
