@@ -16,6 +16,7 @@ each on 2 ranks). What a user would notice:
 
 Stdlib only. Usage: test_tp.py BUILD_DIR. Every process is killed (by PID) on exit.
 """
+import json
 import os
 import subprocess
 import sys
@@ -122,7 +123,6 @@ def coloc_checks(tmp, model):
             t.start()
         for t in ts:
             t.join(150)
-        import json
         for i, r in enumerate(results):
             if not check(r is not None and r[0] == 200, "coloc tp 2 request %d: %r" % (i, r)):
                 continue
