@@ -1733,6 +1733,7 @@ static int start(void) {
         .model_path = a->model_path,
         .device = a->device == PD_DEVICE_CUDA ? PD_BACKEND_CUDA : PD_BACKEND_CPU,
         .device_index = a->base_gpu_id,
+        .tp_size = a->tp_size,
         /* on a GPU the token choice (argmax, or the sampler without penalties) stays there;
          * PD_GREEDY_FAST_PATH=1 takes the same path on the cpu backend (tests) */
         .greedy_on_device = a->device == PD_DEVICE_CUDA || getenv("PD_GREEDY_FAST_PATH") != NULL,
@@ -1864,7 +1865,7 @@ static int start_transfer(void) {
     D.layout.head_dim = (uint32_t)D.info.head_dim;
     D.layout.page_size = (uint32_t)D.info.page_size;
     snprintf(D.layout.dtype, sizeof(D.layout.dtype), "%s", D.info.dtype);
-    D.layout.tp_size = 1;
+    D.layout.tp_size = (uint32_t)D.info.tp_size;
     D.layout.page_bytes = D.info.page_bytes;
     snprintf(D.node_id, sizeof(D.node_id), "%s-%d-%016" PRIx64, role_name(), (int)getpid(),
              pd_xfer_id(D.x));
@@ -1971,8 +1972,13 @@ int pd_daemon_main(int role, int argc, char **argv) {
     }
     if (D.disable_mixed_flag)
         D.mixed_chunk = false;
-    if (D.args.tp_size != 1) {
-        fprintf(stderr, "%s: --tp-size %d: only 1 is built in this binary (one GPU per daemon)\n",
+    if (D.args.tp_size != 1 && !D.coloc) {
+        /* the model runs over tp ranks (common/tp_group.h), but sending a pool made of tp
+         * shards is not built yet: tp serves colocated (--disaggregation-mode null) */
+        fprintf(stderr,
+                "%s: --tp-size %d: the transfer of tensor-parallel KV pools between prefill and "
+                "decode is not built yet; tensor parallelism runs with --disaggregation-mode null "
+                "(colocated) or in pdserve-generate\n",
                 prog, D.args.tp_size);
         return 2;
     }

@@ -23,6 +23,7 @@
 #include "common/sched_prefill.h"
 #include "common/spsc.h"
 #include "common/status.h"
+#include "common/tp_group.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -37,10 +38,11 @@
 
 struct pd_engine {
     struct pd_engine_config cfg;
-    struct pd_backend *be;
-    struct pd_model *model;
-    struct pd_kv_pool kv;
-    bool kv_ok;
+    /* the model over cfg.tp_size ranks (common/tp_group.h); every model call goes through it */
+    struct pd_tp_group *tp;
+    struct pd_backend *be;  /* rank 0's */
+    struct pd_model *model; /* rank 0's: config and context length */
+    struct pd_kv_pool *kv;  /* rank 0's: the logical pool's page count and geometry */
     struct pd_page_alloc *pa;
     struct pd_radix_cache *rc;
     struct pd_sched_prefill *sp;
@@ -209,41 +211,36 @@ int pd_engine_new(const struct pd_engine_config *cfg, struct pd_engine **out) {
     }
     e->max_reqs = max_reqs;
 
-    struct pd_backend_opts bo = {.kind = cfg->device == PD_BACKEND_CUDA ? PD_BACKEND_CUDA
-                                                                        : PD_BACKEND_CPU,
-                                 .threads = cfg->threads,
-                                 .device_index = cfg->device_index};
-    if ((rc = pd_backend_new(&bo, &e->be)) != PD_OK) {
-        if (bo.kind == PD_BACKEND_CUDA)
-            rc = pd_error_wrap(rc, "--device cuda (GPU %d)", cfg->device_index);
+    struct pd_tp_group_opts go = {
+        .size = cfg->tp_size > 0 ? cfg->tp_size : 1,
+        .backend = {.kind = cfg->device == PD_BACKEND_CUDA ? PD_BACKEND_CUDA : PD_BACKEND_CPU,
+                    .threads = cfg->threads,
+                    .device_index = cfg->device_index},
+        .model_path = cfg->model_path,
+        .model = {.max_tokens = max_tokens,
+                  .max_reqs = max_reqs,
+                  .max_logit_rows = max_reqs,
+                  .context_length = cfg->context_length,
+                  .page_size = cfg->page_size},
+        /* f32 KV as pdserve-generate keeps it: the disaggregated path must equal it bit for bit */
+        .kv_dtype = PD_DTYPE_F32,
+        .n_pages = cfg->n_pages,
+        .mem_fraction_static = cfg->mem_fraction_static,
+    };
+    if ((rc = pd_tp_group_new(&go, &e->tp)) != PD_OK)
         goto fail;
-    }
-    struct pd_model_opts mo = {.max_tokens = max_tokens,
-                               .max_reqs = max_reqs,
-                               .max_logit_rows = max_reqs,
-                               .context_length = cfg->context_length,
-                               .page_size = cfg->page_size};
-    if ((rc = pd_model_load(e->be, cfg->model_path, &mo, &e->model)) != PD_OK) {
-        rc = pd_error_wrap(rc, "loading the model from %s", cfg->model_path);
-        goto fail;
-    }
+    e->be = pd_tp_group_backend(e->tp, 0);
+    e->model = pd_tp_group_model(e->tp, 0);
+    e->kv = pd_tp_group_kv(e->tp, 0);
     const struct pd_model_config *mc = pd_model_config_of(e->model);
     e->vocab = mc->vocab_size;
     e->ctx_len = pd_model_context_length(e->model);
-    /* f32 KV as pdserve-generate keeps it: the disaggregated path must equal it bit for bit */
-    struct pd_kv_pool_opts ko = pd_model_kv_opts(e->model, PD_DTYPE_F32);
-    ko.n_pages = cfg->n_pages;
-    if (cfg->mem_fraction_static > 0)
-        ko.mem_fraction_static = cfg->mem_fraction_static;
-    if ((rc = pd_kv_pool_init(&e->kv, e->be, &ko)) != PD_OK)
-        goto fail;
-    e->kv_ok = true;
-    if (e->kv.layout.n_pages > INT32_MAX / 2) {
+    if (e->kv->layout.n_pages > INT32_MAX / 2) {
         rc = pd_errorf(PD_ERANGE, "KV pool of %" PRId64 " pages is too large",
-                       (int64_t)e->kv.layout.n_pages);
+                       (int64_t)e->kv->layout.n_pages);
         goto fail;
     }
-    if ((rc = pd_page_alloc_new((int32_t)e->kv.layout.n_pages, &e->pa)) != PD_OK)
+    if ((rc = pd_page_alloc_new((int32_t)e->kv->layout.n_pages, &e->pa)) != PD_OK)
         goto fail;
     if (cfg->role == PD_ENGINE_COLOC) {
         if ((rc = coloc_new(e, cfg)) != PD_OK)
@@ -302,7 +299,7 @@ int pd_engine_new(const struct pd_engine_config *cfg, struct pd_engine **out) {
     if ((rc = pd_spsc_init(&e->cmdq, qcap, sizeof(struct pd_engine_cmd))) != PD_OK ||
         (rc = pd_spsc_init(&e->evq, qcap, sizeof(struct pd_engine_event))) != PD_OK)
         goto fail;
-    e->stats.pages_total = (int32_t)e->kv.layout.n_pages;
+    e->stats.pages_total = (int32_t)e->kv->layout.n_pages;
     e->stats.pages_free = e->stats.pages_total;
     *out = e;
     return PD_OK;
@@ -317,22 +314,26 @@ void pd_engine_get_info(const struct pd_engine *e, struct pd_engine_info *o) {
         .role = e->cfg.role,
         .vocab_size = e->vocab,
         .context_length = e->ctx_len,
-        .n_layers = e->kv.layout.n_layers,
-        .kv_heads = e->kv.layout.kv_heads,
-        .head_dim = e->kv.layout.head_dim,
-        .page_size = e->kv.layout.page_size,
-        .page_bytes = e->kv.layout.page_bytes,
-        .n_pages = (int32_t)e->kv.layout.n_pages,
-        .pool_base = e->kv.layout.base,
+        .n_layers = e->kv->layout.n_layers,
+        .kv_heads = e->kv->layout.kv_heads,
+        .head_dim = e->kv->layout.head_dim,
+        .page_size = e->kv->layout.page_size,
+        .page_bytes = pd_tp_group_page_bytes(e->tp),
+        .n_pages = (int32_t)e->kv->layout.n_pages,
+        .pool_base = e->kv->layout.base,
+        .tp_size = pd_tp_group_size(e->tp),
+        .shard_page_bytes = e->kv->layout.page_bytes,
         .pool_on_device = pd_backend_kind_of(e->be) == PD_BACKEND_CUDA,
         .device_index = e->cfg.device_index,
-        .dtype = pd_dtype_name(e->kv.layout.dtype),
+        .dtype = pd_dtype_name(e->kv->layout.dtype),
         .backend = pd_backend_name(e->be),
         .model_type = pd_arch_model_type(mc->arch),
         .architecture = pd_arch_hf_name(mc->arch),
         .eos_ids = mc->eos_token_ids,
         .n_eos_ids = mc->n_eos_token_ids,
     };
+    for (int r = 0; r < o->tp_size; r++)
+        o->pool_bases[r] = pd_tp_group_kv(e->tp, r)->layout.base;
 }
 
 /* ---- events out ---- */
@@ -418,7 +419,7 @@ static int in_lp_prepass(struct pd_engine *e, struct pd_engine_req *r, struct pd
                                  .n_cached = p,
                                  .pages = seq->pages,
                                  .n_pages = seq->n_pages};
-        int rc = pd_model_extend(e->model, &e->kv, &s, 1, true, e->logits);
+        int rc = pd_tp_group_extend(e->tp, &s, 1, true, e->logits);
         if (rc)
             return pd_error_wrap(rc, "room %" PRIu64 ": prompt logprobs at %d..%d", r->room, (int)p,
                                  (int)(p + n));
@@ -493,7 +494,7 @@ static int prefill_run(struct pd_engine *e, struct pd_prefill_batch *b, int32_t 
         if (rc)
             return rc;
     }
-    int rc = pd_model_extend(e->model, &e->kv, e->seqs, (int)n, false, e->logits);
+    int rc = pd_tp_group_extend(e->tp, e->seqs, (int)n, false, e->logits);
     if (rc)
         return rc;
     for (int32_t k = 0; k < n; k++) {
@@ -661,7 +662,7 @@ static int recompute(struct pd_engine *e, struct pd_engine_req *r,
     for (int32_t done = 0; done < n;) {
         int32_t len = n - done < e->chunk ? n - done : e->chunk;
         struct pd_model_seq s = {r->tokens + done, len, done, a->pages, a->n_pages};
-        int rc = pd_model_extend(e->model, &e->kv, &s, 1, false, e->logits);
+        int rc = pd_tp_group_extend(e->tp, &s, 1, false, e->logits);
         if (rc)
             return rc;
         done += len;
@@ -733,13 +734,12 @@ static bool decode_iter(struct pd_engine *e, double now) {
         for (int32_t i = 0; i < nb; i++)
             e->sample_rows[i].u = pd_sampler_next_u(&find_req(e, st.batch[i].room)->sampler);
     if (!dev)
-        rc = pd_model_decode(e->model, &e->kv, e->seqs, (int)nb, e->logits);
+        rc = pd_tp_group_decode(e->tp, e->seqs, (int)nb, e->logits);
     else if (all_greedy)
-        rc =
-            pd_model_decode_greedy(e->model, &e->kv, e->seqs, (int)nb, e->greedy_ids, e->greedy_lp);
+        rc = pd_tp_group_decode_greedy(e->tp, e->seqs, (int)nb, e->greedy_ids, e->greedy_lp);
     else
-        rc = pd_model_decode_sample(e->model, &e->kv, e->seqs, (int)nb, e->sample_rows,
-                                    e->greedy_ids, e->greedy_lp);
+        rc = pd_tp_group_decode_sample(e->tp, e->seqs, (int)nb, e->sample_rows, e->greedy_ids,
+                                       e->greedy_lp);
     if (rc)
         pd_error("decode step of %d requests failed: %s", (int)nb, pd_error_msg());
     for (int32_t i = 0; i < nb; i++) {
@@ -878,8 +878,8 @@ static bool coloc_iter(struct pd_engine *e, double now) {
                                                          .n_pages = d->n_pages};
     }
     if (!rc)
-        rc = st.n_chunks ? pd_model_extend(e->model, &e->kv, e->seqs, (int)n, false, e->logits)
-                         : pd_model_decode(e->model, &e->kv, e->seqs, (int)n, e->logits);
+        rc = st.n_chunks ? pd_tp_group_extend(e->tp, e->seqs, (int)n, false, e->logits)
+                         : pd_tp_group_decode(e->tp, e->seqs, (int)n, e->logits);
     if (rc)
         pd_error("colocated step of %d chunks (%d tokens) + %d decodes failed: %s",
                  (int)st.n_chunks, (int)st.n_prefill_tokens, (int)st.n_decodes, pd_error_msg());
@@ -981,7 +981,7 @@ static void probe(struct pd_engine *e, uint64_t id) {
     int32_t tok = bos >= 0 && bos < e->vocab ? bos : 0;
     struct pd_model_seq s = {
         .tokens = &tok, .n_new = 1, .n_cached = 0, .pages = &page, .n_pages = 1};
-    int rc = pd_model_extend(e->model, &e->kv, &s, 1, false, e->logits);
+    int rc = pd_tp_group_extend(e->tp, &s, 1, false, e->logits);
     if (rc == PD_OK) {
         int32_t best = -1;
         for (int32_t v = 0; v < e->vocab; v++) {
@@ -1284,10 +1284,7 @@ void pd_engine_free(struct pd_engine *e) {
     pd_sched_coloc_free(e->sc);
     pd_radix_cache_free(e->rc);
     pd_page_alloc_free(e->pa);
-    if (e->kv_ok)
-        pd_kv_pool_free(&e->kv);
-    pd_model_free(e->model);
-    pd_backend_free(e->be);
+    pd_tp_group_free(e->tp);
     pd_room_map_free(&e->rooms);
     pd_free(e->reqs);
     pd_free(e->free_slots);

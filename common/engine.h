@@ -1,7 +1,8 @@
 /*
- * engine.h — a daemon's compute thread (DESIGN.md §2a): it owns the backend, the model, the KV
- * pool, the page allocator, the prefix cache (prefill) and one scheduler (prefill or decode
- * flavour), and runs one step at a time. The loop thread talks to it only through two bounded
+ * engine.h — a daemon's compute thread (DESIGN.md §2a): it owns the model with its backend and
+ * KV pool (over tp_size ranks: common/tp_group.h, whose workers it drives in lockstep), the page
+ * allocator, the prefix cache (prefill) and one scheduler (prefill or decode flavour), and runs
+ * one step at a time. The loop thread talks to it only through two bounded
  * SPSC queues: commands in (pd_engine_submit; the compute thread is woken by a condition
  * variable), events out (drained on the loop by a uv_async_t into the event callback).
  *
@@ -39,6 +40,7 @@
 #include <uv.h>
 
 #include "common/sampling.h"
+#include "common/tp.h"
 
 enum pd_engine_role {
     PD_ENGINE_PREFILL = 1,
@@ -50,7 +52,8 @@ struct pd_engine_config {
     int role; /* enum pd_engine_role */
     const char *model_path;
     int device;               /* enum pd_backend_kind: PD_BACKEND_CPU or PD_BACKEND_CUDA */
-    int device_index;         /* cuda: which GPU */
+    int device_index;         /* cuda: which GPU (rank r of tensor parallelism: this + r) */
+    int tp_size;              /* tensor-parallel ranks (common/tp_group.h); 0 or 1: none */
     int threads;              /* cpu backend threads; 0 = one per core */
     int page_size;            /* tokens per KV page */
     int chunked_prefill_size; /* prefill step budget; decode: recompute chunk; <= 0: unchunked */
@@ -182,12 +185,15 @@ struct pd_engine_info {
     int role;
     int vocab_size;
     int context_length;
-    int n_layers, kv_heads, head_dim, page_size;
-    size_t page_bytes;
+    int n_layers, kv_heads, head_dim, page_size; /* kv_heads: per rank */
+    size_t page_bytes;                           /* one logical page: all ranks' */
     int32_t n_pages;
-    void *pool_base;     /* the KV pool: host memory (cpu) or device memory (cuda) */
-    bool pool_on_device; /* pool_base is device memory (cuda backend) */
-    int device_index;    /* cuda: the GPU the pool lives on */
+    void *pool_base;             /* the KV pool: host memory (cpu) or device memory (cuda) */
+    int tp_size;                 /* ranks; 1 without tensor parallelism */
+    void *pool_bases[PD_TP_MAX]; /* rank r's KV pool (pool_base == pool_bases[0]) */
+    size_t shard_page_bytes;     /* one page of one rank's pool; page_bytes = tp_size * this */
+    bool pool_on_device;         /* pool_base is device memory (cuda backend) */
+    int device_index;            /* cuda: the GPU the pool lives on */
     const char *dtype;
     const char *backend;
     const char *model_type;   /* "llama" */

@@ -10,7 +10,8 @@
  * Nothing here knows which backend runs it.
  *
  * Tensor parallelism (common/tp.h): with opts.tp of size S, this model holds rank r's share —
- * heads/S query heads, kv_heads/S kv heads, intermediate/S MLP columns — and sums the output
+ * heads/S query heads, kv_heads/S kv heads (one, replicated, when S > kv_heads), intermediate/S
+ * MLP columns — and sums the output
  * and down projections with the other ranks before each residual add. Column-parallel weights
  * are row ranges of the checkpoint tensors (aliased where the backend can); row-parallel ones
  * (o_proj, down_proj) are column ranges, gathered into host copies the model owns.
@@ -66,6 +67,8 @@ struct pd_model {
 enum shard {
     WHOLE, /* replicated */
     ROWS,  /* column-parallel: rank r takes rows [r*rows/S, (r+1)*rows/S); a vector, its values */
+    KV,    /* k/v projections: as ROWS over min(S, kv_heads) parts; beyond the kv head count each
+              kv head is replicated on S/kv_heads ranks, rank r holding head r / (S/kv_heads) */
     COLS,  /* row-parallel: rank r takes columns [r*cols/S, (r+1)*cols/S) */
 };
 
@@ -77,6 +80,14 @@ static int shard_weight(struct pd_model *m, const struct pd_tensor_view *t, int6
     int S = m->tp_size, r = m->tp_rank;
     if (how == WHOLE || S == 1)
         return pd_backend_weight(m->be, t->dtype, rows, cols, base, out);
+    if (how == KV) { /* parts of whole kv heads: the q heads of rank r use exactly that head */
+        int kvh = m->cfg.num_key_value_heads;
+        if (S > kvh) {
+            r /= S / kvh;
+            S = kvh;
+        }
+        how = ROWS;
+    }
     if (how == ROWS && rows == 1) /* a bias of a column-parallel projection */
         return pd_backend_weight(m->be, t->dtype, 1, cols / S, base + (size_t)(r * cols / S) * es,
                                  out);
@@ -152,12 +163,12 @@ static int load_weights(struct pd_model *m, pd_model_find_fn find, void *ctx) {
     GET(n, rows_, cols_, req_, how_, dst_)
         LGET("input_layernorm.weight", 1, hid, true, WHOLE, &w->attn_norm);
         LGET("self_attn.q_proj.weight", qd, hid, true, ROWS, &w->wq);
-        LGET("self_attn.k_proj.weight", kvd, hid, true, ROWS, &w->wk);
-        LGET("self_attn.v_proj.weight", kvd, hid, true, ROWS, &w->wv);
+        LGET("self_attn.k_proj.weight", kvd, hid, true, KV, &w->wk);
+        LGET("self_attn.v_proj.weight", kvd, hid, true, KV, &w->wv);
         LGET("self_attn.o_proj.weight", hid, qd, true, COLS, &w->wo);
         LGET("self_attn.q_proj.bias", 1, qd, c->attention_bias, ROWS, &w->bq);
-        LGET("self_attn.k_proj.bias", 1, kvd, c->attention_bias, ROWS, &w->bk);
-        LGET("self_attn.v_proj.bias", 1, kvd, c->attention_bias, ROWS, &w->bv);
+        LGET("self_attn.k_proj.bias", 1, kvd, c->attention_bias, KV, &w->bk);
+        LGET("self_attn.v_proj.bias", 1, kvd, c->attention_bias, KV, &w->bv);
         /* Llama's attention_bias also biases o_proj; Qwen2's does not: use it when present.
          * It is added once, after the sum: by rank 0 only. */
         LGET("self_attn.o_proj.bias", 1, hid, false, WHOLE, &w->bo);
@@ -224,11 +235,19 @@ static int fill_opts(const struct pd_model_config *c, const struct pd_model_opts
     int S = o->tp ? o->tp->size : 1;
     if (o->tp && (S < 1 || o->tp->rank < 0 || o->tp->rank >= S || !o->tp->all_reduce_sum))
         return pd_errorf(PD_EINVAL, "tp rank %d of %d", o->tp->rank, S);
-    /* kv heads are split, not replicated: tp beyond the kv head count is not supported yet */
-    if (c->num_key_value_heads % S || c->intermediate_size % S)
+    /* kv heads are split over the ranks, or, with more ranks than kv heads, each replicated on
+     * S / kv_heads of them (as SGLang does); the query heads and the MLP always split evenly */
+    int kvh = c->num_key_value_heads;
+    if (S <= kvh ? kvh % S != 0 : S % kvh != 0)
         return pd_errorf(PD_EUNSUPPORTED,
-                         "--tp-size %d must divide the %d kv heads and the intermediate size %d", S,
-                         c->num_key_value_heads, c->intermediate_size);
+                         "--tp-size %d cannot split the %d kv heads: it must divide them, or be a "
+                         "multiple of them (each kv head then replicated on tp / kv ranks)",
+                         S, kvh);
+    if (c->num_attention_heads % S || c->intermediate_size % S)
+        return pd_errorf(PD_EUNSUPPORTED,
+                         "--tp-size %d must divide the %d attention heads and the intermediate "
+                         "size %d",
+                         S, c->num_attention_heads, c->intermediate_size);
     return PD_OK;
 }
 
@@ -276,7 +295,8 @@ int pd_model_new(struct pd_backend *be, const struct pd_model_config *cfg, pd_mo
     m->tp_rank = o->tp ? o->tp->rank : 0;
     m->tp_size = o->tp ? o->tp->size : 1;
     m->heads = cfg->num_attention_heads / m->tp_size;
-    m->kv_heads = cfg->num_key_value_heads / m->tp_size;
+    m->kv_heads = cfg->num_key_value_heads > m->tp_size ? cfg->num_key_value_heads / m->tp_size
+                                                        : 1; /* replicated: one kv head per rank */
     m->inter = cfg->intermediate_size / m->tp_size;
     if (!(m->layers = pd_calloc((size_t)cfg->num_hidden_layers, sizeof(*m->layers)))) {
         rc = PD_ENOMEM;

@@ -16,6 +16,8 @@
 
 #include <stddef.h>
 
+#define PD_TP_MAX 8 /* ranks of one group: the GPUs of a node */
+
 struct pd_backend;
 
 struct pd_tp_comm {
@@ -23,9 +25,16 @@ struct pd_tp_comm {
     /* buf (device, count floats of be) = the sum of every rank's buf, the same bits on all
      * ranks. Called by every rank in the same order; returns when this rank's buf holds the sum
      * (enqueued on be's stream for a device carrier). Every rank runs the same steps, so a
-     * step one rank refuses (bad input) is refused by all before any all-reduce. */
+     * step one rank refuses (bad input) is refused by all before any all-reduce. A rank that
+     * fails otherwise (a device error) calls fail: the others then get PD_EPEER from the
+     * all-reduce they wait in (or enter next) instead of waiting for it forever. */
     int (*all_reduce_sum)(const struct pd_tp_comm *c, struct pd_backend *be, float *buf,
                           size_t count);
+    /* This rank gives the current step up (see above). Any thread, any time. */
+    void (*fail)(const struct pd_tp_comm *c);
+    /* Before a step, while no rank is inside one: forgets a failed step so the next runs. A
+     * carrier that cannot recover (NCCL: the communicators were aborted) says why. */
+    int (*reset)(const struct pd_tp_comm *c);
     void *ctx;
 };
 
@@ -36,5 +45,17 @@ int pd_tp_local_new(int size, struct pd_tp_local **out);
 void pd_tp_local_free(struct pd_tp_local *g);
 /* Rank r's communicator (valid while g lives). */
 const struct pd_tp_comm *pd_tp_local_comm(struct pd_tp_local *g, int rank);
+
+/* NCCL (kernels/tp_nccl.c, present when pdserve was built with CUDA and NCCL; these are weak
+ * references, NULL otherwise): size ranks, rank r on GPU devices[r], one communicator each
+ * (ncclCommInitAll: one process, one thread per rank). The all-reduce is ncclAllReduce in place
+ * on the rank backend's stream, after the ops the backend has queued. After a rank fails, the
+ * communicators are aborted (that is what unblocks the peers) and the group refuses every
+ * later step: restart the process. */
+struct pd_tp_nccl;
+
+int pd_tp_nccl_new(int size, const int *devices, struct pd_tp_nccl **out) __attribute__((weak));
+void pd_tp_nccl_free(struct pd_tp_nccl *g) __attribute__((weak));
+const struct pd_tp_comm *pd_tp_nccl_comm(struct pd_tp_nccl *g, int rank) __attribute__((weak));
 
 #endif

@@ -5,6 +5,10 @@
  * over every rank's buffer in rank order 0..size-1 (so the result does not depend on timing)
  * and writes the sum back into all buffers. Slices are disjoint, so no two ranks touch the same
  * element between the barriers. Only for backends whose device memory is host memory (cpu).
+ *
+ * The barrier is ours (mutex + condition variable), not pthread_barrier_t, because it can be
+ * broken: a rank that fails a step (fail) wakes every rank waiting in it and makes every later
+ * wait return at once, until reset, so no rank waits forever for one that left the step.
  */
 #include "common/tp.h"
 #include "common/alloc.h"
@@ -13,27 +17,84 @@
 
 #include <pthread.h>
 #include <stdbool.h>
+#include <stdint.h>
 
 struct pd_tp_local {
     int size;
-    pthread_barrier_t bar;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int arrived;              /* ranks inside the current barrier */
+    uint64_t gen;             /* barriers completed */
+    bool failed;              /* a rank gave the step up: barriers return false until reset */
+    int failed_rank;          /* the first that did */
     float **bufs;             /* [size] each rank's buffer of the call in progress */
     size_t *counts;           /* [size] each rank's count, checked equal */
     struct pd_tp_comm *comms; /* [size] */
 };
 
+/* true when every rank arrived; false when the step was given up before they all did. */
+static bool barrier_wait(struct pd_tp_local *g) {
+    pthread_mutex_lock(&g->mu);
+    bool ok;
+    if (g->failed) {
+        ok = false;
+    } else if (++g->arrived == g->size) {
+        g->arrived = 0;
+        g->gen++;
+        pthread_cond_broadcast(&g->cv);
+        ok = true;
+    } else {
+        uint64_t gen = g->gen;
+        while (gen == g->gen && !g->failed)
+            pthread_cond_wait(&g->cv, &g->mu);
+        ok = gen != g->gen;
+    }
+    pthread_mutex_unlock(&g->mu);
+    return ok;
+}
+
+static void local_fail(const struct pd_tp_comm *c) {
+    struct pd_tp_local *g = c->ctx;
+    pthread_mutex_lock(&g->mu);
+    if (!g->failed)
+        g->failed_rank = c->rank;
+    g->failed = true;
+    pthread_cond_broadcast(&g->cv);
+    pthread_mutex_unlock(&g->mu);
+}
+
+static int local_reset(const struct pd_tp_comm *c) {
+    struct pd_tp_local *g = c->ctx;
+    pthread_mutex_lock(&g->mu);
+    g->failed = false;
+    g->arrived = 0;
+    pthread_mutex_unlock(&g->mu);
+    return PD_OK;
+}
+
+static int peer_failed(struct pd_tp_local *g, int r) {
+    pthread_mutex_lock(&g->mu);
+    int who = g->failed_rank;
+    pthread_mutex_unlock(&g->mu);
+    return pd_errorf(PD_EPEER, "tp all-reduce on rank %d: rank %d gave the step up", r, who);
+}
+
 static int local_all_reduce(const struct pd_tp_comm *c, struct pd_backend *be, float *buf,
                             size_t count) {
     struct pd_tp_local *g = c->ctx;
     int n = g->size, r = c->rank;
-    if (pd_backend_kind_of(be) != PD_BACKEND_CPU)
-        return pd_errorf(PD_EUNSUPPORTED, "in-process all-reduce needs host memory (cpu backend)");
-    int rc = pd_backend_sync(be); /* the partial sums must be complete before others read them */
-    if (rc)
+    int rc =
+        pd_backend_kind_of(be) != PD_BACKEND_CPU
+            ? pd_errorf(PD_EUNSUPPORTED, "in-process all-reduce needs host memory (cpu backend)")
+            : pd_backend_sync(be); /* the partial sums must be complete before others read */
+    if (rc) {
+        local_fail(c);
         return rc;
+    }
     g->bufs[r] = buf;
     g->counts[r] = count;
-    pthread_barrier_wait(&g->bar);
+    if (!barrier_wait(g))
+        return peer_failed(g, r);
     bool bad = false;
     for (int k = 0; k < n; k++)
         bad |= g->counts[k] != count;
@@ -47,7 +108,8 @@ static int local_all_reduce(const struct pd_tp_comm *c, struct pd_backend *be, f
                 g->bufs[k][i] = s;
         }
     }
-    pthread_barrier_wait(&g->bar);
+    if (!barrier_wait(g))
+        return peer_failed(g, r);
     if (bad)
         return pd_errorf(PD_EINVAL, "tp all-reduce: rank %d has %zu values, another rank differs",
                          r, count);
@@ -72,10 +134,15 @@ int pd_tp_local_new(int size, struct pd_tp_local **out) {
         pd_free(g);
         return PD_ENOMEM;
     }
-    pthread_barrier_init(&g->bar, NULL, (unsigned)size);
+    pthread_mutex_init(&g->mu, NULL);
+    pthread_cond_init(&g->cv, NULL);
     for (int r = 0; r < size; r++)
-        g->comms[r] = (struct pd_tp_comm){
-            .rank = r, .size = size, .all_reduce_sum = local_all_reduce, .ctx = g};
+        g->comms[r] = (struct pd_tp_comm){.rank = r,
+                                          .size = size,
+                                          .all_reduce_sum = local_all_reduce,
+                                          .fail = local_fail,
+                                          .reset = local_reset,
+                                          .ctx = g};
     *out = g;
     return PD_OK;
 }
@@ -83,7 +150,8 @@ int pd_tp_local_new(int size, struct pd_tp_local **out) {
 void pd_tp_local_free(struct pd_tp_local *g) {
     if (!g)
         return;
-    pthread_barrier_destroy(&g->bar);
+    pthread_mutex_destroy(&g->mu);
+    pthread_cond_destroy(&g->cv);
     pd_free(g->bufs);
     pd_free(g->counts);
     pd_free(g->comms);

@@ -865,6 +865,19 @@ void pd_backend_cuda_set_graphs(struct pd_backend *be, bool on) {
     cb(be)->graphs_on = on;
 }
 
+int pd_backend_cuda_flush(struct pd_backend *be, void **stream) {
+    PD_ASSERT(be->kind == PD_BACKEND_CUDA);
+    struct cuda_backend *c = cb(be);
+    *stream = c->stream;
+    int rc = pd__cuda_status(cudaSetDevice(c->dev), "selecting the GPU");
+    if (rc)
+        return rc;
+    c->bucket = 0; /* as log_op's early flush: the padded metadata is read by n_tokens only */
+    rc = flush(c);
+    int st = take_status(c);
+    return st ? st : rc;
+}
+
 /* Strong definition of the weak reference in common/backend_impl.h; kernels/CMakeLists.txt
  * makes every consumer of pdcommon link this object (linker --undefined), so `--device cuda`
  * reaches here in any binary built with CUDA. */

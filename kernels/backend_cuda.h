@@ -24,5 +24,10 @@ struct pd_backend_cuda_stats {
 void pd_backend_cuda_stats(struct pd_backend *be, struct pd_backend_cuda_stats *out);
 /* Graphs are on by default (off with the environment variable PD_CUDA_GRAPHS=0). */
 void pd_backend_cuda_set_graphs(struct pd_backend *be, bool on);
+/* Launches every op queued so far (the rest of the step then runs eagerly: a step cut by a
+ * collective is no graph) and gives the stream (cudaStream_t) they run on, so work enqueued there
+ * afterwards runs after them: the NCCL all-reduce of tensor parallelism (kernels/tp_nccl.c).
+ * Makes be's GPU the calling thread's current device. The first error of a queued op, if any. */
+int pd_backend_cuda_flush(struct pd_backend *be, void **stream);
 
 #endif

@@ -17,6 +17,7 @@
 #include "common/sampling.h"
 #include "common/status.h"
 #include "common/tokenizer.h"
+#include "common/tp_group.h"
 
 #include <errno.h>
 #include <math.h>
@@ -37,6 +38,7 @@ struct prompt {
 struct args {
     const char *model_path, *prompt_file, *prompt_ids, *logits_out, *stop_ids;
     int device, base_gpu_id, threads, page_size, chunk, max_new_tokens, top_k, logprobs, log_level;
+    int tp_size;
     double temperature, top_p, min_p, rep, freq, pres;
     int64_t seed;
     bool ids, ignore_eos, no_tokenizer, raw_prompt;
@@ -191,10 +193,8 @@ static void print_result(const struct args *a, const struct pd_tokenizer *tok,
 }
 
 static int run(const struct args *a, int n_texts, char **texts_in) {
-    struct pd_backend *be = NULL;
-    struct pd_model *m = NULL;
+    struct pd_tp_group *tp = NULL;
     struct pd_tokenizer *tok = NULL;
-    struct pd_kv_pool kv = {0};
     struct pd_token_ids *pids = NULL;
     struct prompt *ps = NULL;
     struct pd_model_seq *seqs = NULL;
@@ -204,12 +204,6 @@ static int run(const struct args *a, int n_texts, char **texts_in) {
     FILE *lf = NULL;
     int n = 0, rc;
 
-    struct pd_backend_opts bo = {.kind =
-                                     a->device == PD_DEVICE_CUDA ? PD_BACKEND_CUDA : PD_BACKEND_CPU,
-                                 .threads = a->threads,
-                                 .device_index = a->base_gpu_id};
-    if ((rc = pd_backend_new(&bo, &be)) != PD_OK)
-        goto out;
     if (!a->no_tokenizer) {
         char path[4096];
         snprintf(path, sizeof(path), "%s/tokenizer.json", a->model_path);
@@ -225,20 +219,31 @@ static int run(const struct args *a, int n_texts, char **texts_in) {
     int max_prompt = 0;
     for (int i = 0; i < n; i++)
         max_prompt = (int)pids[i].n > max_prompt ? (int)pids[i].n : max_prompt;
-    struct pd_model_opts mo = {
-        .max_tokens = a->chunk, .max_reqs = n, .max_logit_rows = n, .page_size = a->page_size};
-    if ((rc = pd_model_load(be, a->model_path, &mo, &m)) != PD_OK)
+    /* the pool's size needs the context length, which needs the config: read it first */
+    struct pd_model_config mcfg;
+    if ((rc = pd_model_config_load(a->model_path, &mcfg)) != PD_OK)
         goto out;
-    const struct pd_model_config *cfg = pd_model_config_of(m);
-    int vocab = cfg->vocab_size, ctx = pd_model_context_length(m);
     int per_req = max_prompt + a->max_new_tokens;
-    if (per_req > ctx)
-        per_req = ctx;
+    if (per_req > mcfg.max_position_embeddings)
+        per_req = mcfg.max_position_embeddings;
     int pages_per = (per_req + a->page_size - 1) / a->page_size;
-    struct pd_kv_pool_opts ko = pd_model_kv_opts(m, PD_DTYPE_F32);
-    ko.n_pages = (int64_t)pages_per * n;
-    if ((rc = pd_kv_pool_init(&kv, be, &ko)) != PD_OK)
+    struct pd_tp_group_opts go = {
+        .size = a->tp_size,
+        .backend = {.kind = a->device == PD_DEVICE_CUDA ? PD_BACKEND_CUDA : PD_BACKEND_CPU,
+                    .threads = a->threads,
+                    .device_index = a->base_gpu_id},
+        .model_path = a->model_path,
+        .model = {.max_tokens = a->chunk,
+                  .max_reqs = n,
+                  .max_logit_rows = n,
+                  .page_size = a->page_size},
+        .kv_dtype = PD_DTYPE_F32,
+        .n_pages = (int64_t)pages_per * n,
+    };
+    if ((rc = pd_tp_group_new(&go, &tp)) != PD_OK)
         goto out;
+    const struct pd_model_config *cfg = pd_model_config_of(pd_tp_group_model(tp, 0));
+    int vocab = cfg->vocab_size, ctx = pd_model_context_length(pd_tp_group_model(tp, 0));
     ps = pd_calloc((size_t)n, sizeof(*ps));
     seqs = pd_calloc((size_t)n, sizeof(*seqs));
     next = pd_calloc((size_t)n, sizeof(int32_t));
@@ -302,7 +307,7 @@ static int run(const struct args *a, int n_texts, char **texts_in) {
         for (int done = 0; done < p->n;) {
             int len = p->n - done < a->chunk ? p->n - done : a->chunk;
             struct pd_model_seq s = {p->ids + done, len, done, p->pages, p->n_pages};
-            if ((rc = pd_model_extend(m, &kv, &s, 1, false, logits + (size_t)i * vocab)) != PD_OK)
+            if ((rc = pd_tp_group_extend(tp, &s, 1, false, logits + (size_t)i * vocab)) != PD_OK)
                 goto out;
             done += len;
         }
@@ -342,7 +347,7 @@ static int run(const struct args *a, int n_texts, char **texts_in) {
             break;
         /* batch row b belongs to prompt next[b] >= b: spread the rows back in place, last
          * first, so no row is overwritten before it has moved */
-        if ((rc = pd_model_decode(m, &kv, seqs, nb, logits)) != PD_OK)
+        if ((rc = pd_tp_group_decode(tp, seqs, nb, logits)) != PD_OK)
             goto out;
         for (int b = nb - 1; b >= 0; b--)
             if (next[b] != b)
@@ -368,16 +373,15 @@ out:
     pd_free(next);
     pd_free(logits);
     pd_sampling_scratch_free(&scratch);
-    pd_kv_pool_free(&kv);
-    pd_model_free(m);
+    pd_tp_group_free(tp);
     pd_tokenizer_free(tok);
-    pd_backend_free(be);
     return rc;
 }
 
 int main(int argc, char **argv) {
     struct args a = {
         .threads = 0,
+        .tp_size = 1,
         .page_size = 16,
         .chunk = 512,
         .max_new_tokens = 32,
@@ -418,7 +422,12 @@ int main(int argc, char **argv) {
     pd_flag_choice(&fs, "--device", &a.device, pd_device_names, "compute backend");
     pd_flag_int(&fs, "--base-gpu-id", &a.base_gpu_id, "N", 0, 1023,
                 "--device cuda: index of the GPU to run on");
-    pd_flag_int(&fs, "--threads", &a.threads, "N", 0, 1024, "cpu threads, 0 = one per core");
+    pd_flag_int(&fs, "--threads", &a.threads, "N", 0, 1024,
+                "cpu threads (all ranks together), 0 = one per core");
+    pd_flag_int(&fs, "--tp-size", &a.tp_size, "N", 1, PD_TP_MAX,
+                "tensor parallelism: the model's heads and MLP split over N ranks of this "
+                "process (cpu: threads summing in shared memory; cuda: GPUs --base-gpu-id .. +N-1 "
+                "over NCCL); the all-reduce changes only the float summation order");
     pd_flag_int(&fs, "--page-size", &a.page_size, "TOKENS", 1, 1024, "tokens per KV page");
     pd_flag_int(&fs, "--chunked-prefill-size", &a.chunk, "TOKENS", 1, 1 << 20,
                 "prompt tokens per extend step");

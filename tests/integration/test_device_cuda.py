@@ -5,7 +5,9 @@ Without a usable GPU (no CUDA device, or the CUDA backend not in this build) eve
 refuse at start: exit non-zero within seconds, with a message naming the cause ("no CUDA
 device" / "not in this build") and the flag. With a GPU (the H200 run of scripts/gpu-run.sh),
 the daemons must start on it and /server_info must report device "cuda", the GPU index and a
-"cuda (...)" backend. --tp-size other than 1 is refused either way.
+"cuda (...)" backend. --tp-size 2 is refused by prefill and disaggregated decode either way
+(the transfer of split pools is not built yet); colocated --device cuda --tp-size 2 needs NCCL
+and a second GPU, and without them it too is refused at start, naming what is missing.
 Stdlib only. Usage: test_device_cuda.py BUILD_DIR
 """
 import http.client
@@ -43,6 +45,15 @@ def free_port():
 def gpu_present():
     """True when pdserve-generate can start the cuda backend here."""
     return os.environ.get("PD_TEST_GPU") == "1"
+
+
+def gpu_count():
+    """GPUs nvidia-smi lists (0 when it is absent)."""
+    try:
+        r = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return 0
+    return sum(1 for ln in r.stdout.splitlines() if ln.startswith("GPU "))
 
 
 def daemon_args(role, model, extra=()):
@@ -109,9 +120,13 @@ def main():
     tmp = tempfile.mkdtemp(dir=os.environ.get("PD_TEST_TMPDIR") or None)
     model = os.path.join(tmp, "model")
     subprocess.run([MKMODEL, "--out", model], check=True, capture_output=True)
-    for role in ("prefill", "decode", "null"):
+    for role in ("prefill", "decode"):
         _, args = daemon_args(role, model, ["--tp-size", "2"])
         refused("%s --tp-size 2" % role, args, ("--tp-size 2",))
+    if not gpu_present() or gpu_count() < 2:
+        _, args = daemon_args("null", model, ["--device", "cuda", "--tp-size", "2"])
+        refused("null --device cuda --tp-size 2", args,
+                NO_GPU + ("NCCL", "GPU 1", "device 1 of 1"))
     if gpu_present():
         for role in ("null", "prefill", "decode"):
             serve_on_gpu(role, model)

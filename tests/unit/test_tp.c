@@ -116,9 +116,12 @@ static double rel_err(const float *a, const float *b, size_t n) {
     return d / mx;
 }
 
-static void check_tp(enum pd_arch arch, enum pd_dtype dt, bool o_bias, int tp_size) {
-    rng_state = 99 + (uint64_t)arch * 7 + (uint64_t)tp_size;
+/* kv_heads: the config's (0: 4); fewer than tp_size replicates each on tp_size/kv_heads ranks */
+static void check_tp(enum pd_arch arch, enum pd_dtype dt, bool o_bias, int tp_size, int kv_heads) {
+    rng_state = 99 + (uint64_t)arch * 7 + (uint64_t)tp_size + (uint64_t)kv_heads * 31;
     struct pd_model_config c = config(arch);
+    if (kv_heads)
+        c.num_key_value_heads = kv_heads;
     struct fake_ckpt *ck = pd_calloc(1, sizeof(*ck));
     fake_ckpt_weights(&c, dt, 0.3f, frand, ck);
     if (o_bias)
@@ -148,8 +151,8 @@ static void check_tp(enum pd_arch arch, enum pd_dtype dt, bool o_bias, int tp_si
     }
     double e = rel_err(&ranks[0].logits[0][0][0], &whole->logits[0][0][0], n);
     if (!(e < 2e-5))
-        fprintf(stderr, "arch %d dtype %d o_bias %d tp %d: relative error %.3g\n", (int)arch,
-                (int)dt, o_bias, tp_size, e);
+        fprintf(stderr, "arch %d dtype %d o_bias %d tp %d kv heads %d: relative error %.3g\n",
+                (int)arch, (int)dt, o_bias, tp_size, c.num_key_value_heads, e);
     CHECK(e < 2e-5);
     /* the numbers are not trivially equal: the steps produced distinct, non-zero logits */
     CHECK(rel_err(&whole->logits[1][0][0], &whole->logits[2][0][0], VOCAB) > 1e-3);
@@ -161,41 +164,68 @@ static void check_tp(enum pd_arch arch, enum pd_dtype dt, bool o_bias, int tp_si
 }
 
 static void test_llama_o_bias(void) {
-    check_tp(PD_ARCH_LLAMA, PD_DTYPE_F32, true, 2);
-    check_tp(PD_ARCH_LLAMA, PD_DTYPE_F32, true, 4);
+    check_tp(PD_ARCH_LLAMA, PD_DTYPE_F32, true, 2, 0);
+    check_tp(PD_ARCH_LLAMA, PD_DTYPE_F32, true, 4, 0);
 }
 
 static void test_qwen2_bias_tied(void) {
-    check_tp(PD_ARCH_QWEN2, PD_DTYPE_F32, false, 2);
-    check_tp(PD_ARCH_QWEN2, PD_DTYPE_F32, false, 4);
+    check_tp(PD_ARCH_QWEN2, PD_DTYPE_F32, false, 2, 0);
+    check_tp(PD_ARCH_QWEN2, PD_DTYPE_F32, false, 4, 0);
 }
 
 static void test_qwen3_qk_norm_bf16(void) {
-    check_tp(PD_ARCH_QWEN3, PD_DTYPE_BF16, false, 2);
-    check_tp(PD_ARCH_QWEN3, PD_DTYPE_BF16, false, 4);
+    check_tp(PD_ARCH_QWEN3, PD_DTYPE_BF16, false, 2, 0);
+    check_tp(PD_ARCH_QWEN3, PD_DTYPE_BF16, false, 4, 0);
 }
 
-/* tp 3 does not divide 4 kv heads: refused with a message naming the sizes, nothing leaks. */
+/* More ranks than kv heads: each kv head is replicated on tp / kv_heads ranks (rank r holds head
+ * r / (tp / kv_heads)), the query heads still split; 2 kv heads at tp 4 (Llama, o_proj bias),
+ * 1 kv head (MQA) at tp 2 and 4 (Qwen2: the k/v biases follow their replicated head). */
+static void test_kv_replicated(void) {
+    check_tp(PD_ARCH_LLAMA, PD_DTYPE_F32, true, 4, 2);
+    check_tp(PD_ARCH_QWEN2, PD_DTYPE_F32, false, 2, 1);
+    check_tp(PD_ARCH_QWEN2, PD_DTYPE_F32, false, 4, 1);
+    check_tp(PD_ARCH_QWEN3, PD_DTYPE_BF16, false, 8, 2);
+}
+
+/* Shapes tp cannot split are refused with a message naming the numbers, and nothing leaks:
+ * tp 3 neither divides 4 kv heads nor is a multiple of them; tp 4 is a multiple of 2 kv heads
+ * but does not divide 6 query heads; tp 8 divides the heads but not 44 MLP columns. */
 static void test_indivisible(void) {
-    rng_state = 5;
-    struct pd_model_config c = config(PD_ARCH_LLAMA);
-    struct fake_ckpt *ck = pd_calloc(1, sizeof(*ck));
-    fake_ckpt_weights(&c, PD_DTYPE_F32, 0.3f, frand, ck);
-    struct pd_tp_local *g = NULL;
-    CHECK_OK(pd_tp_local_new(3, &g));
-    struct pd_backend *be = NULL;
-    struct pd_backend_opts bo = {.kind = PD_BACKEND_CPU, .threads = 1};
-    CHECK_OK(pd_backend_new(&bo, &be));
-    struct pd_model_opts mo = {.max_tokens = 16, .max_reqs = 2, .tp = pd_tp_local_comm(g, 1)};
-    struct pd_model *m = NULL;
-    CHECK_INT(pd_model_new(be, &c, fake_ckpt_find, ck, &mo, &m), PD_EUNSUPPORTED);
-    CHECK(m == NULL);
-    CHECK(strstr(pd_error_msg(), "--tp-size 3") != NULL);
-    CHECK(strstr(pd_error_msg(), "4 kv heads") != NULL);
-    pd_backend_free(be);
-    pd_tp_local_free(g);
-    fake_ckpt_free(ck);
-    pd_free(ck);
+    static const struct {
+        int heads, kv_heads, inter, tp;
+        const char *want1, *want2;
+    } cases[] = {
+        {8, 4, 88, 3, "--tp-size 3", "4 kv heads"},
+        {6, 2, 88, 4, "--tp-size 4", "6 attention heads"},
+        {8, 4, 44, 8, "--tp-size 8", "intermediate size 44"},
+    };
+    for (size_t i = 0; i < PD_ARRAY_LEN(cases); i++) {
+        rng_state = 5;
+        struct pd_model_config c = config(PD_ARCH_LLAMA);
+        c.num_attention_heads = cases[i].heads;
+        c.num_key_value_heads = cases[i].kv_heads;
+        c.intermediate_size = cases[i].inter;
+        struct fake_ckpt *ck = pd_calloc(1, sizeof(*ck));
+        fake_ckpt_weights(&c, PD_DTYPE_F32, 0.3f, frand, ck);
+        struct pd_tp_local *g = NULL;
+        CHECK_OK(pd_tp_local_new(cases[i].tp, &g));
+        struct pd_backend *be = NULL;
+        struct pd_backend_opts bo = {.kind = PD_BACKEND_CPU, .threads = 1};
+        CHECK_OK(pd_backend_new(&bo, &be));
+        struct pd_model_opts mo = {.max_tokens = 16, .max_reqs = 2, .tp = pd_tp_local_comm(g, 1)};
+        struct pd_model *m = NULL;
+        CHECK_INT(pd_model_new(be, &c, fake_ckpt_find, ck, &mo, &m), PD_EUNSUPPORTED);
+        CHECK(m == NULL);
+        if (!strstr(pd_error_msg(), cases[i].want1) || !strstr(pd_error_msg(), cases[i].want2))
+            fprintf(stderr, "case %zu: %s\n", i, pd_error_msg());
+        CHECK(strstr(pd_error_msg(), cases[i].want1) != NULL);
+        CHECK(strstr(pd_error_msg(), cases[i].want2) != NULL);
+        pd_backend_free(be);
+        pd_tp_local_free(g);
+        fake_ckpt_free(ck);
+        pd_free(ck);
+    }
 }
 
 /* Ranks that disagree on the vector length all fail the call instead of reading past a buffer. */
@@ -234,4 +264,5 @@ static void test_all_reduce(void) {
 }
 
 PD_TEST_MAIN(PD_TEST(test_llama_o_bias), PD_TEST(test_qwen2_bias_tied),
-             PD_TEST(test_qwen3_qk_norm_bf16), PD_TEST(test_indivisible), PD_TEST(test_all_reduce))
+             PD_TEST(test_qwen3_qk_norm_bf16), PD_TEST(test_kv_replicated),
+             PD_TEST(test_indivisible), PD_TEST(test_all_reduce))

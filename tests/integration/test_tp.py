@@ -1,0 +1,188 @@
+#!/usr/bin/env python3
+"""test_tp.py — tensor parallelism (--tp-size) on the cpu backend, end to end, with the tiny
+models of pdserve-mkmodel (4 query heads, 2 kv heads: tp 2 splits the kv heads, tp 4 replicates
+each on 2 ranks). What a user would notice:
+
+  * pdserve-generate --tp-size 2 and 4 give tp 1's greedy token ids (ids, not only text) for a
+    Llama and a Qwen2 (q/k/v bias, tied embeddings) model, prompts of 1..70 tokens prefilled in
+    chunks of 32, 24 new tokens each. The all-reduce changes only the float summation order;
+    these models' greedy margins are wide enough that no token flips (a flip fails the test).
+  * --tp-size 3 is refused at start with a message naming the tp size and the kv heads.
+  * pdserve-decode --disaggregation-mode null --tp-size 2 serves 8 concurrent /generate requests
+    with tp 1's ids and text, /server_info says tp_size 2, the pool is full again afterwards,
+    /health_generate answers, SIGTERM exits 0.
+  * pdserve-prefill and a disaggregated pdserve-decode refuse --tp-size 2 (exit 2, saying the
+    transfer of a split pool is not built yet); every binary's --help documents --tp-size.
+
+Stdlib only. Usage: test_tp.py BUILD_DIR. Every process is killed (by PID) on exit.
+"""
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import pd_cluster as pc  # noqa: E402
+
+BUILD = os.path.abspath(sys.argv[1])
+GENERATE = os.path.join(BUILD, "tools", "pdserve-generate")
+MKMODEL = os.path.join(BUILD, "tools", "pdserve-mkmodel")
+DECODE = os.path.join(BUILD, "decode", "pdserve-decode")
+PREFILL = os.path.join(BUILD, "prefill", "pdserve-prefill")
+FAILS = []
+T0 = time.time()
+
+# 1..70 tokens: one token, under a page, several pages, more than one 32-token chunk
+PROMPTS = [[7], [1, 2, 3, 4, 5], [(i * 37 + 11) % 1000 for i in range(17)],
+           [(i * 101 + 3) % 1000 for i in range(40)], [(i * 53 + 29) % 1000 for i in range(70)]]
+MAX_NEW = 24
+
+
+def check(cond, what):
+    if not cond:
+        FAILS.append(what)
+        print("FAIL:", what, flush=True)
+    return cond
+
+
+def step(msg):
+    print("[%7.2f] %s" % (time.time() - T0, msg), flush=True)
+
+
+def generate(model, tp, prompts=PROMPTS, max_new=MAX_NEW):
+    """pdserve-generate's greedy ids (and texts) for every prompt, at --tp-size tp."""
+    args = [GENERATE, "--model-path", model, "--tp-size", str(tp), "--ids", "--max-new-tokens",
+            str(max_new), "--chunked-prefill-size", "32", "--page-size", "16", "--ignore-eos",
+            "--no-tokenizer", "--prompt-ids", "; ".join(" ".join(map(str, p)) for p in prompts)]
+    r = subprocess.run(args, capture_output=True, text=True, timeout=120)
+    if not check(r.returncode == 0, "generate tp %d rc %d: %s" % (tp, r.returncode, r.stderr)):
+        return None
+    lines = r.stdout.strip("\n").split("\n")
+    # --no-tokenizer: one line of ids per prompt (no text)
+    ids = [[int(x) for x in ln.split()] for ln in lines if ln and not ln.startswith("#")]
+    check(len(ids) == len(prompts), "generate tp %d: %d answers for %d prompts: %r" %
+          (tp, len(ids), len(prompts), r.stdout[-500:]))
+    return ids
+
+
+def generate_checks(tmp):
+    for family in ("llama", "qwen2"):
+        model = os.path.join(tmp, family)
+        subprocess.run([MKMODEL, "--out", model, "--family", family], check=True,
+                       capture_output=True, timeout=60)
+        ref = generate(model, 1)
+        if ref is None:
+            continue
+        # the reference is not degenerate: answers differ and use many tokens
+        check(len(set(map(tuple, ref))) == len(ref), "%s: tp 1 answers not distinct" % family)
+        check(len({t for a in ref for t in a}) >= 20, "%s: tp 1 answers use few ids" % family)
+        check(all(len(a) == MAX_NEW for a in ref), "%s: answer lengths %r" %
+              (family, [len(a) for a in ref]))
+        for tp in (2, 4):
+            step("pdserve-generate %s --tp-size %d" % (family, tp))
+            got = generate(model, tp)
+            if got is None:
+                continue
+            for i, (g, w) in enumerate(zip(got, ref)):
+                check(g == w, "%s tp %d prompt %d (%d tokens): %r != tp 1's %r" %
+                      (family, tp, i, len(PROMPTS[i]), g, w))
+    model = os.path.join(tmp, "llama")
+    r = subprocess.run([GENERATE, "--model-path", model, "--tp-size", "3", "--no-tokenizer",
+                        "--prompt-ids", "1 2"], capture_output=True, text=True, timeout=60)
+    check(r.returncode != 0 and "--tp-size 3" in r.stderr and "2 kv heads" in r.stderr,
+          "generate --tp-size 3 on 2 kv heads: rc %d %r" % (r.returncode, r.stderr))
+    return model
+
+
+def coloc_checks(tmp, model):
+    step("pdserve-decode --disaggregation-mode null --tp-size 2")
+    ref_ids = generate(model, 1, max_new=16)
+    lens = [16 - (i % 3) * 4 for i in range(8)]  # 16, 12, 8, ...: requests end at other steps
+    prompts = [PROMPTS[i % len(PROMPTS)] for i in range(8)]
+    d = pc.Daemon(BUILD, "decode", model, tmp, ["--disaggregation-mode", "null", "--tp-size", "2",
+                                                "--threads", "2"])
+    try:
+        info = d.server_info()
+        check(info.get("tp_size") == 2, "/server_info tp_size %r" % info.get("tp_size"))
+        results = [None] * len(prompts)
+        barrier = threading.Barrier(len(prompts))
+
+        def client(i):
+            body = {"input_ids": prompts[i], "sampling_params": {
+                "max_new_tokens": lens[i], "temperature": 0, "ignore_eos": True}}
+            try:
+                barrier.wait(30)
+                results[i] = d.post("/generate", body, 120)
+            except Exception as e:  # noqa: BLE001
+                results[i] = (0, repr(e))
+
+        ts = [threading.Thread(target=client, args=(i,)) for i in range(len(prompts))]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join(150)
+        for i, r in enumerate(results):
+            if not check(r is not None and r[0] == 200, "coloc tp 2 request %d: %r" % (i, r)):
+                continue
+            j = json.loads(r[1])
+            want = ref_ids[i % len(PROMPTS)][:lens[i]] if ref_ids else None
+            check(j["output_ids"] == want, "coloc tp 2 request %d: ids %r != tp 1's %r" %
+                  (i, j["output_ids"], want))
+        # the same text as tp 1's colocated daemon for one text prompt
+        body = {"text": "the quick brown fox", "sampling_params": {"max_new_tokens": 12,
+                                                                   "temperature": 0}}
+        st, raw = d.post("/generate", body, 60)
+        check(st == 200, "coloc tp 2 text prompt: %d %r" % (st, raw[:300]))
+        text2 = json.loads(raw)["text"] if st == 200 else None
+        check(d.pool_full(), "coloc tp 2: pool full after the requests")
+        st, raw = d.get("/health_generate", 30)
+        check(st == 200, "coloc tp 2 /health_generate: %d %r" % (st, raw[:200]))
+        check(d.terminate() == 0, "coloc tp 2: SIGTERM exit code")
+    except Exception:
+        print(d.log_tail(), flush=True)
+        raise
+    finally:
+        d.kill()
+    d1 = pc.Daemon(BUILD, "decode", model, tmp, ["--disaggregation-mode", "null"])
+    try:
+        st, raw = d1.post("/generate", body, 60)
+        check(st == 200 and json.loads(raw)["text"] == text2,
+              "coloc text: tp 2 %r, tp 1 %r" % (text2, raw[:300]))
+        check(d1.server_info().get("tp_size") == 1, "tp 1 /server_info tp_size")
+    finally:
+        d1.kill()
+
+
+def refusal_checks(model):
+    step("prefill / decode refuse --tp-size 2; --help documents it")
+    for binary, mode in ((PREFILL, "prefill"), (DECODE, "decode")):
+        r = subprocess.run([binary, "--model-path", model, "--disaggregation-mode", mode,
+                            "--tp-size", "2", "--port", str(pc.free_port())],
+                           capture_output=True, text=True, timeout=60)
+        check(r.returncode == 2 and "--tp-size 2" in r.stderr and "not built yet" in r.stderr,
+              "%s --tp-size 2: rc %d %r" % (mode, r.returncode, r.stderr))
+    for binary in (PREFILL, DECODE, GENERATE):
+        r = subprocess.run([binary, "--help"], capture_output=True, text=True, timeout=30)
+        check(r.returncode == 0 and "--tp-size" in r.stdout and "ranks" in r.stdout,
+              "%s --help documents --tp-size" % os.path.basename(binary))
+
+
+def main():
+    tmp = pc.tmpdir()
+    try:
+        model = generate_checks(tmp)
+        refusal_checks(model)
+        coloc_checks(tmp, model)
+    finally:
+        pc.kill_all()
+    if FAILS:
+        print("%d check(s) failed" % len(FAILS))
+        return 1
+    print("all checks passed (%.1f s)" % (time.time() - T0))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
