@@ -1807,7 +1807,10 @@ static int start(void) {
 }
 
 /* The transfer engine on the pool, the layout both sides must agree on, and the bootstrap
- * server (prefill) — everything disaggregation needs beyond the engine. */
+ * server (prefill) — everything disaggregation needs beyond the engine. Under tensor
+ * parallelism the pool is one shard per rank, registered as such (xfer.h). */
+_Static_assert(PD_TP_MAX <= PD_XFER_SHARDS_MAX, "every rank's pool is a transfer shard");
+
 static int start_transfer(void) {
     int rc;
     struct pd_server_args *a = &D.args;
@@ -1827,14 +1830,16 @@ static int start_transfer(void) {
         struct pd_devmem_opts dmo = {.kind = PD_DEVMEM_CUDA, .device_index = D.info.device_index};
         if ((rc = pd_devmem_new(&dmo, &D.dm)) != PD_OK)
             return pd_error_wrap(rc, "the GPU KV pool's transfer");
-        rc = pd_xfer_register_device_pool(D.x, D.info.pool_base, D.info.page_bytes,
-                                          (uint32_t)D.info.n_pages, D.dm, xi.cuda_memory);
+        rc = pd_xfer_register_device_pool_shards(D.x, D.info.pool_bases, D.info.tp_size,
+                                                 D.info.shard_page_bytes, (uint32_t)D.info.n_pages,
+                                                 D.dm, xi.cuda_memory);
         if (rc && xi.cuda_memory) {
             pd_warn("UCX reports CUDA memory but could not register the GPU pool (%s); staging "
                     "pages through pinned host memory instead",
                     pd_error_msg());
-            rc = pd_xfer_register_device_pool(D.x, D.info.pool_base, D.info.page_bytes,
-                                              (uint32_t)D.info.n_pages, D.dm, false);
+            rc = pd_xfer_register_device_pool_shards(D.x, D.info.pool_bases, D.info.tp_size,
+                                                     D.info.shard_page_bytes,
+                                                     (uint32_t)D.info.n_pages, D.dm, false);
         }
         if (rc)
             return pd_error_wrap(rc, "the GPU KV pool's transfer");
@@ -1843,11 +1848,13 @@ static int start_transfer(void) {
          * deferred host mode), so CPU machines run what a GPU without CUDA-aware UCX runs */
         struct pd_devmem_opts dmo = {.kind = PD_DEVMEM_HOST, .host_deferred = true};
         if ((rc = pd_devmem_new(&dmo, &D.dm)) != PD_OK ||
-            (rc = pd_xfer_register_device_pool(D.x, D.info.pool_base, D.info.page_bytes,
-                                               (uint32_t)D.info.n_pages, D.dm, false)) != PD_OK)
+            (rc = pd_xfer_register_device_pool_shards(
+                 D.x, D.info.pool_bases, D.info.tp_size, D.info.shard_page_bytes,
+                 (uint32_t)D.info.n_pages, D.dm, false)) != PD_OK)
             return rc;
-    } else if ((rc = pd_xfer_register_pool(D.x, D.info.pool_base, D.info.page_bytes,
-                                           (uint32_t)D.info.n_pages)) != PD_OK) {
+    } else if ((rc = pd_xfer_register_pool_shards(D.x, D.info.pool_bases, D.info.tp_size,
+                                                  D.info.shard_page_bytes,
+                                                  (uint32_t)D.info.n_pages)) != PD_OK) {
         return rc;
     }
     pd_xfer_get_info(D.x, &xi);
@@ -1864,7 +1871,7 @@ static int start_transfer(void) {
     D.layout.head_dim = (uint32_t)D.info.head_dim;
     D.layout.page_size = (uint32_t)D.info.page_size;
     snprintf(D.layout.dtype, sizeof(D.layout.dtype), "%s", D.info.dtype);
-    D.layout.tp_size = 1;
+    D.layout.tp_size = (uint32_t)D.info.tp_size; /* one pool shard per rank, moved rank to rank */
     D.layout.page_bytes = D.info.page_bytes;
     snprintf(D.node_id, sizeof(D.node_id), "%s-%d-%016" PRIx64, role_name(), (int)getpid(),
              pd_xfer_id(D.x));

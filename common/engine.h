@@ -39,6 +39,7 @@
 #include <uv.h>
 
 #include "common/sampling.h"
+#include "common/tp.h"
 
 enum pd_engine_role {
     PD_ENGINE_PREFILL = 1,
@@ -185,9 +186,12 @@ struct pd_engine_info {
     int n_layers, kv_heads, head_dim, page_size;
     size_t page_bytes;
     int32_t n_pages;
-    void *pool_base;     /* the KV pool: host memory (cpu) or device memory (cuda) */
-    bool pool_on_device; /* pool_base is device memory (cuda backend) */
-    int device_index;    /* cuda: the GPU the pool lives on */
+    void *pool_base;             /* the KV pool: host memory (cpu) or device memory (cuda) */
+    int tp_size;                 /* ranks; 1 without tensor parallelism */
+    void *pool_bases[PD_TP_MAX]; /* rank r's KV pool (pool_base == pool_bases[0]) */
+    size_t shard_page_bytes;     /* one page of one rank's pool; page_bytes = tp_size * this */
+    bool pool_on_device;         /* pool_base is device memory (cuda backend) */
+    int device_index;            /* cuda: the GPU the pool lives on */
     const char *dtype;
     const char *backend;
     const char *model_type;   /* "llama" */

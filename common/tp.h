@@ -16,6 +16,8 @@
 
 #include <stddef.h>
 
+#define PD_TP_MAX 8 /* tensor-parallel ranks of one daemon */
+
 struct pd_backend;
 
 struct pd_tp_comm {
