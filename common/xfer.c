@@ -1841,10 +1841,11 @@ int pd_xfer_peer_connect(pd_xfer_t *x, const struct pd_xfer_peer_info *info, voi
                          info->remote_id, info->page_bytes, x->page_bytes);
     if (receiver && (ns != x->n_shards || spb != x->shard_page_bytes))
         return pd_errorf(PD_EMISMATCH,
-                         "connecting peer %016" PRIx64 ": its KV pool has %d shards of %" PRIu64
+                         "connecting peer %016" PRIx64 ": its KV pool has %d shard%s of %" PRIu64
                          " bytes per page, ours %d of %zu (both sides must run the same tensor "
                          "parallelism: rank r's shard goes to rank r's)",
-                         info->remote_id, ns, spb, x->n_shards, x->shard_page_bytes);
+                         info->remote_id, ns, ns == 1 ? "" : "s", spb, x->n_shards,
+                         x->shard_page_bytes);
     struct pd_xfer_peer *p = pd_calloc(1, sizeof(*p));
     if (!p)
         return pd_error_wrap(PD_ENOMEM, "connecting peer %016" PRIx64, info->remote_id);
