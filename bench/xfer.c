@@ -21,6 +21,10 @@
  * the page size measures the cache, not memory. The judged reference is therefore one put of the
  * room's bytes from a buffer the room's size: the consecutive set's own run, and the best case
  * for moving the scattered set's bytes. The page-sized one is printed beside it, not judged.
+ *
+ * --shards N splits the same page bytes over N pool shards (tensor-parallel ranks, xfer.h): a
+ * run then moves as N puts or N streams of messages of a shard's part, so this measures what
+ * tensor parallelism costs the transfer at equal bytes.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -52,6 +56,7 @@ struct opts {
     int perftest_seconds; /* wall-clock cap of one ucx_perftest run */
     const char *perftest;
     int port;
+    int shards;
     int log_level;
 };
 
@@ -125,7 +130,7 @@ static void *recv_blob(int fd, size_t *n) {
 struct side {
     uv_loop_t loop;
     pd_xfer_t *x;
-    uint8_t *pool;
+    uint8_t *pool[PD_XFER_SHARDS_MAX]; /* [n_pages][page_bytes / n_shards] each */
     uint32_t n_pages;
     pd_xfer_peer_t *peer;
     int ended, failed;
@@ -184,17 +189,21 @@ static void on_sock(uv_poll_t *h, int status, int events) {
     }
 }
 
-static size_t am_chunk; /* --am-chunk, for both halves */
+static size_t am_chunk;  /* --am-chunk, for both halves */
+static int n_shards = 1; /* --shards, for both halves */
 
 static void engine_up(struct side *s, uint32_t n_pages) {
     struct pd_xfer_config cfg = {.am_chunk_bytes = am_chunk}; /* as the daemons run it */
     struct pd_xfer_callbacks cb = {.on_room_end = on_end};
     uv_loop_init(&s->loop);
     s->n_pages = n_pages;
-    s->pool = pd_calloc(n_pages, page_bytes());
-    PD_ASSERT(s->pool);
+    const size_t spb = page_bytes() / (size_t)n_shards;
+    for (int k = 0; k < n_shards; k++) {
+        s->pool[k] = pd_calloc(n_pages, spb);
+        PD_ASSERT(s->pool[k]);
+    }
     if (pd_xfer_new(&s->loop, &cfg, &cb, &s->x) ||
-        pd_xfer_register_pool(s->x, s->pool, page_bytes(), n_pages)) {
+        pd_xfer_register_pool_shards(s->x, (void *const *)s->pool, n_shards, spb, n_pages)) {
         fprintf(stderr, "bench: %s\n", pd_error_msg());
         exit(1);
     }
@@ -204,22 +213,22 @@ static void engine_down(struct side *s) {
     pd_xfer_free(s->x);
     uv_run(&s->loop, UV_RUN_DEFAULT);
     uv_loop_close(&s->loop);
-    pd_free(s->pool);
+    for (int k = 0; k < n_shards; k++)
+        pd_free(s->pool[k]);
 }
 
 static int receiver_main(int sock, uint32_t n_pages) {
     S.sock = sock;
     is_receiver = true;
     engine_up(&S, n_pages);
-    uint64_t id = pd_xfer_id(S.x), base;
-    const void *addr, *rkey;
-    size_t addr_len, rkey_len;
-    pd_xfer_local_address(S.x, &addr, &addr_len);
-    pd_xfer_local_rkey(S.x, &rkey, &rkey_len, &base);
-    xwrite(sock, &id, sizeof(id));
-    xwrite(sock, &base, sizeof(base));
-    send_blob(sock, addr, addr_len);
-    send_blob(sock, rkey, rkey_len);
+    struct pd_xfer_peer_info me;
+    pd_xfer_local_peer_info(S.x, &me);
+    xwrite(sock, &me.remote_id, sizeof(me.remote_id));
+    send_blob(sock, me.worker_addr, me.worker_addr_len);
+    for (int k = 0; k < n_shards; k++) { /* every shard: base, rkey */
+        xwrite(sock, &me.shards[k].base, sizeof(me.shards[k].base));
+        send_blob(sock, me.shards[k].rkey, me.shards[k].rkey_len);
+    }
     struct pd_xfer_peer_info pi = {0}; /* the sender: liveness and notices only */
     xread(sock, &pi.remote_id, sizeof(pi.remote_id));
     void *saddr = recv_blob(sock, &pi.worker_addr_len);
@@ -380,6 +389,7 @@ int main(int argc, char **argv) {
                      .perftest_seconds = 10,
                      .perftest = "/usr/bin/ucx_perftest",
                      .port = 13377,
+                     .shards = 1,
                      .log_level = PD_LOG_WARNING};
     struct pd_flagset fs;
     pd_flagset_init(&fs, "pdserve-bench-xfer",
@@ -402,6 +412,9 @@ int main(int argc, char **argv) {
     pd_flag_string(&fs, "--perftest", &o.perftest, "PATH",
                    "ucx_perftest binary (Debian package ucx-utils)");
     pd_flag_int(&fs, "--perftest-port", &o.port, "PORT", 1024, 65535, "ucx_perftest port");
+    pd_flag_int(&fs, "--shards", &o.shards, "N", 1, PD_XFER_SHARDS_MAX,
+                "KV pool shards (tensor-parallel ranks): the same bytes per page split into N "
+                "shards on both sides");
     pd_flag_log_level(&fs, &o.log_level);
     if (pd_flags_parse(&fs, argc, argv)) {
         fprintf(stderr, "pdserve-bench-xfer: %s\n", pd_error_msg());
@@ -421,6 +434,12 @@ int main(int argc, char **argv) {
     uint32_t n = (uint32_t)o.pages;
     uint32_t n_pool = 2 * n; /* room for a scattered set */
     am_chunk = (size_t)o.am_chunk;
+    n_shards = o.shards;
+    if (page_bytes() % (size_t)n_shards) {
+        fprintf(stderr, "pdserve-bench-xfer: --shards %d does not divide a page's %zu bytes\n",
+                n_shards, page_bytes());
+        return 2;
+    }
     int sv[2];
     if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv)) {
         perror("socketpair");
@@ -434,13 +453,22 @@ int main(int argc, char **argv) {
     close(sv[1]);
     int sock = sv[0];
     engine_up(&S, n_pool);
-    struct pd_xfer_peer_info pi = {.page_bytes = page_bytes(), .n_pages = n_pool};
+    struct pd_xfer_peer_info pi = {.page_bytes = page_bytes(),
+                                   .n_pages = n_pool,
+                                   .n_shards = n_shards,
+                                   .shard_page_bytes = page_bytes() / (size_t)n_shards};
     xread(sock, &pi.remote_id, sizeof(pi.remote_id));
-    xread(sock, &pi.base, sizeof(pi.base));
     void *addr = recv_blob(sock, &pi.worker_addr_len);
-    void *rkey = recv_blob(sock, &pi.rkey_len);
+    void *rkeys[PD_XFER_SHARDS_MAX];
+    for (int k = 0; k < n_shards; k++) {
+        xread(sock, &pi.shards[k].base, sizeof(pi.shards[k].base));
+        rkeys[k] = recv_blob(sock, &pi.shards[k].rkey_len);
+        pi.shards[k].rkey = rkeys[k];
+    }
     pi.worker_addr = addr;
-    pi.rkey = rkey;
+    pi.rkey = pi.shards[0].rkey; /* one shard: the fields that predate shards */
+    pi.rkey_len = pi.shards[0].rkey_len;
+    pi.base = pi.shards[0].base;
     if (pd_xfer_peer_connect(S.x, &pi, NULL, &S.peer)) {
         fprintf(stderr, "bench: %s\n", pd_error_msg());
         return 1;
@@ -457,10 +485,10 @@ int main(int argc, char **argv) {
     const char *tls = getenv("UCX_TLS");
     const size_t pb = page_bytes(), room_bytes = (size_t)n * pb;
     printf("bench/xfer: UCX_TLS=%s UCX_MM_SEG_SIZE=%s, data lane %s; pages of %zu bytes "
-           "(qwen2.5-1.5b, page size 16), %u per room (%.1f MiB), %d rooms per measurement, %d "
-           "measurements\n",
-           tls ? tls : "all", getenv("UCX_MM_SEG_SIZE"), pd_xfer_peer_transport(S.peer), pb, n,
-           (double)room_bytes / 1048576, o.reps, o.repeats);
+           "(qwen2.5-1.5b, page size 16) in %d shard(s), %u per room (%.1f MiB), %d rooms per "
+           "measurement, %d measurements\n",
+           tls ? tls : "all", getenv("UCX_MM_SEG_SIZE"), pd_xfer_peer_transport(S.peer), pb,
+           n_shards, n, (double)room_bytes / 1048576, o.reps, o.repeats);
 
     static char scat_name[32];
     snprintf(scat_name, sizeof(scat_name), "scattered-%.0f%%", 100 * o.scatter);
@@ -511,7 +539,8 @@ int main(int argc, char **argv) {
     close(sock);
     engine_down(&S);
     pd_free(addr);
-    pd_free(rkey);
+    for (int k = 0; k < n_shards; k++)
+        pd_free(rkeys[k]);
 
     double room_ref = median(ref_room, o.repeats), page_ref = median(ref_page, o.repeats);
     bool all_pass = true;

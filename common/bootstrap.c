@@ -37,13 +37,20 @@ int pd_bootstrap_layout_check(const struct pd_bootstrap_layout *p,
         return pd_errorf(PD_EMISMATCH, "layout mismatch: " #field ": prefill '%s', decode '%s'",   \
                          p->field, d->field);
     PD_CHECK_S(model)
+    /* before the per-rank fields: a tp mismatch also shows as kv_heads (per rank) and page
+     * bytes differing, and the cause is the one to name */
+    if (p->tp_size != d->tp_size)
+        return pd_errorf(PD_EMISMATCH,
+                         "layout mismatch: tp_size: prefill %" PRIu32 ", decode %" PRIu32
+                         " (both must run the same --tp-size: rank r's KV pool shard is written "
+                         "into rank r's)",
+                         p->tp_size, d->tp_size);
+    PD_CHECK_U(tp_rank)
     PD_CHECK_U(layers)
     PD_CHECK_U(kv_heads)
     PD_CHECK_U(head_dim)
     PD_CHECK_U(page_size)
     PD_CHECK_S(dtype)
-    PD_CHECK_U(tp_rank)
-    PD_CHECK_U(tp_size)
     PD_CHECK_U(page_bytes)
 #undef PD_CHECK_U
 #undef PD_CHECK_S
@@ -208,6 +215,58 @@ static bool refuse_key(pd_bootstrap_server_t *s, const char *what, const char *p
     return true;
 }
 
+/* The decode's pool as PairRequest describes it: shard 0 in the original fields, shards 1 .. S-1
+ * in the repeated ones (bootstrap.proto). Refuses (INVALID_ARGUMENT, true) a request whose shard
+ * lists disagree; the shard count and sizes are the engine's to check against ours. */
+static bool pair_peer_info(const Pdserve__V1__PairRequest *rq, const struct pd_bootstrap_layout *dl,
+                           struct pd_xfer_peer_info *pi, struct pd_grpc_answer *a) {
+    size_t more = rq->n_kv_shard_rkeys;
+    if (rq->n_kv_shard_bases != more ||
+        (rq->n_kv_shard_ipc_handles != 0 &&
+         (rq->n_kv_shard_ipc_handles != more || !rq->kv_ipc_handle.len))) {
+        answer_code(a, PD_GRPC_INVALID_ARGUMENT,
+                    "Pair: KV pool shards disagree: %zu rkeys, %zu bases, %zu IPC handles past "
+                    "shard 0",
+                    more, rq->n_kv_shard_bases, rq->n_kv_shard_ipc_handles);
+        return true;
+    }
+    if (more + 1 > PD_XFER_SHARDS_MAX) {
+        answer_code(a, PD_GRPC_INVALID_ARGUMENT, "Pair: KV pool of %zu shards, at most %d",
+                    more + 1, PD_XFER_SHARDS_MAX);
+        return true;
+    }
+    *pi = (struct pd_xfer_peer_info){
+        .remote_id = rq->engine_id,
+        .worker_addr = rq->ucx_worker_address.data,
+        .worker_addr_len = rq->ucx_worker_address.len,
+        .rkey = rq->kv_rkey.data,
+        .rkey_len = rq->kv_rkey.len,
+        .base = rq->kv_base,
+        .page_bytes = dl->page_bytes,
+        .n_pages = rq->kv_pages,
+        .ipc_handle = rq->kv_ipc_handle.data,
+        .ipc_handle_len = rq->kv_ipc_handle.len,
+        .n_shards = (int)more + 1,
+        .shard_page_bytes = rq->kv_shard_page_bytes,
+    };
+    pi->shards[0] = (struct pd_xfer_shard){.rkey = pi->rkey,
+                                           .rkey_len = pi->rkey_len,
+                                           .base = pi->base,
+                                           .ipc_handle = pi->ipc_handle,
+                                           .ipc_handle_len = pi->ipc_handle_len};
+    for (size_t k = 0; k < more; k++) {
+        bool ipc = rq->n_kv_shard_ipc_handles != 0;
+        pi->shards[k + 1] = (struct pd_xfer_shard){
+            .rkey = rq->kv_shard_rkeys[k].data,
+            .rkey_len = rq->kv_shard_rkeys[k].len,
+            .base = rq->kv_shard_bases[k],
+            .ipc_handle = ipc ? rq->kv_shard_ipc_handles[k].data : NULL,
+            .ipc_handle_len = ipc ? rq->kv_shard_ipc_handles[k].len : 0,
+        };
+    }
+    return false;
+}
+
 static void serve_pair(pd_bootstrap_server_t *s, const char *peer, const uint8_t *body, size_t n,
                        struct pd_grpc_answer *a) {
     Pdserve__V1__PairRequest *rq = pdserve__v1__pair_request__unpack(NULL, n, body);
@@ -233,6 +292,9 @@ static void serve_pair(pd_bootstrap_server_t *s, const char *peer, const uint8_t
                     "required");
         goto out;
     }
+    struct pd_xfer_peer_info pi;
+    if (pair_peer_info(rq, &dl, &pi, a))
+        goto out;
     struct spair *old = pair_find(s, rq->decode_id);
     if (old && old->engine_id != rq->engine_id) {
         /* The decode restarted: the old engine's rooms are dead; a new endpoint replaces it. */
@@ -248,18 +310,6 @@ static void serve_pair(pd_bootstrap_server_t *s, const char *peer, const uint8_t
             answer_code(a, PD_GRPC_RESOURCE_EXHAUSTED, "Pair: out of memory");
             goto out;
         }
-        struct pd_xfer_peer_info pi = {
-            .remote_id = rq->engine_id,
-            .worker_addr = rq->ucx_worker_address.data,
-            .worker_addr_len = rq->ucx_worker_address.len,
-            .rkey = rq->kv_rkey.data,
-            .rkey_len = rq->kv_rkey.len,
-            .base = rq->kv_base,
-            .page_bytes = dl.page_bytes,
-            .n_pages = rq->kv_pages,
-            .ipc_handle = rq->kv_ipc_handle.data,
-            .ipc_handle_len = rq->kv_ipc_handle.len,
-        };
         int rc = pd_xfer_peer_connect(s->x, &pi, p, &p->peer);
         if (rc) {
             pd_warn("bootstrap: Pair from decode %s: %s", rq->decode_id, pd_error_msg());
@@ -701,12 +751,9 @@ out:
 }
 
 static int start_pair(pd_bootstrap_client_t *c) {
-    const void *addr, *rkey;
-    size_t addr_len, rkey_len;
-    uint64_t base;
-    pd_xfer_local_address(c->x, &addr, &addr_len);
-    pd_xfer_local_rkey(c->x, &rkey, &rkey_len, &base);
-    if (!rkey)
+    struct pd_xfer_peer_info me;
+    pd_xfer_local_peer_info(c->x, &me);
+    if (!me.rkey_len || me.n_shards < 1)
         return pd_errorf(PD_EINVAL, "pairing: the KV pool is not registered");
     Pdserve__V1__PairRequest rq = PDSERVE__V1__PAIR_REQUEST__INIT;
     Pdserve__V1__Layout lpb;
@@ -714,21 +761,37 @@ static int start_pair(pd_bootstrap_client_t *c) {
     rq.cluster_key.data = c->key;
     rq.cluster_key.len = c->cfg.key_len;
     rq.decode_id = c->decode_id;
-    rq.ucx_worker_address.data = (uint8_t *)addr;
-    rq.ucx_worker_address.len = addr_len;
-    rq.kv_rkey.data = (uint8_t *)rkey;
-    rq.kv_rkey.len = rkey_len;
-    rq.kv_base = base;
-    const void *ipc;
-    size_t ipc_len;
-    pd_xfer_local_ipc(c->x, &ipc, &ipc_len);
-    rq.kv_ipc_handle.data = (uint8_t *)ipc;
-    rq.kv_ipc_handle.len = ipc_len;
-    struct pd_xfer_info info;
-    pd_xfer_get_info(c->x, &info);
-    rq.kv_pages = info.pool_pages;
+    rq.ucx_worker_address.data = (uint8_t *)me.worker_addr;
+    rq.ucx_worker_address.len = me.worker_addr_len;
+    /* shard 0 in the original fields, so a one-shard pool's request is what it always was */
+    rq.kv_rkey.data = (uint8_t *)me.shards[0].rkey;
+    rq.kv_rkey.len = me.shards[0].rkey_len;
+    rq.kv_base = me.shards[0].base;
+    rq.kv_ipc_handle.data = (uint8_t *)me.shards[0].ipc_handle;
+    rq.kv_ipc_handle.len = me.shards[0].ipc_handle_len;
+    ProtobufCBinaryData rkeys[PD_XFER_SHARDS_MAX], ipcs[PD_XFER_SHARDS_MAX];
+    uint64_t bases[PD_XFER_SHARDS_MAX];
+    size_t more = (size_t)me.n_shards - 1;
+    for (size_t k = 0; k < more; k++) {
+        const struct pd_xfer_shard *sh = &me.shards[k + 1];
+        rkeys[k] = (ProtobufCBinaryData){.data = (uint8_t *)sh->rkey, .len = sh->rkey_len};
+        bases[k] = sh->base;
+        ipcs[k] =
+            (ProtobufCBinaryData){.data = (uint8_t *)sh->ipc_handle, .len = sh->ipc_handle_len};
+    }
+    if (more) {
+        rq.n_kv_shard_rkeys = rq.n_kv_shard_bases = more;
+        rq.kv_shard_rkeys = rkeys;
+        rq.kv_shard_bases = bases;
+        if (rq.kv_ipc_handle.len) { /* the engine exports every shard or none */
+            rq.n_kv_shard_ipc_handles = more;
+            rq.kv_shard_ipc_handles = ipcs;
+        }
+        rq.kv_shard_page_bytes = me.shard_page_bytes;
+    }
+    rq.kv_pages = me.n_pages;
     rq.layout = &lpb;
-    rq.engine_id = pd_xfer_id(c->x);
+    rq.engine_id = me.remote_id;
     int rc = client_call(c, PD_BOOTSTRAP_METHOD_PAIR, &rq.base, on_pair_reply, c);
     if (rc == PD_OK)
         c->state = PAIRING;

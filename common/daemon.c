@@ -1808,7 +1808,10 @@ static int start(void) {
 }
 
 /* The transfer engine on the pool, the layout both sides must agree on, and the bootstrap
- * server (prefill) — everything disaggregation needs beyond the engine. */
+ * server (prefill) — everything disaggregation needs beyond the engine. Under tensor
+ * parallelism the pool is one shard per rank, registered as such (xfer.h). */
+_Static_assert(PD_TP_MAX <= PD_XFER_SHARDS_MAX, "every rank's pool is a transfer shard");
+
 static int start_transfer(void) {
     int rc;
     struct pd_server_args *a = &D.args;
@@ -1828,14 +1831,16 @@ static int start_transfer(void) {
         struct pd_devmem_opts dmo = {.kind = PD_DEVMEM_CUDA, .device_index = D.info.device_index};
         if ((rc = pd_devmem_new(&dmo, &D.dm)) != PD_OK)
             return pd_error_wrap(rc, "the GPU KV pool's transfer");
-        rc = pd_xfer_register_device_pool(D.x, D.info.pool_base, D.info.page_bytes,
-                                          (uint32_t)D.info.n_pages, D.dm, xi.cuda_memory);
+        rc = pd_xfer_register_device_pool_shards(D.x, D.info.pool_bases, D.info.tp_size,
+                                                 D.info.shard_page_bytes, (uint32_t)D.info.n_pages,
+                                                 D.dm, xi.cuda_memory);
         if (rc && xi.cuda_memory) {
             pd_warn("UCX reports CUDA memory but could not register the GPU pool (%s); staging "
                     "pages through pinned host memory instead",
                     pd_error_msg());
-            rc = pd_xfer_register_device_pool(D.x, D.info.pool_base, D.info.page_bytes,
-                                              (uint32_t)D.info.n_pages, D.dm, false);
+            rc = pd_xfer_register_device_pool_shards(D.x, D.info.pool_bases, D.info.tp_size,
+                                                     D.info.shard_page_bytes,
+                                                     (uint32_t)D.info.n_pages, D.dm, false);
         }
         if (rc)
             return pd_error_wrap(rc, "the GPU KV pool's transfer");
@@ -1844,11 +1849,13 @@ static int start_transfer(void) {
          * deferred host mode), so CPU machines run what a GPU without CUDA-aware UCX runs */
         struct pd_devmem_opts dmo = {.kind = PD_DEVMEM_HOST, .host_deferred = true};
         if ((rc = pd_devmem_new(&dmo, &D.dm)) != PD_OK ||
-            (rc = pd_xfer_register_device_pool(D.x, D.info.pool_base, D.info.page_bytes,
-                                               (uint32_t)D.info.n_pages, D.dm, false)) != PD_OK)
+            (rc = pd_xfer_register_device_pool_shards(
+                 D.x, D.info.pool_bases, D.info.tp_size, D.info.shard_page_bytes,
+                 (uint32_t)D.info.n_pages, D.dm, false)) != PD_OK)
             return rc;
-    } else if ((rc = pd_xfer_register_pool(D.x, D.info.pool_base, D.info.page_bytes,
-                                           (uint32_t)D.info.n_pages)) != PD_OK) {
+    } else if ((rc = pd_xfer_register_pool_shards(D.x, D.info.pool_bases, D.info.tp_size,
+                                                  D.info.shard_page_bytes,
+                                                  (uint32_t)D.info.n_pages)) != PD_OK) {
         return rc;
     }
     pd_xfer_get_info(D.x, &xi);
@@ -1865,7 +1872,7 @@ static int start_transfer(void) {
     D.layout.head_dim = (uint32_t)D.info.head_dim;
     D.layout.page_size = (uint32_t)D.info.page_size;
     snprintf(D.layout.dtype, sizeof(D.layout.dtype), "%s", D.info.dtype);
-    D.layout.tp_size = (uint32_t)D.info.tp_size;
+    D.layout.tp_size = (uint32_t)D.info.tp_size; /* one pool shard per rank, moved rank to rank */
     D.layout.page_bytes = D.info.page_bytes;
     snprintf(D.node_id, sizeof(D.node_id), "%s-%d-%016" PRIx64, role_name(), (int)getpid(),
              pd_xfer_id(D.x));
@@ -1972,16 +1979,6 @@ int pd_daemon_main(int role, int argc, char **argv) {
     }
     if (D.disable_mixed_flag)
         D.mixed_chunk = false;
-    if (D.args.tp_size != 1 && !D.coloc) {
-        /* the model runs over tp ranks (common/tp_group.h), but sending a pool made of tp
-         * shards is not built yet: tp serves colocated (--disaggregation-mode null) */
-        fprintf(stderr,
-                "%s: --tp-size %d: the transfer of tensor-parallel KV pools between prefill and "
-                "decode is not built yet; tensor parallelism runs with --disaggregation-mode null "
-                "(colocated) or in pdserve-generate\n",
-                prog, D.args.tp_size);
-        return 2;
-    }
     pd_log_set_name(role_name());
     D.room_seq = (uint64_t)D.args.random_seed ^ ((uint64_t)getpid() << 32) ^ uv_hrtime();
     signal(SIGPIPE, SIG_IGN);

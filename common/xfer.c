@@ -42,7 +42,7 @@ enum room_role { ROOM_SENDER, ROOM_RECEIVER };
 
 enum op_kind { OP_DATA, OP_FLUSH, OP_NOTICE };
 
-#define DATA_HDR_LEN 32 /* sender_id u64 | room u64 | index u32 | reserved u32 | offset u64 */
+#define DATA_HDR_LEN 32          /* sender_id u64 | room u64 | index u32 | shard u32 | offset u64 */
 #define POLL_AFTER_PROGRESS_MS 2 /* keep polling this long after UCX last made progress */
 #define AM_CHUNK_MIN 4096        /* page bytes per message when the lane's limit is unknown */
 #define AM_MSG_MAX 65535         /* bytes of one message, headers included (see xfer.h) */
@@ -104,9 +104,9 @@ struct room {
  * has sent every message of it. The copy of one slot overlaps the sends of the others. */
 struct stage_job {
     uint64_t room, serial;
-    uint32_t index;  /* the run's position in the room's page list */
-    const void *src; /* device */
-    size_t bytes;
+    uint32_t index;    /* the run's position in the room's page list */
+    uint32_t src_page; /* the run's first page in our pool */
+    uint32_t n;        /* pages; every shard's part goes into the slot, one after another */
 };
 
 enum slot_state { SLOT_FREE, SLOT_COPYING, SLOT_SENDING };
@@ -128,9 +128,9 @@ struct pd_xfer_peer {
     struct pd_xfer_peer *prev, *next;
     void *user;
     ucp_ep_h ep;
-    ucp_rkey_h rkey; /* NULL: peer is not a receiver of ours */
+    ucp_rkey_h rkey[PD_XFER_SHARDS_MAX]; /* per shard; rkey[0] NULL: not a receiver of ours */
     uint64_t remote_id;
-    uint64_t base;
+    uint64_t base[PD_XFER_SHARDS_MAX]; /* per shard, remote addresses */
     uint64_t page_bytes;
     uint32_t n_pages;
     enum peer_state state;
@@ -141,7 +141,9 @@ struct pd_xfer_peer {
     bool close_pending; /* ucp_ep_close_nbx request in flight */
     bool am_data;       /* pages go as active messages (lane without hardware RMA) */
     size_t am_chunk;    /* page bytes per active message: one eager fragment of the lane */
-    void *ipc_base;     /* the receiver's pool mapped here (CUDA IPC): pages are device copies */
+    /* the receiver's pool mapped here, per shard (CUDA IPC): pages are device copies; all or
+     * none of the shards are mapped */
+    void *ipc_base[PD_XFER_SHARDS_MAX];
     struct room *rooms;
     uint32_t n_rooms;
     char transport[112];
@@ -169,12 +171,18 @@ struct pd_xfer {
 
     void *worker_addr;
     size_t worker_addr_len;
-    ucp_mem_h memh;
-    void *pool_base;
+    /* The pool: n_shards regions of shard_page_bytes * n_pages; a logical page is page_bytes =
+     * n_shards * shard_page_bytes. memh[k] maps shard k, except on a staged pool, where
+     * memh[0] is the ring (n_memh 1) and every shard hands out the ring's rkey. */
+    ucp_mem_h memh[PD_XFER_SHARDS_MAX];
+    int n_memh;
+    void *rkey_buf[PD_XFER_SHARDS_MAX]; /* packed rkey of memh[k] */
+    size_t rkey_len[PD_XFER_SHARDS_MAX];
+    int n_shards;
+    void *pool_bases[PD_XFER_SHARDS_MAX];
+    size_t shard_page_bytes;
     size_t page_bytes;
     uint32_t n_pages;
-    void *rkey_buf;
-    size_t rkey_len;
 
     struct room **buckets;
     size_t n_buckets; /* power of two */
@@ -198,15 +206,16 @@ struct pd_xfer {
     /* device pool (pd_xfer_register_device_pool) */
     struct pd_devmem *dm; /* NULL: the pool is host memory */
     bool staged;          /* device pool that UCX cannot read: through the ring */
-    void *ring;           /* pinned host; memh/rkey above are the ring's */
+    void *ring;           /* pinned host; memh[0]/rkey_buf[0] above are the ring's */
     size_t slot_bytes;
     int n_slots;
     struct stage_slot *slots;
     struct stage_job *jobs; /* FIFO [jobs_head, jobs_head + n_jobs) mod jobs_cap */
     size_t jobs_cap, jobs_head, n_jobs;
     uint64_t staged_bytes; /* sender: bytes that went through the ring (tests, logs) */
-    uint8_t ipc_handle[PD_DEVMEM_IPC_MAX]; /* our device pool's export; ipc_len 0: none */
-    size_t ipc_len;
+    /* our device pool's export, per shard; ipc_len[0] 0: none (then for every shard) */
+    uint8_t ipc_handle[PD_XFER_SHARDS_MAX][PD_DEVMEM_IPC_MAX];
+    size_t ipc_len[PD_XFER_SHARDS_MAX];
     /* IPC copies: rooms waiting for the event recorded after their copies, in stream order */
     struct ipc_wait {
         uint64_t room, serial;
@@ -637,7 +646,9 @@ static ucs_status_t on_notice_am(void *arg, const void *header, size_t header_le
 
 /* Page data: accepted only for a live receiving room of the peer that sends it, and only into
  * that room's pages at the position the sender was given them; anything else is dropped. Never
- * answers (no reply message can meet a dead endpoint). */
+ * answers (no reply message can meet a dead endpoint). A message is part of one shard's run: its
+ * offset counts bytes of that shard's pages from the run's first (a shard's pages of a run are
+ * contiguous, a logical page's shards are not), so it never straddles shards. */
 static ucs_status_t on_data_am(void *arg, const void *header, size_t header_length, void *data,
                                size_t length, const ucp_am_recv_param_t *param) {
     pd_xfer_t *x = arg;
@@ -650,7 +661,7 @@ static ucs_status_t on_data_am(void *arg, const void *header, size_t header_leng
     }
     const uint8_t *h = header;
     uint64_t sender = get_u64(h), room = get_u64(h + 8), off = get_u64(h + 24);
-    uint32_t index = get_u32(h + 16);
+    uint32_t index = get_u32(h + 16), shard = get_u32(h + 20);
     struct room *r = room_find(x, room);
     if (!r || r->role != ROOM_RECEIVER || r->state == ROOM_ENDED) {
         x->dropped_writes++; /* late: the room ended, its pages may be someone else's now */
@@ -665,22 +676,22 @@ static ucs_status_t on_data_am(void *arg, const void *header, size_t header_leng
                 room, sender, r->peer->remote_id);
         return UCS_OK;
     }
-    const uint64_t pb = x->page_bytes;
+    const uint64_t pb = x->shard_page_bytes;
     uint64_t first = index + off / pb; /* room positions written: first .. last */
     uint64_t last = index + (off + length - 1) / pb;
-    bool ok = index < r->n_dst && off < (uint64_t)r->n_dst * pb &&
+    bool ok = shard < (uint32_t)x->n_shards && index < r->n_dst && off < (uint64_t)r->n_dst * pb &&
               length <= (uint64_t)r->n_dst * pb && last < r->n_dst;
     for (uint64_t k = first; ok && k <= last; k++)
         ok = r->dst[k] == r->dst[index] + (k - index);
     if (!ok) {
         x->dropped_writes++;
-        pd_warn("xfer: room %" PRIu64 ": %zu bytes at page position %u + %" PRIu64
-                " do not fit the room's %u pages; failing the room",
-                room, length, index, off, r->n_dst);
+        pd_warn("xfer: room %" PRIu64 ": %zu bytes of shard %u at page position %u + %" PRIu64
+                " do not fit the room's %u pages of %d shards; failing the room",
+                room, length, shard, index, off, r->n_dst, x->n_shards);
         room_end(x, r, PD_ERANGE);
         return UCS_OK;
     }
-    char *dst = (char *)x->pool_base + (size_t)r->dst[index] * pb + off;
+    char *dst = (char *)x->pool_bases[shard] + (size_t)r->dst[index] * pb + off;
     if (x->dm) {
         int rc = pd_devmem_copy(x->dm, dst, data, length);
         if (rc) {
@@ -814,8 +825,8 @@ static void post_flush(pd_xfer_t *x, struct room *r) {
     }
 }
 
-static int send_run_am(pd_xfer_t *x, struct room *r, uint32_t index, const char *src, size_t bytes,
-                       int slot);
+static int send_run_am(pd_xfer_t *x, struct room *r, uint32_t index, uint32_t shard,
+                       const char *src, size_t bytes, int slot);
 
 /* A sending room of a staged job, or NULL when it ended, its peer failed or it was aborted. */
 static struct room *stage_room(pd_xfer_t *x, const struct stage_job *j) {
@@ -858,12 +869,17 @@ static bool run_stage(pd_xfer_t *x) {
         } else if (r) {
             sl->state = SLOT_SENDING;
             sl->peer = r->peer;
-            int rc = send_run_am(x, r, sl->job.index, sl->buf, sl->job.bytes, i);
+            /* the slot holds the run shard after shard (see below) */
+            size_t part = (size_t)sl->job.n * x->shard_page_bytes;
+            int rc = PD_OK;
+            for (int k = 0; k < x->n_shards && !rc; k++)
+                rc = send_run_am(x, r, sl->job.index, (uint32_t)k, sl->buf + (size_t)k * part, part,
+                                 i);
             if (rc) {
                 pd_warn("xfer: room %" PRIu64 ": %s", r->id, pd_error_msg());
                 peer_mark_failed(r->peer, rc == PD_ENOMEM ? PD_ENOMEM : PD_EPEER);
             }
-            x->staged_bytes += sl->job.bytes;
+            x->staged_bytes += part * (size_t)x->n_shards;
             if (sl->pending == 0) /* UCX took every message inline */
                 sl->state = SLOT_FREE;
         }
@@ -883,7 +899,14 @@ static bool run_stage(pd_xfer_t *x) {
                 stage_job_done(x, &j);
                 continue;
             }
-            int rc = pd_devmem_copy_async(x->dm, sl->buf, j.src, j.bytes);
+            /* one copy per shard: shard k's part of the run at slot + k * part */
+            size_t part = (size_t)j.n * x->shard_page_bytes;
+            int rc = PD_OK;
+            for (int k = 0; k < x->n_shards && !rc; k++)
+                rc = pd_devmem_copy_async(x->dm, sl->buf + (size_t)k * part,
+                                          (const char *)x->pool_bases[k] +
+                                              (size_t)j.src_page * x->shard_page_bytes,
+                                          part);
             if (!rc)
                 rc = pd_devmem_event_record(x->dm, sl->ev);
             if (rc) {
@@ -985,8 +1008,9 @@ static void peer_free(pd_xfer_t *x, struct pd_xfer_peer *p) {
     if (p->next)
         p->next->prev = p->prev;
     x->n_peers--;
-    if (p->rkey)
-        ucp_rkey_destroy(p->rkey);
+    for (int k = 0; k < PD_XFER_SHARDS_MAX; k++)
+        if (p->rkey[k])
+            ucp_rkey_destroy(p->rkey[k]);
     pd_free(p);
 }
 
@@ -1006,11 +1030,13 @@ static bool run_peers(pd_xfer_t *x) {
         if (p->state != PEER_CLOSED)
             continue;
         /* copies into its pool must be over before its rooms end (their pages get reused) */
-        if (p->ipc_base) {
+        if (p->ipc_base[0]) {
             if (pd_devmem_sync(x->dm) != PD_OK)
                 pd_warn("xfer: peer %016" PRIx64 ": %s", p->remote_id, pd_error_msg());
-            pd_devmem_ipc_close(x->dm, p->ipc_base);
-            p->ipc_base = NULL;
+            for (int k = 0; k < x->n_shards; k++) {
+                pd_devmem_ipc_close(x->dm, p->ipc_base[k]);
+                p->ipc_base[k] = NULL;
+            }
         }
         /* its endpoint is closed: UCX reads no slot of it any more */
         for (int i = 0; i < x->n_slots; i++)
@@ -1388,10 +1414,10 @@ static void on_handle_closed(uv_handle_t *h) {
     pd_xfer_t *x = h->data;
     if (--x->handles_open > 0)
         return;
-    if (x->rkey_buf)
-        ucp_rkey_buffer_release(x->rkey_buf);
-    if (x->memh)
-        ucp_mem_unmap(x->ctx, x->memh);
+    for (int k = 0; k < x->n_memh; k++) {
+        ucp_rkey_buffer_release(x->rkey_buf[k]);
+        ucp_mem_unmap(x->ctx, x->memh[k]);
+    }
     ucp_worker_destroy(x->worker); /* no callback can come after this */
     for (int i = 0; x->slots && i < x->n_slots; i++)
         pd_devmem_event_free(x->dm, x->slots[i].ev);
@@ -1455,60 +1481,137 @@ void pd_xfer_get_info(const pd_xfer_t *x, struct pd_xfer_info *out) {
     out->live_peers = x->n_peers;
     out->pool_pages = x->n_pages;
     out->page_bytes = x->page_bytes;
+    out->n_shards = x->n_shards;
+    out->shard_page_bytes = x->shard_page_bytes;
     out->dropped_writes = x->dropped_writes;
     out->staged = x->staged;
     out->staged_bytes = x->staged_bytes;
     out->ipc_bytes = x->ipc_bytes;
 }
 
-int pd_xfer_register_pool(pd_xfer_t *x, void *base, size_t page_bytes, uint32_t n_pages) {
-    PD_ASSERT(!x->memh);
-    if (!base || page_bytes == 0 || n_pages == 0)
+/* A pool's shape, checked before anything is mapped. */
+static int pool_check(void *const *bases, int n_shards, size_t shard_page_bytes, uint32_t n_pages) {
+    if (n_shards < 1 || n_shards > PD_XFER_SHARDS_MAX)
+        return pd_errorf(PD_EINVAL, "registering the KV pool: %d shards, not 1 .. %d", n_shards,
+                         PD_XFER_SHARDS_MAX);
+    if (!bases || shard_page_bytes == 0 || n_pages == 0)
         return pd_errorf(PD_EINVAL, "registering the KV pool: empty pool");
-    ucp_mem_map_params_t mp = {
-        .field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH,
-        .address = base,
-        .length = page_bytes * n_pages,
-    };
-    ucs_status_t st = ucp_mem_map(x->ctx, &mp, &x->memh);
-    if (st != UCS_OK)
-        return pd__ucs_error(st, "registering the KV pool with UCX");
-    st = ucp_rkey_pack(x->ctx, x->memh, &x->rkey_buf, &x->rkey_len);
-    if (st != UCS_OK) {
-        int rc = pd__ucs_error(st, "packing the KV pool rkey");
-        ucp_mem_unmap(x->ctx, x->memh);
-        x->memh = NULL;
+    if (shard_page_bytes > SIZE_MAX / n_pages / (size_t)n_shards)
+        return pd_errorf(PD_EINVAL,
+                         "registering the KV pool: %d shards of %u pages of %zu bytes overflow",
+                         n_shards, n_pages, shard_page_bytes);
+    for (int k = 0; k < n_shards; k++)
+        if (!bases[k])
+            return pd_errorf(PD_EINVAL, "registering the KV pool: shard %d has no memory", k);
+    return PD_OK;
+}
+
+static void pool_take(pd_xfer_t *x, void *const *bases, int n_shards, size_t shard_page_bytes,
+                      uint32_t n_pages) {
+    x->n_shards = n_shards;
+    for (int k = 0; k < n_shards; k++)
+        x->pool_bases[k] = bases[k];
+    x->shard_page_bytes = shard_page_bytes;
+    x->page_bytes = shard_page_bytes * (size_t)n_shards;
+    x->n_pages = n_pages;
+}
+
+/* Maps regions [bases[k], bases[k] + bytes) for k < n into memh[k] (CUDA memory when cuda) and
+ * packs their rkeys; all or none. `what` names the memory in errors. */
+static int map_regions(pd_xfer_t *x, void *const *bases, int n, size_t bytes, bool cuda,
+                       const char *what) {
+    int k, rc = PD_OK;
+    char doing[128];
+    for (k = 0; k < n; k++) {
+        ucp_mem_map_params_t mp = {
+            .field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH,
+            .address = bases[k],
+            .length = bytes,
+        };
+        if (cuda) {
+            mp.field_mask |= UCP_MEM_MAP_PARAM_FIELD_MEMORY_TYPE;
+            mp.memory_type = UCS_MEMORY_TYPE_CUDA;
+        }
+        ucs_status_t st = ucp_mem_map(x->ctx, &mp, &x->memh[k]);
+        if (st != UCS_OK) {
+            if (n > 1)
+                snprintf(doing, sizeof(doing), "registering %s (shard %d of %d) with UCX", what, k,
+                         n);
+            else
+                snprintf(doing, sizeof(doing), "registering %s with UCX", what);
+            rc = pd__ucs_error(st, doing);
+            break;
+        }
+        st = ucp_rkey_pack(x->ctx, x->memh[k], &x->rkey_buf[k], &x->rkey_len[k]);
+        if (st != UCS_OK) {
+            snprintf(doing, sizeof(doing), "packing the rkey of %s", what);
+            rc = pd__ucs_error(st, doing);
+            ucp_mem_unmap(x->ctx, x->memh[k]);
+            break;
+        }
+    }
+    if (rc) {
+        while (k-- > 0) {
+            ucp_rkey_buffer_release(x->rkey_buf[k]);
+            ucp_mem_unmap(x->ctx, x->memh[k]);
+        }
+        memset(x->memh, 0, sizeof(x->memh));
+        memset(x->rkey_buf, 0, sizeof(x->rkey_buf));
+        memset(x->rkey_len, 0, sizeof(x->rkey_len));
         return rc;
     }
-    x->pool_base = base;
-    x->page_bytes = page_bytes;
-    x->n_pages = n_pages;
-    pd_info("xfer: KV pool registered: %u pages of %zu bytes at %p", n_pages, page_bytes, base);
+    x->n_memh = n;
+    return PD_OK;
+}
+
+int pd_xfer_register_pool(pd_xfer_t *x, void *base, size_t page_bytes, uint32_t n_pages) {
+    return pd_xfer_register_pool_shards(x, &base, 1, page_bytes, n_pages);
+}
+
+int pd_xfer_register_pool_shards(pd_xfer_t *x, void *const *bases, int n_shards,
+                                 size_t shard_page_bytes, uint32_t n_pages) {
+    PD_ASSERT(!x->n_memh && !x->dm);
+    int rc = pool_check(bases, n_shards, shard_page_bytes, n_pages);
+    if (rc)
+        return rc;
+    rc = map_regions(x, bases, n_shards, shard_page_bytes * n_pages, false, "the KV pool");
+    if (rc)
+        return rc;
+    pool_take(x, bases, n_shards, shard_page_bytes, n_pages);
+    if (n_shards == 1)
+        pd_info("xfer: KV pool registered: %u pages of %zu bytes at %p", n_pages, shard_page_bytes,
+                bases[0]);
+    else
+        pd_info("xfer: KV pool registered: %u pages of %d shards x %zu bytes (shard 0 at %p)",
+                n_pages, n_shards, shard_page_bytes, bases[0]);
     return PD_OK;
 }
 
 int pd_xfer_register_device_pool(pd_xfer_t *x, void *base, size_t page_bytes, uint32_t n_pages,
                                  struct pd_devmem *dm, bool ucx_direct) {
-    PD_ASSERT(!x->memh && !x->dm);
-    if (!base || page_bytes == 0 || n_pages == 0 || !dm)
-        return pd_errorf(PD_EINVAL, "registering the KV pool: empty pool");
-    int rc;
+    return pd_xfer_register_device_pool_shards(x, &base, 1, page_bytes, n_pages, dm, ucx_direct);
+}
+
+int pd_xfer_register_device_pool_shards(pd_xfer_t *x, void *const *bases, int n_shards,
+                                        size_t shard_page_bytes, uint32_t n_pages,
+                                        struct pd_devmem *dm, bool ucx_direct) {
+    PD_ASSERT(!x->n_memh && !x->dm);
+    int rc = pool_check(bases, n_shards, shard_page_bytes, n_pages);
+    if (rc)
+        return rc;
+    if (!dm)
+        return pd_errorf(PD_EINVAL, "registering the GPU KV pool: no device");
+    const size_t page_bytes = shard_page_bytes * (size_t)n_shards; /* one logical page */
     if (ucx_direct) {
         if (!x->cuda_memory)
             return pd_errorf(PD_EUNSUPPORTED, "registering the GPU KV pool with UCX: this UCX "
                                               "does not support CUDA memory");
-        ucp_mem_map_params_t mp = {
-            .field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH |
-                          UCP_MEM_MAP_PARAM_FIELD_MEMORY_TYPE,
-            .address = base,
-            .length = page_bytes * n_pages,
-            .memory_type = UCS_MEMORY_TYPE_CUDA,
-        };
-        ucs_status_t st = ucp_mem_map(x->ctx, &mp, &x->memh);
-        if (st != UCS_OK)
-            return pd__ucs_error(st, "registering the GPU KV pool with UCX");
+        rc = map_regions(x, bases, n_shards, shard_page_bytes * n_pages, true, "the GPU KV pool");
+        if (rc)
+            return rc;
     } else {
-        /* the ring: enough slots that copies and sends overlap; a slot holds at least a page */
+        /* the ring: enough slots that copies and sends overlap; a slot holds at least a logical
+         * page (every shard of it) */
         size_t want = x->cfg.stage_slot_bytes ? x->cfg.stage_slot_bytes : (size_t)4 << 20;
         x->slot_bytes = want < page_bytes ? page_bytes : want / page_bytes * page_bytes;
         x->n_slots = x->cfg.stage_slots > 0 ? x->cfg.stage_slots : 4;
@@ -1527,41 +1630,28 @@ int pd_xfer_register_device_pool(pd_xfer_t *x, void *base, size_t page_bytes, ui
             goto fail_ring;
         for (int i = 0; i < x->n_slots; i++)
             x->slots[i].buf = (char *)x->ring + x->slot_bytes * (size_t)i;
-        ucp_mem_map_params_t mp = {
-            .field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH,
-            .address = x->ring,
-            .length = x->slot_bytes * (size_t)x->n_slots,
-        };
-        ucs_status_t st = ucp_mem_map(x->ctx, &mp, &x->memh);
-        if (st != UCS_OK) {
-            rc = pd__ucs_error(st, "registering the staging ring with UCX");
+        if ((rc = map_regions(x, &x->ring, 1, x->slot_bytes * (size_t)x->n_slots, false,
+                              "the staging ring")) != PD_OK)
             goto fail_ring;
-        }
         x->staged = true;
     }
-    ucs_status_t st = ucp_rkey_pack(x->ctx, x->memh, &x->rkey_buf, &x->rkey_len);
-    if (st != UCS_OK) {
-        rc = pd__ucs_error(st, "packing the KV pool rkey");
-        ucp_mem_unmap(x->ctx, x->memh);
-        x->memh = NULL;
-        x->staged = false;
-        goto fail_ring;
-    }
     x->dm = dm;
-    x->pool_base = base;
-    x->page_bytes = page_bytes;
-    x->n_pages = n_pages;
-    if (pd_devmem_ipc_export(dm, base, x->ipc_handle, &x->ipc_len) != PD_OK) {
-        pd_info("xfer: the GPU KV pool is not exported for same-node copies: %s", pd_error_msg());
-        x->ipc_len = 0;
+    pool_take(x, bases, n_shards, shard_page_bytes, n_pages);
+    for (int k = 0; k < n_shards; k++) {
+        if (pd_devmem_ipc_export(dm, bases[k], x->ipc_handle[k], &x->ipc_len[k]) != PD_OK) {
+            pd_info("xfer: the GPU KV pool%s is not exported for same-node copies: %s",
+                    n_shards > 1 ? " (a shard of it)" : "", pd_error_msg());
+            memset(x->ipc_len, 0, sizeof(x->ipc_len)); /* all shards or none */
+            break;
+        }
     }
     if (x->staged)
-        pd_info("xfer: GPU KV pool (%s): %u pages of %zu bytes, staged through a pinned ring of "
-                "%d x %zu bytes",
-                pd_devmem_name(dm), n_pages, page_bytes, x->n_slots, x->slot_bytes);
+        pd_info("xfer: GPU KV pool (%s): %u pages of %d x %zu bytes, staged through a pinned "
+                "ring of %d x %zu bytes",
+                pd_devmem_name(dm), n_pages, n_shards, shard_page_bytes, x->n_slots, x->slot_bytes);
     else
-        pd_info("xfer: GPU KV pool (%s) registered with UCX: %u pages of %zu bytes",
-                pd_devmem_name(dm), n_pages, page_bytes);
+        pd_info("xfer: GPU KV pool (%s) registered with UCX: %u pages of %d x %zu bytes",
+                pd_devmem_name(dm), n_pages, n_shards, shard_page_bytes);
     return PD_OK;
 
 fail_ring:
@@ -1580,8 +1670,8 @@ fail_ring:
 }
 
 void pd_xfer_local_ipc(const pd_xfer_t *x, const void **handle, size_t *len) {
-    *handle = x->ipc_len ? x->ipc_handle : NULL;
-    *len = x->ipc_len;
+    *handle = x->ipc_len[0] ? x->ipc_handle[0] : NULL;
+    *len = x->ipc_len[0];
 }
 
 void pd_xfer_local_address(const pd_xfer_t *x, const void **addr, size_t *len) {
@@ -1590,9 +1680,37 @@ void pd_xfer_local_address(const pd_xfer_t *x, const void **addr, size_t *len) {
 }
 
 void pd_xfer_local_rkey(const pd_xfer_t *x, const void **rkey, size_t *len, uint64_t *base) {
-    *rkey = x->rkey_buf;
-    *len = x->rkey_len;
-    *base = (uint64_t)(uintptr_t)x->pool_base;
+    *rkey = x->n_memh ? x->rkey_buf[0] : NULL;
+    *len = x->n_memh ? x->rkey_len[0] : 0;
+    *base = (uint64_t)(uintptr_t)x->pool_bases[0];
+}
+
+void pd_xfer_local_peer_info(const pd_xfer_t *x, struct pd_xfer_peer_info *out) {
+    memset(out, 0, sizeof(*out));
+    out->remote_id = x->id;
+    out->worker_addr = x->worker_addr;
+    out->worker_addr_len = x->worker_addr_len;
+    if (!x->n_memh)
+        return;
+    out->page_bytes = x->page_bytes;
+    out->n_pages = x->n_pages;
+    out->n_shards = x->n_shards;
+    out->shard_page_bytes = x->shard_page_bytes;
+    for (int k = 0; k < x->n_shards; k++) {
+        int m = x->staged ? 0 : k; /* a staged pool hands out the ring's rkey for every shard */
+        out->shards[k] = (struct pd_xfer_shard){
+            .rkey = x->rkey_buf[m],
+            .rkey_len = x->rkey_len[m],
+            .base = (uint64_t)(uintptr_t)x->pool_bases[k],
+            .ipc_handle = x->ipc_len[k] ? x->ipc_handle[k] : NULL,
+            .ipc_handle_len = x->ipc_len[k],
+        };
+    }
+    out->rkey = out->shards[0].rkey;
+    out->rkey_len = out->shards[0].rkey_len;
+    out->base = out->shards[0].base;
+    out->ipc_handle = out->shards[0].ipc_handle;
+    out->ipc_handle_len = out->shards[0].ipc_handle_len;
 }
 
 /* Names the lanes UCX picked out of ucp_ep_print_info (1.13 has no endpoint transport query),
@@ -1600,7 +1718,7 @@ void pd_xfer_local_rkey(const pd_xfer_t *x, const void **rkey, size_t *len, uint
  * hardware RMA, else active messages ("tcp/lo (am)"), since UCX would only emulate the puts. */
 static void peer_find_transport(struct pd_xfer_peer *p) {
     snprintf(p->transport, sizeof(p->transport), "unknown");
-    p->am_data = p->rkey && p->x->cfg.data_path != PD_XFER_DATA_PUT; /* unless a lane has RMA */
+    p->am_data = p->rkey[0] && p->x->cfg.data_path != PD_XFER_DATA_PUT; /* unless RMA lane */
     char *buf = NULL;
     size_t len = 0;
     FILE *f = open_memstream(&buf, &len);
@@ -1648,15 +1766,15 @@ static void peer_find_transport(struct pd_xfer_peer *p) {
                                                      : AM_CHUNK_MIN; /* 64-byte aligned copies */
     if (p->am_chunk > ((AM_MSG_MAX - 128) & ~(size_t)63))
         p->am_chunk = (AM_MSG_MAX - 128) & ~(size_t)63; /* a configured one, too */
-    if (!p->rkey)
+    if (!p->rkey[0])
         return;
     enum pd_xfer_data_path dp = p->x->cfg.data_path;
     p->am_data = dp == PD_XFER_DATA_AM || (dp == PD_XFER_DATA_AUTO && !(used && hw_rma));
     if (p->x->staged) /* GPU pages through the pinned ring, sent as active messages */
         p->am_data = true;
-    if (p->ipc_base) /* device copies into the peer's mapped pool; UCX carries the notice */
+    if (p->ipc_base[0]) /* device copies into the peer's mapped pool; UCX carries the notice */
         p->am_data = false;
-    if (p->ipc_base)
+    if (p->ipc_base[0])
         snprintf(p->transport + used, sizeof(p->transport) - used,
                  " (notice only; GPU pages by CUDA IPC device copies)");
     else if (!p->am_data)
@@ -1669,26 +1787,73 @@ static void peer_find_transport(struct pd_xfer_peer *p) {
                               : "; UCX has only sw-rma here");
 }
 
+/* The remote pool's shards as info describes them (one shard: the single-pool fields). */
+static int peer_info_shards(const struct pd_xfer_peer_info *info, struct pd_xfer_shard *sh, int *n,
+                            uint64_t *shard_page_bytes) {
+    if (info->n_shards <= 1) {
+        sh[0] = (struct pd_xfer_shard){.rkey = info->rkey,
+                                       .rkey_len = info->rkey_len,
+                                       .base = info->base,
+                                       .ipc_handle = info->ipc_handle,
+                                       .ipc_handle_len = info->ipc_handle_len};
+        *n = 1;
+    } else if (info->n_shards > PD_XFER_SHARDS_MAX) {
+        return pd_errorf(PD_EINVAL, "connecting peer %016" PRIx64 ": %d pool shards, at most %d",
+                         info->remote_id, info->n_shards, PD_XFER_SHARDS_MAX);
+    } else {
+        memcpy(sh, info->shards, (size_t)info->n_shards * sizeof(*sh));
+        *n = info->n_shards;
+    }
+    *shard_page_bytes =
+        info->shard_page_bytes ? info->shard_page_bytes : info->page_bytes / (uint64_t)*n;
+    if (!sh[0].rkey_len)
+        return PD_OK; /* not a receiver: no pool */
+    if (*shard_page_bytes * (uint64_t)*n != info->page_bytes)
+        return pd_errorf(PD_EINVAL,
+                         "connecting peer %016" PRIx64 ": its pages of %" PRIu64
+                         " bytes are not %d shards of %" PRIu64 " bytes",
+                         info->remote_id, info->page_bytes, *n, *shard_page_bytes);
+    for (int k = 1; k < *n; k++)
+        if (!sh[k].rkey_len)
+            return pd_errorf(PD_EINVAL, "connecting peer %016" PRIx64 ": shard %d has no rkey",
+                             info->remote_id, k);
+    return PD_OK;
+}
+
 int pd_xfer_peer_connect(pd_xfer_t *x, const struct pd_xfer_peer_info *info, void *peer_user,
                          pd_xfer_peer_t **out) {
     int rc;
     *out = NULL;
     if (x->freeing)
         return pd_errorf(PD_ECANCELED, "connecting a peer: the engine is shutting down");
-    if (info->rkey_len && info->page_bytes != x->page_bytes)
+    struct pd_xfer_shard sh[PD_XFER_SHARDS_MAX];
+    int ns = 0;
+    uint64_t spb = 0;
+    if ((rc = peer_info_shards(info, sh, &ns, &spb)) != PD_OK)
+        return rc;
+    const bool receiver = sh[0].rkey_len != 0;
+    if (receiver && !x->n_memh)
+        return pd_errorf(PD_EINVAL, "connecting a receiver peer before registering our pool");
+    if (receiver && info->page_bytes != x->page_bytes)
         return pd_errorf(PD_EMISMATCH,
                          "connecting peer %016" PRIx64 ": its pages are %" PRIu64
                          " bytes, ours %zu",
                          info->remote_id, info->page_bytes, x->page_bytes);
-    if (info->rkey_len && !x->memh)
-        return pd_errorf(PD_EINVAL, "connecting a receiver peer before registering our pool");
+    if (receiver && (ns != x->n_shards || spb != x->shard_page_bytes))
+        return pd_errorf(PD_EMISMATCH,
+                         "connecting peer %016" PRIx64 ": its KV pool has %d shard%s of %" PRIu64
+                         " bytes per page, ours %d of %zu (both sides must run the same tensor "
+                         "parallelism: rank r's shard goes to rank r's)",
+                         info->remote_id, ns, ns == 1 ? "" : "s", spb, x->n_shards,
+                         x->shard_page_bytes);
     struct pd_xfer_peer *p = pd_calloc(1, sizeof(*p));
     if (!p)
         return pd_error_wrap(PD_ENOMEM, "connecting peer %016" PRIx64, info->remote_id);
     p->x = x;
     p->user = peer_user;
     p->remote_id = info->remote_id;
-    p->base = info->base;
+    for (int k = 0; k < ns; k++)
+        p->base[k] = sh[k].base;
     p->page_bytes = info->page_bytes;
     p->n_pages = info->n_pages;
     ucp_ep_params_t ep = {
@@ -1703,19 +1868,27 @@ int pd_xfer_peer_connect(pd_xfer_t *x, const struct pd_xfer_peer_info *info, voi
         rc = pd__ucs_error(st, "connecting to the peer's UCX worker");
         goto fail_alloc;
     }
-    if (info->rkey_len) {
-        st = ucp_ep_rkey_unpack(p->ep, info->rkey, &p->rkey);
+    for (int k = 0; receiver && k < ns; k++) {
+        st = ucp_ep_rkey_unpack(p->ep, sh[k].rkey, &p->rkey[k]);
         if (st != UCS_OK) {
-            rc = pd__ucs_error(st, "unpacking the peer's KV pool rkey");
-            goto fail_ep;
+            char doing[96];
+            snprintf(doing, sizeof(doing), "unpacking the rkey of the peer's KV pool shard %d", k);
+            rc = pd__ucs_error(st, doing);
+            goto fail_rkeys;
         }
     }
-    if (info->ipc_handle_len && x->dm && !x->cfg.disable_ipc) {
-        if (pd_devmem_ipc_open(x->dm, info->ipc_handle, info->ipc_handle_len, &p->ipc_base) !=
+    bool ipc_all = receiver && x->dm && !x->cfg.disable_ipc;
+    for (int k = 0; k < ns; k++)
+        ipc_all &= sh[k].ipc_handle_len != 0;
+    for (int k = 0; ipc_all && k < ns; k++) {
+        if (pd_devmem_ipc_open(x->dm, sh[k].ipc_handle, sh[k].ipc_handle_len, &p->ipc_base[k]) !=
             PD_OK) {
             pd_info("xfer: peer %016" PRIx64 ": no CUDA IPC (%s); pages go over UCX",
                     info->remote_id, pd_error_msg());
-            p->ipc_base = NULL;
+            for (int j = 0; j < k; j++) /* all shards or none */
+                pd_devmem_ipc_close(x->dm, p->ipc_base[j]);
+            memset(p->ipc_base, 0, sizeof(p->ipc_base));
+            break;
         }
     }
     peer_find_transport(p);
@@ -1724,18 +1897,26 @@ int pd_xfer_peer_connect(pd_xfer_t *x, const struct pd_xfer_peer_info *info, voi
         x->peers->prev = p;
     x->peers = p;
     x->n_peers++;
-    pd_info("xfer: peer %016" PRIx64 " connected (%s): data lane %s", p->remote_id,
-            info->rkey_len ? "receiver" : "sender", p->transport);
+    if (ns > 1)
+        pd_info("xfer: peer %016" PRIx64 " connected (receiver, %d shards): data lane %s",
+                p->remote_id, ns, p->transport);
+    else
+        pd_info("xfer: peer %016" PRIx64 " connected (%s): data lane %s", p->remote_id,
+                receiver ? "receiver" : "sender", p->transport);
     *out = p;
     return PD_OK;
 
-fail_ep : {
-    ucp_request_param_t prm = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
-                               .flags = UCP_EP_CLOSE_FLAG_FORCE};
-    ucs_status_ptr_t req = ucp_ep_close_nbx(p->ep, &prm);
-    if (req && !UCS_PTR_IS_ERR(req))
-        ucp_request_free(req); /* completes inside UCX; nothing of ours refers to it */
-}
+fail_rkeys:
+    for (int k = 0; k < ns; k++)
+        if (p->rkey[k])
+            ucp_rkey_destroy(p->rkey[k]);
+    {
+        ucp_request_param_t prm = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
+                                   .flags = UCP_EP_CLOSE_FLAG_FORCE};
+        ucs_status_ptr_t req = ucp_ep_close_nbx(p->ep, &prm);
+        if (req && !UCS_PTR_IS_ERR(req))
+            ucp_request_free(req); /* completes inside UCX; nothing of ours refers to it */
+    }
 fail_alloc:
     pd_free(p);
     return rc;
@@ -1815,7 +1996,7 @@ static int room_open(pd_xfer_t *x, pd_xfer_peer_t *p, uint64_t room, enum room_r
 
 int pd_xfer_room_add(pd_xfer_t *x, pd_xfer_peer_t *p, uint64_t room, const uint32_t *dst_pages,
                      uint32_t n, void *room_user) {
-    if (!p->rkey)
+    if (!p->rkey[0])
         return pd_errorf(PD_EINVAL, "room %" PRIu64 ": peer has no KV pool to write to", room);
     return room_open(x, p, room, ROOM_SENDER, dst_pages, n, p->n_pages, "the peer's", room_user);
 }
@@ -1829,8 +2010,8 @@ static int room_get(const pd_xfer_t *x, uint64_t room, struct room **out) {
 }
 
 /* Staged: the run waits for a ring slot (run_stage copies and posts it). */
-static int stage_queue(pd_xfer_t *x, struct room *r, uint32_t index, const char *src,
-                       size_t bytes) {
+static int stage_queue(pd_xfer_t *x, struct room *r, uint32_t index, uint32_t src_page,
+                       uint32_t n) {
     if (x->n_jobs == x->jobs_cap) {
         size_t cap = x->jobs_cap * 2;
         struct stage_job *jobs = pd_malloc(cap * sizeof(*jobs));
@@ -1844,22 +2025,23 @@ static int stage_queue(pd_xfer_t *x, struct room *r, uint32_t index, const char 
         x->jobs_head = 0;
     }
     x->jobs[(x->jobs_head + x->n_jobs) % x->jobs_cap] = (struct stage_job){
-        .room = r->id, .serial = r->serial, .index = index, .src = src, .bytes = bytes};
+        .room = r->id, .serial = r->serial, .index = index, .src_page = src_page, .n = n};
     x->n_jobs++;
     r->staged_jobs++;
     return PD_OK;
 }
 
-/* One run as one put (hardware RMA lane): completion is observed through the room's flush. */
-static int send_run_put(pd_xfer_t *x, struct room *r, const char *src, uint32_t dst_page,
-                        size_t bytes) {
+/* One shard of a run as one put (hardware RMA lane): completion is observed through the room's
+ * flush. */
+static int send_run_put(pd_xfer_t *x, struct room *r, uint32_t shard, const char *src,
+                        uint32_t dst_page, size_t bytes) {
     struct pd_xfer_peer *p = r->peer;
     ucp_request_param_t prm = {
         .op_attr_mask = UCP_OP_ATTR_FIELD_MEMH,
-        .memh = x->memh,
+        .memh = x->memh[shard],
     };
-    uint64_t raddr = p->base + (uint64_t)dst_page * x->page_bytes;
-    ucs_status_ptr_t req = ucp_put_nbx(p->ep, src, bytes, raddr, p->rkey, &prm);
+    uint64_t raddr = p->base[shard] + (uint64_t)dst_page * x->shard_page_bytes;
+    ucs_status_ptr_t req = ucp_put_nbx(p->ep, src, bytes, raddr, p->rkey[shard], &prm);
     if (UCS_PTR_IS_ERR(req))
         return pd__ucs_error(UCS_PTR_STATUS(req), "posting a put");
     if (req)
@@ -1867,12 +2049,13 @@ static int send_run_put(pd_xfer_t *x, struct room *r, const char *src, uint32_t 
     return PD_OK;
 }
 
-/* One run as eager active messages of at most am_chunk_bytes, each naming the room, the run's
- * position in the room's page list and the byte offset from there: the receiver checks and
- * copies. */
-static int send_run_am(pd_xfer_t *x, struct room *r, uint32_t index, const char *src, size_t bytes,
-                       int slot) {
+/* One shard of a run as eager active messages of at most am_chunk_bytes, each naming the room,
+ * the run's position in the room's page list, the shard and the byte offset from the run's
+ * start in that shard: the receiver checks and copies. */
+static int send_run_am(pd_xfer_t *x, struct room *r, uint32_t index, uint32_t shard,
+                       const char *src, size_t bytes, int slot) {
     const size_t chunk = r->peer->am_chunk;
+    ucp_mem_h memh = x->staged ? x->memh[0] : x->memh[shard]; /* the ring, or the shard */
     for (size_t off = 0; off < bytes; off += chunk) {
         size_t len = bytes - off < chunk ? bytes - off : chunk;
         struct op *op = op_new(x, r, OP_DATA);
@@ -1885,7 +2068,7 @@ static int send_run_am(pd_xfer_t *x, struct room *r, uint32_t index, const char 
         put_u64(op->buf, x->id);
         put_u64(op->buf + 8, r->id);
         put_u32(op->buf + 16, index);
-        put_u32(op->buf + 20, 0);
+        put_u32(op->buf + 20, shard);
         put_u64(op->buf + 24, off);
         ucp_request_param_t prm = {
             .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
@@ -1893,7 +2076,7 @@ static int send_run_am(pd_xfer_t *x, struct room *r, uint32_t index, const char 
             .flags = UCP_AM_SEND_FLAG_EAGER,
             .cb.send = on_data_sent,
             .user_data = op,
-            .memh = x->memh,
+            .memh = memh,
         };
         ucs_status_ptr_t req = ucp_am_send_nbx(r->peer->ep, PD_XFER_AM_DATA, op->buf, DATA_HDR_LEN,
                                                src + off, len, &prm);
@@ -1911,6 +2094,30 @@ static int send_run_am(pd_xfer_t *x, struct room *r, uint32_t index, const char 
         r->data_bytes += len;
     }
     return PD_OK;
+}
+
+/* One run of len pages, src_page.. → dst_page.. at room position index, every shard of it. */
+static int send_run(pd_xfer_t *x, struct room *r, uint32_t index, uint32_t src_page,
+                    uint32_t dst_page, uint32_t len) {
+    struct pd_xfer_peer *p = r->peer;
+    const size_t spb = x->shard_page_bytes, part = (size_t)len * spb;
+    if (x->staged && !p->ipc_base[0])
+        return stage_queue(x, r, index, src_page, len);
+    int rc = PD_OK;
+    for (int k = 0; k < x->n_shards && !rc; k++) {
+        const char *src = (const char *)x->pool_bases[k] + (size_t)src_page * spb;
+        if (p->ipc_base[0]) {
+            rc = pd_devmem_copy_async(x->dm, (char *)p->ipc_base[k] + (size_t)dst_page * spb, src,
+                                      part);
+            r->ipc_posted = true;
+            x->ipc_bytes += rc ? 0 : part;
+        } else if (p->am_data) {
+            rc = send_run_am(x, r, index, (uint32_t)k, src, part, -1);
+        } else {
+            rc = send_run_put(x, r, (uint32_t)k, src, dst_page, part);
+        }
+    }
+    return rc;
 }
 
 int pd_xfer_room_send(pd_xfer_t *x, uint64_t room, uint32_t first, const uint32_t *src_pages,
@@ -1932,27 +2139,19 @@ int pd_xfer_room_send(pd_xfer_t *x, uint64_t room, uint32_t first, const uint32_
     if (p->failed || p->state != PEER_UP)
         return pd_errorf(PD_EPEER, "room %" PRIu64 ": peer has failed", room);
     const uint32_t *dst = r->dst + first;
-    const size_t pb = x->page_bytes;
-    /* Very long runs are split: puts of a few MiB pipeline better on the transports measured;
-     * staged runs are at most one ring slot. */
-    size_t max_bytes = p->ipc_base ? SIZE_MAX : x->staged ? x->slot_bytes : x->cfg.max_put_bytes;
-    uint32_t max_len = max_bytes / pb ? (uint32_t)(max_bytes / pb) : 1;
+    /* Very long runs are split: puts of a few MiB (each shard's) pipeline better on the
+     * transports measured; staged runs are at most one ring slot (every shard of them). */
+    const bool to_ring = x->staged && !p->ipc_base[0];
+    size_t max_bytes = p->ipc_base[0] ? SIZE_MAX : to_ring ? x->slot_bytes : x->cfg.max_put_bytes;
+    size_t unit = to_ring ? x->page_bytes : x->shard_page_bytes;
+    size_t fit = max_bytes / unit;
+    uint32_t max_len = fit == 0 ? 1 : fit > UINT32_MAX ? UINT32_MAX : (uint32_t)fit;
     for (uint32_t i = 0; i < n;) {
         uint32_t len = 1;
         while (i + len < n && len < max_len && src_pages[i + len] == src_pages[i] + len &&
                dst[i + len] == dst[i] + len)
             len++;
-        const char *src = (const char *)x->pool_base + (size_t)src_pages[i] * pb;
-        if (p->ipc_base) {
-            rc = pd_devmem_copy_async(x->dm, (char *)p->ipc_base + (size_t)dst[i] * pb, src,
-                                      (size_t)len * pb);
-            r->ipc_posted = true;
-            x->ipc_bytes += rc ? 0 : (uint64_t)len * pb;
-        } else {
-            rc = x->staged    ? stage_queue(x, r, first + i, src, (size_t)len * pb)
-                 : p->am_data ? send_run_am(x, r, first + i, src, (size_t)len * pb, -1)
-                              : send_run_put(x, r, src, dst[i], (size_t)len * pb);
-        }
+        rc = send_run(x, r, first + i, src_pages[i], dst[i], len);
         if (rc) {
             pd_warn("xfer: room %" PRIu64 ": %s", room, pd_error_msg());
             peer_mark_failed(p, rc == PD_ENOMEM ? PD_ENOMEM : PD_EPEER);

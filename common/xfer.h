@@ -38,6 +38,17 @@
  * failed notice (sent after a flush) arrives, when the control plane says no write can land
  * (pd_xfer_room_release), or — bounded — abort_timeout_ms later by force-closing the peer.
  *
+ * Shards. Under tensor parallelism a daemon's KV pool is S pools, one per rank, each holding that
+ * rank's share of the kv heads for the same pages: logical page p is page p of every shard, and a
+ * page index anywhere in this API names the logical page. Each shard is registered (and its rkey
+ * packed) on its own; the peer info carries every shard's rkey and base, and a sender and a
+ * receiver must have the same shard count and shard page bytes (refused at connect), since
+ * rank r's shard goes to rank r's (SGLang pairs prefill rank r with decode rank r; here one
+ * engine moves all the shards of a page). A run of pages is one put per shard; as active
+ * messages, each message carries its shard number and stays within that shard's run, and the
+ * receiver bounds-checks it against that shard's pages of the room. One shard is exactly the
+ * unsharded pool, on the wire too.
+ *
  * GPU pools (pd_xfer_register_device_pool): registered with UCX directly when it takes CUDA
  * memory, else staged through a pinned host ring (see there).
  * Not here: the page allocator (callers own page indices), the bootstrap RPCs (common/bootstrap.h).
@@ -62,6 +73,7 @@
  * (UCX's own software puts included) arrives truncated. bench/xfer gives ucx_perftest the same. */
 #define PD_XFER_MM_SEG_SIZE "65535"
 #define PD_XFER_NOTICE_TOP_MAX 20 /* top logprobs of the first token a notice carries */
+#define PD_XFER_SHARDS_MAX 8      /* shards of one pool (tensor-parallel ranks, PD_TP_MAX) */
 
 typedef struct pd_xfer pd_xfer_t;
 typedef struct pd_xfer_peer pd_xfer_peer_t;
@@ -125,12 +137,23 @@ struct pd_xfer_info {
     uint32_t live_rooms;
     uint32_t live_peers;
     uint32_t pool_pages; /* registered pool; 0 before pd_xfer_register_pool */
-    size_t page_bytes;
+    size_t page_bytes;   /* one logical page: n_shards * shard_page_bytes */
+    int n_shards;        /* 0 before the pool is registered */
+    size_t shard_page_bytes;
     uint64_t dropped_writes; /* receiver: page data refused (room not live, wrong peer, outside
                                 the room's pages) */
     bool staged;             /* GPU pool moved through the pinned staging ring */
     uint64_t staged_bytes;   /* sender: page bytes that went through the ring */
     uint64_t ipc_bytes;      /* sender: page bytes copied into peers' pools by CUDA IPC */
+};
+
+/* One shard of a remote pool, as exchanged at Pair. */
+struct pd_xfer_shard {
+    const void *rkey; /* packed rkey of the shard's region */
+    size_t rkey_len;
+    uint64_t base;          /* the shard's address on the remote side */
+    const void *ipc_handle; /* its same-node export (see ipc_handle below); NULL, 0: none */
+    size_t ipc_handle_len;
 };
 
 /* Remote side of a pair, as exchanged at Pair. The receiver's side of the pair (decode connects
@@ -150,6 +173,12 @@ struct pd_xfer_peer_info {
      * none (host pool, other node, or export failed). */
     const void *ipc_handle;
     size_t ipc_handle_len;
+    /* A pool of several shards: n_shards > 1 and shards[k] describes shard k for every
+     * k < n_shards (shards[0] then supersedes rkey, base and ipc_handle above). n_shards 0 or 1:
+     * one shard, the fields above. An IPC export is used only when every shard has one. */
+    int n_shards;
+    uint64_t shard_page_bytes; /* one page of one shard; 0 = page_bytes / n_shards */
+    struct pd_xfer_shard shards[PD_XFER_SHARDS_MAX];
 };
 
 /* Engine. cb is copied. The engine lives until pd_xfer_free's close completes on the loop. */
@@ -164,8 +193,14 @@ void pd_xfer_get_info(const pd_xfer_t *x, struct pd_xfer_info *out);
 
 struct pd_devmem;
 
-/* Registers the KV pool (host memory): [base, base + page_bytes * n_pages). Once per engine. */
+/* Registers the KV pool (host memory): [base, base + page_bytes * n_pages). Once per engine.
+ * The one-shard case of pd_xfer_register_pool_shards. */
 int pd_xfer_register_pool(pd_xfer_t *x, void *base, size_t page_bytes, uint32_t n_pages);
+/* Registers a KV pool of n_shards (1 .. PD_XFER_SHARDS_MAX) shards: shard k is
+ * [bases[k], bases[k] + shard_page_bytes * n_pages), logical page p is page p of every shard
+ * (one logical page = n_shards * shard_page_bytes). Once per engine. */
+int pd_xfer_register_pool_shards(pd_xfer_t *x, void *const *bases, int n_shards,
+                                 size_t shard_page_bytes, uint32_t n_pages);
 /* Registers a KV pool in device memory (instead of pd_xfer_register_pool). ucx_direct: UCX
  * takes the GPU memory itself (pd_xfer_info.cuda_memory; PD_EUNSUPPORTED otherwise) and pages
  * move as on a host pool. Else pages are staged: the sender copies each run device→host into a
@@ -176,14 +211,27 @@ int pd_xfer_register_pool(pd_xfer_t *x, void *base, size_t page_bytes, uint32_t 
  * the pool is on; devmem.h) must outlive the engine. */
 int pd_xfer_register_device_pool(pd_xfer_t *x, void *base, size_t page_bytes, uint32_t n_pages,
                                  struct pd_devmem *dm, bool ucx_direct);
-/* Our worker address (always) and packed pool rkey (after register_pool; else NULL, 0). Valid
- * for the engine's life. */
+/* The same over shards (as pd_xfer_register_pool_shards), all on dm's transfer stream: ucx_direct
+ * maps every shard; staged copies each shard's part of a run into the slot (one copy per shard)
+ * and the receiver copies each message into its shard; a same-node export is one handle per
+ * shard (each shard its own allocation). */
+int pd_xfer_register_device_pool_shards(pd_xfer_t *x, void *const *bases, int n_shards,
+                                        size_t shard_page_bytes, uint32_t n_pages,
+                                        struct pd_devmem *dm, bool ucx_direct);
+/* Our worker address (always) and packed pool rkey (after register_pool; else NULL, 0): shard
+ * 0's for a pool of shards. Valid for the engine's life. */
 void pd_xfer_local_address(const pd_xfer_t *x, const void **addr, size_t *len);
 void pd_xfer_local_rkey(const pd_xfer_t *x, const void **rkey, size_t *len, uint64_t *base);
-/* The device pool's same-node export (CUDA IPC handle); NULL, 0 for a host pool. */
+/* The device pool's same-node export (CUDA IPC handle); NULL, 0 for a host pool. Shard 0's. */
 void pd_xfer_local_ipc(const pd_xfer_t *x, const void **handle, size_t *len);
+/* Everything a peer needs to connect to us (what Pair carries): id, worker address and, after a
+ * pool was registered, page_bytes, n_pages and every shard (n_shards, shards[]; shard 0 also in
+ * rkey/base/ipc_handle). Pointers valid for the engine's life. */
+void pd_xfer_local_peer_info(const pd_xfer_t *x, struct pd_xfer_peer_info *out);
 
-/* One endpoint per peer, with UCP_ERR_HANDLING_MODE_PEER. */
+/* One endpoint per peer, with UCP_ERR_HANDLING_MODE_PEER. A receiver peer (info has a pool)
+ * whose page bytes, shard count or shard page bytes differ from ours is refused with
+ * PD_EMISMATCH naming both. */
 int pd_xfer_peer_connect(pd_xfer_t *x, const struct pd_xfer_peer_info *info, void *peer_user,
                          pd_xfer_peer_t **out);
 /* Force-closes the endpoint; its rooms end with `status`, then on_peer_closed. Idempotent. */

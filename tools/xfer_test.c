@@ -12,6 +12,9 @@
  *                    protobuf, mismatched layout, out-of-range and duplicate pages, duplicate
  *                    room; each must be refused with its status, and the server must still serve.
  *
+ * --shards N gives both sides' pools N shards (tensor-parallel ranks, layout tp_size N): each
+ * shard's part of a page has its own content and is checked on its own.
+ *
  * Prints one "xfer-test: key=value ..." summary line and exits 0 when everything held, 1 when not.
  * tests/integration/xfer_pair.c drives it (including SIGKILL of either side).
  */
@@ -46,6 +49,7 @@ struct opts {
     int rooms;
     int window;
     int layers, kv_heads, head_dim, page_size;
+    int shards;
     int abort_every;
     bool expect_peer_death;
     int64_t seed;
@@ -73,7 +77,8 @@ struct app {
     uint8_t key[PD_CLUSTER_KEY_MAX];
     size_t key_len;
     struct pd_bootstrap_layout layout;
-    uint8_t *pool;
+    uint8_t *pool[PD_XFER_SHARDS_MAX]; /* [pool_pages][shard_bytes] each */
+    size_t shard_bytes;                /* one page of one shard */
     uint32_t pool_pages;
     /* receiver */
     struct slot slots[MAX_WINDOW];
@@ -95,6 +100,23 @@ static void shutdown_all(void);
 
 static uint64_t now_ms(void) {
     return uv_now(&A.loop);
+}
+
+/* Shard k's part of a page has content of its own. */
+static uint64_t shard_room(uint64_t room, int k) {
+    return room ^ ((uint64_t)k << 48);
+}
+
+static uint8_t *page_at(int k, uint32_t page) {
+    return A.pool[k] + (size_t)page * A.shard_bytes;
+}
+
+/* Over every shard of the pages. */
+static uint32_t pages_sum(const uint32_t *pages, uint32_t n) {
+    uint32_t h = 0;
+    for (int k = 0; k < A.o.shards; k++)
+        h = h * 31u ^ pd_xfer_plan_checksum(A.pool[k], A.shard_bytes, pages, n);
+    return h;
 }
 
 static double room_scatter(uint64_t room) {
@@ -133,8 +155,8 @@ static void sender_on_room(void *ctx, uint64_t room, const char *decode_id, uint
         return;
     }
     for (uint32_t i = 0; i < n; i++)
-        pd_xfer_plan_fill(room, i, A.pool + (size_t)src[i] * A.layout.page_bytes,
-                          A.layout.page_bytes);
+        for (int k = 0; k < A.o.shards; k++)
+            pd_xfer_plan_fill(shard_room(room, k), i, page_at(k, src[i]), A.shard_bytes);
     /* in chunks, as chunked prefill sends them */
     uint32_t a = n / 3, b = 2 * n / 3;
     int rc = pd_xfer_room_send(A.x, room, 0, src, a);
@@ -147,7 +169,7 @@ static void sender_on_room(void *ctx, uint64_t room, const char *decode_id, uint
     if (!rc)
         rc = pd_xfer_room_send(A.x, room, b, src + b, n - b);
     struct pd_xfer_notice done = {
-        .first_token = (int32_t)pd_xfer_plan_checksum(A.pool, A.layout.page_bytes, src, n),
+        .first_token = (int32_t)pages_sum(src, n),
         .first_logprob = -1.0f,
         .cached_tokens = n,
     };
@@ -203,16 +225,19 @@ static void receiver_room_done(int slot_i, int status, const struct pd_xfer_noti
     A.ended++;
     if (status == PD_OK) {
         for (uint32_t i = 0; i < s->n; i++) {
-            long off = pd_xfer_plan_check(
-                s->room, i, A.pool + (size_t)s->dst[i] * A.layout.page_bytes, A.layout.page_bytes);
-            if (off >= 0) {
-                if (A.bad_pages < 5)
-                    pd_error("xfer-test: room %" PRIu64 ": page %u (pool %u) differs at byte %ld",
-                             s->room, i, s->dst[i], off);
-                A.bad_pages++;
+            for (int k = 0; k < A.o.shards; k++) {
+                long off = pd_xfer_plan_check(shard_room(s->room, k), i, page_at(k, s->dst[i]),
+                                              A.shard_bytes);
+                if (off >= 0) {
+                    if (A.bad_pages < 5)
+                        pd_error("xfer-test: room %" PRIu64
+                                 ": page %u (pool %u) shard %d differs at byte %ld",
+                                 s->room, i, s->dst[i], k, off);
+                    A.bad_pages++;
+                }
             }
         }
-        uint32_t sum = pd_xfer_plan_checksum(A.pool, A.layout.page_bytes, s->dst, s->n);
+        uint32_t sum = pages_sum(s->dst, s->n);
         if (!n || n->first_token != (int32_t)sum || n->cached_tokens != s->n) {
             pd_error("xfer-test: room %" PRIu64 ": done notice disagrees with the data "
                      "(checksum %08x, notice %08x)",
@@ -256,7 +281,8 @@ static void receiver_fill(void) {
                                     (uint32_t)i * SLOT_PAGES, SLOT_PAGES, src, s->dst);
         PD_ASSERT(rc == PD_OK);
         for (uint32_t k = 0; k < s->n; k++)
-            memset(A.pool + (size_t)s->dst[k] * A.layout.page_bytes, 0xA5, A.layout.page_bytes);
+            for (int j = 0; j < A.o.shards; j++)
+                memset(page_at(j, s->dst[k]), 0xA5, A.shard_bytes);
         s->busy = true;
         s->aborted = false;
         A.issued++;
@@ -276,7 +302,8 @@ static void receiver_fill(void) {
 static void on_rejected(void *ctx, uint64_t room, void *user, int status, const char *msg) {
     (void)ctx;
     (void)room;
-    pd_warn("xfer-test: room %" PRIu64 " rejected: %s", room, msg);
+    printf("xfer-test: room %" PRIu64 " rejected: %s\n", room, msg); /* what tests look for */
+    fflush(stdout);
     receiver_room_done((int)(intptr_t)user, status, NULL);
 }
 
@@ -344,8 +371,11 @@ struct expect {
 
 static void probe_next(void);
 
+static const char *probe_needle; /* the next check's message must contain it; NULL: any */
+
 static void probe_check(const char *what, int want, int got, const char *msg) {
-    bool ok = want == got;
+    bool ok = want == got && (!probe_needle || strstr(msg, probe_needle));
+    probe_needle = NULL;
     printf("xfer-test: probe %-28s want=%-18s got=%-18s %s  (%s)\n", what, pd_status_str(want),
            pd_status_str(got), ok ? "ok" : "WRONG", msg);
     fflush(stdout);
@@ -509,6 +539,27 @@ static void probe_next(void) {
         probe_raw("Health still served", PD_OK, PD_BOOTSTRAP_METHOD_HEALTH, body, len);
         pd_free(body);
         return;
+    case 14: { /* a decode with another tensor parallelism: refused naming tp_size first */
+        struct pd_bootstrap_client_config cc = {
+            .key = A.key, .key_len = A.key_len, .layout = A.layout, .decode_id = "probe-tp"};
+        char target[64];
+        snprintf(target, sizeof(target), "127.0.0.1:%d", A.o.port);
+        cc.target = target;
+        cc.layout.tp_size = A.layout.tp_size == 1 ? 2 : 1;
+        cc.layout.page_bytes = A.layout.page_bytes / A.layout.tp_size * cc.layout.tp_size;
+        static char needle[96];
+        snprintf(needle, sizeof(needle),
+                 "FAILED_PRECONDITION: layout mismatch: tp_size: prefill "
+                 "%u, decode %u",
+                 A.layout.tp_size, cc.layout.tp_size);
+        struct pd_bootstrap_client_callbacks cb = {.on_paired = on_probe_paired,
+                                                   .on_room_rejected = on_probe_rejected};
+        pd_bootstrap_client_new(A.bridge, A.x, &cc, &cb, &probe_bad_client);
+        probe_cur = (struct expect){"Pair with other tp_size", PD_EMISMATCH};
+        probe_needle = needle;
+        pd_bootstrap_client_transfer(probe_bad_client, 997, pages, 4, 64, NULL);
+        return;
+    }
     default:
         printf("xfer-test: role=probe checks=%d wrong=%d result=%s\n", A.probe_step - 1,
                A.probe_fail, A.probe_fail ? "FAIL" : "PASS");
@@ -572,8 +623,9 @@ static void layout_from_opts(const struct opts *o, struct pd_bootstrap_layout *l
     l->head_dim = (uint32_t)o->head_dim;
     l->page_size = (uint32_t)o->page_size;
     snprintf(l->dtype, sizeof(l->dtype), "bf16");
-    l->tp_size = 1;
-    l->page_bytes = (uint64_t)l->layers * 2 * l->page_size * l->kv_heads * l->head_dim * 2;
+    l->tp_size = (uint32_t)o->shards; /* kv_heads per rank; one pool shard per rank */
+    l->page_bytes =
+        (uint64_t)o->shards * l->layers * 2 * l->page_size * l->kv_heads * l->head_dim * 2;
 }
 
 int main(int argc, char **argv) {
@@ -586,6 +638,7 @@ int main(int argc, char **argv) {
                        .kv_heads = 2,
                        .head_dim = 8,
                        .page_size = 16,
+                       .shards = 1,
                        .seed = 1,
                        .log_level = PD_LOG_WARNING,
                        .max_pages = SLOT_PAGES};
@@ -603,6 +656,8 @@ int main(int argc, char **argv) {
     pd_flag_int(&fs, "--kv-heads", &o->kv_heads, "N", 1, 256, "layout: kv heads");
     pd_flag_int(&fs, "--head-dim", &o->head_dim, "N", 1, 1024, "layout: head dim");
     pd_flag_int(&fs, "--page-size", &o->page_size, "TOKENS", 1, 1024, "layout: tokens per page");
+    pd_flag_int(&fs, "--shards", &o->shards, "N", 1, PD_XFER_SHARDS_MAX,
+                "KV pool shards (tensor-parallel ranks, layout tp_size; --kv-heads is per rank)");
     pd_flag_int(&fs, "--max-pages", &o->max_pages, "N", 1, SLOT_PAGES, "largest room, pages");
     pd_flag_int(&fs, "--abort-every", &o->abort_every, "K", 0, 1e6,
                 "abort every K-th room mid-transfer (receiver: by Abort RPC; sender: failed "
@@ -629,10 +684,13 @@ int main(int argc, char **argv) {
     /* both sides: one slot of SLOT_PAGES per room in flight (sender and receiver agree on
      * --window); the probe needs only a few pages */
     A.pool_pages = o->role == ROLE_PROBE ? 1024 : (uint32_t)o->window * SLOT_PAGES;
-    A.pool = pd_calloc(A.pool_pages, A.layout.page_bytes);
-    if (!A.pool) {
-        fprintf(stderr, "pdserve-xfer-test: %s\n", pd_error_msg());
-        return 2;
+    A.shard_bytes = A.layout.page_bytes / (uint64_t)o->shards;
+    for (int k = 0; k < o->shards; k++) {
+        A.pool[k] = pd_calloc(A.pool_pages, A.shard_bytes);
+        if (!A.pool[k]) {
+            fprintf(stderr, "pdserve-xfer-test: %s\n", pd_error_msg());
+            return 2;
+        }
     }
     uv_loop_init(&A.loop);
     uv_signal_init(&A.loop, &A.sigterm);
@@ -653,7 +711,8 @@ int main(int argc, char **argv) {
     if (!rc)
         rc = pd_xfer_new(&A.loop, &xc, &xcb, &A.x);
     if (!rc)
-        rc = pd_xfer_register_pool(A.x, A.pool, A.layout.page_bytes, A.pool_pages);
+        rc = pd_xfer_register_pool_shards(A.x, (void *const *)A.pool, o->shards, A.shard_bytes,
+                                          A.pool_pages);
     if (!rc && o->role == ROLE_SENDER) {
         struct pd_bootstrap_server_config sc = {.addr = addr,
                                                 .key = A.key,
@@ -691,6 +750,7 @@ int main(int argc, char **argv) {
     }
     uv_run(&A.loop, UV_RUN_DEFAULT);
     uv_loop_close(&A.loop);
-    pd_free(A.pool);
+    for (int k = 0; k < o->shards; k++)
+        pd_free(A.pool[k]);
     return A.exit_code;
 }

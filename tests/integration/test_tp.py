@@ -11,8 +11,11 @@ each on 2 ranks). What a user would notice:
   * pdserve-decode --disaggregation-mode null --tp-size 2 serves 8 concurrent /generate requests
     with tp 1's ids and text, /server_info says tp_size 2, the pool is full again afterwards,
     /health_generate answers, SIGTERM exits 0.
-  * pdserve-prefill and a disaggregated pdserve-decode refuse --tp-size 2 (exit 2, saying the
-    transfer of a split pool is not built yet); every binary's --help documents --tp-size.
+  * pdserve-prefill --tp-size 2 and pdserve-decode --tp-size 2 behind the router (each rank's
+    pool is one shard of the transferred page) serve 8 concurrent /generate requests with tp 1's
+    ids; both pools are full again afterwards. A tp 2 prefill with a tp 1 decode is refused at
+    pairing with an error naming tp_size, and the decode keeps serving. Every binary's --help
+    documents --tp-size.
 
 Stdlib only. Usage: test_tp.py BUILD_DIR. Every process is killed (by PID) on exit.
 """
@@ -155,14 +158,68 @@ def coloc_checks(tmp, model):
         d1.kill()
 
 
-def refusal_checks(model):
-    step("prefill / decode refuse --tp-size 2; --help documents it")
-    for binary, mode in ((PREFILL, "prefill"), (DECODE, "decode")):
-        r = subprocess.run([binary, "--model-path", model, "--disaggregation-mode", mode,
-                            "--tp-size", "2", "--port", str(pc.free_port())],
-                           capture_output=True, text=True, timeout=60)
-        check(r.returncode == 2 and "--tp-size 2" in r.stderr and "not built yet" in r.stderr,
-              "%s --tp-size 2: rc %d %r" % (mode, r.returncode, r.stderr))
+def concurrent_generate(port, prompts, lens, what):
+    """Posts every prompt at once to port's /generate; the answers' output ids (None: failed)."""
+    results = [None] * len(prompts)
+    barrier = threading.Barrier(len(prompts))
+
+    def client(i):
+        body = {"input_ids": prompts[i], "sampling_params": {
+            "max_new_tokens": lens[i], "temperature": 0, "ignore_eos": True}}
+        try:
+            barrier.wait(30)
+            results[i] = pc.http_call(port, "POST", "/generate", body, 120)
+        except Exception as e:  # noqa: BLE001
+            results[i] = (0, repr(e))
+
+    ts = [threading.Thread(target=client, args=(i,)) for i in range(len(prompts))]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(150)
+    out = []
+    for i, r in enumerate(results):
+        ok = check(r is not None and r[0] == 200, "%s request %d: %r" % (what, i, r))
+        out.append(json.loads(r[1])["output_ids"] if ok else None)
+    return out
+
+
+def disagg_checks(tmp, model):
+    step("pdserve-prefill --tp-size 2 + pdserve-decode --tp-size 2 through the router")
+    ref_ids = generate(model, 1, max_new=16)
+    lens = [16 - (i % 3) * 4 for i in range(8)]
+    prompts = [PROMPTS[i % len(PROMPTS)] for i in range(8)]
+    tp2 = ["--tp-size", "2", "--threads", "2"]
+    pf, dc, rt = pc.start_cluster(BUILD, tmp, model, tp2, tp2)
+    try:
+        for d in (pf, dc):
+            check(d.server_info().get("tp_size") == 2, "%s /server_info tp_size" % d.role)
+        got = concurrent_generate(rt.port, prompts, lens, "pd tp 2")
+        for i, ids in enumerate(got):
+            want = ref_ids[i % len(PROMPTS)][:lens[i]] if ref_ids else None
+            check(ids is None or ids == want,
+                  "pd tp 2 request %d: ids %r != tp 1's %r" % (i, ids, want))
+        check(pf.pool_full() and dc.pool_full(), "pd tp 2: pools full after the requests")
+    except Exception:
+        print(pf.log_tail(), dc.log_tail(), flush=True)
+        raise
+    finally:
+        for p in (rt, dc, pf):
+            p.kill()
+    step("prefill --tp-size 2 with a decode --tp-size 1: refused at pairing, naming tp_size")
+    pf, dc, rt = pc.start_cluster(BUILD, tmp, model, tp2, [])
+    try:
+        body = {"input_ids": PROMPTS[1], "sampling_params": {"max_new_tokens": 4}}
+        st, raw = pc.http_call(rt.port, "POST", "/generate", body, 60)
+        raw = raw.decode(errors="replace")
+        check(st >= 400 and "tp_size" in raw,
+              "tp 2 prefill / tp 1 decode: %d %r (want an error naming tp_size)" % (st, raw[:400]))
+        check(dc.pool_full(), "tp mismatch: decode pool full after the refusal")
+        st, _ = dc.get("/health", 10)
+        check(st == 200, "decode still serving after the refusal")
+    finally:
+        for p in (rt, dc, pf):
+            p.kill()
     for binary in (PREFILL, DECODE, GENERATE):
         r = subprocess.run([binary, "--help"], capture_output=True, text=True, timeout=30)
         check(r.returncode == 0 and "--tp-size" in r.stdout and "ranks" in r.stdout,
@@ -173,7 +230,7 @@ def main():
     tmp = pc.tmpdir()
     try:
         model = generate_checks(tmp)
-        refusal_checks(model)
+        disagg_checks(tmp, model)
         coloc_checks(tmp, model)
     finally:
         pc.kill_all()

@@ -4,6 +4,10 @@
  * it on tcp and on posix,cma). Checks page sets arriving byte-exact with the notice's checksum,
  * thousands of rooms back to back, validation of destination pages and room ids, and aborts from
  * either side (acknowledged, and unacknowledged → peer force-closed after the abort timeout).
+ * Pools of several shards (tensor-parallel ranks): the same rooms over 2 and 3 shards on every
+ * data path (active messages, puts, staged ring, IPC copies), each shard's part of a page with
+ * its own content and checked byte for byte; shard sizes that are not a multiple of the message
+ * size; connects with disagreeing shards refused; a forged shard number dropped.
  * The two-process and kill tests are tests/integration/xfer_pair.c driving pdserve-xfer-test.
  */
 #include <inttypes.h>
@@ -23,9 +27,12 @@
 #define SLOT_PAGES 4096
 #define WAVE_ROOMS 4
 
+#define MAX_SHARDS 3
+
 struct side {
     pd_xfer_t *x;
-    uint8_t *pool;
+    uint8_t *pool;              /* shard 0 */
+    uint8_t *shard[MAX_SHARDS]; /* [POOL_PAGES][spb] each */
     pd_xfer_peer_t *peer;
     int ended, failed, closed;
     int last_status;
@@ -106,40 +113,100 @@ static bool ipc;
 static struct pd_devmem *snd_dm, *rcv_dm;
 #define STAGE_SLOTS 3
 #define STAGE_SLOT_PAGES 8
+/* the next pair_up's pools: n_shards shards of spb bytes per page (one logical page is
+ * n_shards * spb), and page data per active message (0: the engine's choice) */
+static int n_shards = 1;
+static size_t spb = PAGE_BYTES;
+static size_t am_chunk;
+
+/* Shard k's part of a page has content of its own (a shard written into another's place, or
+ * left out, shows). */
+static uint64_t shard_room(uint64_t room, int k) {
+    return room ^ ((uint64_t)k << 48);
+}
+
+static uint8_t *page_at(const struct side *s, int k, uint32_t page) {
+    return s->shard[k] + (size_t)page * spb;
+}
+
+static void fill_page(uint64_t room, uint32_t pos, uint32_t page) {
+    for (int k = 0; k < n_shards; k++)
+        pd_xfer_plan_fill(shard_room(room, k), pos, page_at(&snd, k, page), spb);
+}
+
+static void zero_page(uint32_t page) {
+    for (int k = 0; k < n_shards; k++)
+        memset(page_at(&rcv, k, page), 0, spb);
+}
+
+/* Shards of the receiver's page that differ from what the sender wrote. */
+static int bad_shards(uint64_t room, uint32_t pos, uint32_t page) {
+    int bad = 0;
+    for (int k = 0; k < n_shards; k++)
+        bad += pd_xfer_plan_check(shard_room(room, k), pos, page_at(&rcv, k, page), spb) >= 0;
+    return bad;
+}
+
+/* Over every shard of the room's pages. */
+static uint32_t pages_sum(const struct side *s, const uint32_t *pages, uint32_t n) {
+    uint32_t h = 0;
+    for (int k = 0; k < n_shards; k++)
+        h = h * 31u ^ pd_xfer_plan_checksum(s->shard[k], spb, pages, n);
+    return h;
+}
 
 static void pair_up(int abort_timeout_ms) {
     struct pd_xfer_config cfg = {.abort_timeout_ms = abort_timeout_ms,
                                  .data_path = data_path,
+                                 .am_chunk_bytes = am_chunk,
                                  .stage_slots = STAGE_SLOTS,
-                                 .stage_slot_bytes = STAGE_SLOT_PAGES * PAGE_BYTES};
+                                 .stage_slot_bytes = STAGE_SLOT_PAGES * spb * (size_t)n_shards};
     struct pd_xfer_callbacks cs = {.ctx = &snd, .on_room_end = on_end, .on_peer_closed = on_closed};
     struct pd_xfer_callbacks cr = {.ctx = &rcv, .on_room_end = on_end, .on_peer_closed = on_closed};
     memset(&snd, 0, sizeof(snd));
     memset(&rcv, 0, sizeof(rcv));
-    snd.pool = pd_calloc(POOL_PAGES, PAGE_BYTES);
-    rcv.pool = pd_calloc(POOL_PAGES, PAGE_BYTES);
-    PD_ASSERT(snd.pool && rcv.pool);
+    for (int k = 0; k < n_shards; k++) {
+        snd.shard[k] = pd_calloc(POOL_PAGES, spb);
+        rcv.shard[k] = pd_calloc(POOL_PAGES, spb);
+        PD_ASSERT(snd.shard[k] && rcv.shard[k]);
+    }
+    snd.pool = snd.shard[0];
+    rcv.pool = rcv.shard[0];
     CHECK_OK(pd_xfer_new(&loop, &cfg, &cs, &snd.x));
     CHECK_OK(pd_xfer_new(&loop, &cfg, &cr, &rcv.x));
+    void *const *sb = (void *const *)snd.shard, *const *rb = (void *const *)rcv.shard;
     if (staged) {
         struct pd_devmem_opts dmo = {.kind = PD_DEVMEM_HOST, .host_deferred = true};
         CHECK_OK(pd_devmem_new(&dmo, &snd_dm));
         CHECK_OK(pd_devmem_new(&dmo, &rcv_dm));
-        CHECK_OK(
-            pd_xfer_register_device_pool(snd.x, snd.pool, PAGE_BYTES, POOL_PAGES, snd_dm, false));
-        CHECK_OK(
-            pd_xfer_register_device_pool(rcv.x, rcv.pool, PAGE_BYTES, POOL_PAGES, rcv_dm, false));
-    } else {
+        CHECK_OK(pd_xfer_register_device_pool_shards(snd.x, sb, n_shards, spb, POOL_PAGES, snd_dm,
+                                                     false));
+        CHECK_OK(pd_xfer_register_device_pool_shards(rcv.x, rb, n_shards, spb, POOL_PAGES, rcv_dm,
+                                                     false));
+    } else if (n_shards == 1) {
         CHECK_OK(pd_xfer_register_pool(snd.x, snd.pool, PAGE_BYTES, POOL_PAGES));
         CHECK_OK(pd_xfer_register_pool(rcv.x, rcv.pool, PAGE_BYTES, POOL_PAGES));
+    } else {
+        CHECK_OK(pd_xfer_register_pool_shards(snd.x, sb, n_shards, spb, POOL_PAGES));
+        CHECK_OK(pd_xfer_register_pool_shards(rcv.x, rb, n_shards, spb, POOL_PAGES));
     }
-    /* receiver's side of the pair: its pool (what Pair carries) */
+    /* receiver's side of the pair: its pool (what Pair carries); one shard through the fields
+     * that predate shards, as a peer without them sends it */
     struct pd_xfer_peer_info ri = {
         .remote_id = pd_xfer_id(rcv.x), .page_bytes = PAGE_BYTES, .n_pages = POOL_PAGES};
-    pd_xfer_local_address(rcv.x, &ri.worker_addr, &ri.worker_addr_len);
-    pd_xfer_local_rkey(rcv.x, &ri.rkey, &ri.rkey_len, &ri.base);
-    if (ipc)
-        pd_xfer_local_ipc(rcv.x, &ri.ipc_handle, &ri.ipc_handle_len);
+    if (n_shards == 1) {
+        pd_xfer_local_address(rcv.x, &ri.worker_addr, &ri.worker_addr_len);
+        pd_xfer_local_rkey(rcv.x, &ri.rkey, &ri.rkey_len, &ri.base);
+        if (ipc)
+            pd_xfer_local_ipc(rcv.x, &ri.ipc_handle, &ri.ipc_handle_len);
+    } else {
+        pd_xfer_local_peer_info(rcv.x, &ri);
+        CHECK_INT(ri.n_shards, n_shards);
+        CHECK_INT((long long)ri.page_bytes, (long long)(spb * (size_t)n_shards));
+        for (int k = 0; k < n_shards && !ipc; k++)
+            ri.shards[k].ipc_handle_len = 0;
+        CHECK(!ipc || ri.shards[n_shards - 1].ipc_handle_len > 0);
+    }
     CHECK_OK(pd_xfer_peer_connect(snd.x, &ri, NULL, &snd.peer));
     /* sender's side (what PairReply carries): no pool, liveness only */
     struct pd_xfer_peer_info si = {.remote_id = pd_xfer_id(snd.x)};
@@ -155,8 +222,10 @@ static void unpair(void) {
     pd_devmem_free(snd_dm);        /* the engines are gone: their devmem may go */
     pd_devmem_free(rcv_dm);
     snd_dm = rcv_dm = NULL;
-    pd_free(snd.pool);
-    pd_free(rcv.pool);
+    for (int k = 0; k < n_shards; k++) {
+        pd_free(snd.shard[k]);
+        pd_free(rcv.shard[k]);
+    }
 }
 
 static uint32_t room_pages(uint64_t *rng, int i) {
@@ -190,8 +259,8 @@ static void rooms_byte_exact(int n_rooms) {
             CHECK_OK(pd_xfer_plan_pages(room, n[k], scatter, (uint32_t)k * SLOT_PAGES, SLOT_PAGES,
                                         (uint32_t)k * SLOT_PAGES, SLOT_PAGES, src[k], dst[k]));
             for (uint32_t i = 0; i < n[k]; i++) {
-                pd_xfer_plan_fill(room, i, snd.pool + (size_t)src[k][i] * PAGE_BYTES, PAGE_BYTES);
-                memset(rcv.pool + (size_t)dst[k][i] * PAGE_BYTES, 0, PAGE_BYTES);
+                fill_page(room, i, src[k][i]);
+                zero_page(dst[k][i]);
             }
             CHECK_OK(pd_xfer_room_expect(rcv.x, rcv.peer, room, dst[k], n[k], NULL));
             CHECK_OK(pd_xfer_room_add(snd.x, snd.peer, room, dst[k], n[k], NULL));
@@ -200,7 +269,7 @@ static void rooms_byte_exact(int n_rooms) {
             CHECK_OK(pd_xfer_room_send(snd.x, room, a, src[k] + a, b - a));
             CHECK_OK(pd_xfer_room_send(snd.x, room, b, src[k] + b, n[k] - b));
             struct pd_xfer_notice done = {
-                .first_token = (int32_t)pd_xfer_plan_checksum(snd.pool, PAGE_BYTES, src[k], n[k]),
+                .first_token = (int32_t)pages_sum(&snd, src[k], n[k]),
                 .first_logprob = -0.5f,
                 .cached_tokens = n[k],
             };
@@ -219,14 +288,12 @@ static void rooms_byte_exact(int n_rooms) {
             if (k < 0 || k >= WAVE_ROOMS)
                 break;
             for (uint32_t i = 0; i < n[k]; i++)
-                bad_pages += pd_xfer_plan_check(room, i, rcv.pool + (size_t)dst[k][i] * PAGE_BYTES,
-                                                PAGE_BYTES) >= 0;
-            bad_sums += rcv.last_notice.first_token !=
-                        (int32_t)pd_xfer_plan_checksum(rcv.pool, PAGE_BYTES, dst[k], n[k]);
+                bad_pages += bad_shards(room, i, dst[k][i]);
+            bad_sums += rcv.last_notice.first_token != (int32_t)pages_sum(&rcv, dst[k], n[k]);
             bad_sums += rcv.last_notice.cached_tokens != n[k];
             /* staged: the notice left after every run went through the ring */
-            bad_sums +=
-                staged && rcv.last_notice.data_bytes != (ipc ? 0 : (uint64_t)n[k] * PAGE_BYTES);
+            bad_sums += staged && rcv.last_notice.data_bytes !=
+                                      (ipc ? 0 : (uint64_t)n[k] * spb * (uint64_t)n_shards);
             pages_total += n[k];
         }
         CHECK(run_until(&snd.ended, want_s, 10000));
@@ -243,11 +310,14 @@ static void rooms_byte_exact(int n_rooms) {
     pd_xfer_get_info(snd.x, &info);
     CHECK_INT(info.live_rooms, 0);
     CHECK(info.staged == staged);
+    CHECK_INT(info.n_shards, n_shards);
+    const long long logical = (long long)(spb * (size_t)n_shards);
     if (staged) {
-        CHECK_INT((long long)info.staged_bytes, ipc ? 0 : (long long)pages_sent * PAGE_BYTES);
-        CHECK_INT((long long)info.ipc_bytes, ipc ? (long long)pages_sent * PAGE_BYTES : 0);
+        CHECK_INT((long long)info.staged_bytes, ipc ? 0 : (long long)pages_sent * logical);
+        CHECK_INT((long long)info.ipc_bytes, ipc ? (long long)pages_sent * logical : 0);
     }
-    fprintf(stderr, "rooms %d, pages %ld verified\n", rcv.ended, pages_total);
+    fprintf(stderr, "rooms %d, pages %ld of %d shard(s) verified\n", rcv.ended, pages_total,
+            n_shards);
     unpair();
 }
 
@@ -445,6 +515,167 @@ static void test_peer_close_fails_rooms(void) {
     unpair();
 }
 
+static void shards_reset(void) {
+    n_shards = 1;
+    spb = PAGE_BYTES;
+    am_chunk = 0;
+    staged = ipc = false;
+    data_path = PD_XFER_DATA_AUTO;
+}
+
+/* Pools of 2 shards (the lane's message size) and of 3 shards of 712 bytes sent in messages of
+ * 1000 (a message spans pages of its shard's run, never two shards), as active messages:
+ * consecutive and scattered rooms, every shard of every page byte-exact. */
+static void test_shards_am(void) {
+    data_path = PD_XFER_DATA_AM;
+    n_shards = 2;
+    spb = PAGE_BYTES / 2;
+    rooms_byte_exact(300);
+    n_shards = 3;
+    spb = 712;
+    am_chunk = 1000;
+    rooms_byte_exact(300);
+    shards_reset();
+}
+
+/* The put path (one put per run and shard). */
+static void test_shards_put(void) {
+    data_path = PD_XFER_DATA_PUT;
+    n_shards = 3;
+    spb = 712;
+    rooms_byte_exact(100);
+    n_shards = 2;
+    spb = PAGE_BYTES / 2;
+    rooms_byte_exact(100);
+    shards_reset();
+}
+
+/* The staged GPU path over shards: one device-to-host copy per shard into a slot, the slot sent
+ * shard by shard; an abort with runs queued, a peer close with runs in the ring. */
+static void test_shards_staged(void) {
+    staged = true;
+    n_shards = 2;
+    spb = 712;
+    am_chunk = 1000;
+    rooms_byte_exact(152); /* a multiple of WAVE_ROOMS */
+    test_abort_from_sender();
+    test_peer_close_fails_rooms();
+    shards_reset();
+}
+
+/* The IPC path over shards: one exported handle per shard, one device copy per run and shard. */
+static void test_shards_ipc(void) {
+    staged = ipc = true;
+    n_shards = 3;
+    spb = PAGE_BYTES / 2;
+    rooms_byte_exact(152); /* a multiple of WAVE_ROOMS */
+    test_abort_from_sender();
+    shards_reset();
+}
+
+/* Pools whose shards disagree are refused at connect, naming both sides; bad registrations are
+ * refused naming the problem. */
+static void test_shards_mismatch(void) {
+    struct side dummy = {0};
+    struct pd_xfer_callbacks cb = {.ctx = &dummy, .on_room_end = on_end};
+    enum { PAGES = 64 };
+    uint8_t *mem = pd_calloc(6 * PAGES, 600);
+    PD_ASSERT(mem);
+    void *two[2] = {mem, mem + 300 * PAGES};                                     /* 2 x 300 */
+    void *three[3] = {mem + 600 * PAGES, mem + 800 * PAGES, mem + 1000 * PAGES}; /* 3 x 200 */
+    void *one[1] = {mem + 1200 * PAGES};                                         /* 1 x 600 */
+    pd_xfer_t *a, *b, *c, *d;
+    CHECK_OK(pd_xfer_new(&loop, NULL, &cb, &a));
+    CHECK_OK(pd_xfer_new(&loop, NULL, &cb, &b));
+    CHECK_OK(pd_xfer_new(&loop, NULL, &cb, &c));
+    CHECK_OK(pd_xfer_new(&loop, NULL, &cb, &d));
+    void *nine[9] = {mem, mem, mem, mem, mem, mem, mem, mem, mem};
+    CHECK_ERR(pd_xfer_register_pool_shards(d, nine, 9, 64, PAGES), PD_EINVAL,
+              "9 shards, not 1 .. 8");
+    CHECK_ERR(pd_xfer_register_pool_shards(d, nine, 0, 64, PAGES), PD_EINVAL, "0 shards");
+    void *hole[2] = {mem, NULL};
+    CHECK_ERR(pd_xfer_register_pool_shards(d, hole, 2, 64, PAGES), PD_EINVAL,
+              "shard 1 has no memory");
+    CHECK_OK(pd_xfer_register_pool_shards(a, two, 2, 300, PAGES));
+    CHECK_OK(pd_xfer_register_pool_shards(b, three, 3, 200, PAGES));
+    CHECK_OK(pd_xfer_register_pool_shards(c, one, 1, 600, PAGES));
+    struct pd_xfer_info info;
+    pd_xfer_get_info(b, &info);
+    CHECK_INT(info.n_shards, 3);
+    CHECK_INT((long long)info.page_bytes, 600);
+    CHECK_INT((long long)info.shard_page_bytes, 200);
+    struct pd_xfer_peer_info bi, ci;
+    pd_xfer_local_peer_info(b, &bi);
+    pd_xfer_local_peer_info(c, &ci);
+    pd_xfer_peer_t *p = NULL;
+    CHECK_ERR(pd_xfer_peer_connect(a, &bi, NULL, &p), PD_EMISMATCH,
+              "its KV pool has 3 shards of 200 bytes per page, ours 2 of 300");
+    CHECK_ERR(pd_xfer_peer_connect(a, &ci, NULL, &p), PD_EMISMATCH,
+              "its KV pool has 1 shard of 600 bytes per page, ours 2 of 300");
+    CHECK_ERR(pd_xfer_peer_connect(c, &bi, NULL, &p), PD_EMISMATCH,
+              "its KV pool has 3 shards of 200 bytes per page, ours 1 of 600");
+    bi.shard_page_bytes = 150; /* 3 x 150 is not its 600-byte page */
+    CHECK_ERR(pd_xfer_peer_connect(b, &bi, NULL, &p), PD_EINVAL, "are not 3 shards of 150 bytes");
+    bi.shard_page_bytes = 200;
+    bi.shards[2].rkey_len = 0;
+    CHECK_ERR(pd_xfer_peer_connect(b, &bi, NULL, &p), PD_EINVAL, "shard 2 has no rkey");
+    CHECK(p == NULL);
+    pd_xfer_free(a);
+    pd_xfer_free(b);
+    pd_xfer_free(c);
+    pd_xfer_free(d);
+    uv_run(&loop, UV_RUN_DEFAULT);
+    pd_free(mem);
+}
+
+/* A sender that believes the receiver has a third shard: the receiver refuses that shard's
+ * messages (no shard 2 here), fails the room and counts the dropped writes. */
+static void test_forged_shard_dropped(void) {
+    data_path = PD_XFER_DATA_AM;
+    n_shards = 2;
+    spb = PAGE_BYTES / 2;
+    pair_up(0);
+    struct side third = {0};
+    struct pd_xfer_config cfg = {.data_path = PD_XFER_DATA_AM};
+    struct pd_xfer_callbacks cb = {.ctx = &third, .on_room_end = on_end};
+    enum { PAGES = 64 };
+    uint8_t *mem = pd_calloc(3 * PAGES, spb);
+    PD_ASSERT(mem);
+    memset(mem, 0x5a, 3 * PAGES * spb);
+    void *bases[3] = {mem, mem + PAGES * spb, mem + 2 * PAGES * spb};
+    pd_xfer_t *x3;
+    CHECK_OK(pd_xfer_new(&loop, &cfg, &cb, &x3));
+    CHECK_OK(pd_xfer_register_pool_shards(x3, bases, 3, spb, PAGES));
+    struct pd_xfer_peer_info ri;
+    pd_xfer_local_peer_info(rcv.x, &ri);
+    ri.n_shards = 3; /* forged: shard 2 = shard 1 */
+    ri.shards[2] = ri.shards[1];
+    ri.page_bytes = 3 * spb;
+    pd_xfer_peer_t *p3, *rp3;
+    CHECK_OK(pd_xfer_peer_connect(x3, &ri, NULL, &p3));
+    struct pd_xfer_peer_info si;
+    pd_xfer_local_peer_info(x3, &si);
+    si.rkey_len = 0; /* the receiver's view of a sender: no pool */
+    si.n_shards = 0;
+    CHECK_OK(pd_xfer_peer_connect(rcv.x, &si, NULL, &rp3));
+    uint32_t src[] = {0, 1, 2, 3}, dst[] = {40, 41, 42, 43};
+    CHECK_OK(pd_xfer_room_expect(rcv.x, rp3, 61, dst, 4, NULL));
+    CHECK_OK(pd_xfer_room_add(x3, p3, 61, dst, 4, NULL));
+    CHECK_OK(pd_xfer_room_send(x3, 61, 0, src, 4));
+    struct pd_xfer_notice done = {.first_token = 1};
+    CHECK_OK(pd_xfer_room_finish(x3, 61, &done));
+    CHECK(run_until(&rcv.ended, 1, 5000));
+    CHECK_INT(rcv.last_status, PD_ERANGE);
+    struct pd_xfer_info info;
+    pd_xfer_get_info(rcv.x, &info);
+    CHECK(info.dropped_writes > 0);
+    CHECK(run_until(&third.ended, 1, 5000));
+    pd_xfer_free(x3);
+    unpair();
+    pd_free(mem);
+    shards_reset();
+}
+
 static void loop_open(void) {
     CHECK_INT(uv_loop_init(&loop), 0);
     pd_log_set_level(PD_LOG_WARNING);
@@ -458,4 +689,6 @@ PD_TEST_MAIN(PD_TEST(loop_open), PD_TEST(test_validation), PD_TEST(test_abort_fr
              PD_TEST(test_abort_from_receiver), PD_TEST(test_peer_close_fails_rooms),
              PD_TEST(test_late_write_dropped), PD_TEST(test_write_outside_room_refused),
              PD_TEST(test_rooms_byte_exact), PD_TEST(test_rooms_byte_exact_put),
-             PD_TEST(test_staged), PD_TEST(test_ipc), PD_TEST(loop_close))
+             PD_TEST(test_staged), PD_TEST(test_ipc), PD_TEST(test_shards_am),
+             PD_TEST(test_shards_put), PD_TEST(test_shards_staged), PD_TEST(test_shards_ipc),
+             PD_TEST(test_shards_mismatch), PD_TEST(test_forged_shard_dropped), PD_TEST(loop_close))

@@ -161,12 +161,42 @@ static void test_bootstrap_rejections(void) {
     const char *pargs[] = {"--role", "probe", "--port", port, NULL};
     spawn(&p, pargs);
     CHECK_INT(wait_exit(&p, 30000), 0);
-    CHECK(strstr(p.buf, "role=probe checks=14 wrong=0 result=PASS") != NULL);
+    CHECK(strstr(p.buf, "role=probe checks=15 wrong=0 result=PASS") != NULL);
     const char *rargs[] = {"--role", "receiver", "--port", port, "--rooms", "100", NULL};
     spawn(&r, rargs);
     CHECK_INT(wait_exit(&r, 30000), 0);
     CHECK(strstr(r.buf, "ok=100 ") != NULL);
     stop_sender(&s);
+}
+
+/* Pools of 2 shards (tp 2) on both sides: the probe's refusals hold (its tp 1 decode is refused
+ * naming tp_size with both values), rooms arrive byte-exact in every shard, and a real tp 1
+ * receiver is refused at Pair with FAILED_PRECONDITION before any room is taken. */
+static void test_shards(void) {
+    char port[16];
+    snprintf(port, sizeof(port), "%d", free_port());
+    struct proc s, p, r, w;
+    start_sender(&s, port, "--shards", "2");
+    const char *pargs[] = {"--role", "probe", "--port", port, "--shards", "2", NULL};
+    spawn(&p, pargs);
+    CHECK_INT(wait_exit(&p, 30000), 0);
+    CHECK(strstr(p.buf, "role=probe checks=15 wrong=0 result=PASS") != NULL);
+    CHECK(strstr(p.buf, "layout mismatch: tp_size: prefill 2, decode 1") != NULL);
+    const char *rargs[] = {"--role", "receiver", "--port", port, "--rooms",
+                           "300",    "--shards", "2",      NULL};
+    spawn(&r, rargs);
+    CHECK_INT(wait_exit(&r, 60000), 0);
+    CHECK(strstr(r.buf, "ok=300 ") != NULL);
+    CHECK(strstr(r.buf, "bad_pages=0 bad_checksums=0") != NULL);
+    const char *wargs[] = {"--role", "receiver", "--port", port, "--rooms", "1", NULL};
+    spawn(&w, wargs);
+    CHECK_INT(wait_exit(&w, 30000), 1);
+    CHECK(strstr(w.buf, "rejected: ") != NULL);
+    CHECK(strstr(w.buf, "FAILED_PRECONDITION: layout mismatch: tp_size: prefill 2, decode 1") !=
+          NULL);
+    CHECK(strstr(w.buf, "ok=0 ") != NULL);
+    stop_sender(&s);
+    CHECK(strstr(s.buf, "live_rooms=0") != NULL);
 }
 
 /* Aborts from both sides mid-transfer: every room ends, ok or canceled, none corrupt. */
@@ -237,6 +267,7 @@ static void run(const char *name, void (*fn)(void)) {
 static void all(void) {
     run("rooms", test_rooms_byte_exact);
     run("rejections", test_bootstrap_rejections);
+    run("shards", test_shards);
     run("aborts", test_aborts_both_sides);
     run("kill_receiver", test_kill_receiver);
     run("kill_sender", test_kill_sender);
