@@ -36,15 +36,15 @@ int pd_bootstrap_layout_check(const struct pd_bootstrap_layout *p,
     if (strcmp(p->field, d->field) != 0)                                                           \
         return pd_errorf(PD_EMISMATCH, "layout mismatch: " #field ": prefill '%s', decode '%s'",   \
                          p->field, d->field);
-    PD_CHECK_S(model)
-    /* before the per-rank fields: a tp mismatch also shows as kv_heads (per rank) and page
-     * bytes differing, and the cause is the one to name */
+    /* first: a tp mismatch also shows in the model fingerprint (kv heads per rank), kv_heads
+     * and page bytes, and the cause is the one to name */
     if (p->tp_size != d->tp_size)
         return pd_errorf(PD_EMISMATCH,
                          "layout mismatch: tp_size: prefill %" PRIu32 ", decode %" PRIu32
                          " (both must run the same --tp-size: rank r's KV pool shard is written "
                          "into rank r's)",
                          p->tp_size, d->tp_size);
+    PD_CHECK_S(model)
     PD_CHECK_U(tp_rank)
     PD_CHECK_U(layers)
     PD_CHECK_U(kv_heads)
