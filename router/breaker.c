@@ -77,8 +77,10 @@ bool pd_router_cb_record(struct pd_router_cb *cb, const struct pd_router_cb_conf
 void pd_router_cb_recovered(struct pd_router_cb *cb, const struct pd_router_cb_config *cfg,
                             double now, struct pd_router_cb_change *change) {
     unchanged(cb, change);
-    if (!cfg->disabled && cb->state == PD_ROUTER_CB_OPEN)
-        move(cb, PD_ROUTER_CB_HALF_OPEN, now, change);
+    if (cfg->disabled)
+        return;
+    move(cb, PD_ROUTER_CB_CLOSED, now, change);
+    cb->consecutive_failures = cb->consecutive_successes = 0;
 }
 
 double pd_router_cb_open_remaining(const struct pd_router_cb *cb,

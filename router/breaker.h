@@ -65,9 +65,10 @@ bool pd_router_cb_allows(struct pd_router_cb *cb, const struct pd_router_cb_conf
 bool pd_router_cb_record(struct pd_router_cb *cb, const struct pd_router_cb_config *cfg,
                          bool success, double now, struct pd_router_cb_change *change);
 
-/* The worker came back (its /health answered 200 after failing): an open breaker goes
- * half-open at once instead of waiting out its timeout — a restarted worker gets its trial
- * requests as soon as it is up. */
+/* The worker came back (its /health answered 200 after failing, e.g. it was restarted): a new
+ * process starts with a clean slate, closed with no failures counted. (Half-open would turn a
+ * restart into a 30 s outage: the first request after a restart can fail while its peer still
+ * reconnects, and one half-open failure opens the circuit again.) */
 void pd_router_cb_recovered(struct pd_router_cb *cb, const struct pd_router_cb_config *cfg,
                             double now, struct pd_router_cb_change *change);
 

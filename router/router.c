@@ -4,8 +4,12 @@
  * A generation request (struct rreq) holds at most one prefill call and one decode call; each
  * worker's `inflight` counts the calls the router has on it. Nothing reaches the client before
  * decode's first body byte, so until then any failure can still become a clean error status, and
- * a worker that could not be reached can be retried once on another pair (new room). Decode's
- * SSE goes through byte for byte as it arrives; any other answer is buffered and sent whole with
+ * a request whose pair failed (unreachable, 408/429/5xx, a failed KV transfer) is retried on
+ * another pair (new room) after a backoff, up to --retry-max-retries attempts; waiting requests
+ * hold no calls and no workers, one retry timer starts them. Each worker's circuit breaker
+ * (breaker.h) hears each call's outcome once: a decode saying the KV transfer failed is charged
+ * to the prefill. Decode's SSE is held until its first event shows it is not an error, then goes
+ * through byte for byte as it arrives; any other answer is buffered and sent whole with
  * decode's status. A request is freed once the client's answer is finished (or the client left)
  * and both upstream calls are over. Aborts (POST /abort_request {"rid"}) are fire-and-forget.
  * Prefill 4xx answers (the request's fault) reach the client as they are; prefill 5xx and
@@ -185,6 +189,9 @@ struct rreq {
     struct sbuf dbuf, perr;
     /* this attempt's outcome was given to the worker's circuit breaker (once per call) */
     bool p_judged, d_judged;
+    /* the workers this request charged a failure (referenced): its retries landing on the same
+     * worker again do not count again, so one client request alone never opens a circuit */
+    struct worker *charged[2];
     /* a 2xx SSE answer from decode is held until its first event is in: an error event there
      * (the KV transfer failed before any token) is a failure that can still be retried */
     bool sse_hold, held_error;
@@ -326,10 +333,10 @@ static int cb_state(struct worker *w) {
 static void set_healthy(struct worker *w, bool ok, const char *why) {
     if (ok && !w->load.healthy) {
         pd_info("worker %s (%s) in rotation: /health answered 200", w->spec.url, role(w));
-        /* a worker that comes back (a restart) gets its trial requests at once */
+        /* a worker that comes back (a restart) starts with a clean slate */
         struct pd_router_cb_change ch;
         pd_router_cb_recovered(&w->cb, &w->rt->cfg->cb, now_s(), &ch);
-        cb_note(w, &ch, ": /health answers again, trial requests go to it");
+        cb_note(w, &ch, ": /health answers again");
     } else if (!ok && w->load.healthy)
         pd_warn("worker %s (%s) out of rotation: %s", w->spec.url, role(w), why);
     if (!ok)
@@ -819,6 +826,8 @@ static void rreq_maybe_free(struct rreq *rq) {
     worker_unref(rq->dw);
     worker_unref(rq->prev_pw);
     worker_unref(rq->prev_dw);
+    worker_unref(rq->charged[0]);
+    worker_unref(rq->charged[1]);
     pd_router_body_info_free(&rq->info);
     pd_free(rq->sent);
     pd_free(rq->path);
@@ -940,6 +949,13 @@ static void judge(struct rreq *rq, bool prefill, bool success) {
     if (*done || !w)
         return;
     *done = true;
+    struct worker **charged = &rq->charged[prefill ? 0 : 1];
+    if (!success) {
+        if (*charged == w)
+            return;
+        worker_unref(*charged);
+        *charged = worker_ref(w);
+    }
     struct pd_router_cb_change ch;
     if (pd_router_cb_record(&w->cb, &rq->rt->cfg->cb, success, now_s(), &ch))
         pd_router_metrics_cb_outcome(rq->rt->metrics, w->spec.url, success);

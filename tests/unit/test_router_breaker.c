@@ -103,8 +103,13 @@ static void test_recovered_and_disabled(void) {
     for (int i = 0; i < 3; i++)
         pd_router_cb_record(&cb, &CFG, false, 2, &ch);
     pd_router_cb_recovered(&cb, &CFG, 3, &ch);
-    CHECK_INT(ch.to, PD_ROUTER_CB_HALF_OPEN);
+    CHECK_INT(ch.from, PD_ROUTER_CB_OPEN);
+    CHECK_INT(ch.to, PD_ROUTER_CB_CLOSED);
+    CHECK_INT(cb.consecutive_failures, 0);
     CHECK(pd_router_cb_allows(&cb, &CFG, 3, &ch));
+    /* a clean slate: one failure does not open it again */
+    pd_router_cb_record(&cb, &CFG, false, 4, &ch);
+    CHECK_INT(cb.state, PD_ROUTER_CB_CLOSED);
 
     struct pd_router_cb_config off = CFG;
     off.disabled = true;
