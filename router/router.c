@@ -198,6 +198,11 @@ struct rreq {
     /* waiting out a retry backoff: no calls, no workers; the retry timer starts the attempt */
     bool waiting;
     uint64_t retry_due_ms; /* uv_now */
+    /* aborts of this request's earlier attempts still on their way (abort_call.rq): a retry
+     * carrying the client's own rid waits for them, else a late abort by that rid could end the
+     * retry on the same worker */
+    int aborts_pending;
+    bool client_rid;
     /* prompt logprobs (info.input_logprobs): perr keeps the prefill's whole answer; lpm is it
      * parsed once it is in (lpm_ready); until then decode's stream events wait in sse, and a
      * decode that finished first is held (dheld, its status in d_status) */
@@ -745,13 +750,18 @@ static void stop_dns(struct pd_router *rt) {
  * worker never answered. */
 struct abort_call {
     struct pd_router *rt;
+    struct rreq *rq; /* the request it ends, while that one lives; NULL for a client's abort */
     struct abort_call *prev, *next;
     struct pd_upstream_call *call;
     char what[]; /* "URL rid=..." for the log */
 };
 
+static void arm_retry_timer(struct pd_router *rt);
+
 static void abort_call_free(struct abort_call *a) {
     struct pd_router *rt = a->rt;
+    if (a->rq && --a->rq->aborts_pending == 0 && a->rq->waiting && !rt->http_closed)
+        arm_retry_timer(rt); /* its retry may go now */
     if (a->prev)
         a->prev->next = a->next;
     else
@@ -771,8 +781,8 @@ static void on_abort_done(void *ud, struct pd_upstream_call *call,
     abort_call_free(a);
 }
 
-static void send_abort(struct pd_router *rt, const struct worker *w, const char *rid,
-                       const char *auth_line) {
+static void send_abort(struct pd_router *rt, struct rreq *rq, const struct worker *w,
+                       const char *rid, const char *auth_line) {
     char url[600];
     snprintf(url, sizeof(url), "%s/abort_request", w->spec.url);
     char *body = pd_router_abort_body(rid);
@@ -794,6 +804,9 @@ static void send_abort(struct pd_router *rt, const struct worker *w, const char 
     struct pd_upstream_cbs cbs = {.on_done = on_abort_done};
     pd_info("rid=%s: abort on %s (%s)", rid, w->spec.url, role(w));
     a->rt = rt;
+    a->rq = rq;
+    if (rq)
+        rq->aborts_pending++;
     a->next = rt->aborts;
     if (rt->aborts)
         rt->aborts->prev = a;
@@ -805,7 +818,7 @@ static void send_abort(struct pd_router *rt, const struct worker *w, const char 
 
 static void abort_all_rids(struct rreq *rq, const struct worker *w) {
     for (int i = 0; i < rq->info.n; i++)
-        send_abort(rq->rt, w, rq->info.rids[i], rq->auth_line);
+        send_abort(rq->rt, rq, w, rq->info.rids[i], rq->auth_line);
 }
 
 /* ---------------------------------------------------------------- requests */
@@ -822,6 +835,11 @@ static void rreq_maybe_free(struct rreq *rq) {
         rq->next->prev = rq->prev;
     if (rq->counted)
         rt->active--;
+    for (struct abort_call *a = rt->aborts; a && rq->aborts_pending; a = a->next)
+        if (a->rq == rq) {
+            a->rq = NULL;
+            rq->aborts_pending--;
+        }
     worker_unref(rq->pw);
     worker_unref(rq->dw);
     worker_unref(rq->prev_pw);
@@ -981,10 +999,15 @@ static void retries_exhausted(struct rreq *rq) {
 
 static void on_retry_timer(uv_timer_t *t);
 
+/* A waiting request whose retry may start once its backoff is over. */
+static bool retry_ready(const struct rreq *rq) {
+    return rq->waiting && !(rq->client_rid && rq->aborts_pending > 0);
+}
+
 static void arm_retry_timer(struct pd_router *rt) {
     uint64_t now = uv_now(rt->loop), due = UINT64_MAX;
     for (struct rreq *rq = rt->reqs; rq; rq = rq->next)
-        if (rq->waiting && rq->retry_due_ms < due)
+        if (retry_ready(rq) && rq->retry_due_ms < due)
             due = rq->retry_due_ms;
     if (due == UINT64_MAX)
         uv_timer_stop(&rt->retry_timer);
@@ -1010,6 +1033,7 @@ static void schedule_retry(struct rreq *rq, const char *why) {
     rq->prev_pw = rq->pw;
     rq->prev_dw = rq->dw;
     rq->pw = rq->dw = NULL;
+    rq->client_rid = !rq->info.rid_added;
     pd_router_body_info_free(&rq->info);
     pd_free(rq->sent);
     rq->sent = NULL;
@@ -1028,7 +1052,7 @@ static void on_retry_timer(uv_timer_t *t) {
     uint64_t now = uv_now(rt->loop);
     for (struct rreq *rq = rt->reqs, *next; rq; rq = next) {
         next = rq->next;
-        if (!rq->waiting || rq->retry_due_ms > now)
+        if (!retry_ready(rq) || rq->retry_due_ms > now)
             continue;
         rq->waiting = false;
         if (!rq->finished)
@@ -1841,9 +1865,9 @@ static void handle_abort(struct pd_router *rt, struct pd_http_req *hr) {
     bool oom;
     char *line = auth_line_new(hr, &oom);
     for (int i = 0; i < rt->prefill.n; i++)
-        send_abort(rt, rt->prefill.w[i], rid->valuestring, line);
+        send_abort(rt, NULL, rt->prefill.w[i], rid->valuestring, line);
     for (int i = 0; i < rt->decode.n; i++)
-        send_abort(rt, rt->decode.w[i], rid->valuestring, line);
+        send_abort(rt, NULL, rt->decode.w[i], rid->valuestring, line);
     pd_free(line);
     cJSON_Delete(j);
     respond_json(hr, 200, "{}");

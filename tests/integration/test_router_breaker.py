@@ -146,10 +146,13 @@ def one_request(rt, refs, i):
     text = PROMPTS[i % len(PROMPTS)]
     gen = (i // len(PROMPTS)) % 2 == 0
     stream = i % 2 == 1
+    rid = None
     if gen:
         path, body = "/generate", {"text": text, "stream": stream,
                                    "sampling_params": {"max_new_tokens": MAX_NEW,
                                                        "temperature": 0}}
+        if i % 3 == 0:  # the client's own rid: a retry keeps it (and waits for its aborts)
+            rid = body["rid"] = "client-%d-%d" % (os.getpid(), i)
     else:
         path, body = "/v1/completions", {"prompt": text, "max_tokens": MAX_NEW,
                                          "temperature": 0, "stream": stream}
@@ -163,6 +166,9 @@ def one_request(rt, refs, i):
         if not stream:
             j = json.loads(raw)
             got = j["text"] if gen else j["choices"][0]["text"]
+            if rid and j["meta_info"]["id"] != rid:
+                return "/generate: meta_info.id %r, not the client's rid %r" % (
+                    j["meta_info"]["id"], rid)
         else:
             evs = pc.sse_events(raw)
             if not evs or evs[-1] != "[DONE]":
