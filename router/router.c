@@ -1403,7 +1403,10 @@ static void on_decode_done(void *ud, struct pd_upstream_call *call,
             return;
         }
         retries_exhausted(rq);
-        if (rq->held_error) { /* the client gets decode's stream as it was */
+        if (rq->held_error) {
+            /* the client gets decode's stream as it was: its error event has no logprobs to
+             * merge, and the prefill that would bring them was dropped */
+            rq->info.input_logprobs = false;
             if (release_held(rq, NULL, r->http_status, pd_upstream_call_content_type(call)) !=
                 PD_OK)
                 return;

@@ -329,6 +329,25 @@ def case_disabled(model, tmp, refs):
     wb = worker(rt, b)
     check(wb and wb["circuit_breaker"]["state"] == "disabled" and wb["available"],
           "/workers: breaker disabled, B available: %s" % wb)
+    step("4 concurrent clients x 5 requests, B still refusing")
+    errs = []
+
+    def client(k):
+        for j in range(5):
+            err = one_request(rt, refs, 100 + 5 * k + j)
+            if err:
+                errs.append(err)
+
+    ts = [threading.Thread(target=client, args=(k,)) for k in range(4)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(120)
+    check(not errs, "concurrent requests all succeed: %s" % errs[:3])
+    m2 = metrics(rt)
+    nb2 = metric(m2, "sgl_router_pd_prefill_requests_total", worker=b)
+    check(nb2 - nb >= 6, "B still gets its share under concurrency (%s of 20)" % (nb2 - nb))
+    check(metric(m2, "sgl_router_retries_total") == nb2, "each of B's requests was retried")
     check(rt.terminate() == 0, "router exits 0 on SIGTERM")
 
 
