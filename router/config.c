@@ -14,9 +14,12 @@
 #include "common/log.h"
 #include "common/status.h"
 
+#include <arpa/inet.h>
+#include <ctype.h>
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 const char *const pd_router_policy_names[] = {"round_robin", "random", "power_of_two",
                                               "cache_aware", NULL};
@@ -68,6 +71,35 @@ int pd_router_url_parse(const char *url, struct pd_router_worker_spec *out) {
         memset(out, 0, sizeof(*out));
         return pd_errorf(PD_ENOMEM, "copying worker URL");
     }
+    return PD_OK;
+}
+
+int pd_router_url_normalize(const char *url, char *buf, size_t size) {
+    static const char scheme[] = "http://";
+    if (strncasecmp(url, scheme, sizeof(scheme) - 1) != 0)
+        return pd_errorf(PD_EINVAL, "worker URL '%s' must start with http://", url);
+    char copy[600];
+    if (snprintf(copy, sizeof(copy), "http://%s", url + sizeof(scheme) - 1) >= (int)sizeof(copy))
+        return pd_errorf(PD_ERANGE, "worker URL '%.64s...' is too long", url);
+    struct pd_router_worker_spec spec;
+    int rc = pd_router_url_parse(copy, &spec);
+    if (rc)
+        return rc;
+    char host[INET6_ADDRSTRLEN + 260];
+    unsigned char addr[16];
+    bool v6 = inet_pton(AF_INET6, spec.host, addr) == 1;
+    if (v6 || inet_pton(AF_INET, spec.host, addr) == 1) {
+        inet_ntop(v6 ? AF_INET6 : AF_INET, addr, host, sizeof(host));
+    } else {
+        snprintf(host, sizeof(host), "%s", spec.host);
+        for (char *p = host; *p; p++)
+            *p = (char)tolower((unsigned char)*p);
+    }
+    int n = snprintf(buf, size, v6 ? "http://[%s]:%d" : "http://%s:%d", host, spec.port);
+    pd_free(spec.url);
+    pd_free(spec.host);
+    if (n < 0 || (size_t)n >= size)
+        return pd_errorf(PD_ERANGE, "normalized worker URL of '%.64s' does not fit", url);
     return PD_OK;
 }
 
@@ -253,6 +285,39 @@ static void register_flags(struct pd_router_config *cfg) {
     pd_flag_int(fs, "--stream-buffer-bytes", &cfg->stream_buffer_bytes, "N", 4096, 1 << 30,
                 "bytes of a streamed answer the router holds for a client that reads slowly; "
                 "past that it stops reading from the decode worker until the client catches up");
+    pd_flag_int(fs, "--cb-failure-threshold", &cfg->cb.failure_threshold, "N", 1, 1000000,
+                "circuit breaker: consecutive failures of a worker that open its circuit (no new "
+                "requests go to it). A failure is a connection error, a 5xx answer, or a decode "
+                "reporting that the KV transfer (bootstrap) with that prefill failed — that one "
+                "counts against the prefill, not the decode");
+    pd_flag_int(fs, "--cb-success-threshold", &cfg->cb.success_threshold, "N", 1, 1000000,
+                "circuit breaker: consecutive successes of a half-open worker that close its "
+                "circuit again; one failure while half-open opens it again");
+    pd_flag_double(fs, "--cb-timeout-duration-secs", &cfg->cb.timeout_s, "S", 0.01, 86400,
+                   "circuit breaker: how long a circuit stays open before it turns half-open "
+                   "(requests go to the worker again as trials); a worker whose /health comes back "
+                   "after failing turns half-open at once");
+    pd_flag_double(fs, "--cb-window-duration-secs", &cfg->cb.window_s, "S", 0.01, 86400 * 365,
+                   "circuit breaker: failures count as consecutive only while each comes within "
+                   "S seconds of the one before");
+    pd_flag_bool(fs, "--disable-circuit-breaker", &cfg->cb.disabled,
+                 "no circuit breaker: a worker that fails requests but answers /health keeps "
+                 "getting its share");
+    pd_flag_int(fs, "--retry-max-retries", &cfg->retry_max_retries, "N", 1, 100,
+                "attempts per request, counting the first: a request that failed before anything "
+                "reached the client (a worker unreachable, a 408/429/5xx answer, a failed KV "
+                "transfer) goes to another pair, up to N attempts in all; never once a stream "
+                "has sent the client a byte");
+    pd_flag_double(fs, "--retry-initial-backoff-ms", &cfg->backoff.initial_ms, "MS", 0, 3600e3,
+                   "delay before the first retry");
+    pd_flag_double(fs, "--retry-max-backoff-ms", &cfg->backoff.max_ms, "MS", 0, 3600e3,
+                   "upper bound of any retry delay");
+    pd_flag_double(fs, "--retry-backoff-multiplier", &cfg->backoff.multiplier, "X", 1, 100,
+                   "each further retry waits this many times longer");
+    pd_flag_double(fs, "--retry-jitter-factor", &cfg->backoff.jitter, "F", 0, 1,
+                   "each delay is scaled by a random factor in [1-F, 1+F]");
+    pd_flag_bool(fs, "--disable-retries", &cfg->disable_retries,
+                 "one attempt per request (as --retry-max-retries 1)");
     pd_flag_log_level(fs, &cfg->log_level);
 }
 
@@ -269,6 +334,12 @@ int pd_router_config_parse(struct pd_router_config *cfg, int argc, char **argv) 
     cfg->log_level = PD_LOG_INFO;
     cfg->dns_refresh_secs = 5;
     cfg->dns_family = PD_ROUTER_DNS_FAMILY_ANY;
+    /* sglang-router's defaults */
+    cfg->cb = (struct pd_router_cb_config){
+        .failure_threshold = 5, .success_threshold = 2, .timeout_s = 30, .window_s = 60};
+    cfg->retry_max_retries = 5;
+    cfg->backoff = (struct pd_router_backoff){
+        .initial_ms = 50, .max_ms = 30000, .multiplier = 1.5, .jitter = 0.2};
     register_flags(cfg);
 
     for (int i = 1; i < argc; i++) {
@@ -299,6 +370,12 @@ int pd_router_config_parse(struct pd_router_config *cfg, int argc, char **argv) 
         return rc;
     if (cfg->api_key && !*cfg->api_key)
         cfg->api_key = NULL;
+    if (cfg->backoff.max_ms < cfg->backoff.initial_ms)
+        return pd_errorf(PD_EINVAL,
+                         "--retry-max-backoff-ms %g is below --retry-initial-backoff-ms %g",
+                         cfg->backoff.max_ms, cfg->backoff.initial_ms);
+    if (cfg->disable_retries)
+        cfg->retry_max_retries = 1;
     return PD_OK;
 }
 

@@ -15,6 +15,8 @@
 #include <stdio.h>
 
 #include "common/flags.h"
+#include "router/breaker.h"
+#include "router/policy.h"
 
 enum pd_router_policy {
     PD_ROUTER_POLICY_ROUND_ROBIN = 0,
@@ -73,6 +75,12 @@ struct pd_router_config {
     double health_check_interval_secs; /* /health and /get_load poll period */
     int shutdown_timeout_secs;         /* SIGTERM: how long in-flight requests may finish */
     int stream_buffer_bytes; /* decode stream held for a slow client before pausing decode */
+    /* sglang-router's reliability flags: --cb-* (breaker.h; disabled = --disable-circuit-breaker)
+     * and --retry-* (attempts per request counting the first; backoff between them) */
+    struct pd_router_cb_config cb;
+    int retry_max_retries;
+    bool disable_retries;
+    struct pd_router_backoff backoff;
     int log_level;
     bool help; /* --help given: print pd_router_config_usage, exit 0 */
     struct pd_flagset fs;
@@ -86,5 +94,12 @@ void pd_router_config_free(struct pd_router_config *cfg);
 
 /* "http://host:port[/]" → spec fields (url, host, port). Only http:// is accepted. */
 int pd_router_url_parse(const char *url, struct pd_router_worker_spec *out);
+
+/* The form two URLs of one worker share: scheme and host in lower case, an IP address in its
+ * canonical text (inet_ntop), the port always written (80 when absent), no trailing slash —
+ * "http://LOCALHOST:80/" and "http://localhost" give "http://localhost:80", "http://[::0:1]:8000"
+ * and "http://[::1]:8000/" give "http://[::1]:8000". PD_EINVAL when url does not parse,
+ * PD_ERANGE when buf is too small. Names are not resolved. */
+int pd_router_url_normalize(const char *url, char *buf, size_t size);
 
 #endif

@@ -5,6 +5,7 @@
  * request. Duration buckets are sglang-router's; TTFT buckets are SGLang's server TTFT set.
  */
 #include "router/metrics.h"
+#include "router/breaker.h"
 
 #include "common/alloc.h"
 #include "common/metrics.h"
@@ -25,13 +26,17 @@ struct pd_router_metrics {
     struct pd_metric_family *requests, *duration; /* {route} */
     struct pd_metric_family *calls;               /* {worker, role, outcome} */
     struct pd_metric_family *processed, *prefill_requests, *decode_requests, *prefill_errors,
-        *decode_errors, *running, *health; /* {worker} */
-    struct pd_metric *active_workers, *ttft, *retries;
+        *decode_errors, *running, *health, *cb_state; /* {worker} */
+    struct pd_metric_family *cb_outcomes;             /* {worker, outcome} */
+    struct pd_metric_family *cb_transitions;          /* {worker, from, to} */
+    struct pd_metric *active_workers, *ttft, *retries, *retries_exhausted;
 };
 
 static const char *const L_ROUTE[] = {"route"};
 static const char *const L_WORKER[] = {"worker"};
 static const char *const L_CALL[] = {"worker", "role", "outcome"};
+static const char *const L_CB_OUTCOME[] = {"worker", "outcome"};
+static const char *const L_CB_TRANSITION[] = {"worker", "from", "to"};
 
 static int fam(struct pd_router_metrics *rm, int kind, const char *name, const char *help, int nl,
                const char *const *labels, const double *bounds, int nb,
@@ -90,6 +95,26 @@ int pd_router_metrics_new(struct pd_router_metrics **out) {
         rc =
             fam(rm, G, "sgl_router_worker_health", "Worker health status (1=healthy, 0=unhealthy).",
                 1, L_WORKER, NULL, 0, &rm->health);
+    if (!rc)
+        rc = fam(rm, G, "sgl_router_cb_state",
+                 "Circuit breaker state per worker (0=closed, 1=open, 2=half_open).", 1, L_WORKER,
+                 NULL, 0, &rm->cb_state);
+    if (!rc)
+        rc = fam(rm, C, "sgl_router_cb_outcomes_total",
+                 "Outcomes the circuit breakers counted, by worker and outcome (success|failure).",
+                 2, L_CB_OUTCOME, NULL, 0, &rm->cb_outcomes);
+    if (!rc)
+        rc = fam(rm, C, "sgl_router_cb_state_transitions_total",
+                 "Circuit breaker state transitions by worker.", 3, L_CB_TRANSITION, NULL, 0,
+                 &rm->cb_transitions);
+    if (!rc)
+        rc = pd_metrics_single(
+            rm->reg,
+            &(struct pd_metric_desc){.kind = C,
+                                     .name = "sgl_router_retries_exhausted_total",
+                                     .help = "Total number of requests that failed on their last "
+                                             "allowed attempt (--retry-max-retries)."},
+            &rm->retries_exhausted);
     if (!rc)
         rc = pd_metrics_single(rm->reg,
                                &(struct pd_metric_desc){.kind = G,
@@ -168,6 +193,27 @@ void pd_router_metrics_retry(struct pd_router_metrics *rm) {
     pd_metric_add(rm->retries, 1);
 }
 
+void pd_router_metrics_retries_exhausted(struct pd_router_metrics *rm) {
+    pd_metric_add(rm->retries_exhausted, 1);
+}
+
+void pd_router_metrics_cb_outcome(struct pd_router_metrics *rm, const char *url, bool success) {
+    const char *v[] = {url, success ? "success" : "failure"};
+    struct pd_metric *s = series(rm->cb_outcomes, v);
+    if (s)
+        pd_metric_add(s, 1);
+}
+
+void pd_router_metrics_cb_transition(struct pd_router_metrics *rm, const char *url, int from,
+                                     int to) {
+    PD_ASSERT(from >= 0 && from <= PD_ROUTER_CB_HALF_OPEN && to >= 0 &&
+              to <= PD_ROUTER_CB_HALF_OPEN);
+    const char *v[] = {url, pd_router_cb_state_names[from], pd_router_cb_state_names[to]};
+    struct pd_metric *s = series(rm->cb_transitions, v);
+    if (s)
+        pd_metric_add(s, 1);
+}
+
 void pd_router_metrics_call_start(struct pd_router_metrics *rm, const char *url, bool prefill) {
     count(rm->processed, url);
     count(prefill ? rm->prefill_requests : rm->decode_requests, url);
@@ -187,13 +233,17 @@ void pd_router_metrics_call_end(struct pd_router_metrics *rm, const char *url, b
 void pd_router_metrics_workers_begin(struct pd_router_metrics *rm) {
     pd_metrics_family_set(rm->running, 0);
     pd_metrics_family_set(rm->health, 0);
+    pd_metrics_family_set(rm->cb_state, 0);
     pd_metric_set(rm->active_workers, 0);
 }
 
 void pd_router_metrics_worker(struct pd_router_metrics *rm, const char *url, bool prefill,
-                              bool healthy, int64_t inflight) {
+                              bool healthy, int64_t inflight, int cb_state) {
     (void)prefill;
     struct pd_metric *r = series(rm->running, &url), *h = series(rm->health, &url);
+    struct pd_metric *cb = series(rm->cb_state, &url);
+    if (cb)
+        pd_metric_set(cb, cb_state);
     if (r)
         pd_metric_set(r, (double)inflight);
     if (h)

@@ -40,8 +40,13 @@ void pd_router_metrics_request(struct pd_router_metrics *rm, const char *route);
 void pd_router_metrics_done(struct pd_router_metrics *rm, const char *route, double seconds);
 /* A streamed answer's first byte went to the client after seconds. */
 void pd_router_metrics_ttft(struct pd_router_metrics *rm, double seconds);
-/* A retry on another pair. */
+/* A retry on another pair; a request that failed after its last allowed attempt. */
 void pd_router_metrics_retry(struct pd_router_metrics *rm);
+void pd_router_metrics_retries_exhausted(struct pd_router_metrics *rm);
+/* Circuit breaker (breaker.h) of worker url: an outcome it counted, a state change. */
+void pd_router_metrics_cb_outcome(struct pd_router_metrics *rm, const char *url, bool success);
+void pd_router_metrics_cb_transition(struct pd_router_metrics *rm, const char *url, int from,
+                                     int to);
 /* A call to worker url (prefill or decode) started / ended. */
 void pd_router_metrics_call_start(struct pd_router_metrics *rm, const char *url, bool prefill);
 void pd_router_metrics_call_end(struct pd_router_metrics *rm, const char *url, bool prefill,
@@ -50,7 +55,7 @@ void pd_router_metrics_call_end(struct pd_router_metrics *rm, const char *url, b
 /* Scrape: zero the registry gauges, set them per current worker, then render (*out: pd_free). */
 void pd_router_metrics_workers_begin(struct pd_router_metrics *rm);
 void pd_router_metrics_worker(struct pd_router_metrics *rm, const char *url, bool prefill,
-                              bool healthy, int64_t inflight);
+                              bool healthy, int64_t inflight, int cb_state);
 int pd_router_metrics_render(struct pd_router_metrics *rm, char **out, size_t *len);
 
 #endif

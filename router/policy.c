@@ -133,3 +133,16 @@ int pd_router_pick_least_load(const struct pd_router_load *w, int n, int exclude
         *rr_cursor = (uint64_t)best + 1;
     return best;
 }
+
+double pd_router_backoff_ms(const struct pd_router_backoff *b, int retry,
+                            struct pd_router_rng *rng) {
+    double d = b->initial_ms;
+    for (int i = 1; i < retry && d < b->max_ms; i++)
+        d *= b->multiplier;
+    if (d > b->max_ms)
+        d = b->max_ms;
+    /* 53 random bits → [0, 1) */
+    double u = (double)(pd_router_rng_next(rng) >> 11) * (1.0 / 9007199254740992.0);
+    d *= 1.0 + b->jitter * (2.0 * u - 1.0);
+    return d > 0 ? d : 0;
+}

@@ -45,4 +45,13 @@ int pd_router_pick(int policy, const struct pd_router_load *w, int n, int exclud
 int pd_router_pick_least_load(const struct pd_router_load *w, int n, int exclude,
                               uint64_t *rr_cursor);
 
+/* sglang-router's retry backoff: the delay before retry number `retry` (1 = the first retry) is
+ * initial_ms * multiplier^(retry-1), at most max_ms, then scaled by a factor drawn uniformly from
+ * [1 - jitter, 1 + jitter] (jitter in [0, 1]). In ms, >= 0. */
+struct pd_router_backoff {
+    double initial_ms, max_ms, multiplier, jitter;
+};
+double pd_router_backoff_ms(const struct pd_router_backoff *b, int retry,
+                            struct pd_router_rng *rng);
+
 #endif

@@ -4,8 +4,12 @@
  * A generation request (struct rreq) holds at most one prefill call and one decode call; each
  * worker's `inflight` counts the calls the router has on it. Nothing reaches the client before
  * decode's first body byte, so until then any failure can still become a clean error status, and
- * a worker that could not be reached can be retried once on another pair (new room). Decode's
- * SSE goes through byte for byte as it arrives; any other answer is buffered and sent whole with
+ * a request whose pair failed (unreachable, 408/429/5xx, a failed KV transfer) is retried on
+ * another pair (new room) after a backoff, up to --retry-max-retries attempts; waiting requests
+ * hold no calls and no workers, one retry timer starts them. Each worker's circuit breaker
+ * (breaker.h) hears each call's outcome once: a decode saying the KV transfer failed is charged
+ * to the prefill. Decode's SSE is held until its first event shows it is not an error, then goes
+ * through byte for byte as it arrives; any other answer is buffered and sent whole with
  * decode's status. A request is freed once the client's answer is finished (or the client left)
  * and both upstream calls are over. Aborts (POST /abort_request {"rid"}) are fire-and-forget.
  * Prefill 4xx answers (the request's fault) reach the client as they are; prefill 5xx and
@@ -25,6 +29,7 @@
 #include "router/router.h"
 
 #include "router/body.h"
+#include "router/breaker.h"
 #include "router/discovery.h"
 #include "router/lpmerge.h"
 #include "router/metrics.h"
@@ -86,6 +91,9 @@ struct worker {
     int dns;                     /* index into rt->dns of the name that found it; -1: static */
     char addr[INET6_ADDRSTRLEN]; /* dns: the resolved address */
     uint64_t n_requests;         /* requests the router sent it */
+    struct pd_router_cb cb;      /* circuit breaker (breaker.h) */
+    char key[320];               /* normalized URL (pd_router_url_normalize): one entry per key */
+    bool dns_shadowed;           /* a DNS name also answers this (static) worker: logged once */
     struct pd_upstream_call *health_call, *load_call;
     struct sbuf load_body;
     char last_error[160];
@@ -179,6 +187,22 @@ struct rreq {
     double t_start;       /* the client's request arrived (uv_hrtime, s) */
     bool paused;          /* the decode call waits for the client to drain */
     struct sbuf dbuf, perr;
+    /* this attempt's outcome was given to the worker's circuit breaker (once per call) */
+    bool p_judged, d_judged;
+    /* the workers this request charged a failure (referenced): its retries landing on the same
+     * worker again do not count again, so one client request alone never opens a circuit */
+    struct worker *charged[2];
+    /* a 2xx SSE answer from decode is held until its first event is in: an error event there
+     * (the KV transfer failed before any token) is a failure that can still be retried */
+    bool sse_hold, held_error;
+    /* waiting out a retry backoff: no calls, no workers; the retry timer starts the attempt */
+    bool waiting;
+    uint64_t retry_due_ms; /* uv_now */
+    /* aborts of this request's earlier attempts still on their way (abort_call.rq): a retry
+     * carrying the client's own rid waits for them, else a late abort by that rid could end the
+     * retry on the same worker */
+    int aborts_pending;
+    bool client_rid;
     /* prompt logprobs (info.input_logprobs): perr keeps the prefill's whole answer; lpm is it
      * parsed once it is in (lpm_ready); until then decode's stream events wait in sse, and a
      * decode that finished first is held (dheld, its status in d_status) */
@@ -205,6 +229,7 @@ struct pd_router {
     uv_timer_t health_timer;
     uv_timer_t dns_timer;
     uv_timer_t drain_timer; /* shutdown: the drain deadline, then the wait for the aborts */
+    uv_timer_t retry_timer; /* the earliest retry backoff that ends */
     int active;
     uint64_t n_total, n_failed, n_retried, n_pauses;
     struct rreq *reqs;
@@ -279,10 +304,45 @@ static const char *role(const struct worker *w) {
     return w->is_prefill ? "prefill" : "decode";
 }
 
+static double now_s(void);
+
+/* A circuit breaker state change: one log line and the transition counter. */
+static void cb_note(struct worker *w, const struct pd_router_cb_change *ch, const char *why) {
+    if (ch->from == ch->to)
+        return;
+    const char *from = pd_router_cb_state_names[ch->from], *to = pd_router_cb_state_names[ch->to];
+    if (ch->to == PD_ROUTER_CB_OPEN)
+        pd_warn("worker %s (%s) circuit %s -> open after %d consecutive failures: no new "
+                "requests for %g s",
+                w->spec.url, role(w), from, w->cb.consecutive_failures, w->rt->cfg->cb.timeout_s);
+    else
+        pd_info("worker %s (%s) circuit %s -> %s%s", w->spec.url, role(w), from, to, why);
+    pd_router_metrics_cb_transition(w->rt->metrics, w->spec.url, ch->from, ch->to);
+}
+
+/* May a new request go to w now, as far as its circuit breaker goes? */
+static bool cb_allows(struct worker *w) {
+    struct pd_router_cb_change ch;
+    bool ok = pd_router_cb_allows(&w->cb, &w->rt->cfg->cb, now_s(), &ch);
+    cb_note(w, &ch, ": timeout over, trial requests go to it");
+    return ok;
+}
+
+static int cb_state(struct worker *w) {
+    struct pd_router_cb_change ch;
+    int st = pd_router_cb_state_at(&w->cb, &w->rt->cfg->cb, now_s(), &ch);
+    cb_note(w, &ch, ": timeout over, trial requests go to it");
+    return st;
+}
+
 static void set_healthy(struct worker *w, bool ok, const char *why) {
-    if (ok && !w->load.healthy)
+    if (ok && !w->load.healthy) {
         pd_info("worker %s (%s) in rotation: /health answered 200", w->spec.url, role(w));
-    else if (!ok && w->load.healthy)
+        /* a worker that comes back (a restart) starts with a clean slate */
+        struct pd_router_cb_change ch;
+        pd_router_cb_recovered(&w->cb, &w->rt->cfg->cb, now_s(), &ch);
+        cb_note(w, &ch, ": /health answers again");
+    } else if (!ok && w->load.healthy)
         pd_warn("worker %s (%s) out of rotation: %s", w->spec.url, role(w), why);
     if (!ok)
         snprintf(w->last_error, sizeof(w->last_error), "%s", why);
@@ -429,11 +489,23 @@ static struct worker *registry_add(struct pd_router *rt, bool is_prefill,
     }
     *w = (struct worker){
         .rt = rt, .spec = *spec, .is_prefill = is_prefill, .listed = true, .refs = 1, .dns = dns};
+    pd_router_cb_init(&w->cb, now_s());
+    if (pd_router_url_normalize(w->spec.url, w->key, sizeof(w->key)) != PD_OK)
+        snprintf(w->key, sizeof(w->key), "%s", w->spec.url);
     if (addr)
         snprintf(w->addr, sizeof(w->addr), "%s", addr);
     snprintf(w->last_error, sizeof(w->last_error), "not checked yet");
     g->w[g->n++] = w;
     return w;
+}
+
+/* The listed worker of that role whose normalized URL is key, or NULL. */
+static struct worker *registry_find(struct pd_router *rt, bool is_prefill, const char *key) {
+    struct registry *g = registry_of(rt, is_prefill);
+    for (int i = 0; i < g->n; i++)
+        if (strcmp(g->w[i]->key, key) == 0)
+            return g->w[i];
+    return NULL;
 }
 
 /* Out of the registry: no polls, no new requests; freed once no request holds it. */
@@ -468,7 +540,8 @@ static struct worker *pick_worker(struct pd_router *rt, bool is_prefill,
     int ex = -1;
     for (int i = 0; i < g->n; i++) {
         rt->scratch[i] = g->w[i]->load;
-        rt->scratch[i].healthy = g->w[i]->load.healthy && !g->w[i]->draining;
+        /* an open circuit takes the worker out of the policy's view until its timeout */
+        rt->scratch[i].healthy = g->w[i]->load.healthy && !g->w[i]->draining && cb_allows(g->w[i]);
         if (g->w[i] == exclude)
             ex = i;
     }
@@ -485,6 +558,35 @@ static int count_healthy(const struct registry *g) {
     return k;
 }
 
+/* Why no worker of a role could be picked, for the 503: none healthy, or every healthy one has
+ * its circuit open (then when the first turns half-open). */
+static void no_worker_msg(struct pd_router *rt, bool is_prefill, char *buf, size_t size) {
+    const struct registry *g = registry_of(rt, is_prefill);
+    const char *r = is_prefill ? "prefill" : "decode";
+    int healthy = 0, open = 0;
+    double next = -1, now = now_s();
+    for (int i = 0; i < g->n; i++) {
+        struct worker *w = g->w[i];
+        if (!w->load.healthy || w->draining)
+            continue;
+        healthy++;
+        if (cb_allows(w))
+            continue;
+        open++;
+        double left = pd_router_cb_open_remaining(&w->cb, &rt->cfg->cb, now);
+        if (next < 0 || left < next)
+            next = left;
+    }
+    if (healthy > 0 && open == healthy)
+        snprintf(buf, size,
+                 "no %s worker available: the circuit breaker of %s %d healthy %s worker%s is "
+                 "open after repeated failures (next trial in %.1f s)",
+                 r, healthy == 1 ? "the" : "all", healthy, r, healthy == 1 ? "" : "s",
+                 next < 0 ? 0 : next);
+    else
+        snprintf(buf, size, "no healthy %s worker", r);
+}
+
 /* ---------------------------------------------------------------- DNS discovery */
 
 static const char *dns_flag(const struct dns_entry *e) {
@@ -497,7 +599,20 @@ static void dns_add(struct dns_entry *e, const char *addr) {
     struct pd_router_worker_spec spec = {
         .port = e->spec->port,
         .bootstrap_port = e->is_prefill ? e->spec->bootstrap_port : PD_ROUTER_BOOTSTRAP_PORT_NULL};
-    if (pd_router_dns_worker_url(addr, e->spec->port, url, sizeof(url)) == PD_OK) {
+    char key[320];
+    if (pd_router_dns_worker_url(addr, e->spec->port, url, sizeof(url)) == PD_OK &&
+        pd_router_url_normalize(url, key, sizeof(key)) == PD_OK) {
+        /* already listed (given statically, or by another name): one worker, one share of the
+         * traffic; the first entry wins, and this name's answers never drain or remove it */
+        struct worker *same = registry_find(rt, e->is_prefill, key);
+        if (same) {
+            if (!same->dns_shadowed)
+                pd_info("dns %s: %s is worker %s (%s, %s) already; not added twice", e->spec->name,
+                        url, same->spec.url, role(same),
+                        same->dns < 0 ? "static" : rt->dns[same->dns].spec->name);
+            same->dns_shadowed = true;
+            return;
+        }
         spec.url = pd_strdup(url);
         spec.host = pd_strdup(addr); /* the bootstrap host decode connects to */
     }
@@ -635,13 +750,18 @@ static void stop_dns(struct pd_router *rt) {
  * worker never answered. */
 struct abort_call {
     struct pd_router *rt;
+    struct rreq *rq; /* the request it ends, while that one lives; NULL for a client's abort */
     struct abort_call *prev, *next;
     struct pd_upstream_call *call;
     char what[]; /* "URL rid=..." for the log */
 };
 
+static void arm_retry_timer(struct pd_router *rt);
+
 static void abort_call_free(struct abort_call *a) {
     struct pd_router *rt = a->rt;
+    if (a->rq && --a->rq->aborts_pending == 0 && a->rq->waiting && !rt->http_closed)
+        arm_retry_timer(rt); /* its retry may go now */
     if (a->prev)
         a->prev->next = a->next;
     else
@@ -661,8 +781,8 @@ static void on_abort_done(void *ud, struct pd_upstream_call *call,
     abort_call_free(a);
 }
 
-static void send_abort(struct pd_router *rt, const struct worker *w, const char *rid,
-                       const char *auth_line) {
+static void send_abort(struct pd_router *rt, struct rreq *rq, const struct worker *w,
+                       const char *rid, const char *auth_line) {
     char url[600];
     snprintf(url, sizeof(url), "%s/abort_request", w->spec.url);
     char *body = pd_router_abort_body(rid);
@@ -684,6 +804,9 @@ static void send_abort(struct pd_router *rt, const struct worker *w, const char 
     struct pd_upstream_cbs cbs = {.on_done = on_abort_done};
     pd_info("rid=%s: abort on %s (%s)", rid, w->spec.url, role(w));
     a->rt = rt;
+    a->rq = rq;
+    if (rq)
+        rq->aborts_pending++;
     a->next = rt->aborts;
     if (rt->aborts)
         rt->aborts->prev = a;
@@ -695,7 +818,7 @@ static void send_abort(struct pd_router *rt, const struct worker *w, const char 
 
 static void abort_all_rids(struct rreq *rq, const struct worker *w) {
     for (int i = 0; i < rq->info.n; i++)
-        send_abort(rq->rt, w, rq->info.rids[i], rq->auth_line);
+        send_abort(rq->rt, rq, w, rq->info.rids[i], rq->auth_line);
 }
 
 /* ---------------------------------------------------------------- requests */
@@ -712,10 +835,17 @@ static void rreq_maybe_free(struct rreq *rq) {
         rq->next->prev = rq->prev;
     if (rq->counted)
         rt->active--;
+    for (struct abort_call *a = rt->aborts; a && rq->aborts_pending; a = a->next)
+        if (a->rq == rq) {
+            a->rq = NULL;
+            rq->aborts_pending--;
+        }
     worker_unref(rq->pw);
     worker_unref(rq->dw);
     worker_unref(rq->prev_pw);
     worker_unref(rq->prev_dw);
+    worker_unref(rq->charged[0]);
+    worker_unref(rq->charged[1]);
     pd_router_body_info_free(&rq->info);
     pd_free(rq->sent);
     pd_free(rq->path);
@@ -828,29 +958,108 @@ static void on_client_gone(struct pd_http_req *hr, void *ud) {
 
 static int start_attempt(struct rreq *rq);
 
-/* A transport failure before the client saw anything: retry once on another pair. False when
- * no retry is allowed; otherwise the retry started or the client got an error from it. */
-static bool try_again(struct rreq *rq) {
-    if (rq->attempt > 0 || rq->streaming || rq->finished || rq->rt->shutting_down)
-        return false;
+/* ---- circuit breaker outcomes: at most one per worker per attempt ---- */
+
+/* The call to rq's prefill (or decode) tells its breaker success or failure. */
+static void judge(struct rreq *rq, bool prefill, bool success) {
+    bool *done = prefill ? &rq->p_judged : &rq->d_judged;
+    struct worker *w = prefill ? rq->pw : rq->dw;
+    if (*done || !w)
+        return;
+    *done = true;
+    struct worker **charged = &rq->charged[prefill ? 0 : 1];
+    if (!success) {
+        if (*charged == w)
+            return;
+        worker_unref(*charged);
+        *charged = worker_ref(w);
+    }
+    struct pd_router_cb_change ch;
+    if (pd_router_cb_record(&w->cb, &rq->rt->cfg->cb, success, now_s(), &ch))
+        pd_router_metrics_cb_outcome(rq->rt->metrics, w->spec.url, success);
+    cb_note(w, &ch, success ? ": enough trial requests succeeded" : "");
+}
+
+/* Statuses worth another pair (sglang-router's retryable set): 408, 429, 5xx. */
+static bool retryable_status(long st) {
+    return st == 408 || st == 429 || st / 100 == 5;
+}
+
+/* May a request that failed before the client saw a byte go to another pair? */
+static bool can_retry(const struct rreq *rq) {
+    return rq->attempt + 1 < rq->rt->cfg->retry_max_retries && !rq->streaming && !rq->finished &&
+           !rq->rt->shutting_down;
+}
+
+/* A retryable failure with no attempt left (counted when retries are on at all). */
+static void retries_exhausted(struct rreq *rq) {
+    if (rq->rt->cfg->retry_max_retries > 1 && !rq->streaming && !rq->finished)
+        pd_router_metrics_retries_exhausted(rq->rt->metrics);
+}
+
+static void on_retry_timer(uv_timer_t *t);
+
+/* A waiting request whose retry may start once its backoff is over. */
+static bool retry_ready(const struct rreq *rq) {
+    return rq->waiting && !(rq->client_rid && rq->aborts_pending > 0);
+}
+
+static void arm_retry_timer(struct pd_router *rt) {
+    uint64_t now = uv_now(rt->loop), due = UINT64_MAX;
+    for (struct rreq *rq = rt->reqs; rq; rq = rq->next)
+        if (retry_ready(rq) && rq->retry_due_ms < due)
+            due = rq->retry_due_ms;
+    if (due == UINT64_MAX)
+        uv_timer_stop(&rt->retry_timer);
+    else
+        uv_timer_start(&rt->retry_timer, on_retry_timer, due > now ? due - now : 0, 0);
+}
+
+/* The failed attempt's workers become the ones the next attempt avoids; after the backoff the
+ * retry timer starts it (a new room). The caller has dropped both calls. */
+static void schedule_retry(struct rreq *rq, const char *why) {
+    struct pd_router *rt = rq->rt;
+    PD_ASSERT(!rq->pcall && !rq->dcall);
     rq->attempt++;
-    rq->rt->n_retried++;
-    pd_router_metrics_retry(rq->rt->metrics);
+    rt->n_retried++;
+    pd_router_metrics_retry(rt->metrics);
+    double ms = pd_router_backoff_ms(&rt->cfg->backoff, rq->attempt, &rt->rng);
+    pd_warn("room=%" PRIu64 " rid=%s: %s; retrying on another pair in %.0f ms (attempt %d of %d)",
+            rq->info.rooms[0], rq->info.rids[0], why, ms, rq->attempt + 1,
+            rt->cfg->retry_max_retries);
     /* the references move: the retry avoids this pair */
     worker_unref(rq->prev_pw);
     worker_unref(rq->prev_dw);
     rq->prev_pw = rq->pw;
     rq->prev_dw = rq->dw;
     rq->pw = rq->dw = NULL;
+    rq->client_rid = !rq->info.rid_added;
     pd_router_body_info_free(&rq->info);
     pd_free(rq->sent);
     rq->sent = NULL;
     rq->dbuf.len = rq->perr.len = rq->sse.len = 0;
     pd_router_lpmerge_free(&rq->lpm);
     rq->lpm_ready = rq->dheld = false;
-    start_attempt(rq); /* answers the client itself when it cannot start */
-    rreq_maybe_free(rq);
-    return true;
+    rq->sse_hold = rq->held_error = false;
+    rq->waiting = true;
+    rq->retry_due_ms = uv_now(rt->loop) + (uint64_t)ms;
+    arm_retry_timer(rt);
+}
+
+/* Backoffs that ended: their attempts start (each answers its client itself when it cannot). */
+static void on_retry_timer(uv_timer_t *t) {
+    struct pd_router *rt = t->data;
+    uint64_t now = uv_now(rt->loop);
+    for (struct rreq *rq = rt->reqs, *next; rq; rq = next) {
+        next = rq->next;
+        if (!retry_ready(rq) || rq->retry_due_ms > now)
+            continue;
+        rq->waiting = false;
+        if (!rq->finished)
+            start_attempt(rq);
+        rreq_maybe_free(rq);
+    }
+    arm_retry_timer(rt);
 }
 
 static void on_prefill_data(void *ud, struct pd_upstream_call *call, const char *buf, size_t len) {
@@ -872,13 +1081,23 @@ static void on_prefill_done(void *ud, struct pd_upstream_call *call,
     call_end(rq, true, call_outcome(r));
     worker_call_ended(pw);
     bool ok = r->status == PD_OK && r->http_status / 100 == 2;
+    bool transport = r->status != PD_OK && r->status != PD_ETIMEDOUT;
     /* a worker that cannot be reached leaves rotation, also when decode happened to answer
      * first (the order of the two is a race) */
-    if (r->status != PD_OK && r->status != PD_ETIMEDOUT) {
+    if (transport) {
         char why[200];
         snprintf(why, sizeof(why), "request failed: %s", r->error);
         set_healthy(pw, false, why);
     }
+    /* its breaker: unreachable or 5xx is a failure, unless the 5xx says the transfer to the
+     * decode failed (the decode's side tells whose fault); any other answer is a success; a
+     * timeout says nothing about this worker alone */
+    bool server_error = r->status == PD_OK && r->http_status / 100 == 5;
+    if (transport ||
+        (server_error && !pd_router_transfer_failed(rq->perr.p, rq->perr.len, NULL, 0)))
+        judge(rq, true, false);
+    else if (r->status == PD_OK && !server_error)
+        judge(rq, true, true);
     if (ok && rq->info.input_logprobs && !rq->finished) {
         /* the prompt's logprobs are in: decode's answer (held, or its waiting events) gets them */
         if (pd_router_lpmerge_init(&rq->lpm, rq->route, rq->perr.p ? rq->perr.p : "",
@@ -916,13 +1135,19 @@ static void on_prefill_done(void *ud, struct pd_upstream_call *call,
     /* decode is waiting for a transfer that will not come: abort it there */
     abort_all_rids(rq, rq->dw);
     drop_dcall(rq);
-    if (r->status != PD_OK && r->status != PD_ETIMEDOUT && !rq->streaming && rq->attempt == 0 &&
-        !rq->finished) {
-        pd_warn("room=%" PRIu64 ": prefill %s unreachable (%s); retrying on another pair",
-                rq->info.rooms[0], pw->spec.url, r->error);
-        if (try_again(rq))
-            return;
+    bool retryable = transport || (r->status == PD_OK && retryable_status(r->http_status));
+    if (retryable && can_retry(rq)) {
+        char why[400];
+        if (transport)
+            snprintf(why, sizeof(why), "prefill %s unreachable (%s)", pw->spec.url, r->error);
+        else
+            snprintf(why, sizeof(why), "prefill %s answered %ld", pw->spec.url, r->http_status);
+        schedule_retry(rq, why);
+        rreq_maybe_free(rq);
+        return;
     }
+    if (retryable)
+        retries_exhausted(rq);
     if (r->status == PD_OK && r->http_status / 100 == 4 && !rq->streaming && !rq->finished) {
         /* the request's own fault: the client sees prefill's answer */
         mark_finished(rq);
@@ -1072,18 +1297,64 @@ static void finish_held(struct rreq *rq) {
     rq->hr = NULL;
 }
 
+/* The client's stream starts with decode's status and type, and what was held goes out. PD_OK,
+ * or the request ended (rq may be freed). */
+static int release_held(struct rreq *rq, struct pd_upstream_call *call, long st, const char *ct) {
+    rq->sse_hold = false;
+    rq->streaming = true;
+    if (pd_http_stream_start(rq->hr, (int)st, ct) != PD_OK)
+        return PD_ECANCELED; /* cannot happen: a gone client's on_gone finished rq already */
+    struct sbuf held = rq->dbuf;
+    rq->dbuf = (struct sbuf){0};
+    int rc = held.len ? stream_out(rq, held.p, held.len) : PD_OK;
+    pd_free(held.p);
+    if (rc == PD_OK && call)
+        apply_backpressure(rq, call);
+    return rc;
+}
+
+#define SSE_HOLD_MAX (64 << 10) /* bytes: a first event longer than this is not an error event */
+
+/* "data: {"error": ...}" (API.md: a stream's failure is one such event, then [DONE]). */
+static bool first_event_is_error(const char *ev, size_t len) {
+    if (len < 5 || strncmp(ev, "data:", 5) != 0)
+        return false;
+    cJSON *j = cJSON_ParseWithLength(ev + 5, len - 5);
+    bool err = cJSON_IsObject(j) && cJSON_GetObjectItemCaseSensitive(j, "error") != NULL;
+    cJSON_Delete(j);
+    return err;
+}
+
 static void on_decode_data(void *ud, struct pd_upstream_call *call, const char *buf, size_t len) {
     struct rreq *rq = ud;
     if (rq->finished)
         return;
-    if (!rq->streaming) {
-        long st = pd_upstream_call_http_status(call);
-        const char *ct = pd_upstream_call_content_type(call);
-        if (st / 100 == 2 && strncmp(ct, "text/event-stream", 17) == 0) {
-            rq->streaming = true;
-            if (pd_http_stream_start(rq->hr, (int)st, ct) != PD_OK)
-                return; /* cannot happen: a gone client's on_gone finished rq already */
+    long st = pd_upstream_call_http_status(call);
+    const char *ct = pd_upstream_call_content_type(call);
+    if (!rq->streaming && !rq->sse_hold && !rq->held_error && st / 100 == 2 &&
+        strncmp(ct, "text/event-stream", 17) == 0)
+        rq->sse_hold = true;
+    if (rq->sse_hold) {
+        /* nothing goes to the client before decode's first event shows it is not an error:
+         * a KV transfer that failed before any token is still a retryable failure */
+        if (sb_put(&rq->dbuf, buf, len)) {
+            stream_oom(rq);
+            return;
         }
+        char *end = event_end(rq->dbuf.p, rq->dbuf.len);
+        if (!end && rq->dbuf.len < SSE_HOLD_MAX)
+            return;
+        if (end && first_event_is_error(rq->dbuf.p, (size_t)(end - rq->dbuf.p))) {
+            rq->sse_hold = false;
+            rq->held_error = true; /* on_decode_done decides: retry, or pass it on */
+            return;
+        }
+        release_held(rq, call, st, ct);
+        return;
+    }
+    if (rq->held_error) {
+        sb_put(&rq->dbuf, buf, len); /* the rest of the failed stream ([DONE]) */
+        return;
     }
     if (!rq->streaming) {
         if (sb_put(&rq->dbuf, buf, len))
@@ -1106,6 +1377,46 @@ static void on_decode_done(void *ud, struct pd_upstream_call *call,
     if (rq->finished) {
         rreq_maybe_free(rq);
         return;
+    }
+    bool failed_answer = r->status == PD_OK && (rq->held_error || retryable_status(r->http_status));
+    if (failed_answer) {
+        /* whose failure: a decode saying the KV transfer with its prefill failed blames the
+         * prefill (a refused bootstrap port, a Pair that fails, a prefill gone mid-transfer) */
+        char m[300];
+        bool blame_prefill =
+            pd_router_transfer_failed(rq->dbuf.p, rq->dbuf.len, m, sizeof(m)) && rq->pw;
+        judge(rq, blame_prefill, false);
+        if (rq->pcall) {
+            abort_all_rids(rq, rq->pw);
+            drop_pcall(rq);
+        }
+        if (can_retry(rq)) {
+            char why[500];
+            if (blame_prefill)
+                snprintf(why, sizeof(why), "decode %s: the KV transfer from prefill %s failed: %s",
+                         dw->spec.url, rq->pw->spec.url, m);
+            else
+                snprintf(why, sizeof(why), "decode %s answered %ld%s%s", dw->spec.url,
+                         r->http_status, *m ? ": " : "", m);
+            schedule_retry(rq, why);
+            rreq_maybe_free(rq);
+            return;
+        }
+        retries_exhausted(rq);
+        if (rq->held_error) {
+            /* the client gets decode's stream as it was: its error event has no logprobs to
+             * merge, and the prefill that would bring them was dropped */
+            rq->info.input_logprobs = false;
+            if (release_held(rq, NULL, r->http_status, pd_upstream_call_content_type(call)) !=
+                PD_OK)
+                return;
+        }
+    } else if (r->status == PD_OK) {
+        judge(rq, false, true);
+        /* a short stream that ended before its first event was whole */
+        if (rq->sse_hold &&
+            release_held(rq, NULL, r->http_status, pd_upstream_call_content_type(call)) != PD_OK)
+            return;
     }
     if (r->status == PD_OK && r->http_status / 100 == 2 && rq->info.input_logprobs) {
         /* the answer needs the prefill's prompt logprobs: merged now, or when they come */
@@ -1138,17 +1449,21 @@ static void on_decode_done(void *ud, struct pd_upstream_call *call,
         char why[200];
         snprintf(why, sizeof(why), "request failed: %s", r->error);
         set_healthy(dw, false, why);
+        judge(rq, false, false);
     }
     if (rq->pcall) {
         abort_all_rids(rq, rq->pw);
         drop_pcall(rq);
     }
-    if (r->status != PD_ETIMEDOUT && !rq->streaming && rq->attempt == 0) {
-        pd_warn("room=%" PRIu64 ": decode %s unreachable (%s); retrying on another pair",
-                rq->info.rooms[0], dw->spec.url, r->error);
-        if (try_again(rq))
-            return;
+    if (r->status != PD_ETIMEDOUT && can_retry(rq)) {
+        char why[400];
+        snprintf(why, sizeof(why), "decode %s unreachable (%s)", dw->spec.url, r->error);
+        schedule_retry(rq, why);
+        rreq_maybe_free(rq);
+        return;
     }
+    if (r->status != PD_ETIMEDOUT)
+        retries_exhausted(rq);
     if (r->status == PD_ETIMEDOUT)
         abort_all_rids(rq, dw);
     char msg[400];
@@ -1175,9 +1490,12 @@ static int start_attempt(struct rreq *rq) {
     if (!dw && rq->prev_dw)
         dw = pick_worker(rt, false, NULL);
     if (!pw || !dw) {
-        finish_error(rq, 503, !pw ? "no healthy prefill worker" : "no healthy decode worker");
+        char msg[300];
+        no_worker_msg(rt, !pw, msg, sizeof(msg));
+        finish_error(rq, 503, msg);
         return PD_EAGAIN;
     }
+    rq->p_judged = rq->d_judged = false;
     size_t len;
     const char *body = pd_http_req_body(rq->hr, &len);
     /* the bootstrap host is the prefill's own address: a DNS-found one's resolved address */
@@ -1352,13 +1670,29 @@ static const char *worker_state(const struct worker *w) {
     return w->draining ? "draining" : w->load.healthy ? "healthy" : "unhealthy";
 }
 
+/* A worker's circuit breaker as /workers shows it. */
+static cJSON *cb_json(struct worker *w) {
+    const struct pd_router_cb_config *c = &w->rt->cfg->cb;
+    cJSON *o = cJSON_CreateObject();
+    int st = cb_state(w);
+    cJSON_AddStringToObject(o, "state", c->disabled ? "disabled" : pd_router_cb_state_names[st]);
+    cJSON_AddNumberToObject(o, "consecutive_failures", w->cb.consecutive_failures);
+    cJSON_AddNumberToObject(o, "consecutive_successes", w->cb.consecutive_successes);
+    cJSON_AddNumberToObject(o, "total_failures", (double)w->cb.total_failures);
+    cJSON_AddNumberToObject(o, "total_successes", (double)w->cb.total_successes);
+    if (st == PD_ROUTER_CB_OPEN)
+        cJSON_AddNumberToObject(o, "open_remaining_secs",
+                                pd_router_cb_open_remaining(&w->cb, c, now_s()));
+    return o;
+}
+
 /* Every listed worker; draining ones too, since requests still run on them. */
-static cJSON *workers_json(const struct pd_router *rt) {
+static cJSON *workers_json(struct pd_router *rt) {
     cJSON *arr = cJSON_CreateArray();
     for (int side = 0; side < 2; side++) {
         const struct registry *g = side ? &rt->decode : &rt->prefill;
         for (int i = 0; i < g->n; i++) {
-            const struct worker *w = g->w[i];
+            struct worker *w = g->w[i];
             cJSON *o = cJSON_CreateObject();
             cJSON_AddStringToObject(o, "url", w->spec.url);
             cJSON_AddStringToObject(o, "worker_type", side ? "decode" : "prefill");
@@ -1373,6 +1707,9 @@ static cJSON *workers_json(const struct pd_router *rt) {
             cJSON_AddBoolToObject(o, "healthy", in_rotation);
             cJSON_AddBoolToObject(o, "is_healthy", in_rotation);
             cJSON_AddStringToObject(o, "state", worker_state(w));
+            /* available = a new request may go to it now: in rotation, circuit not open */
+            cJSON_AddBoolToObject(o, "available", in_rotation && cb_allows(w));
+            cJSON_AddItemToObject(o, "circuit_breaker", cb_json(w));
             cJSON_AddStringToObject(o, "source", w->dns >= 0 ? "dns" : "static");
             if (w->dns >= 0)
                 cJSON_AddStringToObject(o, "dns_name", rt->dns[w->dns].spec->name);
@@ -1445,6 +1782,16 @@ static void handle_server_info(struct pd_router *rt, struct pd_http_req *hr) {
     cJSON_AddStringToObject(o, "dns_family", pd_router_dns_family_names[cfg->dns_family]);
     if (cfg->dns_server)
         cJSON_AddStringToObject(o, "dns_server", cfg->dns_server);
+    cJSON_AddBoolToObject(o, "disable_circuit_breaker", cfg->cb.disabled);
+    cJSON_AddNumberToObject(o, "cb_failure_threshold", cfg->cb.failure_threshold);
+    cJSON_AddNumberToObject(o, "cb_success_threshold", cfg->cb.success_threshold);
+    cJSON_AddNumberToObject(o, "cb_timeout_duration_secs", cfg->cb.timeout_s);
+    cJSON_AddNumberToObject(o, "cb_window_duration_secs", cfg->cb.window_s);
+    cJSON_AddNumberToObject(o, "retry_max_retries", cfg->retry_max_retries);
+    cJSON_AddNumberToObject(o, "retry_initial_backoff_ms", cfg->backoff.initial_ms);
+    cJSON_AddNumberToObject(o, "retry_max_backoff_ms", cfg->backoff.max_ms);
+    cJSON_AddNumberToObject(o, "retry_backoff_multiplier", cfg->backoff.multiplier);
+    cJSON_AddNumberToObject(o, "retry_jitter_factor", cfg->backoff.jitter);
     cJSON_AddNumberToObject(o, "num_running_reqs", rt->active);
     cJSON_AddNumberToObject(o, "num_requests_total", (double)rt->n_total);
     cJSON_AddNumberToObject(o, "num_failed_requests_total", (double)rt->n_failed);
@@ -1468,9 +1815,10 @@ static void handle_metrics(struct pd_router *rt, struct pd_http_req *hr) {
     for (int side = 0; side < 2; side++) {
         const struct registry *reg = side ? &rt->decode : &rt->prefill;
         for (int i = 0; i < reg->n; i++) {
-            const struct worker *w = reg->w[i];
+            struct worker *w = reg->w[i];
             pd_router_metrics_worker(rt->metrics, w->spec.url, !side,
-                                     w->load.healthy && !w->draining, w->load.inflight);
+                                     w->load.healthy && !w->draining, w->load.inflight,
+                                     cb_state(w));
         }
     }
     char *text = NULL;
@@ -1520,9 +1868,9 @@ static void handle_abort(struct pd_router *rt, struct pd_http_req *hr) {
     bool oom;
     char *line = auth_line_new(hr, &oom);
     for (int i = 0; i < rt->prefill.n; i++)
-        send_abort(rt, rt->prefill.w[i], rid->valuestring, line);
+        send_abort(rt, NULL, rt->prefill.w[i], rid->valuestring, line);
     for (int i = 0; i < rt->decode.n; i++)
-        send_abort(rt, rt->decode.w[i], rid->valuestring, line);
+        send_abort(rt, NULL, rt->decode.w[i], rid->valuestring, line);
     pd_free(line);
     cJSON_Delete(j);
     respond_json(hr, 200, "{}");
@@ -1584,6 +1932,15 @@ static int init_workers(struct pd_router *rt) {
         int n = side ? cfg->n_decode : cfg->n_prefill;
         for (int i = 0; i < n; i++) {
             const struct pd_router_worker_spec *c = side ? &cfg->decode[i] : &cfg->prefill[i];
+            char key[320];
+            struct worker *same = pd_router_url_normalize(c->url, key, sizeof(key)) == PD_OK
+                                      ? registry_find(rt, !side, key)
+                                      : NULL;
+            if (same) {
+                pd_warn("%s %s given twice (as %s): counted once", side ? "--decode" : "--prefill",
+                        c->url, same->spec.url);
+                continue;
+            }
             struct pd_router_worker_spec spec = *c;
             spec.url = pd_strdup(c->url);
             spec.host = pd_strdup(c->host);
@@ -1662,6 +2019,8 @@ int pd_router_new(uv_loop_t *loop, const struct pd_router_config *cfg, struct pd
     rt->drain_timer.data = rt;
     uv_timer_init(loop, &rt->dns_timer);
     rt->dns_timer.data = rt;
+    uv_timer_init(loop, &rt->retry_timer);
+    rt->retry_timer.data = rt;
     uint64_t every = (uint64_t)(cfg->health_check_interval_secs * 1000);
     uv_timer_start(&rt->health_timer, on_health_tick, 0, every ? every : 1);
     if (rt->n_dns) {
@@ -1707,7 +2066,8 @@ static void close_all(struct pd_router *rt) {
     pd_upstream_free(rt->up); /* its own handles close on their own */
     rt->up = NULL;
     stop_dns(rt);
-    rt->open_handles = 3;
+    rt->open_handles = 4;
+    uv_close((uv_handle_t *)&rt->retry_timer, on_handle_closed);
     uv_close((uv_handle_t *)&rt->dns_timer, on_handle_closed);
     uv_close((uv_handle_t *)&rt->health_timer, on_handle_closed);
     uv_close((uv_handle_t *)&rt->drain_timer, on_handle_closed);

@@ -3,8 +3,10 @@
  * life of a client request (DESIGN.md §2, router paragraph): pick a prefill (policy) and a decode
  * (least load), add the bootstrap fields, send the same body to both at once, stream decode's
  * answer to the client, drain prefill's; prefill error → abort decode + 502; client gone → abort
- * both; a worker unreachable before any byte went to the client → out of rotation, retry once on
- * another pair. Decode's stream is read only as fast as the client takes it (backpressure).
+ * both; a worker unreachable before any byte went to the client → out of rotation; a request
+ * that failed before the client saw a byte is retried on another pair (--retry-*), and a worker
+ * that keeps failing has its circuit opened (breaker.h, --cb-*). Decode's stream is read only as
+ * fast as the client takes it (backpressure).
  *
  * Workers are the static --prefill/--decode ones plus those --prefill-dns/--decode-dns names
  * resolve to, re-resolved periodically: new addresses join once /health answers, vanished ones

@@ -565,9 +565,15 @@ def main():
         r1.stop()
 
         p, d = Fake("prefill"), Fake("decode")
+        # one pair whose failures are provoked on purpose, each checked as the client sees a
+        # single attempt fail: no retries (this fake decode remembers an aborted rid forever,
+        # so a retry with the client's rid would read as aborted) and no circuit breaker (the
+        # provoked 5xx runs would open the pair's circuits for the checks that follow);
+        # test_router_breaker.py covers both against real daemons
         r2 = Router(["--prefill", p.url, "--decode", d.url, "--api-key", "secret",
                      "--request-timeout-secs", "2", "--max-concurrent-requests", "2",
-                     "--health-check-interval-secs", "0.1", "--policy", "cache_aware"])
+                     "--health-check-interval-secs", "0.1", "--policy", "cache_aware",
+                     "--disable-circuit-breaker", "--disable-retries"])
         check(r2.wait_healthy(), "router 2 healthy")
         test_failures(r2, p, d, "secret")
         r2.stop()

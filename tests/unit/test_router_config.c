@@ -127,6 +127,17 @@ static void test_help_documents_every_flag(void) {
                                         "--health-check-interval-secs",
                                         "--shutdown-timeout",
                                         "--stream-buffer-bytes",
+                                        "--cb-failure-threshold",
+                                        "--cb-success-threshold",
+                                        "--cb-timeout-duration-secs",
+                                        "--cb-window-duration-secs",
+                                        "--disable-circuit-breaker",
+                                        "--retry-max-retries",
+                                        "--retry-initial-backoff-ms",
+                                        "--retry-max-backoff-ms",
+                                        "--retry-backoff-multiplier",
+                                        "--retry-jitter-factor",
+                                        "--disable-retries",
                                         "--log-level"};
     for (size_t i = 0; i < PD_ARRAY_LEN(flags); i++) {
         if (!strstr(text, flags[i]))
@@ -137,5 +148,53 @@ static void test_help_documents_every_flag(void) {
     pd_router_config_free(&c);
 }
 
+/* sglang-router's reliability flags: its defaults, values taken, --disable-* and bad bounds. */
+static void test_breaker_and_retry_flags(void) {
+    struct pd_router_config c;
+    CHECK_OK(parse(&c, "--prefill", "http://a:1", "--decode", "http://b:2", NULL));
+    CHECK(!c.cb.disabled);
+    CHECK_INT(c.cb.failure_threshold, 5);
+    CHECK_INT(c.cb.success_threshold, 2);
+    CHECK_DBL(c.cb.timeout_s, 30, 0);
+    CHECK_DBL(c.cb.window_s, 60, 0);
+    CHECK_INT(c.retry_max_retries, 5);
+    CHECK_DBL(c.backoff.initial_ms, 50, 0);
+    CHECK_DBL(c.backoff.max_ms, 30000, 0);
+    CHECK_DBL(c.backoff.multiplier, 1.5, 0);
+    CHECK_DBL(c.backoff.jitter, 0.2, 0);
+    pd_router_config_free(&c);
+    CHECK_OK(parse(&c, "--prefill", "http://a:1", "--decode", "http://b:2",
+                   "--cb-failure-threshold", "2", "--cb-success-threshold", "3",
+                   "--cb-timeout-duration-secs", "0.5", "--cb-window-duration-secs", "7",
+                   "--retry-max-retries", "3", "--retry-initial-backoff-ms", "10",
+                   "--retry-max-backoff-ms", "20", "--retry-backoff-multiplier", "2",
+                   "--retry-jitter-factor", "0", NULL));
+    CHECK_INT(c.cb.failure_threshold, 2);
+    CHECK_INT(c.cb.success_threshold, 3);
+    CHECK_DBL(c.cb.timeout_s, 0.5, 0);
+    CHECK_DBL(c.cb.window_s, 7, 0);
+    CHECK_INT(c.retry_max_retries, 3);
+    CHECK_DBL(c.backoff.max_ms, 20, 0);
+    pd_router_config_free(&c);
+    CHECK_OK(parse(&c, "--prefill", "http://a:1", "--decode", "http://b:2",
+                   "--disable-circuit-breaker", "--disable-retries", NULL));
+    CHECK(c.cb.disabled);
+    CHECK_INT(c.retry_max_retries, 1);
+    pd_router_config_free(&c);
+    CHECK_ERR(parse(&c, "--prefill", "http://a:1", "--decode", "http://b:2",
+                    "--cb-failure-threshold", "0", NULL),
+              PD_EINVAL, "--cb-failure-threshold");
+    pd_router_config_free(&c);
+    CHECK_ERR(parse(&c, "--prefill", "http://a:1", "--decode", "http://b:2",
+                    "--retry-jitter-factor", "1.5", NULL),
+              PD_EINVAL, "--retry-jitter-factor");
+    pd_router_config_free(&c);
+    CHECK_ERR(parse(&c, "--prefill", "http://a:1", "--decode", "http://b:2",
+                    "--retry-initial-backoff-ms", "100", "--retry-max-backoff-ms", "50", NULL),
+              PD_EINVAL, "below --retry-initial-backoff-ms");
+    pd_router_config_free(&c);
+}
+
 PD_TEST_MAIN(PD_TEST(test_sglang_router_line), PD_TEST(test_bootstrap_port_forms),
-             PD_TEST(test_errors), PD_TEST(test_help_documents_every_flag))
+             PD_TEST(test_errors), PD_TEST(test_help_documents_every_flag),
+             PD_TEST(test_breaker_and_retry_flags))

@@ -5,6 +5,7 @@
 
 #include "common/alloc.h"
 #include "pd_prom_check.h"
+#include "router/breaker.h"
 #include "router/metrics.h"
 
 static char *render(struct pd_router_metrics *rm) {
@@ -34,9 +35,14 @@ static void test_calls_and_workers(void) {
     }
     pd_router_metrics_ttft(rm, 0.05);
     pd_router_metrics_retry(rm);
+    pd_router_metrics_retries_exhausted(rm);
+    pd_router_metrics_cb_outcome(rm, p, false);
+    pd_router_metrics_cb_outcome(rm, p, false);
+    pd_router_metrics_cb_outcome(rm, d, true);
+    pd_router_metrics_cb_transition(rm, p, PD_ROUTER_CB_CLOSED, PD_ROUTER_CB_OPEN);
     pd_router_metrics_workers_begin(rm);
-    pd_router_metrics_worker(rm, p, true, true, 2);
-    pd_router_metrics_worker(rm, d, false, false, 0);
+    pd_router_metrics_worker(rm, p, true, true, 2, PD_ROUTER_CB_OPEN);
+    pd_router_metrics_worker(rm, d, false, false, 0, PD_ROUTER_CB_CLOSED);
     char *txt = render(rm);
     CHECK(has(txt, "\nsgl_router_requests_total{route=\"/generate\"} 3\n"));
     CHECK(has(txt, "\nsgl_router_request_duration_seconds_bucket{route=\"/generate\",le=\"0.25\"} "
@@ -60,18 +66,29 @@ static void test_calls_and_workers(void) {
     CHECK(has(txt, "\nsgl_router_active_workers 1\n"));
     CHECK(has(txt, "\nsgl_router_retries_total 1\n"));
     CHECK(has(txt, "\npdserve_router:time_to_first_token_seconds_count 1\n"));
+    CHECK(has(txt, "\nsgl_router_retries_exhausted_total 1\n"));
+    CHECK(has(txt, "\nsgl_router_cb_state{worker=\"http://10.0.0.1:30001\"} 1\n"));
+    CHECK(has(txt, "\nsgl_router_cb_state{worker=\"http://10.0.0.2:30002\"} 0\n"));
+    CHECK(has(txt, "\nsgl_router_cb_outcomes_total{worker=\"http://10.0.0.1:30001\",outcome="
+                   "\"failure\"} 2\n"));
+    CHECK(has(txt, "\nsgl_router_cb_outcomes_total{worker=\"http://10.0.0.2:30002\",outcome="
+                   "\"success\"} 1\n"));
+    CHECK(has(txt, "\nsgl_router_cb_state_transitions_total{worker=\"http://10.0.0.1:30001\","
+                   "from=\"closed\",to=\"open\"} 1\n"));
     pd_free(txt);
     /* the prefill leaves (DNS discovery dropped it); a new one comes */
     const char *p2 = "http://10.0.0.3:30001";
     pd_router_metrics_call_start(rm, p2, true);
     pd_router_metrics_call_end(rm, p2, true, PD_ROUTER_OUTCOME_CLIENT_GONE);
     pd_router_metrics_workers_begin(rm);
-    pd_router_metrics_worker(rm, p2, true, true, 0);
-    pd_router_metrics_worker(rm, d, false, true, 1);
+    pd_router_metrics_worker(rm, p2, true, true, 0, PD_ROUTER_CB_HALF_OPEN);
+    pd_router_metrics_worker(rm, d, false, true, 1, PD_ROUTER_CB_CLOSED);
     txt = render(rm);
     CHECK(has(txt, "\nsgl_router_worker_health{worker=\"http://10.0.0.1:30001\"} 0\n"));
     CHECK(has(txt, "\nsgl_router_running_requests{worker=\"http://10.0.0.1:30001\"} 0\n"));
     CHECK(has(txt, "\nsgl_router_worker_health{worker=\"http://10.0.0.3:30001\"} 1\n"));
+    CHECK(has(txt, "\nsgl_router_cb_state{worker=\"http://10.0.0.1:30001\"} 0\n"));
+    CHECK(has(txt, "\nsgl_router_cb_state{worker=\"http://10.0.0.3:30001\"} 2\n"));
     CHECK(has(txt, "\nsgl_router_active_workers 2\n"));
     CHECK(has(txt, "\npdserve_router:requests_total{worker=\"http://10.0.0.1:30001\",role=\"prefill"
                    "\",outcome=\"ok\"} 3\n")); /* counters of a worker that left stay */
@@ -91,7 +108,9 @@ static void test_alloc_failures(void) {
             pd_router_metrics_call_start(rm, "http://a", true);
             pd_router_metrics_call_end(rm, "http://a", true, PD_ROUTER_OUTCOME_ERROR);
             pd_router_metrics_workers_begin(rm);
-            pd_router_metrics_worker(rm, "http://a", true, true, 1);
+            pd_router_metrics_worker(rm, "http://a", true, true, 1, PD_ROUTER_CB_CLOSED);
+            pd_router_metrics_cb_outcome(rm, "http://a", false);
+            pd_router_metrics_cb_transition(rm, "http://a", PD_ROUTER_CB_CLOSED, PD_ROUTER_CB_OPEN);
         }
         pd_alloc_fail_after(-1);
         CHECK(rc == PD_OK || rc == PD_ENOMEM);
