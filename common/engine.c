@@ -86,6 +86,7 @@ struct pd_engine {
     pthread_mutex_t stats_mu;
     struct pd_engine_stats stats;
     int64_t steps, tokens, retractions, mixed_steps;
+    int64_t sampled_on_device, sampled_on_host;
     int64_t unsignalled; /* events pushed since the loop was last woken */
     atomic_int last_check;
     bool check_steps;
@@ -773,6 +774,7 @@ static void device_sample(struct pd_engine *e, int32_t i, struct pd_sample *smp)
         memcpy(smp->top_logprobs, row->top->top_logprobs, sizeof(float) * (size_t)smp->n_top);
     }
     pd_sampler_record(&e->step_reqs[i]->sampler, smp->token, &smp->finish);
+    e->sampled_on_device++;
 }
 
 /* The host sampler on a downloaded row; r's device penalty state (if any) is stale after. */
@@ -780,6 +782,7 @@ static void host_sample(struct pd_engine *e, struct pd_engine_req *r, float *log
                         struct pd_sample *smp) {
     pd_sampler_next(&r->sampler, &e->scratch, logits, smp);
     pen_slot_release(e, r);
+    e->sampled_on_host++;
 }
 
 static bool decode_iter(struct pd_engine *e, double now) {
@@ -1187,6 +1190,8 @@ static void publish(struct pd_engine *e) {
     s.tokens_computed = e->tokens;
     s.retractions = e->retractions;
     s.mixed_steps = e->mixed_steps;
+    s.sampled_on_device = e->sampled_on_device;
+    s.sampled_on_host = e->sampled_on_host;
     pthread_mutex_lock(&e->stats_mu);
     e->stats = s;
     pthread_mutex_unlock(&e->stats_mu);

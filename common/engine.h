@@ -182,6 +182,9 @@ struct pd_engine_stats {
     int64_t steps, tokens_computed;
     int64_t retractions; /* decode: requests retracted (and recomputed) so far */
     int64_t mixed_steps; /* colocated: steps that carried prefill chunks and decode tokens */
+    /* decode and colocated: output tokens chosen on the device (greedy_on_device) and from
+     * logits downloaded to the host sampler (the prefill's first token is neither) */
+    int64_t sampled_on_device, sampled_on_host;
 };
 
 /* Facts for /server_info, the bootstrap layout and the transfer engine. */
