@@ -316,7 +316,7 @@ def case_device_choice(model, tmp):
     """Decode steps that choose on the device (PD_GREEDY_FAST_PATH=1: pd_backend_sample with
     penalty slots and top-n, as on a GPU) give exactly the tokens and logprobs of the host
     sampler on downloaded logits, for requests with penalties, top-n logprobs, greedy and
-    seeded sampling, one at a time and batched together."""
+    seeded sampling, one at a time and batched together; colocated daemons too."""
     host_env = {k: v for k, v in os.environ.items() if k != "PD_GREEDY_FAST_PATH"}
     dev_env = dict(host_env, PD_GREEDY_FAST_PATH="1")
     # no prefix cache: a prompt sent twice is computed the same way twice, so both decodes get
@@ -405,6 +405,25 @@ def case_device_choice(model, tmp):
           "device decode sampled %r on the device, %r on the host (want %d, 0)" %
           (info[1]["sampled_on_device"], info[1]["sampled_on_host"], n_dev))
     check(dh.pool_full() and dd.pool_full() and pf.pool_full(), "pools back to full")
+    # colocated (--disaggregation-mode null): steps of decode tokens alone choose on the device
+    ch = Daemon("null", model, tmp, ["--disable-prefix-cache"], env=host_env)
+    cd = Daemon("null", model, tmp, ["--disable-prefix-cache"], env=dev_env)
+    for i in range(len(prompts)):
+        got = []
+        for c in (ch, cd):
+            st, raw = c.post("/generate", body(i, 0))
+            check(st == 200, "colocated prompt %d: %d %r" % (i, st, raw[:200]))
+            got.append(result(raw) if st == 200 else None)
+        if got[0] and got[1]:
+            check(got[1] == got[0], "colocated prompt %d: device %r != host %r" %
+                  (i, got[1][:2], got[0][:2]))
+            check(want[i] and got[0][0] == want[i][0], "colocated prompt %d text %r != %r" %
+                  (i, got[0][0], want[i] and want[i][0]))
+    info = json.loads(cd.get("/server_info")[1])
+    n = len(prompts)  # the first token of each comes from its prefill step, on the host
+    check(info["sampled_on_device"] == n * (max_new - 1) and info["sampled_on_host"] == n,
+          "colocated device daemon sampled %r on the device, %r on the host" %
+          (info["sampled_on_device"], info["sampled_on_host"]))
 
 
 def stream_some(dc, body, n_events, path="/generate"):
