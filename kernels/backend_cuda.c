@@ -411,8 +411,10 @@ static int cuda_penalty_set(struct pd_backend *be, int slot, const int32_t *prom
     int rc = flush(c); /* ops enqueued before (a step) see the old state */
     if (rc)
         return rc;
-    memcpy(c->pen_ids_h, prompt, (size_t)n_prompt * 4);
-    memcpy(c->pen_ids_h + n_prompt, out, (size_t)n_out * 4);
+    if (n_prompt) /* either may be NULL when empty */
+        memcpy(c->pen_ids_h, prompt, (size_t)n_prompt * 4);
+    if (n_out)
+        memcpy(c->pen_ids_h + n_prompt, out, (size_t)n_out * 4);
     struct pd_kernel_penalty_set_params pp = {.state_row = c->pen_state +
                                                            (size_t)slot * (size_t)be->pen_vocab,
                                               .vocab = be->pen_vocab,
