@@ -1,12 +1,14 @@
 /*
- * backend.c — picks a backend and forwards every call through its op table. Holds no state of
- * its own; argument checks that apply to every backend live here so each backend need not
- * repeat them.
+ * backend.c — picks a backend and forwards every call through its op table. Argument checks
+ * that apply to every backend live here so each backend need not repeat them; the only state
+ * of its own is the penalty slots' geometry and the stamps that refuse two rows of one sample
+ * call sharing a slot (struct pd_backend).
  */
 #include "common/backend.h"
 #include "common/sampling.h"
 #include "common/backend_impl.h"
 #include "common/status.h"
+#include "common/alloc.h"
 
 int pd_backend_new(const struct pd_backend_opts *opts, struct pd_backend **out) {
     *out = NULL;
@@ -22,8 +24,10 @@ int pd_backend_new(const struct pd_backend_opts *opts, struct pd_backend **out) 
 }
 
 void pd_backend_free(struct pd_backend *be) {
-    if (be)
-        be->ops->free(be);
+    if (!be)
+        return;
+    pd_free(be->pen_stamp);
+    be->ops->free(be);
 }
 
 enum pd_backend_kind pd_backend_kind_of(const struct pd_backend *be) {
@@ -81,24 +85,93 @@ int pd_backend_argmax(struct pd_backend *be, const float *x, int rows, int cols,
     return rows ? be->ops->argmax(be, x, rows, cols, ids, logprobs) : PD_OK;
 }
 
+/* The checks of one sample row; slots is the reserved penalty geometry. */
+static int sample_row_check(const struct pd_backend *be, const struct pd_sample_row *r, int cols) {
+    struct pd_sampling_params p;
+    pd_sampling_params_default(&p);
+    p.temperature = r->temperature;
+    p.top_k = r->top_k;
+    p.top_p = r->top_p;
+    p.min_p = r->min_p;
+    p.n_logprobs = r->n_logprobs;
+    if (r->penalized) {
+        p.repetition_penalty = r->repetition_penalty;
+        p.frequency_penalty = r->frequency_penalty;
+        p.presence_penalty = r->presence_penalty;
+    }
+    int rc = pd_sampling_params_check(&p);
+    if (rc)
+        return rc;
+    if (!(r->u >= 0 && r->u < 1))
+        return pd_errorf(PD_EINVAL, "u %g outside [0, 1)", r->u);
+    if (r->n_logprobs > 0 && !r->top)
+        return pd_errorf(PD_EINVAL, "%d top logprobs asked with nowhere to put them",
+                         r->n_logprobs);
+    if (r->penalized) {
+        if (!be->pen_slots)
+            return pd_errorf(PD_EINVAL, "penalties without pd_backend_penalty_reserve");
+        if (r->slot < 0 || r->slot >= be->pen_slots)
+            return pd_errorf(PD_ERANGE, "penalty slot %d outside 0..%d", r->slot,
+                             be->pen_slots - 1);
+        if (cols != be->pen_vocab)
+            return pd_errorf(PD_EINVAL, "penalties over %d columns, the slots hold %d", cols,
+                             be->pen_vocab);
+    }
+    return PD_OK;
+}
+
 int pd_backend_sample(struct pd_backend *be, const float *x, int rows, int cols,
                       const struct pd_sample_row *row, int32_t *ids, float *logprobs) {
     if (rows < 0 || cols < 1)
         return pd_errorf(PD_EINVAL, "sampling %d rows of %d", rows, cols);
+    if (++be->pen_call == 0) { /* wrapped: old stamps could match the new counter */
+        for (int i = 0; i < be->pen_slots; i++)
+            be->pen_stamp[i] = 0;
+        be->pen_call = 1;
+    }
     for (int r = 0; r < rows; r++) {
-        struct pd_sampling_params p;
-        pd_sampling_params_default(&p);
-        p.temperature = row[r].temperature;
-        p.top_k = row[r].top_k;
-        p.top_p = row[r].top_p;
-        p.min_p = row[r].min_p;
-        int rc = pd_sampling_params_check(&p);
+        int rc = sample_row_check(be, &row[r], cols);
         if (rc)
             return pd_error_wrap(rc, "sampling row %d", r);
-        if (!(row[r].u >= 0 && row[r].u < 1))
-            return pd_errorf(PD_EINVAL, "sampling row %d: u %g outside [0, 1)", r, row[r].u);
+        if (row[r].penalized) {
+            if (be->pen_stamp[row[r].slot] == be->pen_call)
+                return pd_errorf(PD_EINVAL, "sampling row %d: penalty slot %d is another row's", r,
+                                 row[r].slot);
+            be->pen_stamp[row[r].slot] = be->pen_call;
+        }
     }
     return rows ? be->ops->sample(be, x, rows, cols, row, ids, logprobs) : PD_OK;
+}
+
+int pd_backend_penalty_reserve(struct pd_backend *be, int slots, int vocab, int max_ids) {
+    if (be->pen_slots)
+        return pd_errorf(PD_EINVAL, "penalty slots are reserved already");
+    if (slots < 1 || vocab < 1 || max_ids < 1)
+        return pd_errorf(PD_EINVAL, "penalty slots: %d slots, vocabulary %d, %d ids", slots, vocab,
+                         max_ids);
+    if (!(be->pen_stamp = pd_calloc((size_t)slots, sizeof(uint32_t))))
+        return pd_error_wrap(PD_ENOMEM, "penalty slot stamps");
+    int rc = be->ops->penalty_reserve(be, slots, vocab, max_ids);
+    if (rc) {
+        pd_free(be->pen_stamp);
+        be->pen_stamp = NULL;
+        return pd_error_wrap(rc, "penalty state for %d requests of a vocabulary of %d", slots,
+                             vocab);
+    }
+    be->pen_slots = slots;
+    be->pen_vocab = vocab;
+    be->pen_max_ids = max_ids;
+    return PD_OK;
+}
+
+int pd_backend_penalty_set(struct pd_backend *be, int slot, const int32_t *prompt, int n_prompt,
+                           const int32_t *out, int n_out) {
+    if (slot < 0 || slot >= be->pen_slots)
+        return pd_errorf(PD_ERANGE, "penalty slot %d outside the %d reserved", slot, be->pen_slots);
+    if (n_prompt < 0 || n_out < 0 || n_prompt > be->pen_max_ids - n_out)
+        return pd_errorf(PD_ERANGE, "penalty state of %d prompt + %d output tokens, at most %d",
+                         n_prompt, n_out, be->pen_max_ids);
+    return be->ops->penalty_set(be, slot, prompt, n_prompt, out, n_out);
 }
 
 int pd_backend_set_batch(struct pd_backend *be, const struct pd_batch_plan *plan) {

@@ -13,7 +13,8 @@
  *    planned once per step by pd_backend_set_batch into buffers sized by pd_backend_reserve,
  *    then every layer's ops read it (STYLE.md rule 9: plan once, run per layer).
  *  - Activations are f32; weights may be f32, bf16 or f16 and stay in that type on the device.
- * This interface owns no model knowledge beyond the op shapes; it does not sample or schedule.
+ * This interface owns no model knowledge beyond the op shapes and schedules nothing; it samples
+ * only through pd_backend_argmax / pd_backend_sample, the host sampler's rules on the device.
  */
 #ifndef PD_BACKEND_H
 #define PD_BACKEND_H
@@ -153,12 +154,34 @@ void pd_backend_gather_out_rows(struct pd_backend *be, const float *src, int wid
 int pd_backend_argmax(struct pd_backend *be, const float *x, int rows, int cols, int32_t *ids,
                       float *logprobs);
 
+/* Penalty state on the device (process lifetime: call once at init, before any sample row is
+ * penalized): slots rows of a vocabulary of vocab, each one request's output-token counts and
+ * prompt-token set ([slots][vocab] int32: bit 31 the prompt has the token, bits 0..30 how often
+ * the output has it; slots × vocab × 4 bytes, e.g. 156 MB for 256 slots of Qwen's 151936), and
+ * staging for max_ids token ids per pd_backend_penalty_set. Calling it again is PD_EINVAL. */
+int pd_backend_penalty_reserve(struct pd_backend *be, int slots, int vocab, int max_ids);
+/* Sets slot's state from a request's tokens: the prompt (host [n_prompt]; the repetition
+ * penalty's set) and the outputs so far (host [n_out], counted). Ids outside the vocabulary
+ * are ignored, as the host sampler ignores them. Then every pd_backend_sample row penalized
+ * with this slot applies its penalties and counts the token it chooses, so the state follows
+ * the request on the device and nothing but the row's parameters goes up per step. A sync
+ * point; O(n_prompt + n_out) bytes go up. PD_ERANGE: slot or n_prompt + n_out out of range. */
+int pd_backend_penalty_set(struct pd_backend *be, int slot, const int32_t *prompt, int n_prompt,
+                           const int32_t *out, int n_out);
+
 struct pd_sample_row;
-/* Sampling fast path (a sync point): ids[r] = the token common/sampling.c's pd_sampling_choose
- * picks from x[r] with row[r] (temperature, top-k, top-p, min-p, the request's u; no
- * penalties), logprobs[r] its log-softmax under the raw x[r]. x is device f32 [rows][cols],
- * rows <= the reserved max_tokens; row, ids and logprobs are host [rows]. The cuda backend
- * chooses on the device, so only 8 bytes a row come back. */
+/* Sampling fast path (a sync point): for each row r of x (device f32 [rows][cols], rows <= the
+ * reserved max_tokens) and its parameters row[r] (host [rows]):
+ *  - penalized rows: the logits go through pd_sampling_penalize with row[r].slot's state (as
+ *    pd_sampler_next applies them; cols must be the reserved penalty vocab, and no two rows of
+ *    a call may share a slot), and afterwards the chosen token is counted in that state;
+ *  - ids[r] = the token common/sampling.c's pd_sampling_choose picks from them with the row's
+ *    temperature, top-k, top-p, min-p and u (greedy: the argmax);
+ *  - logprobs[r] = its log-softmax under the raw x[r] (the model's distribution);
+ *  - rows with n_logprobs > 0: row[r].top gets the raw row's top-n (pd_sampling_logprobs).
+ * x itself is not modified. The cuda backend does all of it on the device: 8 bytes a row, plus
+ * 8 per top-n entry, come back; the cpu backend calls common/sampling.c's own functions.
+ * PD_EINVAL names the row whose parameters are out of range. */
 int pd_backend_sample(struct pd_backend *be, const float *x, int rows, int cols,
                       const struct pd_sample_row *row, int32_t *ids, float *logprobs);
 

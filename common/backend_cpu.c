@@ -50,6 +50,11 @@ struct cpu_backend {
     int32_t *page_table;                     /* [max_pages] */
     float *scratch;                          /* [nth][scratch_floats] */
     size_t scratch_floats;                   /* per thread */
+    /* penalty slots (pd_backend_penalty_reserve): bit 31 prompt has the token, bits 0..30 its
+     * output count; and the host sampler's working memory for sample, sized with them */
+    int32_t *pen_state; /* [pen_slots][pen_vocab] */
+    struct pd_sampling_scratch samp;
+    bool samp_ok;
 };
 
 static struct cpu_backend *cpu(struct pd_backend *be) {
@@ -362,30 +367,76 @@ static int cpu_argmax(struct pd_backend *be, const float *x, int rows, int cols,
     return PD_OK;
 }
 
-/* The host sampler's choice itself (pd_sampling_choose) on a copy of each row, with the
- * logprob computed as cpu_argmax does: this backend is the reference the device sampler is
- * tested against. Working memory is allocated per call (one call per decode step). */
+/* The host sampler's own steps on each row, in pd_sampler_next's order: the raw row's
+ * log-softmax normaliser and top-n (pd_sampling_logprobs), the penalties from the row's slot
+ * (pd_sampling_penalize) on a copy, the choice (pd_sampling_choose), and the chosen token
+ * counted in the slot. This backend is the reference the device sampler is tested against.
+ * Working memory comes from pd_backend_penalty_reserve when it covers cols, else per call. */
 static int cpu_sample(struct pd_backend *be, const float *x, int rows, int cols,
                       const struct pd_sample_row *row, int32_t *ids, float *logprobs) {
-    (void)be;
-    struct pd_sampling_scratch sc;
-    int rc = pd_sampling_scratch_init(&sc, cols);
-    if (rc)
-        return rc;
-    for (int r = 0; r < rows; r++) {
-        const float *l = x + (size_t)r * (size_t)cols;
-        memcpy(sc.raw, l, sizeof(float) * (size_t)cols);
-        int32_t tok = pd_sampling_choose(&row[r], &sc, sc.raw, cols);
-        float mx = -INFINITY;
-        for (int t = 0; t < cols; t++)
-            mx = l[t] > mx ? l[t] : mx;
-        double sum = 0;
-        for (int t = 0; t < cols; t++)
-            sum += exp((double)(l[t] - mx));
-        ids[r] = tok;
-        logprobs[r] = l[tok] - (mx + (float)log(sum));
+    struct cpu_backend *c = cpu(be);
+    struct pd_sampling_scratch own, *sc = &c->samp;
+    if (!c->samp_ok || c->samp.vocab < cols) {
+        int rc = pd_sampling_scratch_init(&own, cols);
+        if (rc)
+            return rc;
+        sc = &own;
     }
-    pd_sampling_scratch_free(&sc);
+    for (int r = 0; r < rows; r++) {
+        const struct pd_sample_row *p = &row[r];
+        const float *l = x + (size_t)r * (size_t)cols;
+        int n_top = p->n_logprobs < cols ? p->n_logprobs : cols;
+        struct pd_sample *top = n_top ? p->top : NULL;
+        float lse = pd_sampling_logprobs(sc, l, cols, n_top, top ? top->top_ids : NULL,
+                                         top ? top->top_logprobs : NULL);
+        if (top)
+            top->n_top = n_top;
+        memcpy(sc->raw, l, sizeof(float) * (size_t)cols);
+        int32_t *st = p->penalized ? c->pen_state + (size_t)p->slot * (size_t)cols : NULL;
+        if (st)
+            for (int t = 0; t < cols; t++)
+                sc->raw[t] = pd_sampling_penalize(sc->raw[t], st[t] & 0x7fffffff, st[t] < 0,
+                                                  p->repetition_penalty, p->frequency_penalty,
+                                                  p->presence_penalty);
+        int32_t tok = pd_sampling_choose(p, sc, sc->raw, cols);
+        if (st)
+            st[tok]++;
+        ids[r] = tok;
+        logprobs[r] = l[tok] - lse;
+    }
+    if (sc == &own)
+        pd_sampling_scratch_free(&own);
+    return PD_OK;
+}
+
+static int cpu_penalty_reserve(struct pd_backend *be, int slots, int vocab, int max_ids) {
+    struct cpu_backend *c = cpu(be);
+    (void)max_ids; /* ids are read in place */
+    c->pen_state = pd_calloc((size_t)slots * (size_t)vocab, sizeof(int32_t));
+    if (!c->pen_state)
+        return PD_ENOMEM;
+    int rc = pd_sampling_scratch_init(&c->samp, vocab);
+    if (rc) {
+        pd_free(c->pen_state);
+        c->pen_state = NULL;
+        return rc;
+    }
+    c->samp_ok = true;
+    return PD_OK;
+}
+
+static int cpu_penalty_set(struct pd_backend *be, int slot, const int32_t *prompt, int n_prompt,
+                           const int32_t *out, int n_out) {
+    struct cpu_backend *c = cpu(be);
+    int V = be->pen_vocab;
+    int32_t *st = c->pen_state + (size_t)slot * (size_t)V;
+    memset(st, 0, sizeof(int32_t) * (size_t)V);
+    for (int i = 0; i < n_prompt; i++)
+        if (prompt[i] >= 0 && prompt[i] < V)
+            st[prompt[i]] |= INT32_MIN;
+    for (int i = 0; i < n_out; i++)
+        if (out[i] >= 0 && out[i] < V)
+            st[out[i]]++;
     return PD_OK;
 }
 
@@ -619,6 +670,9 @@ static void cpu_attention(struct pd_backend *be, const struct pd_kv_layout *kv, 
 static void cpu_free(struct pd_backend *be) {
     struct cpu_backend *c = cpu(be);
     free_batch_arrays(c);
+    pd_free(c->pen_state);
+    if (c->samp_ok)
+        pd_sampling_scratch_free(&c->samp);
     pd__cpu_pool_free(c->pool);
     pd_free(c);
 }
@@ -645,6 +699,8 @@ static const struct pd__backend_ops cpu_ops = {
     .gather_out_rows = cpu_gather_out_rows,
     .argmax = cpu_argmax,
     .sample = cpu_sample,
+    .penalty_reserve = cpu_penalty_reserve,
+    .penalty_set = cpu_penalty_set,
 };
 
 static int online_cores(void) {

@@ -41,12 +41,22 @@ struct pd__backend_ops {
                   float *logprobs);
     int (*sample)(struct pd_backend *be, const float *x, int rows, int cols,
                   const struct pd_sample_row *row, int32_t *ids, float *logprobs);
+    /* arguments checked by backend.c (common/backend.h) before these are called */
+    int (*penalty_reserve)(struct pd_backend *be, int slots, int vocab, int max_ids);
+    int (*penalty_set)(struct pd_backend *be, int slot, const int32_t *prompt, int n_prompt,
+                       const int32_t *out, int n_out);
 };
 
 struct pd_backend {
     const struct pd__backend_ops *ops;
     enum pd_backend_kind kind;
     char name[64];
+    /* penalty state geometry (pd_backend_penalty_reserve; 0 before), and per slot the last
+     * pd_backend_sample call that penalized it, so a call sharing a slot between rows is refused
+     * in backend.c rather than racing on the device */
+    int pen_slots, pen_vocab, pen_max_ids;
+    uint32_t *pen_stamp; /* [pen_slots] host */
+    uint32_t pen_call;
 };
 
 /* What every backend's set_batch checks before using a plan: sizes within the reserved limits,

@@ -1470,6 +1470,10 @@ static void h_server_info(struct pd_http_req *h, void *ud) {
         cJSON_AddNumberToObject(q, "retractions", (double)s.retractions);
     }
     cJSON_AddNumberToObject(q, "draining", s.q_draining);
+    if (D.role != PD_ENGINE_PREFILL) { /* where output tokens were chosen (greedy_on_device) */
+        cJSON_AddNumberToObject(extra, "sampled_on_device", (double)s.sampled_on_device);
+        cJSON_AddNumberToObject(extra, "sampled_on_host", (double)s.sampled_on_host);
+    }
     cJSON_AddNumberToObject(extra, "live_requests", D.n_live);
     cJSON_AddNumberToObject(extra, "bootstrap_timeout", D.bootstrap_timeout);
     cJSON_AddNumberToObject(extra, "waiting_timeout", D.waiting_timeout);

@@ -62,7 +62,12 @@ struct pd_engine {
     int32_t *greedy_ids;               /* [max_reqs] greedy fast path */
     float *greedy_lp;                  /* [max_reqs] */
     struct pd_sample_row *sample_rows; /* [max_reqs] device sampling fast path */
-    bool *stopped;                     /* [max_running] */
+    struct pd_sample *step_top;        /* [max_reqs] its top-n logprobs */
+    struct pd_engine_req **step_reqs;  /* [max_reqs] the step's requests, in row order */
+    /* device penalty slots (pd_backend_penalty_reserve) free for running requests */
+    int32_t *pen_free; /* [n_pen] */
+    int32_t n_pen_free, n_pen;
+    bool *stopped; /* [max_running] */
     struct pd_sampling_scratch scratch;
 
     /* threads */
@@ -83,12 +88,11 @@ struct pd_engine {
     pthread_mutex_t stats_mu;
     struct pd_engine_stats stats;
     int64_t steps, tokens, retractions, mixed_steps;
+    int64_t sampled_on_device, sampled_on_host;
     int64_t unsignalled; /* events pushed since the loop was last woken */
     atomic_int last_check;
     bool check_steps;
 };
-
-static bool on_device_ok(const struct pd_sampler *s);
 
 static double now_s(void) {
     struct timespec ts;
@@ -120,6 +124,7 @@ int pd_engine_req_new(uint64_t room, const int32_t *tokens, int32_t n, int page_
     }
     memcpy(r->tokens, tokens, (size_t)n * sizeof(int32_t));
     r->slot = -1;
+    r->pen_slot = -1;
     r->in_lp_start = -1;
     *out = r;
     return PD_OK;
@@ -167,6 +172,27 @@ static void unregister_req(struct pd_engine *e, struct pd_engine_req *r) {
 /* ---- creation ---- */
 
 static int coloc_new(struct pd_engine *e, const struct pd_engine_config *cfg);
+
+/* Device penalty state for up to the decode batch (capped at 1 GiB of slots) on rank 0's
+ * backend, taken after the KV pools were sized (out of what mem_fraction_static leaves).
+ * Without it, penalized steps sample on the host. */
+static int pen_slots_new(struct pd_engine *e, int max_running) {
+    int64_t cap = ((int64_t)1 << 30) / ((int64_t)e->vocab * 4);
+    int slots = max_running < cap ? max_running : (int)cap;
+    if (slots < 1)
+        return PD_OK;
+    int rc = pd_backend_penalty_reserve(e->be, slots, e->vocab, e->ctx_len);
+    if (rc) {
+        pd_warn("penalties will be applied on the host: %s", pd_error_msg());
+        return PD_OK;
+    }
+    if (!(e->pen_free = pd_calloc((size_t)slots, sizeof(int32_t))))
+        return pd_error_wrap(PD_ENOMEM, "penalty slot list");
+    for (int32_t i = 0; i < slots; i++)
+        e->pen_free[i] = slots - 1 - i;
+    e->n_pen = e->n_pen_free = slots;
+    return PD_OK;
+}
 
 int pd_engine_new(const struct pd_engine_config *cfg, struct pd_engine **out) {
     *out = NULL;
@@ -235,6 +261,11 @@ int pd_engine_new(const struct pd_engine_config *cfg, struct pd_engine **out) {
     const struct pd_model_config *mc = pd_model_config_of(e->model);
     e->vocab = mc->vocab_size;
     e->ctx_len = pd_model_context_length(e->model);
+    /* penalty slots on rank 0's backend (the rank that samples); taken after the pools were
+     * sized, out of the memory mem_fraction_static leaves (at most 1 GiB, see pen_slots_new) */
+    if (cfg->greedy_on_device && cfg->role != PD_ENGINE_PREFILL &&
+        (rc = pen_slots_new(e, max_reqs)) != PD_OK)
+        goto fail;
     if (e->kv->layout.n_pages > INT32_MAX / 2) {
         rc = pd_errorf(PD_ERANGE, "KV pool of %" PRId64 " pages is too large",
                        (int64_t)e->kv->layout.n_pages);
@@ -283,9 +314,11 @@ int pd_engine_new(const struct pd_engine_config *cfg, struct pd_engine **out) {
     e->greedy_ids = pd_calloc((size_t)max_reqs, sizeof(int32_t));
     e->greedy_lp = pd_calloc((size_t)max_reqs, sizeof(float));
     e->sample_rows = pd_calloc((size_t)max_reqs, sizeof(*e->sample_rows));
+    e->step_top = pd_calloc((size_t)max_reqs, sizeof(*e->step_top));
+    e->step_reqs = pd_calloc((size_t)max_reqs, sizeof(*e->step_reqs));
     e->stopped = pd_calloc((size_t)cfg->max_running_requests, sizeof(bool));
     if (!e->reqs || !e->free_slots || !e->seqs || !e->logits || !e->stopped || !e->greedy_ids ||
-        !e->greedy_lp || !e->sample_rows) {
+        !e->greedy_lp || !e->sample_rows || !e->step_top || !e->step_reqs) {
         rc = pd_error_wrap(PD_ENOMEM, "engine step buffers");
         goto fail;
     }
@@ -356,6 +389,36 @@ static void emit(struct pd_engine *e, const struct pd_engine_event *ev) {
     }
 }
 
+/* ---- device penalty slots ---- */
+
+/* Gives r's slot back: it ended, or a token was recorded without the device (so the slot's
+ * state is stale; the next device step sets it again from r's tokens). */
+static void pen_slot_release(struct pd_engine *e, struct pd_engine_req *r) {
+    if (r->pen_slot < 0)
+        return;
+    e->pen_free[e->n_pen_free++] = r->pen_slot;
+    r->pen_slot = -1;
+}
+
+/* r's slot, taken and set from its prompt and outputs when it has none. false: no slot free or
+ * the state cannot be set; r samples on the host this step. */
+static bool pen_slot_ready(struct pd_engine *e, struct pd_engine_req *r) {
+    if (r->pen_slot >= 0)
+        return true;
+    if (e->n_pen_free == 0)
+        return false;
+    int32_t slot = e->pen_free[e->n_pen_free - 1];
+    int rc = pd_backend_penalty_set(e->be, slot, r->tokens, r->n_prompt, r->tokens + r->n_prompt,
+                                    r->n_out);
+    if (rc) {
+        pd_warn("room=%" PRIu64 " penalties stay on the host: %s", r->room, pd_error_msg());
+        return false;
+    }
+    e->n_pen_free--;
+    r->pen_slot = slot;
+    return true;
+}
+
 static void emit_end(struct pd_engine *e, struct pd_engine_req *r, int reason, int status,
                      int32_t cached_tokens) {
     struct pd_engine_event ev = {.kind = PD_ENGINE_EV_END,
@@ -368,6 +431,7 @@ static void emit_end(struct pd_engine *e, struct pd_engine_req *r, int reason, i
                                  .status = status ? status : r->fail_status,
                                  .cached_tokens = cached_tokens,
                                  .n_output = r->n_out};
+    pen_slot_release(e, r);
     if (r->slot >= 0)
         unregister_req(e, r);
     emit(e, &ev);
@@ -631,6 +695,7 @@ static void decode_xfer_end(struct pd_engine *e, const struct pd_engine_cmd *c, 
         }
         enum pd_finish fin;
         pd_sampler_accept(&r->sampler, c->first_token, &fin);
+        pen_slot_release(e, r); /* recorded on the host: a slot's state would be stale */
         note_token(e, r, c->first_token, c->first_logprob, fin, NULL);
         if (pd_sched_decode_transfer_done(e->sd, c->room, PD_OK, now) != PD_OK) {
             (void)pd_sched_decode_release(e->sd, c->room); /* timed out meanwhile */
@@ -669,6 +734,59 @@ static int recompute(struct pd_engine *e, struct pd_engine_req *r,
         e->tokens += len;
     }
     return PD_OK;
+}
+
+/* ---- choosing a step's tokens ---- */
+
+/* The rows that choose e->step_reqs[0..n)'s tokens on the device (e->sample_rows; top-n into
+ * e->step_top): every request's parameters, its penalty slot, and the next u of its own random
+ * stream (greedy rows take none). false when a penalized request gets no slot: nothing is
+ * drawn, the step's slots are given back (the host records this step's tokens) and the step
+ * downloads the logits. *plain: all greedy without penalties or top-n (the argmax serves). */
+static bool device_rows(struct pd_engine *e, int32_t n, bool *plain) {
+    *plain = true;
+    for (int32_t i = 0; i < n; i++) {
+        struct pd_engine_req *r = e->step_reqs[i];
+        struct pd_sample_row *row = &e->sample_rows[i];
+        pd_sampler_row(&r->sampler, row);
+        row->top = row->n_logprobs > 0 ? &e->step_top[i] : NULL;
+        if (row->penalized) {
+            if (!pen_slot_ready(e, r)) {
+                for (int32_t j = 0; j < n; j++)
+                    pen_slot_release(e, e->step_reqs[j]);
+                return false;
+            }
+            row->slot = r->pen_slot;
+        }
+        *plain = *plain && pd_sampling_row_greedy(row) && !row->penalized && !row->n_logprobs;
+    }
+    for (int32_t i = 0; i < n; i++)
+        e->sample_rows[i].u = pd_sampler_next_u(&e->step_reqs[i]->sampler);
+    return true;
+}
+
+/* Row i's token as the device chose it (device_rows, then pd_model_decode_greedy / _sample),
+ * recorded by the request's sampler: its u was taken in device_rows, record takes none. */
+static void device_sample(struct pd_engine *e, int32_t i, struct pd_sample *smp) {
+    memset(smp, 0, sizeof(*smp));
+    smp->token = e->greedy_ids[i];
+    smp->logprob = e->greedy_lp[i];
+    const struct pd_sample_row *row = &e->sample_rows[i];
+    if (row->top) {
+        smp->n_top = row->top->n_top;
+        memcpy(smp->top_ids, row->top->top_ids, sizeof(int32_t) * (size_t)smp->n_top);
+        memcpy(smp->top_logprobs, row->top->top_logprobs, sizeof(float) * (size_t)smp->n_top);
+    }
+    pd_sampler_record(&e->step_reqs[i]->sampler, smp->token, &smp->finish);
+    e->sampled_on_device++;
+}
+
+/* The host sampler on a downloaded row; r's device penalty state (if any) is stale after. */
+static void host_sample(struct pd_engine *e, struct pd_engine_req *r, float *logits,
+                        struct pd_sample *smp) {
+    pd_sampler_next(&r->sampler, &e->scratch, logits, smp);
+    pen_slot_release(e, r);
+    e->sampled_on_host++;
 }
 
 static bool decode_iter(struct pd_engine *e, double now) {
@@ -720,22 +838,12 @@ static bool decode_iter(struct pd_engine *e, double now) {
                                            .pages = d->pages,
                                            .n_pages = d->n_pages};
     }
-    /* the token is chosen on the device when every request of the step can be: argmax when
-     * all are greedy, else the device sampler with each request's next u from its own stream */
-    bool dev = e->cfg.greedy_on_device, all_greedy = true;
-    for (int32_t i = 0; dev && i < nb; i++) {
-        struct pd_sample_row *row = &e->sample_rows[i];
-        const struct pd_sampler *s = &find_req(e, st.batch[i].room)->sampler;
-        dev = on_device_ok(s);
-        pd_sampler_row(s, row);
-        all_greedy = all_greedy && pd_sampling_row_greedy(row);
-    }
-    if (dev && !all_greedy)
-        for (int32_t i = 0; i < nb; i++)
-            e->sample_rows[i].u = pd_sampler_next_u(&find_req(e, st.batch[i].room)->sampler);
+    for (int32_t i = 0; i < nb; i++)
+        e->step_reqs[i] = find_req(e, st.batch[i].room);
+    bool plain = false, dev = e->cfg.greedy_on_device && device_rows(e, nb, &plain);
     if (!dev)
         rc = pd_tp_group_decode(e->tp, e->seqs, (int)nb, e->logits);
-    else if (all_greedy)
+    else if (plain)
         rc = pd_tp_group_decode_greedy(e->tp, e->seqs, (int)nb, e->greedy_ids, e->greedy_lp);
     else
         rc = pd_tp_group_decode_sample(e->tp, e->seqs, (int)nb, e->sample_rows, e->greedy_ids,
@@ -743,23 +851,17 @@ static bool decode_iter(struct pd_engine *e, double now) {
     if (rc)
         pd_error("decode step of %d requests failed: %s", (int)nb, pd_error_msg());
     for (int32_t i = 0; i < nb; i++) {
-        struct pd_engine_req *r = find_req(e, st.batch[i].room);
+        struct pd_engine_req *r = e->step_reqs[i];
         if (rc) { /* the model refused the step: these requests end failed */
             e->stopped[i] = true;
             r->fail_status = rc;
             continue;
         }
         struct pd_sample smp;
-        if (dev) {
-            memset(&smp, 0, sizeof(smp));
-            smp.token = e->greedy_ids[i];
-            smp.logprob = e->greedy_lp[i];
-            /* a sampled row took its u above (greedy ones take none); record takes none */
-            pd_sampler_record(&r->sampler, smp.token, &smp.finish);
-        } else {
-            pd_sampler_next(&r->sampler, &e->scratch, e->logits + (size_t)i * (size_t)e->vocab,
-                            &smp);
-        }
+        if (dev)
+            device_sample(e, i, &smp);
+        else
+            host_sample(e, r, e->logits + (size_t)i * (size_t)e->vocab, &smp);
         note_token(e, r, smp.token, smp.logprob, smp.finish, &smp);
         e->stopped[i] = r->finished;
     }
@@ -768,12 +870,6 @@ static bool decode_iter(struct pd_engine *e, double now) {
     e->steps++;
     e->tokens += nb;
     return true;
-}
-
-/* A request the device argmax or sampler serves exactly: nothing that needs the whole logits
- * row on the host (penalties change it before the choice; top-n logprobs read it). */
-static bool on_device_ok(const struct pd_sampler *s) {
-    return !pd_sampler_has_penalties(s) && s->p.n_logprobs == 0;
 }
 
 /* ---- colocated ---- */
@@ -877,9 +973,22 @@ static bool coloc_iter(struct pd_engine *e, double now) {
                                                          .pages = d->pages,
                                                          .n_pages = d->n_pages};
     }
-    if (!rc)
-        rc = st.n_chunks ? pd_tp_group_extend(e->tp, e->seqs, (int)n, false, e->logits)
-                         : pd_tp_group_decode(e->tp, e->seqs, (int)n, e->logits);
+    /* a step of decode tokens alone chooses them on the device as decode_iter does */
+    bool plain = false, dev = false;
+    if (!rc && !st.n_chunks && e->cfg.greedy_on_device) {
+        for (int32_t i = 0; i < n; i++)
+            e->step_reqs[i] = find_req(e, st.decodes[i].room);
+        dev = device_rows(e, n, &plain);
+    }
+    if (!rc && st.n_chunks)
+        rc = pd_tp_group_extend(e->tp, e->seqs, (int)n, false, e->logits);
+    else if (!rc && !dev)
+        rc = pd_tp_group_decode(e->tp, e->seqs, (int)n, e->logits);
+    else if (!rc && plain)
+        rc = pd_tp_group_decode_greedy(e->tp, e->seqs, (int)n, e->greedy_ids, e->greedy_lp);
+    else if (!rc)
+        rc = pd_tp_group_decode_sample(e->tp, e->seqs, (int)n, e->sample_rows, e->greedy_ids,
+                                       e->greedy_lp);
     if (rc)
         pd_error("colocated step of %d chunks (%d tokens) + %d decodes failed: %s",
                  (int)st.n_chunks, (int)st.n_prefill_tokens, (int)st.n_decodes, pd_error_msg());
@@ -901,7 +1010,10 @@ static bool coloc_iter(struct pd_engine *e, double now) {
         if ((is_chunk && !st.chunks[i].last) || r->aborted)
             continue; /* mid-prompt, or ending at step_done anyway */
         struct pd_sample smp;
-        pd_sampler_next(&r->sampler, &e->scratch, e->logits + (size_t)i * (size_t)e->vocab, &smp);
+        if (dev)
+            device_sample(e, i, &smp);
+        else
+            host_sample(e, r, e->logits + (size_t)i * (size_t)e->vocab, &smp);
         note_token(e, r, smp.token, smp.logprob, smp.finish, &smp);
         e->stopped[i] = r->finished;
     }
@@ -952,6 +1064,7 @@ static void drain_ends(struct pd_engine *e, double now) {
                                          r->sp.max_new_tokens - r->n_out + 1, now);
             if (rc == PD_OK) {
                 r->local = true;
+                pen_slot_release(e, r); /* not running: the slot serves another meanwhile */
                 pd_info("room=%" PRIu64 " retracted after %d tokens; recomputing locally", r->room,
                         (int)r->n_out);
                 continue;
@@ -1080,6 +1193,8 @@ static void publish(struct pd_engine *e) {
     s.tokens_computed = e->tokens;
     s.retractions = e->retractions;
     s.mixed_steps = e->mixed_steps;
+    s.sampled_on_device = e->sampled_on_device;
+    s.sampled_on_host = e->sampled_on_host;
     pthread_mutex_lock(&e->stats_mu);
     e->stats = s;
     pthread_mutex_unlock(&e->stats_mu);
@@ -1293,6 +1408,9 @@ void pd_engine_free(struct pd_engine *e) {
     pd_free(e->greedy_ids);
     pd_free(e->greedy_lp);
     pd_free(e->sample_rows);
+    pd_free(e->step_top);
+    pd_free(e->step_reqs);
+    pd_free(e->pen_free);
     pd_free(e->stopped);
     pd_sampling_scratch_free(&e->scratch);
     pd_spsc_free(&e->cmdq);

@@ -70,10 +70,16 @@ struct pd_engine_config {
                                    0.7, decaying to 0.1); 0 = SGLang's; smaller admits more
                                    and retracts sooner */
     bool mixed_chunk;           /* colocated: prefill chunks and decode tokens in one step */
-    bool greedy_on_device;      /* decode steps whose requests all go without penalties and
-                                   top-n logprobs choose on the device (argmax when all are
-                                   greedy, else pd_backend_sample with each request's u): 8
-                                   bytes a request come back instead of the logits (cuda) */
+    bool greedy_on_device;      /* decode steps choose their tokens on the device instead of
+                                   downloading the logits: the argmax when every request is
+                                   greedy without penalties or top-n logprobs, else
+                                   pd_backend_sample with each request's u, its penalties
+                                   (state kept in a device penalty slot per running request,
+                                   set once from its tokens) and its top-n; 8 bytes a request
+                                   (+ 8 per top-n entry) come back (cuda). The host sampler
+                                   still records every token (stop conditions, counts), so a
+                                   step that cannot go to the device (no slot free) samples on
+                                   the host with the same result */
 };
 
 /* A request as the compute thread sees it. Fields above `private` are set by the loop before
@@ -116,6 +122,7 @@ struct pd_engine_req {
      * and never again; the loop reads it to put the top logprobs into the done notice */
     struct pd_sample first;
     int32_t slot;
+    int32_t pen_slot; /* device penalty slot holding the state of every token recorded, or -1 */
 };
 
 /* Allocates a request for prompt tokens[0..n) (copied) with room for sp->max_new_tokens output
@@ -178,6 +185,9 @@ struct pd_engine_stats {
     int64_t steps, tokens_computed;
     int64_t retractions; /* decode: requests retracted (and recomputed) so far */
     int64_t mixed_steps; /* colocated: steps that carried prefill chunks and decode tokens */
+    /* decode and colocated: output tokens chosen on the device (greedy_on_device) and from
+     * logits downloaded to the host sampler (the prefill's first token is neither) */
+    int64_t sampled_on_device, sampled_on_host;
 };
 
 /* Facts for /server_info, the bootstrap layout and the transfer engine. */

@@ -89,9 +89,10 @@ int pd_model_decode_greedy(struct pd_model *m, struct pd_kv_pool *kv,
                            const struct pd_model_seq *seqs, int n_seqs, int32_t *ids,
                            float *logprobs);
 struct pd_sample_row;
-/* pd_model_decode for requests without penalties or top-n logprobs: request r's token is chosen
- * on the device with rows[r] (common/sampling.h: temperature, top-k/p, min-p and its u), as
- * pd_sampling_choose would on the host; ids and logprobs (host [n_seqs]) come back. */
+/* pd_model_decode choosing on the device: request r's token is chosen with rows[r]
+ * (common/sampling.h: temperature, top-k/p, min-p, its u, and penalties from its penalty slot
+ * and top-n, as pd_backend_sample says), as pd_sampler_next would on the host; ids and
+ * logprobs (host [n_seqs]) come back, and the rows' top-n where asked. */
 int pd_model_decode_sample(struct pd_model *m, struct pd_kv_pool *kv,
                            const struct pd_model_seq *seqs, int n_seqs,
                            const struct pd_sample_row *rows, int32_t *ids, float *logprobs);

@@ -172,34 +172,38 @@ static void apply_penalties(struct pd_sampler *s, float *l) {
     if (!s->out_counts)
         return;
     const struct pd_sampling_params *p = &s->p;
-    for (int t = 0; t < s->vocab; t++) {
-        int c = s->out_counts[t];
-        if (p->repetition_penalty != 1 && (c || (s->in_prompt && s->in_prompt[t])))
-            l[t] = l[t] > 0 ? l[t] / p->repetition_penalty : l[t] * p->repetition_penalty;
-        if (c)
-            l[t] -= p->frequency_penalty * (float)c + p->presence_penalty;
+    for (int t = 0; t < s->vocab; t++)
+        l[t] =
+            pd_sampling_penalize(l[t], s->out_counts[t], s->in_prompt && s->in_prompt[t],
+                                 p->repetition_penalty, p->frequency_penalty, p->presence_penalty);
+}
+
+float pd_sampling_logprobs(struct pd_sampling_scratch *sc, const float *l, int vocab, int n,
+                           int32_t *ids, float *lps) {
+    PD_ASSERT(n >= 0 && n <= vocab && sc->vocab >= vocab);
+    float mx = -INFINITY;
+    for (int t = 0; t < vocab; t++)
+        mx = l[t] > mx ? l[t] : mx;
+    double sum = 0;
+    for (int t = 0; t < vocab; t++)
+        sum += exp((double)(l[t] - mx));
+    float lse = mx + (float)log(sum);
+    if (n) {
+        for (int t = 0; t < vocab; t++)
+            sc->idx[t] = t;
+        top_sorted(sc->idx, vocab, n, l);
+        for (int i = 0; i < n; i++) {
+            ids[i] = sc->idx[i];
+            lps[i] = l[sc->idx[i]] - lse;
+        }
     }
+    return lse;
 }
 
 static void model_logprobs(const struct pd_sampler *s, struct pd_sampling_scratch *sc,
                            const float *l, struct pd_sample *out, float *lse_out) {
-    float mx = -INFINITY;
-    for (int t = 0; t < s->vocab; t++)
-        mx = l[t] > mx ? l[t] : mx;
-    double sum = 0;
-    for (int t = 0; t < s->vocab; t++)
-        sum += exp((double)(l[t] - mx));
-    *lse_out = mx + (float)log(sum);
     out->n_top = s->p.n_logprobs < s->vocab ? s->p.n_logprobs : s->vocab;
-    if (out->n_top) {
-        for (int t = 0; t < s->vocab; t++)
-            sc->idx[t] = t;
-        top_sorted(sc->idx, s->vocab, out->n_top, l);
-        for (int i = 0; i < out->n_top; i++) {
-            out->top_ids[i] = sc->idx[i];
-            out->top_logprobs[i] = l[sc->idx[i]] - *lse_out;
-        }
-    }
+    *lse_out = pd_sampling_logprobs(sc, l, s->vocab, out->n_top, out->top_ids, out->top_logprobs);
 }
 
 void pd_sampler_score(const struct pd_sampler *s, struct pd_sampling_scratch *sc,
@@ -282,6 +286,13 @@ void pd_sampler_row(const struct pd_sampler *s, struct pd_sample_row *r) {
     r->top_p = s->p.top_p;
     r->min_p = s->p.min_p;
     r->u = 0;
+    r->penalized = pd_sampler_has_penalties(s);
+    r->slot = 0;
+    r->repetition_penalty = s->p.repetition_penalty;
+    r->frequency_penalty = s->p.frequency_penalty;
+    r->presence_penalty = s->p.presence_penalty;
+    r->n_logprobs = s->p.n_logprobs;
+    r->top = NULL;
 }
 
 double pd_sampler_next_u(struct pd_sampler *s) {

@@ -79,15 +79,49 @@ int pd_sampling_params_check(const struct pd_sampling_params *p);
 int pd_sampling_scratch_init(struct pd_sampling_scratch *s, int vocab);
 void pd_sampling_scratch_free(struct pd_sampling_scratch *s);
 
-/* One row's choice once penalties are applied: what the device sampler (pd_backend_sample) and
- * the host share, so both pick the same token from the same logits and u. */
+/* One row's choice: what the device sampler (pd_backend_sample) and the host share, so both
+ * pick the same token from the same logits and u. The choice itself (pd_sampling_choose) reads
+ * the first five fields; the rest say what a backend does around it: the penalties from the
+ * request's state in a penalty slot (pd_backend_penalty_set) before the choice, and the top-n
+ * of the raw row after. Zeroed fields mean neither. */
 struct pd_sample_row {
     float temperature;
     int32_t top_k;
     float top_p;
     float min_p;
-    double u; /* the request's uniform [0, 1) draw for this token; unused when greedy */
+    double u;       /* the request's uniform [0, 1) draw for this token; unused when greedy */
+    bool penalized; /* apply the three penalties with slot's counts (and record) */
+    int32_t slot;   /* penalty slot of the request; read when penalized */
+    float repetition_penalty; /* as pd_sampling_params; read when penalized */
+    float frequency_penalty;
+    float presence_penalty;
+    int32_t n_logprobs;    /* top-n of the raw row to report, 0..PD_SAMPLING_MAX_LOGPROBS */
+    struct pd_sample *top; /* host: n_top, top_ids, top_logprobs written when n_logprobs > 0 */
 };
+
+/* One logit after the penalties, given the token's output count and whether the prompt has it:
+ * repetition (divide a positive logit, multiply a negative one, as transformers) over prompt
+ * and output tokens, then frequency (× count) and presence (once) subtracted over output tokens
+ * (OpenAI). The one arithmetic the host sampler and every backend apply, in this order and with
+ * no fused multiply-add, so they agree bit for bit. */
+static inline float pd_sampling_penalize(float l, int32_t count, bool in_prompt, float rep,
+                                         float freq, float pres) {
+    if (rep != 1 && (count || in_prompt))
+        l = l > 0 ? l / rep : l * rep;
+    if (count) {
+        float sub = freq * (float)count;
+        sub = sub + pres;
+        l = l - sub;
+    }
+    return l;
+}
+
+/* The model's log-softmax normaliser of a raw row (log of the sum of exp, the max taken out,
+ * summed in double) and its n most likely tokens (logit descending, lower id on ties) with
+ * their logprobs, into ids / lps [n] (n <= vocab; 0: only the normaliser). What pd_sampler_next
+ * and pd_sampler_score report, and what the backends' samplers reproduce. sc: idx is used. */
+float pd_sampling_logprobs(struct pd_sampling_scratch *sc, const float *logits, int vocab, int n,
+                           int32_t *ids, float *lps);
 
 /* temperature < 1e-5 or top_k 1: the argmax (lowest id on ties), and no draw is taken. */
 bool pd_sampling_row_greedy(const struct pd_sample_row *r);
@@ -107,7 +141,8 @@ void pd_sampler_free(struct pd_sampler *s);
 void pd_sampler_next(struct pd_sampler *s, struct pd_sampling_scratch *scratch, float *logits,
                      struct pd_sample *out);
 
-/* The row of s's parameters (u left 0). */
+/* The row of s's parameters: choice, penalties (penalized when s has any; slot left 0 for the
+ * caller) and n_logprobs; u left 0, top NULL. */
 void pd_sampler_row(const struct pd_sampler *s, struct pd_sample_row *r);
 /* Takes the next value from s's random stream as pd_sampler_next would: 0 without a draw for
  * greedy parameters. For choosing elsewhere (the device): pd_sampler_next_u, choose, then
@@ -116,7 +151,7 @@ double pd_sampler_next_u(struct pd_sampler *s);
 /* Counts a token chosen elsewhere with a u from pd_sampler_next_u; *finish as in
  * pd_sampler_next. */
 void pd_sampler_record(struct pd_sampler *s, int32_t token, enum pd_finish *finish);
-/* True when repetition/frequency/presence penalties change s's logits (device choice cannot). */
+/* True when repetition/frequency/presence penalties change s's logits. */
 bool pd_sampler_has_penalties(const struct pd_sampler *s);
 
 /* The model's logprob of a given token (a prompt token: input logprobs) under logits (one

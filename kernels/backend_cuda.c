@@ -82,8 +82,10 @@ struct meta_layout {
     size_t total;
 };
 
-/* per reserved token row: 8 bytes of results, then one pd_kernel_sample_row */
-#define AMAX_ROW_BYTES (8 + sizeof(struct pd_kernel_sample_row))
+/* per reserved token row: 8 bytes of results (all rows' ids, then their logprobs), the top-n
+ * (all rows' [PD_KERNEL_MAX_TOP] ids, then their logprobs), then one pd_kernel_sample_row */
+#define TOP_ROW_BYTES (PD_KERNEL_MAX_TOP * 8)
+#define AMAX_ROW_BYTES (8 + TOP_ROW_BYTES + sizeof(struct pd_kernel_sample_row))
 
 struct cuda_backend {
     struct pd_backend base;
@@ -105,6 +107,10 @@ struct cuda_backend {
     /* argmax / sample results (ids + logprobs, [max_tokens] x 8 bytes) then the sample rows'
      * parameters ([max_tokens] x pd_kernel_sample_row): device, and a pinned copy */
     char *amax_d, *amax_h;
+    /* penalty slots (pd_backend_penalty_reserve): [slots][vocab] state, and staging for the
+     * token ids pd_backend_penalty_set uploads (pinned host, device) */
+    int32_t *pen_state;
+    int32_t *pen_ids_h, *pen_ids_d;
     struct op *log; /* [PD_CUDA_LOG_OPS] */
     int n_log;
     /* current step */
@@ -293,10 +299,9 @@ static int cuda_download(struct pd_backend *be, void *dst, const void *src, size
     return st ? st : rc;
 }
 
-/* Greedy fast path: one kernel over the rows, then 8 bytes per row come back instead of the
- * whole vocabulary. */
 /* Sampling fast path: the rows' parameters go up with the launch, the kernel chooses on the
- * device (kernels/sampling.cu mirrors common/sampling.c), and 8 bytes a row come back. */
+ * device (kernels/sampling.cu mirrors common/sampling.c, penalties from the slots' state
+ * included), and 8 bytes a row come back, plus the top-n when a row asks for it. */
 static int cuda_sample(struct pd_backend *be, const float *x, int rows, int cols,
                        const struct pd_sample_row *row, int32_t *ids, float *logprobs) {
     struct cuda_backend *c = cb(be);
@@ -304,23 +309,36 @@ static int cuda_sample(struct pd_backend *be, const float *x, int rows, int cols
         return pd_errorf(PD_ERANGE, "sampling %d rows: at most the reserved %d", rows,
                          c->reserved ? c->lim.max_tokens : 0);
     int rc = flush(c);
-    size_t nt = (size_t)c->lim.max_tokens;
-    struct pd_kernel_sample_row *rows_h = (struct pd_kernel_sample_row *)(c->amax_h + nt * 8);
-    for (int r = 0; r < rows; r++)
-        rows_h[r] = (struct pd_kernel_sample_row){.temperature = row[r].temperature,
-                                                  .top_k = row[r].top_k,
-                                                  .top_p = row[r].top_p,
-                                                  .min_p = row[r].min_p,
-                                                  .u = row[r].u};
+    size_t nt = (size_t)c->lim.max_tokens, o_top = nt * 8, o_rows = nt * (8 + TOP_ROW_BYTES);
+    struct pd_kernel_sample_row *rows_h = (struct pd_kernel_sample_row *)(c->amax_h + o_rows);
+    bool any_top = false;
+    for (int r = 0; r < rows; r++) {
+        const struct pd_sample_row *q = &row[r];
+        rows_h[r] = (struct pd_kernel_sample_row){.temperature = q->temperature,
+                                                  .top_k = q->top_k,
+                                                  .top_p = q->top_p,
+                                                  .min_p = q->min_p,
+                                                  .u = q->u,
+                                                  .slot = q->penalized ? q->slot : -1,
+                                                  .rep = q->repetition_penalty,
+                                                  .freq = q->frequency_penalty,
+                                                  .pres = q->presence_penalty,
+                                                  .n_top = q->n_logprobs};
+        any_top = any_top || q->n_logprobs > 0;
+    }
     struct pd_kernel_sample_params sp = {
         .logits = x,
         .rows = rows,
         .vocab = cols,
-        .row = (const struct pd_kernel_sample_row *)(c->amax_d + nt * 8),
+        .row = (const struct pd_kernel_sample_row *)(c->amax_d + o_rows),
         .ids = (int32_t *)c->amax_d,
-        .logprob = (float *)(c->amax_d + (size_t)rows * 4)};
+        .logprob = (float *)(c->amax_d + (size_t)rows * 4),
+        .state = c->pen_state,
+        .n_slots = be->pen_slots,
+        .top_ids = any_top ? (int32_t *)(c->amax_d + o_top) : NULL,
+        .top_lp = any_top ? (float *)(c->amax_d + o_top + nt * PD_KERNEL_MAX_TOP * 4) : NULL};
     if (!rc)
-        rc = pd__cuda_status(cudaMemcpyAsync(c->amax_d + nt * 8, rows_h,
+        rc = pd__cuda_status(cudaMemcpyAsync(c->amax_d + o_rows, rows_h,
                                              (size_t)rows * sizeof(*rows_h), cudaMemcpyHostToDevice,
                                              c->stream),
                              "copying sampling parameters to the GPU");
@@ -330,6 +348,16 @@ static int cuda_sample(struct pd_backend *be, const float *x, int rows, int cols
         rc = pd__cuda_status(cudaMemcpyAsync(c->amax_h, c->amax_d, (size_t)rows * 8,
                                              cudaMemcpyDeviceToHost, c->stream),
                              "copying sampling results from the GPU");
+    /* the top-n of the rows that asked: rows × 80 bytes of ids, the same of logprobs */
+    size_t top_bytes = (size_t)rows * PD_KERNEL_MAX_TOP * 4, o_lp = nt * PD_KERNEL_MAX_TOP * 4;
+    if (!rc && any_top)
+        rc = pd__cuda_status(cudaMemcpyAsync(c->amax_h + o_top, c->amax_d + o_top, top_bytes,
+                                             cudaMemcpyDeviceToHost, c->stream),
+                             "copying top logprobs from the GPU");
+    if (!rc && any_top)
+        rc = pd__cuda_status(cudaMemcpyAsync(c->amax_h + o_top + o_lp, c->amax_d + o_top + o_lp,
+                                             top_bytes, cudaMemcpyDeviceToHost, c->stream),
+                             "copying top logprobs from the GPU");
     if (!rc)
         rc = pd__cuda_status(cudaStreamSynchronize(c->stream), "running the step on the GPU");
     int st = take_status(c);
@@ -337,7 +365,73 @@ static int cuda_sample(struct pd_backend *be, const float *x, int rows, int cols
         return st ? st : rc;
     memcpy(ids, c->amax_h, (size_t)rows * 4);
     memcpy(logprobs, c->amax_h + (size_t)rows * 4, (size_t)rows * 4);
+    const int32_t *top_ids = (const int32_t *)(c->amax_h + o_top);
+    const float *top_lp = (const float *)(c->amax_h + o_top + o_lp);
+    for (int r = 0; r < rows; r++) {
+        int n = row[r].n_logprobs < cols ? row[r].n_logprobs : cols;
+        if (n <= 0)
+            continue;
+        struct pd_sample *t = row[r].top;
+        t->n_top = n;
+        memcpy(t->top_ids, top_ids + (size_t)r * PD_KERNEL_MAX_TOP, (size_t)n * 4);
+        memcpy(t->top_logprobs, top_lp + (size_t)r * PD_KERNEL_MAX_TOP, (size_t)n * 4);
+    }
     return PD_OK;
+}
+
+/* The slots' state lives on the device for the process; ids go up through pinned staging. */
+static int cuda_penalty_reserve(struct pd_backend *be, int slots, int vocab, int max_ids) {
+    struct cuda_backend *c = cb(be);
+    size_t bytes = (size_t)slots * (size_t)vocab * sizeof(int32_t);
+    int rc = pd__cuda_status(cudaMalloc((void **)&c->pen_state, bytes), "penalty state");
+    if (!rc)
+        rc = pd__cuda_status(cudaMemsetAsync(c->pen_state, 0, bytes, c->stream),
+                             "clearing the penalty state");
+    if (!rc)
+        rc = pd__cuda_status(cudaStreamSynchronize(c->stream), "clearing the penalty state");
+    if (!rc)
+        rc = pd__cuda_status(cudaMallocHost((void **)&c->pen_ids_h, (size_t)max_ids * 4),
+                             "pinned penalty ids");
+    if (!rc)
+        rc =
+            pd__cuda_status(cudaMalloc((void **)&c->pen_ids_d, (size_t)max_ids * 4), "penalty ids");
+    if (rc) {
+        cudaFree(c->pen_state);
+        cudaFreeHost(c->pen_ids_h);
+        cudaFree(c->pen_ids_d);
+        c->pen_state = c->pen_ids_h = c->pen_ids_d = NULL;
+        return pd_error_wrap(rc, "%zu bytes of penalty state", bytes);
+    }
+    return PD_OK;
+}
+
+static int cuda_penalty_set(struct pd_backend *be, int slot, const int32_t *prompt, int n_prompt,
+                            const int32_t *out, int n_out) {
+    struct cuda_backend *c = cb(be);
+    int rc = flush(c); /* ops enqueued before (a step) see the old state */
+    if (rc)
+        return rc;
+    if (n_prompt) /* either may be NULL when empty */
+        memcpy(c->pen_ids_h, prompt, (size_t)n_prompt * 4);
+    if (n_out)
+        memcpy(c->pen_ids_h + n_prompt, out, (size_t)n_out * 4);
+    struct pd_kernel_penalty_set_params pp = {.state_row = c->pen_state +
+                                                           (size_t)slot * (size_t)be->pen_vocab,
+                                              .vocab = be->pen_vocab,
+                                              .ids = c->pen_ids_d,
+                                              .n_prompt = n_prompt,
+                                              .n_out = n_out};
+    if (n_prompt + n_out)
+        rc = pd__cuda_status(cudaMemcpyAsync(c->pen_ids_d, c->pen_ids_h,
+                                             (size_t)(n_prompt + n_out) * 4, cudaMemcpyHostToDevice,
+                                             c->stream),
+                             "copying penalty ids to the GPU");
+    if (!rc)
+        rc = pd_kernel_penalty_set(&pp, c->stream);
+    if (!rc) /* the staging is reused by the next call */
+        rc = pd__cuda_status(cudaStreamSynchronize(c->stream), "setting a penalty slot");
+    int st = take_status(c);
+    return st ? st : rc;
 }
 
 static int cuda_argmax(struct pd_backend *be, const float *x, int rows, int cols, int32_t *ids,
@@ -825,6 +919,9 @@ static void cuda_free(struct pd_backend *be) {
     c->meta_pending = false;
     cudaStreamSynchronize(c->stream);
     free_step_buffers(c);
+    cudaFree(c->pen_state);
+    cudaFreeHost(c->pen_ids_h);
+    cudaFree(c->pen_ids_d);
     pd_kernel_gemm_free(c->gemm);
     cudaEventDestroy(c->meta_done);
     cudaStreamDestroy(c->stream);
@@ -853,6 +950,8 @@ static const struct pd__backend_ops cuda_ops = {
     .gather_out_rows = cuda_gather_out_rows,
     .argmax = cuda_argmax,
     .sample = cuda_sample,
+    .penalty_reserve = cuda_penalty_reserve,
+    .penalty_set = cuda_penalty_set,
 };
 
 void pd_backend_cuda_stats(struct pd_backend *be, struct pd_backend_cuda_stats *out) {

@@ -216,19 +216,29 @@ struct pd_kernel_argmax_params {
 };
 int pd_kernel_argmax(const struct pd_kernel_argmax_params *p, cudaStream_t s);
 
+#define PD_KERNEL_MAX_TOP 20 /* = PD_SAMPLING_MAX_LOGPROBS */
+
 /* One row's sampling parameters, as common/sampling.h's pd_sample_row. */
 struct pd_kernel_sample_row {
-    float temperature; /* < 1e-5 (or top_k 1): greedy */
-    int32_t top_k;     /* <= 0: all */
-    float top_p;       /* (0, 1] */
-    float min_p;       /* [0, 1] */
-    double u;          /* the request's uniform [0, 1) draw */
+    float temperature;     /* < 1e-5 (or top_k 1): greedy */
+    int32_t top_k;         /* <= 0: all */
+    float top_p;           /* (0, 1] */
+    float min_p;           /* [0, 1] */
+    double u;              /* the request's uniform [0, 1) draw */
+    int32_t slot;          /* penalty state row (pd_kernel_sample_params.state), -1: no penalties */
+    float rep, freq, pres; /* repetition, frequency, presence penalties */
+    int32_t n_top;         /* top-n of the raw row to report, 0..PD_KERNEL_MAX_TOP */
 };
 /* ids[r] = the token common/sampling.c's pd_sampling_choose picks from logits[r] with row[r]
  * (temperature, then top-k / top-p / min-p on the sorted probabilities, then the draw with u;
  * ties by lowest id), logprob[r] its log-softmax under the raw row (NULL to skip). One block a
  * row; the sorted order is never built: each prefix boundary (the top-p cut, the min-p cut's
- * mass, the drawn token) is found by a radix search over the row's logits. */
+ * mass, the drawn token) is found by a radix search over the row's logits.
+ * Rows with a slot see their logits through pd_sampling_penalize with state[slot] (bit 31: in
+ * the prompt; bits 0..30: output count), computed on the fly (logits are not written), and the
+ * chosen token is counted in state[slot] at the end: no two rows of a launch may share a slot.
+ * Rows with n_top > 0 get the raw row's n_top most likely tokens (logit desc, id asc) and their
+ * logprobs in top_ids / top_lp [r][0..n_top). */
 struct pd_kernel_sample_params {
     const float *logits; /* [rows][vocab] f32 */
     int64_t rows;
@@ -236,8 +246,23 @@ struct pd_kernel_sample_params {
     const struct pd_kernel_sample_row *row; /* [rows] */
     int32_t *ids;                           /* [rows] */
     float *logprob;                         /* [rows] or NULL */
+    int32_t *state;                         /* [n_slots][vocab] or NULL (no row has a slot) */
+    int n_slots;
+    int32_t *top_ids; /* [rows][PD_KERNEL_MAX_TOP]; NULL when no row has n_top */
+    float *top_lp;    /* [rows][PD_KERNEL_MAX_TOP] */
 };
 int pd_kernel_sample(const struct pd_kernel_sample_params *p, cudaStream_t s);
+
+/* A penalty slot's state from a request's tokens: the row zeroed, then bit 31 set for each of
+ * ids[0..n_prompt) and the count bumped for each of ids[n_prompt..n_prompt+n_out); ids outside
+ * [0, vocab) are skipped. ids is device memory. */
+struct pd_kernel_penalty_set_params {
+    int32_t *state_row; /* [vocab] the slot's row */
+    int vocab;
+    const int32_t *ids; /* [n_prompt + n_out] */
+    int n_prompt, n_out;
+};
+int pd_kernel_penalty_set(const struct pd_kernel_penalty_set_params *p, cudaStream_t s);
 
 /* ---- GEMM (cuBLAS, bf16/f16 tensor cores with f32 accumulation) ---- */
 

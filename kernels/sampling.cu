@@ -2,7 +2,9 @@
  * sampling.cu — token choice on the device. The greedy fast path (argmax, lowest id on ties as
  * common/sampling.c, plus the token's log-softmax) needs one block per row and sends 8 bytes per
  * request back instead of the whole vocabulary row; the sampler below does the same for
- * temperature / top-k / top-p / min-p requests.
+ * temperature / top-k / top-p / min-p requests, applies a request's penalties from its state
+ * kept on the device (a penalty slot, counted as tokens are chosen), and reports the raw row's
+ * top-n logprobs: nothing of the vocabulary row leaves the device.
  */
 #include "kernels/kcommon.cuh"
 
@@ -104,12 +106,17 @@ struct samp_shared {
     uint32_t prefix, mask;
     int cnt_above, sel, found;
     unsigned long long mass_above;
+    /* top-n candidates, gathered by every thread, sorted by thread 0 */
+    int n_cand;
+    int cand[PD_KERNEL_MAX_TOP];
 };
 
 struct samp_row {
     const float *l;
+    const int32_t *st; /* [V] the row's penalty state, NULL: no penalties */
     int V;
     float inv_t, mx;
+    float rep, freq, pres;
     double z;
 };
 
@@ -131,8 +138,25 @@ static __device__ __forceinline__ float unkey(uint32_t k) {
     return __uint_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k);
 }
 
+/* common/sampling.h's pd_sampling_penalize, operation for operation and never fused: repetition
+ * over prompt and output tokens, then frequency × count + presence over output tokens. */
+static __device__ __forceinline__ float penalized(const samp_row &c, int t) {
+    float v = c.l[t];
+    if (!c.st)
+        return v;
+    int32_t s = c.st[t];
+    int count = s & 0x7fffffff;
+    if (c.rep != 1.0f && s != 0) /* s != 0: an output count or the prompt bit */
+        v = v > 0.0f ? __fdiv_rn(v, c.rep) : __fmul_rn(v, c.rep);
+    if (count)
+        v = __fsub_rn(v, __fadd_rn(__fmul_rn(c.freq, __int2float_rn(count)), c.pres));
+    return v;
+}
+
+/* The logit the choice sees: penalized, then divided by the temperature as the host does
+ * (times its rounded reciprocal). */
 static __device__ __forceinline__ float scaled(const samp_row &c, int t) {
-    return __fmul_rn(c.l[t], c.inv_t);
+    return __fmul_rn(penalized(c, t), c.inv_t);
 }
 
 static __device__ __forceinline__ float prob_of(const samp_row &c, float s) {
@@ -312,6 +336,51 @@ static __device__ samp_hit search(const samp_row &c, bool by_count, bool with_ma
     return h;
 }
 
+/* The raw row's n (1..min(V, PD_KERNEL_MAX_TOP)) most likely tokens in (logit desc, id asc)
+ * order, as pd_sampling_logprobs: the n-th is found by a radix search by count, every token
+ * ranked at or before it is gathered (exactly n: those with a larger key, and the boundary
+ * key's ids up to the n-th's), and thread 0 sorts the n and writes ids / lps (logit - lse). */
+static __device__ void top_n(const samp_row &raw, int n, float lse, samp_shared &sh, int32_t *ids,
+                             float *lps) {
+    samp_hit h = search(raw, true, false, (unsigned long long)(n - 1), sh);
+    if (!h.ok) /* fewer than n tokens: the caller clamps n to V, so never */
+        return;
+    uint32_t kb = okey(scaled(raw, h.id));
+    if (threadIdx.x == 0)
+        sh.n_cand = 0;
+    __syncthreads();
+    for (int t = threadIdx.x; t < raw.V; t += blockDim.x) {
+        uint32_t k = okey(scaled(raw, t));
+        if (k > kb || (k == kb && t <= h.id)) {
+            int j = atomicAdd(&sh.n_cand, 1);
+            if (j < PD_KERNEL_MAX_TOP)
+                sh.cand[j] = t;
+        }
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int m = sh.n_cand < n ? sh.n_cand : n;
+        for (int i = 1; i < m; i++) { /* insertion sort of at most 20 */
+            int id = sh.cand[i];
+            uint32_t k = okey(scaled(raw, id));
+            int j = i - 1;
+            for (; j >= 0; j--) {
+                int oj = sh.cand[j];
+                uint32_t ko = okey(scaled(raw, oj));
+                if (ko > k || (ko == k && oj < id))
+                    break;
+                sh.cand[j + 1] = oj;
+            }
+            sh.cand[j + 1] = id;
+        }
+        for (int i = 0; i < m; i++) {
+            ids[i] = sh.cand[i];
+            lps[i] = __fsub_rn(raw.l[sh.cand[i]], lse);
+        }
+    }
+    __syncthreads();
+}
+
 static __global__ void __launch_bounds__(PDK_SAMPLE_THREADS)
     sample_kernel(struct pd_kernel_sample_params p) {
     __shared__ samp_shared sh;
@@ -319,6 +388,12 @@ static __global__ void __launch_bounds__(PDK_SAMPLE_THREADS)
     samp_row c;
     c.l = p.logits + (int64_t)blockIdx.x * p.vocab;
     c.V = p.vocab;
+    int32_t *st = r.slot >= 0 && r.slot < p.n_slots && p.state ? p.state + (int64_t)r.slot * p.vocab
+                                                               : nullptr;
+    c.st = st;
+    c.rep = r.rep;
+    c.freq = r.freq;
+    c.pres = r.pres;
     bool greedy = r.temperature < 1e-5f || r.top_k == 1;
     c.inv_t = greedy ? 1.0f : __fdiv_rn(1.0f, r.temperature);
     c.mx = 0.0f;
@@ -356,7 +431,13 @@ static __global__ void __launch_bounds__(PDK_SAMPLE_THREADS)
     }
     if (tok < 0) /* every logit NaN: token 0, as the host loop would return */
         tok = 0;
-    if (p.logprob) {
+    /* logprobs are of the model's distribution: the raw row, no penalties, no temperature */
+    int n_top = r.n_top < c.V ? r.n_top : c.V;
+    if (n_top > PD_KERNEL_MAX_TOP)
+        n_top = PD_KERNEL_MAX_TOP;
+    if (!p.top_ids)
+        n_top = 0;
+    if (p.logprob || n_top > 0) {
         float mx = -INFINITY;
         for (int t = threadIdx.x; t < c.V; t += blockDim.x)
             mx = fmaxf(mx, c.l[t]);
@@ -365,11 +446,25 @@ static __global__ void __launch_bounds__(PDK_SAMPLE_THREADS)
         for (int t = threadIdx.x; t < c.V; t += blockDim.x)
             s += exp((double)(c.l[t] - mx));
         s = block_sum_d(s, sh.red_d);
-        if (threadIdx.x == 0)
-            p.logprob[blockIdx.x] = c.l[tok] - (mx + (float)log(s));
+        float lse = __fadd_rn(mx, (float)log(s));
+        if (p.logprob && threadIdx.x == 0)
+            p.logprob[blockIdx.x] = __fsub_rn(c.l[tok], lse);
+        if (n_top > 0) {
+            samp_row raw = c;
+            raw.st = nullptr;
+            raw.inv_t = 1.0f;
+            top_n(raw, n_top, lse, sh, p.top_ids + (int64_t)blockIdx.x * PD_KERNEL_MAX_TOP,
+                  p.top_lp + (int64_t)blockIdx.x * PD_KERNEL_MAX_TOP);
+        }
     }
-    if (threadIdx.x == 0)
+    /* every thread is done reading the penalty state (each search ends at a barrier, and the
+     * logprob passes read only the logits): count the chosen token in it */
+    __syncthreads();
+    if (threadIdx.x == 0) {
         p.ids[blockIdx.x] = tok;
+        if (st)
+            st[tok] += 1;
+    }
 }
 
 extern "C" int pd_kernel_sample(const struct pd_kernel_sample_params *p, cudaStream_t s) {
@@ -379,4 +474,34 @@ extern "C" int pd_kernel_sample(const struct pd_kernel_sample_params *p, cudaStr
         return pd__cuda_status(cudaErrorInvalidValue, "sample: empty vocabulary");
     sample_kernel<<<(unsigned)p->rows, PDK_SAMPLE_THREADS, 0, s>>>(*p);
     return PDK_LAUNCHED("sample");
+}
+
+/* ---- penalty state ---- */
+
+static __global__ void penalty_set_kernel(struct pd_kernel_penalty_set_params p) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= p.n_prompt + p.n_out)
+        return;
+    int32_t id = p.ids[i];
+    if (id < 0 || id >= p.vocab)
+        return;
+    /* the prompt bit and the count live in one word: or and add commute, so any order of the
+     * ids gives the same state */
+    if (i < p.n_prompt)
+        atomicOr(&p.state_row[id], (int32_t)0x80000000u);
+    else
+        atomicAdd(&p.state_row[id], 1);
+}
+
+extern "C" int pd_kernel_penalty_set(const struct pd_kernel_penalty_set_params *p, cudaStream_t s) {
+    if (p->vocab < 1 || p->n_prompt < 0 || p->n_out < 0)
+        return pd__cuda_status(cudaErrorInvalidValue, "penalty set: bad sizes");
+    int rc =
+        pd__cuda_status(cudaMemsetAsync(p->state_row, 0, (size_t)p->vocab * sizeof(int32_t), s),
+                        "clearing a penalty slot");
+    int n = p->n_prompt + p->n_out;
+    if (rc || n == 0)
+        return rc;
+    penalty_set_kernel<<<blocks_for(n, 256), 256, 0, s>>>(*p);
+    return PDK_LAUNCHED("penalty set");
 }

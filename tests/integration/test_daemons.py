@@ -10,7 +10,10 @@ pdserve-mkmodel, and checks what a user would notice:
            (prefill pages recovered), SIGKILL of prefill while requests wait in decode's transfer
            queue (each fails within 10 s, decode pages recovered); bad input -> 4xx; SIGTERM
            exits 0.
-Stdlib only. Usage: test_daemons.py BUILD_DIR CASE   (CASE: tokens | failures)
+  device_choice  decode choosing on the device (PD_GREEDY_FAST_PATH=1: penalty slots, top-n)
+           gives the host sampler's tokens and logprobs exactly: penalties, top-n, greedy and
+           seeded sampling, one at a time and in one batch.
+Stdlib only. Usage: test_daemons.py BUILD_DIR CASE   (CASE: tokens | failures | device_choice)
 Every process it starts is killed on exit.
 """
 import http.client
@@ -66,7 +69,7 @@ def kill_all():
 
 
 class Daemon:
-    def __init__(self, role, model, tmp, extra=()):
+    def __init__(self, role, model, tmp, extra=(), env=None):
         self.role = role
         self.port = free_port()
         self.bport = free_port() if role == "prefill" else None
@@ -79,7 +82,7 @@ class Daemon:
             args += ["--disaggregation-bootstrap-port", str(self.bport)]
         args += list(extra)
         self.log = open(os.path.join(tmp, "%s-%d.log" % (role, self.port)), "w")
-        self.p = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT)
+        self.p = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT, env=env)
         PROCS.append(self.p)
         deadline = time.time() + 30
         while time.time() < deadline:
@@ -309,6 +312,120 @@ def case_tokens(model, tmp):
         check(rc == 0, "%s SIGTERM exit %s" % (d.role, rc))
 
 
+def case_device_choice(model, tmp):
+    """Decode steps that choose on the device (PD_GREEDY_FAST_PATH=1: pd_backend_sample with
+    penalty slots and top-n, as on a GPU) give exactly the tokens and logprobs of the host
+    sampler on downloaded logits, for requests with penalties, top-n logprobs, greedy and
+    seeded sampling, one at a time and batched together; colocated daemons too."""
+    host_env = {k: v for k, v in os.environ.items() if k != "PD_GREEDY_FAST_PATH"}
+    dev_env = dict(host_env, PD_GREEDY_FAST_PATH="1")
+    # no prefix cache: a prompt sent twice is computed the same way twice, so both decodes get
+    # the same KV bits (a cached prefix changes how the rest is batched, and its last bits)
+    pf = Daemon("prefill", model, tmp, ["--disable-prefix-cache"])
+    dh = Daemon("decode", model, tmp, env=host_env)
+    dd = Daemon("decode", model, tmp, env=dev_env)
+    rng = random.Random(11)
+    prompts = make_prompts(10, rng)
+    max_new = 20
+    # (temperature, top_k, top_p, min_p, repetition, frequency, presence, top-n, seed)
+    params = [(0, 0, 1.0, 0.0, 1.3, 0.0, 0.0, 5, 1), (0, 0, 1.0, 0.0, 1.0, 0.6, 0.4, 0, 2),
+              (0.9, 0, 1.0, 0.0, 1.2, 0.3, -0.5, 20, 3), (0.8, 40, 0.9, 0.05, 0.8, 0.0, 1.0, 1, 4),
+              (0, 0, 1.0, 0.0, 1.0, 0.0, 0.0, 3, 5), (1.2, 0, 0.95, 0.0, 1.0, -1.0, 0.0, 0, 6),
+              (0, 0, 1.0, 0.0, 1.0, 0.0, 0.0, 0, 7), (0.7, 5, 1.0, 0.1, 1.5, 1.0, 1.0, 20, 8)]
+
+    def body(i, room):
+        t, k, tp, mp, rep, freq, pres, n, seed = params[i % len(params)]
+        b = body_for(prompts[i], max_new, room, pf)
+        b["sampling_params"].update({"temperature": t, "top_k": k, "top_p": tp, "min_p": mp,
+                                     "repetition_penalty": rep, "frequency_penalty": freq,
+                                     "presence_penalty": pres, "sampling_seed": seed,
+                                     "ignore_eos": True})
+        b["return_logprob"] = True
+        b["top_logprobs_num"] = n
+        return b
+
+    def result(raw):
+        j = json.loads(raw)
+        mi = j["meta_info"]
+        return j["text"], mi["output_token_logprobs"], mi.get("output_top_logprobs")
+
+    room = 1 << 42
+    want = []
+    for i in range(len(prompts)):  # one at a time: the same logits on both decodes
+        got = []
+        for dc in (dh, dd):
+            room += 1
+            ds, db, ps, pb = pair(pf, dc, body(i, room))
+            check(ds == 200 and ps == 200, "prompt %d: status %d/%d %r" % (i, ds, ps, db[:200]))
+            got.append(result(db) if ds == 200 else None)
+        want.append(got[0])
+        if got[0] and got[1]:
+            check(got[1][0] == got[0][0], "prompt %d (%r) text on the device %r != host %r" %
+                  (i, params[i % len(params)], got[1][0], got[0][0]))
+            check(got[1][1] == got[0][1], "prompt %d token logprobs differ:\n%r\n%r" %
+                  (i, got[1][1], got[0][1]))
+            check(got[1][2] == got[0][2], "prompt %d top logprobs differ:\n%r\n%r" %
+                  (i, got[1][2], got[0][2]))
+            n = params[i % len(params)][7]
+            check(len(got[0][1]) == max_new and (n == 0 or all(
+                len(t) == n for t in got[0][2])), "prompt %d: %d logprobs, top-%d" %
+                (i, len(got[0][1]), n))
+    # the penalties and the seeds are the request's own: pdserve-generate agrees on the text
+    for i in (0, 2):
+        t, k, tp, mp, rep, freq, pres, n, seed = params[i]
+        ref = reference(model, [prompts[i]], max_new, [
+            "--temperature", str(t), "--top-k", str(k), "--top-p", str(tp), "--min-p", str(mp),
+            "--repetition-penalty", str(rep), "--frequency-penalty", str(freq),
+            "--presence-penalty", str(pres), "--seed", str(seed), "--ignore-eos"])[0]
+        check(want[i] and want[i][0] == ref, "prompt %d text %r != pdserve-generate %r" %
+              (i, want[i] and want[i][0], ref))
+    # all of them at once on the device path: one decode batch mixing every kind of row
+    results = [None] * len(prompts)
+
+    def one(i):
+        ds, db, ps, pb = pair(pf, dd, body(i, (1 << 43) + i))
+        results[i] = result(db) if ds == 200 else None
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(prompts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    for i, r in enumerate(results):
+        check(r is not None and want[i] is not None and r[0] == want[i][0],
+              "batched prompt %d: %r != %r" % (i, r and r[0], want[i] and want[i][0]))
+        if r and want[i]:
+            d = max(abs(a[0] - b[0]) for a, b in zip(r[1], want[i][1]))
+            check(d < 1e-4, "batched prompt %d: logprobs off by %g" % (i, d))
+    info = [json.loads(d.get("/server_info")[1]) for d in (dh, dd)]
+    n_dev = 2 * len(prompts) * (max_new - 1)  # every token after the prefill's
+    check(info[0]["sampled_on_device"] == 0 and info[0]["sampled_on_host"] == n_dev // 2,
+          "host decode sampled %r/%r" % (info[0]["sampled_on_device"], info[0]["sampled_on_host"]))
+    check(info[1]["sampled_on_device"] == n_dev and info[1]["sampled_on_host"] == 0,
+          "device decode sampled %r on the device, %r on the host (want %d, 0)" %
+          (info[1]["sampled_on_device"], info[1]["sampled_on_host"], n_dev))
+    check(dh.pool_full() and dd.pool_full() and pf.pool_full(), "pools back to full")
+    # colocated (--disaggregation-mode null): steps of decode tokens alone choose on the device
+    ch = Daemon("null", model, tmp, ["--disable-prefix-cache"], env=host_env)
+    cd = Daemon("null", model, tmp, ["--disable-prefix-cache"], env=dev_env)
+    for i in range(len(prompts)):
+        got = []
+        for c in (ch, cd):
+            st, raw = c.post("/generate", body(i, 0))
+            check(st == 200, "colocated prompt %d: %d %r" % (i, st, raw[:200]))
+            got.append(result(raw) if st == 200 else None)
+        if got[0] and got[1]:
+            check(got[1] == got[0], "colocated prompt %d: device %r != host %r" %
+                  (i, got[1][:2], got[0][:2]))
+            check(want[i] and got[0][0] == want[i][0], "colocated prompt %d text %r != %r" %
+                  (i, got[0][0], want[i] and want[i][0]))
+    info = json.loads(cd.get("/server_info")[1])
+    n = len(prompts)  # the first token of each comes from its prefill step, on the host
+    check(info["sampled_on_device"] == n * (max_new - 1) and info["sampled_on_host"] == n,
+          "colocated device daemon sampled %r on the device, %r on the host" %
+          (info["sampled_on_device"], info["sampled_on_host"]))
+
+
 def stream_some(dc, body, n_events, path="/generate"):
     """Opens a stream on decode, reads n_events events, returns the open connection."""
     c = dc.conn(30)
@@ -440,6 +557,8 @@ def main():
     try:
         if CASE == "tokens":
             case_tokens(model, tmp)
+        elif CASE == "device_choice":
+            case_device_choice(model, tmp)
         else:
             case_failures(model, tmp)
     except Exception as e:  # noqa: BLE001

@@ -7,7 +7,9 @@
  * decodes) give the tokens each gives when it runs alone; a pool too small for them retracts
  * and recomputes with the same tokens; without mixing the same; aborts before the first token
  * and while decoding end aborted; a prompt token outside the vocabulary is refused before it
- * can join a step. After each part every page is free or cached and the queues are empty.
+ * can join a step; penalized requests choosing on the device (greedy_on_device) get the tokens
+ * the host sampler gives them alone. After each part every page is free or cached and the queues
+ * are empty.
  */
 #include <inttypes.h>
 #include <stdlib.h>
@@ -40,6 +42,7 @@ struct job {
     int reason, status;
     int abort_after; /* > 0: abort once this many tokens came */
     bool ignore_eos;
+    float rep, freq, pres; /* penalties (rep 0: none) */
 };
 
 static struct job jobs[N_JOBS + 2];
@@ -121,8 +124,11 @@ static bool pool_full(int ms) {
     return false;
 }
 
+static bool on_device; /* greedy_on_device for the engines start() makes */
+
 static void start(int64_t n_pages, bool mixed, double ratio) {
     struct pd_engine_config cfg = {.role = PD_ENGINE_COLOC,
+                                   .greedy_on_device = on_device,
                                    .model_path = model_dir,
                                    .threads = 1,
                                    .page_size = 16,
@@ -159,6 +165,11 @@ static void submit(struct job *j) {
     sp.temperature = 0;
     sp.max_new_tokens = j->max_new;
     sp.ignore_eos = j->ignore_eos;
+    if (j->rep > 0) {
+        sp.repetition_penalty = j->rep;
+        sp.frequency_penalty = j->freq;
+        sp.presence_penalty = j->pres;
+    }
     struct pd_engine_req *r;
     CHECK_OK(pd_engine_req_new(j->room, j->prompt, j->n_prompt, 16, &sp, &r));
     CHECK_OK(pd_engine_submit(eng, &(struct pd_engine_cmd){.kind = PD_ENGINE_CMD_ADD, .req = r}));
@@ -275,6 +286,27 @@ static void test_endings(void) {
     stop();
 }
 
+/* Decode steps choosing on the device (greedy_on_device: the cpu backend's pd_backend_sample
+ * with penalty slots, as a GPU would) give every penalized request the tokens it gets alone on
+ * the host sampler, batched with chunks and each other, and through retraction (slots given
+ * back and set again from the tokens). */
+static void test_device_penalties(void) {
+    for (int i = 0; i < N_JOBS; i++) {
+        jobs[i].rep = i % 4 == 3 ? 0 : 1.0f + 0.2f * (float)(i % 3);
+        jobs[i].freq = 0.3f * (float)(i % 5);
+        jobs[i].pres = i % 2 ? 0.5f : -0.5f;
+    }
+    on_device = false;
+    test_alone(); /* the references, host sampler */
+    on_device = true;
+    struct pd_engine_stats s;
+    run_all_at_once(1024, true, 0, "device, mixed", &s);
+    CHECK(s.sampled_on_device > 0);
+    run_all_at_once(48, true, 0.01, "device, small pool", &s);
+    CHECK(s.retractions > 0 && s.sampled_on_device > 0);
+    on_device = false;
+}
+
 int main(void) {
     pd_log_set_level(PD_LOG_WARNING);
     setenv("PD_ENGINE_CHECK", "1", 1);
@@ -296,6 +328,7 @@ int main(void) {
     test_alone();
     test_together();
     test_endings();
+    test_device_penalties();
     uv_loop_close(&loop);
     printf("%d checks, %d failures\n", pd_test_checks, pd_test_failures);
     return pd_test_failures ? 1 : 0;

@@ -257,15 +257,31 @@ static void bench_sample(void) {
         const char *name;
         struct pd_kernel_sample_row r;
     } cfg[] = {
-        {"T0.7 top_p0.9", {0.7f, 0, 0.9f, 0.0f, 0.5}},
-        {"T1 (all tokens)", {1.0f, 0, 1.0f, 0.0f, 0.5}},
-        {"T0.6 k20 p0.95 min_p0.05", {0.6f, 20, 0.95f, 0.05f, 0.5}},
+        {"T0.7 top_p0.9", {0.7f, 0, 0.9f, 0.0f, 0.5, -1, 1.0f, 0.0f, 0.0f, 0}},
+        {"T1 (all tokens)", {1.0f, 0, 1.0f, 0.0f, 0.5, -1, 1.0f, 0.0f, 0.0f, 0}},
+        {"T0.6 k20 p0.95 min_p0.05", {0.6f, 20, 0.95f, 0.05f, 0.5, -1, 1.0f, 0.0f, 0.0f, 0}},
+        /* slot set per row below: the penalties read its state, top-20 is gathered */
+        {"T0.7 p0.9 penalties top20", {0.7f, 0, 0.9f, 0.0f, 0.5, 0, 1.1f, 0.2f, 0.1f, 20}},
+        {"greedy penalties top20", {0.0f, 0, 1.0f, 0.0f, 0.0, 0, 1.1f, 0.2f, 0.1f, 20}},
     };
     float *x = dmalloc((size_t)V * 256 * 4), *lp = dmalloc(256 * 4);
     int32_t *ids = dmalloc(256 * 4);
     struct pd_kernel_sample_row *rows_d = dmalloc(256 * sizeof(struct pd_kernel_sample_row));
     struct pd_kernel_sample_row rows_h[256];
     dfill(x, PD_DTYPE_F32, (size_t)V * 256, 8.0f);
+    /* penalty state: 256 slots, each with a 500-token prompt and 200 output tokens */
+    int32_t *state = dmalloc((size_t)V * 256 * 4), *top_ids = dmalloc(256 * 20 * 4);
+    float *top_lp = dmalloc(256 * 20 * 4);
+    int32_t *pids = dmalloc(700 * 4), pids_h[700];
+    for (int s = 0; s < 256; s++) {
+        for (int i = 0; i < 700; i++)
+            pids_h[i] = (int32_t)(((uint64_t)(s + 1) * 2654435761u * (uint64_t)(i + 7)) % V);
+        CK(cudaMemcpy(pids, pids_h, sizeof(pids_h), cudaMemcpyHostToDevice));
+        struct pd_kernel_penalty_set_params pp = {state + (size_t)s * V, V, pids, 500, 200};
+        if (pd_kernel_penalty_set(&pp, st))
+            fprintf(stderr, "penalty set: %s\n", pd_error_msg());
+    }
+    CK(cudaStreamSynchronize(st));
     for (size_t ri = 0; ri < PD_ARRAY_LEN(rows_list); ri++) {
         int R = rows_list[ri];
         char sh[96];
@@ -274,10 +290,14 @@ static void bench_sample(void) {
         double s = time_it(amax_launch, &c, 20);
         report("argmax", sh, s, (double)R * V * 4, 0);
         for (size_t ci = 0; ci < PD_ARRAY_LEN(cfg); ci++) {
-            for (int r = 0; r < R; r++)
+            for (int r = 0; r < R; r++) {
                 rows_h[r] = cfg[ci].r;
+                if (rows_h[r].slot >= 0)
+                    rows_h[r].slot = r;
+            }
             CK(cudaMemcpy(rows_d, rows_h, (size_t)R * sizeof(rows_h[0]), cudaMemcpyHostToDevice));
-            c.p = (struct pd_kernel_sample_params){x, R, V, rows_d, ids, lp};
+            c.p = (struct pd_kernel_sample_params){x,  R,     V,   rows_d,  ids,
+                                                   lp, state, 256, top_ids, top_lp};
             snprintf(sh, sizeof(sh), "%d x %d %s", R, V, cfg[ci].name);
             s = time_it(samp_launch, &c, 10);
             report("sample", sh, s, (double)R * V * 4, 0);
@@ -288,6 +308,10 @@ static void bench_sample(void) {
     cudaFree(lp);
     cudaFree(ids);
     cudaFree(rows_d);
+    cudaFree(state);
+    cudaFree(top_ids);
+    cudaFree(top_lp);
+    cudaFree(pids);
 }
 
 /* ---- attention ---- */

@@ -7,7 +7,8 @@
  * page sizes 16 and 5, pages out of order). Sweeps include 0 and 1 rows and sizes that are not
  * multiples of any tile. Then whole models: extend + decode logits equal the cpu backend's,
  * decode through CUDA graphs equals eager launches, graphs are captured once per bucket and
- * replayed after. Skips (77) without a GPU. `--perf` is the perf mode (bench_gpu.c).
+ * replayed after. The device sampler with penalty slots and top-n against the cpu backend, and
+ * its perf line. Skips (77) without a GPU. `--perf` is the perf mode (bench_gpu.c).
  */
 #include "pd_model_fixture.h"
 #include "pd_test.h"
@@ -20,6 +21,7 @@
 #include "kernels/kernels.h"
 
 #include <math.h>
+#include <time.h>
 
 static uint64_t rng = 12345;
 static float frand(void) { /* [-1, 1) */
@@ -728,6 +730,207 @@ static void test_backend_sample(void) {
     dual_free(&x);
 }
 
+/* pd_backend_sample with penalty slots and top-n logprobs: the cuda backend (penalties applied
+ * on the fly from the slot's state on the device, the chosen token counted there, the raw
+ * row's top-n gathered by a radix search) picks exactly the cpu backend's tokens (which are
+ * pd_sampler_next's, unit_sample_device) step after step, top-n ids equal and logprobs agree to
+ * rounding, over vocabularies up to Qwen's, penalties on and off, top-n 0/1/5/20, greedy and
+ * sampled rows mixed in one call, coarse rows full of ties, prompts with ids outside the
+ * vocabulary. Then the perf line: µs per decode step (parameters up, choice, results down) for
+ * batches of 64 and 256 over 151936 logits, plain and with penalties + top-20. */
+static const struct {
+    float t;
+    int k;
+    float p, mp, rep, freq, pres;
+    int nlp;
+} pcfg[] = {
+    {0.0f, 0, 1.0f, 0.0f, 1.0f, 0.0f, 0.0f, 0},    {0.0f, 0, 1.0f, 0.0f, 1.3f, 0.0f, 0.0f, 5},
+    {0.8f, 0, 1.0f, 0.0f, 1.0f, 0.5f, 0.3f, 1},    {1.0f, 40, 0.9f, 0.0f, 1.2f, 0.4f, -0.5f, 20},
+    {0.7f, 0, 0.95f, 0.05f, 0.8f, -0.3f, 0.2f, 0}, {1.3f, 5, 1.0f, 0.1f, 1.0f, 0.0f, 1.0f, 5},
+    {0.0f, 1, 1.0f, 0.0f, 1.0f, 1.5f, 0.0f, 20},   {0.5f, 0, 0.5f, 0.0f, 2.0f, 2.0f, 2.0f, 1},
+    {1.0f, 0, 1.0f, 0.0f, 1.0f, 0.0f, 0.0f, 20},   {0.0f, 0, 1.0f, 0.0f, 1.0f, -2.0f, -2.0f, 0},
+};
+
+enum { PEN_SLOTS = 256, PEN_MAX_IDS = 128 };
+
+static void pen_pair_new(int V, struct pd_backend **c2, struct pd_backend **g2) {
+    struct pd_backend_opts oc = {.kind = PD_BACKEND_CPU, .threads = 2};
+    struct pd_backend_opts og = {.kind = PD_BACKEND_CUDA};
+    CHECK_OK(pd_backend_new(&oc, c2));
+    CHECK_OK(pd_backend_new(&og, g2));
+    CHECK_OK(pd_backend_reserve(*c2, &lim));
+    CHECK_OK(pd_backend_reserve(*g2, &lim));
+    CHECK_OK(pd_backend_penalty_reserve(*c2, PEN_SLOTS, V, PEN_MAX_IDS));
+    CHECK_OK(pd_backend_penalty_reserve(*g2, PEN_SLOTS, V, PEN_MAX_IDS));
+}
+
+static void pen_row(int r, struct pd_sample_row *row) {
+    const int nc = (int)PD_ARRAY_LEN(pcfg);
+    int c = r % nc;
+    bool pen = pcfg[c].rep != 1 || pcfg[c].freq != 0 || pcfg[c].pres != 0;
+    *row = (struct pd_sample_row){.temperature = pcfg[c].t,
+                                  .top_k = pcfg[c].k,
+                                  .top_p = pcfg[c].p,
+                                  .min_p = pcfg[c].mp,
+                                  .u = 0,
+                                  .penalized = pen,
+                                  .slot = (r * 5 + 1) % PEN_SLOTS,
+                                  .repetition_penalty = pcfg[c].rep,
+                                  .frequency_penalty = pcfg[c].freq,
+                                  .presence_penalty = pcfg[c].pres,
+                                  .n_logprobs = pcfg[c].nlp};
+}
+
+static double now_sec(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void test_backend_sample_penalties(void) {
+    static const int vocabs[] = {1, 7, 1000, 32003, 151936};
+    static int32_t hist[256][PEN_MAX_IDS];
+    static int n_hist[256], n_prompt[256];
+    static struct pd_sample_row rowc[256], rowg[256];
+    static struct pd_sample tc[256], tg[256];
+    int32_t ic[256], ig[256];
+    float lc[256], lg[256];
+    int mismatch = 0, top_mismatch = 0, rows_total = 0, pen_changed = 0;
+    for (size_t vi = 0; vi < PD_ARRAY_LEN(vocabs); vi++) {
+        int V = vocabs[vi], R = V >= 100000 ? 64 : 96, steps = V >= 100000 ? 3 : 10;
+        struct pd_backend *c2, *g2;
+        pen_pair_new(V, &c2, &g2);
+        float *xc, *xg, *base = pd_malloc((size_t)V * R * 4), *buf = pd_malloc((size_t)V * 4);
+        CHECK_OK(pd_backend_alloc(c2, (size_t)V * R * 4, (void **)&xc));
+        CHECK_OK(pd_backend_alloc(g2, (size_t)V * R * 4, (void **)&xg));
+        struct pd_sampling_scratch sc;
+        CHECK_OK(pd_sampling_scratch_init(&sc, V));
+        for (int r = 0; r < R; r++) {
+            for (int t = 0; t < V; t++)
+                base[(size_t)r * V + t] = 3.0f * frand() * fabsf(frand());
+            pen_row(r, &rowc[r]);
+            n_prompt[r] = 1 + r % 40;
+            for (int i = 0; i < n_prompt[r]; i++)
+                hist[r][i] = i % 9 == 8 ? (i % 2 ? -1 : V + 3) : (int32_t)(urand() * V);
+            hist[r][n_prompt[r]] = (int32_t)(urand() * V); /* the prefill's token */
+            n_hist[r] = n_prompt[r] + 1;
+            if (rowc[r].penalized) {
+                CHECK_OK(pd_backend_penalty_set(c2, rowc[r].slot, hist[r], n_prompt[r],
+                                                hist[r] + n_prompt[r], 1));
+                CHECK_OK(pd_backend_penalty_set(g2, rowc[r].slot, hist[r], n_prompt[r],
+                                                hist[r] + n_prompt[r], 1));
+            }
+        }
+        for (int step = 0; step < steps; step++) {
+            for (int r = 0; r < R; r++) {
+                for (int t = 0; t < V; t++) {
+                    float v = base[(size_t)r * V + t] + 0.3f * frand();
+                    xc[(size_t)r * V + t] = r % 3 == 0 ? floorf(v * 4.0f) * 0.25f : v;
+                }
+                rowc[r].u = pd_sampling_row_greedy(&rowc[r]) ? 0 : urand();
+                rowc[r].top = &tc[r];
+                rowg[r] = rowc[r];
+                rowg[r].top = &tg[r];
+            }
+            CHECK_OK(pd_backend_upload(g2, xg, xc, (size_t)V * R * 4));
+            CHECK_OK(pd_backend_sample(c2, xc, R, V, rowc, ic, lc));
+            CHECK_OK(pd_backend_sample(g2, xg, R, V, rowg, ig, lg));
+            for (int r = 0; r < R; r++) {
+                const struct pd_sample_row *q = &rowc[r];
+                if (ig[r] != ic[r] && mismatch++ < 5)
+                    printf("  penalized sample mismatch: V %d row %d (T %g k %d p %g min_p %g "
+                           "rep %g freq %g pres %g u %.17g): gpu %d cpu %d\n",
+                           V, r, q->temperature, q->top_k, q->top_p, q->min_p,
+                           q->repetition_penalty, q->frequency_penalty, q->presence_penalty, q->u,
+                           ig[r], ic[r]);
+                CHECK_DBL(lg[r], lc[r], 1e-4);
+                int n = q->n_logprobs < V ? q->n_logprobs : V;
+                if (n) {
+                    CHECK_INT(tg[r].n_top, n);
+                    CHECK_INT(tc[r].n_top, n);
+                    for (int i = 0; i < n; i++) {
+                        top_mismatch += tg[r].top_ids[i] != tc[r].top_ids[i];
+                        CHECK_DBL(tg[r].top_logprobs[i], tc[r].top_logprobs[i], 1e-4);
+                    }
+                }
+                if (q->penalized) {
+                    memcpy(buf, xc + (size_t)r * V, (size_t)V * 4);
+                    pen_changed += pd_sampling_choose(q, &sc, buf, V) != ic[r];
+                }
+                if (n_hist[r] < PEN_MAX_IDS)
+                    hist[r][n_hist[r]++] = ic[r];
+                if (ig[r] != ic[r] && q->penalized) /* the gpu slot counted another token */
+                    CHECK_OK(pd_backend_penalty_set(g2, q->slot, hist[r], n_prompt[r],
+                                                    hist[r] + n_prompt[r],
+                                                    n_hist[r] - n_prompt[r]));
+            }
+            rows_total += R;
+        }
+        pd_sampling_scratch_free(&sc);
+        pd_backend_release(c2, xc);
+        pd_backend_release(g2, xg);
+        pd_free(base);
+        pd_free(buf);
+        pd_backend_free(c2);
+        pd_backend_free(g2);
+    }
+    printf("  %d rows, penalties changed %d choices\n", rows_total, pen_changed);
+    CHECK_INT(mismatch, 0);
+    CHECK_INT(top_mismatch, 0);
+    CHECK(pen_changed > 10);
+}
+
+/* The perf line of the device sampler through the backend op, as a decode step calls it. */
+static void test_sample_perf(void) {
+    const int V = 151936;
+    struct pd_backend *c2, *g2;
+    pen_pair_new(V, &c2, &g2);
+    float *xg;
+    CHECK_OK(pd_backend_alloc(g2, (size_t)V * 256 * 4, (void **)&xg));
+    float *h = pd_malloc((size_t)V * 256 * 4);
+    for (size_t i = 0; i < (size_t)V * 256; i++)
+        h[i] = 8.0f * frand();
+    CHECK_OK(pd_backend_upload(g2, xg, h, (size_t)V * 256 * 4));
+    static struct pd_sample_row rows[256];
+    static struct pd_sample top[256];
+    int32_t ids[256];
+    float lps[256];
+    int32_t toks[64];
+    for (int i = 0; i < 64; i++)
+        toks[i] = (int32_t)(urand() * V);
+    for (int s = 0; s < 256; s++)
+        CHECK_OK(pd_backend_penalty_set(g2, s, toks, 32, toks + 32, 32));
+    static const int batches[] = {64, 256};
+    for (size_t bi = 0; bi < PD_ARRAY_LEN(batches); bi++)
+        for (int full = 0; full < 2; full++) {
+            int R = batches[bi];
+            for (int r = 0; r < R; r++) {
+                rows[r] = (struct pd_sample_row){.temperature = 0.7f, .top_p = 0.9f, .u = 0.5};
+                if (full) {
+                    rows[r].penalized = true;
+                    rows[r].slot = r;
+                    rows[r].repetition_penalty = 1.1f;
+                    rows[r].frequency_penalty = 0.2f;
+                    rows[r].presence_penalty = 0.1f;
+                    rows[r].n_logprobs = 20;
+                    rows[r].top = &top[r];
+                }
+            }
+            CHECK_OK(pd_backend_sample(g2, xg, R, V, rows, ids, lps)); /* warm-up */
+            const int reps = 10;
+            double t0 = now_sec();
+            for (int i = 0; i < reps; i++)
+                CHECK_OK(pd_backend_sample(g2, xg, R, V, rows, ids, lps));
+            double dt = (now_sec() - t0) / reps;
+            printf("  perf: sample %3d x %d %-28s %9.1f us/step %10.0f rows/s\n", R, V,
+                   full ? "T0.7 p0.9 + penalties + top20" : "T0.7 p0.9", dt * 1e6, R / dt);
+        }
+    pd_free(h);
+    pd_backend_release(g2, xg);
+    pd_backend_free(c2);
+    pd_backend_free(g2);
+}
+
 int pd_bench_gpu_main(int argc, char **argv); /* bench_gpu.c: the perf mode */
 
 int main(int argc, char **argv) {
@@ -773,6 +976,8 @@ int main(int argc, char **argv) {
         {"argmax", test_argmax},
         {"backend_argmax", test_backend_argmax},
         {"backend_sample", test_backend_sample},
+        {"backend_sample_penalties", test_backend_sample_penalties},
+        {"sample_perf", test_sample_perf},
         {"models", test_models},
     };
     const char *only = argc > 1 ? argv[1] : NULL;
