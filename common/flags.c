@@ -358,11 +358,12 @@ void pd_server_args_register(struct pd_flagset *fs, struct pd_server_args *a) {
     pd_flag_choice(fs, "--device", &a->device, pd_device_names, "compute backend");
     pd_flag_int(fs, "--base-gpu-id", &a->base_gpu_id, "N", 0, 1023,
                 "--device cuda: index of the GPU to run on (as CUDA_VISIBLE_DEVICES numbers them)");
-    pd_flag_int(fs, "--tp-size", &a->tp_size, "N", 1, PD_TP_MAX,
-                "tensor parallelism: the model's heads and MLP split over N ranks in this process "
-                "(cpu: the --threads shared among them; cuda: GPUs --base-gpu-id .. +N-1, summed "
-                "over NCCL); --disaggregation-mode null only for now (the KV transfer of a split "
-                "pool is not built yet)");
+    pd_flag_int(
+        fs, "--tp-size", &a->tp_size, "N", 1, PD_TP_MAX,
+        "tensor parallelism: the model's heads and MLP split over N ranks in this process "
+        "(cpu: the --threads shared among them; cuda: GPUs --base-gpu-id .. +N-1, summed "
+        "over NCCL, libnccl.so.2 or $PDSERVE_NCCL_LIBRARY opened at start); prefill and decode "
+        "must run the same N (each rank's KV pool is one shard of a transferred page)");
     pd_flag_int(fs, "--threads", &a->threads, "N", 0, 1024,
                 "CPU backend threads (all --tp-size ranks together), 0 = one per core");
     pd_flag_int(fs, "--page-size", &a->page_size, "TOKENS", 1, 1024, "tokens per KV-cache page");

@@ -11,6 +11,11 @@
  * lock) and the group is broken for good: every later all-reduce and reset refuses, naming the
  * rank that failed. Untested on a GPU: pdserve's CI machines have none (tests/kernels/
  * test_tp_cuda.c runs it against tp 1 where two GPUs exist).
+ *
+ * NCCL is opened with dlopen when the first group is made, not linked: libnccl is 200+ MB, not
+ * every CUDA image has it on the loader path (PyTorch keeps its own copy inside site-packages),
+ * and a daemon with one GPU must start without it. PDSERVE_NCCL_LIBRARY names the file to open
+ * (default libnccl.so.2); only nccl.h's types are needed at build time.
  */
 #include "common/alloc.h"
 #include "common/backend.h"
@@ -19,9 +24,61 @@
 #include "kernels/backend_cuda.h"
 
 #include <cuda_runtime_api.h>
+#include <dlfcn.h>
 #include <nccl.h>
 #include <pthread.h>
 #include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+/* The five NCCL entry points used, from the library opened once by nccl_open. */
+static struct {
+    pthread_once_t once;
+    int status; /* PD_OK once loaded */
+    char error[512];
+    const char *(*get_error_string)(ncclResult_t);
+    ncclResult_t (*comm_init_all)(ncclComm_t *, int, const int *);
+    ncclResult_t (*all_reduce)(const void *, void *, size_t, ncclDataType_t, ncclRedOp_t,
+                               ncclComm_t, cudaStream_t);
+    ncclResult_t (*comm_abort)(ncclComm_t);
+    ncclResult_t (*comm_destroy)(ncclComm_t);
+} nccl = {.once = PTHREAD_ONCE_INIT};
+
+static void nccl_load(void) {
+    const char *path = getenv("PDSERVE_NCCL_LIBRARY");
+    if (!path || !*path)
+        path = "libnccl.so.2";
+    void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+        nccl.status = PD_EUNSUPPORTED;
+        snprintf(nccl.error, sizeof(nccl.error),
+                 "cannot open NCCL (%s): %s; set PDSERVE_NCCL_LIBRARY to libnccl.so.2's path", path,
+                 dlerror());
+        return;
+    }
+    /* POSIX: a function pointer may travel through void * from dlsym */
+    *(void **)&nccl.get_error_string = dlsym(h, "ncclGetErrorString");
+    *(void **)&nccl.comm_init_all = dlsym(h, "ncclCommInitAll");
+    *(void **)&nccl.all_reduce = dlsym(h, "ncclAllReduce");
+    *(void **)&nccl.comm_abort = dlsym(h, "ncclCommAbort");
+    *(void **)&nccl.comm_destroy = dlsym(h, "ncclCommDestroy");
+    if (!nccl.get_error_string || !nccl.comm_init_all || !nccl.all_reduce || !nccl.comm_abort ||
+        !nccl.comm_destroy) {
+        nccl.status = PD_EUNSUPPORTED;
+        snprintf(nccl.error, sizeof(nccl.error),
+                 "%s lacks an NCCL 2 entry point (ncclCommInitAll, "
+                 "ncclAllReduce, ncclCommAbort, ncclCommDestroy, ncclGetErrorString)",
+                 path);
+        dlclose(h);
+        return;
+    }
+    nccl.status = PD_OK; /* kept open for the process's life */
+}
+
+static int nccl_open(void) {
+    pthread_once(&nccl.once, nccl_load);
+    return nccl.status ? pd_errorf(nccl.status, "%s", nccl.error) : PD_OK;
+}
 
 struct pd_tp_nccl {
     int size;
@@ -41,7 +98,7 @@ static int nccl_status(ncclResult_t r, const char *what) {
                : r == ncclSystemError || r == ncclRemoteError    ? PD_EIO
                : r == ncclUnhandledCudaError                     ? PD_EUNSUPPORTED
                                                                  : PD_EINTERNAL;
-    return pd_errorf(code, "%s: %s (NCCL %d)", what, ncclGetErrorString(r), (int)r);
+    return pd_errorf(code, "%s: %s (NCCL %d)", what, nccl.get_error_string(r), (int)r);
 }
 
 static void nccl_fail(const struct pd_tp_comm *c) {
@@ -52,7 +109,7 @@ static void nccl_fail(const struct pd_tp_comm *c) {
         g->failed_rank = c->rank;
         for (int r = 0; r < g->size; r++)
             if (g->comms[r]) {
-                (void)ncclCommAbort(g->comms[r]);
+                (void)nccl.comm_abort(g->comms[r]);
                 g->comms[r] = NULL;
             }
     }
@@ -91,8 +148,8 @@ static int nccl_all_reduce(const struct pd_tp_comm *c, struct pd_backend *be, fl
         pthread_rwlock_unlock(&g->lock);
         return rc;
     }
-    ncclResult_t r =
-        ncclAllReduce(buf, buf, count, ncclFloat, ncclSum, g->comms[c->rank], (cudaStream_t)stream);
+    ncclResult_t r = nccl.all_reduce(buf, buf, count, ncclFloat, ncclSum, g->comms[c->rank],
+                                     (cudaStream_t)stream);
     pthread_rwlock_unlock(&g->lock);
     if (r != ncclSuccess) {
         rc = nccl_status(r, "ncclAllReduce");
@@ -106,6 +163,9 @@ int pd_tp_nccl_new(int size, const int *devices, struct pd_tp_nccl **out) {
     *out = NULL;
     if (size < 1 || size > PD_TP_MAX)
         return pd_errorf(PD_ERANGE, "NCCL group of %d ranks (1..%d)", size, PD_TP_MAX);
+    int rc = nccl_open();
+    if (rc)
+        return pd_error_wrap(rc, "--tp-size %d on --device cuda", size);
     int n = 0;
     if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
         (void)cudaGetLastError();
@@ -123,7 +183,7 @@ int pd_tp_nccl_new(int size, const int *devices, struct pd_tp_nccl **out) {
     g->size = size;
     for (int r = 0; r < size; r++)
         g->devices[r] = devices[r];
-    int rc = nccl_status(ncclCommInitAll(g->comms, size, g->devices), "ncclCommInitAll");
+    rc = nccl_status(nccl.comm_init_all(g->comms, size, g->devices), "ncclCommInitAll");
     if (rc) {
         pd_free(g);
         return pd_error_wrap(rc, "--tp-size %d over GPUs %d..%d", size, devices[0],
@@ -146,7 +206,7 @@ void pd_tp_nccl_free(struct pd_tp_nccl *g) {
         return;
     for (int r = 0; r < g->size; r++)
         if (g->comms[r])
-            (void)ncclCommDestroy(g->comms[r]);
+            (void)nccl.comm_destroy(g->comms[r]);
     pthread_rwlock_destroy(&g->lock);
     pd_free(g);
 }
