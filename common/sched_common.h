@@ -89,6 +89,14 @@ static inline double pd__ratio_after_retract(int64_t decoded, int64_t max_new, i
     return est < min ? min : est;
 }
 
+/* SGLang's retraction order: a running request with n_out tokens generated and a prompt of
+ * prompt_len loses less than the one with b_out, b_prompt when it generated fewer tokens, or as
+ * many with a longer prompt (freeing most). */
+static inline bool pd__retract_first(int32_t n_out, int32_t prompt_len, int32_t b_out,
+                                     int32_t b_prompt) {
+    return n_out < b_out || (n_out == b_out && prompt_len > b_prompt);
+}
+
 /* SGLang's values: init 0.7, min 0.1, (0.7 - 0.1) / 600 decay per step, 20 retract steps. */
 void pd__ratio_defaults(double *init_ratio, double *min_ratio, double *ratio_decay,
                         int32_t *retract_decode_steps);

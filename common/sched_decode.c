@@ -189,12 +189,12 @@ int pd_sched_decode_transfer_done(struct pd_sched_decode *s, uint64_t room, int 
     return PD_OK;
 }
 
-/* The running request that loses least: fewest tokens generated, then the longest prompt. */
+/* The running request that loses least (pd__retract_first). */
 static int32_t pick_victim(const struct pd_sched_decode *s) {
     int32_t best = -1;
     for (int32_t i = s->t.q[ST_RUNNING].head; i >= 0; i = s->t.slots.next[i]) {
-        const struct dreq *r = &s->reqs[i], *b = best >= 0 ? &s->reqs[best] : NULL;
-        if (!b || r->n_out < b->n_out || (r->n_out == b->n_out && r->prompt_len > b->prompt_len))
+        const struct dreq *r = &s->reqs[i], *b = &s->reqs[best >= 0 ? best : i];
+        if (best < 0 || pd__retract_first(r->n_out, r->prompt_len, b->n_out, b->prompt_len))
             best = i;
     }
     return best;
