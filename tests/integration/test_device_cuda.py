@@ -11,16 +11,17 @@ Stdlib only. Usage: test_device_cuda.py BUILD_DIR
 import http.client
 import json
 import os
-import socket
 import subprocess
 import sys
-import tempfile
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import pd_cluster as pc  # noqa: E402
+from pd_cluster import free_port  # noqa: E402
 
 BUILD = sys.argv[1]
 PREFILL = os.path.join(BUILD, "prefill/pdserve-prefill")
 DECODE = os.path.join(BUILD, "decode/pdserve-decode")
-MKMODEL = os.path.join(BUILD, "tools/pdserve-mkmodel")
 GENERATE = os.path.join(BUILD, "tools/pdserve-generate")
 FAILS = []
 NO_GPU = ("no CUDA device", "not in this build")
@@ -30,14 +31,6 @@ def check(cond, what):
     print(("ok   " if cond else "FAIL ") + what, flush=True)
     if not cond:
         FAILS.append(what)
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
 
 
 def gpu_present():
@@ -106,9 +99,8 @@ def serve_on_gpu(role, model):
 
 
 def main():
-    tmp = tempfile.mkdtemp(dir=os.environ.get("PD_TEST_TMPDIR") or None)
-    model = os.path.join(tmp, "model")
-    subprocess.run([MKMODEL, "--out", model], check=True, capture_output=True)
+    tmp = pc.tmpdir()
+    model = pc.make_model(BUILD, tmp)
     for role in ("prefill", "decode", "null"):
         _, args = daemon_args(role, model, ["--tp-size", "2"])
         refused("%s --tp-size 2" % role, args, ("--tp-size 2",))
