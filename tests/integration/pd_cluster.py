@@ -110,6 +110,18 @@ def stream_payloads(raw):
     return chunks
 
 
+def text_of(kind, stream, raw):
+    """The generated text of a /generate (kind "generate") or /v1/completions answer, streamed
+    or not; raises when it is malformed (stream_payloads)."""
+    if not stream:
+        j = json.loads(raw)
+        return j["text"] if kind == "generate" else j["choices"][0]["text"]
+    chunks = stream_payloads(raw)
+    if kind == "generate":
+        return chunks[-1]["text"]
+    return "".join(ch["text"] for c in chunks for ch in c["choices"])
+
+
 class Proc:
     """A process with a log file; ready once GET /health answers 200 on its port."""
 

@@ -25,7 +25,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import pd_cluster as pc  # noqa: E402
-from pd_cluster import check  # noqa: E402
+from pd_cluster import check, text_of  # noqa: E402
 
 BUILD = os.path.abspath(sys.argv[1])
 CASE = sys.argv[2] if len(sys.argv) > 2 else "tokens"
@@ -64,16 +64,6 @@ def pair(pf, dc, body, path="/generate", timeout=60):
         d = (0, str(e).encode())
     t.join()
     return d[0], d[1], res["p"][0], res["p"][1]
-
-
-def text_of(kind, stream, raw):
-    if not stream:
-        j = json.loads(raw)
-        return j["text"] if kind == "generate" else j["choices"][0]["text"]
-    chunks = pc.stream_payloads(raw)
-    if kind == "generate":
-        return chunks[-1]["text"]
-    return "".join(c["choices"][0]["text"] for c in chunks if c["choices"])
 
 
 def reference(model, prompts, max_new, sampling=None):

@@ -40,7 +40,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import dns_server  # noqa: E402
 import pd_cluster as pc  # noqa: E402
-from pd_cluster import FAILS, check, step  # noqa: E402
+from pd_cluster import FAILS, check, step, text_of  # noqa: E402
 
 BUILD = os.path.abspath(sys.argv[1])
 MAX_NEW = 12
@@ -90,16 +90,6 @@ def body_of(kind, text, stream):
                              "sampling_params": {"max_new_tokens": MAX_NEW, "temperature": 0}}
     return "/v1/completions", {"prompt": text, "max_tokens": MAX_NEW, "temperature": 0,
                                "stream": stream}
-
-
-def text_of(kind, stream, raw):
-    if not stream:
-        j = json.loads(raw)
-        return j["text"] if kind == "generate" else j["choices"][0]["text"]
-    chunks = pc.stream_payloads(raw)
-    if kind == "generate":
-        return chunks[-1]["text"]
-    return "".join(ch.get("text") or "" for c in chunks for ch in c["choices"])
 
 
 def one_request(rt, refs, i):
