@@ -60,7 +60,7 @@ struct pd_sched_prefill {
     struct preq *reqs;               /* [t.cap] */
     struct pd__sched_table t;        /* queues: bootstrap, waiting, inflight, draining, ended */
     int32_t chunked;                 /* slot of the half-done request, -1 */
-    struct pd_prefill_chunk *chunks; /* [cap] */
+    struct pd_prefill_chunk *chunks; /* [t.cap] */
     bool outstanding;
 };
 

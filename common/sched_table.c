@@ -36,9 +36,7 @@ static bool is_queued(const struct pd__sched_table *t, int state) {
 int pd__sched_table_init(struct pd__sched_table *t, int32_t cap, uint32_t queued, int ended) {
     PD_ASSERT(ended > 0 && ended < PD__SCHED_N_STATES && !(queued & 1u) && (queued >> ended) & 1u &&
               queued < (1u << PD__SCHED_N_STATES));
-    t->cap = cap;
-    t->queued = queued;
-    t->ended = ended;
+    *t = (struct pd__sched_table){.cap = cap, .queued = queued, .ended = ended};
     for (int s = 0; s < PD__SCHED_N_STATES; s++)
         pd__slot_list_init(&t->q[s]);
     if (pd__slot_pool_init(&t->slots, cap) != PD_OK)
