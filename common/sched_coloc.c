@@ -241,14 +241,8 @@ static int32_t grow_running(struct pd_sched_coloc *s) {
     for (int32_t i = s->t.q[ST_RUNNING].head, nx; i >= 0; i = nx) {
         nx = s->t.slots.next[i];
         struct creq *r = &s->reqs[i];
-        int32_t pos = r->prompt_len + r->n_out - 1;
-        while (r->n_pages < pos / ps + 1) {
-            PD_ASSERT(r->n_pages < r->cap_pages);
-            int32_t hint = r->n_pages ? r->pages[r->n_pages - 1] : -1;
-            if (pd_page_alloc_get(s->pa, 1, hint, r->pages + r->n_pages) == PD_OK) {
-                r->n_pages++;
-                continue;
-            }
+        while (pd__cover_position(s->pa, ps, r->prompt_len + r->n_out - 1, r->pages, &r->n_pages,
+                                  r->cap_pages) != PD_OK) {
             if (s->rc && pd_radix_cache_evict(s->rc, 1) > 0)
                 continue;
             int32_t v = pick_victim(s);

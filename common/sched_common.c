@@ -52,6 +52,18 @@ int pd__generation_pages(const struct pd_page_alloc *pa, int32_t page_size, uint
     return PD_OK;
 }
 
+int pd__cover_position(struct pd_page_alloc *pa, int32_t page_size, int32_t pos, int32_t *pages,
+                       int32_t *n_pages, int32_t cap_pages) {
+    while (*n_pages < pos / page_size + 1) {
+        PD_ASSERT(*n_pages < cap_pages);
+        int32_t hint = *n_pages ? pages[*n_pages - 1] : -1;
+        if (pd_page_alloc_get(pa, 1, hint, pages + *n_pages) != PD_OK)
+            return PD_EAGAIN;
+        (*n_pages)++;
+    }
+    return PD_OK;
+}
+
 void pd__ratio_defaults(double *init_ratio, double *min_ratio, double *ratio_decay,
                         int32_t *retract_decode_steps) {
     *init_ratio = 0.7;

@@ -89,6 +89,13 @@ static inline double pd__ratio_after_retract(int64_t decoded, int64_t max_new, i
     return est < min ? min : est;
 }
 
+/* A running request's page list pages[0..*n_pages) grows a page at a time (decode and
+ * colocated): takes pages next to its last one until they cover KV position pos. PD_OK once
+ * covered; PD_EAGAIN when the pool has no free page first (the caller makes one free: cache
+ * eviction, a retraction, and calls again). Never past cap_pages (asserted: sized at add). */
+int pd__cover_position(struct pd_page_alloc *pa, int32_t page_size, int32_t pos, int32_t *pages,
+                       int32_t *n_pages, int32_t cap_pages);
+
 /* SGLang's retraction order: a running request with n_out tokens generated and a prompt of
  * prompt_len loses less than the one with b_out, b_prompt when it generated fewer tokens, or as
  * many with a longer prompt (freeing most). */

@@ -232,14 +232,8 @@ int pd_sched_decode_step(struct pd_sched_decode *s, double now_s, struct pd_deco
     for (int32_t i = s->t.q[ST_RUNNING].head, nx; i >= 0; i = nx) {
         nx = s->t.slots.next[i];
         struct dreq *r = &s->reqs[i];
-        int32_t pos = r->prompt_len + r->n_out - 1;
-        while (r->n_pages < pos / ps + 1) {
-            PD_ASSERT(r->n_pages < r->cap_pages);
-            int32_t hint = r->n_pages ? r->pages[r->n_pages - 1] : -1;
-            if (pd_page_alloc_get(s->pa, 1, hint, r->pages + r->n_pages) == PD_OK) {
-                r->n_pages++;
-                continue;
-            }
+        while (pd__cover_position(s->pa, ps, r->prompt_len + r->n_out - 1, r->pages, &r->n_pages,
+                                  r->cap_pages) != PD_OK) {
             int32_t v = pick_victim(s);
             PD_ASSERT(v >= 0); /* r itself is running */
             if (v == nx)

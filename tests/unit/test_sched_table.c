@@ -1,8 +1,9 @@
 /*
  * The request table the schedulers share (common/sched_table.c) and the shared checks of
  * sched_common.c: FIFO order per queued state, untracked states, the add path's refusals with
- * nothing held, find, ended → recycled slots, the recount, the config and size checks, and the
- * retraction order. The schedulers' own tests (test_sched_*.c) drive all of it through them.
+ * nothing held, find, ended → recycled slots, the recount, the config and size checks, page
+ * growth and the retraction order. The schedulers' own tests (test_sched_*.c) drive all of it
+ * through them.
  */
 #include "pd_test.h"
 
@@ -151,6 +152,31 @@ static void test_config_checks(void) {
     pd_page_alloc_free(pa);
 }
 
+static void test_cover_position(void) {
+    struct pd_page_alloc *pa;
+    CHECK_OK(pd_page_alloc_new(3, &pa));
+    int32_t pages[4], n = 0, other;
+    CHECK_OK(pd__cover_position(pa, 4, 0, pages, &n, 4));
+    CHECK_INT(n, 1);
+    CHECK_OK(pd__cover_position(pa, 4, 3, pages, &n, 4)); /* still inside the first page */
+    CHECK_INT(n, 1);
+    CHECK_OK(pd__cover_position(pa, 4, 9, pages, &n, 4)); /* two more, one call */
+    CHECK_INT(n, 3);
+    CHECK_INT(pd_page_alloc_n_free(pa), 0);
+    /* the pool is dry: nothing taken, the caller frees one and asks again */
+    CHECK_INT(pd__cover_position(pa, 4, 12, pages, &n, 4), PD_EAGAIN);
+    CHECK_INT(n, 3);
+    pd_page_alloc_put(pa, pages, 1);
+    other = pages[0];
+    pages[0] = pages[1], pages[1] = pages[2], n = 2;
+    CHECK_OK(pd__cover_position(pa, 4, 8, pages, &n, 4));
+    CHECK_INT(n, 3);
+    CHECK_INT(pages[2], other); /* the only free page */
+    pd_page_alloc_put(pa, pages, n);
+    CHECK_INT(pd_page_alloc_n_free(pa), 3);
+    pd_page_alloc_free(pa);
+}
+
 static void test_retract_order(void) {
     CHECK(pd__retract_first(3, 10, 5, 10));  /* fewer tokens generated */
     CHECK(!pd__retract_first(5, 99, 3, 10)); /* more generated: a longer prompt does not matter */
@@ -159,4 +185,4 @@ static void test_retract_order(void) {
 }
 
 PD_TEST_MAIN(PD_TEST(test_table), PD_TEST(test_init_fails_clean), PD_TEST(test_config_checks),
-             PD_TEST(test_retract_order))
+             PD_TEST(test_cover_position), PD_TEST(test_retract_order))
