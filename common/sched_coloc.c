@@ -163,10 +163,6 @@ void pd_sched_coloc_free(struct pd_sched_coloc *s) {
     pd_free(s);
 }
 
-static int32_t pages_for(const struct pd_sched_coloc *s, int64_t tokens) {
-    return (int32_t)((tokens + s->cfg.page_size - 1) / s->cfg.page_size);
-}
-
 int pd_sched_coloc_add(struct pd_sched_coloc *s, uint64_t room, const int32_t *tokens,
                        int32_t prompt_len, int32_t max_new_tokens, double now_s) {
     int rc = pd__sched_table_vacant(&s->t, room);
@@ -262,7 +258,7 @@ static void add_chunk(struct pd_sched_coloc *s, struct pd_coloc_step *st, int32_
                       int32_t len) {
     struct creq *r = &s->reqs[slot];
     int32_t end = r->done_tokens + len;
-    PD_ASSERT(len > 0 && end <= r->fill_len && pages_for(s, end) <= r->n_pages);
+    PD_ASSERT(len > 0 && end <= r->fill_len && pd__pages_for(end, s->cfg.page_size) <= r->n_pages);
     s->chunks[st->n_chunks++] = (struct pd_coloc_chunk){.room = r->room,
                                                         .start = r->done_tokens,
                                                         .len = len,
@@ -310,7 +306,7 @@ static void build_prefill(struct pd_sched_coloc *s, struct pd_coloc_step *st, in
         int32_t reserve = n_admitted == 0 ? 0 : (int32_t)ceil(s->ratio * (double)left / ps);
         struct pd__prefix_admit a = {.tokens = r->tokens,
                                      .n_tokens = r->fill_len,
-                                     .n_pages = pages_for(s, r->fill_len),
+                                     .n_pages = pd__pages_for(r->fill_len, s->cfg.page_size),
                                      .pages = r->pages,
                                      .rem = rem,
                                      .batch_empty = st->n_chunks == 0,

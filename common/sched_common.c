@@ -43,7 +43,7 @@ int pd__generation_pages(const struct pd_page_alloc *pa, int32_t page_size, uint
         return pd_errorf(PD_EINVAL, "room %llu: prompt of %d tokens, max_new_tokens %d",
                          (unsigned long long)room, (int)prompt_len, (int)max_new_tokens);
     int64_t tokens = (int64_t)prompt_len + max_new_tokens - 1;
-    *cap_pages = (int32_t)((tokens + page_size - 1) / page_size);
+    *cap_pages = pd__pages_for(tokens, page_size);
     if (*cap_pages > pd_page_alloc_n_total(pa))
         return pd_errorf(PD_ERANGE,
                          "room %llu: %d prompt + %d new tokens need %d pages, the pool has %d",

@@ -136,10 +136,6 @@ void pd_sched_decode_free(struct pd_sched_decode *s) {
     pd_free(s);
 }
 
-static int32_t pages_for(const struct pd_sched_decode *s, int64_t tokens) {
-    return (int32_t)((tokens + s->cfg.page_size - 1) / s->cfg.page_size);
-}
-
 int pd_sched_decode_add(struct pd_sched_decode *s, uint64_t room, int32_t prompt_len,
                         int32_t max_new_tokens, double now_s) {
     int rc = pd__sched_table_vacant(&s->t, room);
@@ -257,7 +253,7 @@ int pd_sched_decode_step(struct pd_sched_decode *s, double now_s, struct pd_deco
            s->t.q[ST_TRANSFER].n + s->t.q[ST_RUNNING].n < s->cfg.max_running_requests) {
         int32_t slot = s->t.q[ST_PREALLOC].head;
         struct dreq *r = &s->reqs[slot];
-        int32_t need = pages_for(s, r->prompt_len);
+        int32_t need = pd__pages_for(r->prompt_len, s->cfg.page_size);
         int32_t reserve =
             (int32_t)ceil(s->ratio * (double)(s->remaining + r->max_new - r->n_out) / ps);
         if (pd_page_alloc_n_free(s->pa) - need < reserve ||

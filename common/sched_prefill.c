@@ -152,7 +152,7 @@ int pd_sched_prefill_add(struct pd_sched_prefill *s, uint64_t room, const int32_
         return rc;
     if (n_tokens <= 0 || !tokens)
         return pd_errorf(PD_EINVAL, "room %llu: empty prompt", (unsigned long long)room);
-    int32_t n_pages = (n_tokens + s->cfg.page_size - 1) / s->cfg.page_size;
+    int32_t n_pages = pd__pages_for(n_tokens, s->cfg.page_size);
     if (n_pages > pd_page_alloc_n_total(s->pa))
         return pd_errorf(PD_ERANGE,
                          "room %llu: prompt of %d tokens needs %d pages, the pool has %d",
