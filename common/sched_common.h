@@ -63,7 +63,7 @@ int pd__check_decode_config(const char *who, int32_t page_size, int32_t max_runn
                             int32_t max_queued, double init_ratio, double min_ratio,
                             double ratio_decay, int32_t retract_decode_steps);
 
-/* Pages that hold tokens KV positions. */
+/* The pages that hold the KV of `tokens` positions. */
 static inline int32_t pd__pages_for(int64_t tokens, int32_t page_size) {
     return (int32_t)((tokens + page_size - 1) / page_size);
 }
