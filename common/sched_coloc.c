@@ -16,7 +16,7 @@
 #include "common/alloc.h"
 #include "common/page_alloc.h"
 #include "common/radix_cache.h"
-#include "common/room_map.h"
+#include "common/sched_table.h"
 #include "common/status.h"
 
 #include <math.h>
@@ -53,12 +53,9 @@ struct pd_sched_coloc {
     bool unchunked;
     struct pd_page_alloc *pa;
     struct pd_radix_cache *rc;
-    int32_t cap;
-    struct creq *reqs; /* [cap] */
-    struct pd__slot_pool slots;
-    struct pd_room_map rooms;
-    struct pd__slot_list waiting, running, ended;
-    int32_t chunked; /* slot of the half-done request, -1 */
+    struct creq *reqs;        /* [t.cap] */
+    struct pd__sched_table t; /* queues: waiting, running, ended */
+    int32_t chunked;          /* slot of the half-done request, -1 */
     double ratio;
     int64_t retracted;
     bool outstanding;
@@ -68,35 +65,23 @@ struct pd_sched_coloc {
 
 void pd_sched_coloc_config_defaults(struct pd_sched_coloc_config *cfg) {
     cfg->mixed_chunk = true;
-    cfg->init_new_token_ratio = 0.7;
-    cfg->min_new_token_ratio = 0.1;
-    cfg->new_token_ratio_decay = (0.7 - 0.1) / 600;
-    cfg->retract_decode_steps = 20;
+    pd__ratio_defaults(&cfg->init_new_token_ratio, &cfg->min_new_token_ratio,
+                       &cfg->new_token_ratio_decay, &cfg->retract_decode_steps);
 }
 
 int pd_sched_coloc_new(const struct pd_sched_coloc_config *cfg, struct pd_page_alloc *pa,
                        struct pd_radix_cache *rc, struct pd_sched_coloc **out) {
     *out = NULL;
-    if (cfg->page_size <= 0 || cfg->max_running_requests <= 0 || cfg->max_queued_requests <= 0 ||
-        !(cfg->min_new_token_ratio >= 0 && cfg->min_new_token_ratio <= cfg->init_new_token_ratio &&
-          cfg->init_new_token_ratio <= 1) ||
-        !(cfg->new_token_ratio_decay >= 0) || cfg->retract_decode_steps < 0)
-        return pd_errorf(PD_EINVAL,
-                         "colocated scheduler: page size %d, max running %d, max queued %d, "
-                         "token ratio %g..%g decay %g: need positive sizes and 0 <= min <= init "
-                         "<= 1",
-                         (int)cfg->page_size, (int)cfg->max_running_requests,
-                         (int)cfg->max_queued_requests, cfg->min_new_token_ratio,
-                         cfg->init_new_token_ratio, cfg->new_token_ratio_decay);
-    int32_t budget = cfg->max_prefill_tokens;
-    if (cfg->chunked_prefill_size > 0 && (budget <= 0 || cfg->chunked_prefill_size < budget))
-        budget = cfg->chunked_prefill_size;
-    if (budget < cfg->page_size)
-        return pd_errorf(PD_EINVAL,
-                         "prefill token budget %d (chunked prefill size %d, max prefill tokens "
-                         "%d) is smaller than a page (%d tokens)",
-                         (int)budget, (int)cfg->chunked_prefill_size, (int)cfg->max_prefill_tokens,
-                         (int)cfg->page_size);
+    int32_t budget;
+    int err = pd__check_decode_config("colocated", cfg->page_size, cfg->max_running_requests,
+                                      cfg->max_queued_requests, cfg->init_new_token_ratio,
+                                      cfg->min_new_token_ratio, cfg->new_token_ratio_decay,
+                                      cfg->retract_decode_steps);
+    if (err == PD_OK)
+        err = pd__prefill_budget(cfg->page_size, cfg->chunked_prefill_size, cfg->max_prefill_tokens,
+                                 &budget);
+    if (err)
+        return err;
     struct pd_sched_coloc *s = pd_calloc(1, sizeof(*s));
     if (!s)
         goto fail;
@@ -105,26 +90,23 @@ int pd_sched_coloc_new(const struct pd_sched_coloc_config *cfg, struct pd_page_a
     s->unchunked = cfg->chunked_prefill_size <= 0;
     s->pa = pa;
     s->rc = rc;
-    s->cap = cfg->max_queued_requests;
     s->chunked = -1;
     s->ratio = cfg->init_new_token_ratio;
-    int32_t mr = cfg->max_running_requests;
-    s->reqs = pd_calloc((size_t)s->cap, sizeof(*s->reqs));
+    int32_t cap = cfg->max_queued_requests, mr = cfg->max_running_requests;
+    s->reqs = pd_calloc((size_t)cap, sizeof(*s->reqs));
     s->chunks = pd_calloc((size_t)mr, sizeof(*s->chunks));
     s->decodes = pd_calloc((size_t)mr, sizeof(*s->decodes));
-    if (!s->reqs || !s->chunks || !s->decodes || pd__slot_pool_init(&s->slots, s->cap) != PD_OK)
+    /* prefilling has no FIFO: the outstanding step or the half-done slot */
+    uint32_t queued = 1u << ST_WAITING | 1u << ST_RUNNING | 1u << ST_ENDED;
+    if (!s->reqs || !s->chunks || !s->decodes ||
+        pd__sched_table_init(&s->t, cap, queued, ST_ENDED) != PD_OK)
         goto fail_arrays;
-    if (pd_room_map_init(&s->rooms, s->cap) != PD_OK)
-        goto fail_arrays;
-    pd__slot_list_init(&s->waiting);
-    pd__slot_list_init(&s->running);
-    pd__slot_list_init(&s->ended);
     *out = s;
     return PD_OK;
 
 fail_arrays:
     pd_free(s->reqs);
-    pd__slot_pool_free(&s->slots);
+    pd__sched_table_free(&s->t);
     pd_free(s->chunks);
     pd_free(s->decodes);
     pd_free(s);
@@ -133,27 +115,12 @@ fail:
                          (int)cfg->max_queued_requests);
 }
 
-static struct pd__slot_list *list_of(struct pd_sched_coloc *s, int state) {
-    switch (state) {
-    case ST_WAITING: return &s->waiting;
-    case ST_RUNNING: return &s->running;
-    case ST_ENDED: return &s->ended;
-    default: return NULL; /* prefilling: the outstanding step or the half-done slot */
-    }
-}
-
 static void move_to(struct pd_sched_coloc *s, int32_t slot, int state, double now_s) {
     struct creq *r = &s->reqs[slot];
-    struct pd__slot_list *from = list_of(s, r->state);
-    if (from)
-        pd__slot_list_remove(from, &s->slots, slot);
     if (s->chunked == slot)
         s->chunked = -1;
-    r->state = (uint8_t)state;
     r->t_queue = now_s;
-    struct pd__slot_list *to = list_of(s, state);
-    if (to)
-        pd__slot_list_push(to, &s->slots, slot);
+    pd__sched_table_move(&s->t, slot, &r->state, state);
 }
 
 /* Pages and cache lock back: what every ending and every retraction does. */
@@ -173,7 +140,7 @@ static void end_req(struct pd_sched_coloc *s, int32_t slot, int reason) {
     struct creq *r = &s->reqs[slot];
     PD_ASSERT(!r->in_batch && r->state != ST_ENDED && r->state != ST_FREE);
     drop_pages(s, r);
-    pd_room_map_del(&s->rooms, r->room);
+    pd_room_map_del(&s->t.rooms, r->room);
     r->end_reason = (int8_t)reason;
     move_to(s, slot, ST_ENDED, r->t_queue);
 }
@@ -181,7 +148,7 @@ static void end_req(struct pd_sched_coloc *s, int32_t slot, int reason) {
 void pd_sched_coloc_free(struct pd_sched_coloc *s) {
     if (!s)
         return;
-    for (int32_t i = 0; i < s->cap; i++) {
+    for (int32_t i = 0; i < s->t.cap; i++) {
         struct creq *r = &s->reqs[i];
         r->in_batch = false;
         if (r->state != ST_FREE && r->state != ST_ENDED)
@@ -189,42 +156,25 @@ void pd_sched_coloc_free(struct pd_sched_coloc *s) {
         if (r->state == ST_ENDED)
             pd_free(r->pages);
     }
-    pd_room_map_free(&s->rooms);
+    pd__sched_table_free(&s->t);
     pd_free(s->reqs);
-    pd__slot_pool_free(&s->slots);
     pd_free(s->chunks);
     pd_free(s->decodes);
     pd_free(s);
 }
 
-static int32_t pages_for(const struct pd_sched_coloc *s, int64_t tokens) {
-    return (int32_t)((tokens + s->cfg.page_size - 1) / s->cfg.page_size);
-}
-
 int pd_sched_coloc_add(struct pd_sched_coloc *s, uint64_t room, const int32_t *tokens,
                        int32_t prompt_len, int32_t max_new_tokens, double now_s) {
-    if (pd_room_map_get(&s->rooms, room) >= 0)
-        return pd_errorf(PD_EINVAL, "room %llu already has a live request",
-                         (unsigned long long)room);
-    if (!tokens || prompt_len <= 0 || max_new_tokens <= 0)
-        return pd_errorf(PD_EINVAL, "room %llu: prompt of %d tokens, max_new_tokens %d",
-                         (unsigned long long)room, (int)prompt_len, (int)max_new_tokens);
-    /* the last output token is never fed back, so its KV is never written */
-    int32_t cap_pages = pages_for(s, (int64_t)prompt_len + max_new_tokens - 1);
-    if (cap_pages > pd_page_alloc_n_total(s->pa))
-        return pd_errorf(PD_ERANGE,
-                         "room %llu: %d prompt + %d new tokens need %d pages, the pool has %d",
-                         (unsigned long long)room, (int)prompt_len, (int)max_new_tokens,
-                         (int)cap_pages, (int)pd_page_alloc_n_total(s->pa));
-    if (s->slots.n_free == 0)
-        return pd_errorf(PD_EFULL, "room %llu: %d requests queued already",
-                         (unsigned long long)room, (int)s->cap);
-    int32_t *pages = pd_malloc((size_t)cap_pages * sizeof(int32_t));
-    if (!pages)
-        return pd_error_wrap(PD_ENOMEM, "room %llu: page list", (unsigned long long)room);
-    int32_t slot = pd__slot_pool_take(&s->slots);
-    int rc = pd_room_map_put(&s->rooms, room, slot);
-    PD_ASSERT(rc == PD_OK); /* checked above; the map is as large as the slot array */
+    int rc = pd__sched_table_vacant(&s->t, room);
+    if (rc)
+        return rc;
+    if (!tokens)
+        return pd_errorf(PD_EINVAL, "room %llu: no tokens", (unsigned long long)room);
+    int32_t cap_pages, *pages, slot;
+    if ((rc = pd__generation_pages(s->pa, s->cfg.page_size, room, prompt_len, max_new_tokens,
+                                   &cap_pages)) != PD_OK ||
+        (rc = pd__sched_table_add(&s->t, room, cap_pages, &pages, &slot)) != PD_OK)
+        return rc;
     s->reqs[slot] = (struct creq){.room = room,
                                   .cache_max = -1,
                                   .tokens = tokens,
@@ -239,12 +189,12 @@ int pd_sched_coloc_add(struct pd_sched_coloc *s, uint64_t room, const int32_t *t
     return PD_OK;
 }
 
-/* The running request that loses least: fewest tokens generated, then the longest prompt. */
+/* The running request that loses least (pd__retract_first). */
 static int32_t pick_victim(const struct pd_sched_coloc *s) {
     int32_t best = -1;
-    for (int32_t i = s->running.head; i >= 0; i = s->slots.next[i]) {
-        const struct creq *r = &s->reqs[i], *b = best >= 0 ? &s->reqs[best] : NULL;
-        if (!b || r->n_out < b->n_out || (r->n_out == b->n_out && r->prompt_len > b->prompt_len))
+    for (int32_t i = s->t.q[ST_RUNNING].head; i >= 0; i = s->t.slots.next[i]) {
+        const struct creq *r = &s->reqs[i], *b = &s->reqs[best >= 0 ? best : i];
+        if (best < 0 || pd__retract_first(r->n_out, r->prompt_len, b->n_out, b->prompt_len))
             best = i;
     }
     return best;
@@ -257,9 +207,9 @@ static void retract(struct pd_sched_coloc *s, int32_t slot) {
     PD_ASSERT(r->state == ST_RUNNING && !r->in_batch);
     drop_pages(s, r);
     r->fill_len = r->prompt_len + r->n_out;
-    pd__slot_list_remove(&s->running, &s->slots, slot);
+    pd__slot_list_remove(&s->t.q[ST_RUNNING], &s->t.slots, slot);
     r->state = ST_WAITING;
-    pd__slot_list_push_front(&s->waiting, &s->slots, slot);
+    pd__slot_list_push_front(&s->t.q[ST_WAITING], &s->t.slots, slot);
     s->retracted++;
 }
 
@@ -271,35 +221,30 @@ static void update_ratio(struct pd_sched_coloc *s, bool retracted) {
         return;
     }
     int64_t decoded = 0, max_new = 0;
-    for (int32_t i = s->running.head; i >= 0; i = s->slots.next[i]) {
+    for (int32_t i = s->t.q[ST_RUNNING].head; i >= 0; i = s->t.slots.next[i]) {
         decoded += s->reqs[i].n_out;
         max_new += s->reqs[i].max_new;
     }
-    s->ratio = pd__ratio_after_retract(decoded, max_new, s->running.n, s->cfg.retract_decode_steps,
-                                       s->cfg.init_new_token_ratio, s->cfg.min_new_token_ratio);
+    s->ratio =
+        pd__ratio_after_retract(decoded, max_new, s->t.q[ST_RUNNING].n, s->cfg.retract_decode_steps,
+                                s->cfg.init_new_token_ratio, s->cfg.min_new_token_ratio);
 }
 
 /* Every running request gets the page its next position needs: from the free pool, else from
  * the prefix cache, else from retracting the request that loses least. */
 static int32_t grow_running(struct pd_sched_coloc *s) {
     int32_t ps = s->cfg.page_size, n_retracted = 0;
-    for (int32_t i = s->running.head, nx; i >= 0; i = nx) {
-        nx = s->slots.next[i];
+    for (int32_t i = s->t.q[ST_RUNNING].head, nx; i >= 0; i = nx) {
+        nx = s->t.slots.next[i];
         struct creq *r = &s->reqs[i];
-        int32_t pos = r->prompt_len + r->n_out - 1;
-        while (r->n_pages < pos / ps + 1) {
-            PD_ASSERT(r->n_pages < r->cap_pages);
-            int32_t hint = r->n_pages ? r->pages[r->n_pages - 1] : -1;
-            if (pd_page_alloc_get(s->pa, 1, hint, r->pages + r->n_pages) == PD_OK) {
-                r->n_pages++;
-                continue;
-            }
+        while (pd__cover_position(s->pa, ps, r->prompt_len + r->n_out - 1, r->pages, &r->n_pages,
+                                  r->cap_pages) != PD_OK) {
             if (s->rc && pd_radix_cache_evict(s->rc, 1) > 0)
                 continue;
             int32_t v = pick_victim(s);
             PD_ASSERT(v >= 0); /* r itself is running */
             if (v == nx)
-                nx = s->slots.next[v];
+                nx = s->t.slots.next[v];
             retract(s, v);
             n_retracted++;
             if (v == i)
@@ -313,7 +258,7 @@ static void add_chunk(struct pd_sched_coloc *s, struct pd_coloc_step *st, int32_
                       int32_t len) {
     struct creq *r = &s->reqs[slot];
     int32_t end = r->done_tokens + len;
-    PD_ASSERT(len > 0 && end <= r->fill_len && pages_for(s, end) <= r->n_pages);
+    PD_ASSERT(len > 0 && end <= r->fill_len && pd__pages_for(end, s->cfg.page_size) <= r->n_pages);
     s->chunks[st->n_chunks++] = (struct pd_coloc_chunk){.room = r->room,
                                                         .start = r->done_tokens,
                                                         .len = len,
@@ -333,9 +278,9 @@ static void build_prefill(struct pd_sched_coloc *s, struct pd_coloc_step *st, in
                           bool admit_new) {
     int32_t ps = s->cfg.page_size;
     int64_t remaining = 0; /* tokens the admitted requests may still generate */
-    for (int32_t i = s->running.head; i >= 0; i = s->slots.next[i])
+    for (int32_t i = s->t.q[ST_RUNNING].head; i >= 0; i = s->t.slots.next[i])
         remaining += s->reqs[i].max_new - s->reqs[i].n_out;
-    int32_t n_admitted = s->running.n;
+    int32_t n_admitted = s->t.q[ST_RUNNING].n;
     bool stop = false;
     if (s->chunked >= 0) {
         int32_t slot = s->chunked;
@@ -352,16 +297,16 @@ static void build_prefill(struct pd_sched_coloc *s, struct pd_coloc_step *st, in
         if (s->chunks[st->n_chunks - 1].last)
             s->chunked = -1;
     }
-    while (admit_new && !stop && rem > 0 && s->waiting.head >= 0 &&
+    while (admit_new && !stop && rem > 0 && s->t.q[ST_WAITING].head >= 0 &&
            n_admitted < s->cfg.max_running_requests) {
-        int32_t slot = s->waiting.head;
+        int32_t slot = s->t.q[ST_WAITING].head;
         struct creq *r = &s->reqs[slot];
         int64_t left = remaining + r->max_new - r->n_out;
         /* alone it always fits (add checked the pool): no reservation keeps it out forever */
         int32_t reserve = n_admitted == 0 ? 0 : (int32_t)ceil(s->ratio * (double)left / ps);
         struct pd__prefix_admit a = {.tokens = r->tokens,
                                      .n_tokens = r->fill_len,
-                                     .n_pages = pages_for(s, r->fill_len),
+                                     .n_pages = pd__pages_for(r->fill_len, s->cfg.page_size),
                                      .pages = r->pages,
                                      .rem = rem,
                                      .batch_empty = st->n_chunks == 0,
@@ -400,11 +345,11 @@ int pd_sched_coloc_step(struct pd_sched_coloc *s, double now_s, struct pd_coloc_
 
     int32_t rem = s->budget;
     if (s->cfg.mixed_chunk)
-        rem -= s->running.n; /* SGLang: the decode tokens share the chunk budget */
+        rem -= s->t.q[ST_RUNNING].n; /* SGLang: the decode tokens share the chunk budget */
     /* no admission right after a retraction: memory is short */
     build_prefill(s, st, rem, st->n_retracted == 0);
     if (s->cfg.mixed_chunk || st->n_chunks == 0) {
-        for (int32_t i = s->running.head; i >= 0; i = s->slots.next[i]) {
+        for (int32_t i = s->t.q[ST_RUNNING].head; i >= 0; i = s->t.slots.next[i]) {
             struct creq *r = &s->reqs[i];
             r->in_batch = true;
             s->decodes[st->n_decodes++] =
@@ -478,17 +423,19 @@ int pd_sched_coloc_step_done(struct pd_sched_coloc *s, const struct pd_coloc_ste
 }
 
 int pd_sched_coloc_limit_cache(struct pd_sched_coloc *s, uint64_t room, int32_t max_tokens) {
-    int32_t slot = pd_room_map_get(&s->rooms, room);
-    if (slot < 0)
-        return pd_errorf(PD_ENOENT, "room %llu: no live request", (unsigned long long)room);
+    int32_t slot;
+    int rc = pd__sched_table_find(&s->t, room, &slot);
+    if (rc)
+        return rc;
     s->reqs[slot].cache_max = max_tokens < 0 ? 0 : max_tokens;
     return PD_OK;
 }
 
 int pd_sched_coloc_abort(struct pd_sched_coloc *s, uint64_t room) {
-    int32_t slot = pd_room_map_get(&s->rooms, room);
-    if (slot < 0)
-        return pd_errorf(PD_ENOENT, "room %llu: no live request", (unsigned long long)room);
+    int32_t slot;
+    int rc = pd__sched_table_find(&s->t, room, &slot);
+    if (rc)
+        return rc;
     struct creq *r = &s->reqs[slot];
     if (r->in_batch) {
         if (r->pending_end < 0)
@@ -500,7 +447,7 @@ int pd_sched_coloc_abort(struct pd_sched_coloc *s, uint64_t room) {
 }
 
 int pd_sched_coloc_pop_ended(struct pd_sched_coloc *s, struct pd_sched_end *e) {
-    int32_t slot = s->ended.head;
+    int32_t slot = pd__sched_table_oldest_ended(&s->t);
     if (slot < 0)
         return PD_EAGAIN;
     struct creq *r = &s->reqs[slot];
@@ -508,39 +455,34 @@ int pd_sched_coloc_pop_ended(struct pd_sched_coloc *s, struct pd_sched_end *e) {
                                .reason = r->end_reason,
                                .cached_tokens = r->cached_tokens,
                                .n_output = r->n_out};
-    pd__slot_list_remove(&s->ended, &s->slots, slot);
     pd_free(r->pages);
     *r = (struct creq){.state = ST_FREE};
-    pd__slot_pool_put(&s->slots, slot);
+    pd__sched_table_recycle(&s->t, slot);
     return PD_OK;
 }
 
 void pd_sched_coloc_counts(const struct pd_sched_coloc *s, struct pd_coloc_counts *c) {
     c->prefilling = s->chunked >= 0;
-    c->waiting = s->waiting.n + c->prefilling;
-    c->running = s->running.n;
-    c->ended_unpopped = s->ended.n;
+    c->waiting = s->t.q[ST_WAITING].n + c->prefilling;
+    c->running = s->t.q[ST_RUNNING].n;
+    c->ended_unpopped = s->t.q[ST_ENDED].n;
     c->retracted = s->retracted;
 }
 
 int pd_sched_coloc_check(const struct pd_sched_coloc *s) {
-    int rc = pd_page_alloc_check(s->pa);
-    if (rc == PD_OK && s->rc)
-        rc = pd_radix_cache_check(s->rc);
+    int32_t *holders;
+    int rc = pd__holders_new(s->pa, s->rc, &holders);
     if (rc)
         return rc;
-    int32_t n_pool = pd_page_alloc_n_total(s->pa), ps = s->cfg.page_size;
-    int32_t *holders = pd_calloc((size_t)n_pool, sizeof(int32_t));
-    if (!holders)
-        return PD_ENOMEM;
-    int32_t per_state[ST_ENDED + 1] = {0};
-    for (int32_t i = 0; i < s->cap; i++) {
+    int32_t ps = s->cfg.page_size;
+    int32_t per_state[PD__SCHED_N_STATES] = {0};
+    for (int32_t i = 0; i < s->t.cap; i++) {
         const struct creq *r = &s->reqs[i];
         per_state[r->state]++;
         if (r->state == ST_FREE || r->state == ST_ENDED)
             continue;
         const char *why = NULL;
-        if (pd_room_map_get(&s->rooms, r->room) != i)
+        if (pd_room_map_get(&s->t.rooms, r->room) != i)
             why = "not mapped to its slot";
         else if (r->admitted != (r->state == ST_PREFILLING || r->state == ST_RUNNING))
             why = "admitted flag disagrees with its state";
@@ -563,33 +505,13 @@ int pd_sched_coloc_check(const struct pd_sched_coloc *s) {
             goto out;
         }
         if (r->admitted)
-            for (int32_t p = 0; p < r->n_pages; p++)
-                holders[r->pages[p]]++;
+            pd__holders_add(holders, r->pages, r->n_pages);
     }
-    int32_t n_cached = 0;
-    for (int32_t p = 0; p < n_pool; p++) {
-        bool cached = pd_page_alloc_is_cached(s->pa, p);
-        n_cached += cached;
-        if (holders[p] + cached != pd_page_alloc_refcount(s->pa, p)) {
-            rc = pd_errorf(PD_EINTERNAL, "page %d: %d request holders%s, count %d", (int)p,
-                           (int)holders[p], cached ? " + cache" : "",
-                           (int)pd_page_alloc_refcount(s->pa, p));
-            goto out;
-        }
-    }
-    if (s->rc && n_cached != pd_radix_cache_n_pages(s->rc)) {
-        rc = pd_errorf(PD_EINTERNAL, "%d pages marked cached, the tree holds %d", (int)n_cached,
-                       (int)pd_radix_cache_n_pages(s->rc));
-        goto out;
-    }
-    if (per_state[ST_WAITING] != s->waiting.n || per_state[ST_RUNNING] != s->running.n ||
-        per_state[ST_ENDED] != s->ended.n || per_state[ST_FREE] != s->slots.n_free ||
-        s->rooms.n != s->cap - per_state[ST_FREE] - per_state[ST_ENDED] ||
-        per_state[ST_PREFILLING] + per_state[ST_RUNNING] > s->cfg.max_running_requests ||
-        (!s->outstanding && per_state[ST_PREFILLING] != (s->chunked >= 0))) {
+    if ((rc = pd__holders_check(s->pa, s->rc, holders)) == PD_OK &&
+        (!pd__sched_table_agrees(&s->t, per_state) ||
+         per_state[ST_PREFILLING] + per_state[ST_RUNNING] > s->cfg.max_running_requests ||
+         (!s->outstanding && per_state[ST_PREFILLING] != (s->chunked >= 0))))
         rc = pd_errorf(PD_EINTERNAL, "colocated queues disagree with request states");
-        goto out;
-    }
 out:
     pd_free(holders);
     return rc;

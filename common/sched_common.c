@@ -1,6 +1,6 @@
 /*
- * sched_common.c — the slot pool the schedulers build their request queues on, and the
- * PrefillAdder pieces the prefill and colocated schedulers share (sched_common.h).
+ * sched_common.c — the schedulers' configuration checks and page recount, and the PrefillAdder
+ * pieces the prefill and colocated schedulers share (sched_common.h).
  */
 #include "common/sched_common.h"
 #include "common/alloc.h"
@@ -8,26 +8,96 @@
 #include "common/radix_cache.h"
 #include "common/status.h"
 
-int pd__slot_pool_init(struct pd__slot_pool *p, int32_t cap) {
-    p->prev = pd_calloc((size_t)cap, sizeof(int32_t));
-    p->next = pd_calloc((size_t)cap, sizeof(int32_t));
-    p->free = pd_calloc((size_t)cap, sizeof(int32_t));
-    if (!p->prev || !p->next || !p->free) {
-        pd__slot_pool_free(p);
-        return PD_ENOMEM;
-    }
-    for (int32_t i = 0; i < cap; i++)
-        p->free[i] = cap - 1 - i; /* slot 0 first */
-    p->n_free = cap;
+int pd__prefill_budget(int32_t page_size, int32_t chunked_prefill_size, int32_t max_prefill_tokens,
+                       int32_t *budget) {
+    int32_t b = max_prefill_tokens;
+    if (chunked_prefill_size > 0 && (b <= 0 || chunked_prefill_size < b))
+        b = chunked_prefill_size;
+    *budget = b;
+    if (b < page_size)
+        return pd_errorf(PD_EINVAL,
+                         "prefill token budget %d (chunked prefill size %d, max prefill tokens "
+                         "%d) is smaller than a page (%d tokens)",
+                         (int)b, (int)chunked_prefill_size, (int)max_prefill_tokens,
+                         (int)page_size);
     return PD_OK;
 }
 
-void pd__slot_pool_free(struct pd__slot_pool *p) {
-    pd_free(p->prev);
-    pd_free(p->next);
-    pd_free(p->free);
-    p->prev = p->next = p->free = NULL;
-    p->n_free = 0;
+int pd__check_decode_config(const char *who, int32_t page_size, int32_t max_running,
+                            int32_t max_queued, double init_ratio, double min_ratio,
+                            double ratio_decay, int32_t retract_decode_steps) {
+    if (page_size <= 0 || max_running <= 0 || max_queued <= 0 ||
+        !(min_ratio >= 0 && min_ratio <= init_ratio && init_ratio <= 1) || !(ratio_decay >= 0) ||
+        retract_decode_steps < 0)
+        return pd_errorf(PD_EINVAL,
+                         "%s scheduler: page size %d, max running %d, max queued %d, token "
+                         "ratio %g..%g decay %g: need positive sizes and 0 <= min <= init <= 1",
+                         who, (int)page_size, (int)max_running, (int)max_queued, min_ratio,
+                         init_ratio, ratio_decay);
+    return PD_OK;
+}
+
+int pd__generation_pages(const struct pd_page_alloc *pa, int32_t page_size, uint64_t room,
+                         int32_t prompt_len, int32_t max_new_tokens, int32_t *cap_pages) {
+    if (prompt_len <= 0 || max_new_tokens <= 0)
+        return pd_errorf(PD_EINVAL, "room %llu: prompt of %d tokens, max_new_tokens %d",
+                         (unsigned long long)room, (int)prompt_len, (int)max_new_tokens);
+    int64_t tokens = (int64_t)prompt_len + max_new_tokens - 1;
+    *cap_pages = pd__pages_for(tokens, page_size);
+    if (*cap_pages > pd_page_alloc_n_total(pa))
+        return pd_errorf(PD_ERANGE,
+                         "room %llu: %d prompt + %d new tokens need %d pages, the pool has %d",
+                         (unsigned long long)room, (int)prompt_len, (int)max_new_tokens,
+                         (int)*cap_pages, (int)pd_page_alloc_n_total(pa));
+    return PD_OK;
+}
+
+int pd__cover_position(struct pd_page_alloc *pa, int32_t page_size, int32_t pos, int32_t *pages,
+                       int32_t *n_pages, int32_t cap_pages) {
+    while (*n_pages < pos / page_size + 1) {
+        PD_ASSERT(*n_pages < cap_pages);
+        int32_t hint = *n_pages ? pages[*n_pages - 1] : -1;
+        if (pd_page_alloc_get(pa, 1, hint, pages + *n_pages) != PD_OK)
+            return PD_EAGAIN;
+        (*n_pages)++;
+    }
+    return PD_OK;
+}
+
+void pd__ratio_defaults(double *init_ratio, double *min_ratio, double *ratio_decay,
+                        int32_t *retract_decode_steps) {
+    *init_ratio = 0.7;
+    *min_ratio = 0.1;
+    *ratio_decay = (0.7 - 0.1) / 600;
+    *retract_decode_steps = 20;
+}
+
+int pd__holders_new(struct pd_page_alloc *pa, struct pd_radix_cache *rc, int32_t **holders) {
+    *holders = NULL;
+    int err = pd_page_alloc_check(pa);
+    if (err == PD_OK && rc)
+        err = pd_radix_cache_check(rc);
+    if (err)
+        return err;
+    *holders = pd_calloc((size_t)pd_page_alloc_n_total(pa), sizeof(int32_t));
+    return *holders ? PD_OK : PD_ENOMEM;
+}
+
+int pd__holders_check(struct pd_page_alloc *pa, struct pd_radix_cache *rc, int32_t *holders) {
+    int32_t n_pool = pd_page_alloc_n_total(pa), n_cached = 0;
+    int err = PD_OK;
+    for (int32_t p = 0; p < n_pool && err == PD_OK; p++) {
+        bool cached = pd_page_alloc_is_cached(pa, p);
+        n_cached += cached;
+        if (holders[p] + cached != pd_page_alloc_refcount(pa, p))
+            err = pd_errorf(PD_EINTERNAL, "page %d: %d request holders%s, count %d", (int)p,
+                            (int)holders[p], cached ? " + cache" : "",
+                            (int)pd_page_alloc_refcount(pa, p));
+    }
+    if (err == PD_OK && rc && n_cached != pd_radix_cache_n_pages(rc))
+        err = pd_errorf(PD_EINTERNAL, "%d pages marked cached, the tree holds %d", (int)n_cached,
+                        (int)pd_radix_cache_n_pages(rc));
+    return err;
 }
 
 int32_t pd__chunk_len(int32_t page_size, bool unchunked, int32_t rest, int32_t rem,

@@ -1,12 +1,12 @@
 /*
- * sched_common.h — what both schedulers share: how a request's end is reported, and the
- * intrusive FIFO of request slots their queues are made of.
+ * sched_common.h — what the schedulers share beyond their request table: how a request's end is
+ * reported, their configuration checks, SGLang's new_token_ratio, and check()'s page recount.
  *
  * A request ends exactly once; its end waits in the scheduler's ended queue until the daemon pops
  * it (answers the client, logs "room=... end=timeout"), and only then is its slot reused. Its room
  * is unmapped at the end itself, so a retry with the same room may arrive before the pop.
- * Slot lists hold indices into the scheduler's slot array, each slot in at most one list; they
- * never allocate. pd__slot_pool_init/free are in sched_common.c.
+ * The request table their queues are made of (slots, room map, per-state FIFOs) is
+ * sched_table.h.
  *
  * Also the pieces of SGLang's PrefillAdder that the prefill and the colocated schedulers share
  * (pd__chunk_len, pd__prefix_admit, pd__prefix_commit): how much of a prompt fits the step's
@@ -48,78 +48,31 @@ struct pd_sched_end {
     int32_t n_output;      /* decode: tokens generated before the end */
 };
 
-struct pd__slot_list {
-    int32_t head, tail, n;
-};
+/* ---- configuration checks of pd_sched_*_new ---- */
 
-/* The request slots of one scheduler: the links of its lists (each slot in at most one list)
- * and a stack of the free ones. Allocated at creation; taking, returning and linking a slot
- * never allocates. */
-struct pd__slot_pool {
-    int32_t *prev, *next; /* [cap] list links, -1 at the ends */
-    int32_t *free;        /* [cap] stack of free slots, the top taken first */
-    int32_t n_free;
-};
+/* A step's prompt-token budget (prefill and colocated): max_prefill_tokens, lowered to
+ * chunked_prefill_size when that is > 0; either <= 0 means no cap from it. PD_EINVAL when the
+ * budget is smaller than a page: a chunk is cut at page boundaries. */
+int pd__prefill_budget(int32_t page_size, int32_t chunked_prefill_size, int32_t max_prefill_tokens,
+                       int32_t *budget);
 
-/* cap slots, all free, slot 0 taken first. PD_OK, or PD_ENOMEM with nothing held. */
-int pd__slot_pool_init(struct pd__slot_pool *p, int32_t cap);
-/* Releases the arrays; safe on a zeroed or already freed pool. */
-void pd__slot_pool_free(struct pd__slot_pool *p);
+/* The decode and colocated schedulers' sizes and new_token_ratio settings; PD_EINVAL with a
+ * message naming the scheduler (who) unless the sizes are positive, 0 <= min <= init <= 1,
+ * decay >= 0 and retract_decode_steps >= 0. */
+int pd__check_decode_config(const char *who, int32_t page_size, int32_t max_running,
+                            int32_t max_queued, double init_ratio, double min_ratio,
+                            double ratio_decay, int32_t retract_decode_steps);
 
-/* A free slot; the caller checked n_free > 0. */
-static inline int32_t pd__slot_pool_take(struct pd__slot_pool *p) {
-    return p->free[--p->n_free];
+/* The pages that hold the KV of `tokens` positions. */
+static inline int32_t pd__pages_for(int64_t tokens, int32_t page_size) {
+    return (int32_t)((tokens + page_size - 1) / page_size);
 }
 
-static inline void pd__slot_pool_put(struct pd__slot_pool *p, int32_t s) {
-    p->free[p->n_free++] = s;
-}
-
-static inline void pd__slot_list_init(struct pd__slot_list *l) {
-    l->head = l->tail = -1;
-    l->n = 0;
-}
-
-static inline void pd__slot_list_push(struct pd__slot_list *l, struct pd__slot_pool *p, int32_t s) {
-    int32_t *prev = p->prev, *next = p->next;
-    prev[s] = l->tail;
-    next[s] = -1;
-    if (l->tail >= 0)
-        next[l->tail] = s;
-    else
-        l->head = s;
-    l->tail = s;
-    l->n++;
-}
-
-/* At the head: a request that goes back to the front of its queue (colocated retraction). */
-static inline void pd__slot_list_push_front(struct pd__slot_list *l, struct pd__slot_pool *p,
-                                            int32_t s) {
-    int32_t *prev = p->prev, *next = p->next;
-    next[s] = l->head;
-    prev[s] = -1;
-    if (l->head >= 0)
-        prev[l->head] = s;
-    else
-        l->tail = s;
-    l->head = s;
-    l->n++;
-}
-
-static inline void pd__slot_list_remove(struct pd__slot_list *l, struct pd__slot_pool *p,
-                                        int32_t s) {
-    int32_t *prev = p->prev, *next = p->next;
-    if (prev[s] >= 0)
-        next[prev[s]] = next[s];
-    else
-        l->head = next[s];
-    if (next[s] >= 0)
-        prev[next[s]] = prev[s];
-    else
-        l->tail = prev[s];
-    prev[s] = next[s] = -1;
-    l->n--;
-}
+/* A generating request's page list (decode and colocated): *cap_pages for prompt + output but
+ * the last token (never fed back, so its KV is never written). PD_EINVAL for lengths <= 0,
+ * PD_ERANGE when that is more than the pool holds. */
+int pd__generation_pages(const struct pd_page_alloc *pa, int32_t page_size, uint64_t room,
+                         int32_t prompt_len, int32_t max_new_tokens, int32_t *cap_pages);
 
 /* ---- SGLang's new_token_ratio (decode and colocated schedulers) ---- */
 
@@ -140,6 +93,42 @@ static inline double pd__ratio_after_retract(int64_t decoded, int64_t max_new, i
         est = 1.0;
     return est < min ? min : est;
 }
+
+/* A running request's page list pages[0..*n_pages) grows a page at a time (decode and
+ * colocated): takes pages next to its last one until they cover KV position pos. PD_OK once
+ * covered; PD_EAGAIN when the pool has no free page first (the caller makes one free: cache
+ * eviction, a retraction, and calls again). Never past cap_pages (asserted: sized at add). */
+int pd__cover_position(struct pd_page_alloc *pa, int32_t page_size, int32_t pos, int32_t *pages,
+                       int32_t *n_pages, int32_t cap_pages);
+
+/* SGLang's retraction order: a running request with n_out tokens generated and a prompt of
+ * prompt_len loses less than the one with b_out, b_prompt when it generated fewer tokens, or as
+ * many with a longer prompt (freeing most). */
+static inline bool pd__retract_first(int32_t n_out, int32_t prompt_len, int32_t b_out,
+                                     int32_t b_prompt) {
+    return n_out < b_out || (n_out == b_out && prompt_len > b_prompt);
+}
+
+/* SGLang's values: init 0.7, min 0.1, (0.7 - 0.1) / 600 decay per step, 20 retract steps. */
+void pd__ratio_defaults(double *init_ratio, double *min_ratio, double *ratio_decay,
+                        int32_t *retract_decode_steps);
+
+/* ---- pd_sched_*_check: every page's holders recounted ---- */
+
+/* The allocator's (and the prefix cache's, rc may be NULL) own checks, then *holders: a zeroed
+ * [pool pages] array for the caller to count its live requests' references into (pd__holders_add).
+ * PD_OK, their error, or PD_ENOMEM. */
+int pd__holders_new(struct pd_page_alloc *pa, struct pd_radix_cache *rc, int32_t **holders);
+
+static inline void pd__holders_add(int32_t *holders, const int32_t *pages, int32_t n_pages) {
+    for (int32_t p = 0; p < n_pages; p++)
+        holders[pages[p]]++;
+}
+
+/* Every page's reference count equals its request holders plus the cache's reference, and the
+ * cache holds as many pages as are marked cached. PD_OK or PD_EINTERNAL naming the first page
+ * that disagrees. The caller frees holders. */
+int pd__holders_check(struct pd_page_alloc *pa, struct pd_radix_cache *rc, int32_t *holders);
 
 /* ---- PrefillAdder pieces ---- */
 

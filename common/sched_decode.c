@@ -10,7 +10,7 @@
 
 #include "common/alloc.h"
 #include "common/page_alloc.h"
-#include "common/room_map.h"
+#include "common/sched_table.h"
 #include "common/status.h"
 
 #include <math.h>
@@ -38,12 +38,9 @@ struct dreq {
 struct pd_sched_decode {
     struct pd_sched_decode_config cfg;
     struct pd_page_alloc *pa;
-    int32_t cap;
-    struct dreq *reqs;
-    struct pd__slot_pool slots;
-    struct pd_room_map rooms;
-    struct pd__slot_list prealloc, transfer, running, draining, ended;
-    int64_t remaining; /* Σ max_new - n_out over transfer + running */
+    struct dreq *reqs;        /* [t.cap] */
+    struct pd__sched_table t; /* every state but free has its FIFO */
+    int64_t remaining;        /* Σ max_new - n_out over transfer + running */
     double ratio;
     bool outstanding;
     struct pd_decode_admit *admitted; /* [max_running] */
@@ -52,53 +49,41 @@ struct pd_sched_decode {
 };
 
 void pd_sched_decode_config_defaults(struct pd_sched_decode_config *cfg) {
-    cfg->init_new_token_ratio = 0.7;
-    cfg->min_new_token_ratio = 0.1;
-    cfg->new_token_ratio_decay = (0.7 - 0.1) / 600;
-    cfg->retract_decode_steps = 20;
+    pd__ratio_defaults(&cfg->init_new_token_ratio, &cfg->min_new_token_ratio,
+                       &cfg->new_token_ratio_decay, &cfg->retract_decode_steps);
 }
 
 int pd_sched_decode_new(const struct pd_sched_decode_config *cfg, struct pd_page_alloc *pa,
                         struct pd_sched_decode **out) {
     *out = NULL;
-    if (cfg->page_size <= 0 || cfg->max_running_requests <= 0 || cfg->max_queued_requests <= 0 ||
-        !(cfg->min_new_token_ratio >= 0 && cfg->min_new_token_ratio <= cfg->init_new_token_ratio &&
-          cfg->init_new_token_ratio <= 1) ||
-        !(cfg->new_token_ratio_decay >= 0) || cfg->retract_decode_steps < 0)
-        return pd_errorf(PD_EINVAL,
-                         "decode scheduler: page size %d, max running %d, max queued %d, token "
-                         "ratio %g..%g decay %g: need positive sizes and 0 <= min <= init <= 1",
-                         (int)cfg->page_size, (int)cfg->max_running_requests,
-                         (int)cfg->max_queued_requests, cfg->min_new_token_ratio,
-                         cfg->init_new_token_ratio, cfg->new_token_ratio_decay);
+    int err = pd__check_decode_config("decode", cfg->page_size, cfg->max_running_requests,
+                                      cfg->max_queued_requests, cfg->init_new_token_ratio,
+                                      cfg->min_new_token_ratio, cfg->new_token_ratio_decay,
+                                      cfg->retract_decode_steps);
+    if (err)
+        return err;
     struct pd_sched_decode *s = pd_calloc(1, sizeof(*s));
     if (!s)
         goto fail;
     s->cfg = *cfg;
     s->pa = pa;
-    s->cap = cfg->max_queued_requests;
     s->ratio = cfg->init_new_token_ratio;
-    int32_t mr = cfg->max_running_requests;
-    s->reqs = pd_calloc((size_t)s->cap, sizeof(*s->reqs));
+    int32_t cap = cfg->max_queued_requests, mr = cfg->max_running_requests;
+    s->reqs = pd_calloc((size_t)cap, sizeof(*s->reqs));
     s->admitted = pd_calloc((size_t)mr, sizeof(*s->admitted));
-    s->quiesce = pd_calloc((size_t)s->cap, sizeof(uint64_t));
+    s->quiesce = pd_calloc((size_t)cap, sizeof(uint64_t));
     s->batch = pd_calloc((size_t)mr, sizeof(*s->batch));
+    uint32_t queued = 1u << ST_PREALLOC | 1u << ST_TRANSFER | 1u << ST_RUNNING | 1u << ST_DRAINING |
+                      1u << ST_ENDED;
     if (!s->reqs || !s->admitted || !s->quiesce || !s->batch ||
-        pd__slot_pool_init(&s->slots, s->cap) != PD_OK)
+        pd__sched_table_init(&s->t, cap, queued, ST_ENDED) != PD_OK)
         goto fail_arrays;
-    if (pd_room_map_init(&s->rooms, s->cap) != PD_OK)
-        goto fail_arrays;
-    pd__slot_list_init(&s->prealloc);
-    pd__slot_list_init(&s->transfer);
-    pd__slot_list_init(&s->running);
-    pd__slot_list_init(&s->draining);
-    pd__slot_list_init(&s->ended);
     *out = s;
     return PD_OK;
 
 fail_arrays:
     pd_free(s->reqs);
-    pd__slot_pool_free(&s->slots);
+    pd__sched_table_free(&s->t);
     pd_free(s->admitted);
     pd_free(s->quiesce);
     pd_free(s->batch);
@@ -108,33 +93,18 @@ fail:
                          (int)cfg->max_queued_requests);
 }
 
-static struct pd__slot_list *list_of(struct pd_sched_decode *s, int state) {
-    switch (state) {
-    case ST_PREALLOC: return &s->prealloc;
-    case ST_TRANSFER: return &s->transfer;
-    case ST_RUNNING: return &s->running;
-    case ST_DRAINING: return &s->draining;
-    case ST_ENDED: return &s->ended;
-    default: return NULL;
-    }
-}
-
 static bool counts_remaining(int state) {
     return state == ST_TRANSFER || state == ST_RUNNING;
 }
 
 static void move_to(struct pd_sched_decode *s, int32_t slot, int state, double now_s) {
     struct dreq *r = &s->reqs[slot];
-    struct pd__slot_list *from = list_of(s, r->state);
-    if (from)
-        pd__slot_list_remove(from, &s->slots, slot);
     if (counts_remaining(r->state) && !counts_remaining(state))
         s->remaining -= r->max_new - r->n_out;
     else if (!counts_remaining(r->state) && counts_remaining(state))
         s->remaining += r->max_new - r->n_out;
-    r->state = (uint8_t)state;
     r->t_queue = now_s;
-    pd__slot_list_push(list_of(s, state), &s->slots, slot);
+    pd__sched_table_move(&s->t, slot, &r->state, state);
 }
 
 static void end_req(struct pd_sched_decode *s, int32_t slot, int reason) {
@@ -142,7 +112,7 @@ static void end_req(struct pd_sched_decode *s, int32_t slot, int reason) {
     PD_ASSERT(!r->in_batch && r->state != ST_ENDED && r->state != ST_FREE);
     pd_page_alloc_put(s->pa, r->pages, r->n_pages);
     r->n_pages = 0;
-    pd_room_map_del(&s->rooms, r->room);
+    pd_room_map_del(&s->t.rooms, r->room);
     r->end_reason = (int8_t)reason;
     move_to(s, slot, ST_ENDED, r->t_queue);
 }
@@ -150,7 +120,7 @@ static void end_req(struct pd_sched_decode *s, int32_t slot, int reason) {
 void pd_sched_decode_free(struct pd_sched_decode *s) {
     if (!s)
         return;
-    for (int32_t i = 0; i < s->cap; i++) {
+    for (int32_t i = 0; i < s->t.cap; i++) {
         struct dreq *r = &s->reqs[i];
         r->in_batch = false;
         if (r->state != ST_FREE && r->state != ST_ENDED)
@@ -158,43 +128,24 @@ void pd_sched_decode_free(struct pd_sched_decode *s) {
         if (r->state == ST_ENDED)
             pd_free(r->pages);
     }
-    pd_room_map_free(&s->rooms);
+    pd__sched_table_free(&s->t);
     pd_free(s->reqs);
-    pd__slot_pool_free(&s->slots);
     pd_free(s->admitted);
     pd_free(s->quiesce);
     pd_free(s->batch);
     pd_free(s);
 }
 
-static int32_t pages_for(const struct pd_sched_decode *s, int64_t tokens) {
-    return (int32_t)((tokens + s->cfg.page_size - 1) / s->cfg.page_size);
-}
-
 int pd_sched_decode_add(struct pd_sched_decode *s, uint64_t room, int32_t prompt_len,
                         int32_t max_new_tokens, double now_s) {
-    if (pd_room_map_get(&s->rooms, room) >= 0)
-        return pd_errorf(PD_EINVAL, "room %llu already has a live request",
-                         (unsigned long long)room);
-    if (prompt_len <= 0 || max_new_tokens <= 0)
-        return pd_errorf(PD_EINVAL, "room %llu: prompt of %d tokens, max_new_tokens %d",
-                         (unsigned long long)room, (int)prompt_len, (int)max_new_tokens);
-    /* the last output token is never fed back, so its KV is never written */
-    int32_t cap_pages = pages_for(s, (int64_t)prompt_len + max_new_tokens - 1);
-    if (cap_pages > pd_page_alloc_n_total(s->pa))
-        return pd_errorf(PD_ERANGE,
-                         "room %llu: %d prompt + %d new tokens need %d pages, the pool has %d",
-                         (unsigned long long)room, (int)prompt_len, (int)max_new_tokens,
-                         (int)cap_pages, (int)pd_page_alloc_n_total(s->pa));
-    if (s->slots.n_free == 0)
-        return pd_errorf(PD_EFULL, "room %llu: %d requests queued already",
-                         (unsigned long long)room, (int)s->cap);
-    int32_t *pages = pd_malloc((size_t)cap_pages * sizeof(int32_t));
-    if (!pages)
-        return pd_error_wrap(PD_ENOMEM, "room %llu: page list", (unsigned long long)room);
-    int32_t slot = pd__slot_pool_take(&s->slots);
-    int rc = pd_room_map_put(&s->rooms, room, slot);
-    PD_ASSERT(rc == PD_OK);
+    int rc = pd__sched_table_vacant(&s->t, room);
+    if (rc)
+        return rc;
+    int32_t cap_pages, *pages, slot;
+    if ((rc = pd__generation_pages(s->pa, s->cfg.page_size, room, prompt_len, max_new_tokens,
+                                   &cap_pages)) != PD_OK ||
+        (rc = pd__sched_table_add(&s->t, room, cap_pages, &pages, &slot)) != PD_OK)
+        return rc;
     s->reqs[slot] = (struct dreq){.room = room,
                                   .prompt_len = prompt_len,
                                   .max_new = max_new_tokens,
@@ -208,10 +159,7 @@ int pd_sched_decode_add(struct pd_sched_decode *s, uint64_t room, int32_t prompt
 }
 
 static int find(struct pd_sched_decode *s, uint64_t room, int32_t *slot) {
-    *slot = pd_room_map_get(&s->rooms, room);
-    if (*slot < 0)
-        return pd_errorf(PD_ENOENT, "room %llu: no live request", (unsigned long long)room);
-    return PD_OK;
+    return pd__sched_table_find(&s->t, room, slot);
 }
 
 int pd_sched_decode_transfer_done(struct pd_sched_decode *s, uint64_t room, int status,
@@ -237,12 +185,12 @@ int pd_sched_decode_transfer_done(struct pd_sched_decode *s, uint64_t room, int 
     return PD_OK;
 }
 
-/* The running request that loses least: fewest tokens generated, then the longest prompt. */
+/* The running request that loses least (pd__retract_first). */
 static int32_t pick_victim(const struct pd_sched_decode *s) {
     int32_t best = -1;
-    for (int32_t i = s->running.head; i >= 0; i = s->slots.next[i]) {
-        const struct dreq *r = &s->reqs[i], *b = best >= 0 ? &s->reqs[best] : NULL;
-        if (!b || r->n_out < b->n_out || (r->n_out == b->n_out && r->prompt_len > b->prompt_len))
+    for (int32_t i = s->t.q[ST_RUNNING].head; i >= 0; i = s->t.slots.next[i]) {
+        const struct dreq *r = &s->reqs[i], *b = &s->reqs[best >= 0 ? best : i];
+        if (best < 0 || pd__retract_first(r->n_out, r->prompt_len, b->n_out, b->prompt_len))
             best = i;
     }
     return best;
@@ -250,12 +198,13 @@ static int32_t pick_victim(const struct pd_sched_decode *s) {
 
 static void update_ratio_after_retract(struct pd_sched_decode *s) {
     int64_t decoded = 0, max_new = 0;
-    for (int32_t i = s->running.head; i >= 0; i = s->slots.next[i]) {
+    for (int32_t i = s->t.q[ST_RUNNING].head; i >= 0; i = s->t.slots.next[i]) {
         decoded += s->reqs[i].n_out;
         max_new += s->reqs[i].max_new;
     }
-    s->ratio = pd__ratio_after_retract(decoded, max_new, s->running.n, s->cfg.retract_decode_steps,
-                                       s->cfg.init_new_token_ratio, s->cfg.min_new_token_ratio);
+    s->ratio =
+        pd__ratio_after_retract(decoded, max_new, s->t.q[ST_RUNNING].n, s->cfg.retract_decode_steps,
+                                s->cfg.init_new_token_ratio, s->cfg.min_new_token_ratio);
 }
 
 int pd_sched_decode_step(struct pd_sched_decode *s, double now_s, struct pd_decode_step *st) {
@@ -265,8 +214,8 @@ int pd_sched_decode_step(struct pd_sched_decode *s, double now_s, struct pd_deco
         (struct pd_decode_step){.admitted = s->admitted, .quiesce = s->quiesce, .batch = s->batch};
     int32_t ps = s->cfg.page_size;
 
-    for (int32_t i = s->transfer.head, nx; i >= 0; i = nx) {
-        nx = s->slots.next[i];
+    for (int32_t i = s->t.q[ST_TRANSFER].head, nx; i >= 0; i = nx) {
+        nx = s->t.slots.next[i];
         if (now_s - s->reqs[i].t_queue >= s->cfg.waiting_timeout_s) {
             s->reqs[i].end_reason = PD_END_TIMEOUT;
             s->quiesce[st->n_quiesce++] = s->reqs[i].room;
@@ -276,21 +225,15 @@ int pd_sched_decode_step(struct pd_sched_decode *s, double now_s, struct pd_deco
 
     /* Page growth first: running requests have priority over admissions. */
     bool retracted = false;
-    for (int32_t i = s->running.head, nx; i >= 0; i = nx) {
-        nx = s->slots.next[i];
+    for (int32_t i = s->t.q[ST_RUNNING].head, nx; i >= 0; i = nx) {
+        nx = s->t.slots.next[i];
         struct dreq *r = &s->reqs[i];
-        int32_t pos = r->prompt_len + r->n_out - 1;
-        while (r->n_pages < pos / ps + 1) {
-            PD_ASSERT(r->n_pages < r->cap_pages);
-            int32_t hint = r->n_pages ? r->pages[r->n_pages - 1] : -1;
-            if (pd_page_alloc_get(s->pa, 1, hint, r->pages + r->n_pages) == PD_OK) {
-                r->n_pages++;
-                continue;
-            }
+        while (pd__cover_position(s->pa, ps, r->prompt_len + r->n_out - 1, r->pages, &r->n_pages,
+                                  r->cap_pages) != PD_OK) {
             int32_t v = pick_victim(s);
             PD_ASSERT(v >= 0); /* r itself is running */
             if (v == nx)
-                nx = s->slots.next[v];
+                nx = s->t.slots.next[v];
             end_req(s, v, PD_END_RETRACTED);
             st->n_retracted++;
             retracted = true;
@@ -306,11 +249,11 @@ int pd_sched_decode_step(struct pd_sched_decode *s, double now_s, struct pd_deco
     st->new_token_ratio = s->ratio;
 
     /* Admission: FIFO, with room for the output the admitted ones may still produce. */
-    while (s->prealloc.head >= 0 && !retracted &&
-           s->transfer.n + s->running.n < s->cfg.max_running_requests) {
-        int32_t slot = s->prealloc.head;
+    while (s->t.q[ST_PREALLOC].head >= 0 && !retracted &&
+           s->t.q[ST_TRANSFER].n + s->t.q[ST_RUNNING].n < s->cfg.max_running_requests) {
+        int32_t slot = s->t.q[ST_PREALLOC].head;
         struct dreq *r = &s->reqs[slot];
-        int32_t need = pages_for(s, r->prompt_len);
+        int32_t need = pd__pages_for(r->prompt_len, s->cfg.page_size);
         int32_t reserve =
             (int32_t)ceil(s->ratio * (double)(s->remaining + r->max_new - r->n_out) / ps);
         if (pd_page_alloc_n_free(s->pa) - need < reserve ||
@@ -322,7 +265,7 @@ int pd_sched_decode_step(struct pd_sched_decode *s, double now_s, struct pd_deco
             (struct pd_decode_admit){.room = r->room, .pages = r->pages, .n_pages = need};
     }
 
-    for (int32_t i = s->running.head; i >= 0; i = s->slots.next[i]) {
+    for (int32_t i = s->t.q[ST_RUNNING].head; i >= 0; i = s->t.slots.next[i]) {
         struct dreq *r = &s->reqs[i];
         r->in_batch = true;
         s->batch[st->n_batch++] = (struct pd_decode_entry){.room = r->room,
@@ -394,41 +337,37 @@ int pd_sched_decode_release(struct pd_sched_decode *s, uint64_t room) {
 }
 
 int pd_sched_decode_pop_ended(struct pd_sched_decode *s, struct pd_sched_end *e) {
-    int32_t slot = s->ended.head;
+    int32_t slot = pd__sched_table_oldest_ended(&s->t);
     if (slot < 0)
         return PD_EAGAIN;
     struct dreq *r = &s->reqs[slot];
     *e = (struct pd_sched_end){.room = r->room, .reason = r->end_reason, .n_output = r->n_out};
-    pd__slot_list_remove(&s->ended, &s->slots, slot);
     pd_free(r->pages);
     *r = (struct dreq){.state = ST_FREE};
-    pd__slot_pool_put(&s->slots, slot);
+    pd__sched_table_recycle(&s->t, slot);
     return PD_OK;
 }
 
 void pd_sched_decode_counts(const struct pd_sched_decode *s, struct pd_decode_counts *c) {
-    c->prealloc = s->prealloc.n;
-    c->transfer = s->transfer.n;
-    c->running = s->running.n;
-    c->draining = s->draining.n;
-    c->ended_unpopped = s->ended.n;
+    c->prealloc = s->t.q[ST_PREALLOC].n;
+    c->transfer = s->t.q[ST_TRANSFER].n;
+    c->running = s->t.q[ST_RUNNING].n;
+    c->draining = s->t.q[ST_DRAINING].n;
+    c->ended_unpopped = s->t.q[ST_ENDED].n;
 }
 
 int pd_sched_decode_check(const struct pd_sched_decode *s) {
-    int rc = pd_page_alloc_check(s->pa);
+    int32_t *holders;
+    int rc = pd__holders_new(s->pa, NULL, &holders);
     if (rc)
         return rc;
-    int32_t n_pool = pd_page_alloc_n_total(s->pa);
-    int32_t *holders = pd_calloc((size_t)n_pool, sizeof(int32_t));
-    if (!holders)
-        return PD_ENOMEM;
-    int32_t per_state[ST_ENDED + 1] = {0};
+    int32_t per_state[PD__SCHED_N_STATES] = {0};
     int64_t remaining = 0;
-    for (int32_t i = 0; i < s->cap; i++) {
+    for (int32_t i = 0; i < s->t.cap; i++) {
         const struct dreq *r = &s->reqs[i];
         per_state[r->state]++;
         if (r->state != ST_FREE && r->state != ST_ENDED &&
-            pd_room_map_get(&s->rooms, r->room) != i) {
+            pd_room_map_get(&s->t.rooms, r->room) != i) {
             rc = pd_errorf(PD_EINTERNAL, "room %llu: not mapped to its slot",
                            (unsigned long long)r->room);
             goto out;
@@ -440,24 +379,12 @@ int pd_sched_decode_check(const struct pd_sched_decode *s) {
                            (unsigned long long)r->room);
             goto out;
         }
-        for (int32_t p = 0; p < r->n_pages; p++)
-            holders[r->pages[p]]++;
+        pd__holders_add(holders, r->pages, r->n_pages);
     }
-    for (int32_t p = 0; p < n_pool; p++) {
-        if (holders[p] != pd_page_alloc_refcount(s->pa, p)) {
-            rc = pd_errorf(PD_EINTERNAL, "page %d: %d holders, count %d", (int)p, (int)holders[p],
-                           (int)pd_page_alloc_refcount(s->pa, p));
-            goto out;
-        }
-    }
-    if (remaining != s->remaining || per_state[ST_PREALLOC] != s->prealloc.n ||
-        per_state[ST_TRANSFER] != s->transfer.n || per_state[ST_RUNNING] != s->running.n ||
-        per_state[ST_DRAINING] != s->draining.n || per_state[ST_ENDED] != s->ended.n ||
-        per_state[ST_FREE] != s->slots.n_free ||
-        s->transfer.n + s->running.n > s->cfg.max_running_requests) {
+    if ((rc = pd__holders_check(s->pa, NULL, holders)) == PD_OK &&
+        (!pd__sched_table_agrees(&s->t, per_state) || remaining != s->remaining ||
+         s->t.q[ST_TRANSFER].n + s->t.q[ST_RUNNING].n > s->cfg.max_running_requests))
         rc = pd_errorf(PD_EINTERNAL, "decode queues disagree with request states");
-        goto out;
-    }
 out:
     pd_free(holders);
     return rc;

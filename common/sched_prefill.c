@@ -13,7 +13,7 @@
 #include "common/alloc.h"
 #include "common/page_alloc.h"
 #include "common/radix_cache.h"
-#include "common/room_map.h"
+#include "common/sched_table.h"
 #include "common/status.h"
 
 #include <string.h>
@@ -57,13 +57,10 @@ struct pd_sched_prefill {
     bool unchunked;
     struct pd_page_alloc *pa;
     struct pd_radix_cache *rc;
-    int32_t cap;
-    struct preq *reqs; /* [cap] */
-    struct pd__slot_pool slots;
-    struct pd_room_map rooms;
-    struct pd__slot_list bootstrap, waiting, inflight, draining, ended;
+    struct preq *reqs;               /* [t.cap] */
+    struct pd__sched_table t;        /* queues: bootstrap, waiting, inflight, draining, ended */
     int32_t chunked;                 /* slot of the half-done request, -1 */
-    struct pd_prefill_chunk *chunks; /* [cap] */
+    struct pd_prefill_chunk *chunks; /* [t.cap] */
     bool outstanding;
 };
 
@@ -73,15 +70,11 @@ int pd_sched_prefill_new(const struct pd_sched_prefill_config *cfg, struct pd_pa
     if (cfg->page_size <= 0 || cfg->max_queued_requests <= 0)
         return pd_errorf(PD_EINVAL, "prefill scheduler: page size %d, max queued requests %d",
                          (int)cfg->page_size, (int)cfg->max_queued_requests);
-    int32_t budget = cfg->max_prefill_tokens;
-    if (cfg->chunked_prefill_size > 0 && (budget <= 0 || cfg->chunked_prefill_size < budget))
-        budget = cfg->chunked_prefill_size;
-    if (budget < cfg->page_size)
-        return pd_errorf(PD_EINVAL,
-                         "prefill token budget %d (chunked prefill size %d, max prefill tokens "
-                         "%d) is smaller than a page (%d tokens)",
-                         (int)budget, (int)cfg->chunked_prefill_size, (int)cfg->max_prefill_tokens,
-                         (int)cfg->page_size);
+    int32_t budget;
+    int err = pd__prefill_budget(cfg->page_size, cfg->chunked_prefill_size, cfg->max_prefill_tokens,
+                                 &budget);
+    if (err)
+        return err;
     struct pd_sched_prefill *s = pd_calloc(1, sizeof(*s));
     if (!s)
         goto fail;
@@ -90,25 +83,21 @@ int pd_sched_prefill_new(const struct pd_sched_prefill_config *cfg, struct pd_pa
     s->unchunked = cfg->chunked_prefill_size <= 0;
     s->pa = pa;
     s->rc = rc;
-    s->cap = cfg->max_queued_requests;
     s->chunked = -1;
-    s->reqs = pd_calloc((size_t)s->cap, sizeof(*s->reqs));
-    s->chunks = pd_calloc((size_t)s->cap, sizeof(*s->chunks));
-    if (!s->reqs || !s->chunks || pd__slot_pool_init(&s->slots, s->cap) != PD_OK)
+    int32_t cap = cfg->max_queued_requests;
+    s->reqs = pd_calloc((size_t)cap, sizeof(*s->reqs));
+    s->chunks = pd_calloc((size_t)cap, sizeof(*s->chunks));
+    /* prefilling has no FIFO: the running step or the half-done slot */
+    uint32_t queued = 1u << ST_BOOTSTRAP | 1u << ST_WAITING | 1u << ST_INFLIGHT |
+                      1u << ST_DRAINING | 1u << ST_ENDED;
+    if (!s->reqs || !s->chunks || pd__sched_table_init(&s->t, cap, queued, ST_ENDED) != PD_OK)
         goto fail_arrays;
-    if (pd_room_map_init(&s->rooms, s->cap) != PD_OK)
-        goto fail_arrays;
-    pd__slot_list_init(&s->bootstrap);
-    pd__slot_list_init(&s->waiting);
-    pd__slot_list_init(&s->inflight);
-    pd__slot_list_init(&s->draining);
-    pd__slot_list_init(&s->ended);
     *out = s;
     return PD_OK;
 
 fail_arrays:
     pd_free(s->reqs);
-    pd__slot_pool_free(&s->slots);
+    pd__sched_table_free(&s->t);
     pd_free(s->chunks);
     pd_free(s);
 fail:
@@ -116,29 +105,12 @@ fail:
                          (int)cfg->max_queued_requests);
 }
 
-static struct pd__slot_list *list_of(struct pd_sched_prefill *s, int state) {
-    switch (state) {
-    case ST_BOOTSTRAP: return &s->bootstrap;
-    case ST_WAITING: return &s->waiting;
-    case ST_INFLIGHT: return &s->inflight;
-    case ST_DRAINING: return &s->draining;
-    case ST_ENDED: return &s->ended;
-    default: return NULL; /* prefilling: the running step or the half-done slot */
-    }
-}
-
 static void move_to(struct pd_sched_prefill *s, int32_t slot, int state, double now_s) {
     struct preq *r = &s->reqs[slot];
-    struct pd__slot_list *from = list_of(s, r->state);
-    if (from)
-        pd__slot_list_remove(from, &s->slots, slot);
     if (s->chunked == slot)
         s->chunked = -1;
-    r->state = (uint8_t)state;
     r->t_queue = now_s;
-    struct pd__slot_list *to = list_of(s, state);
-    if (to)
-        pd__slot_list_push(to, &s->slots, slot);
+    pd__sched_table_move(&s->t, slot, &r->state, state);
 }
 
 /* The one way a request ends: pages and cache lock go back, the room is free for reuse. */
@@ -151,7 +123,7 @@ static void end_req(struct pd_sched_prefill *s, int32_t slot, int reason) {
     if (s->rc)
         pd_radix_cache_unlock(s->rc, r->node);
     r->node = NULL;
-    pd_room_map_del(&s->rooms, r->room);
+    pd_room_map_del(&s->t.rooms, r->room);
     r->end_reason = (int8_t)reason;
     move_to(s, slot, ST_ENDED, r->t_queue);
 }
@@ -159,7 +131,7 @@ static void end_req(struct pd_sched_prefill *s, int32_t slot, int reason) {
 void pd_sched_prefill_free(struct pd_sched_prefill *s) {
     if (!s)
         return;
-    for (int32_t i = 0; i < s->cap; i++) {
+    for (int32_t i = 0; i < s->t.cap; i++) {
         struct preq *r = &s->reqs[i];
         r->in_batch = false;
         if (r->state != ST_FREE && r->state != ST_ENDED)
@@ -167,35 +139,28 @@ void pd_sched_prefill_free(struct pd_sched_prefill *s) {
         if (r->state == ST_ENDED)
             pd_free(r->pages);
     }
-    pd_room_map_free(&s->rooms);
+    pd__sched_table_free(&s->t);
     pd_free(s->reqs);
-    pd__slot_pool_free(&s->slots);
     pd_free(s->chunks);
     pd_free(s);
 }
 
 int pd_sched_prefill_add(struct pd_sched_prefill *s, uint64_t room, const int32_t *tokens,
                          int32_t n_tokens, double now_s) {
-    if (pd_room_map_get(&s->rooms, room) >= 0)
-        return pd_errorf(PD_EINVAL, "room %llu already has a live request",
-                         (unsigned long long)room);
+    int rc = pd__sched_table_vacant(&s->t, room);
+    if (rc)
+        return rc;
     if (n_tokens <= 0 || !tokens)
         return pd_errorf(PD_EINVAL, "room %llu: empty prompt", (unsigned long long)room);
-    int32_t n_pages = (n_tokens + s->cfg.page_size - 1) / s->cfg.page_size;
+    int32_t n_pages = pd__pages_for(n_tokens, s->cfg.page_size);
     if (n_pages > pd_page_alloc_n_total(s->pa))
         return pd_errorf(PD_ERANGE,
                          "room %llu: prompt of %d tokens needs %d pages, the pool has %d",
                          (unsigned long long)room, (int)n_tokens, (int)n_pages,
                          (int)pd_page_alloc_n_total(s->pa));
-    if (s->slots.n_free == 0)
-        return pd_errorf(PD_EFULL, "room %llu: %d requests queued already",
-                         (unsigned long long)room, (int)s->cap);
-    int32_t *pages = pd_malloc((size_t)n_pages * sizeof(int32_t));
-    if (!pages)
-        return pd_error_wrap(PD_ENOMEM, "room %llu: page list", (unsigned long long)room);
-    int32_t slot = pd__slot_pool_take(&s->slots);
-    int rc = pd_room_map_put(&s->rooms, room, slot);
-    PD_ASSERT(rc == PD_OK); /* checked above; the map is as large as the slot array */
+    int32_t *pages, slot;
+    if ((rc = pd__sched_table_add(&s->t, room, n_pages, &pages, &slot)) != PD_OK)
+        return rc;
     struct preq *r = &s->reqs[slot];
     *r = (struct preq){.room = room,
                        .cache_max = -1,
@@ -210,10 +175,7 @@ int pd_sched_prefill_add(struct pd_sched_prefill *s, uint64_t room, const int32_
 }
 
 static int find(struct pd_sched_prefill *s, uint64_t room, int32_t *slot) {
-    *slot = pd_room_map_get(&s->rooms, room);
-    if (*slot < 0)
-        return pd_errorf(PD_ENOENT, "room %llu: no live request", (unsigned long long)room);
-    return PD_OK;
+    return pd__sched_table_find(&s->t, room, slot);
 }
 
 int pd_sched_prefill_limit_cache(struct pd_sched_prefill *s, uint64_t room, int32_t max_tokens) {
@@ -289,8 +251,8 @@ int pd_sched_prefill_step(struct pd_sched_prefill *s, double now_s, struct pd_pr
     b->n = 0;
     b->n_tokens = 0;
 
-    for (int32_t i = s->bootstrap.head, nx; i >= 0; i = nx) {
-        nx = s->slots.next[i];
+    for (int32_t i = s->t.q[ST_BOOTSTRAP].head, nx; i >= 0; i = nx) {
+        nx = s->t.slots.next[i];
         if (now_s - s->reqs[i].t_queue >= s->cfg.bootstrap_timeout_s)
             end_req(s, i, PD_END_TIMEOUT);
     }
@@ -308,8 +270,8 @@ int pd_sched_prefill_step(struct pd_sched_prefill *s, double now_s, struct pd_pr
         if (b->chunks[b->n - 1].last)
             s->chunked = -1;
     }
-    while (!stop && rem > 0 && s->waiting.head >= 0) {
-        int32_t slot = s->waiting.head, len;
+    while (!stop && rem > 0 && s->t.q[ST_WAITING].head >= 0) {
+        int32_t slot = s->t.q[ST_WAITING].head, len;
         if (!admit(s, slot, rem, b->n == 0, &len, &stop))
             break; /* FIFO: nobody overtakes the head */
         add_chunk(s, b, slot, len);
@@ -416,43 +378,38 @@ int pd_sched_prefill_release(struct pd_sched_prefill *s, uint64_t room) {
 }
 
 int pd_sched_prefill_pop_ended(struct pd_sched_prefill *s, struct pd_sched_end *e) {
-    int32_t slot = s->ended.head;
+    int32_t slot = pd__sched_table_oldest_ended(&s->t);
     if (slot < 0)
         return PD_EAGAIN;
     struct preq *r = &s->reqs[slot];
     *e = (struct pd_sched_end){
         .room = r->room, .reason = r->end_reason, .cached_tokens = r->cached_tokens};
-    pd__slot_list_remove(&s->ended, &s->slots, slot);
     pd_free(r->pages);
     *r = (struct preq){.state = ST_FREE};
-    pd__slot_pool_put(&s->slots, slot);
+    pd__sched_table_recycle(&s->t, slot);
     return PD_OK;
 }
 
 void pd_sched_prefill_counts(const struct pd_sched_prefill *s, struct pd_prefill_counts *c) {
-    c->bootstrap = s->bootstrap.n;
-    c->waiting = s->waiting.n + (s->chunked >= 0); /* the half-done one waits for its next chunk */
-    c->inflight = s->inflight.n;
-    c->draining = s->draining.n;
-    c->ended_unpopped = s->ended.n;
+    c->bootstrap = s->t.q[ST_BOOTSTRAP].n;
+    /* the half-done one waits for its next chunk */
+    c->waiting = s->t.q[ST_WAITING].n + (s->chunked >= 0);
+    c->inflight = s->t.q[ST_INFLIGHT].n;
+    c->draining = s->t.q[ST_DRAINING].n;
+    c->ended_unpopped = s->t.q[ST_ENDED].n;
 }
 
 int pd_sched_prefill_check(const struct pd_sched_prefill *s) {
-    int32_t n_pool = pd_page_alloc_n_total(s->pa);
-    int rc = pd_page_alloc_check(s->pa);
-    if (rc == PD_OK && s->rc)
-        rc = pd_radix_cache_check(s->rc);
+    int32_t *holders;
+    int rc = pd__holders_new(s->pa, s->rc, &holders);
     if (rc)
         return rc;
-    int32_t *holders = pd_calloc((size_t)n_pool, sizeof(int32_t));
-    if (!holders)
-        return PD_ENOMEM;
-    int32_t per_state[ST_ENDED + 1] = {0};
-    for (int32_t i = 0; i < s->cap; i++) {
+    int32_t per_state[PD__SCHED_N_STATES] = {0};
+    for (int32_t i = 0; i < s->t.cap; i++) {
         const struct preq *r = &s->reqs[i];
         per_state[r->state]++;
         if (r->state != ST_FREE && r->state != ST_ENDED &&
-            pd_room_map_get(&s->rooms, r->room) != i) {
+            pd_room_map_get(&s->t.rooms, r->room) != i) {
             rc = pd_errorf(PD_EINTERNAL, "room %llu: not mapped to its slot",
                            (unsigned long long)r->room);
             goto out;
@@ -464,32 +421,11 @@ int pd_sched_prefill_check(const struct pd_sched_prefill *s) {
             goto out;
         }
         if (r->admitted)
-            for (int32_t p = 0; p < r->n_pages; p++)
-                holders[r->pages[p]]++;
+            pd__holders_add(holders, r->pages, r->n_pages);
     }
-    int32_t n_cached = 0;
-    for (int32_t p = 0; p < n_pool; p++) {
-        bool cached = pd_page_alloc_is_cached(s->pa, p);
-        n_cached += cached;
-        if (holders[p] + cached != pd_page_alloc_refcount(s->pa, p)) {
-            rc = pd_errorf(PD_EINTERNAL, "page %d: %d request holders%s, count %d", (int)p,
-                           (int)holders[p], cached ? " + cache" : "",
-                           (int)pd_page_alloc_refcount(s->pa, p));
-            goto out;
-        }
-    }
-    if (s->rc && n_cached != pd_radix_cache_n_pages(s->rc)) {
-        rc = pd_errorf(PD_EINTERNAL, "%d pages marked cached, the tree holds %d", (int)n_cached,
-                       (int)pd_radix_cache_n_pages(s->rc));
-        goto out;
-    }
-    if (per_state[ST_BOOTSTRAP] != s->bootstrap.n || per_state[ST_WAITING] != s->waiting.n ||
-        per_state[ST_INFLIGHT] != s->inflight.n || per_state[ST_DRAINING] != s->draining.n ||
-        per_state[ST_ENDED] != s->ended.n || per_state[ST_FREE] != s->slots.n_free ||
-        s->rooms.n != s->cap - per_state[ST_FREE] - per_state[ST_ENDED]) {
+    if ((rc = pd__holders_check(s->pa, s->rc, holders)) == PD_OK &&
+        !pd__sched_table_agrees(&s->t, per_state))
         rc = pd_errorf(PD_EINTERNAL, "prefill queues disagree with request states");
-        goto out;
-    }
 out:
     pd_free(holders);
     return rc;

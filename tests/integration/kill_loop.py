@@ -22,24 +22,19 @@ exit; every wait is bounded.
 import http.client
 import json
 import os
-import subprocess
 import sys
 import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import pd_cluster as pc  # noqa: E402
+from pd_cluster import step as log  # noqa: E402
 
 BUILD = os.path.abspath(sys.argv[1])
 ITERS = int(sys.argv[2]) if len(sys.argv) > 2 else 30
 NCLIENTS = 10
-T0 = time.time()
 WORDS = ("the quick brown fox jumps over a lazy dog while seven wizards quietly hex "
          "every jolly vexed bank clerk and the river runs to the sea under stars").split()
-
-
-def log(msg):
-    print("[%7.2f] %s" % (time.time() - T0, msg), flush=True)
 
 
 def client(rt, i, it, out):
@@ -74,10 +69,7 @@ def one_ok(rt):
 def main():
     tls = os.environ.get("UCX_TLS", "(UCX default)")
     tmp = pc.tmpdir()
-    model = os.path.join(tmp, "model")
-    subprocess.run([os.path.join(BUILD, "tools", "pdserve-mkmodel"), "--family", "llama",
-                    "--shape", "tiny", "--out", model], check=True, capture_output=True,
-                   timeout=60)
+    model = pc.make_model(BUILD, tmp, ["--family", "llama", "--shape", "tiny"])
     fails = []
     done = 0
     try:
@@ -151,14 +143,10 @@ def main():
         pc.kill_all()
     if fails:
         print("kill_loop (%s): FAIL after %d/%d iterations (%.1f s): %s; logs in %s" %
-              (tls, done, ITERS, time.time() - T0, fails, tmp))
-        for f in sorted(os.listdir(tmp)):
-            if f.endswith(".log"):
-                print("---", f)
-                with open(os.path.join(tmp, f), errors="replace") as fh:
-                    print(fh.read()[-4000:])
+              (tls, done, ITERS, time.time() - pc.T0, fails, tmp))
+        pc.dump_logs(tmp)
         sys.exit(1)
-    print("kill_loop (%s): PASS, %d decode kills (%.1f s)" % (tls, ITERS, time.time() - T0))
+    print("kill_loop (%s): PASS, %d decode kills (%.1f s)" % (tls, ITERS, time.time() - pc.T0))
 
 
 if __name__ == "__main__":

@@ -1,5 +1,7 @@
-"""pd_cluster.py — a prefill, a decode and a router as real processes on 127.0.0.1, for the
-end-to-end tests (test_pd_router.py, test_openai_client.py). Python stdlib only.
+"""pd_cluster.py — a prefill, a decode and a router (or a colocated daemon) as real processes on
+127.0.0.1, and what every integration test script repeats: the tiny model, pdserve-generate's
+reference answers, check/step reporting and the verdict with the daemons' logs. Python stdlib
+only.
 
 Every process started here is registered and killed (by PID) by kill_all(), which the tests
 call in a finally block; every wait polls with a deadline, so nothing waits forever. A daemon
@@ -11,8 +13,10 @@ import json
 import os
 import socket
 import subprocess
+import sys
 import tempfile
 import time
+import traceback
 
 PROCS = []
 
@@ -93,6 +97,31 @@ def sse_events(raw):
     return out
 
 
+def stream_payloads(raw):
+    """The JSON events of an SSE answer before its [DONE]; ValueError when it does not end with
+    [DONE] or an event carries an error."""
+    evs = sse_events(raw)
+    if not evs or evs[-1] != "[DONE]":
+        raise ValueError("stream does not end with [DONE]: %r" % evs[-3:])
+    chunks = [json.loads(e) for e in evs[:-1]]
+    for c in chunks:
+        if "error" in c:
+            raise ValueError("stream carries an error: %r" % c)
+    return chunks
+
+
+def text_of(kind, stream, raw):
+    """The generated text of a /generate (kind "generate") or /v1/completions answer, streamed
+    or not; raises when it is malformed (stream_payloads)."""
+    if not stream:
+        j = json.loads(raw)
+        return j["text"] if kind == "generate" else j["choices"][0]["text"]
+    chunks = stream_payloads(raw)
+    if kind == "generate":
+        return chunks[-1]["text"]
+    return "".join(ch["text"] for c in chunks for ch in c["choices"])
+
+
 class Proc:
     """A process with a log file; ready once GET /health answers 200 on its port."""
 
@@ -132,6 +161,10 @@ class Proc:
                 pass
             time.sleep(0.05)
         raise RuntimeError("%s not ready within %d s; log %s" % (self.name, timeout, self.log_path))
+
+    def conn(self, timeout=60):
+        """An HTTP connection to the process, for a test that reads a stream piece by piece."""
+        return http.client.HTTPConnection(self.host, self.port, timeout=timeout)
 
     def get(self, path, timeout=10, headers=None):
         return http_call(self.port, "GET", path, None, timeout,
@@ -179,17 +212,21 @@ class Proc:
             return ""
 
 
+def log_level(default=None):
+    """--log-level of a started process: $PD_TEST_LOG_LEVEL, else default, else info."""
+    return os.environ.get("PD_TEST_LOG_LEVEL", default or "info")
+
+
 class Daemon(Proc):
     def __init__(self, build, role, model, tmp, extra=(), port=None, bport=None,
-                 host="127.0.0.1", **kw):
+                 host="127.0.0.1", level=None, **kw):
         self.role = role
         port = port or free_port()
         self.bport = (bport or free_port()) if role == "prefill" else None
         binary = os.path.join(build, role, "pdserve-" + role)
         args = [binary, "--model-path", model, "--host", host, "--port", str(port),
                 "--disaggregation-mode", role, "--page-size", "16", "--chunked-prefill-size", "64",
-                "--threads", "1", "--max-total-tokens", "16384", "--log-level",
-                os.environ.get("PD_TEST_LOG_LEVEL", "info")]
+                "--threads", "1", "--max-total-tokens", "16384", "--log-level", log_level(level)]
         if self.bport:
             args += ["--disaggregation-bootstrap-port", str(self.bport)]
         args += list(extra)
@@ -239,11 +276,63 @@ class Router(Proc):
         super().__init__("router", args, port, tmp, **kw)
 
 
-def make_model(build, tmp):
-    model = os.path.join(tmp, "model")
-    subprocess.run([os.path.join(build, "tools", "pdserve-mkmodel"), "--out", model], check=True,
-                   capture_output=True, timeout=60)
+class Coloc(Daemon):
+    """pdserve-decode --disaggregation-mode null: the whole server in one process. --page-size 16,
+    one thread, --max-total-tokens 16384 unless extra sets it."""
+
+    def __init__(self, build, model, tmp, extra=(), level=None, **kw):
+        self.role = "colocated"
+        self.bport = None
+        port = free_port()
+        args = [os.path.join(build, "decode", "pdserve-decode"), "--model-path", model,
+                "--disaggregation-mode", "null", "--host", "127.0.0.1", "--port", str(port),
+                "--page-size", "16", "--threads", "1", "--log-level", log_level(level)]
+        args += list(extra)
+        if "--max-total-tokens" not in extra:
+            args += ["--max-total-tokens", "16384"]
+        Proc.__init__(self, "colocated", args, port, tmp, **kw)
+
+
+def make_model(build, tmp, extra=(), name="model"):
+    """pdserve-mkmodel's model (the tiny default, or as extra flags say) in tmp/name."""
+    model = os.path.join(tmp, name)
+    subprocess.run([os.path.join(build, "tools", "pdserve-mkmodel"), "--out", model] + list(extra),
+                   check=True, capture_output=True, timeout=60)
     return model
+
+
+def chat_prompt_ids(build, model, srv, messages, tmp):
+    """A chat's prompt as the daemons build it: rendered by pdserve-tokenize --chat (with the
+    generation prompt), then token ids from srv's /tokenize without special tokens."""
+    path = os.path.join(tmp, "chat.json")
+    with open(path, "w") as f:
+        json.dump({"messages": messages, "add_generation_prompt": True}, f)
+    rendered = subprocess.run([os.path.join(build, "tools", "pdserve-tokenize"), "--model-path",
+                               model, "--chat", path], capture_output=True, text=True, check=True,
+                              timeout=60).stdout
+    st, body = srv.post("/tokenize", {"prompt": rendered, "add_special_tokens": False})
+    return json.loads(body)["tokens"]
+
+
+def generate(build, model, prompt, max_new, extra=(), ids=False, timeout=120):
+    """pdserve-generate's answer in the daemons' test layout (--page-size 16
+    --chunked-prefill-size 64, one thread). prompt: a text, or a list of token ids; extra: more
+    flags (sampling). The text (it may hold newlines); with ids, (text, output token ids)."""
+    args = [os.path.join(build, "tools", "pdserve-generate"), "--model-path", model,
+            "--max-new-tokens", str(max_new), "--chunked-prefill-size", "64", "--page-size", "16",
+            "--threads", "1"] + list(extra)
+    if ids:
+        args.append("--ids")
+    if isinstance(prompt, str):
+        args += ["--", prompt]
+    else:
+        args += ["--prompt-ids", " ".join(map(str, prompt))]
+    out = subprocess.run(args, capture_output=True, check=True, timeout=timeout).stdout
+    out = out[:-1].decode("utf-8")  # the answer, then one newline
+    if not ids:
+        return out
+    text, line = out.rsplit("\n", 1)  # the text, then a line of ids
+    return text, [int(x) for x in line.split()]
 
 
 def tmpdir():
@@ -258,3 +347,78 @@ def start_cluster(build, tmp, model, prefill_extra=(), decode_extra=(), router_e
     dc = Daemon(build, "decode", model, tmp, decode_extra)
     rt = Router(build, [(pf.port, pf.bport)], [dc.port], tmp, router_extra)
     return pf, dc, rt
+
+
+# ---------------------------------------------------------------- a test script's reporting
+
+FAILS = []  # what failed in this test process, in order
+T0 = time.time()
+
+
+def check(cond, what):
+    """Records and prints a failure unless cond; returns cond, so a caller can skip what
+    depends on it."""
+    if not cond:
+        FAILS.append(what)
+        print("FAIL:", what, flush=True)
+    return cond
+
+
+def step(msg):
+    print("[%7.2f] %s" % (time.time() - T0, msg), flush=True)
+
+
+def json_post(srv, path, body):
+    """(status, the answer's JSON, or its raw bytes when it is not JSON)."""
+    st, raw = srv.post(path, body)
+    try:
+        return st, json.loads(raw)
+    except ValueError:
+        return st, raw
+
+
+def ok_post(srv, path, body, what):
+    """The JSON answer of a request that must answer 200; None (a failure) otherwise."""
+    st, j = json_post(srv, path, body)
+    if not check(st == 200, "%s: status %s %s" % (what, st, j)):
+        return None
+    return j
+
+
+def stream_chunks(srv, path, body):
+    """A streamed request's JSON events; the stream must answer 200 and end with one [DONE]."""
+    st, raw = srv.post(path, body)
+    check(st == 200, "%s stream: status %s" % (path, st))
+    evs = sse_events(raw)
+    check(evs and evs[-1] == "[DONE]" and evs.count("[DONE]") == 1,
+          "%s stream ends with one [DONE]: %s" % (path, evs[-2:]))
+    return [json.loads(e) for e in evs if e != "[DONE]"]
+
+
+def dump_logs(tmp, tail=4000):
+    """The tail of every process log in tmp, for a failed test's output."""
+    for f in sorted(os.listdir(tmp)):
+        if f.endswith(".log"):
+            print("---", f)
+            with open(os.path.join(tmp, f), errors="replace") as fh:
+                print(fh.read()[-tail:])
+
+
+def run_test(name, body, tmp, log_tail=4000):
+    """Runs body() (the test's cases): an exception is one more failure, with its traceback;
+    every process started here is killed whatever happens. Then the verdict: the failures and
+    the process logs of tmp, exit 1; or '<name>: PASS'."""
+    try:
+        body()
+    except Exception as e:  # noqa: BLE001 - a failure like any other, reported below
+        traceback.print_exc()
+        FAILS.append("exception: %r" % e)
+    finally:
+        kill_all()
+    if FAILS:
+        print("%s: %d failures (%.1f s); logs in %s" % (name, len(FAILS), time.time() - T0, tmp))
+        for f in FAILS:
+            print("  -", f)
+        dump_logs(tmp, log_tail)
+        sys.exit(1)
+    print("%s: PASS (%.1f s)" % (name, time.time() - T0))

@@ -29,64 +29,14 @@ Stdlib only. Usage: test_api_fanout.py BUILD_DIR coloc|pd. Every process is kill
 import json
 import os
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import pd_cluster as pc  # noqa: E402
+from pd_cluster import (check, json_post as post, ok_post as ok, step,  # noqa: E402
+                        stream_chunks as events)
 
 BUILD = os.path.abspath(sys.argv[1])
 CASE = sys.argv[2] if len(sys.argv) > 2 else "coloc"
-FAILS = []
-T0 = time.time()
-
-
-def check(cond, what):
-    if not cond:
-        FAILS.append(what)
-        print("FAIL:", what, flush=True)
-    return cond
-
-
-def step(msg):
-    print("[%7.2f] %s" % (time.time() - T0, msg), flush=True)
-
-
-class Coloc(pc.Daemon):
-    """pdserve-decode --disaggregation-mode null."""
-
-    def __init__(self, model, tmp):
-        self.role = "colocated"
-        self.bport = None
-        port = pc.free_port()
-        args = [os.path.join(BUILD, "decode", "pdserve-decode"), "--model-path", model,
-                "--disaggregation-mode", "null", "--host", "127.0.0.1", "--port", str(port),
-                "--page-size", "16", "--threads", "1", "--max-total-tokens", "16384",
-                "--log-level", os.environ.get("PD_TEST_LOG_LEVEL", "info")]
-        pc.Proc.__init__(self, "colocated", args, port, tmp)
-
-
-def post(srv, path, body):
-    st, raw = srv.post(path, body)
-    try:
-        return st, json.loads(raw)
-    except ValueError:
-        return st, raw
-
-
-def ok(srv, path, body, what):
-    st, j = post(srv, path, body)
-    if not check(st == 200, "%s: status %s %s" % (what, st, j)):
-        return None
-    return j
-
-
-def events(srv, path, body):
-    st, raw = srv.post(path, body)
-    check(st == 200, "%s stream: status %s" % (path, st))
-    evs = pc.sse_events(raw)
-    check(evs and evs[-1] == "[DONE]" and evs.count("[DONE]") == 1,
-          "%s stream ends with one [DONE]: %s" % (path, evs[-2:]))
-    return [json.loads(e) for e in evs if e != "[DONE]"]
 
 
 A = "the quick brown fox jumps over"
@@ -282,9 +232,10 @@ def case_direct_pd(dc):
 def main():
     tmp = pc.tmpdir()
     model = pc.make_model(BUILD, tmp)
-    try:
+
+    def cases():
         if CASE == "coloc":
-            srv = Coloc(model, tmp)
+            srv = pc.Coloc(BUILD, model, tmp)
             daemons = [srv]
         else:
             pf, dc, srv = pc.start_cluster(BUILD, tmp, model)
@@ -295,21 +246,8 @@ def main():
         case_streams(srv)
         case_stop_logprobs(srv)
         case_errors(srv, daemons)
-    except Exception as e:  # noqa: BLE001
-        import traceback
-        traceback.print_exc()
-        FAILS.append("exception: %r" % e)
-    finally:
-        pc.kill_all()
-    if FAILS:
-        print("%d failures (%.1f s); logs in %s" % (len(FAILS), time.time() - T0, tmp))
-        for f in sorted(os.listdir(tmp)):
-            if f.endswith(".log"):
-                print("---", f)
-                with open(os.path.join(tmp, f), errors="replace") as fh:
-                    print(fh.read()[-4000:])
-        sys.exit(1)
-    print("api_fanout %s: PASS (%.1f s)" % (CASE, time.time() - T0))
+
+    pc.run_test("api_fanout %s" % CASE, cases, tmp)
 
 
 if __name__ == "__main__":

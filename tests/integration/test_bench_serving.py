@@ -47,13 +47,12 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import pd_cluster as pc  # noqa: E402
+from pd_cluster import check, step  # noqa: E402
 
 BUILD = os.path.abspath(sys.argv[1])
 CASE = sys.argv[2] if len(sys.argv) > 2 else "fake"
 BENCH = os.path.join(BUILD, "bench", "pdserve-bench")
 FAKE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fake_sse_server.py")
-FAILS = []
-T0 = time.time()
 
 # bench_serving's result fields that pdserve-bench must write under the same names
 SGLANG_FIELDS = [
@@ -65,17 +64,6 @@ SGLANG_FIELDS = [
     "mean_tpot_ms", "median_tpot_ms", "std_tpot_ms", "p99_tpot_ms", "mean_itl_ms",
     "median_itl_ms", "std_itl_ms", "p95_itl_ms", "p99_itl_ms", "concurrency"]
 DETAIL_FIELDS = ["input_lens", "output_lens", "ttfts", "itls", "errors"]
-
-
-def check(cond, what):
-    if not cond:
-        FAILS.append(what)
-        print("FAIL:", what, flush=True)
-    return cond
-
-
-def step(msg):
-    print("[%7.2f] %s" % (time.time() - T0, msg), flush=True)
 
 
 def close(a, b, abs_tol, rel_tol):
@@ -348,7 +336,7 @@ def case_plot(tmp, model):
         rc, out, err = bench("--plot", os.path.join(tmp, "x.png"), "--base-url",
                              "http://127.0.0.1:1")
         check(rc != 0 and "gnuplot-nox" in err, "without gnuplot: %s" % err)
-        if FAILS:
+        if pc.FAILS:
             return
         sys.exit(77)
     fake = Fake(tmp, model, "--first-ms", "5", "--itl-ms", "3")
@@ -491,11 +479,9 @@ class TimingProxy:
 def case_pd(tmp, tiny):
     # wider and deeper than the tiny test model, so that a request takes tens of ms on the CPU
     # and a few ms of disagreement would show against the tolerance
-    model = os.path.join(tmp, "model-256")
-    subprocess.run([os.path.join(BUILD, "tools", "pdserve-mkmodel"), "--out", model,
-                    "--hidden-size", "256", "--intermediate-size", "768", "--layers", "4",
-                    "--heads", "8", "--kv-heads", "2"], check=True, capture_output=True,
-                   timeout=60)
+    model = pc.make_model(BUILD, tmp, ["--hidden-size", "256", "--intermediate-size", "768",
+                                       "--layers", "4", "--heads", "8", "--kv-heads", "2"],
+                          name="model-256")
     pf, dc, rt = pc.start_cluster(BUILD, tmp, model)
     n, in_len, out_len = 12, 256, 128
     # distinct prompts per run (seeds), so that no run is served from the other's prefix cache
@@ -565,18 +551,13 @@ def main():
         print("SKIP: %s not built" % BENCH)
         return 77
     tmp = pc.tmpdir()
-    try:
+
+    def cases():
         model = pc.make_model(BUILD, tmp)
         {"fake": case_fake, "arrivals": case_arrivals, "errors": case_errors,
          "plot": case_plot, "pd": case_pd}[CASE](tmp, model)
-    finally:
-        pc.kill_all()
-    if FAILS:
-        print("%d failure(s):" % len(FAILS))
-        for f in FAILS:
-            print("  -", f)
-        return 1
-    print("ok (%s, %.1f s)" % (CASE, time.time() - T0))
+
+    pc.run_test("bench_serving %s" % CASE, cases, tmp)
     return 0
 
 

@@ -25,45 +25,20 @@ import random
 import subprocess
 import sys
 import threading
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import pd_cluster as pc  # noqa: E402
+from pd_cluster import check, step  # noqa: E402
 from test_pd_router import Stream  # noqa: E402
 
 BUILD = os.path.abspath(sys.argv[1])
-GENERATE = os.path.join(BUILD, "tools", "pdserve-generate")
 TOKENIZE = os.path.join(BUILD, "tools", "pdserve-tokenize")
 DECODE = os.path.join(BUILD, "decode", "pdserve-decode")
-FAILS = []
-T0 = time.time()
 
 
-def check(cond, what):
-    if not cond:
-        FAILS.append(what)
-        print("FAIL:", what, flush=True)
-    return cond
-
-
-def step(msg):
-    print("[%7.2f] %s" % (time.time() - T0, msg), flush=True)
-
-
-class Coloc(pc.Daemon):
-    """pdserve-decode --disaggregation-mode null: the whole server in one process."""
-
-    def __init__(self, model, tmp, extra=()):
-        self.role = "colocated"
-        self.bport = None
-        port = pc.free_port()
-        args = [DECODE, "--model-path", model, "--disaggregation-mode", "null", "--host",
-                "127.0.0.1", "--port", str(port), "--page-size", "16", "--chunked-prefill-size",
-                "64", "--threads", "1", "--log-level",
-                os.environ.get("PD_TEST_LOG_LEVEL", "info")] + list(extra)
-        if "--max-total-tokens" not in extra:
-            args += ["--max-total-tokens", "16384"]
-        pc.Proc.__init__(self, "colocated", args, port, tmp)
+def Coloc(model, tmp, extra=()):
+    """The colocated daemon with 64-token prefill chunks."""
+    return pc.Coloc(BUILD, model, tmp, ["--chunked-prefill-size", "64"] + list(extra))
 
 
 WORDS = ("the quick brown fox jumps over a lazy dog while seven wizards quietly hex "
@@ -85,15 +60,7 @@ def make_prompts(rng):
 
 def reference(model, prompt, max_new):
     """pdserve-generate's greedy answer: (text, output ids)."""
-    args = [GENERATE, "--model-path", model, "--max-new-tokens", str(max_new),
-            "--chunked-prefill-size", "64", "--page-size", "16", "--threads", "1", "--ids"]
-    if "ids" in prompt:
-        args += ["--prompt-ids", " ".join(map(str, prompt["ids"]))]
-    else:
-        args += ["--", prompt["text"]]
-    out = subprocess.run(args, capture_output=True, check=True, timeout=120).stdout.decode()
-    text, ids = out[:-1].rsplit("\n", 1)  # the text (may hold newlines), then a line of ids
-    return text, [int(x) for x in ids.split()]
+    return pc.generate(BUILD, model, prompt.get("ids", prompt.get("text")), max_new, ids=True)
 
 
 def references(model, prompts, max_new=None):
@@ -150,13 +117,7 @@ def answer_of(kind, stream, raw):
         u = j["usage"]
         u["cached_tokens"] = u["prompt_tokens_details"]["cached_tokens"]
         return text, None, u, c["finish_reason"]
-    evs = pc.sse_events(raw)
-    if not evs or evs[-1] != "[DONE]":
-        raise ValueError("stream does not end with [DONE]: %r" % evs[-3:])
-    chunks = [json.loads(e) for e in evs[:-1]]
-    for c in chunks:
-        if "error" in c:
-            raise ValueError("stream carries an error: %r" % c)
+    chunks = pc.stream_payloads(raw)
     if kind == "generate":
         last = chunks[-1]
         m = last["meta_info"]
@@ -272,13 +233,7 @@ def case_main(model, tmp):
     # chat: equals pdserve-generate on the rendered chat prompt
     msgs = [{"role": "system", "content": "You are terse."},
             {"role": "user", "content": " ".join(WORDS)}]
-    path = os.path.join(tmp, "chat.json")
-    with open(path, "w") as f:
-        json.dump({"messages": msgs, "add_generation_prompt": True}, f)
-    rendered = subprocess.run([TOKENIZE, "--model-path", model, "--chat", path],
-                              capture_output=True, text=True, check=True, timeout=60).stdout
-    st, body = d.post("/tokenize", {"prompt": rendered, "add_special_tokens": False})
-    chat_ids = json.loads(body)["tokens"]
+    chat_ids = pc.chat_prompt_ids(BUILD, model, d, msgs, tmp)
     cref, _ = reference(model, {"ids": chat_ids}, 16)
     model_id = json.loads(d.get("/v1/models")[1])["data"][0]["id"]
     for stream in (False, True):
@@ -405,24 +360,16 @@ def case_bad_flags(model):
 
 def main():
     tmp = pc.tmpdir()
-    try:
+
+    def cases():
         model = pc.make_model(BUILD, tmp)
         case_bad_flags(model)
         prompts, refs, counts = case_main(model, tmp)
         case_unmixed(model, tmp, prompts, refs, counts, "--disable-mixed-chunk")
         case_unmixed(model, tmp, prompts, refs, counts, "--enable-mixed-chunk=false")
         case_small_pool(model, tmp)
-    finally:
-        pc.kill_all()
-    if FAILS:
-        print("%d failures (%.1f s); logs in %s" % (len(FAILS), time.time() - T0, tmp))
-        for f in sorted(os.listdir(tmp)):
-            if f.endswith(".log"):
-                print("---", f)
-                with open(os.path.join(tmp, f), errors="replace") as fh:
-                    print(fh.read()[-4000:])
-        sys.exit(1)
-    print("coloc_daemon: PASS (%.1f s)" % (time.time() - T0))
+
+    pc.run_test("coloc_daemon", cases, tmp)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,6 @@ pdserve-mkmodel, and checks what a user would notice:
 Stdlib only. Usage: test_daemons.py BUILD_DIR CASE   (CASE: tokens | failures | device_choice)
 Every process it starts is killed on exit.
 """
-import http.client
 import json
 import os
 import random
@@ -24,112 +23,20 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 
-BUILD = sys.argv[1]
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import pd_cluster as pc  # noqa: E402
+from pd_cluster import check, text_of  # noqa: E402
+
+BUILD = os.path.abspath(sys.argv[1])
 CASE = sys.argv[2] if len(sys.argv) > 2 else "tokens"
-PREFILL = os.path.join(BUILD, "prefill/pdserve-prefill")
-DECODE = os.path.join(BUILD, "decode/pdserve-decode")
-MKMODEL = os.path.join(BUILD, "tools/pdserve-mkmodel")
-GENERATE = os.path.join(BUILD, "tools/pdserve-generate")
-PROCS = []
-FAILS = []
 
 
-def check(cond, what):
-    if not cond:
-        FAILS.append(what)
-        print("FAIL:", what, flush=True)
-
-
-_PORTS_GIVEN = set()
-
-
-def free_port():
-    """A free port never handed out before here (the kernel can give the same one twice in a
-    row; see pd_cluster.free_port)."""
-    for _ in range(1000):
-        s = socket.socket()
-        s.bind(("127.0.0.1", 0))
-        p = s.getsockname()[1]
-        s.close()
-        if p not in _PORTS_GIVEN:
-            _PORTS_GIVEN.add(p)
-            return p
-    raise RuntimeError("no fresh free port")
-
-
-def kill_all():
-    for p in PROCS:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
-
-
-class Daemon:
-    def __init__(self, role, model, tmp, extra=(), env=None):
-        self.role = role
-        self.port = free_port()
-        self.bport = free_port() if role == "prefill" else None
-        args = [PREFILL if role == "prefill" else DECODE, "--model-path", model,
-                "--port", str(self.port), "--disaggregation-mode", role,
-                "--page-size", "16", "--chunked-prefill-size", "64", "--threads", "1",
-                "--max-total-tokens", "16384", "--log-level",
-                os.environ.get("PD_TEST_LOG_LEVEL", "warning")]
-        if self.bport:
-            args += ["--disaggregation-bootstrap-port", str(self.bport)]
-        args += list(extra)
-        self.log = open(os.path.join(tmp, "%s-%d.log" % (role, self.port)), "w")
-        self.p = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT, env=env)
-        PROCS.append(self.p)
-        deadline = time.time() + 30
-        while time.time() < deadline:
-            try:
-                if self.get("/health")[0] == 200:
-                    return
-            except OSError:
-                pass
-            if self.p.poll() is not None:
-                raise RuntimeError("%s exited at start (%s)" % (role, self.p.returncode))
-            time.sleep(0.1)
-        raise RuntimeError("%s not ready" % role)
-
-    def conn(self, timeout=60):
-        return http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
-
-    def get(self, path):
-        c = self.conn(5)
-        c.request("GET", path)
-        r = c.getresponse()
-        body = r.read()
-        c.close()
-        return r.status, body
-
-    def post(self, path, body, timeout=60):
-        c = self.conn(timeout)
-        data = body if isinstance(body, bytes) else json.dumps(body).encode()
-        c.request("POST", path, data, {"Content-Type": "application/json"})
-        r = c.getresponse()
-        out = r.read()
-        c.close()
-        return r.status, out
-
-    def pool(self):
-        st, body = self.get("/server_info")
-        return json.loads(body)["kv_pool"]
-
-    def pool_full(self, wait=5.0):
-        deadline = time.time() + wait
-        while True:
-            p = self.pool()
-            if p["used_pages"] == 0 and p["free_pages"] + p["cached_pages"] == p["num_pages"]:
-                return True
-            if time.time() > deadline:
-                print("%s pool not full: %s" % (self.role, p), flush=True)
-                return False
-            time.sleep(0.05)
+def Daemon(role, model, tmp, extra=(), env=None):
+    """A prefill or decode daemon with --chunked-prefill-size 64 (pd_cluster's layout), quiet."""
+    return pc.Daemon(BUILD, role, model, tmp, extra, level="warning", ready_timeout=30, env=env)
 
 
 def body_for(prompt, max_new, room, pf, stream=False, kind="generate"):
@@ -140,15 +47,6 @@ def body_for(prompt, max_new, room, pf, stream=False, kind="generate"):
     else:
         b.update({"prompt": prompt, "max_tokens": max_new, "temperature": 0, "stream": stream})
     return b
-
-
-def sse_events(raw):
-    out = []
-    for block in raw.decode("utf-8", "replace").split("\n\n"):
-        block = block.strip()
-        if block.startswith("data: "):
-            out.append(block[6:])
-    return out
 
 
 def pair(pf, dc, body, path="/generate", timeout=60):
@@ -171,28 +69,10 @@ def pair(pf, dc, body, path="/generate", timeout=60):
     return d[0], d[1], res["p"][0], res["p"][1]
 
 
-def text_of(kind, stream, raw):
-    if not stream:
-        j = json.loads(raw)
-        return j["text"] if kind == "generate" else j["choices"][0]["text"]
-    evs = sse_events(raw)
-    assert evs and evs[-1] == "[DONE]", evs[-3:]
-    chunks = [json.loads(e) for e in evs[:-1]]
-    if kind == "generate":
-        return chunks[-1]["text"]
-    return "".join(c["choices"][0]["text"] for c in chunks if c["choices"])
-
-
 def reference(model, prompts, max_new, sampling=None):
     """pdserve-generate's text for each prompt, one run per prompt (texts may hold newlines);
     sampling: extra flags (temperature, top-k/p, min-p, seed)."""
-    out = []
-    for p in prompts:
-        r = subprocess.run([GENERATE, "--model-path", model, "--max-new-tokens", str(max_new),
-                            "--chunked-prefill-size", "64", "--page-size", "16", "--threads", "1"]
-                           + (sampling or []) + ["--", p], capture_output=True, check=True).stdout
-        out.append(r[:-1].decode("utf-8"))  # the text, then one newline
-    return out
+    return [pc.generate(BUILD, model, p, max_new, sampling or ()) for p in prompts]
 
 
 WORDS = ("the quick brown fox jumps over a lazy dog while seven wizards quietly hex "
@@ -270,8 +150,8 @@ def case_tokens(model, tmp):
     for i, r in enumerate(results):
         check(r is not None and r[0] == 200 and r[1] == 200 and r[2] == ref[i],
               "concurrent stream %d: %r vs %r" % (i, r, ref[i]))
-    check(pf.pool_full(), "prefill pool back to full")
-    check(dc.pool_full(), "decode pool back to full")
+    check(pf.pool_full(5), "prefill pool back to full")
+    check(dc.pool_full(5), "decode pool back to full")
     # chat through the template, both daemons, and info endpoints
     room += 1
     chat = {"model": model, "messages": [{"role": "user", "content": "hello there"}],
@@ -550,30 +430,11 @@ def case_failures(model, tmp):
 
 
 def main():
-    tmp = os.environ.get("PD_TEST_TMPDIR") or tempfile.mkdtemp()
-    tmp = tempfile.mkdtemp(dir=tmp)
-    model = os.path.join(tmp, "model")
-    subprocess.run([MKMODEL, "--out", model], check=True, capture_output=True)
-    try:
-        if CASE == "tokens":
-            case_tokens(model, tmp)
-        elif CASE == "device_choice":
-            case_device_choice(model, tmp)
-        else:
-            case_failures(model, tmp)
-    except Exception as e:  # noqa: BLE001
-        FAILS.append("exception: %r" % e)
-        print("FAIL: exception", repr(e), flush=True)
-    finally:
-        kill_all()
-    if FAILS:
-        print("%d failures; daemon logs in %s" % (len(FAILS), tmp))
-        for f in os.listdir(tmp):
-            if f.endswith(".log"):
-                print("---", f)
-                print(open(os.path.join(tmp, f)).read()[-3000:])
-        sys.exit(1)
-    print("daemons %s: PASS" % CASE)
+    tmp = pc.tmpdir()
+    model = pc.make_model(BUILD, tmp)
+    cases = {"tokens": case_tokens, "device_choice": case_device_choice,
+             "failures": case_failures}
+    pc.run_test("daemons %s" % CASE, lambda: cases[CASE](model, tmp), tmp, log_tail=3000)
 
 
 if __name__ == "__main__":

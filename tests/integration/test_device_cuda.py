@@ -5,24 +5,24 @@ Without a usable GPU (no CUDA device, or the CUDA backend not in this build) eve
 refuse at start: exit non-zero within seconds, with a message naming the cause ("no CUDA
 device" / "not in this build") and the flag. With a GPU (the H200 run of scripts/gpu-run.sh),
 the daemons must start on it and /server_info must report device "cuda", the GPU index and a
-"cuda (...)" backend. --tp-size 2 is refused by prefill and disaggregated decode either way
-(the transfer of split pools is not built yet); colocated --device cuda --tp-size 2 needs NCCL
-and a second GPU, and without them it too is refused at start, naming what is missing.
+"cuda (...)" backend. --device cuda --tp-size 2 (prefill, decode, colocated) needs NCCL and a
+second GPU; without them it is refused at start, naming what is missing.
 Stdlib only. Usage: test_device_cuda.py BUILD_DIR
 """
 import http.client
 import json
 import os
-import socket
 import subprocess
 import sys
-import tempfile
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import pd_cluster as pc  # noqa: E402
+from pd_cluster import free_port  # noqa: E402
 
 BUILD = sys.argv[1]
 PREFILL = os.path.join(BUILD, "prefill/pdserve-prefill")
 DECODE = os.path.join(BUILD, "decode/pdserve-decode")
-MKMODEL = os.path.join(BUILD, "tools/pdserve-mkmodel")
 GENERATE = os.path.join(BUILD, "tools/pdserve-generate")
 FAILS = []
 NO_GPU = ("no CUDA device", "not in this build")
@@ -32,14 +32,6 @@ def check(cond, what):
     print(("ok   " if cond else "FAIL ") + what, flush=True)
     if not cond:
         FAILS.append(what)
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
 
 
 def gpu_present():
@@ -117,16 +109,13 @@ def serve_on_gpu(role, model):
 
 
 def main():
-    tmp = tempfile.mkdtemp(dir=os.environ.get("PD_TEST_TMPDIR") or None)
-    model = os.path.join(tmp, "model")
-    subprocess.run([MKMODEL, "--out", model], check=True, capture_output=True)
-    for role in ("prefill", "decode"):
-        _, args = daemon_args(role, model, ["--tp-size", "2"])
-        refused("%s --tp-size 2" % role, args, ("--tp-size 2",))
+    tmp = pc.tmpdir()
+    model = pc.make_model(BUILD, tmp)
     if not gpu_present() or gpu_count() < 2:
-        _, args = daemon_args("null", model, ["--device", "cuda", "--tp-size", "2"])
-        refused("null --device cuda --tp-size 2", args,
-                NO_GPU + ("NCCL", "GPU 1", "device 1 of 1"))
+        for role in ("prefill", "decode", "null"):
+            _, args = daemon_args(role, model, ["--device", "cuda", "--tp-size", "2"])
+            refused("%s --device cuda --tp-size 2" % role, args,
+                    NO_GPU + ("NCCL", "GPU 1", "device 1 of 1"))
     if gpu_present():
         for role in ("null", "prefill", "decode"):
             serve_on_gpu(role, model)

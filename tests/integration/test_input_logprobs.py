@@ -34,63 +34,15 @@ import random
 import struct
 import subprocess
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import pd_cluster as pc  # noqa: E402
+from pd_cluster import (check, json_post as post, ok_post as ok, step,  # noqa: E402
+                        stream_chunks as events)
 
 BUILD = os.path.abspath(sys.argv[1])
 CASE = sys.argv[2] if len(sys.argv) > 2 else "coloc"
-FAILS = []
-T0 = time.time()
 TOL = float(os.environ.get("PD_TEST_LP_TOL", "1e-4"))
-
-
-def check(cond, what):
-    if not cond:
-        FAILS.append(what)
-        print("FAIL:", what, flush=True)
-    return cond
-
-
-def step(msg):
-    print("[%7.2f] %s" % (time.time() - T0, msg), flush=True)
-
-
-class Coloc(pc.Daemon):
-    def __init__(self, model, tmp):
-        self.role = "colocated"
-        self.bport = None
-        port = pc.free_port()
-        args = [os.path.join(BUILD, "decode", "pdserve-decode"), "--model-path", model,
-                "--disaggregation-mode", "null", "--host", "127.0.0.1", "--port", str(port),
-                "--page-size", "16", "--chunked-prefill-size", "64", "--max-running-requests",
-                "8", "--threads", "1", "--max-total-tokens", "16384", "--log-level",
-                os.environ.get("PD_TEST_LOG_LEVEL", "info")]
-        pc.Proc.__init__(self, "colocated", args, port, tmp)
-
-
-def post(srv, path, body):
-    st, raw = srv.post(path, body)
-    try:
-        return st, json.loads(raw)
-    except ValueError:
-        return st, raw
-
-
-def ok(srv, path, body, what):
-    st, j = post(srv, path, body)
-    if not check(st == 200, "%s: status %s %s" % (what, st, j)):
-        return None
-    return j
-
-
-def events(srv, path, body):
-    st, raw = srv.post(path, body)
-    check(st == 200, "%s stream: status %s" % (path, st))
-    evs = pc.sse_events(raw)
-    check(evs and evs[-1] == "[DONE]", "%s stream ends with [DONE]" % path)
-    return [json.loads(e) for e in evs if e != "[DONE]"]
 
 
 def reference(model, tmp, prompt):
@@ -277,32 +229,21 @@ def main():
     model = pc.make_model(BUILD, tmp)
     rng = random.Random(7)
     prompt = [rng.randrange(1000) for _ in range(100)]
-    try:
+
+    def cases():
         ref, rows = reference(model, tmp, prompt)
         step("reference from pdserve-generate: %d prefixes" % len(prompt))
         if CASE == "coloc":
-            srv = Coloc(model, tmp)
+            srv = pc.Coloc(BUILD, model, tmp, ("--chunked-prefill-size", "64",
+                                               "--max-running-requests", "8"))
         else:
             _, _, srv = pc.start_cluster(BUILD, tmp, model,
                                          prefill_extra=("--chunked-prefill-size", "64"))
         g = case_generate(srv, prompt, ref, rows)
         case_cache(srv, prompt, g)
         case_completions(srv, prompt, ref)
-    except Exception as e:  # noqa: BLE001
-        import traceback
-        traceback.print_exc()
-        FAILS.append("exception: %r" % e)
-    finally:
-        pc.kill_all()
-    if FAILS:
-        print("%d failures (%.1f s); logs in %s" % (len(FAILS), time.time() - T0, tmp))
-        for f in sorted(os.listdir(tmp)):
-            if f.endswith(".log"):
-                print("---", f)
-                with open(os.path.join(tmp, f), errors="replace") as fh:
-                    print(fh.read()[-3000:])
-        sys.exit(1)
-    print("input_logprobs %s: PASS (%.1f s)" % (CASE, time.time() - T0))
+
+    pc.run_test("input_logprobs %s" % CASE, cases, tmp, log_tail=3000)
 
 
 if __name__ == "__main__":

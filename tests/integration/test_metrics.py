@@ -34,22 +34,10 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import pd_cluster as pc  # noqa: E402
+from pd_cluster import check, step  # noqa: E402
 
 BUILD = os.path.abspath(sys.argv[1])
 CASE = sys.argv[2] if len(sys.argv) > 2 else "load"
-FAILS = []
-T0 = time.time()
-
-
-def check(cond, what):
-    if not cond:
-        FAILS.append(what)
-        print("FAIL:", what, flush=True)
-    return cond
-
-
-def step(msg):
-    print("[%7.2f] %s" % (time.time() - T0, msg), flush=True)
 
 
 # ---------------------------------------------------------------- the text format
@@ -514,22 +502,12 @@ def case_router(model, tmp):
 def main():
     parser_refuses()
     tmp = pc.tmpdir()
-    try:
+
+    def cases():
         model = pc.make_model(BUILD, tmp)
         {"load": case_load, "queues": case_queues, "router": case_router}[CASE](model, tmp)
-    except Exception as e:  # noqa: BLE001
-        import traceback
-        traceback.print_exc()
-        FAILS.append("exception: %r" % e)
-    finally:
-        pc.kill_all()
-    step("%s: %d failures" % (CASE, len(FAILS)))
-    if FAILS:
-        for p in sorted(os.listdir(tmp)):
-            if p.endswith(".log"):
-                with open(os.path.join(tmp, p), errors="replace") as f:
-                    print("---- %s (tail)\n%s" % (p, f.read()[-3000:]))
-    sys.exit(1 if FAILS else 0)
+
+    pc.run_test("metrics %s" % CASE, cases, tmp, log_tail=3000)
 
 
 if __name__ == "__main__":

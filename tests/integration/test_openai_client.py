@@ -8,7 +8,6 @@ model is a NotFoundError; an API key is sent as the client sends it.
 Exits 77 (CTest SKIP) with a message when `import openai` fails. Usage:
 test_openai_client.py BUILD_DIR
 """
-import json
 import os
 import subprocess
 import sys
@@ -23,37 +22,20 @@ except ImportError as e:
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import pd_cluster as pc  # noqa: E402
+from pd_cluster import check  # noqa: E402
 
 BUILD = os.path.abspath(sys.argv[1])
-GENERATE = os.path.join(BUILD, "tools", "pdserve-generate")
 TOKENIZE = os.path.join(BUILD, "tools", "pdserve-tokenize")
-FAILS = []
 KEY = "sk-pdserve-openai-test"
 MAX_NEW = 16
 
 
-def check(cond, what):
-    if not cond:
-        FAILS.append(what)
-        print("FAIL:", what, flush=True)
-    return cond
-
-
 def generate_ref(model, prompt=None, ids=None):
-    args = [GENERATE, "--model-path", model, "--max-new-tokens", str(MAX_NEW),
-            "--chunked-prefill-size", "64", "--page-size", "16", "--threads", "1"]
-    args += ["--prompt-ids", " ".join(map(str, ids))] if ids is not None else ["--", prompt]
-    return subprocess.run(args, capture_output=True, check=True, timeout=120).stdout[:-1].decode()
+    return pc.generate(BUILD, model, ids if ids is not None else prompt, MAX_NEW)
 
 
 def chat_ref(model, pf, messages, tmp):
-    path = os.path.join(tmp, "chat.json")
-    with open(path, "w") as f:
-        json.dump({"messages": messages, "add_generation_prompt": True}, f)
-    rendered = subprocess.run([TOKENIZE, "--model-path", model, "--chat", path],
-                              capture_output=True, text=True, check=True, timeout=60).stdout
-    st, body = pf.post("/tokenize", {"prompt": rendered, "add_special_tokens": False})
-    ids = json.loads(body)["tokens"]
+    ids = pc.chat_prompt_ids(BUILD, model, pf, messages, tmp)
     return generate_ref(model, ids=ids), len(ids)
 
 
@@ -168,23 +150,8 @@ def run(model, tmp):
 def main():
     tmp = pc.tmpdir()
     model = pc.make_model(BUILD, tmp)
-    try:
-        run(model, tmp)
-    except Exception as e:  # noqa: BLE001
-        import traceback
-        traceback.print_exc()
-        FAILS.append("exception: %r" % e)
-    finally:
-        pc.kill_all()
-    if FAILS:
-        print("%d failures; logs in %s" % (len(FAILS), tmp))
-        for f in sorted(os.listdir(tmp)):
-            if f.endswith(".log"):
-                print("---", f)
-                with open(os.path.join(tmp, f), errors="replace") as fh:
-                    print(fh.read()[-3000:])
-        sys.exit(1)
-    print("openai client (openai %s): PASS" % openai.__version__)
+    pc.run_test("openai client (openai %s)" % openai.__version__, lambda: run(model, tmp), tmp,
+                log_tail=3000)
 
 
 if __name__ == "__main__":

@@ -33,7 +33,6 @@ import json
 import os
 import signal
 import socket
-import subprocess
 import sys
 import threading
 import time
@@ -41,13 +40,11 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import dns_server  # noqa: E402
 import pd_cluster as pc  # noqa: E402
+from pd_cluster import FAILS, check, step, text_of  # noqa: E402
 
 BUILD = os.path.abspath(sys.argv[1])
-GENERATE = os.path.join(BUILD, "tools", "pdserve-generate")
 MAX_NEW = 12
-FAILS = []
 CLIENTS = []
-T0 = time.time()
 
 PROMPTS = ["the quick brown fox", "a lazy dog while seven wizards",
            "every jolly vexed bank clerk and the river", "stars",
@@ -55,22 +52,8 @@ PROMPTS = ["the quick brown fox", "a lazy dog while seven wizards",
            "quietly hex", "seven wizards quietly hex every jolly vexed bank clerk", "under"]
 
 
-def check(cond, what):
-    if not cond:
-        FAILS.append(what)
-        print("FAIL:", what, flush=True)
-    return cond
-
-
-def step(msg):
-    print("[%6.2f] %s" % (time.time() - T0, msg), flush=True)
-
-
 def reference(model, text):
-    out = subprocess.run([GENERATE, "--model-path", model, "--max-new-tokens", str(MAX_NEW),
-                          "--chunked-prefill-size", "64", "--page-size", "16", "--threads", "1",
-                          "--", text], capture_output=True, check=True, timeout=60).stdout
-    return out[:-1].decode("utf-8")
+    return pc.generate(BUILD, model, text, MAX_NEW, timeout=60)
 
 
 def port_free_on(addrs):
@@ -107,22 +90,6 @@ def body_of(kind, text, stream):
                              "sampling_params": {"max_new_tokens": MAX_NEW, "temperature": 0}}
     return "/v1/completions", {"prompt": text, "max_tokens": MAX_NEW, "temperature": 0,
                                "stream": stream}
-
-
-def text_of(kind, stream, raw):
-    if not stream:
-        j = json.loads(raw)
-        return j["text"] if kind == "generate" else j["choices"][0]["text"]
-    evs = pc.sse_events(raw)
-    if not evs or evs[-1] != "[DONE]":
-        raise ValueError("stream does not end with [DONE]: %r" % evs[-3:])
-    chunks = [json.loads(e) for e in evs[:-1]]
-    for c in chunks:
-        if "error" in c:
-            raise ValueError("stream carries an error: %r" % c)
-    if kind == "generate":
-        return chunks[-1]["text"]
-    return "".join(ch.get("text") or "" for c in chunks for ch in c["choices"])
 
 
 def one_request(rt, refs, i):
