@@ -35,7 +35,11 @@ CASE = sys.argv[2] if len(sys.argv) > 2 else "tokens"
 
 
 def Daemon(role, model, tmp, extra=(), env=None):
-    """A prefill or decode daemon with --chunked-prefill-size 64 (pd_cluster's layout), quiet."""
+    """A prefill, decode or colocated ("null") daemon with --chunked-prefill-size 64 (pd_cluster's
+    layout), quiet."""
+    if role == "null":
+        return pc.Coloc(BUILD, model, tmp, ["--chunked-prefill-size", "64"] + list(extra),
+                        level="warning", ready_timeout=30, env=env)
     return pc.Daemon(BUILD, role, model, tmp, extra, level="warning", ready_timeout=30, env=env)
 
 
