@@ -145,6 +145,11 @@ struct pd_xfer_info {
     bool staged;             /* GPU pool moved through the pinned staging ring */
     uint64_t staged_bytes;   /* sender: page bytes that went through the ring */
     uint64_t ipc_bytes;      /* sender: page bytes copied into peers' pools by CUDA IPC */
+    /* receiver, device pool (the receive ring, see pd_xfer_register_device_pool) */
+    uint64_t recv_staged_bytes;  /* page bytes whose host→device copies completed */
+    uint64_t recv_copying_bytes; /* page bytes whose copies are in flight now */
+    uint64_t recv_held;          /* messages kept by UCX while the ring was full (back-pressure) */
+    uint64_t recv_waits;         /* ring full, message not keepable: waits for the oldest slot */
 };
 
 /* One shard of a remote pool, as exchanged at Pair. */
@@ -179,6 +184,10 @@ struct pd_xfer_peer_info {
     int n_shards;
     uint64_t shard_page_bytes; /* one page of one shard; 0 = page_bytes / n_shards */
     struct pd_xfer_shard shards[PD_XFER_SHARDS_MAX];
+    /* The receiver's pool is GPU memory staged through a pinned host ring: its rkeys are the
+     * ring's, not the pool's, so nothing may be put into it; pages must come as active messages
+     * (or by IPC copies). A sender configured for puts only (PD_XFER_DATA_PUT) is refused. */
+    bool am_only;
 };
 
 /* Engine. cb is copied. The engine lives until pd_xfer_free's close completes on the loop. */
