@@ -89,7 +89,8 @@ struct room {
     uint64_t abort_deadline_ms; /* receiver, ROOM_ABORTING: loop time */
     uint32_t *dst;              /* [n_dst] receiver pool page indices, in the sender's order */
     uint32_t n_dst;
-    uint64_t data_bytes;  /* sender: page bytes posted as AM; receiver: bytes received */
+    uint64_t data_bytes;  /* sender: page bytes posted as AM; receiver: bytes in its pages
+                             (device pool: whose host→device copies completed) */
     uint32_t staged_jobs; /* sender, staged: runs queued or in the ring, not yet posted */
     bool finish_wait;     /* sender, staged: finished; flush once staged_jobs reaches 0 */
     bool staged_drop;     /* sender, staged: aborted; its queued runs are dropped, not sent */

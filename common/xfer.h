@@ -50,7 +50,8 @@
  * unsharded pool, on the wire too.
  *
  * GPU pools (pd_xfer_register_device_pool): registered with UCX directly when it takes CUDA
- * memory, else staged through a pinned host ring (see there).
+ * memory, else staged through a pinned host ring (see there); received page data goes host→device
+ * through a pinned receive ring, counted only once its copy is done.
  * Not here: the page allocator (callers own page indices), the bootstrap RPCs (common/bootstrap.h).
  */
 #ifndef PD_XFER_H
@@ -216,8 +217,15 @@ int pd_xfer_register_pool_shards(pd_xfer_t *x, void *const *bases, int n_shards,
  * slot of a pinned ring (registered with UCX; its rkey is what peers get) on dm's transfer
  * stream and sends the slot as active messages once the copy's event completed — the copy of
  * the next run overlaps the send of this one, and the room's flush + notice follow the last
- * run's send; the receiver copies every message host→device before counting it. dm (the device
- * the pool is on; devmem.h) must outlive the engine. */
+ * run's send. Either way the receiver copies each arriving message into a pinned receive ring
+ * (stage_slots slots of max(stage_slot_bytes, 64 KiB)) and from there host→device on dm's
+ * stream, asynchronously: a message counts for its room only once its copy's event completed,
+ * so the room ends only with every byte on the device, and a room that ends otherwise (release,
+ * failure, peer closed) reports on_room_end only after its copies in flight are done. A full
+ * ring keeps the message as UCX's persistent data (retried as slots free up) or, where UCX
+ * cannot keep it, waits for the oldest slot's copies (bounded by one slot). A staged pool's
+ * peer info says am_only: its rkey is the ring's, so pages must come as active messages. dm
+ * (the device the pool is on; devmem.h) must outlive the engine. */
 int pd_xfer_register_device_pool(pd_xfer_t *x, void *base, size_t page_bytes, uint32_t n_pages,
                                  struct pd_devmem *dm, bool ucx_direct);
 /* The same over shards (as pd_xfer_register_pool_shards), all on dm's transfer stream: ucx_direct

@@ -8,6 +8,9 @@
  * data path (active messages, puts, staged ring, IPC copies), each shard's part of a page with
  * its own content and checked byte for byte; shard sizes that are not a multiple of the message
  * size; connects with disagreeing shards refused; a forged shard number dropped.
+ * The staged receiver's ring: a host sender into a staged receiver whose copies land late and out
+ * of order, ring-full back-pressure, a room released with copies in flight (no byte lands after
+ * its end), a puts-only sender refused at connect.
  * The two-process and kill tests are tests/integration/xfer_pair.c driving pdserve-xfer-test.
  */
 #include <inttypes.h>
