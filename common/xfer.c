@@ -128,13 +128,18 @@ struct stage_slot {
 
 /* The receive side of a device pool: each arriving data message is copied into the filling slot
  * of a pinned ring (eager data is only valid during the callback) and from there host→device on
- * the transfer stream; the slot's event is recorded after every copy. A message counts for its
- * room (data_bytes) only when its slot's event completed, so the room — whose end needs every
- * announced byte counted — never ends before its bytes are on the device. Slots are used in ring
- * order and the stream runs copies in order, so they complete oldest first. A slot keeps which
+ * the transfer stream. Consecutive messages of a run are consecutive in the slot and at the
+ * destination, so their copies coalesce into one (rpend) of up to RECV_COPY_MAX bytes, enqueued
+ * when the next message does not continue it, when it is that long, or before the ring is
+ * polled — one copy and one event record per run and slot, not per 64 KiB message, since each
+ * costs microseconds of CUDA API time. The slot's event is recorded after each. A message counts
+ * for its room (data_bytes) only when its slot's event completed, so the room — whose end needs
+ * every announced byte counted — never ends before its bytes are on the device. Slots are used in
+ * ring order and the stream runs copies in order, so they complete oldest first. A slot keeps which
  * rooms its bytes belong to as spans (consecutive messages of one room merge into one). */
 #define RECV_SPANS 64 /* rooms' spans per receive slot; a slot with all of them is sealed */
 #define RECV_HELD 256 /* messages kept (UCX persistent data) while the receive ring is full */
+#define RECV_COPY_MAX ((size_t)512 << 10) /* bytes: a coalesced copy is enqueued at this size */
 
 struct recv_span {
     uint64_t room, serial;
@@ -145,6 +150,7 @@ struct recv_slot {
     char *buf;   /* pinned host, rslot_bytes */
     size_t used; /* bytes */
     bool sealed; /* takes no more messages; freed once its event completed */
+    bool failed; /* a copy from it could not be enqueued: its rooms fail */
     struct pd_devmem_event *ev;
     int n_spans;
     struct recv_span spans[RECV_SPANS];
@@ -269,6 +275,12 @@ struct pd_xfer {
     size_t rslot_bytes;
     int n_rslots, rhead, rcount;
     struct recv_slot *rslots;
+    struct {
+        struct recv_slot *slot; /* NULL: nothing pending */
+        char *dst;              /* device */
+        const char *src;        /* in slot */
+        size_t len;
+    } rpend;                /* the coalesced copy not yet enqueued (see struct recv_slot) */
     struct recv_held *held; /* FIFO [held_head, held_head + n_held) mod RECV_HELD */
     size_t held_head, n_held;
     uint64_t recv_copying;      /* bytes whose host→device copies are not done */
@@ -693,20 +705,48 @@ static struct recv_slot *recv_slot_take(pd_xfer_t *x, const struct room *r, size
     s->used = 0;
     s->n_spans = 0;
     s->sealed = false;
+    s->failed = false;
     return s;
 }
 
-/* Copies a message into the ring and enqueues its host→device copy to dst; it counts for the
- * room once the copy is done. PD_EAGAIN: the ring is full (nothing done). */
+/* Enqueues the coalesced copy and records its slot's event after it. A failure marks the slot
+ * failed (its rooms fail when it is polled) after waiting for the stream, so that nothing of an
+ * earlier copy lands after those rooms end. */
+static void recv_flush(pd_xfer_t *x) {
+    struct recv_slot *s = x->rpend.slot;
+    if (!s)
+        return;
+    int rc = pd_devmem_copy_async(x->dm, x->rpend.dst, x->rpend.src, x->rpend.len);
+    if (rc == PD_OK)
+        rc = pd_devmem_event_record(x->dm, s->ev);
+    if (rc) {
+        pd_warn("xfer: receiving pages: %s; failing the rooms of the slot", pd_error_msg());
+        s->failed = true;
+        (void)pd_devmem_sync(x->dm);
+    }
+    x->rpend.slot = NULL;
+    x->rpend.len = 0;
+}
+
+/* Copies a message into the ring and adds its host→device copy to dst to the pending one (see
+ * struct recv_slot); it counts for the room once the copy is done. PD_EAGAIN: the ring is full
+ * (nothing done). */
 static int recv_copy(pd_xfer_t *x, struct room *r, char *dst, const void *data, size_t len) {
     struct recv_slot *s = recv_slot_take(x, r, len);
     if (!s)
         return PD_EAGAIN;
     char *buf = s->buf + s->used;
     memcpy(buf, data, len);
-    int rc = pd_devmem_copy_async(x->dm, dst, buf, len);
-    if (rc)
-        return rc;
+    if (x->rpend.slot == s && x->rpend.src + x->rpend.len == buf &&
+        x->rpend.dst + x->rpend.len == dst) {
+        x->rpend.len += len; /* the run goes on */
+    } else {
+        recv_flush(x);
+        x->rpend.slot = s;
+        x->rpend.dst = dst;
+        x->rpend.src = buf;
+        x->rpend.len = len;
+    }
     s->used += len;
     struct recv_span *last = s->n_spans ? &s->spans[s->n_spans - 1] : NULL;
     if (last && last->room == r->id && last->serial == r->serial)
@@ -715,8 +755,9 @@ static int recv_copy(pd_xfer_t *x, struct room *r, char *dst, const void *data, 
         s->spans[s->n_spans++] = (struct recv_span){r->id, r->serial, len};
     r->recv_copying += len;
     x->recv_copying += len;
-    /* after the span: a failed record fails the room, which then waits for this copy too */
-    return pd_devmem_event_record(x->dm, s->ev);
+    if (x->rpend.len >= RECV_COPY_MAX)
+        recv_flush(x);
+    return PD_OK;
 }
 
 /* Slots whose copies are done count their bytes for their rooms and are reused, oldest first.
@@ -724,6 +765,7 @@ static int recv_copy(pd_xfer_t *x, struct room *r, char *dst, const void *data, 
  * (bounded: one slot's copies) and free just that one. Returns true when a slot was freed. */
 static bool recv_complete(pd_xfer_t *x, bool wait) {
     bool freed = false;
+    recv_flush(x); /* the events must cover every copy of their slots */
     while (x->rcount > 0) {
         struct recv_slot *s = &x->rslots[x->rhead];
         int q = pd_devmem_event_query(x->dm, s->ev);
@@ -734,6 +776,8 @@ static bool recv_complete(pd_xfer_t *x, bool wait) {
         if (q < 0)
             pd_warn("xfer: receiving pages: %s; failing the rooms of %d spans", pd_error_msg(),
                     s->n_spans);
+        if (s->failed)
+            q = -1;
         for (int i = 0; i < s->n_spans; i++) {
             const struct recv_span *sp = &s->spans[i];
             x->recv_copying -= sp->bytes;
