@@ -32,11 +32,13 @@
  *
  * Ending. on_room_end fires exactly once per room, when that side may reuse the room's pages:
  * sender — after the notice left (or the failed notice, after an abort); receiver — when the
- * notice and all the data it announces arrived. A room on a failed peer ends with PD_EPEER only
- * after that peer's endpoint is force-closed, because UCX cannot cancel a put already posted: a
- * late write must never land in a reused page. An abort on the receiver ends when the sender's
- * failed notice (sent after a flush) arrives, when the control plane says no write can land
- * (pd_xfer_room_release), or — bounded — abort_timeout_ms later by force-closing the peer.
+ * notice and all the data it announces arrived (into a device pool: are on the device), and a
+ * receiving room that ends otherwise only once no copy into its pages is in flight. A room on a
+ * failed peer ends with PD_EPEER only after that peer's endpoint is force-closed, because UCX
+ * cannot cancel a put already posted: a late write must never land in a reused page. An abort on
+ * the receiver ends when the sender's failed notice (sent after a flush) arrives, when the
+ * control plane says no write can land (pd_xfer_room_release), or — bounded — abort_timeout_ms
+ * later by force-closing the peer.
  *
  * Shards. Under tensor parallelism a daemon's KV pool is S pools, one per rank, each holding that
  * rank's share of the kv heads for the same pages: logical page p is page p of every shard, and a
@@ -276,7 +278,8 @@ int pd_xfer_room_finish(pd_xfer_t *x, uint64_t room, const struct pd_xfer_notice
 int pd_xfer_room_expect(pd_xfer_t *x, pd_xfer_peer_t *p, uint64_t room, const uint32_t *dst_pages,
                         uint32_t n, void *room_user);
 /* Control plane confirmed that no write of this room can still land: end it now (aborting or
- * not). PD_ENOENT if the room is not live. */
+ * not): it takes no more data at once, and on_room_end follows once the host→device copies of
+ * data it already took (device pool) are done. PD_ENOENT if the room is not live. */
 int pd_xfer_room_release(pd_xfer_t *x, uint64_t room, int status);
 
 /* Either side. Sender: flush what was posted, then send a failed notice with status and why;
