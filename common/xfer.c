@@ -769,8 +769,13 @@ static bool recv_complete(pd_xfer_t *x, bool wait) {
     while (x->rcount > 0) {
         struct recv_slot *s = &x->rslots[x->rhead];
         int q = pd_devmem_event_query(x->dm, s->ev);
-        while (q == 0 && wait)
+        for (int spins = 0; q == 0 && wait; spins++) {
+            if (spins == 1000 && pd_devmem_sync(x->dm) != PD_OK) { /* then block, not spin */
+                q = -1;
+                break;
+            }
             q = pd_devmem_event_query(x->dm, s->ev);
+        }
         if (q == 0)
             break;
         if (q < 0)
