@@ -11,9 +11,14 @@
  * first send until the receiver's room ended (notice and every byte in). The reference copies
  * the same bytes pool to pool with one copy per room on the transfer stream.
  * Every room's pages are checked byte-exact on the receiver once (first room) per run.
+ * --shards N splits the same page bytes over N pools on each side (tensor-parallel ranks,
+ * pd_xfer_register_device_pool_shards): a run is then N copies (staged: N device→host copies
+ * into one slot) and N streams of messages, so this measures what tensor parallelism costs the
+ * transfer at equal bytes. On the staged path the receiver's side (copies host→device through its
+ * receive ring, messages kept or waited for while the ring was full) is printed too.
  *
- *   pdserve-bench-xfer-dev [--device cpu|cuda] [--rooms N] [--room-pages N] [--no-ipc]
- *                          [--json FILE]
+ *   pdserve-bench-xfer-dev [--device cpu|cuda] [--rooms N] [--room-pages N] [--shards N]
+ *                          [--no-ipc] [--json FILE]
  * By default the receiver's pool export reaches the sender as decode's Pair carries it, so
  * the same-node path runs (CUDA IPC device copies; the host devmem maps it within the process);
  * --no-ipc measures the UCX path instead (direct or staged through the pinned ring).
@@ -75,6 +80,7 @@ int main(int argc, char **argv) {
     const char *device = "cpu", *json_path = NULL;
     int rooms = 20;
     uint32_t room_pages = 256;
+    int n_shards = 1;
     bool no_ipc = false;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--device") == 0 && i + 1 < argc)
@@ -83,38 +89,50 @@ int main(int argc, char **argv) {
             rooms = atoi(argv[++i]);
         else if (strcmp(argv[i], "--room-pages") == 0 && i + 1 < argc)
             room_pages = (uint32_t)atoi(argv[++i]);
+        else if (strcmp(argv[i], "--shards") == 0 && i + 1 < argc)
+            n_shards = atoi(argv[++i]);
         else if (strcmp(argv[i], "--json") == 0 && i + 1 < argc)
             json_path = argv[++i];
         else if (strcmp(argv[i], "--no-ipc") == 0)
             no_ipc = true;
         else {
             fprintf(stderr, "usage: pdserve-bench-xfer-dev [--device cpu|cuda] [--rooms N] "
-                            "[--room-pages N] [--no-ipc] [--json FILE]\n");
+                            "[--room-pages N] [--shards N] [--no-ipc] [--json FILE]\n");
             return 2;
         }
     }
     bool cuda = strcmp(device, "cuda") == 0;
-    if ((!cuda && strcmp(device, "cpu") != 0) || rooms < 1 || room_pages < 1 || room_pages > 4096) {
-        fprintf(stderr, "pdserve-bench-xfer-dev: --device cpu|cuda, --rooms >= 1, --room-pages "
-                        "1..4096\n");
+    if ((!cuda && strcmp(device, "cpu") != 0) || rooms < 1 || room_pages < 1 || room_pages > 4096 ||
+        n_shards < 1 || n_shards > PD_XFER_SHARDS_MAX || PAGE_BYTES % (size_t)n_shards) {
+        fprintf(stderr,
+                "pdserve-bench-xfer-dev: --device cpu|cuda, --rooms >= 1, --room-pages 1..4096, "
+                "--shards 1..%d dividing a page's %zu bytes\n",
+                PD_XFER_SHARDS_MAX, PAGE_BYTES);
         return 2;
     }
+    const size_t spb = PAGE_BYTES / (size_t)n_shards; /* one page of one shard */
     pd_log_set_level(PD_LOG_WARNING);
     struct pd_backend *be = NULL;
     struct pd_backend_opts bo = {.kind = cuda ? PD_BACKEND_CUDA : PD_BACKEND_CPU, .threads = 1};
     if (pd_backend_new(&bo, &be))
         die("backend");
     const uint32_t n_pages = 2 * room_pages; /* rooms alternate halves: no page reused at once */
-    size_t pool_bytes = PAGE_BYTES * n_pages;
-    void *spool = NULL, *rpool = NULL;
-    if (pd_backend_alloc(be, pool_bytes, &spool) || pd_backend_alloc(be, pool_bytes, &rpool))
-        die("pools");
-    uint8_t *pattern = pd_malloc(pool_bytes), *back = pd_malloc(pool_bytes);
+    size_t pool_bytes = spb * n_pages;       /* one shard's pool */
+    void *spool[PD_XFER_SHARDS_MAX] = {0}, *rpool[PD_XFER_SHARDS_MAX] = {0};
+    for (int k = 0; k < n_shards; k++)
+        if (pd_backend_alloc(be, pool_bytes, &spool[k]) ||
+            pd_backend_alloc(be, pool_bytes, &rpool[k]))
+            die("pools");
+    /* [n_shards][pool_bytes]: every shard its own bytes, so one in another's place shows */
+    uint8_t *pattern = pd_malloc(pool_bytes * (size_t)n_shards), *back = pd_malloc(pool_bytes);
     if (!pattern || !back)
         die("host buffers");
-    for (size_t i = 0; i < pool_bytes; i++)
+    for (size_t i = 0; i < pool_bytes * (size_t)n_shards; i++)
         pattern[i] = (uint8_t)(i * 2654435761u >> 13);
-    if (pd_backend_upload(be, spool, pattern, pool_bytes) || pd_backend_sync(be))
+    for (int k = 0; k < n_shards; k++)
+        if (pd_backend_upload(be, spool[k], pattern + (size_t)k * pool_bytes, pool_bytes))
+            die("filling the pool");
+    if (pd_backend_sync(be))
         die("filling the pool");
 
     struct pd_devmem *sdm = NULL, *rdm = NULL;
@@ -130,15 +148,19 @@ int main(int argc, char **argv) {
         die("transfer engines");
     struct pd_xfer_info xi;
     pd_xfer_get_info(snd.x, &xi);
-    if (pd_xfer_register_device_pool(snd.x, spool, PAGE_BYTES, n_pages, sdm, xi.cuda_memory) ||
-        pd_xfer_register_device_pool(rcv.x, rpool, PAGE_BYTES, n_pages, rdm, xi.cuda_memory))
+    if (pd_xfer_register_device_pool_shards(snd.x, spool, n_shards, spb, n_pages, sdm,
+                                            xi.cuda_memory) ||
+        pd_xfer_register_device_pool_shards(rcv.x, rpool, n_shards, spb, n_pages, rdm,
+                                            xi.cuda_memory))
         die("registering the pools");
-    struct pd_xfer_peer_info ri = {
-        .remote_id = pd_xfer_id(rcv.x), .page_bytes = PAGE_BYTES, .n_pages = n_pages};
-    pd_xfer_local_address(rcv.x, &ri.worker_addr, &ri.worker_addr_len);
-    pd_xfer_local_rkey(rcv.x, &ri.rkey, &ri.rkey_len, &ri.base);
-    if (!no_ipc) /* as decode's Pair carries it: the sender copies into the mapped pool */
-        pd_xfer_local_ipc(rcv.x, &ri.ipc_handle, &ri.ipc_handle_len);
+    struct pd_xfer_peer_info ri; /* what decode's Pair carries */
+    pd_xfer_local_peer_info(rcv.x, &ri);
+    if (no_ipc) { /* else the sender copies into the mapped pool (every shard's) */
+        ri.ipc_handle = NULL;
+        ri.ipc_handle_len = 0;
+        for (int k = 0; k < n_shards; k++)
+            ri.shards[k].ipc_handle_len = 0;
+    }
     struct pd_xfer_peer_info si = {.remote_id = pd_xfer_id(snd.x)};
     pd_xfer_local_address(snd.x, &si.worker_addr, &si.worker_addr_len);
     if (pd_xfer_peer_connect(snd.x, &ri, NULL, &snd.peer) ||
@@ -168,10 +190,12 @@ int main(int argc, char **argv) {
         if (k > 0)
             t_xfer += now_s() - t0;
         if (k == 0) {
-            size_t off = (size_t)pg[0] * PAGE_BYTES, len = (size_t)room_pages * PAGE_BYTES;
-            if (pd_backend_download(be, back, (char *)rpool + off, len))
-                die("reading the pool back");
-            bad = memcmp(back, pattern + off, len) != 0;
+            size_t off = (size_t)pg[0] * spb, len = (size_t)room_pages * spb;
+            for (int s = 0; s < n_shards; s++) {
+                if (pd_backend_download(be, back, (char *)rpool[s] + off, len))
+                    die("reading the pool back");
+                bad += memcmp(back, pattern + (size_t)s * pool_bytes + off, len) != 0;
+            }
         }
     }
     if (snd.failed || rcv.failed || bad) {
@@ -183,27 +207,36 @@ int main(int argc, char **argv) {
     double room_bytes = (double)room_pages * (double)PAGE_BYTES;
     double t0 = now_s();
     for (int k = 0; k < rooms; k++) {
-        size_t off = (size_t)(k % 2) * room_pages * PAGE_BYTES;
-        if (pd_devmem_copy(sdm, (char *)rpool + off, (char *)spool + off, (size_t)room_bytes))
-            die("copying");
+        size_t off = (size_t)(k % 2) * room_pages * spb;
+        for (int s = 0; s < n_shards; s++) /* one copy per shard, as a run of the transfer */
+            if (pd_devmem_copy(sdm, (char *)rpool[s] + off, (char *)spool[s] + off,
+                               (size_t)room_pages * spb))
+                die("copying");
     }
     double t_copy = now_s() - t0;
     double gbs = room_bytes * rooms / t_xfer / 1e9, copy_gbs = room_bytes * rooms / t_copy / 1e9;
     pd_xfer_get_info(snd.x, &xi);
     const char *path = xi.ipc_bytes ? "cuda-ipc" : xi.staged ? "staged" : "direct";
-    printf("kv transfer (%s, %s): %d rooms of %u pages (%.1f MiB): %.2f GB/s; device copy of "
-           "the same bytes: %.2f GB/s; ratio %.3f; lane %s\n",
-           device, path, rooms, room_pages, room_bytes / 1048576.0, gbs, copy_gbs, gbs / copy_gbs,
-           pd_xfer_peer_transport(snd.peer));
+    printf("kv transfer (%s, %s, %d shard%s): %d rooms of %u pages (%.1f MiB): %.2f GB/s; device "
+           "copy of the same bytes: %.2f GB/s; ratio %.3f; lane %s\n",
+           device, path, n_shards, n_shards == 1 ? "" : "s", rooms, room_pages,
+           room_bytes / 1048576.0, gbs, copy_gbs, gbs / copy_gbs, pd_xfer_peer_transport(snd.peer));
+    struct pd_xfer_info rxi;
+    pd_xfer_get_info(rcv.x, &rxi);
+    if (xi.staged && !xi.ipc_bytes)
+        printf("receiver: %.1f MiB copied host->device through its ring; ring full: %" PRIu64
+               " messages kept, %" PRIu64 " waits\n",
+               (double)rxi.recv_staged_bytes / 1048576.0, rxi.recv_held, rxi.recv_waits);
     if (json_path) {
         FILE *f = fopen(json_path, "w");
         if (!f)
             return 1;
         fprintf(f,
-                "{\"device\":\"%s\",\"path\":\"%s\",\"lane\":\"%s\",\"rooms\":%d,"
-                "\"room_bytes\":%.0f,\"xfer_gbps\":%.3f,\"copy_gbps\":%.3f,\"ratio\":%.4f}\n",
-                device, path, pd_xfer_peer_transport(snd.peer), rooms, room_bytes, gbs, copy_gbs,
-                gbs / copy_gbs);
+                "{\"device\":\"%s\",\"path\":\"%s\",\"lane\":\"%s\",\"shards\":%d,"
+                "\"rooms\":%d,\"room_bytes\":%.0f,\"xfer_gbps\":%.3f,\"copy_gbps\":%.3f,"
+                "\"ratio\":%.4f,\"recv_held\":%" PRIu64 ",\"recv_waits\":%" PRIu64 "}\n",
+                device, path, pd_xfer_peer_transport(snd.peer), n_shards, rooms, room_bytes, gbs,
+                copy_gbs, gbs / copy_gbs, rxi.recv_held, rxi.recv_waits);
         fclose(f);
     }
     pd_xfer_free(snd.x);
@@ -212,8 +245,10 @@ int main(int argc, char **argv) {
     uv_loop_close(&loop);
     pd_devmem_free(sdm);
     pd_devmem_free(rdm);
-    pd_backend_release(be, spool);
-    pd_backend_release(be, rpool);
+    for (int k = 0; k < n_shards; k++) {
+        pd_backend_release(be, spool[k]);
+        pd_backend_release(be, rpool[k]);
+    }
     pd_backend_free(be);
     pd_free(pages);
     pd_free(pattern);

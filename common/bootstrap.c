@@ -248,6 +248,7 @@ static bool pair_peer_info(const Pdserve__V1__PairRequest *rq, const struct pd_b
         .ipc_handle_len = rq->kv_ipc_handle.len,
         .n_shards = (int)more + 1,
         .shard_page_bytes = rq->kv_shard_page_bytes,
+        .am_only = rq->kv_am_only,
     };
     pi->shards[0] = (struct pd_xfer_shard){.rkey = pi->rkey,
                                            .rkey_len = pi->rkey_len,
@@ -790,6 +791,7 @@ static int start_pair(pd_bootstrap_client_t *c) {
         rq.kv_shard_page_bytes = me.shard_page_bytes;
     }
     rq.kv_pages = me.n_pages;
+    rq.kv_am_only = me.am_only;
     rq.layout = &lpb;
     rq.engine_id = me.remote_id;
     int rc = client_call(c, PD_BOOTSTRAP_METHOD_PAIR, &rq.base, on_pair_reply, c);

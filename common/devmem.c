@@ -84,6 +84,12 @@ int pd_devmem_ipc_open(struct pd_devmem *d, const uint8_t *handle, size_t len, v
     return d->ops->ipc_open(d, handle, len, base);
 }
 
+int pd_devmem_host_stall(struct pd_devmem *d, bool stall) {
+    if (!d->ops->host_stall || d->ops->host_stall(d, stall) != PD_OK)
+        return pd_errorf(PD_EINVAL, "stalling copies: %s is not a deferred host devmem", d->name);
+    return PD_OK;
+}
+
 void pd_devmem_ipc_close(struct pd_devmem *d, void *base) {
     if (base)
         d->ops->ipc_close(d, base);
@@ -100,6 +106,8 @@ struct host_copy {
 struct host_devmem {
     struct pd_devmem base;
     bool deferred;
+    bool reverse;
+    bool stalled;        /* tests: queries run nothing */
     struct host_copy *q; /* queued copies q[done - head_seq ..] */
     size_t q_len, q_cap, q_head;
     uint64_t enqueued, done;
@@ -172,12 +180,30 @@ static int host_event_record(struct pd_devmem *d, struct pd_devmem_event *e) {
     return PD_OK;
 }
 
+/* Runs the queued copies up to the target last-first (reverse mode). */
+static void host_run_reversed(struct host_devmem *h, uint64_t target) {
+    size_t n = h->q_len - h->q_head;
+    if (target - h->done < n)
+        n = (size_t)(target - h->done);
+    for (size_t k = n; k-- > 0;) {
+        struct host_copy *c = &h->q[h->q_head + k];
+        memcpy(c->dst, c->src, c->bytes);
+    }
+    h->q_head += n;
+    h->done += n;
+    if (h->q_head == h->q_len)
+        h->q_head = h->q_len = 0;
+}
+
 static int host_event_query(struct pd_devmem *d, struct pd_devmem_event *e) {
     struct host_devmem *h = (struct host_devmem *)d;
     /* every other query runs the queue up to the event: a first look always finds it pending */
-    if (h->done < e->target && (h->queries++ & 1))
+    if (h->done < e->target && !h->stalled && (h->queries++ & 1)) {
+        if (h->reverse)
+            host_run_reversed(h, e->target);
         while (h->done < e->target && h->q_head < h->q_len)
             host_run_one(h);
+    }
     return h->done >= e->target ? 1 : 0;
 }
 
@@ -234,6 +260,14 @@ static void host_ipc_close(struct pd_devmem *d, void *base) {
     (void)base;
 }
 
+static int host_stall(struct pd_devmem *d, bool stall) {
+    struct host_devmem *h = (struct host_devmem *)d;
+    if (!h->deferred)
+        return PD_EINVAL; /* copies run at once: nothing to hold */
+    h->stalled = stall;
+    return PD_OK;
+}
+
 static const struct pd_devmem_ops host_ops = {
     .free = host_free,
     .copy_async = host_copy_async,
@@ -248,6 +282,7 @@ static const struct pd_devmem_ops host_ops = {
     .ipc_export = host_ipc_export,
     .ipc_open = host_ipc_open,
     .ipc_close = host_ipc_close,
+    .host_stall = host_stall,
 };
 
 int pd__devmem_host_new(const struct pd_devmem_opts *o, struct pd_devmem **out) {
@@ -256,7 +291,11 @@ int pd__devmem_host_new(const struct pd_devmem_opts *o, struct pd_devmem **out) 
         return pd_error_wrap(PD_ENOMEM, "host device-memory");
     h->base.ops = &host_ops;
     h->deferred = o->host_deferred;
-    snprintf(h->base.name, sizeof(h->base.name), "host%s", h->deferred ? " (deferred)" : "");
+    h->reverse = o->host_deferred && o->host_reverse;
+    snprintf(h->base.name, sizeof(h->base.name), "host%s",
+             h->reverse    ? " (deferred, out of order)"
+             : h->deferred ? " (deferred)"
+                           : "");
     *out = &h->base;
     return PD_OK;
 }

@@ -28,6 +28,10 @@ struct pd_devmem_opts {
     /* host: copies are queued and run only at every second event query, so a consumer that reads a
      * destination before its event reports done sees stale bytes (tests of the ordering). */
     bool host_deferred;
+    /* host, deferred: the copies an event query runs go last-first, so copies finish out of
+     * order, as parallel copy engines would let them (only an event says that they are done;
+     * copies of one batch never overlap in their destination in the transfer's use) */
+    bool host_reverse;
 };
 
 struct pd_devmem;
@@ -65,6 +69,11 @@ int pd_devmem_ipc_export(struct pd_devmem *d, void *base, uint8_t *handle, size_
 int pd_devmem_ipc_open(struct pd_devmem *d, const uint8_t *handle, size_t len, void **base);
 void pd_devmem_ipc_close(struct pd_devmem *d, void *base);
 
+/* Tests: while a deferred host devmem is stalled, event queries run no copies (they report
+ * pending; sync and free still run them all), so a test can hold copies in flight across loop
+ * turns. PD_EINVAL for any other devmem. */
+int pd_devmem_host_stall(struct pd_devmem *d, bool stall);
+
 /* Page-locked host memory (staging ring); zeroed. */
 int pd_devmem_host_alloc(struct pd_devmem *d, size_t bytes, void **out);
 void pd_devmem_host_free(struct pd_devmem *d, void *p);
@@ -84,6 +93,7 @@ struct pd_devmem_ops {
     int (*ipc_export)(struct pd_devmem *d, void *base, uint8_t *handle, size_t *len);
     int (*ipc_open)(struct pd_devmem *d, const uint8_t *handle, size_t len, void **base);
     void (*ipc_close)(struct pd_devmem *d, void *base);
+    int (*host_stall)(struct pd_devmem *d, bool stall); /* host only; NULL elsewhere */
 };
 
 struct pd_devmem {

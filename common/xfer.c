@@ -89,12 +89,17 @@ struct room {
     uint64_t abort_deadline_ms; /* receiver, ROOM_ABORTING: loop time */
     uint32_t *dst;              /* [n_dst] receiver pool page indices, in the sender's order */
     uint32_t n_dst;
-    uint64_t data_bytes;  /* sender: page bytes posted as AM; receiver: bytes received */
+    uint64_t data_bytes;  /* sender: page bytes posted as AM; receiver: bytes in its pages
+                             (device pool: whose host→device copies completed) */
     uint32_t staged_jobs; /* sender, staged: runs queued or in the ring, not yet posted */
     bool finish_wait;     /* sender, staged: finished; flush once staged_jobs reaches 0 */
     bool staged_drop;     /* sender, staged: aborted; its queued runs are dropped, not sent */
     bool ipc_posted;      /* sender, IPC peer: device copies enqueued for this room */
     bool ipc_waiting;     /* sender, IPC peer: an event after its copies is queued (ipc_waits) */
+    /* receiver, device pool: bytes of its pages copied host→device that are not done yet; the
+     * room ends (end_deferred) only once they are, so its pages are never reused under a copy */
+    uint64_t recv_copying;
+    bool end_deferred; /* ended (state ROOM_ENDED) but waits for recv_copying to reach 0 */
     struct pd_xfer_notice notice;
 };
 
@@ -121,6 +126,44 @@ struct stage_slot {
     char *buf; /* pinned host, slot_bytes */
 };
 
+/* The receive side of a device pool: each arriving data message is copied into the filling slot
+ * of a pinned ring (eager data is only valid during the callback) and from there host→device on
+ * the transfer stream. Consecutive messages of a run are consecutive in the slot and at the
+ * destination, so their copies coalesce into one (rpend) of up to RECV_COPY_MAX bytes, enqueued
+ * when the next message does not continue it, when it is that long, or before the ring is
+ * polled — one copy and one event record per run and slot, not per 64 KiB message, since each
+ * costs microseconds of CUDA API time. The slot's event is recorded after each. A message counts
+ * for its room (data_bytes) only when its slot's event completed, so the room — whose end needs
+ * every announced byte counted — never ends before its bytes are on the device. Slots are used in
+ * ring order and the stream runs copies in order, so they complete oldest first. A slot keeps which
+ * rooms its bytes belong to as spans (consecutive messages of one room merge into one). */
+#define RECV_SPANS 64 /* rooms' spans per receive slot; a slot with all of them is sealed */
+#define RECV_HELD 256 /* messages kept (UCX persistent data) while the receive ring is full */
+#define RECV_COPY_MAX ((size_t)512 << 10) /* bytes: a coalesced copy is enqueued at this size */
+
+struct recv_span {
+    uint64_t room, serial;
+    uint64_t bytes;
+};
+
+struct recv_slot {
+    char *buf;   /* pinned host, rslot_bytes */
+    size_t used; /* bytes */
+    bool sealed; /* takes no more messages; freed once its event completed */
+    bool failed; /* a copy from it could not be enqueued: its rooms fail */
+    struct pd_devmem_event *ev;
+    int n_spans;
+    struct recv_span spans[RECV_SPANS];
+};
+
+/* A message kept while the ring was full: UCX's persistent data, released after its copy. */
+struct recv_held {
+    uint64_t room, serial;
+    char *dst; /* device: where it goes */
+    void *data;
+    size_t len;
+};
+
 enum peer_state { PEER_UP, PEER_CLOSING, PEER_CLOSED };
 
 struct pd_xfer_peer {
@@ -140,6 +183,7 @@ struct pd_xfer_peer {
     int close_status;   /* rooms end with this */
     bool close_pending; /* ucp_ep_close_nbx request in flight */
     bool am_data;       /* pages go as active messages (lane without hardware RMA) */
+    bool am_only;       /* its pool is staged GPU memory: no RMA into it, messages only */
     size_t am_chunk;    /* page bytes per active message: one eager fragment of the lane */
     /* the receiver's pool mapped here, per shard (CUDA IPC): pages are device copies; all or
      * none of the shards are mapped */
@@ -225,7 +269,27 @@ struct pd_xfer {
     struct pd_devmem_event **free_evs;
     size_t n_free_evs, free_evs_cap;
     uint64_t ipc_bytes; /* sender: bytes copied through IPC mappings */
+    /* receive ring (device pool; see struct recv_slot): slots [rhead, rhead + rcount) mod
+     * n_rslots are in use, the last of them filling unless sealed */
+    void *rring; /* pinned host, n_rslots * rslot_bytes; not registered with UCX */
+    size_t rslot_bytes;
+    int n_rslots, rhead, rcount;
+    struct recv_slot *rslots;
+    struct {
+        struct recv_slot *slot; /* NULL: nothing pending */
+        char *dst;              /* device */
+        const char *src;        /* in slot */
+        size_t len;
+    } rpend;                /* the coalesced copy not yet enqueued (see struct recv_slot) */
+    struct recv_held *held; /* FIFO [held_head, held_head + n_held) mod RECV_HELD */
+    size_t held_head, n_held;
+    uint64_t recv_copying;      /* bytes whose host→device copies are not done */
+    uint64_t recv_staged_bytes; /* bytes whose copies completed */
+    uint64_t recv_held_msgs;    /* messages kept because the ring was full */
+    uint64_t recv_waits;        /* ring full, message not keepable: waited for the oldest slot */
 };
+
+static void recv_ring_free(pd_xfer_t *x);
 
 /* ---- status translation: the one place ucs_status_t is interpreted ---- */
 
@@ -430,7 +494,16 @@ static int room_new(pd_xfer_t *x, struct pd_xfer_peer *p, uint64_t id, enum room
     return PD_OK;
 }
 
-/* Moves a room to the end queue; xfer_run calls on_room_end and frees it. */
+static void room_end_queue(pd_xfer_t *x, struct room *r) {
+    r->end_deferred = false;
+    r->qnext = NULL;
+    *x->end_tail = r;
+    x->end_tail = &r->qnext;
+}
+
+/* Ends a room: no data for it is accepted any more, and it moves to the end queue (xfer_run
+ * calls on_room_end and frees it) — for a receiver with host→device copies of its data still in
+ * flight, only once they are done (recv_complete), since on_room_end hands its pages back. */
 static void room_end(pd_xfer_t *x, struct room *r, int status) {
     if (r->state == ROOM_ENDED)
         return;
@@ -440,9 +513,11 @@ static void room_end(pd_xfer_t *x, struct room *r, int status) {
     }
     r->state = ROOM_ENDED;
     r->status = status;
-    r->qnext = NULL;
-    *x->end_tail = r;
-    x->end_tail = &r->qnext;
+    if (r->recv_copying) {
+        r->end_deferred = true;
+        return;
+    }
+    room_end_queue(x, r);
 }
 
 static void room_unlink_and_free(pd_xfer_t *x, struct room *r) {
@@ -611,6 +686,203 @@ static void room_try_complete(pd_xfer_t *x, struct room *r) {
     }
 }
 
+/* ---- the receive ring (device pool): see struct recv_slot ---- */
+
+/* The slot a message of len bytes for room r goes into, or NULL when the ring is full. */
+static struct recv_slot *recv_slot_take(pd_xfer_t *x, const struct room *r, size_t len) {
+    if (x->rcount > 0) {
+        struct recv_slot *s = &x->rslots[(x->rhead + x->rcount - 1) % x->n_rslots];
+        const struct recv_span *last = s->n_spans ? &s->spans[s->n_spans - 1] : NULL;
+        bool merges = last && last->room == r->id && last->serial == r->serial;
+        if (!s->sealed && s->used + len <= x->rslot_bytes && (merges || s->n_spans < RECV_SPANS))
+            return s;
+        s->sealed = true;
+    }
+    if (x->rcount == x->n_rslots)
+        return NULL;
+    struct recv_slot *s = &x->rslots[(x->rhead + x->rcount) % x->n_rslots];
+    x->rcount++;
+    s->used = 0;
+    s->n_spans = 0;
+    s->sealed = false;
+    s->failed = false;
+    return s;
+}
+
+/* Enqueues the coalesced copy and records its slot's event after it. A failure marks the slot
+ * failed (its rooms fail when it is polled) after waiting for the stream, so that nothing of an
+ * earlier copy lands after those rooms end. */
+static void recv_flush(pd_xfer_t *x) {
+    struct recv_slot *s = x->rpend.slot;
+    if (!s)
+        return;
+    int rc = pd_devmem_copy_async(x->dm, x->rpend.dst, x->rpend.src, x->rpend.len);
+    if (rc == PD_OK)
+        rc = pd_devmem_event_record(x->dm, s->ev);
+    if (rc) {
+        pd_warn("xfer: receiving pages: %s; failing the rooms of the slot", pd_error_msg());
+        s->failed = true;
+        (void)pd_devmem_sync(x->dm);
+    }
+    x->rpend.slot = NULL;
+    x->rpend.len = 0;
+}
+
+/* Copies a message into the ring and adds its host→device copy to dst to the pending one (see
+ * struct recv_slot); it counts for the room once the copy is done. PD_EAGAIN: the ring is full
+ * (nothing done). */
+static int recv_copy(pd_xfer_t *x, struct room *r, char *dst, const void *data, size_t len) {
+    struct recv_slot *s = recv_slot_take(x, r, len);
+    if (!s)
+        return PD_EAGAIN;
+    char *buf = s->buf + s->used;
+    memcpy(buf, data, len);
+    if (x->rpend.slot == s && x->rpend.src + x->rpend.len == buf &&
+        x->rpend.dst + x->rpend.len == dst) {
+        x->rpend.len += len; /* the run goes on */
+    } else {
+        recv_flush(x);
+        x->rpend.slot = s;
+        x->rpend.dst = dst;
+        x->rpend.src = buf;
+        x->rpend.len = len;
+    }
+    s->used += len;
+    struct recv_span *last = s->n_spans ? &s->spans[s->n_spans - 1] : NULL;
+    if (last && last->room == r->id && last->serial == r->serial)
+        last->bytes += len;
+    else
+        s->spans[s->n_spans++] = (struct recv_span){r->id, r->serial, len};
+    r->recv_copying += len;
+    x->recv_copying += len;
+    if (x->rpend.len >= RECV_COPY_MAX)
+        recv_flush(x);
+    return PD_OK;
+}
+
+/* Slots whose copies are done count their bytes for their rooms and are reused, oldest first.
+ * wait: the ring is full and a message cannot be kept — wait until the oldest slot is done
+ * (bounded: one slot's copies) and free just that one. Returns true when a slot was freed. */
+static bool recv_complete(pd_xfer_t *x, bool wait) {
+    bool freed = false;
+    recv_flush(x); /* the events must cover every copy of their slots */
+    while (x->rcount > 0) {
+        struct recv_slot *s = &x->rslots[x->rhead];
+        int q = pd_devmem_event_query(x->dm, s->ev);
+        for (int spins = 0; q == 0 && wait; spins++) {
+            if (spins == 1000 && pd_devmem_sync(x->dm) != PD_OK) { /* then block, not spin */
+                q = -1;
+                break;
+            }
+            q = pd_devmem_event_query(x->dm, s->ev);
+        }
+        if (q == 0)
+            break;
+        if (q < 0)
+            pd_warn("xfer: receiving pages: %s; failing the rooms of %d spans", pd_error_msg(),
+                    s->n_spans);
+        if (s->failed)
+            q = -1;
+        for (int i = 0; i < s->n_spans; i++) {
+            const struct recv_span *sp = &s->spans[i];
+            x->recv_copying -= sp->bytes;
+            struct room *r = room_find(x, sp->room);
+            if (!r || r->serial != sp->serial)
+                continue; /* cannot be: a room with copies in flight does not end */
+            r->recv_copying -= sp->bytes;
+            if (r->state != ROOM_ENDED) {
+                r->data_bytes += q > 0 ? sp->bytes : 0;
+                x->recv_staged_bytes += q > 0 ? sp->bytes : 0;
+                if (q < 0)
+                    room_end(x, r, PD_EINTERNAL);
+                else
+                    room_try_complete(x, r);
+            } else if (r->end_deferred && r->recv_copying == 0) {
+                room_end_queue(x, r); /* every copy into its pages is done: they may go back */
+            }
+        }
+        s->used = 0;
+        s->n_spans = 0;
+        s->sealed = false;
+        x->rhead = (x->rhead + 1) % x->n_rslots;
+        x->rcount--;
+        freed = true;
+        if (wait)
+            break;
+    }
+    return freed;
+}
+
+/* Messages kept while the ring was full go in as it frees up; those of rooms that ended meanwhile
+ * are dropped (their pages may be someone else's). */
+static bool recv_drain_held(pd_xfer_t *x) {
+    bool changed = false;
+    while (x->n_held) {
+        struct recv_held *h = &x->held[x->held_head];
+        struct room *r = room_find(x, h->room);
+        int rc = PD_OK;
+        if (!r || r->serial != h->serial || r->state == ROOM_ENDED)
+            x->dropped_writes++;
+        else if ((rc = recv_copy(x, r, h->dst, h->data, h->len)) == PD_EAGAIN)
+            break;
+        if (rc) {
+            pd_warn("xfer: room %" PRIu64 ": %s; failing the room", r->id, pd_error_msg());
+            room_end(x, r, rc);
+        }
+        ucp_am_data_release(x->worker, h->data);
+        x->held_head = (x->held_head + 1) % RECV_HELD;
+        x->n_held--;
+        changed = true;
+    }
+    return changed;
+}
+
+static bool run_recv(pd_xfer_t *x) {
+    bool changed = recv_complete(x, false);
+    return recv_drain_held(x) || changed;
+}
+
+/* A validated data message for room r into dst (device). Kept (UCS_INPROGRESS) when the ring is
+ * full and UCX lets us keep it; else, when the ring is full, waits for its oldest slot. */
+static ucs_status_t recv_data(pd_xfer_t *x, struct room *r, char *dst, void *data, size_t len,
+                              const ucp_am_recv_param_t *param) {
+    if (len > x->rslot_bytes) { /* never from our sender: its messages are one eager fragment */
+        x->dropped_writes++;
+        pd_warn("xfer: room %" PRIu64 ": a page-data message of %zu bytes, more than a receive "
+                "slot of %zu; failing the room",
+                r->id, len, x->rslot_bytes);
+        room_end(x, r, PD_ERANGE);
+        return UCS_OK;
+    }
+    /* kept messages go first: a message that overtook them could starve them */
+    int rc = x->n_held ? PD_EAGAIN : recv_copy(x, r, dst, data, len);
+    if (rc == PD_EAGAIN && (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_DATA) &&
+        x->n_held < RECV_HELD) {
+        x->held[(x->held_head + x->n_held) % RECV_HELD] =
+            (struct recv_held){r->id, r->serial, dst, data, len};
+        x->n_held++;
+        x->recv_held_msgs++;
+        return UCS_INPROGRESS; /* released by recv_drain_held */
+    }
+    if (rc == PD_EAGAIN) {
+        /* The eager data is gone after this callback: wait for the oldest slot (its copies were
+         * enqueued before, so this is bounded by one slot of copies), then take it. */
+        while ((rc = recv_copy(x, r, dst, data, len)) == PD_EAGAIN) {
+            x->recv_waits++;
+            recv_complete(x, true);
+            if (r->state == ROOM_ENDED) { /* a failed copy ended it meanwhile */
+                x->dropped_writes++;
+                return UCS_OK;
+            }
+        }
+    }
+    if (rc) {
+        pd_warn("xfer: room %" PRIu64 ": %s; failing the room", r->id, pd_error_msg());
+        room_end(x, r, rc);
+    }
+    return UCS_OK;
+}
+
 static ucs_status_t on_notice_am(void *arg, const void *header, size_t header_length, void *data,
                                  size_t length, const ucp_am_recv_param_t *param) {
     pd_xfer_t *x = arg;
@@ -692,16 +964,9 @@ static ucs_status_t on_data_am(void *arg, const void *header, size_t header_leng
         return UCS_OK;
     }
     char *dst = (char *)x->pool_bases[shard] + (size_t)r->dst[index] * pb + off;
-    if (x->dm) {
-        int rc = pd_devmem_copy(x->dm, dst, data, length);
-        if (rc) {
-            pd_warn("xfer: room %" PRIu64 ": %s; failing the room", room, pd_error_msg());
-            room_end(x, r, rc);
-            return UCS_OK;
-        }
-    } else {
-        memcpy(dst, data, length);
-    }
+    if (x->dm)
+        return recv_data(x, r, dst, data, length, param); /* counted once on the device */
+    memcpy(dst, data, length);
     r->data_bytes += length;
     room_try_complete(x, r);
     return UCS_OK;
@@ -1117,6 +1382,8 @@ static void xfer_run(pd_xfer_t *x) {
             changed |= run_stage(x);
         if (x->n_ipc)
             changed |= run_ipc(x);
+        if (x->rcount || x->n_held)
+            changed |= run_recv(x);
         run_deadlines(x);
         changed |= run_peers(x);
         /* The end queue: call the user, free the room (UCX holds ops, not rooms). */
@@ -1175,7 +1442,7 @@ static void xfer_run(pd_xfer_t *x) {
  * nothing when idle (the event fd wakes us). */
 static void arm_timer(pd_xfer_t *x, bool again) {
     bool busy = x->outstanding > 0 || x->n_unflushed > 0 || x->end_head || x->flushed_head ||
-                x->n_jobs > 0 || x->n_ipc > 0;
+                x->n_jobs > 0 || x->n_ipc > 0 || x->rcount > 0 || x->n_held > 0;
     for (int i = 0; !busy && i < x->n_slots; i++)
         busy = x->slots[i].state == SLOT_COPYING;
     for (struct pd_xfer_peer *p = x->peers; !busy && p; p = p->next)
@@ -1418,7 +1685,10 @@ static void on_handle_closed(uv_handle_t *h) {
         ucp_rkey_buffer_release(x->rkey_buf[k]);
         ucp_mem_unmap(x->ctx, x->memh[k]);
     }
+    for (size_t k = 0; k < x->n_held; k++) /* UCX's: back before the worker goes */
+        ucp_am_data_release(x->worker, x->held[(x->held_head + k) % RECV_HELD].data);
     ucp_worker_destroy(x->worker); /* no callback can come after this */
+    recv_ring_free(x);
     for (int i = 0; x->slots && i < x->n_slots; i++)
         pd_devmem_event_free(x->dm, x->slots[i].ev);
     pd_free(x->slots);
@@ -1487,6 +1757,10 @@ void pd_xfer_get_info(const pd_xfer_t *x, struct pd_xfer_info *out) {
     out->staged = x->staged;
     out->staged_bytes = x->staged_bytes;
     out->ipc_bytes = x->ipc_bytes;
+    out->recv_staged_bytes = x->recv_staged_bytes;
+    out->recv_copying_bytes = x->recv_copying;
+    out->recv_held = x->recv_held_msgs;
+    out->recv_waits = x->recv_waits;
 }
 
 /* A pool's shape, checked before anything is mapped. */
@@ -1587,6 +1861,51 @@ int pd_xfer_register_pool_shards(pd_xfer_t *x, void *const *bases, int n_shards,
     return PD_OK;
 }
 
+/* The receive ring of a device pool: as many slots as the send ring, each at least one page and
+ * one largest message, with the events and the kept-message queue: nothing per message later. */
+static int recv_ring_new(pd_xfer_t *x, struct pd_devmem *dm, size_t page_bytes) {
+    size_t want = x->cfg.stage_slot_bytes ? x->cfg.stage_slot_bytes : (size_t)4 << 20;
+    want = want < page_bytes ? page_bytes : want;
+    x->rslot_bytes = want < AM_MSG_MAX + 1 ? AM_MSG_MAX + 1 : want;
+    x->n_rslots = x->cfg.stage_slots > 0 ? x->cfg.stage_slots : 4;
+    x->rslots = pd_calloc((size_t)x->n_rslots, sizeof(*x->rslots));
+    x->held = pd_malloc(RECV_HELD * sizeof(*x->held));
+    int rc = PD_OK;
+    if (!x->rslots || !x->held) {
+        rc = pd_error_wrap(PD_ENOMEM, "the receive ring");
+        goto fail;
+    }
+    for (int i = 0; i < x->n_rslots; i++)
+        if ((rc = pd_devmem_event_new(dm, &x->rslots[i].ev)) != PD_OK)
+            goto fail;
+    if ((rc = pd_devmem_host_alloc(dm, x->rslot_bytes * (size_t)x->n_rslots, &x->rring)) != PD_OK)
+        goto fail;
+    for (int i = 0; i < x->n_rslots; i++)
+        x->rslots[i].buf = (char *)x->rring + x->rslot_bytes * (size_t)i;
+    x->dm = dm;
+    return PD_OK;
+fail:
+    x->dm = dm;
+    recv_ring_free(x);
+    x->dm = NULL;
+    return rc;
+}
+
+/* After the worker is gone or before it saw the ring; the devmem is still there. */
+static void recv_ring_free(pd_xfer_t *x) {
+    for (int i = 0; x->rslots && i < x->n_rslots; i++)
+        pd_devmem_event_free(x->dm, x->rslots[i].ev);
+    if (x->rring)
+        pd_devmem_host_free(x->dm, x->rring);
+    pd_free(x->rslots);
+    pd_free(x->held);
+    x->rslots = NULL;
+    x->held = NULL;
+    x->rring = NULL;
+    x->n_rslots = x->rcount = x->rhead = 0;
+    x->n_held = 0;
+}
+
 int pd_xfer_register_device_pool(pd_xfer_t *x, void *base, size_t page_bytes, uint32_t n_pages,
                                  struct pd_devmem *dm, bool ucx_direct) {
     return pd_xfer_register_device_pool_shards(x, &base, 1, page_bytes, n_pages, dm, ucx_direct);
@@ -1602,13 +1921,17 @@ int pd_xfer_register_device_pool_shards(pd_xfer_t *x, void *const *bases, int n_
     if (!dm)
         return pd_errorf(PD_EINVAL, "registering the GPU KV pool: no device");
     const size_t page_bytes = shard_page_bytes * (size_t)n_shards; /* one logical page */
+    if ((rc = recv_ring_new(x, dm, page_bytes)) != PD_OK)
+        return rc;
     if (ucx_direct) {
         if (!x->cuda_memory)
             return pd_errorf(PD_EUNSUPPORTED, "registering the GPU KV pool with UCX: this UCX "
                                               "does not support CUDA memory");
         rc = map_regions(x, bases, n_shards, shard_page_bytes * n_pages, true, "the GPU KV pool");
-        if (rc)
+        if (rc) {
+            recv_ring_free(x);
             return rc;
+        }
     } else {
         /* the ring: enough slots that copies and sends overlap; a slot holds at least a logical
          * page (every shard of it) */
@@ -1665,6 +1988,7 @@ fail_ring:
     x->jobs = NULL;
     x->ring = NULL;
     x->n_slots = 0;
+    recv_ring_free(x);
     x->dm = NULL;
     return rc;
 }
@@ -1696,6 +2020,7 @@ void pd_xfer_local_peer_info(const pd_xfer_t *x, struct pd_xfer_peer_info *out) 
     out->n_pages = x->n_pages;
     out->n_shards = x->n_shards;
     out->shard_page_bytes = x->shard_page_bytes;
+    out->am_only = x->staged; /* the rkeys below are the ring's: no put may use them */
     for (int k = 0; k < x->n_shards; k++) {
         int m = x->staged ? 0 : k; /* a staged pool hands out the ring's rkey for every shard */
         out->shards[k] = (struct pd_xfer_shard){
@@ -1770,7 +2095,7 @@ static void peer_find_transport(struct pd_xfer_peer *p) {
         return;
     enum pd_xfer_data_path dp = p->x->cfg.data_path;
     p->am_data = dp == PD_XFER_DATA_AM || (dp == PD_XFER_DATA_AUTO && !(used && hw_rma));
-    if (p->x->staged) /* GPU pages through the pinned ring, sent as active messages */
+    if (p->x->staged || p->am_only) /* GPU pages through a pinned ring (ours or the peer's) */
         p->am_data = true;
     if (p->ipc_base[0]) /* device copies into the peer's mapped pool; UCX carries the notice */
         p->am_data = false;
@@ -1783,6 +2108,7 @@ static void peer_find_transport(struct pd_xfer_peer *p) {
         snprintf(p->transport + used, sizeof(p->transport) - used, " (am of %zu bytes%s)",
                  p->am_chunk,
                  p->x->staged ? "; GPU pages staged through pinned host memory"
+                 : p->am_only ? "; the peer stages its GPU pages through pinned host memory"
                  : hw_rma     ? ""
                               : "; UCX has only sw-rma here");
 }
@@ -1846,10 +2172,17 @@ int pd_xfer_peer_connect(pd_xfer_t *x, const struct pd_xfer_peer_info *info, voi
                          "parallelism: rank r's shard goes to rank r's)",
                          info->remote_id, ns, ns == 1 ? "" : "s", spb, x->n_shards,
                          x->shard_page_bytes);
+    if (receiver && info->am_only && x->cfg.data_path == PD_XFER_DATA_PUT)
+        return pd_errorf(PD_EMISMATCH,
+                         "connecting peer %016" PRIx64 ": its KV pool is GPU memory staged "
+                         "through host memory, which takes pages only as active messages, but "
+                         "this engine is configured to send them as puts",
+                         info->remote_id);
     struct pd_xfer_peer *p = pd_calloc(1, sizeof(*p));
     if (!p)
         return pd_error_wrap(PD_ENOMEM, "connecting peer %016" PRIx64, info->remote_id);
     p->x = x;
+    p->am_only = receiver && info->am_only;
     p->user = peer_user;
     p->remote_id = info->remote_id;
     for (int k = 0; k < ns; k++)

@@ -32,11 +32,13 @@
  *
  * Ending. on_room_end fires exactly once per room, when that side may reuse the room's pages:
  * sender — after the notice left (or the failed notice, after an abort); receiver — when the
- * notice and all the data it announces arrived. A room on a failed peer ends with PD_EPEER only
- * after that peer's endpoint is force-closed, because UCX cannot cancel a put already posted: a
- * late write must never land in a reused page. An abort on the receiver ends when the sender's
- * failed notice (sent after a flush) arrives, when the control plane says no write can land
- * (pd_xfer_room_release), or — bounded — abort_timeout_ms later by force-closing the peer.
+ * notice and all the data it announces arrived (into a device pool: are on the device), and a
+ * receiving room that ends otherwise only once no copy into its pages is in flight. A room on a
+ * failed peer ends with PD_EPEER only after that peer's endpoint is force-closed, because UCX
+ * cannot cancel a put already posted: a late write must never land in a reused page. An abort on
+ * the receiver ends when the sender's failed notice (sent after a flush) arrives, when the
+ * control plane says no write can land (pd_xfer_room_release), or — bounded — abort_timeout_ms
+ * later by force-closing the peer.
  *
  * Shards. Under tensor parallelism a daemon's KV pool is S pools, one per rank, each holding that
  * rank's share of the kv heads for the same pages: logical page p is page p of every shard, and a
@@ -50,7 +52,8 @@
  * unsharded pool, on the wire too.
  *
  * GPU pools (pd_xfer_register_device_pool): registered with UCX directly when it takes CUDA
- * memory, else staged through a pinned host ring (see there).
+ * memory, else staged through a pinned host ring (see there); received page data goes host→device
+ * through a pinned receive ring, counted only once its copy is done.
  * Not here: the page allocator (callers own page indices), the bootstrap RPCs (common/bootstrap.h).
  */
 #ifndef PD_XFER_H
@@ -145,6 +148,11 @@ struct pd_xfer_info {
     bool staged;             /* GPU pool moved through the pinned staging ring */
     uint64_t staged_bytes;   /* sender: page bytes that went through the ring */
     uint64_t ipc_bytes;      /* sender: page bytes copied into peers' pools by CUDA IPC */
+    /* receiver, device pool (the receive ring, see pd_xfer_register_device_pool) */
+    uint64_t recv_staged_bytes;  /* page bytes whose host→device copies completed */
+    uint64_t recv_copying_bytes; /* page bytes whose copies are in flight now */
+    uint64_t recv_held;          /* messages kept by UCX while the ring was full (back-pressure) */
+    uint64_t recv_waits;         /* ring full, message not keepable: waits for the oldest slot */
 };
 
 /* One shard of a remote pool, as exchanged at Pair. */
@@ -179,6 +187,10 @@ struct pd_xfer_peer_info {
     int n_shards;
     uint64_t shard_page_bytes; /* one page of one shard; 0 = page_bytes / n_shards */
     struct pd_xfer_shard shards[PD_XFER_SHARDS_MAX];
+    /* The receiver's pool is GPU memory staged through a pinned host ring: its rkeys are the
+     * ring's, not the pool's, so nothing may be put into it; pages must come as active messages
+     * (or by IPC copies). A sender configured for puts only (PD_XFER_DATA_PUT) is refused. */
+    bool am_only;
 };
 
 /* Engine. cb is copied. The engine lives until pd_xfer_free's close completes on the loop. */
@@ -207,8 +219,15 @@ int pd_xfer_register_pool_shards(pd_xfer_t *x, void *const *bases, int n_shards,
  * slot of a pinned ring (registered with UCX; its rkey is what peers get) on dm's transfer
  * stream and sends the slot as active messages once the copy's event completed — the copy of
  * the next run overlaps the send of this one, and the room's flush + notice follow the last
- * run's send; the receiver copies every message host→device before counting it. dm (the device
- * the pool is on; devmem.h) must outlive the engine. */
+ * run's send. Either way the receiver copies each arriving message into a pinned receive ring
+ * (stage_slots slots of max(stage_slot_bytes, 64 KiB)) and from there host→device on dm's
+ * stream, asynchronously: a message counts for its room only once its copy's event completed,
+ * so the room ends only with every byte on the device, and a room that ends otherwise (release,
+ * failure, peer closed) reports on_room_end only after its copies in flight are done. A full
+ * ring keeps the message as UCX's persistent data (retried as slots free up) or, where UCX
+ * cannot keep it, waits for the oldest slot's copies (bounded by one slot). A staged pool's
+ * peer info says am_only: its rkey is the ring's, so pages must come as active messages. dm
+ * (the device the pool is on; devmem.h) must outlive the engine. */
 int pd_xfer_register_device_pool(pd_xfer_t *x, void *base, size_t page_bytes, uint32_t n_pages,
                                  struct pd_devmem *dm, bool ucx_direct);
 /* The same over shards (as pd_xfer_register_pool_shards), all on dm's transfer stream: ucx_direct
@@ -259,7 +278,8 @@ int pd_xfer_room_finish(pd_xfer_t *x, uint64_t room, const struct pd_xfer_notice
 int pd_xfer_room_expect(pd_xfer_t *x, pd_xfer_peer_t *p, uint64_t room, const uint32_t *dst_pages,
                         uint32_t n, void *room_user);
 /* Control plane confirmed that no write of this room can still land: end it now (aborting or
- * not). PD_ENOENT if the room is not live. */
+ * not): it takes no more data at once, and on_room_end follows once the host→device copies of
+ * data it already took (device pool) are done. PD_ENOENT if the room is not live. */
 int pd_xfer_room_release(pd_xfer_t *x, uint64_t room, int status);
 
 /* Either side. Sender: flush what was posted, then send a failed notice with status and why;

@@ -8,6 +8,9 @@
  * data path (active messages, puts, staged ring, IPC copies), each shard's part of a page with
  * its own content and checked byte for byte; shard sizes that are not a multiple of the message
  * size; connects with disagreeing shards refused; a forged shard number dropped.
+ * The staged receiver's ring: a host sender into a staged receiver whose copies land late and out
+ * of order, ring-full back-pressure, a room released with copies in flight (no byte lands after
+ * its end), a puts-only sender refused at connect.
  * The two-process and kill tests are tests/integration/xfer_pair.c driving pdserve-xfer-test.
  */
 #include <inttypes.h>
@@ -42,6 +45,9 @@ struct side {
 
 static struct side snd, rcv;
 static uv_loop_t loop;
+/* called by on_end with the side and room, before anything else runs (tests that look at the
+ * pages at the moment they are handed back) */
+static void (*end_hook)(struct side *s, uint64_t room);
 
 static void on_end(void *ctx, uint64_t room, void *user, int status,
                    const struct pd_xfer_notice *n) {
@@ -54,6 +60,8 @@ static void on_end(void *ctx, uint64_t room, void *user, int status,
     s->got_notice = n != NULL;
     if (n)
         s->last_notice = *n;
+    if (end_hook)
+        end_hook(s, room);
 }
 
 static void on_closed(void *ctx, pd_xfer_peer_t *p, void *user) {
@@ -110,6 +118,10 @@ static bool staged;
  * copies pages into it on its transfer stream (the CUDA IPC path) and the notice waits for the
  * copies' event */
 static bool ipc;
+/* with staged: only the receiver's pool is device memory (a host-pool sender, as a prefill whose
+ * UCX takes CUDA memory or a CPU prefill would be): the peer info's am_only makes it send active
+ * messages, which the receive ring takes */
+static bool staged_rcv_only;
 static struct pd_devmem *snd_dm, *rcv_dm;
 #define STAGE_SLOTS 3
 #define STAGE_SLOT_PAGES 8
@@ -177,10 +189,17 @@ static void pair_up(int abort_timeout_ms) {
     void *const *sb = (void *const *)snd.shard, *const *rb = (void *const *)rcv.shard;
     if (staged) {
         struct pd_devmem_opts dmo = {.kind = PD_DEVMEM_HOST, .host_deferred = true};
-        CHECK_OK(pd_devmem_new(&dmo, &snd_dm));
-        CHECK_OK(pd_devmem_new(&dmo, &rcv_dm));
-        CHECK_OK(pd_xfer_register_device_pool_shards(snd.x, sb, n_shards, spb, POOL_PAGES, snd_dm,
-                                                     false));
+        /* the receiver's host→device copies land late and out of order */
+        struct pd_devmem_opts rdmo = {
+            .kind = PD_DEVMEM_HOST, .host_deferred = true, .host_reverse = true};
+        CHECK_OK(pd_devmem_new(&rdmo, &rcv_dm));
+        if (staged_rcv_only) {
+            CHECK_OK(pd_xfer_register_pool_shards(snd.x, sb, n_shards, spb, POOL_PAGES));
+        } else {
+            CHECK_OK(pd_devmem_new(&dmo, &snd_dm));
+            CHECK_OK(pd_xfer_register_device_pool_shards(snd.x, sb, n_shards, spb, POOL_PAGES,
+                                                         snd_dm, false));
+        }
         CHECK_OK(pd_xfer_register_device_pool_shards(rcv.x, rb, n_shards, spb, POOL_PAGES, rcv_dm,
                                                      false));
     } else if (n_shards == 1) {
@@ -199,6 +218,10 @@ static void pair_up(int abort_timeout_ms) {
         pd_xfer_local_rkey(rcv.x, &ri.rkey, &ri.rkey_len, &ri.base);
         if (ipc)
             pd_xfer_local_ipc(rcv.x, &ri.ipc_handle, &ri.ipc_handle_len);
+        struct pd_xfer_peer_info all;
+        pd_xfer_local_peer_info(rcv.x, &all);
+        CHECK(all.am_only == staged); /* what Pair carries as kv_am_only */
+        ri.am_only = all.am_only;
     } else {
         pd_xfer_local_peer_info(rcv.x, &ri);
         CHECK_INT(ri.n_shards, n_shards);
@@ -241,14 +264,32 @@ static uint32_t room_pages(uint64_t *rng, int i) {
 
 /* Thousands of rooms, 4 at a time, runs and scattered sets of 1..4096 pages, each sent in up to
  * three chunks; every page checked byte for byte and against the notice's checksum. */
+/* the wave of rooms_byte_exact in flight, for the check at on_room_end */
+static uint32_t wave_dst[WAVE_ROOMS][SLOT_PAGES], wave_n[WAVE_ROOMS];
+static int wave_base;
+static int bad_at_end; /* shards of pages not yet right when the receiver's room ended */
+
+/* The moment on_room_end hands a receiver's pages over, they must hold the data: not one loop
+ * turn later (a room counted before its copies completed would still show stale bytes here). */
+static void check_at_end(struct side *s, uint64_t room) {
+    int k = (int)(room - 1000000 - (uint64_t)wave_base);
+    if (s != &rcv || s->last_status != PD_OK || k < 0 || k >= WAVE_ROOMS)
+        return;
+    for (uint32_t i = 0; i < wave_n[k]; i++)
+        bad_at_end += bad_shards(room, i, wave_dst[k][i]);
+}
+
 static void rooms_byte_exact(int n_rooms) {
     pair_up(0);
     uint64_t rng = 42;
-    static uint32_t src[WAVE_ROOMS][SLOT_PAGES], dst[WAVE_ROOMS][SLOT_PAGES];
-    uint32_t n[WAVE_ROOMS];
+    static uint32_t src[WAVE_ROOMS][SLOT_PAGES];
+    uint32_t(*dst)[SLOT_PAGES] = wave_dst, *n = wave_n;
     int bad_pages = 0, bad_sums = 0, bad_status = 0;
+    bad_at_end = 0;
+    end_hook = check_at_end;
     long pages_total = 0, pages_sent = 0; /* verified (the last of each loop round); sent */
     for (int base = 0; base < n_rooms; base += WAVE_ROOMS) {
+        wave_base = base;
         int want = rcv.ended + WAVE_ROOMS;
         int want_s = snd.ended + WAVE_ROOMS;
         for (int k = 0; k < WAVE_ROOMS; k++) {
@@ -302,6 +343,8 @@ static void rooms_byte_exact(int n_rooms) {
     }
     CHECK_INT(rcv.ended, n_rooms);
     CHECK_INT(snd.ended, n_rooms);
+    end_hook = NULL;
+    CHECK_INT(bad_at_end, 0);
     CHECK_INT(bad_pages, 0);
     CHECK_INT(bad_sums, 0);
     CHECK_INT(bad_status, 0);
@@ -309,12 +352,24 @@ static void rooms_byte_exact(int n_rooms) {
     struct pd_xfer_info info;
     pd_xfer_get_info(snd.x, &info);
     CHECK_INT(info.live_rooms, 0);
-    CHECK(info.staged == staged);
+    CHECK(info.staged == (staged && !staged_rcv_only));
     CHECK_INT(info.n_shards, n_shards);
     const long long logical = (long long)(spb * (size_t)n_shards);
     if (staged) {
-        CHECK_INT((long long)info.staged_bytes, ipc ? 0 : (long long)pages_sent * logical);
+        CHECK_INT((long long)info.staged_bytes,
+                  ipc || staged_rcv_only ? 0 : (long long)pages_sent * logical);
         CHECK_INT((long long)info.ipc_bytes, ipc ? (long long)pages_sent * logical : 0);
+        /* the receiver: every byte through its ring, none left in flight */
+        struct pd_xfer_info ri;
+        pd_xfer_get_info(rcv.x, &ri);
+        CHECK_INT((long long)ri.recv_staged_bytes, ipc ? 0 : (long long)pages_sent * logical);
+        CHECK_INT((long long)ri.recv_copying_bytes, 0);
+        CHECK_INT((long long)ri.dropped_writes, 0);
+        fprintf(stderr, "receive ring: %" PRIu64 " messages kept while full, %" PRIu64 " waits\n",
+                ri.recv_held, ri.recv_waits);
+        /* a host sender posts a whole room at once, in messages of one eager fragment: far more
+         * than the 3 slots of the ring (small messages are paced by the lane's FIFO instead) */
+        CHECK(!staged_rcv_only || am_chunk || ri.recv_held + ri.recv_waits > 0);
     }
     fprintf(stderr, "rooms %d, pages %ld of %d shard(s) verified\n", rcv.ended, pages_total,
             n_shards);
@@ -519,7 +574,7 @@ static void shards_reset(void) {
     n_shards = 1;
     spb = PAGE_BYTES;
     am_chunk = 0;
-    staged = ipc = false;
+    staged = ipc = staged_rcv_only = false;
     data_path = PD_XFER_DATA_AUTO;
 }
 
@@ -676,6 +731,138 @@ static void test_forged_shard_dropped(void) {
     shards_reset();
 }
 
+/* The receive ring on its own: a host-pool sender posts whole rooms at once into a staged
+ * receiver whose ring (3 slots) fills at once, so messages are kept by UCX (shared memory) or the
+ * receiver waits for its oldest slot (tcp); its host→device copies land late and out of order.
+ * Every byte of 1 and 2 shards checked only after the room ended: nothing counts before its copy
+ * is done. */
+static void test_staged_recv(void) {
+    staged = staged_rcv_only = true;
+    rooms_byte_exact(200);
+    n_shards = 2;
+    spb = 712;
+    am_chunk = 1000;
+    rooms_byte_exact(152); /* a multiple of WAVE_ROOMS */
+    shards_reset();
+}
+
+static uint8_t *release_snap; /* the released room's pages when its end was reported */
+static uint32_t release_dst[1024];
+static uint32_t release_n;
+
+static void snapshot_pages(struct side *s, uint64_t room) {
+    if (s != &rcv || room != 71)
+        return;
+    struct pd_xfer_info info;
+    pd_xfer_get_info(rcv.x, &info);
+    CHECK_INT((long long)info.recv_copying_bytes, 0); /* nothing in flight into its pages */
+    for (uint32_t i = 0; i < release_n; i++)
+        for (int k = 0; k < n_shards; k++)
+            memcpy(release_snap + ((size_t)i * n_shards + k) * spb,
+                   page_at(&rcv, k, release_dst[i]), spb);
+}
+
+/* A receiving room released (its pages handed back) while host→device copies of its data are in
+ * flight ends only once they are done: no byte lands in its pages after on_room_end, although
+ * the copies run late and the rest of the room's data keeps coming (dropped). 1 and 2 shards. */
+static void release_with_copies_in_flight(void) {
+    pair_up(0);
+    static uint32_t src[1024];
+    release_n = 1024;
+    CHECK_OK(pd_xfer_plan_pages(7, release_n, 0.2, 0, 4096, 0, 4096, src, release_dst));
+    for (uint32_t i = 0; i < release_n; i++) {
+        fill_page(71, i, src[i]);
+        zero_page(release_dst[i]);
+    }
+    release_snap = pd_malloc((size_t)release_n * n_shards * spb);
+    PD_ASSERT(release_snap);
+    CHECK_OK(pd_xfer_room_expect(rcv.x, rcv.peer, 71, release_dst, release_n, NULL));
+    CHECK_OK(pd_xfer_room_add(snd.x, snd.peer, 71, release_dst, release_n, NULL));
+    /* 8 pages (less than a receive slot) whose host→device copies cannot complete yet */
+    const uint32_t sent = 8;
+    CHECK_OK(pd_devmem_host_stall(rcv_dm, true));
+    CHECK_OK(pd_xfer_room_send(snd.x, 71, 0, src, sent));
+    struct pd_xfer_info info = {0};
+    const uint64_t want = (uint64_t)sent * spb * (uint64_t)n_shards;
+    for (int i = 0; i < 100000 && info.recv_copying_bytes < want; i++) {
+        uv_run(&loop, UV_RUN_NOWAIT);
+        pd_xfer_get_info(rcv.x, &info);
+    }
+    CHECK_INT((long long)info.recv_copying_bytes, (long long)want);
+    end_hook = snapshot_pages;
+    CHECK_OK(pd_xfer_room_release(rcv.x, 71, PD_ECANCELED));
+    CHECK(!pd_xfer_room_live(rcv.x, 71)); /* no more data accepted ... */
+    int never = 0;
+    run_until(&never, 1, 50);
+    CHECK_INT(rcv.ended, 0); /* ... but its pages are not handed back under the copies */
+    CHECK_OK(pd_devmem_host_stall(rcv_dm, false));
+    CHECK(run_until(&rcv.ended, 1, 5000));
+    CHECK_INT(rcv.last_status, PD_ECANCELED);
+    CHECK_OK(pd_xfer_room_send(snd.x, 71, sent, src + sent, release_n - sent)); /* dropped */
+    struct pd_xfer_notice done = {.first_token = 1};
+    CHECK_OK(pd_xfer_room_finish(snd.x, 71, &done));
+    CHECK(run_until(&snd.ended, 1, 5000));
+    run_until(&never, 1, 100);        /* the rest of the room's data arrives and is dropped */
+    CHECK_OK(pd_devmem_sync(rcv_dm)); /* anything still queued would land now */
+    int changed = 0, landed = 0;
+    for (uint32_t i = 0; i < release_n; i++)
+        for (int k = 0; k < n_shards; k++) {
+            const uint8_t *now = page_at(&rcv, k, release_dst[i]);
+            changed += memcmp(release_snap + ((size_t)i * n_shards + k) * spb, now, spb) != 0;
+            landed += pd_xfer_plan_check(shard_room(71, k), i, now, spb) < 0;
+        }
+    CHECK_INT(changed, 0);
+    CHECK_INT(landed, (int)sent * n_shards); /* the copies in flight landed, before the end */
+    pd_xfer_get_info(rcv.x, &info);
+    CHECK(info.dropped_writes > 0);
+    CHECK_INT((long long)info.recv_copying_bytes, 0);
+    end_hook = NULL;
+    pd_free(release_snap);
+    release_snap = NULL;
+    unpair();
+}
+
+static void test_staged_recv_release(void) {
+    staged = staged_rcv_only = true;
+    release_with_copies_in_flight();
+    n_shards = 2;
+    spb = 712;
+    am_chunk = 1000;
+    release_with_copies_in_flight();
+    shards_reset();
+    /* both sides staged: the sender's ring paces it, the receiver's copies still run late */
+    staged = true;
+    release_with_copies_in_flight();
+    shards_reset();
+}
+
+/* A staged receiver's rkey is its ring's: a sender that would put pages at its pool addresses
+ * with it is refused at connect, naming the problem; one on the default path sends messages. */
+static void test_staged_recv_put_refused(void) {
+    staged = staged_rcv_only = true;
+    pair_up(0);
+    CHECK(strstr(pd_xfer_peer_transport(snd.peer), "(am of") != NULL);
+    struct pd_xfer_peer_info ri;
+    pd_xfer_local_peer_info(rcv.x, &ri);
+    CHECK(ri.am_only);
+    struct side other = {0};
+    struct pd_xfer_config cfg = {.data_path = PD_XFER_DATA_PUT};
+    struct pd_xfer_callbacks cb = {.ctx = &other, .on_room_end = on_end};
+    uint8_t *mem = pd_calloc(64, PAGE_BYTES);
+    PD_ASSERT(mem);
+    pd_xfer_t *put;
+    CHECK_OK(pd_xfer_new(&loop, &cfg, &cb, &put));
+    CHECK_OK(pd_xfer_register_pool(put, mem, PAGE_BYTES, 64));
+    pd_xfer_peer_t *p = NULL;
+    CHECK_ERR(pd_xfer_peer_connect(put, &ri, NULL, &p), PD_EMISMATCH,
+              "staged through host memory, which takes pages only as active messages");
+    CHECK(p == NULL);
+    pd_xfer_free(put);
+    unpair();
+    pd_free(mem);
+    shards_reset();
+}
+
 static void loop_open(void) {
     CHECK_INT(uv_loop_init(&loop), 0);
     pd_log_set_level(PD_LOG_WARNING);
@@ -691,4 +878,6 @@ PD_TEST_MAIN(PD_TEST(loop_open), PD_TEST(test_validation), PD_TEST(test_abort_fr
              PD_TEST(test_rooms_byte_exact), PD_TEST(test_rooms_byte_exact_put),
              PD_TEST(test_staged), PD_TEST(test_ipc), PD_TEST(test_shards_am),
              PD_TEST(test_shards_put), PD_TEST(test_shards_staged), PD_TEST(test_shards_ipc),
-             PD_TEST(test_shards_mismatch), PD_TEST(test_forged_shard_dropped), PD_TEST(loop_close))
+             PD_TEST(test_shards_mismatch), PD_TEST(test_forged_shard_dropped),
+             PD_TEST(test_staged_recv), PD_TEST(test_staged_recv_release),
+             PD_TEST(test_staged_recv_put_refused), PD_TEST(loop_close))
