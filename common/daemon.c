@@ -1474,6 +1474,26 @@ static void h_server_info(struct pd_http_req *h, void *ud) {
         cJSON_AddNumberToObject(extra, "sampled_on_device", (double)s.sampled_on_device);
         cJSON_AddNumberToObject(extra, "sampled_on_host", (double)s.sampled_on_host);
     }
+    if (D.x) { /* the transfer engine's own counters (loop thread, as every xfer call) */
+        struct pd_xfer_info xi;
+        pd_xfer_get_info(D.x, &xi);
+        cJSON *t = cJSON_AddObjectToObject(extra, "kv_transfer");
+        cJSON_AddNumberToObject(t, "live_rooms", xi.live_rooms);
+        cJSON_AddNumberToObject(t, "live_peers", xi.live_peers);
+        cJSON_AddNumberToObject(t, "shards", xi.n_shards);
+        cJSON_AddNumberToObject(t, "shard_page_bytes", (double)xi.shard_page_bytes);
+        cJSON_AddNumberToObject(t, "page_bytes", (double)xi.page_bytes);
+        cJSON_AddBoolToObject(t, "rdma", xi.rdma);
+        cJSON_AddBoolToObject(t, "cuda_memory", xi.cuda_memory);
+        cJSON_AddBoolToObject(t, "staged", xi.staged);
+        cJSON_AddNumberToObject(t, "dropped_writes", (double)xi.dropped_writes);
+        cJSON_AddNumberToObject(t, "staged_bytes", (double)xi.staged_bytes);
+        cJSON_AddNumberToObject(t, "ipc_bytes", (double)xi.ipc_bytes);
+        cJSON_AddNumberToObject(t, "recv_staged_bytes", (double)xi.recv_staged_bytes);
+        cJSON_AddNumberToObject(t, "recv_copying_bytes", (double)xi.recv_copying_bytes);
+        cJSON_AddNumberToObject(t, "recv_held", (double)xi.recv_held);
+        cJSON_AddNumberToObject(t, "recv_waits", (double)xi.recv_waits);
+    }
     cJSON_AddNumberToObject(extra, "live_requests", D.n_live);
     cJSON_AddNumberToObject(extra, "bootstrap_timeout", D.bootstrap_timeout);
     cJSON_AddNumberToObject(extra, "waiting_timeout", D.waiting_timeout);

@@ -185,6 +185,17 @@ def case_tokens(model, tmp):
     st, out = dc.post("/v1/completions", {"model": "nope", "prompt": "x", "bootstrap_room": 9})
     check(st == 404, "unknown model -> %d" % st)
     check(dc.get("/health")[0] == 200 and pf.get("/health")[0] == 200, "still serving")
+    # the transfer engines' counters once every room ended: nothing live, nothing dropped; on
+    # the staged path every byte the prefill staged reached the decode's pool through its ring
+    xt = {d.role: json.loads(d.get("/server_info")[1]).get("kv_transfer") or {} for d in (pf, dc)}
+    for role, t in xt.items():
+        check(t.get("live_rooms") == 0 and t.get("dropped_writes") == 0 and
+              t.get("shards") == 1 and t.get("recv_copying_bytes") == 0,
+              "%s kv_transfer after the requests: %r" % (role, t))
+    if os.environ.get("PD_XFER_STAGE_HOST"):
+        sent, got = xt["prefill"].get("staged_bytes"), xt["decode"].get("recv_staged_bytes")
+        check(sent and sent == got and sent % xt["decode"].get("page_bytes", 0) == 0,
+              "staged bytes: prefill sent %r, decode's ring copied %r" % (sent, got))
     # SIGTERM: exit 0
     for d in (pf, dc):
         d.p.send_signal(signal.SIGTERM)
