@@ -141,6 +141,15 @@ static int take_status(struct cuda_backend *c) {
 
 static int flush(struct cuda_backend *c);
 
+/* The backend's GPU as the calling thread's current device. Entry points that allocate or
+ * enqueue call it first: the current device is per thread, the daemons call the backend from
+ * several (loader, compute, tp rank threads), and with --base-gpu-id or tp the GPU is not 0,
+ * so a thread that never selected it would allocate on GPU 0 or launch on a stream of another
+ * device (cudaErrorInvalidResourceHandle). Cheap when it is current already. */
+static int use_dev(struct cuda_backend *c) {
+    return pd__cuda_status(cudaSetDevice(c->dev), "selecting the GPU");
+}
+
 /* ---- memory ---- */
 
 static int cuda_mem_info(struct pd_backend *be, size_t *total, size_t *avail) {
@@ -152,7 +161,9 @@ static int cuda_alloc(struct pd_backend *be, size_t bytes, void **out) {
     *out = NULL;
     if (!bytes)
         bytes = 16;
-    int rc = pd__cuda_status(cudaMalloc(out, bytes), "cudaMalloc");
+    int rc = use_dev(c);
+    if (!rc)
+        rc = pd__cuda_status(cudaMalloc(out, bytes), "cudaMalloc");
     if (rc)
         return pd_error_wrap(rc, "cuda backend buffer of %zu bytes", bytes);
     rc = pd__cuda_status(cudaMemsetAsync(*out, 0, bytes, c->stream), "zeroing a GPU buffer");
@@ -167,6 +178,7 @@ static int cuda_alloc(struct pd_backend *be, size_t bytes, void **out) {
 
 static void cuda_release(struct pd_backend *be, void *p) {
     struct cuda_backend *c = cb(be);
+    note(c, use_dev(c));
     note(c, flush(c));
     cudaFree(p);
 }
@@ -199,7 +211,9 @@ static size_t align_up(size_t v, size_t a) {
 
 static int cuda_reserve(struct pd_backend *be, const struct pd_backend_limits *lim) {
     struct cuda_backend *c = cb(be);
-    int rc = flush(c);
+    int rc = use_dev(c);
+    if (!rc)
+        rc = flush(c);
     if (rc)
         return rc;
     free_step_buffers(c);
@@ -261,12 +275,20 @@ static int cuda_reserve(struct pd_backend *be, const struct pd_backend_limits *l
 
 static int cuda_weight(struct pd_backend *be, enum pd_dtype dtype, int64_t rows, int64_t cols,
                        const void *host, struct pd_tensor *out) {
+    struct cuda_backend *c = cb(be);
     size_t bytes = (size_t)(rows * cols) * pd_dtype_size(dtype);
     void *d = NULL;
-    int rc = pd__cuda_status(cudaMalloc(&d, bytes), "cudaMalloc");
+    int rc = use_dev(c);
     if (!rc)
-        rc = pd__cuda_status(cudaMemcpy(d, host, bytes, cudaMemcpyHostToDevice),
+        rc = pd__cuda_status(cudaMalloc(&d, bytes), "cudaMalloc");
+    /* on our stream, then waited for: a plain cudaMemcpy from pageable memory runs on the legacy
+     * default stream, which does not order our non-blocking stream, and may return before the
+     * DMA to the device is done, so the first step's GEMM could read a half-copied weight */
+    if (!rc)
+        rc = pd__cuda_status(cudaMemcpyAsync(d, host, bytes, cudaMemcpyHostToDevice, c->stream),
                              "copying a weight to the GPU");
+    if (!rc)
+        rc = pd__cuda_status(cudaStreamSynchronize(c->stream), "copying a weight to the GPU");
     if (rc) {
         cudaFree(d);
         return pd_error_wrap(rc, "weight of %zu bytes", bytes);
@@ -277,7 +299,9 @@ static int cuda_weight(struct pd_backend *be, enum pd_dtype dtype, int64_t rows,
 
 static int cuda_upload(struct pd_backend *be, void *dst, const void *src, size_t bytes) {
     struct cuda_backend *c = cb(be);
-    int rc = flush(c);
+    int rc = use_dev(c);
+    if (!rc)
+        rc = flush(c);
     if (rc || !bytes)
         return rc;
     rc = pd__cuda_status(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, c->stream),
@@ -289,7 +313,9 @@ static int cuda_upload(struct pd_backend *be, void *dst, const void *src, size_t
 
 static int cuda_download(struct pd_backend *be, void *dst, const void *src, size_t bytes) {
     struct cuda_backend *c = cb(be);
-    int rc = flush(c);
+    int rc = use_dev(c);
+    if (!rc)
+        rc = flush(c);
     if (!rc && bytes)
         rc = pd__cuda_status(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, c->stream),
                              "copying from the GPU");
@@ -308,7 +334,9 @@ static int cuda_sample(struct pd_backend *be, const float *x, int rows, int cols
     if (!c->reserved || rows > c->lim.max_tokens)
         return pd_errorf(PD_ERANGE, "sampling %d rows: at most the reserved %d", rows,
                          c->reserved ? c->lim.max_tokens : 0);
-    int rc = flush(c);
+    int rc = use_dev(c);
+    if (!rc)
+        rc = flush(c);
     size_t nt = (size_t)c->lim.max_tokens, o_top = nt * 8, o_rows = nt * (8 + TOP_ROW_BYTES);
     struct pd_kernel_sample_row *rows_h = (struct pd_kernel_sample_row *)(c->amax_h + o_rows);
     bool any_top = false;
@@ -383,7 +411,9 @@ static int cuda_sample(struct pd_backend *be, const float *x, int rows, int cols
 static int cuda_penalty_reserve(struct pd_backend *be, int slots, int vocab, int max_ids) {
     struct cuda_backend *c = cb(be);
     size_t bytes = (size_t)slots * (size_t)vocab * sizeof(int32_t);
-    int rc = pd__cuda_status(cudaMalloc((void **)&c->pen_state, bytes), "penalty state");
+    int rc = use_dev(c);
+    if (!rc)
+        rc = pd__cuda_status(cudaMalloc((void **)&c->pen_state, bytes), "penalty state");
     if (!rc)
         rc = pd__cuda_status(cudaMemsetAsync(c->pen_state, 0, bytes, c->stream),
                              "clearing the penalty state");
@@ -408,7 +438,9 @@ static int cuda_penalty_reserve(struct pd_backend *be, int slots, int vocab, int
 static int cuda_penalty_set(struct pd_backend *be, int slot, const int32_t *prompt, int n_prompt,
                             const int32_t *out, int n_out) {
     struct cuda_backend *c = cb(be);
-    int rc = flush(c); /* ops enqueued before (a step) see the old state */
+    int rc = use_dev(c);
+    if (!rc)
+        rc = flush(c); /* ops enqueued before (a step) see the old state */
     if (rc)
         return rc;
     if (n_prompt) /* either may be NULL when empty */
@@ -440,7 +472,9 @@ static int cuda_argmax(struct pd_backend *be, const float *x, int rows, int cols
     if (!c->reserved || rows > c->lim.max_tokens)
         return pd_errorf(PD_ERANGE, "argmax of %d rows: at most the reserved %d", rows,
                          c->reserved ? c->lim.max_tokens : 0);
-    int rc = flush(c);
+    int rc = use_dev(c);
+    if (!rc)
+        rc = flush(c);
     int32_t *ids_d = (int32_t *)c->amax_d;
     float *lp_d = (float *)(c->amax_d + (size_t)rows * 4);
     struct pd_kernel_argmax_params ap = {
@@ -463,7 +497,9 @@ static int cuda_argmax(struct pd_backend *be, const float *x, int rows, int cols
 
 static int cuda_sync(struct pd_backend *be) {
     struct cuda_backend *c = cb(be);
-    int rc = flush(c);
+    int rc = use_dev(c);
+    if (!rc)
+        rc = flush(c);
     if (!rc)
         rc = pd__cuda_status(cudaStreamSynchronize(c->stream), "running the step on the GPU");
     int st = take_status(c);
@@ -494,7 +530,7 @@ static int cuda_set_batch(struct pd_backend *be, const struct pd_batch_plan *p) 
         return pd_errorf(PD_EINVAL, "cuda backend: set_batch before reserve");
     /* the step may run on another thread than the one that created the backend (the daemons'
      * compute thread): the current device is per thread, and --base-gpu-id may not be 0 */
-    int rc = pd__cuda_status(cudaSetDevice(c->dev), "selecting the GPU");
+    int rc = use_dev(c);
     if (!rc)
         rc = flush(c);
     if (rc)
