@@ -864,13 +864,25 @@ static int run_log(struct cuda_backend *c) {
     return PD_OK;
 }
 
+/* Of the log as the graph launches it: counts scaled to the bucket (log_scales held), not as
+ * logged. Hashing the logged counts (multiples of the real n) recaptured the bucket's graph
+ * whenever the batch size changed inside the bucket (3 then 4 requests in bucket 4), which in
+ * continuous batching is nearly every step: a capture and instantiation (milliseconds) per
+ * step instead of a replay. */
 static uint64_t fingerprint(const struct cuda_backend *c) {
     uint64_t h = 1469598103934665603ull;
-    const unsigned char *p = (const unsigned char *)c->log;
-    size_t n = (size_t)c->n_log * sizeof(struct op);
-    for (size_t i = 0; i < n; i++)
-        h = (h ^ p[i]) * 1099511628211ull;
+    for (int i = 0; i < c->n_log; i++) {
+        struct op o;
+        memcpy(&o, &c->log[i], sizeof(o)); /* with its padding, zeroed at log_op */
+        int64_t cnt = 0;
+        if (scale_count(c, o.count, &cnt))
+            o.count = cnt;
+        const unsigned char *p = (const unsigned char *)&o;
+        for (size_t b = 0; b < sizeof(o); b++)
+            h = (h ^ p[b]) * 1099511628211ull;
+    }
     h ^= (uint64_t)c->attn.n_items << 32 | (uint64_t)c->attn.max_splits;
+    h ^= (uint64_t)c->attn.rows_per_item << 56;
     return h;
 }
 
