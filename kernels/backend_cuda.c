@@ -842,6 +842,10 @@ static int run_op(struct cuda_backend *c, int i, int *consumed) {
         if (o->heads != c->attn_heads || o->kv.kv_heads != c->attn_kv_heads)
             return pd_errorf(PD_EINTERNAL, "attention of %d/%d heads in a step planned for %d/%d",
                              o->heads, o->kv.kv_heads, c->attn_heads, c->attn_kv_heads);
+        /* the split partials (part_o, part_ml) hold max_heads x max_head_dim per token */
+        if (o->heads > c->lim.max_heads || o->kv.head_dim > c->lim.max_head_dim)
+            return pd_errorf(PD_ERANGE, "attention of %d heads of %d, reserved %d of at most %d",
+                             o->heads, o->kv.head_dim, c->lim.max_heads, c->lim.max_head_dim);
         return pd_kernel_attention(&p, c->stream);
     }
     case OP_GATHER: {
