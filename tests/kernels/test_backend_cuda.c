@@ -7,8 +7,11 @@
  * page sizes 16 and 5, pages out of order). Sweeps include 0 and 1 rows and sizes that are not
  * multiples of any tile. Then whole models: extend + decode logits equal the cpu backend's,
  * decode through CUDA graphs equals eager launches, graphs are captured once per bucket and
- * replayed after. The device sampler with penalty slots and top-n against the cpu backend, and
- * its perf line. Skips (77) without a GPU. `--perf` is the perf mode (bench_gpu.c).
+ * replayed after, up to the 256 bucket (batches 256/100/17). Attention also at page sizes 1..128,
+ * head_dim 256, GQA 8 decode batches of 256, and in a pool over 4 GiB (64-bit offsets). The
+ * device sampler with penalty slots and top-n against the cpu backend, and its perf line. Skips
+ * (77) without a GPU. `--perf` is the perf mode (bench_gpu.c). PD_GPU_TEST_HARNESS=cpu: "gpu"
+ * is a second cpu backend (CTest gpu_backend_cuda_harness), for the harness itself.
  */
 #include "pd_model_fixture.h"
 #include "pd_test.h"
@@ -703,6 +706,100 @@ static void test_models(void) {
     }
 }
 
+/* Decode through the large graph buckets: 256 requests of a tiny model, decode batches of 256,
+ * 100, 17 and 256 again (buckets 256, 128, 24, 256): the padded steps' logits equal eager
+ * launches' (1e-4: the same kernels on the same data, only the padding rows differ) and the cpu
+ * backend's (f32 weights and pool: 1e-4, as test_models), each bucket captured once. Fills
+ * the 256-request metadata, 256 x 2 pages of page table and the widest fixed-split plans. */
+#define BB_REQS 256
+#define BB_STEPS 4
+
+static void big_batch_run(struct pd_backend *be, const struct pd_model_config *cfg,
+                          struct fake_ckpt *ck, float *logits) {
+    static const int batch_of_step[BB_STEPS] = {256, 100, 17, 256};
+    struct pd_model *m = NULL;
+    struct pd_kv_pool kv = {0};
+    struct pd_model_opts mo = {.max_tokens = 256, .max_reqs = BB_REQS, .page_size = 16};
+    CHECK_OK(pd_model_new(be, cfg, fake_ckpt_find, ck, &mo, &m));
+    if (!m)
+        return;
+    struct pd_kv_pool_opts ko = pd_model_kv_opts(m, PD_DTYPE_F32);
+    ko.n_pages = 2 * BB_REQS + 8;
+    CHECK_OK(pd_kv_pool_init(&kv, be, &ko));
+    int V = cfg->vocab_size;
+    static int32_t pages[BB_REQS][2], prompt[BB_REQS][16], tok[BB_REQS];
+    static int len[BB_REQS];
+    static struct pd_model_seq seqs[BB_REQS];
+    for (int r = 0; r < BB_REQS; r++) {
+        pages[r][0] = (int32_t)(2 * BB_REQS + 7 - 2 * r); /* descending, interleaved */
+        pages[r][1] = (int32_t)(2 * BB_REQS + 6 - 2 * r);
+        len[r] = 5 + r % 11;
+        for (int i = 0; i < len[r]; i++)
+            prompt[r][i] = (int32_t)((r * 31 + i * 17) % V);
+        tok[r] = (int32_t)((r * 7) % V);
+    }
+    float *lg = pd_malloc(sizeof(float) * BB_REQS * (size_t)V);
+    for (int r0 = 0; r0 < BB_REQS; r0 += 16) { /* 16 prompts a step: at most 240 tokens */
+        for (int r = r0; r < r0 + 16; r++)
+            seqs[r - r0] = (struct pd_model_seq){prompt[r], len[r], 0, pages[r], 2};
+        CHECK_OK(pd_model_extend(m, &kv, seqs, 16, false, lg));
+    }
+    for (int st = 0; st < BB_STEPS; st++) {
+        int nb = batch_of_step[st];
+        for (int r = 0; r < nb; r++)
+            seqs[r] = (struct pd_model_seq){&tok[r], 1, len[r], pages[r], 2};
+        CHECK_OK(pd_model_decode(m, &kv, seqs, nb, lg));
+        for (int r = 0; r < nb; r++) {
+            memcpy(logits + ((size_t)st * BB_REQS + r) * V, lg + (size_t)r * V,
+                   sizeof(float) * (size_t)V);
+            tok[r] = (int32_t)((st * 13 + r * 3 + 1) % V);
+            len[r]++;
+        }
+    }
+    pd_free(lg);
+    pd_kv_pool_free(&kv);
+    pd_model_free(m);
+}
+
+static void test_models_big_batch(void) {
+    struct pd_model_config cfg = model_config(PD_ARCH_LLAMA);
+    struct fake_ckpt *ck = pd_calloc(1, sizeof(*ck));
+    fake_ckpt_weights(&cfg, PD_DTYPE_F32, 0.15f, frand, ck);
+    size_t n = (size_t)BB_STEPS * BB_REQS * (size_t)cfg.vocab_size;
+    float *lc = pd_calloc(n, 4), *lg = pd_calloc(n, 4), *le = pd_calloc(n, 4);
+    struct pd_backend *bc = NULL, *bg = NULL, *bge = NULL;
+    struct pd_backend_opts oc = {.kind = PD_BACKEND_CPU, .threads = 2};
+    struct pd_backend_opts og = {.kind = harness ? PD_BACKEND_CPU : PD_BACKEND_CUDA, .threads = 2};
+    CHECK_OK(pd_backend_new(&oc, &bc));
+    CHECK_OK(pd_backend_new(&og, &bg));
+    CHECK_OK(pd_backend_new(&og, &bge));
+    if (!harness)
+        pd_backend_cuda_set_graphs(bge, false);
+    big_batch_run(bc, &cfg, ck, lc);
+    big_batch_run(bg, &cfg, ck, lg);
+    big_batch_run(bge, &cfg, ck, le);
+    struct pd_backend_cuda_stats sg;
+    gpu_stats(bg, &sg);
+    double e_cpu = rel(lg, lc, n), e_graph = rel(lg, le, n);
+    printf("  batch 256/100/17/256: gpu vs cpu %.3g, graph vs eager %.3g, graphs captured %lld "
+           "launched %lld\n",
+           e_cpu, e_graph, (long long)sg.graph_captures, (long long)sg.graph_launches);
+    CHECK(e_cpu < 1e-4);
+    CHECK(e_graph < 1e-4);
+    if (!harness) {
+        CHECK_INT(sg.graph_captures, 3); /* buckets 256, 128, 24 */
+        CHECK_INT(sg.graph_launches, BB_STEPS);
+    }
+    pd_backend_free(bc);
+    pd_backend_free(bg);
+    pd_backend_free(bge);
+    pd_free(lc);
+    pd_free(lg);
+    pd_free(le);
+    fake_ckpt_free(ck);
+    pd_free(ck);
+}
+
 /* ---- kernels outside the op table: page copy/gather and the greedy argmax ---- */
 
 static void test_page_copy(void) {
@@ -1164,6 +1261,7 @@ int main(int argc, char **argv) {
         {"backend_sample_penalties", test_backend_sample_penalties, false},
         {"sample_perf", test_sample_perf, true},
         {"models", test_models, false},
+        {"models_big_batch", test_models_big_batch, false},
     };
     const char *only = argc > 1 ? argv[1] : NULL;
     for (size_t i = 0; i < PD_ARRAY_LEN(tests); i++) {
