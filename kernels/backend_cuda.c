@@ -153,7 +153,8 @@ static int use_dev(struct cuda_backend *c) {
 /* ---- memory ---- */
 
 static int cuda_mem_info(struct pd_backend *be, size_t *total, size_t *avail) {
-    return pd__cuda_status(cudaMemGetInfo(avail, total), "reading GPU memory");
+    int rc = use_dev(cb(be)); /* cudaMemGetInfo reads the current device's memory */
+    return rc ? rc : pd__cuda_status(cudaMemGetInfo(avail, total), "reading GPU memory");
 }
 
 static int cuda_alloc(struct pd_backend *be, size_t bytes, void **out) {
