@@ -215,10 +215,17 @@ esac
 
 # ---- memcheck of the op and attention tests ----
 if stage memcheck && [ $SAN = 1 ] && command -v compute-sanitizer >/dev/null 2>&1; then
+    # the bundle's TESTBIN is a wrapper script that execs the bundled loader: follow children
     for t in attention page_copy argmax rmsnorm; do
-        timeout 60 compute-sanitizer --tool memcheck --error-exitcode 9 "$TESTBIN" "$t" \
-            >>"$OUTDIR/memcheck.log" 2>&1
-        say "memcheck $t: rc $?$(nogpu_note)"
+        timeout 120 compute-sanitizer --tool memcheck --target-processes all --error-exitcode 9 \
+            "$TESTBIN" "$t" >>"$OUTDIR/memcheck.log" 2>&1
+        mrc=$?
+        case $mrc in
+        0) say "memcheck $t: clean" ;;
+        9) say "memcheck $t: ERRORS — memcheck.log" ;;
+        124) say "memcheck $t: timed out (120 s)" ;;
+        *) say "memcheck $t: rc $mrc$(nogpu_note)" ;;
+        esac
     done
 fi
 
