@@ -40,7 +40,8 @@ int pd_kernel_attn_plan(const struct pd_kernel_attn_plan_in *in, struct pd_kerne
     int want = 1; /* splits that would fill target_blocks */
     if (in->fixed_splits > 0) {
         want = in->fixed_splits;
-    } else if (n_tokens <= in->max_split_tokens && base * in->kv_heads < in->target_blocks) {
+    } else if (n_tokens <= in->max_split_tokens && base > 0 &&
+               base * in->kv_heads < in->target_blocks) {
         want = ceil_div(in->target_blocks, base * in->kv_heads);
     }
     if (want > PD_KERNEL_ATTN_MAX_SPLITS)

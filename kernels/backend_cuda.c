@@ -141,10 +141,20 @@ static int take_status(struct cuda_backend *c) {
 
 static int flush(struct cuda_backend *c);
 
+/* The backend's GPU as the calling thread's current device. Entry points that allocate or
+ * enqueue call it first: the current device is per thread, the daemons call the backend from
+ * several (loader, compute, tp rank threads), and with --base-gpu-id or tp the GPU is not 0,
+ * so a thread that never selected it would allocate on GPU 0 or launch on a stream of another
+ * device (cudaErrorInvalidResourceHandle). Cheap when it is current already. */
+static int use_dev(struct cuda_backend *c) {
+    return pd__cuda_status(cudaSetDevice(c->dev), "selecting the GPU");
+}
+
 /* ---- memory ---- */
 
 static int cuda_mem_info(struct pd_backend *be, size_t *total, size_t *avail) {
-    return pd__cuda_status(cudaMemGetInfo(avail, total), "reading GPU memory");
+    int rc = use_dev(cb(be)); /* cudaMemGetInfo reads the current device's memory */
+    return rc ? rc : pd__cuda_status(cudaMemGetInfo(avail, total), "reading GPU memory");
 }
 
 static int cuda_alloc(struct pd_backend *be, size_t bytes, void **out) {
@@ -152,7 +162,9 @@ static int cuda_alloc(struct pd_backend *be, size_t bytes, void **out) {
     *out = NULL;
     if (!bytes)
         bytes = 16;
-    int rc = pd__cuda_status(cudaMalloc(out, bytes), "cudaMalloc");
+    int rc = use_dev(c);
+    if (!rc)
+        rc = pd__cuda_status(cudaMalloc(out, bytes), "cudaMalloc");
     if (rc)
         return pd_error_wrap(rc, "cuda backend buffer of %zu bytes", bytes);
     rc = pd__cuda_status(cudaMemsetAsync(*out, 0, bytes, c->stream), "zeroing a GPU buffer");
@@ -167,6 +179,7 @@ static int cuda_alloc(struct pd_backend *be, size_t bytes, void **out) {
 
 static void cuda_release(struct pd_backend *be, void *p) {
     struct cuda_backend *c = cb(be);
+    note(c, use_dev(c));
     note(c, flush(c));
     cudaFree(p);
 }
@@ -199,7 +212,9 @@ static size_t align_up(size_t v, size_t a) {
 
 static int cuda_reserve(struct pd_backend *be, const struct pd_backend_limits *lim) {
     struct cuda_backend *c = cb(be);
-    int rc = flush(c);
+    int rc = use_dev(c);
+    if (!rc)
+        rc = flush(c);
     if (rc)
         return rc;
     free_step_buffers(c);
@@ -261,12 +276,20 @@ static int cuda_reserve(struct pd_backend *be, const struct pd_backend_limits *l
 
 static int cuda_weight(struct pd_backend *be, enum pd_dtype dtype, int64_t rows, int64_t cols,
                        const void *host, struct pd_tensor *out) {
+    struct cuda_backend *c = cb(be);
     size_t bytes = (size_t)(rows * cols) * pd_dtype_size(dtype);
     void *d = NULL;
-    int rc = pd__cuda_status(cudaMalloc(&d, bytes), "cudaMalloc");
+    int rc = use_dev(c);
     if (!rc)
-        rc = pd__cuda_status(cudaMemcpy(d, host, bytes, cudaMemcpyHostToDevice),
+        rc = pd__cuda_status(cudaMalloc(&d, bytes), "cudaMalloc");
+    /* on our stream, then waited for: a plain cudaMemcpy from pageable memory runs on the legacy
+     * default stream, which does not order our non-blocking stream, and may return before the
+     * DMA to the device is done, so the first step's GEMM could read a half-copied weight */
+    if (!rc)
+        rc = pd__cuda_status(cudaMemcpyAsync(d, host, bytes, cudaMemcpyHostToDevice, c->stream),
                              "copying a weight to the GPU");
+    if (!rc)
+        rc = pd__cuda_status(cudaStreamSynchronize(c->stream), "copying a weight to the GPU");
     if (rc) {
         cudaFree(d);
         return pd_error_wrap(rc, "weight of %zu bytes", bytes);
@@ -277,7 +300,9 @@ static int cuda_weight(struct pd_backend *be, enum pd_dtype dtype, int64_t rows,
 
 static int cuda_upload(struct pd_backend *be, void *dst, const void *src, size_t bytes) {
     struct cuda_backend *c = cb(be);
-    int rc = flush(c);
+    int rc = use_dev(c);
+    if (!rc)
+        rc = flush(c);
     if (rc || !bytes)
         return rc;
     rc = pd__cuda_status(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, c->stream),
@@ -289,7 +314,9 @@ static int cuda_upload(struct pd_backend *be, void *dst, const void *src, size_t
 
 static int cuda_download(struct pd_backend *be, void *dst, const void *src, size_t bytes) {
     struct cuda_backend *c = cb(be);
-    int rc = flush(c);
+    int rc = use_dev(c);
+    if (!rc)
+        rc = flush(c);
     if (!rc && bytes)
         rc = pd__cuda_status(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, c->stream),
                              "copying from the GPU");
@@ -308,7 +335,9 @@ static int cuda_sample(struct pd_backend *be, const float *x, int rows, int cols
     if (!c->reserved || rows > c->lim.max_tokens)
         return pd_errorf(PD_ERANGE, "sampling %d rows: at most the reserved %d", rows,
                          c->reserved ? c->lim.max_tokens : 0);
-    int rc = flush(c);
+    int rc = use_dev(c);
+    if (!rc)
+        rc = flush(c);
     size_t nt = (size_t)c->lim.max_tokens, o_top = nt * 8, o_rows = nt * (8 + TOP_ROW_BYTES);
     struct pd_kernel_sample_row *rows_h = (struct pd_kernel_sample_row *)(c->amax_h + o_rows);
     bool any_top = false;
@@ -383,7 +412,9 @@ static int cuda_sample(struct pd_backend *be, const float *x, int rows, int cols
 static int cuda_penalty_reserve(struct pd_backend *be, int slots, int vocab, int max_ids) {
     struct cuda_backend *c = cb(be);
     size_t bytes = (size_t)slots * (size_t)vocab * sizeof(int32_t);
-    int rc = pd__cuda_status(cudaMalloc((void **)&c->pen_state, bytes), "penalty state");
+    int rc = use_dev(c);
+    if (!rc)
+        rc = pd__cuda_status(cudaMalloc((void **)&c->pen_state, bytes), "penalty state");
     if (!rc)
         rc = pd__cuda_status(cudaMemsetAsync(c->pen_state, 0, bytes, c->stream),
                              "clearing the penalty state");
@@ -408,7 +439,9 @@ static int cuda_penalty_reserve(struct pd_backend *be, int slots, int vocab, int
 static int cuda_penalty_set(struct pd_backend *be, int slot, const int32_t *prompt, int n_prompt,
                             const int32_t *out, int n_out) {
     struct cuda_backend *c = cb(be);
-    int rc = flush(c); /* ops enqueued before (a step) see the old state */
+    int rc = use_dev(c);
+    if (!rc)
+        rc = flush(c); /* ops enqueued before (a step) see the old state */
     if (rc)
         return rc;
     if (n_prompt) /* either may be NULL when empty */
@@ -440,7 +473,9 @@ static int cuda_argmax(struct pd_backend *be, const float *x, int rows, int cols
     if (!c->reserved || rows > c->lim.max_tokens)
         return pd_errorf(PD_ERANGE, "argmax of %d rows: at most the reserved %d", rows,
                          c->reserved ? c->lim.max_tokens : 0);
-    int rc = flush(c);
+    int rc = use_dev(c);
+    if (!rc)
+        rc = flush(c);
     int32_t *ids_d = (int32_t *)c->amax_d;
     float *lp_d = (float *)(c->amax_d + (size_t)rows * 4);
     struct pd_kernel_argmax_params ap = {
@@ -463,7 +498,9 @@ static int cuda_argmax(struct pd_backend *be, const float *x, int rows, int cols
 
 static int cuda_sync(struct pd_backend *be) {
     struct cuda_backend *c = cb(be);
-    int rc = flush(c);
+    int rc = use_dev(c);
+    if (!rc)
+        rc = flush(c);
     if (!rc)
         rc = pd__cuda_status(cudaStreamSynchronize(c->stream), "running the step on the GPU");
     int st = take_status(c);
@@ -494,7 +531,7 @@ static int cuda_set_batch(struct pd_backend *be, const struct pd_batch_plan *p) 
         return pd_errorf(PD_EINVAL, "cuda backend: set_batch before reserve");
     /* the step may run on another thread than the one that created the backend (the daemons'
      * compute thread): the current device is per thread, and --base-gpu-id may not be 0 */
-    int rc = pd__cuda_status(cudaSetDevice(c->dev), "selecting the GPU");
+    int rc = use_dev(c);
     if (!rc)
         rc = flush(c);
     if (rc)
@@ -806,6 +843,10 @@ static int run_op(struct cuda_backend *c, int i, int *consumed) {
         if (o->heads != c->attn_heads || o->kv.kv_heads != c->attn_kv_heads)
             return pd_errorf(PD_EINTERNAL, "attention of %d/%d heads in a step planned for %d/%d",
                              o->heads, o->kv.kv_heads, c->attn_heads, c->attn_kv_heads);
+        /* the split partials (part_o, part_ml) hold max_heads x max_head_dim per token */
+        if (o->heads > c->lim.max_heads || o->kv.head_dim > c->lim.max_head_dim)
+            return pd_errorf(PD_ERANGE, "attention of %d heads of %d, reserved %d of at most %d",
+                             o->heads, o->kv.head_dim, c->lim.max_heads, c->lim.max_head_dim);
         return pd_kernel_attention(&p, c->stream);
     }
     case OP_GATHER: {
@@ -828,13 +869,25 @@ static int run_log(struct cuda_backend *c) {
     return PD_OK;
 }
 
+/* Of the log as the graph launches it: counts scaled to the bucket (log_scales held), not as
+ * logged. Hashing the logged counts (multiples of the real n) recaptured the bucket's graph
+ * whenever the batch size changed inside the bucket (3 then 4 requests in bucket 4), which in
+ * continuous batching is nearly every step: a capture and instantiation (milliseconds) per
+ * step instead of a replay. */
 static uint64_t fingerprint(const struct cuda_backend *c) {
     uint64_t h = 1469598103934665603ull;
-    const unsigned char *p = (const unsigned char *)c->log;
-    size_t n = (size_t)c->n_log * sizeof(struct op);
-    for (size_t i = 0; i < n; i++)
-        h = (h ^ p[i]) * 1099511628211ull;
+    for (int i = 0; i < c->n_log; i++) {
+        struct op o;
+        memcpy(&o, &c->log[i], sizeof(o)); /* with its padding, zeroed at log_op */
+        int64_t cnt = 0;
+        if (scale_count(c, o.count, &cnt))
+            o.count = cnt;
+        const unsigned char *p = (const unsigned char *)&o;
+        for (size_t b = 0; b < sizeof(o); b++)
+            h = (h ^ p[b]) * 1099511628211ull;
+    }
     h ^= (uint64_t)c->attn.n_items << 32 | (uint64_t)c->attn.max_splits;
+    h ^= (uint64_t)c->attn.rows_per_item << 56;
     return h;
 }
 

@@ -36,25 +36,36 @@ static void cd_free(struct pd_devmem *d) {
 
 static int cd_copy_async(struct pd_devmem *d, void *dst, const void *src, size_t bytes) {
     struct cuda_devmem *c = (struct cuda_devmem *)d;
-    return pd__cuda_status(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, c->stream),
-                           "enqueueing a KV transfer copy");
+    int rc = select_dev(c);
+    return rc ? rc
+              : pd__cuda_status(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, c->stream),
+                                "enqueueing a KV transfer copy");
 }
 
 static int cd_copy(struct pd_devmem *d, void *dst, const void *src, size_t bytes) {
     struct cuda_devmem *c = (struct cuda_devmem *)d;
-    int rc = pd__cuda_status(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, c->stream),
+    int rc = select_dev(c);
+    if (!rc)
+        rc = pd__cuda_status(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, c->stream),
                              "copying KV pages");
     return rc ? rc : pd__cuda_status(cudaStreamSynchronize(c->stream), "copying KV pages");
 }
 
-/* struct pd_devmem_event stays opaque here: a cudaEvent_t is what the handle points to. */
+/* struct pd_devmem_event stays opaque here: a cudaEvent_t is what the handle points to. The
+ * event belongs to the current device when made, and cudaEventRecord refuses an event of
+ * another device than the stream's: the transfer threads calling this never selected ours
+ * (GPU 0 by default), so with --base-gpu-id or a tp rank > 0 every record would fail. Likewise
+ * every call that enqueues selects the device first. */
 static int cd_event_new(struct pd_devmem *d, struct pd_devmem_event **out) {
-    (void)d;
+    struct cuda_devmem *c = (struct cuda_devmem *)d;
+    int rc = select_dev(c);
+    if (rc)
+        return rc;
     cudaEvent_t *ev = pd_malloc(sizeof(*ev));
     if (!ev)
         return pd_error_wrap(PD_ENOMEM, "creating a copy event");
-    int rc = pd__cuda_status(cudaEventCreateWithFlags(ev, cudaEventDisableTiming),
-                             "creating a copy event");
+    rc = pd__cuda_status(cudaEventCreateWithFlags(ev, cudaEventDisableTiming),
+                         "creating a copy event");
     if (rc) {
         pd_free(ev);
         return rc;
@@ -72,7 +83,10 @@ static void cd_event_free(struct pd_devmem *d, struct pd_devmem_event *e) {
 
 static int cd_event_record(struct pd_devmem *d, struct pd_devmem_event *e) {
     struct cuda_devmem *c = (struct cuda_devmem *)d;
-    return pd__cuda_status(cudaEventRecord(*(cudaEvent_t *)e, c->stream), "recording a copy event");
+    int rc = select_dev(c);
+    return rc ? rc
+              : pd__cuda_status(cudaEventRecord(*(cudaEvent_t *)e, c->stream),
+                                "recording a copy event");
 }
 
 static int cd_event_query(struct pd_devmem *d, struct pd_devmem_event *e) {
@@ -105,7 +119,9 @@ static void cd_host_free(struct pd_devmem *d, void *p) {
 
 static int cd_sync(struct pd_devmem *d) {
     struct cuda_devmem *c = (struct cuda_devmem *)d;
-    return pd__cuda_status(cudaStreamSynchronize(c->stream), "waiting for KV transfer copies");
+    int rc = select_dev(c);
+    return rc ? rc
+              : pd__cuda_status(cudaStreamSynchronize(c->stream), "waiting for KV transfer copies");
 }
 
 /* The handle: our boot id (IPC works between processes of one node only), pid and the address

@@ -12,10 +12,13 @@
 #   .bin/<name>            the stripped binaries
 #   lib/                   their libraries, glibc and its loader included; lib/ucx/ UCX modules
 #   prefill/pdserve-prefill, decode/pdserve-decode, router/pdserve-router, tools/pdserve-*,
-#   tests/gpu_backend_cuda, bench/pdserve-bench-*   wrappers that start the binary through the
-#                          bundled loader with lib/ first, then the machine's CUDA libraries
+#   tests/gpu_backend_cuda, tests/gpu_tp_nccl, bench/pdserve-bench-*   wrappers that start the
+#                          binary through the bundled loader with lib/ first, then the machine's
+#                          CUDA libraries
 # The bundled glibc makes the binaries independent of the GPU image's (possibly older) one;
 # libcuda, libcudart, libcublas and libcublasLt come from the machine (same CUDA 13 major).
+# NCCL is neither linked nor carried (218 MB): tp_nccl.c opens it with dlopen, and lib/env.sh
+# points PDSERVE_NCCL_LIBRARY at the machine's copy (PyTorch's nvidia/nccl/lib) when there is one.
 # Fails when the archive exceeds 60 MiB (the device tool carries 64 MiB in all).
 set -eu
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -24,7 +27,7 @@ OUTD="$ROOT/gpu-bundle"
 STAGE="$OUTD/stage"
 JOBS=${PD_BUNDLE_JOBS:-2}
 TARGETS="pdserve-prefill pdserve-decode pdserve-router pdserve-generate pdserve-mkmodel
-pdserve-tokenize gpu_backend_cuda pdserve-bench-xfer-dev"
+pdserve-tokenize gpu_backend_cuda gpu_tp_nccl pdserve-bench-xfer-dev"
 
 cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DPD_WERROR=ON -DPD_CUDA=ON \
     -DCMAKE_CUDA_ARCHITECTURES=90a >/dev/null
@@ -37,7 +40,7 @@ mkdir -p "$STAGE/.bin" "$STAGE/lib/ucx" "$STAGE/prefill" "$STAGE/decode" "$STAGE
 # name:folder of the wrapper
 for e in prefill/pdserve-prefill decode/pdserve-decode router/pdserve-router \
     tools/pdserve-generate tools/pdserve-mkmodel tools/pdserve-tokenize tests/gpu_backend_cuda \
-    bench/pdserve-bench-xfer-dev; do
+    tests/gpu_tp_nccl bench/pdserve-bench-xfer-dev; do
     name=$(basename "$e")
     cp "$BUILD/$e" "$STAGE/.bin/$name"
     strip --strip-unneeded "$STAGE/.bin/$name"
@@ -54,7 +57,7 @@ done
 # every library the binaries load, except CUDA's (the machine's driver and toolkit)
 is_cuda() {
     case "$(basename "$1")" in
-    libcuda.so* | libcudart.so* | libcublas.so* | libcublasLt.so* | libnvidia*) return 0 ;;
+    libcuda.so* | libcudart.so* | libcublas.so* | libcublasLt.so* | libnvidia* | libnccl*) return 0 ;;
     esac
     return 1
 }
@@ -70,6 +73,14 @@ UCXMOD=$(dirname "$(ldd "$STAGE/.bin/pdserve-prefill" | awk '/libucs.so/ {print 
 [ -e "$UCXMOD/libuct_cma.so.0" ] && cp -L "$UCXMOD/libuct_cma.so.0" "$STAGE/lib/ucx/"
 strip --strip-unneeded "$STAGE"/lib/*.so* "$STAGE"/lib/ucx/*.so* 2>/dev/null || true
 [ -e "$STAGE/lib/ld-linux-x86-64.so.2" ] || cp -L /lib64/ld-linux-x86-64.so.2 "$STAGE/lib/"
+# NCCL must stay a run-time dlopen (kernels/tp_nccl.c): a binary linking it would not start
+# where it is absent, and carrying it would not fit the device tool's 64 MiB
+for b in "$STAGE"/.bin/*; do
+    if ldd "$b" | grep -q libnccl; then
+        echo "gpu-bundle: $(basename "$b") links libnccl; it must be opened with dlopen" >&2
+        exit 1
+    fi
+done
 
 cat >"$STAGE/lib/env.sh" <<'EOF'
 # sourced by the wrappers: the library path (bundle first, then the machine's CUDA libraries)
@@ -85,6 +96,20 @@ if [ -z "${PD_BUNDLE_LIBPATH:-}" ]; then
     export PD_BUNDLE_LIBPATH
 fi
 export UCX_MODULE_DIR="${UCX_MODULE_DIR:-$B/lib/ucx}"
+# NCCL for --tp-size on --device cuda (opened with dlopen by kernels/tp_nccl.c): the machine's
+# copy, PyTorch's first (the GPU image has no libnccl on the loader path)
+if [ -z "${PDSERVE_NCCL_LIBRARY:-}" ]; then
+    for f in /opt/torch/.venv/lib/python3*/site-packages/nvidia/nccl/lib/libnccl.so.2 \
+        /usr/local/lib/python3*/dist-packages/nvidia/nccl/lib/libnccl.so.2 \
+        /usr/lib/python3*/site-packages/nvidia/nccl/lib/libnccl.so.2 \
+        /usr/local/cuda/lib64/libnccl.so.2 /usr/lib/x86_64-linux-gnu/libnccl.so.2; do
+        if [ -f "$f" ]; then
+            PDSERVE_NCCL_LIBRARY="$f"
+            export PDSERVE_NCCL_LIBRARY
+            break
+        fi
+    done
+fi
 EOF
 
 rm -f "$OUTD/pdserve-gpu.tar.gz"

@@ -101,9 +101,12 @@ else
             -I"$ROOT" -c "$f" -o "$o" >"$o.log" 2>&1 || echo "FAILED $f" >"$o.failed") &
         pids="$pids $!"
     done
-    for f in kernels/*.c common/backend.c common/backend_cpu.c common/backend_cpu_kernels.c \
-        common/backend_cpu_pool.c common/status.c common/alloc.c common/log.c common/dtype.c \
-        common/model.c common/kv_pool.c common/sampling.c tests/kernels/*.c \
+    # one test binary (test_tp_cuda.c has its own main and needs the daemons' tp group, and
+    # tp_nccl.c NCCL's header: both are the full build's)
+    for f in $(ls kernels/*.c | grep -v tp_nccl.c) common/backend.c common/backend_cpu.c \
+        common/backend_cpu_kernels.c common/backend_cpu_pool.c common/status.c common/alloc.c \
+        common/log.c common/dtype.c common/model.c common/kv_pool.c common/sampling.c \
+        tests/kernels/test_backend_cuda.c tests/kernels/bench_gpu.c \
         tests/kernels/compat/cblas_naive.c; do
         o="$BUILD/obj/$(echo "$f" | tr / _).o"
         (gcc $CFLAGS -I"$ROOT/tests/unit" -I"$ROOT/tests/kernels/compat" -c "$f" -o "$o" \
@@ -130,6 +133,36 @@ fi
 say "build: ok ($MODE, sm_90a) in $BUILD"
 FULL=0 # the daemons, router and tools are there
 [ "$MODE" = minimal ] || FULL=1
+TPBIN="$BUILD/tests/gpu_tp_nccl"
+[ "$MODE" = minimal ] && TPBIN=""
+
+# Is there a GPU the backend can use? The test binary with no test selected starts both
+# backends and exits 0, or says why it cannot (77): every later stage then still runs (each
+# must fail fast, naming the missing device) and the summary says "no GPU" up front.
+NOGPU=""
+probe=$(timeout 60 "$TESTBIN" __probe__ 2>&1)
+case $? in
+0) say "gpu: $(echo "$probe" | grep -m1 '^gpu backend:' || echo 'present')" ;;
+*)
+    NOGPU=$(echo "$probe" | grep -m1 . || echo "the probe printed nothing")
+    say "gpu: NONE — no GPU ($NOGPU); the stages below only check that they fail fast"
+    ;;
+esac
+nogpu_note() { [ -n "$NOGPU" ] && echo " [no GPU]"; }
+
+# NCCL (--tp-size on --device cuda) is opened with dlopen: the machine's copy, PyTorch's first
+if [ -z "${PDSERVE_NCCL_LIBRARY:-}" ]; then
+    for f in /opt/torch/.venv/lib/python3*/site-packages/nvidia/nccl/lib/libnccl.so.2 \
+        /usr/local/lib/python3*/dist-packages/nvidia/nccl/lib/libnccl.so.2 \
+        /usr/lib/python3*/site-packages/nvidia/nccl/lib/libnccl.so.2 \
+        /usr/local/cuda/lib64/libnccl.so.2 /usr/lib/x86_64-linux-gnu/libnccl.so.2; do
+        if [ -f "$f" ]; then
+            export PDSERVE_NCCL_LIBRARY="$f"
+            break
+        fi
+    done
+fi
+say "nccl: ${PDSERVE_NCCL_LIBRARY:-none found (tp over NCCL will skip)}"
 # UCX between the daemons of this node: shared memory, with the error handling our endpoints need
 export UCX_TLS="${UCX_TLS:-posix,cma,tcp}" UCX_MM_ERROR_HANDLING=y UCX_POSIX_ERROR_HANDLING=y
 PY=$(command -v python3 || echo python3)
@@ -158,23 +191,41 @@ elif [ "$MODE" = cmake ]; then
     (cd "$BUILD" && timeout 300 ctest -L gpu --output-on-failure -V) >"$OUTDIR/test.log" 2>&1
     rc=$?
 else
-    timeout 300 "$TESTBIN" >"$OUTDIR/test.log" 2>&1
+    timeout 420 "$TESTBIN" >"$OUTDIR/test.log" 2>&1
     rc=$?
+    if [ -n "$TPBIN" ] && [ -x "$TPBIN" ]; then
+        echo "---- gpu_tp_nccl ----" >>"$OUTDIR/test.log"
+        timeout 120 "$TPBIN" >>"$OUTDIR/test.log" 2>&1
+        trc=$?
+        case $trc in
+        0) say "gpu_tp_nccl: PASS" ;;
+        77) say "gpu_tp_nccl: SKIPPED ($(grep -m1 '^SKIP' "$OUTDIR/test.log" | cut -c7-))" ;;
+        *) say "gpu_tp_nccl: FAIL (rc $trc) — see test.log" ;;
+        esac
+    fi
 fi
 case $rc in
 -1) ;;
 0) say "gpu tests: PASS" ;;
-77) say "gpu tests: SKIPPED (no device?)" ;;
+77) say "gpu tests: SKIPPED$(nogpu_note) ($(grep -m1 '^SKIP' "$OUTDIR/test.log" | cut -c7-))" ;;
+124) say "gpu tests: TIMEOUT — see test.log" ;;
 *) say "gpu tests: FAIL (rc $rc) — see test.log" ;;
 esac
 [ -f "$OUTDIR/test.log" ] && grep -E "^(PASS|FAIL|model|SKIP)|checks" "$OUTDIR/test.log" | tee -a "$SUMMARY"
 
 # ---- memcheck of the op and attention tests ----
 if stage memcheck && [ $SAN = 1 ] && command -v compute-sanitizer >/dev/null 2>&1; then
+    # the bundle's TESTBIN is a wrapper script that execs the bundled loader: follow children
     for t in attention page_copy argmax rmsnorm; do
-        timeout 60 compute-sanitizer --tool memcheck --error-exitcode 9 "$TESTBIN" "$t" \
-            >>"$OUTDIR/memcheck.log" 2>&1
-        say "memcheck $t: rc $?"
+        timeout 120 compute-sanitizer --tool memcheck --target-processes all --error-exitcode 9 \
+            "$TESTBIN" "$t" >>"$OUTDIR/memcheck.log" 2>&1
+        mrc=$?
+        case $mrc in
+        0) say "memcheck $t: clean" ;;
+        9) say "memcheck $t: ERRORS — memcheck.log" ;;
+        124) say "memcheck $t: timed out (120 s)" ;;
+        *) say "memcheck $t: rc $mrc$(nogpu_note)" ;;
+        esac
     done
 fi
 
@@ -189,7 +240,7 @@ if stage generate && [ $FULL = 1 ]; then
                 --max-new-tokens 24 "The quick brown fox" "Hello" >"$OUTDIR/gen-cuda.txt"
     } >"$OUTDIR/generate.txt" 2>&1
     if [ ! -s "$OUTDIR/gen-cuda.txt" ]; then
-        say "generate: FAILED — generate.txt"
+        say "generate: FAILED$(nogpu_note) — generate.txt: $(grep -m1 -i 'cuda\|error' "$OUTDIR/generate.txt")"
     elif cmp -s "$OUTDIR/gen-cpu.txt" "$OUTDIR/gen-cuda.txt"; then
         say "generate: cuda greedy text equals cpu"
     else
@@ -201,7 +252,7 @@ fi
 if stage device && [ $FULL = 1 ]; then
     PD_TEST_GPU=1 timeout 300 "$PY" "$ROOT/tests/integration/test_device_cuda.py" "$BUILD" \
         >"$OUTDIR/device.log" 2>&1
-    say "daemons --device cuda: rc $? — device.log"
+    say "daemons --device cuda: rc $?$(nogpu_note) — device.log"
     grep -E "^FAIL" "$OUTDIR/device.log" | tee -a "$SUMMARY"
 fi
 
@@ -210,7 +261,7 @@ if stage disagg && [ $FULL = 1 ]; then
     shapes="tiny,qwen2.5-1.5b"
     timeout 420 "$PY" "$ROOT/scripts/gpu_disagg.py" "$BUILD" "$OUTDIR" --shapes "$shapes" \
         >"$OUTDIR/disagg.log" 2>&1
-    say "disaggregated path: rc $? — disagg.log, disagg.json"
+    say "disaggregated path: rc $?$(nogpu_note) — disagg.log, disagg.json"
     grep -E "^disagg" "$OUTDIR/disagg.log" | tee -a "$SUMMARY"
 fi
 
@@ -219,17 +270,17 @@ if stage xfer && [ $FULL = 1 ]; then
     # the same-node path the daemons take (CUDA IPC device copies), then the UCX path
     timeout 120 "$BUILD/bench/pdserve-bench-xfer-dev" --device cuda --rooms 20 \
         --room-pages 256 --json "$OUTDIR/xfer.json" >"$OUTDIR/xfer.txt" 2>&1
-    say "kv transfer bench (ipc): rc $?"
+    say "kv transfer bench (ipc): rc $?$(nogpu_note)"
     timeout 120 "$BUILD/bench/pdserve-bench-xfer-dev" --device cuda --rooms 20 --no-ipc \
         --room-pages 256 --json "$OUTDIR/xfer-ucx.json" >>"$OUTDIR/xfer.txt" 2>&1
-    say "kv transfer bench (ucx): rc $?"
+    say "kv transfer bench (ucx): rc $?$(nogpu_note)"
     grep -E "^kv transfer" "$OUTDIR/xfer.txt" | tee -a "$SUMMARY"
 fi
 
 # ---- perf mode ----
 if stage perf && [ $PERF = 1 ]; then
     timeout 420 "$TESTBIN" --perf $QUICK --json "$OUTDIR/perf.json" >"$OUTDIR/perf.txt" 2>&1
-    say "perf: rc $? — perf.txt, perf.json"
+    say "perf: rc $?$(nogpu_note) — perf.txt, perf.json"
     cat "$OUTDIR/perf.txt"
 fi
 # ---- PyTorch + transformers baseline on a qwen2.5-1.5b-shaped random model ----

@@ -121,7 +121,12 @@ def main():
     os.makedirs(outdir, exist_ok=True)
     results = []
     for s in shapes:
-        r = run_shape(build, outdir, s, n_prompts, max_new)
+        try:
+            r = run_shape(build, outdir, s, n_prompts, max_new)
+        except (RuntimeError, OSError, subprocess.SubprocessError) as e:
+            # e.g. no GPU: the reference run refuses at once; say so in disagg.json and the
+            # summary line instead of a traceback, and try the next shape
+            r = {"shape": s, "ok": False, "error": str(e).strip()[-300:]}
         results.append(r)
         print("disagg %-14s %s: %s/%s prompts equal to pdserve-generate --device %s; "
               "backend %s; transport %s%s" %

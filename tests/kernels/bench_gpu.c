@@ -666,7 +666,11 @@ int pd_bench_gpu_main(int argc, char **argv) {
                 "\"results\":[\n",
                 prop.name, prop.multiProcessorCount, peak_bw / 1e9, peak_tf / 1e12);
     }
-    CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    /* a blocking stream: setup here is cudaMemset / pageable cudaMemcpy on the legacy stream,
+     * which a non-blocking stream does not wait for (and a pageable copy may return before its
+     * DMA lands): the penalty setup's one id buffer was rewritten under the kernel reading it,
+     * and state zeroing raced the kernels filling it. The timed launches use st alone. */
+    CK(cudaStreamCreate(&st));
     struct pd_kernel_gemm *g = NULL;
     if (pd_kernel_gemm_new(st, 32u << 20, &g)) {
         fprintf(stderr, "gemm: %s\n", pd_error_msg());
