@@ -23,6 +23,8 @@ static float load1(enum pd_dtype t, const void *p, int64_t i) {
     case PD_DTYPE_F32: return ((const float *)p)[i];
     case PD_DTYPE_BF16: return pd_bf16_to_f32(((const uint16_t *)p)[i]);
     case PD_DTYPE_F16: return pd_f16_to_f32(((const uint16_t *)p)[i]);
+    case PD_DTYPE_F8E4M3: return pd_f8e4m3_to_f32(((const uint8_t *)p)[i]);
+    case PD_DTYPE_F8E5M2: return pd_f8e5m2_to_f32(((const uint8_t *)p)[i]);
     }
     return 0.0f;
 }
@@ -52,6 +54,8 @@ PD_AVX2 static inline __m256 load8(enum pd_dtype t, const void *p, int64_t i) {
     case PD_DTYPE_F16:
         return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)p + i)));
     case PD_DTYPE_F32: break;
+    case PD_DTYPE_F8E4M3:
+    case PD_DTYPE_F8E5M2: PD_ASSERT(!"fp8 is KV-only: pd__cpu_to_f32 widens it by scalar"); break;
     }
     return _mm256_loadu_ps((const float *)p + i);
 }
@@ -166,6 +170,8 @@ PD_AVX512 static inline __m512 load16(enum pd_dtype t, const void *p, int64_t i,
     case PD_DTYPE_F16:
         return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mk, (const uint16_t *)p + i));
     case PD_DTYPE_F32: break;
+    case PD_DTYPE_F8E4M3:
+    case PD_DTYPE_F8E5M2: PD_ASSERT(!"fp8 is KV-only: pd__cpu_to_f32 widens it by scalar"); break;
     }
     return _mm512_maskz_loadu_ps(mk, (const float *)p + i);
 }
@@ -180,6 +186,8 @@ PD_AVX512 static inline __m512 load16_full(enum pd_dtype t, const void *p, int64
     case PD_DTYPE_F16:
         return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)p + i)));
     case PD_DTYPE_F32: break;
+    case PD_DTYPE_F8E4M3:
+    case PD_DTYPE_F8E5M2: PD_ASSERT(!"fp8 is KV-only: pd__cpu_to_f32 widens it by scalar"); break;
     }
     return _mm512_loadu_ps((const float *)p + i);
 }
@@ -287,6 +295,8 @@ PD_AVX512 static void gemv_avx512(enum pd_dtype wt, const void *w, int64_t k, co
     case PD_DTYPE_BF16: PD_GEMV_TILES(PD_DTYPE_BF16) break;
     case PD_DTYPE_F16: PD_GEMV_TILES(PD_DTYPE_F16) break;
     case PD_DTYPE_F32: PD_GEMV_TILES(PD_DTYPE_F32) break;
+    case PD_DTYPE_F8E4M3:
+    case PD_DTYPE_F8E5M2: PD_ASSERT(!"fp8 is never a weight"); break;
     }
 }
 #undef PD_GEMV_TILES
@@ -583,6 +593,10 @@ void pd__cpu_axpy(float a, const float *x, float *y, int64_t n) {
 void pd__cpu_to_f32(enum pd_dtype t, const void *src, float *dst, int64_t n) {
     if (t == PD_DTYPE_F32) {
         memcpy(dst, src, (size_t)n * sizeof(float));
+        return;
+    }
+    if (t == PD_DTYPE_F8E4M3 || t == PD_DTYPE_F8E5M2) { /* KV only: no vector path */
+        pd_dtype_to_f32(t, src, dst, (size_t)n);
         return;
     }
 #ifdef PD_HAVE_X86

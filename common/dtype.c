@@ -1,5 +1,6 @@
 /*
- * dtype.c — element sizes, names and the f32 <-> f16/bf16 scalar conversions.
+ * dtype.c — element sizes, names and the f32 <-> f16/bf16 scalar conversions (fp8's are
+ * common/fp8.h's, shared with the CUDA kernels; the array conversions here dispatch to them).
  *
  * Conversions are done on the bit patterns, not with the compiler's _Float16/__bf16, so they
  * behave the same on every host and compiler: round to nearest even, NaN stays a (quiet) NaN with
@@ -20,7 +21,12 @@ static const struct {
     [PD_DTYPE_F32] = {"F32", "float32", 4},
     [PD_DTYPE_F16] = {"F16", "float16", 2},
     [PD_DTYPE_BF16] = {"BF16", "bfloat16", 2},
+    [PD_DTYPE_F8E4M3] = {"F8_E4M3", "float8_e4m3fn", 1},
+    [PD_DTYPE_F8E5M2] = {"F8_E5M2", "float8_e5m2", 1},
 };
+
+/* The parsers stop before the fp8 types: checkpoints and config.json name weight types. */
+#define N_WEIGHT_DTYPES (PD_DTYPE_BF16 + 1)
 
 static int dtype_valid(enum pd_dtype t) {
     return (unsigned)t < PD_ARRAY_LEN(dtype_info);
@@ -40,7 +46,7 @@ const char *pd_dtype_torch_name(enum pd_dtype t) {
 }
 
 int pd_dtype_parse(const char *name, enum pd_dtype *out) {
-    for (size_t i = 0; name && i < PD_ARRAY_LEN(dtype_info); i++) {
+    for (size_t i = 0; name && i < N_WEIGHT_DTYPES; i++) {
         if (strcmp(name, dtype_info[i].name) == 0) {
             *out = (enum pd_dtype)i;
             return PD_OK;
@@ -51,7 +57,7 @@ int pd_dtype_parse(const char *name, enum pd_dtype *out) {
 }
 
 int pd_dtype_parse_torch(const char *name, enum pd_dtype *out) {
-    for (size_t i = 0; name && i < PD_ARRAY_LEN(dtype_info); i++) {
+    for (size_t i = 0; name && i < N_WEIGHT_DTYPES; i++) {
         if (strcmp(name, dtype_info[i].torch) == 0) {
             *out = (enum pd_dtype)i;
             return PD_OK;
@@ -62,14 +68,8 @@ int pd_dtype_parse_torch(const char *name, enum pd_dtype *out) {
                      name ? name : "(null)");
 }
 
-static uint32_t f32_bits(float f) {
-    uint32_t u;
-    memcpy(&u, &f, sizeof(u));
-    return u;
-}
-
 uint16_t pd_f32_to_bf16(float f) {
-    uint32_t u = f32_bits(f);
+    uint32_t u = pd__f32_bits(f);
     if ((u & 0x7fffffffu) > 0x7f800000u) /* NaN: truncating could clear the payload → inf */
         return (uint16_t)((u >> 16) | 0x0040u);
     /* Adding 0x7fff plus the lowest kept bit rounds half to even; a carry into the exponent is
@@ -79,7 +79,7 @@ uint16_t pd_f32_to_bf16(float f) {
 }
 
 uint16_t pd_f32_to_f16(float f) {
-    uint32_t u = f32_bits(f);
+    uint32_t u = pd__f32_bits(f);
     uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
     uint32_t a = u & 0x7fffffffu;
 
@@ -125,6 +125,18 @@ void pd_dtype_to_f32(enum pd_dtype t, const void *src, float *dst, size_t n) {
             dst[i] = pd_bf16_to_f32(s[i]);
         return;
     }
+    case PD_DTYPE_F8E4M3: {
+        const uint8_t *s = src;
+        for (size_t i = 0; i < n; i++)
+            dst[i] = pd_f8e4m3_to_f32(s[i]);
+        return;
+    }
+    case PD_DTYPE_F8E5M2: {
+        const uint8_t *s = src;
+        for (size_t i = 0; i < n; i++)
+            dst[i] = pd_f8e5m2_to_f32(s[i]);
+        return;
+    }
     }
     PD_ASSERT(!"unknown dtype");
 }
@@ -144,6 +156,18 @@ void pd_dtype_from_f32(enum pd_dtype t, const float *src, void *dst, size_t n) {
         uint16_t *d = dst;
         for (size_t i = 0; i < n; i++)
             d[i] = pd_f32_to_bf16(src[i]);
+        return;
+    }
+    case PD_DTYPE_F8E4M3: {
+        uint8_t *d = dst;
+        for (size_t i = 0; i < n; i++)
+            d[i] = pd_f32_to_f8e4m3(src[i]);
+        return;
+    }
+    case PD_DTYPE_F8E5M2: {
+        uint8_t *d = dst;
+        for (size_t i = 0; i < n; i++)
+            d[i] = pd_f32_to_f8e5m2(src[i]);
         return;
     }
     }
