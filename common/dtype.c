@@ -16,13 +16,14 @@
 static const struct {
     const char *name;  /* safetensors */
     const char *torch; /* config.json torch_dtype */
+    const char *kv;    /* --kv-cache-dtype */
     size_t size;       /* bytes */
 } dtype_info[] = {
-    [PD_DTYPE_F32] = {"F32", "float32", 4},
-    [PD_DTYPE_F16] = {"F16", "float16", 2},
-    [PD_DTYPE_BF16] = {"BF16", "bfloat16", 2},
-    [PD_DTYPE_F8E4M3] = {"F8_E4M3", "float8_e4m3fn", 1},
-    [PD_DTYPE_F8E5M2] = {"F8_E5M2", "float8_e5m2", 1},
+    [PD_DTYPE_F32] = {"F32", "float32", "float32", 4},
+    [PD_DTYPE_F16] = {"F16", "float16", "float16", 2},
+    [PD_DTYPE_BF16] = {"BF16", "bfloat16", "bfloat16", 2},
+    [PD_DTYPE_F8E4M3] = {"F8_E4M3", "float8_e4m3fn", "fp8_e4m3", 1},
+    [PD_DTYPE_F8E5M2] = {"F8_E5M2", "float8_e5m2", "fp8_e5m2", 1},
 };
 
 /* The parsers stop before the fp8 types: checkpoints and config.json name weight types. */
@@ -43,6 +44,10 @@ const char *pd_dtype_name(enum pd_dtype t) {
 
 const char *pd_dtype_torch_name(enum pd_dtype t) {
     return dtype_valid(t) ? dtype_info[t].torch : "?";
+}
+
+const char *pd_dtype_kv_name(enum pd_dtype t) {
+    return dtype_valid(t) ? dtype_info[t].kv : "?";
 }
 
 int pd_dtype_parse(const char *name, enum pd_dtype *out) {

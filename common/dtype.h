@@ -33,6 +33,9 @@ int pd_dtype_parse(const char *name, enum pd_dtype *out);
 int pd_dtype_parse_torch(const char *name, enum pd_dtype *out);
 /* torch spelling: "float32", ..., "float8_e4m3fn", "float8_e5m2". */
 const char *pd_dtype_torch_name(enum pd_dtype t);
+/* --kv-cache-dtype spelling (SGLang's, as /server_info shows it): "float32", "bfloat16",
+ * "float16", "fp8_e4m3", "fp8_e5m2". */
+const char *pd_dtype_kv_name(enum pd_dtype t);
 
 uint16_t pd_f32_to_bf16(float f);
 uint16_t pd_f32_to_f16(float f);

@@ -18,6 +18,8 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "common/dtype.h"
+
 enum pd_flag_kind {
     PD_FLAG_BOOL,
     PD_FLAG_INT,    /* int, range-checked */
@@ -89,6 +91,16 @@ enum pd_device_kind {
 };
 extern const char *const pd_device_names[]; /* "cpu", "cuda" */
 
+/* --kv-cache-dtype, SGLang's spellings: "auto", "bf16", "bfloat16", "fp16", "float16", "fp32",
+ * "float32", "fp8_e4m3", "fp8_e5m2" (the long and short names are the same type). */
+extern const char *const pd_kv_cache_dtype_names[];
+#define PD_KV_CACHE_DTYPE_AUTO 0 /* index of "auto" */
+/* The type of choice index c (of pd_kv_cache_dtype_names); false for "auto", which
+ * pd_tp_group_new resolves (the model's torch_dtype on cuda, f32 on cpu). */
+bool pd_kv_cache_dtype_of(int c, enum pd_dtype *out);
+/* The help text both the daemons and pdserve-generate give the flag. */
+extern const char pd_kv_cache_dtype_help[];
+
 struct pd_server_args {
     const char *model_path;
     const char *tokenizer_path;    /* defaults to model_path */
@@ -107,10 +119,11 @@ struct pd_server_args {
     int disaggregation_mode; /* enum pd_disagg_mode */
     int disaggregation_bootstrap_port;
     const char *disaggregation_ib_device;
-    int device;      /* enum pd_device_kind */
-    int base_gpu_id; /* cuda: the GPU this daemon runs on (SGLang's --base-gpu-id) */
-    int threads;     /* CPU backend threads; 0 = all cores */
-    int log_level;   /* enum pd_log_level */
+    int device;         /* enum pd_device_kind */
+    int base_gpu_id;    /* cuda: the GPU this daemon runs on (SGLang's --base-gpu-id) */
+    int threads;        /* CPU backend threads; 0 = all cores */
+    int kv_cache_dtype; /* index into pd_kv_cache_dtype_names; PD_KV_CACHE_DTYPE_AUTO */
+    int log_level;      /* enum pd_log_level */
     bool disable_prefix_cache;
     int64_t random_seed;
 };

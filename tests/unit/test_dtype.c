@@ -371,6 +371,8 @@ static void test_fp8_names_and_bulk(void) {
     CHECK_STR(pd_dtype_name(PD_DTYPE_F8E5M2), "F8_E5M2");
     CHECK_STR(pd_dtype_torch_name(PD_DTYPE_F8E4M3), "float8_e4m3fn");
     CHECK_STR(pd_dtype_torch_name(PD_DTYPE_F8E5M2), "float8_e5m2");
+    CHECK_STR(pd_dtype_kv_name(PD_DTYPE_F8E4M3), "fp8_e4m3");
+    CHECK_STR(pd_dtype_kv_name(PD_DTYPE_BF16), "bfloat16");
     /* weights are never fp8: the checkpoint and config parsers refuse them */
     CHECK_ERR(pd_dtype_parse("F8_E5M2", &t), PD_EUNSUPPORTED, "F32, F16, BF16");
     CHECK_ERR(pd_dtype_parse_torch("float8_e4m3fn", &t), PD_EUNSUPPORTED, "float8_e4m3fn");
