@@ -35,6 +35,9 @@ const char pd_kv_cache_dtype_help[] =
     "in f32); fp8 (scale 1.0, as SGLang without calibrated scales) holds 4x the tokens of "
     "float32 in the same memory, bf16/fp16 2x, at the cost of rounding K and V";
 
+_Static_assert(PD_ARRAY_LEN(kv_cache_dtypes) + 1 == PD_ARRAY_LEN(pd_kv_cache_dtype_names),
+               "one type per --kv-cache-dtype spelling");
+
 bool pd_kv_cache_dtype_of(int c, enum pd_dtype *out) {
     PD_ASSERT(c >= 0 && (size_t)c < PD_ARRAY_LEN(kv_cache_dtypes));
     *out = kv_cache_dtypes[c];
