@@ -11,7 +11,6 @@
  * --kv-cache-dtype's spellings (default auto = float32 on cpu).
  */
 #include "common/alloc.h"
-#include "common/flags.h"
 #include "common/model.h"
 #include "common/status.h"
 

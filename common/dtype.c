@@ -1,6 +1,8 @@
 /*
  * dtype.c — element sizes, names and the f32 <-> f16/bf16 scalar conversions (fp8's are
- * common/fp8.h's, shared with the CUDA kernels; the array conversions here dispatch to them).
+ * common/fp8.h's, shared with the CUDA kernels; the array conversions here dispatch to them),
+ * and --kv-cache-dtype's spellings (here, not in flags.c, so the GPU perf mode's minimal build
+ * in scripts/gpu-run.sh, which compiles dtype.c but not the flag parser, has them too).
  *
  * Conversions are done on the bit patterns, not with the compiler's _Float16/__bf16, so they
  * behave the same on every host and compiler: round to nearest even, NaN stays a (quiet) NaN with
@@ -177,4 +179,30 @@ void pd_dtype_from_f32(enum pd_dtype t, const float *src, void *dst, size_t n) {
     }
     }
     PD_ASSERT(!"unknown dtype");
+}
+
+/* ---- --kv-cache-dtype ---- */
+
+const char *const pd_kv_cache_dtype_names[] = {"auto", "bf16",    "bfloat16", "fp16",     "float16",
+                                               "fp32", "float32", "fp8_e4m3", "fp8_e5m2", NULL};
+/* the type of each spelling, in pd_kv_cache_dtype_names' order */
+static const enum pd_dtype kv_cache_dtypes[] = {
+    PD_DTYPE_F32,    /* auto: resolved by pd_tp_group_new, not read */
+    PD_DTYPE_BF16,   /* bf16 */
+    PD_DTYPE_BF16,   /* bfloat16 */
+    PD_DTYPE_F16,    /* fp16 */
+    PD_DTYPE_F16,    /* float16 */
+    PD_DTYPE_F32,    /* fp32 */
+    PD_DTYPE_F32,    /* float32 */
+    PD_DTYPE_F8E4M3, /* fp8_e4m3 */
+    PD_DTYPE_F8E5M2, /* fp8_e5m2 */
+};
+
+_Static_assert(PD_ARRAY_LEN(kv_cache_dtypes) + 1 == PD_ARRAY_LEN(pd_kv_cache_dtype_names),
+               "one type per --kv-cache-dtype spelling");
+
+bool pd_kv_cache_dtype_of(int c, enum pd_dtype *out) {
+    PD_ASSERT(c >= 0 && (size_t)c < PD_ARRAY_LEN(kv_cache_dtypes));
+    *out = kv_cache_dtypes[c];
+    return c != PD_KV_CACHE_DTYPE_AUTO;
 }

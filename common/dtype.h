@@ -8,6 +8,7 @@
 #ifndef PD_DTYPE_H
 #define PD_DTYPE_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
@@ -91,6 +92,14 @@ static inline float pd_f16_to_f32(uint16_t h) {
     memcpy(&f, &u, sizeof(f));
     return f;
 }
+
+/* --kv-cache-dtype, SGLang's spellings: "auto", "bf16", "bfloat16", "fp16", "float16", "fp32",
+ * "float32", "fp8_e4m3", "fp8_e5m2" (the long and short names are the same type). */
+extern const char *const pd_kv_cache_dtype_names[];
+#define PD_KV_CACHE_DTYPE_AUTO 0 /* index of "auto" */
+/* The type of choice index c (of pd_kv_cache_dtype_names); false for "auto", which
+ * pd_tp_group_new resolves (the model's torch_dtype on cuda, f32 on cpu). */
+bool pd_kv_cache_dtype_of(int c, enum pd_dtype *out);
 
 /* n elements of type t at src → f32 at dst. */
 void pd_dtype_to_f32(enum pd_dtype t, const void *src, float *dst, size_t n);

@@ -21,28 +21,11 @@
 const char *const pd_disagg_mode_names[] = {"null", "prefill", "decode", NULL};
 const char *const pd_device_names[] = {"cpu", "cuda", NULL};
 
-const char *const pd_kv_cache_dtype_names[] = {"auto", "bf16",    "bfloat16", "fp16",     "float16",
-                                               "fp32", "float32", "fp8_e4m3", "fp8_e5m2", NULL};
-static const enum pd_dtype kv_cache_dtypes[] = {
-    PD_DTYPE_F32, /* auto: not used */
-    PD_DTYPE_BF16, PD_DTYPE_BF16, PD_DTYPE_F16,    PD_DTYPE_F16,
-    PD_DTYPE_F32,  PD_DTYPE_F32,  PD_DTYPE_F8E4M3, PD_DTYPE_F8E5M2,
-};
-
 const char pd_kv_cache_dtype_help[] =
     "element type of the KV cache; auto = the model's torch_dtype (config.json) on cuda, "
     "float32 on cpu (the CPU backend computes in f32 and its tests compare with transformers "
     "in f32); fp8 (scale 1.0, as SGLang without calibrated scales) holds 4x the tokens of "
     "float32 in the same memory, bf16/fp16 2x, at the cost of rounding K and V";
-
-_Static_assert(PD_ARRAY_LEN(kv_cache_dtypes) + 1 == PD_ARRAY_LEN(pd_kv_cache_dtype_names),
-               "one type per --kv-cache-dtype spelling");
-
-bool pd_kv_cache_dtype_of(int c, enum pd_dtype *out) {
-    PD_ASSERT(c >= 0 && (size_t)c < PD_ARRAY_LEN(kv_cache_dtypes));
-    *out = kv_cache_dtypes[c];
-    return c != PD_KV_CACHE_DTYPE_AUTO;
-}
 
 void pd_flagset_init(struct pd_flagset *fs, const char *prog, const char *summary) {
     memset(fs, 0, sizeof(*fs));

@@ -91,13 +91,7 @@ enum pd_device_kind {
 };
 extern const char *const pd_device_names[]; /* "cpu", "cuda" */
 
-/* --kv-cache-dtype, SGLang's spellings: "auto", "bf16", "bfloat16", "fp16", "float16", "fp32",
- * "float32", "fp8_e4m3", "fp8_e5m2" (the long and short names are the same type). */
-extern const char *const pd_kv_cache_dtype_names[];
-#define PD_KV_CACHE_DTYPE_AUTO 0 /* index of "auto" */
-/* The type of choice index c (of pd_kv_cache_dtype_names); false for "auto", which
- * pd_tp_group_new resolves (the model's torch_dtype on cuda, f32 on cpu). */
-bool pd_kv_cache_dtype_of(int c, enum pd_dtype *out);
+/* --kv-cache-dtype: its spellings and types are common/dtype.h's (pd_kv_cache_dtype_names). */
 /* The help text both the daemons and pdserve-generate give the flag. */
 extern const char pd_kv_cache_dtype_help[];
 

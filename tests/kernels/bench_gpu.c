@@ -10,7 +10,6 @@
  */
 #include "common/alloc.h"
 #include "common/backend.h"
-#include "common/flags.h"
 #include "common/model.h"
 #include "kernels/backend_cuda.h"
 #include "common/status.h"
