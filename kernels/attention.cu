@@ -63,10 +63,12 @@ template <typename F>
 __device__ __forceinline__ void load8_fp8(const F *p, bool full, int n, float *o) {
     if (full) {
         uint2 raw = *(const uint2 *)p;
-        const F *h = (const F *)&raw;
+        const uint16_t *h = (const uint16_t *)&raw;
 #pragma unroll
-        for (int e = 0; e < 8; e++)
-            o[e] = to_f(h[e]);
+        for (int e = 0; e < 4; e++) {
+            float2 f = fp8x2_to_f2<F>(h[e]);
+            o[2 * e] = f.x, o[2 * e + 1] = f.y;
+        }
     } else {
 #pragma unroll
         for (int e = 0; e < 8; e++)

@@ -9,6 +9,7 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
 
@@ -19,9 +20,11 @@
 
 namespace pdk {
 
-/* One byte of the KV pool in fp8: the bit conversions are common/fp8.h's, the same the CPU
- * backend uses (torch's rounding and overflow; cuda_fp8.h's float constructor saturates e4m3
- * instead), so both backends write identical bytes. */
+/* One byte of the KV pool in fp8. Stores round with common/fp8.h, the function the CPU backend
+ * uses (torch's rounding and overflow; cuda_fp8.h's float constructor saturates e4m3 instead),
+ * so both backends write identical bytes. Loads widen with the hardware's fp8 -> f16 convert
+ * (sm_89+; cuda_fp8.h emulates it below), which is exact — every fp8 value is an f16 — so they
+ * read the values common/fp8.h's decoder gives (NaN stays NaN), two elements an instruction. */
 struct fp8_e4m3 {
     uint8_t b;
 };
@@ -41,10 +44,18 @@ template <> __device__ __forceinline__ float to_f<__half>(__half v) {
 }
 
 template <> __device__ __forceinline__ float to_f<fp8_e4m3>(fp8_e4m3 v) {
-    return __uint_as_float(pd_fp8_e4m3_to_f32_bits(v.b));
+    return __half2float(__half(__nv_cvt_fp8_to_halfraw(v.b, __NV_E4M3)));
 }
 template <> __device__ __forceinline__ float to_f<fp8_e5m2>(fp8_e5m2 v) {
-    return __uint_as_float(pd_fp8_e5m2_to_f32_bits(v.b));
+    return __half2float(__half(__nv_cvt_fp8_to_halfraw(v.b, __NV_E5M2)));
+}
+/* Two fp8 of one kind (low byte first) as f32. */
+template <typename F> __device__ __forceinline__ float2 fp8x2_to_f2(uint16_t two);
+template <> __device__ __forceinline__ float2 fp8x2_to_f2<fp8_e4m3>(uint16_t two) {
+    return __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(two, __NV_E4M3)));
+}
+template <> __device__ __forceinline__ float2 fp8x2_to_f2<fp8_e5m2>(uint16_t two) {
+    return __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(two, __NV_E5M2)));
 }
 
 template <typename T> __device__ __forceinline__ T from_f(float v);
