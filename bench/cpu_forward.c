@@ -7,6 +7,8 @@
  *     non-embedding parameter per token (the vocabulary product runs for the last token only).
  * Every figure is the median of several runs (shared machines are noisy). Targets (issue 10):
  * decode b1 >= 85% of its bound, b8 >= 5x b1, prefill >= 70% of the GEMM rate.
+ * Usage: pdserve-bench-cpu-forward [THREADS [bf16|f32 (weights) [KV_DTYPE]]], KV_DTYPE one of
+ * --kv-cache-dtype's spellings (default auto = float32 on cpu).
  */
 #include "common/alloc.h"
 #include "common/model.h"
@@ -290,7 +292,21 @@ static int prefill_rate(struct pd_model *m, struct pd_kv_pool *kv, int len, int 
 int main(int argc, char **argv) {
     int threads = argc > 1 ? atoi(argv[1]) : 0;
     bool f32 = argc > 2 && strcmp(argv[2], "f32") == 0;
-    enum pd_dtype dt = f32 ? PD_DTYPE_F32 : PD_DTYPE_BF16;
+    enum pd_dtype dt = f32 ? PD_DTYPE_F32 : PD_DTYPE_BF16, kvt = PD_DTYPE_F32;
+    if (argc > 3) {
+        int c = -1;
+        for (int j = 0; pd_kv_cache_dtype_names[j]; j++)
+            if (strcmp(argv[3], pd_kv_cache_dtype_names[j]) == 0)
+                c = j;
+        if (c < 0) {
+            fprintf(stderr,
+                    "pdserve-bench-cpu-forward: KV dtype '%s' is not one of auto, bf16, "
+                    "fp16, fp32, fp8_e4m3, fp8_e5m2\n",
+                    argv[3]);
+            return 2;
+        }
+        pd_kv_cache_dtype_of(c, &kvt); /* auto: float32, as on the cpu backend */
+    }
     struct pd_model_config cfg = qwen25_05b();
     static struct bench_ckpt ck;
     struct pd_backend *be = NULL;
@@ -303,7 +319,7 @@ int main(int argc, char **argv) {
     if ((rc = pd_backend_new(&bo, &be)) || (rc = build_ckpt(&cfg, dt, &ck)) ||
         (rc = pd_model_new(be, &cfg, find, &ck, &mo, &m)))
         goto out;
-    struct pd_kv_pool_opts ko = pd_model_kv_opts(m, PD_DTYPE_F32);
+    struct pd_kv_pool_opts ko = pd_model_kv_opts(m, kvt);
     ko.n_pages = 32 * 8 + 40;
     if ((rc = pd_kv_pool_init(&kv, be, &ko)))
         goto out;
@@ -313,8 +329,10 @@ int main(int argc, char **argv) {
     int64_t params = 0, emb = (int64_t)cfg.vocab_size * cfg.hidden_size;
     for (int i = 0; i < ck.n; i++)
         params += (int64_t)(ck.t[i].nbytes / pd_dtype_size(ck.t[i].dtype));
-    printf("model: qwen2.5-0.5b shape, %s weights, %.1fM params (%.1fM non-embedding), %s\n",
-           pd_dtype_name(dt), params / 1e6, (params - emb) / 1e6, pd_backend_name(be));
+    printf("model: qwen2.5-0.5b shape, %s weights, %.1fM params (%.1fM non-embedding), %s KV, "
+           "%s\n",
+           pd_dtype_name(dt), params / 1e6, (params - emb) / 1e6, pd_dtype_kv_name(kvt),
+           pd_backend_name(be));
     printf("weight bytes read per decode step: %.1f MB\n", wbytes / 1e6);
 
     /* limits, measured now: read the embedding + first layers (far larger than any cache) */

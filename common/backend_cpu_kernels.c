@@ -10,6 +10,7 @@
 #include "common/status.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdbool.h>
 #include <string.h>
 
@@ -23,6 +24,8 @@ static float load1(enum pd_dtype t, const void *p, int64_t i) {
     case PD_DTYPE_F32: return ((const float *)p)[i];
     case PD_DTYPE_BF16: return pd_bf16_to_f32(((const uint16_t *)p)[i]);
     case PD_DTYPE_F16: return pd_f16_to_f32(((const uint16_t *)p)[i]);
+    case PD_DTYPE_F8E4M3: return pd_f8e4m3_to_f32(((const uint8_t *)p)[i]);
+    case PD_DTYPE_F8E5M2: return pd_f8e5m2_to_f32(((const uint8_t *)p)[i]);
     }
     return 0.0f;
 }
@@ -52,6 +55,8 @@ PD_AVX2 static inline __m256 load8(enum pd_dtype t, const void *p, int64_t i) {
     case PD_DTYPE_F16:
         return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)p + i)));
     case PD_DTYPE_F32: break;
+    case PD_DTYPE_F8E4M3:
+    case PD_DTYPE_F8E5M2: PD_ASSERT(!"fp8 is KV-only: pd__cpu_to_f32 widens it by scalar"); break;
     }
     return _mm256_loadu_ps((const float *)p + i);
 }
@@ -166,6 +171,8 @@ PD_AVX512 static inline __m512 load16(enum pd_dtype t, const void *p, int64_t i,
     case PD_DTYPE_F16:
         return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mk, (const uint16_t *)p + i));
     case PD_DTYPE_F32: break;
+    case PD_DTYPE_F8E4M3:
+    case PD_DTYPE_F8E5M2: PD_ASSERT(!"fp8 is KV-only: pd__cpu_to_f32 widens it by scalar"); break;
     }
     return _mm512_maskz_loadu_ps(mk, (const float *)p + i);
 }
@@ -180,6 +187,8 @@ PD_AVX512 static inline __m512 load16_full(enum pd_dtype t, const void *p, int64
     case PD_DTYPE_F16:
         return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)p + i)));
     case PD_DTYPE_F32: break;
+    case PD_DTYPE_F8E4M3:
+    case PD_DTYPE_F8E5M2: PD_ASSERT(!"fp8 is KV-only: pd__cpu_to_f32 widens it by scalar"); break;
     }
     return _mm512_loadu_ps((const float *)p + i);
 }
@@ -287,6 +296,8 @@ PD_AVX512 static void gemv_avx512(enum pd_dtype wt, const void *w, int64_t k, co
     case PD_DTYPE_BF16: PD_GEMV_TILES(PD_DTYPE_BF16) break;
     case PD_DTYPE_F16: PD_GEMV_TILES(PD_DTYPE_F16) break;
     case PD_DTYPE_F32: PD_GEMV_TILES(PD_DTYPE_F32) break;
+    case PD_DTYPE_F8E4M3:
+    case PD_DTYPE_F8E5M2: PD_ASSERT(!"fp8 is never a weight"); break;
     }
 }
 #undef PD_GEMV_TILES
@@ -580,9 +591,29 @@ void pd__cpu_axpy(float a, const float *x, float *y, int64_t n) {
         y[i] += a * x[i];
 }
 
+/* fp8 (KV only) widens through a table of the 256 values of each format: one load an element
+ * instead of common/fp8.h's branches, the same values (the table is made from them). */
+static float fp8_table[2][256];
+static pthread_once_t fp8_table_once = PTHREAD_ONCE_INIT;
+
+static void fp8_table_init(void) {
+    for (int i = 0; i < 256; i++) {
+        fp8_table[0][i] = pd_f8e4m3_to_f32((uint8_t)i);
+        fp8_table[1][i] = pd_f8e5m2_to_f32((uint8_t)i);
+    }
+}
+
 void pd__cpu_to_f32(enum pd_dtype t, const void *src, float *dst, int64_t n) {
     if (t == PD_DTYPE_F32) {
         memcpy(dst, src, (size_t)n * sizeof(float));
+        return;
+    }
+    if (t == PD_DTYPE_F8E4M3 || t == PD_DTYPE_F8E5M2) {
+        pthread_once(&fp8_table_once, fp8_table_init);
+        const float *tab = fp8_table[t == PD_DTYPE_F8E5M2];
+        const uint8_t *s = src;
+        for (int64_t i = 0; i < n; i++)
+            dst[i] = tab[s[i]];
         return;
     }
 #ifdef PD_HAVE_X86

@@ -50,7 +50,11 @@ int pd_bootstrap_layout_check(const struct pd_bootstrap_layout *p,
     PD_CHECK_U(kv_heads)
     PD_CHECK_U(head_dim)
     PD_CHECK_U(page_size)
-    PD_CHECK_S(dtype)
+    if (strcmp(p->dtype, d->dtype) != 0)
+        return pd_errorf(PD_EMISMATCH,
+                         "layout mismatch: dtype: prefill '%s', decode '%s' (both must run the "
+                         "same --kv-cache-dtype: pages move between the pools as they are)",
+                         p->dtype, d->dtype);
     PD_CHECK_U(page_bytes)
 #undef PD_CHECK_U
 #undef PD_CHECK_S

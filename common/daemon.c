@@ -1451,6 +1451,9 @@ static void h_server_info(struct pd_http_req *h, void *ud) {
     cJSON_AddNumberToObject(pool, "used_pages", s.pages_used);
     cJSON_AddNumberToObject(pool, "cached_pages", s.pages_cached);
     cJSON_AddNumberToObject(pool, "page_size", D.info.page_size);
+    cJSON_AddStringToObject(pool, "dtype", D.info.dtype);
+    cJSON_AddNumberToObject(pool, "page_bytes", (double)D.info.page_bytes);
+    cJSON_AddStringToObject(extra, "kv_cache_dtype", D.info.kv_cache_dtype);
     cJSON *q = cJSON_AddObjectToObject(extra, "queues");
     if (D.coloc) {
         cJSON_AddNumberToObject(q, "waiting", s.q_waiting);
@@ -1771,10 +1774,14 @@ static int start(void) {
         .n_pages =
             a->max_total_tokens > 0 ? (a->max_total_tokens + a->page_size - 1) / a->page_size : 0,
         .mem_fraction_static = a->mem_fraction_static,
+        .kv_dtype_auto = a->kv_cache_dtype == PD_KV_CACHE_DTYPE_AUTO,
         .disable_prefix_cache = a->disable_prefix_cache,
         .bootstrap_timeout_s = D.bootstrap_timeout,
         .waiting_timeout_s = D.waiting_timeout,
     };
+    enum pd_dtype kvt;
+    pd_kv_cache_dtype_of(a->kv_cache_dtype, &kvt);
+    ec.kv_dtype = kvt;
     if ((rc = pd_engine_new(&ec, &D.eng)) != PD_OK)
         return rc;
     pd_engine_get_info(D.eng, &D.info);

@@ -1,5 +1,8 @@
 /*
- * dtype.c — element sizes, names and the f32 <-> f16/bf16 scalar conversions.
+ * dtype.c — element sizes, names and the f32 <-> f16/bf16 scalar conversions (fp8's are
+ * common/fp8.h's, shared with the CUDA kernels; the array conversions here dispatch to them),
+ * and --kv-cache-dtype's spellings (here, not in flags.c, so the GPU perf mode's minimal build
+ * in scripts/gpu-run.sh, which compiles dtype.c but not the flag parser, has them too).
  *
  * Conversions are done on the bit patterns, not with the compiler's _Float16/__bf16, so they
  * behave the same on every host and compiler: round to nearest even, NaN stays a (quiet) NaN with
@@ -15,12 +18,18 @@
 static const struct {
     const char *name;  /* safetensors */
     const char *torch; /* config.json torch_dtype */
+    const char *kv;    /* --kv-cache-dtype */
     size_t size;       /* bytes */
 } dtype_info[] = {
-    [PD_DTYPE_F32] = {"F32", "float32", 4},
-    [PD_DTYPE_F16] = {"F16", "float16", 2},
-    [PD_DTYPE_BF16] = {"BF16", "bfloat16", 2},
+    [PD_DTYPE_F32] = {"F32", "float32", "float32", 4},
+    [PD_DTYPE_F16] = {"F16", "float16", "float16", 2},
+    [PD_DTYPE_BF16] = {"BF16", "bfloat16", "bfloat16", 2},
+    [PD_DTYPE_F8E4M3] = {"F8_E4M3", "float8_e4m3fn", "fp8_e4m3", 1},
+    [PD_DTYPE_F8E5M2] = {"F8_E5M2", "float8_e5m2", "fp8_e5m2", 1},
 };
+
+/* The parsers stop before the fp8 types: checkpoints and config.json name weight types. */
+#define N_WEIGHT_DTYPES (PD_DTYPE_BF16 + 1)
 
 static int dtype_valid(enum pd_dtype t) {
     return (unsigned)t < PD_ARRAY_LEN(dtype_info);
@@ -39,8 +48,12 @@ const char *pd_dtype_torch_name(enum pd_dtype t) {
     return dtype_valid(t) ? dtype_info[t].torch : "?";
 }
 
+const char *pd_dtype_kv_name(enum pd_dtype t) {
+    return dtype_valid(t) ? dtype_info[t].kv : "?";
+}
+
 int pd_dtype_parse(const char *name, enum pd_dtype *out) {
-    for (size_t i = 0; name && i < PD_ARRAY_LEN(dtype_info); i++) {
+    for (size_t i = 0; name && i < N_WEIGHT_DTYPES; i++) {
         if (strcmp(name, dtype_info[i].name) == 0) {
             *out = (enum pd_dtype)i;
             return PD_OK;
@@ -51,7 +64,7 @@ int pd_dtype_parse(const char *name, enum pd_dtype *out) {
 }
 
 int pd_dtype_parse_torch(const char *name, enum pd_dtype *out) {
-    for (size_t i = 0; name && i < PD_ARRAY_LEN(dtype_info); i++) {
+    for (size_t i = 0; name && i < N_WEIGHT_DTYPES; i++) {
         if (strcmp(name, dtype_info[i].torch) == 0) {
             *out = (enum pd_dtype)i;
             return PD_OK;
@@ -62,14 +75,8 @@ int pd_dtype_parse_torch(const char *name, enum pd_dtype *out) {
                      name ? name : "(null)");
 }
 
-static uint32_t f32_bits(float f) {
-    uint32_t u;
-    memcpy(&u, &f, sizeof(u));
-    return u;
-}
-
 uint16_t pd_f32_to_bf16(float f) {
-    uint32_t u = f32_bits(f);
+    uint32_t u = pd__f32_bits(f);
     if ((u & 0x7fffffffu) > 0x7f800000u) /* NaN: truncating could clear the payload → inf */
         return (uint16_t)((u >> 16) | 0x0040u);
     /* Adding 0x7fff plus the lowest kept bit rounds half to even; a carry into the exponent is
@@ -79,7 +86,7 @@ uint16_t pd_f32_to_bf16(float f) {
 }
 
 uint16_t pd_f32_to_f16(float f) {
-    uint32_t u = f32_bits(f);
+    uint32_t u = pd__f32_bits(f);
     uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
     uint32_t a = u & 0x7fffffffu;
 
@@ -125,6 +132,18 @@ void pd_dtype_to_f32(enum pd_dtype t, const void *src, float *dst, size_t n) {
             dst[i] = pd_bf16_to_f32(s[i]);
         return;
     }
+    case PD_DTYPE_F8E4M3: {
+        const uint8_t *s = src;
+        for (size_t i = 0; i < n; i++)
+            dst[i] = pd_f8e4m3_to_f32(s[i]);
+        return;
+    }
+    case PD_DTYPE_F8E5M2: {
+        const uint8_t *s = src;
+        for (size_t i = 0; i < n; i++)
+            dst[i] = pd_f8e5m2_to_f32(s[i]);
+        return;
+    }
     }
     PD_ASSERT(!"unknown dtype");
 }
@@ -146,6 +165,44 @@ void pd_dtype_from_f32(enum pd_dtype t, const float *src, void *dst, size_t n) {
             d[i] = pd_f32_to_bf16(src[i]);
         return;
     }
+    case PD_DTYPE_F8E4M3: {
+        uint8_t *d = dst;
+        for (size_t i = 0; i < n; i++)
+            d[i] = pd_f32_to_f8e4m3(src[i]);
+        return;
+    }
+    case PD_DTYPE_F8E5M2: {
+        uint8_t *d = dst;
+        for (size_t i = 0; i < n; i++)
+            d[i] = pd_f32_to_f8e5m2(src[i]);
+        return;
+    }
     }
     PD_ASSERT(!"unknown dtype");
+}
+
+/* ---- --kv-cache-dtype ---- */
+
+const char *const pd_kv_cache_dtype_names[] = {"auto", "bf16",    "bfloat16", "fp16",     "float16",
+                                               "fp32", "float32", "fp8_e4m3", "fp8_e5m2", NULL};
+/* the type of each spelling, in pd_kv_cache_dtype_names' order */
+static const enum pd_dtype kv_cache_dtypes[] = {
+    PD_DTYPE_F32,    /* auto: resolved by pd_tp_group_new, not read */
+    PD_DTYPE_BF16,   /* bf16 */
+    PD_DTYPE_BF16,   /* bfloat16 */
+    PD_DTYPE_F16,    /* fp16 */
+    PD_DTYPE_F16,    /* float16 */
+    PD_DTYPE_F32,    /* fp32 */
+    PD_DTYPE_F32,    /* float32 */
+    PD_DTYPE_F8E4M3, /* fp8_e4m3 */
+    PD_DTYPE_F8E5M2, /* fp8_e5m2 */
+};
+
+_Static_assert(PD_ARRAY_LEN(kv_cache_dtypes) + 1 == PD_ARRAY_LEN(pd_kv_cache_dtype_names),
+               "one type per --kv-cache-dtype spelling");
+
+bool pd_kv_cache_dtype_of(int c, enum pd_dtype *out) {
+    PD_ASSERT(c >= 0 && (size_t)c < PD_ARRAY_LEN(kv_cache_dtypes));
+    *out = kv_cache_dtypes[c];
+    return c != PD_KV_CACHE_DTYPE_AUTO;
 }

@@ -248,8 +248,10 @@ int pd_engine_new(const struct pd_engine_config *cfg, struct pd_engine **out) {
                   .max_logit_rows = max_reqs,
                   .context_length = cfg->context_length,
                   .page_size = cfg->page_size},
-        /* f32 KV as pdserve-generate keeps it: the disaggregated path must equal it bit for bit */
-        .kv_dtype = PD_DTYPE_F32,
+        /* as pdserve-generate with the same --kv-cache-dtype: the disaggregated path must equal
+         * it bit for bit (the transfer moves the pool's bytes as they are) */
+        .kv_dtype = (enum pd_dtype)cfg->kv_dtype,
+        .kv_dtype_auto = cfg->kv_dtype_auto,
         .n_pages = cfg->n_pages,
         .mem_fraction_static = cfg->mem_fraction_static,
     };
@@ -359,6 +361,7 @@ void pd_engine_get_info(const struct pd_engine *e, struct pd_engine_info *o) {
         .pool_on_device = pd_backend_kind_of(e->be) == PD_BACKEND_CUDA,
         .device_index = e->cfg.device_index,
         .dtype = pd_dtype_name(e->kv->layout.dtype),
+        .kv_cache_dtype = pd_dtype_kv_name(e->kv->layout.dtype),
         .backend = pd_backend_name(e->be),
         .model_type = pd_arch_model_type(mc->arch),
         .architecture = pd_arch_hf_name(mc->arch),

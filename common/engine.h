@@ -62,6 +62,8 @@ struct pd_engine_config {
     int max_queued_requests;  /* live requests the scheduler holds */
     int context_length;       /* 0 = the model's */
     int64_t n_pages;          /* KV pool pages; 0 = from mem_fraction_static */
+    int kv_dtype;             /* enum pd_dtype of the KV pool (0: f32) unless kv_dtype_auto */
+    bool kv_dtype_auto;       /* --kv-cache-dtype auto (common/tp_group.h resolves it) */
     double mem_fraction_static;
     bool disable_prefix_cache;
     double bootstrap_timeout_s; /* prefill */
@@ -204,7 +206,8 @@ struct pd_engine_info {
     size_t shard_page_bytes;     /* one page of one rank's pool; page_bytes = tp_size * this */
     bool pool_on_device;         /* pool_base is device memory (cuda backend) */
     int device_index;            /* cuda: the GPU the pool lives on */
-    const char *dtype;
+    const char *dtype;           /* the KV pool's, safetensors spelling ("BF16", "F8_E4M3") */
+    const char *kv_cache_dtype;  /* the same as --kv-cache-dtype names it ("bfloat16") */
     const char *backend;
     const char *model_type;   /* "llama" */
     const char *architecture; /* "LlamaForCausalLM" */

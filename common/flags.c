@@ -21,6 +21,12 @@
 const char *const pd_disagg_mode_names[] = {"null", "prefill", "decode", NULL};
 const char *const pd_device_names[] = {"cpu", "cuda", NULL};
 
+const char pd_kv_cache_dtype_help[] =
+    "element type of the KV cache; auto = the model's torch_dtype (config.json) on cuda, "
+    "float32 on cpu (the CPU backend computes in f32 and its tests compare with transformers "
+    "in f32); fp8 (scale 1.0, as SGLang without calibrated scales) holds 4x the tokens of "
+    "float32 in the same memory, bf16/fp16 2x, at the cost of rounding K and V";
+
 void pd_flagset_init(struct pd_flagset *fs, const char *prog, const char *summary) {
     memset(fs, 0, sizeof(*fs));
     fs->prog = prog;
@@ -381,6 +387,8 @@ void pd_server_args_register(struct pd_flagset *fs, struct pd_server_args *a) {
                    "share of device memory for weights and the KV pool");
     pd_flag_int(fs, "--max-total-tokens", &a->max_total_tokens, "TOKENS", 0, 1 << 30,
                 "KV pool size in tokens; 0 = derive from --mem-fraction-static");
+    pd_flag_choice(fs, "--kv-cache-dtype", &a->kv_cache_dtype, pd_kv_cache_dtype_names,
+                   pd_kv_cache_dtype_help);
     pd_flag_bool(fs, "--disable-prefix-cache", &a->disable_prefix_cache,
                  "do not reuse KV pages of shared prompt prefixes");
     pd_flag_choice(fs, "--disaggregation-mode", &a->disaggregation_mode, pd_disagg_mode_names,

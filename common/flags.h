@@ -18,6 +18,8 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "common/dtype.h"
+
 enum pd_flag_kind {
     PD_FLAG_BOOL,
     PD_FLAG_INT,    /* int, range-checked */
@@ -89,6 +91,10 @@ enum pd_device_kind {
 };
 extern const char *const pd_device_names[]; /* "cpu", "cuda" */
 
+/* --kv-cache-dtype: its spellings and types are common/dtype.h's (pd_kv_cache_dtype_names). */
+/* The help text both the daemons and pdserve-generate give the flag. */
+extern const char pd_kv_cache_dtype_help[];
+
 struct pd_server_args {
     const char *model_path;
     const char *tokenizer_path;    /* defaults to model_path */
@@ -107,10 +113,11 @@ struct pd_server_args {
     int disaggregation_mode; /* enum pd_disagg_mode */
     int disaggregation_bootstrap_port;
     const char *disaggregation_ib_device;
-    int device;      /* enum pd_device_kind */
-    int base_gpu_id; /* cuda: the GPU this daemon runs on (SGLang's --base-gpu-id) */
-    int threads;     /* CPU backend threads; 0 = all cores */
-    int log_level;   /* enum pd_log_level */
+    int device;         /* enum pd_device_kind */
+    int base_gpu_id;    /* cuda: the GPU this daemon runs on (SGLang's --base-gpu-id) */
+    int threads;        /* CPU backend threads; 0 = all cores */
+    int kv_cache_dtype; /* index into pd_kv_cache_dtype_names; PD_KV_CACHE_DTYPE_AUTO */
+    int log_level;      /* enum pd_log_level */
     bool disable_prefix_cache;
     int64_t random_seed;
 };

@@ -18,7 +18,8 @@ static int check_opts(const struct pd_kv_pool_opts *o) {
                          o->n_layers, o->kv_heads, o->head_dim, o->page_size);
     if (o->n_pages < 0 || o->n_pages > INT32_MAX)
         return pd_errorf(PD_ERANGE, "kv pool of %lld pages", (long long)o->n_pages);
-    if (o->dtype != PD_DTYPE_F32 && o->dtype != PD_DTYPE_BF16 && o->dtype != PD_DTYPE_F16)
+    if (o->dtype != PD_DTYPE_F32 && o->dtype != PD_DTYPE_BF16 && o->dtype != PD_DTYPE_F16 &&
+        o->dtype != PD_DTYPE_F8E4M3 && o->dtype != PD_DTYPE_F8E5M2)
         return pd_errorf(PD_EINVAL, "kv pool dtype %d", (int)o->dtype);
     return PD_OK;
 }

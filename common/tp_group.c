@@ -307,10 +307,24 @@ int pd_tp_group_new(const struct pd_tp_group_opts *o, struct pd_tp_group **out) 
     *out = NULL;
     if (o->size < 1 || o->size > PD_TP_MAX)
         return pd_errorf(PD_ERANGE, "--tp-size %d: 1..%d ranks", o->size, PD_TP_MAX);
+    /* auto: SGLang keeps the KV cache in the model's dtype; the CPU backend computes in f32 */
+    enum pd_dtype kv_dtype = o->kv_dtype;
+    if (o->kv_dtype_auto) {
+        kv_dtype = PD_DTYPE_F32;
+        struct pd_model_config mc;
+        if (o->backend.kind != PD_BACKEND_CPU) {
+            int rc = pd_model_config_load(o->model_path, &mc);
+            if (rc)
+                return rc; /* the message names the directory */
+            kv_dtype = mc.torch_dtype;
+        }
+    }
     struct pd_tp_group *g = pd_calloc(1, sizeof(*g));
     if (!g)
         return PD_ENOMEM;
     g->o = *o;
+    g->o.kv_dtype = kv_dtype;
+    g->o.kv_dtype_auto = false;
     g->size = o->size;
     g->first_fail = -1;
     pthread_mutex_init(&g->mu, NULL);

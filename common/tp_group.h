@@ -35,6 +35,9 @@ struct pd_tp_group_opts {
     const char *model_path;
     struct pd_model_opts model; /* .tp is set per rank */
     enum pd_dtype kv_dtype;
+    /* --kv-cache-dtype auto: kv_dtype is ignored and becomes the model's torch_dtype
+     * (config.json) on cuda, f32 on cpu (the CPU backend computes in f32) */
+    bool kv_dtype_auto;
     /* pages of every rank's pool: > 0 exactly; 0 from mem_fraction_static (cpu: the ranks
      * share host memory, so the logical page of all ranks is what is sized; cuda: each rank's
      * GPU, the smallest count for all) */

@@ -9,7 +9,8 @@
  * threads walks the range in tiles of 128 keys: each thread scores one key against all R rows
  * (the K row is read once per item, whatever the group size — GQA's saving), an online softmax
  * (running max and sum per row) rescales, then threads own output dims and accumulate P·V.
- * Scores and accumulators are f32; K/V are read in the pool's dtype.
+ * Scores and accumulators are f32; K/V are read in the pool's dtype (f32, bf16, f16, fp8:
+ * widened on load, scale 1.0).
  * Invariants: rows past a query's causal limit score -inf; a range with no valid key leaves
  * (max -inf, sum 0), which the reduce kernel weighs as zero; items with req < 0 are padding.
  */
@@ -56,6 +57,31 @@ __device__ __forceinline__ void load8<__nv_bfloat16>(const __nv_bfloat16 *p, boo
 template <>
 __device__ __forceinline__ void load8<__half>(const __half *p, bool full, int n, float *o) {
     load8_half<__half2>(p, full, n, o);
+}
+/* fp8: one 8-byte load (full rows are 8-byte aligned: hd % 8 == 0 and pages of whole rows) */
+template <typename F>
+__device__ __forceinline__ void load8_fp8(const F *p, bool full, int n, float *o) {
+    if (full) {
+        uint2 raw = *(const uint2 *)p;
+        const uint16_t *h = (const uint16_t *)&raw;
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            float2 f = fp8x2_to_f2<F>(h[e]);
+            o[2 * e] = f.x, o[2 * e + 1] = f.y;
+        }
+    } else {
+#pragma unroll
+        for (int e = 0; e < 8; e++)
+            o[e] = e < n ? to_f(p[e]) : 0.0f;
+    }
+}
+template <>
+__device__ __forceinline__ void load8<fp8_e4m3>(const fp8_e4m3 *p, bool full, int n, float *o) {
+    load8_fp8(p, full, n, o);
+}
+template <>
+__device__ __forceinline__ void load8<fp8_e5m2>(const fp8_e5m2 *p, bool full, int n, float *o) {
+    load8_fp8(p, full, n, o);
 }
 
 template <typename T, int HDM, int R>
@@ -310,6 +336,6 @@ extern "C" int pd_kernel_attention(const struct pd_kernel_attn_params *p, cudaSt
         return pd__cuda_status(cudaErrorInvalidValue,
                                "attention: head_dim must be even and <= 256, heads a multiple "
                                "of kv heads");
-    PDK_DISPATCH(p->kv.dtype, attn_launch<T>(*p, s));
+    PDK_DISPATCH_KV(p->kv.dtype, attn_launch<T>(*p, s));
     return PDK_LAUNCHED("paged attention");
 }

@@ -1,13 +1,15 @@
 /*
  * kcommon.cuh — device helpers shared by the kernels/ .cu files: element loads/stores for the
- * three dtypes (always widened to f32 for arithmetic), warp/block reductions, and the
- * dtype-dispatch macro launchers use. Header-only, no state.
+ * three dtypes (always widened to f32 for arithmetic) and the two fp8 KV-cache types,
+ * warp/block reductions, and the dtype-dispatch macros launchers use (PDK_DISPATCH for weights
+ * and activations, PDK_DISPATCH_KV for the KV pool, which adds fp8). Header-only, no state.
  */
 #ifndef PD_KCOMMON_CUH
 #define PD_KCOMMON_CUH
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
 
@@ -17,6 +19,18 @@
 #define PDK_OK 0
 
 namespace pdk {
+
+/* One byte of the KV pool in fp8. Stores round with common/fp8.h, the function the CPU backend
+ * uses (torch's rounding and overflow; cuda_fp8.h's float constructor saturates e4m3 instead),
+ * so both backends write identical bytes. Loads widen with the hardware's fp8 -> f16 convert
+ * (sm_89+; cuda_fp8.h emulates it below), which is exact — every fp8 value is an f16 — so they
+ * read the values common/fp8.h's decoder gives (NaN stays NaN), two elements an instruction. */
+struct fp8_e4m3 {
+    uint8_t b;
+};
+struct fp8_e5m2 {
+    uint8_t b;
+};
 
 template <typename T> __device__ __forceinline__ float to_f(T v);
 template <> __device__ __forceinline__ float to_f<float>(float v) {
@@ -29,6 +43,21 @@ template <> __device__ __forceinline__ float to_f<__half>(__half v) {
     return __half2float(v);
 }
 
+template <> __device__ __forceinline__ float to_f<fp8_e4m3>(fp8_e4m3 v) {
+    return __half2float(__half(__nv_cvt_fp8_to_halfraw(v.b, __NV_E4M3)));
+}
+template <> __device__ __forceinline__ float to_f<fp8_e5m2>(fp8_e5m2 v) {
+    return __half2float(__half(__nv_cvt_fp8_to_halfraw(v.b, __NV_E5M2)));
+}
+/* Two fp8 of one kind (low byte first) as f32. */
+template <typename F> __device__ __forceinline__ float2 fp8x2_to_f2(uint16_t two);
+template <> __device__ __forceinline__ float2 fp8x2_to_f2<fp8_e4m3>(uint16_t two) {
+    return __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(two, __NV_E4M3)));
+}
+template <> __device__ __forceinline__ float2 fp8x2_to_f2<fp8_e5m2>(uint16_t two) {
+    return __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(two, __NV_E5M2)));
+}
+
 template <typename T> __device__ __forceinline__ T from_f(float v);
 template <> __device__ __forceinline__ float from_f<float>(float v) {
     return v;
@@ -38,6 +67,12 @@ template <> __device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float
 }
 template <> __device__ __forceinline__ __half from_f<__half>(float v) {
     return __float2half_rn(v);
+}
+template <> __device__ __forceinline__ fp8_e4m3 from_f<fp8_e4m3>(float v) {
+    return fp8_e4m3{pd_fp8_e4m3_from_f32_bits(__float_as_uint(v))};
+}
+template <> __device__ __forceinline__ fp8_e5m2 from_f<fp8_e5m2>(float v) {
+    return fp8_e5m2{pd_fp8_e5m2_from_f32_bits(__float_as_uint(v))};
 }
 
 __device__ __forceinline__ float warp_sum(float v) {
@@ -99,6 +134,36 @@ static inline unsigned blocks_for(int64_t work, int per_block) {
         } break;                                                                                   \
         case PD_DTYPE_F16: {                                                                       \
             typedef __half T;                                                                      \
+            __VA_ARGS__;                                                                           \
+        } break;                                                                                   \
+        case PD_DTYPE_F8E4M3:                                                                      \
+        case PD_DTYPE_F8E5M2:                                                                      \
+            return pd__cuda_status(cudaErrorInvalidValue, "fp8 is KV-cache only");                 \
+        }                                                                                          \
+    } while (0)
+
+/* PDK_DISPATCH over the KV pool's types: the three above and the fp8 ones. */
+#define PDK_DISPATCH_KV(dtype, ...)                                                                \
+    do {                                                                                           \
+        switch (dtype) {                                                                           \
+        case PD_DTYPE_F32: {                                                                       \
+            typedef float T;                                                                       \
+            __VA_ARGS__;                                                                           \
+        } break;                                                                                   \
+        case PD_DTYPE_BF16: {                                                                      \
+            typedef __nv_bfloat16 T;                                                               \
+            __VA_ARGS__;                                                                           \
+        } break;                                                                                   \
+        case PD_DTYPE_F16: {                                                                       \
+            typedef __half T;                                                                      \
+            __VA_ARGS__;                                                                           \
+        } break;                                                                                   \
+        case PD_DTYPE_F8E4M3: {                                                                    \
+            typedef pdk::fp8_e4m3 T;                                                               \
+            __VA_ARGS__;                                                                           \
+        } break;                                                                                   \
+        case PD_DTYPE_F8E5M2: {                                                                    \
+            typedef pdk::fp8_e5m2 T;                                                               \
             __VA_ARGS__;                                                                           \
         } break;                                                                                   \
         }                                                                                          \

@@ -2,9 +2,10 @@
  * kv_cache.cu — writes into and moves pages of the page-major KV pool (DESIGN.md §3: page p
  * holds, for every layer, K then V, each [page_size][kv_heads][head_dim]).
  *
- * kv_store converts a step's K/V rows to the pool's dtype at their slots (slot < 0 = padding of
- * a graph bucket, skipped). page_copy moves whole pages with 16-byte loads: pool to pool (a
- * prefix-cache copy), pool to a contiguous staging run (gather before a transfer) and back.
+ * kv_store converts a step's K/V rows to the pool's dtype (f32, bf16, f16, fp8) at their slots
+ * (slot < 0 = padding of a graph bucket, skipped). page_copy moves whole pages with 16-byte loads:
+ * pool to pool (a prefix-cache copy), pool to a contiguous staging run (gather before a transfer)
+ * and back.
  */
 #include "kernels/kcommon.cuh"
 
@@ -31,7 +32,7 @@ template <typename T> static __global__ void kv_store_kernel(struct pd_kernel_kv
 extern "C" int pd_kernel_kv_store(const struct pd_kernel_kv_store_params *p, cudaStream_t s) {
     if (p->n <= 0)
         return PDK_OK;
-    PDK_DISPATCH(p->kv.dtype, kv_store_kernel<T><<<(unsigned)p->n, 128, 0, s>>>(*p));
+    PDK_DISPATCH_KV(p->kv.dtype, kv_store_kernel<T><<<(unsigned)p->n, 128, 0, s>>>(*p));
     return PDK_LAUNCHED("kv store");
 }
 

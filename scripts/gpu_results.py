@@ -49,7 +49,8 @@ def main():
                                  "%.0f%% of weight-bytes/HBM-rate (%.3f ms; target >= 60%%)" %
                                  (100 * bound / ms if ms else 0, bound)))
                 else:
-                    rows.append(("decode qwen2.5-1.5b batch %s" % b,
+                    kv = shape.split(" kv ")[1].split()[0] if " kv " in shape else ""
+                    rows.append(("decode qwen2.5-1.5b batch %s%s" % (b, " kv " + kv if kv else ""),
                                  "%.0f tokens/s" % (int(b) / (ms / 1e3)), "%.3f ms/step" % ms))
             elif op == "prefill":
                 rows.append(("prefill " + shape, "%.1f TFLOP/s" % r["tflops"],

@@ -38,6 +38,7 @@ struct prompt {
 struct args {
     const char *model_path, *prompt_file, *prompt_ids, *logits_out, *stop_ids;
     int device, base_gpu_id, threads, page_size, chunk, max_new_tokens, top_k, logprobs, log_level;
+    int kv_cache_dtype; /* index into pd_kv_cache_dtype_names */
     int tp_size;
     double temperature, top_p, min_p, rep, freq, pres;
     int64_t seed;
@@ -227,6 +228,8 @@ static int run(const struct args *a, int n_texts, char **texts_in) {
     if (per_req > mcfg.max_position_embeddings)
         per_req = mcfg.max_position_embeddings;
     int pages_per = (per_req + a->page_size - 1) / a->page_size;
+    enum pd_dtype kv_dtype;
+    bool kv_auto = !pd_kv_cache_dtype_of(a->kv_cache_dtype, &kv_dtype);
     struct pd_tp_group_opts go = {
         .size = a->tp_size,
         .backend = {.kind = a->device == PD_DEVICE_CUDA ? PD_BACKEND_CUDA : PD_BACKEND_CPU,
@@ -237,7 +240,8 @@ static int run(const struct args *a, int n_texts, char **texts_in) {
                   .max_reqs = n,
                   .max_logit_rows = n,
                   .page_size = a->page_size},
-        .kv_dtype = PD_DTYPE_F32,
+        .kv_dtype = kv_dtype,
+        .kv_dtype_auto = kv_auto,
         .n_pages = (int64_t)pages_per * n,
     };
     if ((rc = pd_tp_group_new(&go, &tp)) != PD_OK)
@@ -429,6 +433,8 @@ int main(int argc, char **argv) {
                 "process (cpu: threads summing in shared memory; cuda: GPUs --base-gpu-id .. +N-1 "
                 "over NCCL); the all-reduce changes only the float summation order");
     pd_flag_int(&fs, "--page-size", &a.page_size, "TOKENS", 1, 1024, "tokens per KV page");
+    pd_flag_choice(&fs, "--kv-cache-dtype", &a.kv_cache_dtype, pd_kv_cache_dtype_names,
+                   pd_kv_cache_dtype_help);
     pd_flag_int(&fs, "--chunked-prefill-size", &a.chunk, "TOKENS", 1, 1 << 20,
                 "prompt tokens per extend step");
     pd_flag_log_level(&fs, &a.log_level);

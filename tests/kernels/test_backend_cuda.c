@@ -3,15 +3,16 @@
  * through common/backend.h with the same inputs on both: RMSNorm (alone and fused with the
  * residual add), matmul (bf16/f16/f32 weights, with and without bias), RoPE at large positions,
  * SwiGLU, add, embedding, row gather, KV store + paged attention (extend chunks over cached
- * pages, decode long enough to split, GQA groups 1..16, head dims 12..128, f32/bf16/f16 pools,
- * page sizes 16 and 5, pages out of order). Sweeps include 0 and 1 rows and sizes that are not
- * multiples of any tile. Then whole models: extend + decode logits equal the cpu backend's,
- * decode through CUDA graphs equals eager launches, graphs are captured once per bucket and
- * replayed after, up to the 256 bucket (batches 256/100/17). Attention also at page sizes 1..128,
- * head_dim 256, GQA 8 decode batches of 256, and in a pool over 4 GiB (64-bit offsets). The
- * device sampler with penalty slots and top-n against the cpu backend, and its perf line. Skips
- * (77) without a GPU. `--perf` is the perf mode (bench_gpu.c). PD_GPU_TEST_HARNESS=cpu: "gpu"
- * is a second cpu backend (CTest gpu_backend_cuda_harness), for the harness itself.
+ * pages, decode long enough to split, GQA groups 1..16, head dims 12..128, f32/bf16/f16 and
+ * fp8 e4m3/e5m2 pools (byte-identical pools on both), page sizes 16 and 5, pages out of order).
+ * Sweeps include 0 and 1 rows and sizes that are not multiples of any tile. Then whole models:
+ * extend + decode logits equal the cpu backend's, decode through CUDA graphs equals eager
+ * launches, graphs are captured once per bucket and replayed after, up to the 256 bucket
+ * (batches 256/100/17). Attention also at page sizes 1..128, head_dim 256, GQA 8 decode batches
+ * of 256, and in a pool over 4 GiB (64-bit offsets). The device sampler with penalty slots and
+ * top-n against the cpu backend, and its perf line. Skips (77) without a GPU. `--perf` is the
+ * perf mode (bench_gpu.c). PD_GPU_TEST_HARNESS=cpu: "gpu" is a second cpu backend (CTest
+ * gpu_backend_cuda_harness), for the harness itself.
  */
 #include "pd_model_fixture.h"
 #include "pd_test.h"
@@ -452,17 +453,21 @@ static void test_attention(void) {
         {2, 4, 64, 16, 1, {129}, {0}},
         {1, 8, 128, 16, 2, {2, 61}, {127, 67}},
     };
+    /* every KV pool type: both backends convert with common/fp8.h, so even an fp8 pool holds
+     * the same bytes on both (checked in run_attn_case) */
+    static const enum pd_dtype kv_dtypes[] = {PD_DTYPE_F32, PD_DTYPE_BF16, PD_DTYPE_F16,
+                                              PD_DTYPE_F8E4M3, PD_DTYPE_F8E5M2};
     for (size_t i = 0; i < PD_ARRAY_LEN(cases); i++)
-        for (size_t t = 0; t < PD_ARRAY_LEN(dtypes); t++)
-            run_attn_case(&cases[i], dtypes[t]);
+        for (size_t t = 0; t < PD_ARRAY_LEN(kv_dtypes); t++)
+            run_attn_case(&cases[i], kv_dtypes[t]);
     /* decode of 256 requests (the largest graph bucket's batch), GQA 8, lengths 0..299 */
     static struct attn_case big = {1, 8, 64, 16, 256, {0}, {0}};
     for (int r = 0; r < 256; r++) {
         big.n_new[r] = 1;
         big.n_cached[r] = (r * 37) % 300;
     }
-    for (size_t t = 0; t < PD_ARRAY_LEN(dtypes); t++)
-        run_attn_case(&big, dtypes[t]);
+    for (size_t t = 0; t < PD_ARRAY_LEN(kv_dtypes); t++)
+        run_attn_case(&big, kv_dtypes[t]);
 }
 
 /* A pool over 4 GiB (H200 pools are ~100 GiB): K/V stored at pages whose byte offsets pass
@@ -657,9 +662,10 @@ static double rel(const float *a, const float *b, size_t n) {
 static void test_models(void) {
     static const enum pd_arch archs[] = {PD_ARCH_LLAMA, PD_ARCH_QWEN2, PD_ARCH_QWEN3};
     for (size_t ai = 0; ai < PD_ARRAY_LEN(archs); ai++) {
-        for (int wt = 0; wt < 2; wt++) {
-            enum pd_dtype dt = wt ? PD_DTYPE_BF16 : PD_DTYPE_F32;
-            enum pd_dtype kvt = wt ? PD_DTYPE_BF16 : PD_DTYPE_F32;
+        for (int wt = 0; wt < 3; wt++) {
+            /* f32; bf16 weights and KV (auto on a bf16 model); f32 weights with an fp8 KV */
+            enum pd_dtype dt = wt == 1 ? PD_DTYPE_BF16 : PD_DTYPE_F32;
+            enum pd_dtype kvt = wt == 0 ? PD_DTYPE_F32 : wt == 1 ? PD_DTYPE_BF16 : PD_DTYPE_F8E4M3;
             struct pd_model_config cfg = model_config(archs[ai]);
             struct fake_ckpt *ck = pd_calloc(1, sizeof(*ck));
             fake_ckpt_weights(&cfg, dt, 0.15f, frand, ck);
@@ -681,11 +687,14 @@ static void test_models(void) {
             gpu_stats(bg, &sg);
             gpu_stats(bge, &se);
             double e_cpu = rel(lg, lc, n), e_graph = rel(lg, le, n);
-            double tol = wt ? 5e-2 : 1e-4; /* bf16: GEMM inputs rounded to bf16 on the GPU */
-            printf("model arch %d %s: gpu vs cpu %.3g, graph vs eager %.3g, graphs captured "
-                   "%lld launched %lld of %lld steps\n",
-                   (int)archs[ai], pd_dtype_name(dt), e_cpu, e_graph, (long long)sg.graph_captures,
-                   (long long)sg.graph_launches, (long long)sg.steps);
+            /* bf16: GEMM inputs rounded to bf16 on the GPU; fp8 KV: a K or V element whose f32
+             * value differs in the last bits between the backends may round to the neighbouring
+             * fp8 value (2^-4 apart relative for e4m3) */
+            double tol = wt ? 5e-2 : 1e-4;
+            printf("model arch %d %s kv %s: gpu vs cpu %.3g, graph vs eager %.3g, graphs "
+                   "captured %lld launched %lld of %lld steps\n",
+                   (int)archs[ai], pd_dtype_name(dt), pd_dtype_name(kvt), e_cpu, e_graph,
+                   (long long)sg.graph_captures, (long long)sg.graph_launches, (long long)sg.steps);
             CHECK(e_cpu < tol);
             CHECK(e_graph < 1e-4);
             /* buckets 8, 4, 1, 2 (batch 5, 3, 1, 2 and 4) are each captured once */

@@ -206,7 +206,7 @@ static void check_attention(enum pd_dtype kv_dtype, int heads, int kv_heads, int
                             int window) {
     struct pd_backend *be = make(threads);
     enum { PS = 4, HD = 20, NPAGES = 16, L = 2 }; /* HD: a full and a partial vector */
-    int esz = kv_dtype == PD_DTYPE_F32 ? 4 : 2;
+    int esz = (int)pd_dtype_size(kv_dtype);
     struct pd_kv_layout kv = {.n_pages = NPAGES,
                               .n_layers = L,
                               .page_size = PS,
@@ -227,10 +227,12 @@ static void check_attention(enum pd_dtype kv_dtype, int heads, int kv_heads, int
             for (int i = 0; i < kv_heads * HD; i++) {
                 kseq[r][p][i] = frand();
                 vseq[r][p][i] = frand();
-                if (kv_dtype == PD_DTYPE_BF16) {
-                    kseq[r][p][i] = from_bf16(to_bf16(kseq[r][p][i]));
-                    vseq[r][p][i] = from_bf16(to_bf16(vseq[r][p][i]));
-                }
+                /* the reference sees K and V as the pool holds them */
+                uint8_t b[4];
+                pd_dtype_from_f32(kv_dtype, &kseq[r][p][i], b, 1);
+                pd_dtype_to_f32(kv_dtype, b, &kseq[r][p][i], 1);
+                pd_dtype_from_f32(kv_dtype, &vseq[r][p][i], b, 1);
+                pd_dtype_to_f32(kv_dtype, b, &vseq[r][p][i], 1);
             }
             for (int i = 0; i < heads * HD; i++)
                 qseq[r][p][i] = frand();
@@ -314,6 +316,9 @@ static void test_attention(void) {
     check_attention(PD_DTYPE_F32, 4, 2, 3, 0);
     check_attention(PD_DTYPE_F32, 8, 2, 2, 0);
     check_attention(PD_DTYPE_BF16, 8, 1, 2, 0);
+    check_attention(PD_DTYPE_F16, 4, 2, 2, 0);
+    check_attention(PD_DTYPE_F8E4M3, 8, 2, 2, 0); /* --kv-cache-dtype fp8: widened by table */
+    check_attention(PD_DTYPE_F8E5M2, 4, 4, 1, 0);
 }
 
 /* Sliding windows: 1 (only itself), 3 (starts mid-page, crosses pages), 5 and 7 (the window
@@ -324,6 +329,7 @@ static void test_attention_sliding_window(void) {
         check_attention(PD_DTYPE_F32, 4, 2, 1, windows[i]);
         check_attention(PD_DTYPE_F32, 8, 2, 3, windows[i]);
         check_attention(PD_DTYPE_BF16, 4, 4, 2, windows[i]);
+        check_attention(PD_DTYPE_F8E4M3, 4, 2, 2, windows[i]);
     }
 }
 

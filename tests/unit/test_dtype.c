@@ -3,7 +3,10 @@
  * reference computed a different way: the nearest representable value found by searching the
  * ordered list of target bit patterns with double arithmetic (ties to the even pattern), plus the
  * compiler's _Float16 where it has one. Patterns are sampled across every exponent, at and
- * around every rounding midpoint, and at random.
+ * around every rounding midpoint, and at random. The fp8 formats (KV cache) are checked the same
+ * way against values computed here from the format definitions with ldexp, with torch's overflow
+ * rules: the ladder continues one step past the largest finite value (e4m3: 480, whose pattern
+ * 0x7f is NaN; e5m2: 65536, whose pattern 0x7c is inf), so what rounds there becomes that.
  */
 #include "pd_test.h"
 
@@ -238,6 +241,160 @@ static void test_bulk(void) {
     pd_dtype_to_f32(PD_DTYPE_F32, src, back, 0); /* n = 0 touches nothing */
 }
 
+/* ---- fp8 ---- */
+
+/* Magnitude of a positive e4m3 pattern 0..0x7f; 0x7f (NaN) stands for 480, the next step. */
+static double mag_e4m3(unsigned p) {
+    int e = (int)(p >> 3), m = (int)(p & 7);
+    return e == 0 ? ldexp(m, -9) : ldexp(8 + m, e - 10);
+}
+
+/* Magnitude of a positive e5m2 pattern 0..0x7c; 0x7c (inf) stands for 65536. */
+static double mag_e5m2(unsigned p) {
+    int e = (int)(p >> 2), m = (int)(p & 3);
+    return e == 0 ? ldexp(m, -16) : ldexp(4 + m, e - 17);
+}
+
+/* Nearest of patterns 0..top by a plain scan (no shortcut shared with the code under test);
+ * ties to the even pattern; at or past mag(top): top. */
+static unsigned reference_round8(float x, double (*mag)(unsigned), unsigned top) {
+    double a = fabs((double)x);
+    unsigned sign = signbit(x) ? 0x80 : 0, best = 0;
+    if (a >= mag(top))
+        return sign | top;
+    for (unsigned p = 1; p <= top; p++) {
+        double dp = fabs(mag(p) - a), db = fabs(mag(best) - a);
+        if (dp < db || (dp == db && !(p & 1)))
+            best = p;
+    }
+    return sign | best;
+}
+
+static int check_one8(uint32_t u) {
+    float f = float_of(u);
+    unsigned want4, want5, sign = u >> 31 ? 0x80 : 0;
+    if (isnan(f)) {
+        want4 = want5 = sign | 0x7f; /* torch: NaN keeps its sign, all mantissa bits set */
+    } else {
+        want4 = reference_round8(f, mag_e4m3, 0x7f);
+        want5 = reference_round8(f, mag_e5m2, 0x7c);
+    }
+    uint8_t g4 = pd_f32_to_f8e4m3(f), g5 = pd_f32_to_f8e5m2(f);
+    if (g4 == want4 && g5 == want5)
+        return 0;
+    fprintf(stderr, "f32 0x%08x (%.9g): e4m3 0x%02x want 0x%02x, e5m2 0x%02x want 0x%02x\n", u,
+            (double)f, g4, want4, g5, want5);
+    return 1;
+}
+
+/* Every one of the 256 codes of each format decodes to the value its definition gives and
+ * encodes back to itself (NaNs: to the canonical NaN of their sign). */
+static void test_fp8_all_codes(void) {
+    int bad = 0;
+    for (unsigned c = 0; c < 256; c++) {
+        unsigned mag = c & 0x7f, sign = c & 0x80;
+        float a = pd_f8e4m3_to_f32((uint8_t)c), b = pd_f8e5m2_to_f32((uint8_t)c);
+        if (mag == 0x7f) {
+            bad += !isnan(a) || pd_f32_to_f8e4m3(a) != c;
+        } else {
+            bad += (double)fabsf(a) != mag_e4m3(mag) || (signbit(a) != 0) != (sign != 0);
+            bad += pd_f32_to_f8e4m3(a) != c;
+        }
+        if (mag > 0x7c) {
+            bad += !isnan(b) || pd_f32_to_f8e5m2(b) != (sign | 0x7f);
+        } else if (mag == 0x7c) {
+            bad += b != (sign ? -INFINITY : INFINITY) || pd_f32_to_f8e5m2(b) != c;
+        } else {
+            bad += (double)fabsf(b) != mag_e5m2(mag) || (signbit(b) != 0) != (sign != 0);
+            bad += pd_f32_to_f8e5m2(b) != c;
+            /* e5m2 is the top byte of an f16 */
+            bad += b != pd_f16_to_f32((uint16_t)(c << 8));
+        }
+        if (bad) {
+            fprintf(stderr, "fp8 code 0x%02x: e4m3 %.9g, e5m2 %.9g\n", c, (double)a, (double)b);
+            break;
+        }
+    }
+    CHECK_INT(bad, 0);
+}
+
+static void test_fp8_rounding(void) {
+    int bad = 0;
+    /* every boundary: the midpoint of neighbours (exact in f32) and one f32 ulp either side */
+    for (unsigned p = 0; p < 0x7f; p++) {
+        uint32_t u = bits_of((float)((mag_e4m3(p) + mag_e4m3(p + 1)) / 2));
+        for (uint32_t d = 0; d < 3; d++)
+            bad += check_one8(u - 1 + d) + check_one8((u - 1 + d) | 0x80000000u);
+    }
+    for (unsigned p = 0; p < 0x7c; p++) {
+        uint32_t u = bits_of((float)((mag_e5m2(p) + mag_e5m2(p + 1)) / 2));
+        for (uint32_t d = 0; d < 3; d++)
+            bad += check_one8(u - 1 + d) + check_one8((u - 1 + d) | 0x80000000u);
+    }
+    for (int i = 0; i < 20000; i++) { /* random patterns, and random values in range */
+        bad += check_one8(rng());
+        bad += check_one8(bits_of(ldexpf((float)(rng() & 0xffffff), (int)(rng() % 44) - 48)));
+    }
+    for (uint64_t u = 0; u <= 0xffffffffu; u += 1048573)
+        bad += check_one8((uint32_t)u);
+    bad += check_one8(0x7f800000) + check_one8(0xff800000) + check_one8(0x7fc00000) +
+           check_one8(0xffffffff) + check_one8(0x00000001) + check_one8(bits_of(FLT_MAX));
+    CHECK_INT(bad, 0);
+
+    /* the rules the comments promise, spelled out */
+    CHECK_INT(pd_f32_to_f8e4m3(448.0f), 0x7e);
+    CHECK_INT(pd_f32_to_f8e4m3(464.0f), 0x7e);   /* tie → even (448) */
+    CHECK_INT(pd_f32_to_f8e4m3(465.0f), 0x7f);   /* past it: NaN, as torch (no saturation) */
+    CHECK_INT(pd_f32_to_f8e4m3(-1e6f), 0xff);    /* NaN with the sign */
+    CHECK_INT(pd_f32_to_f8e4m3(INFINITY), 0x7f); /* no inf in e4m3fn */
+    CHECK_INT(pd_f32_to_f8e4m3(ldexpf(1, -9)), 0x01);
+    CHECK_INT(pd_f32_to_f8e4m3(ldexpf(1, -10)), 0x00); /* tie → even (zero) */
+    CHECK_INT(pd_f32_to_f8e4m3(ldexpf(3, -10)), 0x02); /* tie → even (up) */
+    CHECK_INT(pd_f32_to_f8e4m3(-0.0f), 0x80);
+    CHECK_INT(pd_f32_to_f8e4m3(1.0f), 0x38);
+    CHECK_INT(pd_f32_to_f8e5m2(57344.0f), 0x7b);
+    CHECK_INT(pd_f32_to_f8e5m2(61439.0f), 0x7b);
+    CHECK_INT(pd_f32_to_f8e5m2(61440.0f), 0x7c); /* tie → even, which is inf */
+    CHECK_INT(pd_f32_to_f8e5m2(-INFINITY), 0xfc);
+    CHECK_INT(pd_f32_to_f8e5m2(ldexpf(1, -17)), 0x00);
+    CHECK_INT(pd_f32_to_f8e5m2(1.0f), 0x3c);
+    CHECK(pd_f8e4m3_to_f32(0x7e) == 448.0f);
+    CHECK(pd_f8e4m3_to_f32(0x08) == ldexpf(1, -6));
+    CHECK(pd_f8e5m2_to_f32(0x01) == ldexpf(1, -16));
+}
+
+static void test_fp8_names_and_bulk(void) {
+    enum pd_dtype t;
+    CHECK_INT(pd_dtype_size(PD_DTYPE_F8E4M3), 1);
+    CHECK_INT(pd_dtype_size(PD_DTYPE_F8E5M2), 1);
+    CHECK_STR(pd_dtype_name(PD_DTYPE_F8E4M3), "F8_E4M3");
+    CHECK_STR(pd_dtype_name(PD_DTYPE_F8E5M2), "F8_E5M2");
+    CHECK_STR(pd_dtype_torch_name(PD_DTYPE_F8E4M3), "float8_e4m3fn");
+    CHECK_STR(pd_dtype_torch_name(PD_DTYPE_F8E5M2), "float8_e5m2");
+    CHECK_STR(pd_dtype_kv_name(PD_DTYPE_F8E4M3), "fp8_e4m3");
+    CHECK_STR(pd_dtype_kv_name(PD_DTYPE_BF16), "bfloat16");
+    /* weights are never fp8: the checkpoint and config parsers refuse them */
+    CHECK_ERR(pd_dtype_parse("F8_E5M2", &t), PD_EUNSUPPORTED, "F32, F16, BF16");
+    CHECK_ERR(pd_dtype_parse_torch("float8_e4m3fn", &t), PD_EUNSUPPORTED, "float8_e4m3fn");
+
+    float src[8] = {0.0f, -1.5f, 3.14159f, 448.0f, 1e-3f, -INFINITY, 1e30f, NAN};
+    float back[8];
+    uint8_t b8[8];
+    pd_dtype_from_f32(PD_DTYPE_F8E4M3, src, b8, 8);
+    for (int i = 0; i < 8; i++)
+        CHECK_INT(b8[i], pd_f32_to_f8e4m3(src[i]));
+    pd_dtype_to_f32(PD_DTYPE_F8E4M3, b8, back, 8);
+    for (int i = 0; i < 8; i++)
+        CHECK(bits_of(back[i]) == bits_of(pd_f8e4m3_to_f32(b8[i])));
+    pd_dtype_from_f32(PD_DTYPE_F8E5M2, src, b8, 8);
+    for (int i = 0; i < 8; i++)
+        CHECK_INT(b8[i], pd_f32_to_f8e5m2(src[i]));
+    pd_dtype_to_f32(PD_DTYPE_F8E5M2, b8, back, 8);
+    for (int i = 0; i < 8; i++)
+        CHECK(bits_of(back[i]) == bits_of(pd_f8e5m2_to_f32(b8[i])));
+}
+
 PD_TEST_MAIN(PD_TEST(test_names_and_parse), PD_TEST(test_edge_values),
              PD_TEST(test_all_16bit_patterns), PD_TEST(test_midpoints),
-             PD_TEST(test_random_and_sweep), PD_TEST(test_bulk))
+             PD_TEST(test_random_and_sweep), PD_TEST(test_bulk), PD_TEST(test_fp8_all_codes),
+             PD_TEST(test_fp8_rounding), PD_TEST(test_fp8_names_and_bulk))

@@ -163,5 +163,34 @@ static void test_custom_flags(void) {
               "--temperature: 2.5 is out of range (allowed: 0..2)");
 }
 
+/* --kv-cache-dtype: SGLang's spellings (long and short name the same type), auto by default
+ * (left to pd_tp_group_new), anything else refused naming the flag and the choices. */
+static void test_kv_cache_dtype(void) {
+    static const struct {
+        const char *name;
+        enum pd_dtype t;
+    } ok[] = {{"bf16", PD_DTYPE_BF16},       {"bfloat16", PD_DTYPE_BF16},
+              {"fp16", PD_DTYPE_F16},        {"float16", PD_DTYPE_F16},
+              {"fp32", PD_DTYPE_F32},        {"float32", PD_DTYPE_F32},
+              {"fp8_e4m3", PD_DTYPE_F8E4M3}, {"fp8_e5m2", PD_DTYPE_F8E5M2}};
+    struct pd_flagset fs;
+    struct pd_server_args a;
+    enum pd_dtype t;
+    server_flags(&fs, &a);
+    CHECK_OK(parse(&fs, "--model-path", "m", NULL));
+    CHECK_INT(a.kv_cache_dtype, PD_KV_CACHE_DTYPE_AUTO);
+    CHECK(!pd_kv_cache_dtype_of(a.kv_cache_dtype, &t));
+    for (size_t i = 0; i < PD_ARRAY_LEN(ok); i++) {
+        server_flags(&fs, &a);
+        CHECK_OK(parse(&fs, "--model-path", "m", "--kv-cache-dtype", ok[i].name, NULL));
+        CHECK(pd_kv_cache_dtype_of(a.kv_cache_dtype, &t));
+        CHECK_INT(t, ok[i].t);
+    }
+    server_flags(&fs, &a);
+    CHECK_ERR(parse(&fs, "--kv-cache-dtype", "fp8", NULL), PD_EINVAL,
+              "--kv-cache-dtype: 'fp8' is not one of auto, bf16, bfloat16, fp16, float16, fp32, "
+              "float32, fp8_e4m3, fp8_e5m2");
+}
+
 PD_TEST_MAIN(PD_TEST(test_sglang_names), PD_TEST(test_defaults_and_help), PD_TEST(test_rejections),
-             PD_TEST(test_custom_flags))
+             PD_TEST(test_custom_flags), PD_TEST(test_kv_cache_dtype))

@@ -69,4 +69,41 @@ static void test_layout_and_checks(void) {
     pd_backend_free(be);
 }
 
-PD_TEST_MAIN(PD_TEST(test_sizing), PD_TEST(test_layout_and_checks))
+/* --kv-cache-dtype: the same memory holds 2x the pages in bf16/f16 and 4x in fp8 as in f32
+ * (the pool's pages are all of one size, so the count is the memory over the page bytes). The
+ * free memory is not a multiple of any page: the counts are floors, checked exactly. */
+static void test_pages_per_dtype(void) {
+    struct pd_kv_pool_opts o = opts();
+    size_t mib = 1 << 20, total = 1000 * mib, avail = 700 * mib + 12345;
+    double rest = (double)avail - (double)total * (1 - 0.88);
+    int64_t n32 = 0;
+    CHECK_OK(pd_kv_pool_pages_for(&o, total, avail, &n32));
+    CHECK_INT(n32, (int64_t)(rest / (3 * 2 * 16 * 2 * 8 * 4)));
+    static const struct {
+        enum pd_dtype t;
+        int times;
+    } k[] = {{PD_DTYPE_BF16, 2}, {PD_DTYPE_F16, 2}, {PD_DTYPE_F8E4M3, 4}, {PD_DTYPE_F8E5M2, 4}};
+    for (size_t i = 0; i < PD_ARRAY_LEN(k); i++) {
+        o.dtype = k[i].t;
+        int64_t n = 0;
+        CHECK_INT(pd_kv_pool_page_bytes(&o) * (size_t)k[i].times, 3 * 2 * 16 * 2 * 8 * 4);
+        CHECK_OK(pd_kv_pool_pages_for(&o, total, avail, &n));
+        CHECK_INT(n, (int64_t)(rest * k[i].times / (3 * 2 * 16 * 2 * 8 * 4)));
+        /* k x the f32 count, up to the floor of the f32 division (< k pages) */
+        CHECK(n >= n32 * k[i].times && n < (n32 + 1) * k[i].times);
+    }
+    /* an fp8 pool allocates and addresses like the others: one byte an element */
+    struct pd_backend *be = NULL;
+    struct pd_backend_opts bo = {.kind = PD_BACKEND_CPU, .threads = 1};
+    CHECK_OK(pd_backend_new(&bo, &be));
+    struct pd_kv_pool pool;
+    o.dtype = PD_DTYPE_F8E4M3;
+    o.n_pages = 10;
+    CHECK_OK(pd_kv_pool_init(&pool, be, &o));
+    CHECK_INT(pool.layout.page_bytes, 3 * 2 * 16 * 2 * 8);
+    CHECK(pd_kv_pool_block(&pool, 7, 1, 1) == (char *)pool.layout.base + 7 * 1536 + 3 * 256);
+    pd_kv_pool_free(&pool);
+    pd_backend_free(be);
+}
+
+PD_TEST_MAIN(PD_TEST(test_sizing), PD_TEST(test_layout_and_checks), PD_TEST(test_pages_per_dtype))

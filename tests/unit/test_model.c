@@ -322,6 +322,65 @@ static void test_missing_tensor(void) {
     pd_backend_free(be);
 }
 
+/* One extend of PROMPT tokens (all positions' logits) with the KV pool in each --kv-cache-dtype
+ * against the f32 pool on the same model. The step stores K/V into the pool and attention reads
+ * them back, so every layer sees K and V rounded to the pool's type: each element off by at most
+ * u relative (u = 2^-(mantissa bits + 1): bf16 2^-8, f16 2^-11, e4m3 2^-4, e5m2 2^-3; the
+ * model's K/V are O(1), far above the formats' subnormal ranges). An attention output is a
+ * convex combination of V rows, so V's rounding moves it by at most u of its scale; K's moves
+ * each score by at most u x |q||k| / sqrt(d), which changes the softmax weights by a factor
+ * within e^(±2u |s|max), again O(u) relative for these O(1) scores. Each of the L layers adds
+ * such an error to the residual stream and later layers carry it on, so the logits move by
+ * about 2 L u of their scale; the bound asserted is twice that, 4 L u (L = 2 here). The error
+ * must also be nonzero (the pool really holds the narrower type) and grow as the format
+ * narrows: f16 < bf16 < e4m3 <= e5m2. */
+static void test_kv_dtype_logits(void) {
+    static const struct {
+        enum pd_dtype t;
+        int mbits;
+    } kinds[] = {
+        {PD_DTYPE_F16, 10}, {PD_DTYPE_BF16, 7}, {PD_DTYPE_F8E4M3, 3}, {PD_DTYPE_F8E5M2, 2}};
+    struct rig r;
+    CHECK_OK(rig_init(&r, PD_ARCH_LLAMA, PD_DTYPE_F32, MAX_T * 2));
+    int32_t prompt[PROMPT], pages[8];
+    for (int i = 0; i < PROMPT; i++)
+        prompt[i] = (int32_t)((i * 31 + 5) % r.vocab);
+    for (int i = 0; i < 8; i++)
+        pages[i] = (int32_t)(5 * i + 2); /* scattered, inside the 40 pages */
+    size_t n = (size_t)PROMPT * (size_t)r.vocab;
+    float *ref = pd_calloc(n, sizeof(float)), *got = pd_calloc(n, sizeof(float));
+    struct pd_model_seq s = {prompt, PROMPT, 0, pages, 8};
+    CHECK_OK(pd_model_extend(r.m, &r.kv, &s, 1, true, ref));
+    double prev = 0;
+    int layers = 2;
+    for (size_t k = 0; k < PD_ARRAY_LEN(kinds); k++) {
+        struct pd_kv_pool kv;
+        struct pd_kv_pool_opts ko = pd_model_kv_opts(r.m, kinds[k].t);
+        ko.n_pages = 40;
+        CHECK_OK(pd_kv_pool_init(&kv, r.be, &ko));
+        /* a page is the f32 one scaled by the element size */
+        CHECK_INT(kv.layout.page_bytes * 4, r.kv.layout.page_bytes * pd_dtype_size(kinds[k].t));
+        CHECK_OK(pd_model_extend(r.m, &kv, &s, 1, true, got));
+        double u = ldexp(1.0, -(kinds[k].mbits + 1)), bound = 4.0 * layers * u;
+        double e = rel_err(got, ref, n);
+        int same = 0;
+        for (int i = 0; i < PROMPT; i++)
+            same += argmax(got + (size_t)i * r.vocab, r.vocab) ==
+                    argmax(ref + (size_t)i * r.vocab, r.vocab);
+        printf("kv %s: logits off by %.3g of their scale (bound %.3g), argmax equal at %d of %d "
+               "positions\n",
+               pd_dtype_kv_name(kinds[k].t), e, bound, same, PROMPT);
+        CHECK(e > 0 && e <= bound);
+        CHECK(e >= prev);
+        prev = e;
+        pd_kv_pool_free(&kv);
+    }
+    pd_free(ref);
+    pd_free(got);
+    rig_free(&r);
+}
+
 PD_TEST_MAIN(PD_TEST(test_chunking_llama), PD_TEST(test_chunking_qwen2),
              PD_TEST(test_chunking_qwen3_bf16), PD_TEST(test_batch_equals_alone),
-             PD_TEST(test_bad_input), PD_TEST(test_missing_tensor), PD_TEST(test_sliding_window))
+             PD_TEST(test_bad_input), PD_TEST(test_missing_tensor), PD_TEST(test_sliding_window),
+             PD_TEST(test_kv_dtype_logits))
