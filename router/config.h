@@ -22,7 +22,7 @@ enum pd_router_policy {
     PD_ROUTER_POLICY_ROUND_ROBIN = 0,
     PD_ROUTER_POLICY_RANDOM = 1,
     PD_ROUTER_POLICY_POWER_OF_TWO = 2,
-    PD_ROUTER_POLICY_CACHE_AWARE = 3, /* accepted; runs power_of_two (logged at start) */
+    PD_ROUTER_POLICY_CACHE_AWARE = 3, /* prefix tree + load (policy.h, cache_tree.h) */
 };
 extern const char *const pd_router_policy_names[]; /* NULL-terminated, enum order */
 
@@ -67,6 +67,9 @@ struct pd_router_config {
     int dns_family; /* enum pd_router_dns_family */
     bool pd_disaggregation;
     int policy; /* enum pd_router_policy */
+    /* --cache-threshold, --balance-*-threshold, --eviction-interval-secs, --max-tree-size:
+     * cache_aware's settings, sglang-router's defaults */
+    struct pd_router_cache_aware ca;
     const char *host;
     int port;
     const char *api_key; /* NULL = no check */
