@@ -93,10 +93,10 @@ struct worker {
     int dns;                     /* index into rt->dns of the name that found it; -1: static */
     char addr[INET6_ADDRSTRLEN]; /* dns: the resolved address */
     uint64_t n_requests;         /* requests the router sent it */
-    int tenant;                  /* cache_aware prefill: its id in rt->tree; -1 otherwise */
-    struct pd_router_cb cb;      /* circuit breaker (breaker.h) */
-    char key[320];               /* normalized URL (pd_router_url_normalize): one entry per key */
-    bool dns_shadowed;           /* a DNS name also answers this (static) worker: logged once */
+    int tenant;             /* its role runs cache_aware: its id in rt->tree[role]; -1 otherwise */
+    struct pd_router_cb cb; /* circuit breaker (breaker.h) */
+    char key[320];          /* normalized URL (pd_router_url_normalize): one entry per key */
+    bool dns_shadowed;      /* a DNS name also answers this (static) worker: logged once */
     struct pd_upstream_call *health_call, *load_call;
     struct sbuf load_body;
     char last_error[160];
@@ -229,10 +229,10 @@ struct pd_router {
     struct pd_router_load *scratch; /* [scratch_cap] what a policy sees of one registry */
     size_t scratch_cap;
     uint64_t rr_prefill, rr_decode;
-    /* cache_aware (prefill side): the prefix tree of what went to each prefill, and the
-     * scratch arrays of one decision — matched bytes by tenant, then matched bytes and tree
-     * sizes by registry index */
-    struct pd_cache_tree *tree;
+    /* cache_aware: per role (prefill, decode) running it, the prefix tree of what went to each
+     * of its workers; and the scratch arrays of one decision — matched bytes by tenant, then
+     * matched bytes and tree sizes by registry index */
+    struct pd_cache_tree *tree[2];
     size_t *ca_by_tenant, *ca_matched, *ca_size;
     size_t ca_by_tenant_cap, ca_matched_cap, ca_size_cap;
     uv_timer_t evict_timer;
@@ -500,15 +500,17 @@ static struct worker *registry_add(struct pd_router *rt, bool is_prefill,
         return NULL;
     }
     int tenant = -1;
-    if (is_prefill && rt->tree &&
+    struct pd_cache_tree *tree = rt->tree[!is_prefill];
+    if (tree &&
         (pd_array_grow((void **)&rt->ca_matched, &rt->ca_matched_cap, (size_t)g->n + 1,
                        sizeof(*rt->ca_matched)) ||
          pd_array_grow((void **)&rt->ca_size, &rt->ca_size_cap, (size_t)g->n + 1,
                        sizeof(*rt->ca_size)) ||
-         pd_cache_tree_tenant_add(rt->tree, &tenant) ||
+         pd_cache_tree_tenant_add(tree, &tenant) ||
          pd_array_grow((void **)&rt->ca_by_tenant, &rt->ca_by_tenant_cap,
-                       (size_t)pd_cache_tree_tenant_cap(rt->tree), sizeof(*rt->ca_by_tenant)))) {
-        pd_cache_tree_tenant_remove(rt->tree, tenant);
+                       (size_t)pd_cache_tree_tenant_cap(tree), sizeof(*rt->ca_by_tenant)))) {
+        if (tenant >= 0)
+            pd_cache_tree_tenant_remove(tree, tenant);
         pd_free(w);
         pd_free(spec->url);
         pd_free(spec->host);
@@ -556,7 +558,7 @@ static void registry_remove(struct worker *w) {
     /* gone from the router (not merely unhealthy or open-circuited): its part of the prefix
      * tree goes too, as sglang-router's remove_worker does */
     if (w->tenant >= 0)
-        pd_cache_tree_tenant_remove(w->rt->tree, w->tenant);
+        pd_cache_tree_tenant_remove(w->rt->tree[!w->is_prefill], w->tenant);
     w->tenant = -1;
     worker_unref(w);
 }
@@ -571,9 +573,10 @@ static void worker_call_ended(struct worker *w) {
     }
 }
 
-/* cache_aware's choice among g's workers (scratch filled): the prefix tree's match of rq's
- * routing text, then policy.h's rules; the text is recorded for the chosen one. */
-static int pick_cache_aware(struct pd_router *rt, struct registry *g, int ex, struct rreq *rq) {
+/* cache_aware's choice among g's workers (scratch filled): the role's prefix tree's match of
+ * rq's routing text, then policy.h's rules; the text is recorded for the chosen one. */
+static int pick_cache_aware(struct pd_router *rt, struct pd_cache_tree *tree, struct registry *g,
+                            int ex, uint64_t *rr, struct rreq *rq) {
     if (!rq->rtext) {
         size_t len;
         const char *body = pd_http_req_body(rq->hr, &len);
@@ -584,16 +587,16 @@ static int pick_cache_aware(struct pd_router *rt, struct registry *g, int ex, st
         }
     }
     const char *text = rq->rtext ? rq->rtext : "";
-    int n_ids = pd_cache_tree_tenant_cap(rt->tree);
-    pd_cache_tree_match(rt->tree, text, rq->rtext_len, rt->ca_by_tenant, n_ids);
+    int n_ids = pd_cache_tree_tenant_cap(tree);
+    pd_cache_tree_match(tree, text, rq->rtext_len, rt->ca_by_tenant, n_ids);
     for (int i = 0; i < g->n; i++) {
         int id = g->w[i]->tenant;
         rt->ca_matched[i] = id >= 0 ? rt->ca_by_tenant[id] : 0;
-        rt->ca_size[i] = pd_cache_tree_tenant_size(rt->tree, id);
+        rt->ca_size[i] = pd_cache_tree_tenant_size(tree, id);
     }
     int decision = PD_ROUTER_CA_SMALLEST;
     int i = pd_router_pick_cache_aware(&rt->cfg->ca, rt->scratch, rt->ca_matched, rt->ca_size, g->n,
-                                       ex, rq->rtext_len, &rt->rr_prefill, &decision);
+                                       ex, rq->rtext_len, rr, &decision);
     if (i < 0)
         return i;
     struct worker *w = g->w[i];
@@ -603,7 +606,7 @@ static int pick_cache_aware(struct pd_router *rt, struct registry *g, int ex, st
              rt->ca_size[i], w->load.inflight);
     pd_router_metrics_cache_aware(rt->metrics, w->spec.url, decision);
     /* sglang-router records the text for the chosen worker whatever the rule that chose it */
-    if (rq->rtext_len && pd_cache_tree_insert(rt->tree, w->tenant, text, rq->rtext_len))
+    if (rq->rtext_len && pd_cache_tree_insert(tree, w->tenant, text, rq->rtext_len))
         pd_warn("cache_aware: %s", pd_error_msg());
     return i;
 }
@@ -621,13 +624,16 @@ static struct worker *pick_worker(struct pd_router *rt, bool is_prefill,
         if (g->w[i] == exclude)
             ex = i;
     }
+    int policy = is_prefill ? rt->cfg->prefill_policy : rt->cfg->decode_policy;
+    uint64_t *rr = is_prefill ? &rt->rr_prefill : &rt->rr_decode;
+    struct pd_cache_tree *tree = rt->tree[!is_prefill];
     int i;
-    if (!is_prefill)
-        i = pd_router_pick_least_load(rt->scratch, g->n, ex, &rt->rr_decode);
-    else if (rt->tree && rq)
-        i = pick_cache_aware(rt, g, ex, rq);
-    else
-        i = pd_router_pick(rt->cfg->policy, rt->scratch, g->n, ex, &rt->rr_prefill, &rt->rng);
+    if (policy == PD_ROUTER_POLICY_LEAST_LOAD)
+        i = pd_router_pick_least_load(rt->scratch, g->n, ex, rr);
+    else if (tree && rq)
+        i = pick_cache_aware(rt, tree, g, ex, rr, rq);
+    else /* cache_aware without a request (a pass-through GET): power_of_two */
+        i = pd_router_pick(policy, rt->scratch, g->n, ex, rr, &rt->rng);
     return i < 0 ? NULL : g->w[i];
 }
 
@@ -1798,8 +1804,9 @@ static cJSON *workers_json(struct pd_router *rt) {
             cJSON_AddNumberToObject(o, "router_inflight", (double)w->load.inflight);
             cJSON_AddNumberToObject(o, "requests_total", (double)w->n_requests);
             if (w->tenant >= 0)
-                cJSON_AddNumberToObject(o, "cache_tree_bytes",
-                                        (double)pd_cache_tree_tenant_size(rt->tree, w->tenant));
+                cJSON_AddNumberToObject(
+                    o, "cache_tree_bytes",
+                    (double)pd_cache_tree_tenant_size(rt->tree[side], w->tenant));
             if (w->last_error[0] && !in_rotation)
                 cJSON_AddStringToObject(o, "last_error", w->last_error);
             cJSON_AddItemToArray(arr, o);
@@ -1855,16 +1862,21 @@ static void handle_server_info(struct pd_router *rt, struct pd_http_req *hr) {
     cJSON_AddStringToObject(o, "disaggregation_mode", "router");
     cJSON_AddBoolToObject(o, "pd_disaggregation", true);
     cJSON_AddStringToObject(o, "policy", pd_router_policy_names[cfg->policy]);
-    cJSON_AddStringToObject(o, "prefill_policy", pd_router_policy_names[cfg->policy]);
-    cJSON_AddStringToObject(o, "decode_policy", "least_load");
+    cJSON_AddStringToObject(o, "prefill_policy", pd_router_policy_name(cfg->prefill_policy));
+    cJSON_AddStringToObject(o, "decode_policy", pd_router_policy_name(cfg->decode_policy));
     cJSON_AddNumberToObject(o, "cache_threshold", cfg->ca.cache_threshold);
     cJSON_AddNumberToObject(o, "balance_abs_threshold", (double)cfg->ca.balance_abs);
     cJSON_AddNumberToObject(o, "balance_rel_threshold", cfg->ca.balance_rel);
     cJSON_AddNumberToObject(o, "eviction_interval_secs", cfg->ca.eviction_secs);
     cJSON_AddNumberToObject(o, "max_tree_size", (double)cfg->ca.max_tree_size);
-    if (rt->tree) {
-        cJSON_AddNumberToObject(o, "cache_tree_nodes", (double)pd_cache_tree_nodes(rt->tree));
-        cJSON_AddNumberToObject(o, "cache_tree_bytes", (double)pd_cache_tree_bytes(rt->tree));
+    for (int side = 0; side < 2; side++) {
+        if (!rt->tree[side])
+            continue;
+        char key[40];
+        snprintf(key, sizeof(key), "%s_cache_tree_nodes", side ? "decode" : "prefill");
+        cJSON_AddNumberToObject(o, key, (double)pd_cache_tree_nodes(rt->tree[side]));
+        snprintf(key, sizeof(key), "%s_cache_tree_bytes", side ? "decode" : "prefill");
+        cJSON_AddNumberToObject(o, key, (double)pd_cache_tree_bytes(rt->tree[side]));
     }
     cJSON_AddStringToObject(o, "host", cfg->host);
     cJSON_AddNumberToObject(o, "port", pd_http_server_port(rt->http));
@@ -1916,7 +1928,7 @@ static void handle_metrics(struct pd_router *rt, struct pd_http_req *hr) {
                                      cb_state(w));
             if (w->tenant >= 0)
                 pd_router_metrics_tree_size(rt->metrics, w->spec.url,
-                                            pd_cache_tree_tenant_size(rt->tree, w->tenant));
+                                            pd_cache_tree_tenant_size(rt->tree[side], w->tenant));
         }
     }
     char *text = NULL;
@@ -2085,17 +2097,25 @@ static int start_http(struct pd_router *rt) {
     return pd_http_server_listen(rt->http);
 }
 
-/* --eviction-interval-secs: every prefill's part of the prefix tree back to --max-tree-size. */
+/* --eviction-interval-secs: every worker's part of its role's prefix tree back to
+ * --max-tree-size. */
 static void on_evict_tick(uv_timer_t *t) {
     struct pd_router *rt = t->data;
-    int oom = 0;
-    size_t before = pd_cache_tree_bytes(rt->tree);
-    size_t evicted = pd_cache_tree_evict(rt->tree, (size_t)rt->cfg->ca.max_tree_size, &oom);
-    if (oom)
-        pd_warn("cache_aware eviction: out of memory for its work list; retried next tick");
-    if (evicted)
-        pd_info("cache_aware eviction: %zu bytes of marks dropped; tree %zu → %zu bytes", evicted,
-                before, pd_cache_tree_bytes(rt->tree));
+    for (int side = 0; side < 2; side++) {
+        struct pd_cache_tree *tree = rt->tree[side];
+        if (!tree)
+            continue;
+        int oom = 0;
+        size_t before = pd_cache_tree_bytes(tree);
+        size_t evicted = pd_cache_tree_evict(tree, (size_t)rt->cfg->ca.max_tree_size, &oom);
+        if (oom)
+            pd_warn("cache_aware eviction (%s): out of memory for its work list; retried next "
+                    "tick",
+                    side ? "decode" : "prefill");
+        if (evicted)
+            pd_info("cache_aware eviction (%s): %zu bytes of marks dropped; tree %zu → %zu bytes",
+                    side ? "decode" : "prefill", evicted, before, pd_cache_tree_bytes(tree));
+    }
 }
 
 int pd_router_new(uv_loop_t *loop, const struct pd_router_config *cfg, struct pd_router **out) {
@@ -2114,7 +2134,11 @@ int pd_router_new(uv_loop_t *loop, const struct pd_router_config *cfg, struct pd
             return pd_errorf(PD_ENOMEM, "router");
         snprintf(rt->worker_auth, n, "Authorization: Bearer %s", cfg->api_key);
     }
-    if (cfg->policy == PD_ROUTER_POLICY_CACHE_AWARE && (rc = pd_cache_tree_new(&rt->tree)))
+    if (cfg->prefill_policy == PD_ROUTER_POLICY_CACHE_AWARE &&
+        (rc = pd_cache_tree_new(&rt->tree[0])))
+        return rc;
+    if (cfg->decode_policy == PD_ROUTER_POLICY_CACHE_AWARE &&
+        (rc = pd_cache_tree_new(&rt->tree[1])))
         return rc;
     if ((rc = pd_router_metrics_new(&rt->metrics)))
         return rc;
@@ -2124,11 +2148,12 @@ int pd_router_new(uv_loop_t *loop, const struct pd_router_config *cfg, struct pd
         return rc;
     if ((rc = start_http(rt)))
         return rc;
-    if (rt->tree)
-        pd_info("policy cache_aware: cache threshold %g, balance thresholds %" PRId64
+    if (rt->tree[0] || rt->tree[1])
+        pd_info("policy cache_aware (%s%s%s): cache threshold %g, balance thresholds %" PRId64
                 " abs / %g rel, eviction every %g s to %" PRId64 " bytes per prefill",
-                cfg->ca.cache_threshold, cfg->ca.balance_abs, cfg->ca.balance_rel,
-                cfg->ca.eviction_secs, cfg->ca.max_tree_size);
+                rt->tree[0] ? "prefill" : "", rt->tree[0] && rt->tree[1] ? ", " : "",
+                rt->tree[1] ? "decode" : "", cfg->ca.cache_threshold, cfg->ca.balance_abs,
+                cfg->ca.balance_rel, cfg->ca.eviction_secs, cfg->ca.max_tree_size);
     uv_timer_init(loop, &rt->health_timer);
     rt->health_timer.data = rt;
     uv_timer_init(loop, &rt->drain_timer);
@@ -2139,7 +2164,7 @@ int pd_router_new(uv_loop_t *loop, const struct pd_router_config *cfg, struct pd
     rt->retry_timer.data = rt;
     uv_timer_init(loop, &rt->evict_timer);
     rt->evict_timer.data = rt;
-    if (rt->tree && cfg->ca.eviction_secs > 0) {
+    if ((rt->tree[0] || rt->tree[1]) && cfg->ca.eviction_secs > 0) {
         uint64_t evict_every = (uint64_t)(cfg->ca.eviction_secs * 1000);
         evict_every = evict_every ? evict_every : 1;
         uv_timer_start(&rt->evict_timer, on_evict_tick, evict_every, evict_every);
@@ -2283,7 +2308,8 @@ void pd_router_free(struct pd_router *rt) {
     pd_free(rt->ca_by_tenant);
     pd_free(rt->ca_matched);
     pd_free(rt->ca_size);
-    pd_cache_tree_free(rt->tree);
+    pd_cache_tree_free(rt->tree[0]);
+    pd_cache_tree_free(rt->tree[1]);
     pd_free(rt->dns);
     pd_router_metrics_free(rt->metrics);
     pd_free(rt->worker_auth);

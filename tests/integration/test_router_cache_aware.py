@@ -10,8 +10,10 @@
              pdserve-generate's greedy text for the rendered chat. The same workload (fresh
              prompts) through a second router with --policy round_robin caches strictly fewer
              tokens in total (both totals printed). The router's cache_aware counters and
-             /server_info settings are checked too.
-  imbalance  --balance-abs-threshold 2: a chat's first turn lands on prefill P, which is then
+             /server_info settings are checked too; a third router evicting every 0.1 s keeps
+             each prefill's part of the tree within --max-tree-size.
+  imbalance  --policy power_of_two --prefill-policy cache_aware --decode-policy round_robin
+             --balance-abs-threshold 2: a chat's first turn lands on prefill P, which is then
              SIGSTOPped; three follow-ups of that chat (matching P's tree) pile up on P; with
              the router's in-flight counts at 3 vs 0 (more than 2 apart, more than x1.5), three
              more follow-ups of the same chat, one at a time, go to the other prefill (decision
@@ -128,7 +130,7 @@ def case_affinity(model, tmp):
     info = json.loads(rt.get("/server_info")[1])
     check(info["policy"] == "cache_aware" and info["cache_threshold"] == 0.3 and
           info["balance_abs_threshold"] == 64 and info["balance_rel_threshold"] == 1.5 and
-          info["eviction_interval_secs"] == 120 and info["max_tree_size"] == 1 << 26,
+          info["eviction_interval_secs"] == 60 and info["max_tree_size"] == 1 << 26,
           "/server_info shows cache_aware's settings (sglang-router's defaults): %s" %
           {k: info.get(k) for k in ("policy", "cache_threshold", "balance_abs_threshold",
                                     "balance_rel_threshold", "eviction_interval_secs",
@@ -178,14 +180,33 @@ def case_affinity(model, tmp):
     check(total_ca > total_rr, "cache_aware caches more than round_robin: %d vs %d" %
           (total_ca, total_rr))
 
+    # eviction: every 0.1 s each prefill's part of the tree back to 200 bytes
+    ev = router(pfs, dc, tmp, "cache_aware", ["--eviction-interval-secs", "0.1",
+                                              "--max-tree-size", "200"])
+    run_chats(ev, model_id, 4, 1, "ev", 9)
+    urls = ["http://127.0.0.1:%d" % pf.port for pf in pfs]
+    check(pc.wait_until(lambda: all(metric(ev, "sgl_router_tree_size", worker=u) <= 200
+                                    for u in urls), 10),
+          "eviction cut every prefill's tree to --max-tree-size 200: %s" %
+          [metric(ev, "sgl_router_tree_size", worker=u) for u in urls])
+    check("cache_aware eviction (prefill)" in ev.log_tail(20000),
+          "the router logged its eviction")
+
 
 def case_imbalance(model, tmp):
     pfs = [pc.Daemon(BUILD, "prefill", model, tmp) for _ in range(2)]
     dc = pc.Daemon(BUILD, "decode", model, tmp)
-    # health polls rare: a stopped prefill must stay in rotation for the load rule to matter
-    rt = router(pfs, dc, tmp, "cache_aware",
-                ["--health-check-interval-secs", "30", "--balance-abs-threshold", "2",
+    # health polls rare: a stopped prefill must stay in rotation for the load rule to matter;
+    # cache_aware by --prefill-policy over another --policy
+    rt = router(pfs, dc, tmp, "power_of_two",
+                ["--prefill-policy", "cache_aware", "--decode-policy", "round_robin",
+                 "--health-check-interval-secs", "30", "--balance-abs-threshold", "2",
                  "--balance-rel-threshold", "1.5"])
+    info = json.loads(rt.get("/server_info")[1])
+    check((info["policy"], info["prefill_policy"], info["decode_policy"]) ==
+          ("power_of_two", "cache_aware", "round_robin"),
+          "/server_info: policies %s" % [info.get(k) for k in ("policy", "prefill_policy",
+                                                               "decode_policy")])
     model_id = json.loads(rt.get("/v1/models")[1])["data"][0]["id"]
     rng = random.Random(3)
     base = [{"role": "system", "content": system_prompt(rng, 0, "imb")},

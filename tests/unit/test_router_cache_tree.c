@@ -348,8 +348,24 @@ static void test_flags(void) {
     CHECK_DBL(cfg.ca.cache_threshold, 0.3, 0);
     CHECK_INT(cfg.ca.balance_abs, 64);
     CHECK_DBL(cfg.ca.balance_rel, 1.5, 0);
-    CHECK_DBL(cfg.ca.eviction_secs, 120, 0);
+    CHECK_DBL(cfg.ca.eviction_secs, 60, 0);
     CHECK_INT(cfg.ca.max_tree_size, 1 << 26);
+    /* the roles: prefill follows --policy, decode is least load */
+    CHECK_INT(cfg.prefill_policy, PD_ROUTER_POLICY_ROUND_ROBIN);
+    CHECK_INT(cfg.decode_policy, PD_ROUTER_POLICY_LEAST_LOAD);
+    CHECK_STR(pd_router_policy_name(cfg.decode_policy), "least_load");
+    pd_router_config_free(&cfg);
+    char *argv_roles[] = {"r",           "--prefill",       "http://a:1",   "--decode",
+                          "http://b:2",  "--policy",        "power_of_two", "--prefill-policy",
+                          "cache_aware", "--decode-policy", "round_robin"};
+    CHECK_OK(pd_router_config_parse(&cfg, 11, argv_roles));
+    CHECK_INT(cfg.policy, PD_ROUTER_POLICY_POWER_OF_TWO);
+    CHECK_INT(cfg.prefill_policy, PD_ROUTER_POLICY_CACHE_AWARE);
+    CHECK_INT(cfg.decode_policy, PD_ROUTER_POLICY_ROUND_ROBIN);
+    pd_router_config_free(&cfg);
+    char *argv_bad[] = {"r",          "--prefill",       "http://a:1", "--decode",
+                        "http://b:2", "--decode-policy", "least_load"};
+    CHECK_ERR(pd_router_config_parse(&cfg, 7, argv_bad), PD_EINVAL, "--decode-policy");
     pd_router_config_free(&cfg);
     char *argv1[] = {"r",           "--prefill",
                      "http://a:1",  "--decode",
