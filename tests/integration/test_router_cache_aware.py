@@ -241,7 +241,13 @@ def case_imbalance(model, tmp):
         # one at a time, so the counts stay 3 vs 0 for each: every one is a balance decision
         # (sent together, the second would see 3 vs 1 — not imbalanced — and go by match)
         step("three more follow-ups: imbalanced (3 vs 0), they go to prefill %d" % q)
+        q_url = "http://127.0.0.1:%d" % pfs[q].port
         for k in range(3, 6):
+            # the client has its answer before the router has seen the prefill's end: wait
+            # for that, or the next request sees 3 vs 1 (not imbalanced)
+            check(pc.wait_until(lambda: metric(rt, "sgl_router_running_requests",
+                                               worker=q_url) == 0, 10),
+                  "prefill %d idle before follow-up %d" % (q, k))
             send(k)
         for k in range(3, 6):
             check(isinstance(results.get(k), tuple),
