@@ -25,6 +25,22 @@ const char *const pd_router_policy_names[] = {"round_robin", "random", "power_of
                                               "cache_aware", NULL};
 const char *const pd_router_dns_family_names[] = {"any", "ipv4", "ipv6", NULL};
 
+const char *pd_router_policy_name(int policy) {
+    return policy == PD_ROUTER_POLICY_LEAST_LOAD ? "least_load" : pd_router_policy_names[policy];
+}
+
+/* --prefill-policy / --decode-policy NAME → *out; PD_EINVAL naming the flag otherwise. */
+static int role_policy(const char *flag, const char *v, int *out) {
+    for (int i = 0; pd_router_policy_names[i]; i++)
+        if (strcmp(v, pd_router_policy_names[i]) == 0) {
+            *out = i;
+            return PD_OK;
+        }
+    return pd_errorf(PD_EINVAL,
+                     "%s: '%s' is not one of round_robin, random, power_of_two, cache_aware", flag,
+                     v);
+}
+
 int pd_router_url_parse(const char *url, struct pd_router_worker_spec *out) {
     memset(out, 0, sizeof(*out));
     static const char scheme[] = "http://";
@@ -262,8 +278,37 @@ static void register_flags(struct pd_router_config *cfg) {
                    "so 'localhost' answering 127.0.0.1 and ::1 works); ipv4/ipv6: one family "
                    "(dual-stack services, where a pod would otherwise count twice)");
     pd_flag_choice(fs, "--policy", &cfg->policy, pd_router_policy_names,
-                   "how to pick the prefill worker; decode is always least load. cache_aware "
-                   "runs power_of_two for now");
+                   "how to pick the prefill worker (unless --prefill-policy says otherwise); "
+                   "decode is least load unless --decode-policy says otherwise. cache_aware: the "
+                   "worker whose approximate prefix tree of past requests' texts matches this "
+                   "one best (past --cache-threshold), else the one with the smallest tree; the "
+                   "least loaded while loads are imbalanced (--balance-abs-threshold and "
+                   "--balance-rel-threshold)");
+    pd_flag_string(fs, "--prefill-policy", &cfg->prefill_policy_arg, "POLICY",
+                   "the prefill side's policy (round_robin, random, power_of_two, cache_aware); "
+                   "default --policy");
+    pd_flag_string(fs, "--decode-policy", &cfg->decode_policy_arg, "POLICY",
+                   "the decode side's policy (round_robin, random, power_of_two, cache_aware, "
+                   "with its own prefix tree); default: the decode with the fewest requests in "
+                   "flight (sglang-router would fall back to --policy; least load is what it "
+                   "recommends for decode and what pdserve-router always did)");
+    pd_flag_double(fs, "--cache-threshold", &cfg->ca.cache_threshold, "R", 0, 1,
+                   "cache_aware: route by prefix match when the best worker's matched part of "
+                   "the request's text (a ratio in [0, 1]) is above R; otherwise to the worker "
+                   "with the smallest tree");
+    pd_flag_int64(fs, "--balance-abs-threshold", &cfg->ca.balance_abs, "N", 0, INT64_MAX / 2,
+                  "cache_aware: loads (the router's requests in flight on each worker of the role) "
+                  "count as imbalanced when max - min > N and max > min x "
+                  "--balance-rel-threshold; then the least loaded worker gets the request "
+                  "whatever it matches");
+    pd_flag_double(fs, "--balance-rel-threshold", &cfg->ca.balance_rel, "X", 0, 1e9,
+                   "cache_aware: the relative half of the imbalance test (max > min x X)");
+    pd_flag_double(fs, "--eviction-interval-secs", &cfg->ca.eviction_secs, "S", 0, 86400 * 365,
+                   "cache_aware: every S seconds each worker's part of the prefix tree is cut "
+                   "down to --max-tree-size, least recently used text first; 0 = never");
+    pd_flag_int64(fs, "--max-tree-size", &cfg->ca.max_tree_size, "BYTES", 1, INT64_MAX / 2,
+                  "cache_aware: bytes of request text the prefix tree keeps per worker after each "
+                  "eviction");
     pd_flag_string(fs, "--host", &cfg->host, "HOST", "address to listen on");
     pd_flag_int(fs, "--port", &cfg->port, "PORT", 0, 65535,
                 "port to listen on; 0 = any free port (the log line says which)");
@@ -324,6 +369,13 @@ static void register_flags(struct pd_router_config *cfg) {
 int pd_router_config_parse(struct pd_router_config *cfg, int argc, char **argv) {
     memset(cfg, 0, sizeof(*cfg));
     cfg->policy = PD_ROUTER_POLICY_ROUND_ROBIN;
+    /* sglang-router's defaults as its 0.5.x router logs them at start: 0.3, 64, 1.5, 60 s,
+     * 2^26 (older releases: 0.5 / 32 / 1.0001 / 60 s / 2^24; some RouterArgs said 120 s) */
+    cfg->ca = (struct pd_router_cache_aware){.cache_threshold = 0.3,
+                                             .balance_abs = 64,
+                                             .balance_rel = 1.5,
+                                             .eviction_secs = 60,
+                                             .max_tree_size = (int64_t)1 << 26};
     cfg->host = "127.0.0.1";
     cfg->port = 30000;
     cfg->request_timeout_secs = 1800;
@@ -376,6 +428,14 @@ int pd_router_config_parse(struct pd_router_config *cfg, int argc, char **argv) 
                          cfg->backoff.max_ms, cfg->backoff.initial_ms);
     if (cfg->disable_retries)
         cfg->retry_max_retries = 1;
+    cfg->prefill_policy = cfg->policy;
+    cfg->decode_policy = PD_ROUTER_POLICY_LEAST_LOAD;
+    if (cfg->prefill_policy_arg &&
+        (rc = role_policy("--prefill-policy", cfg->prefill_policy_arg, &cfg->prefill_policy)))
+        return rc;
+    if (cfg->decode_policy_arg &&
+        (rc = role_policy("--decode-policy", cfg->decode_policy_arg, &cfg->decode_policy)))
+        return rc;
     return PD_OK;
 }
 

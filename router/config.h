@@ -22,9 +22,13 @@ enum pd_router_policy {
     PD_ROUTER_POLICY_ROUND_ROBIN = 0,
     PD_ROUTER_POLICY_RANDOM = 1,
     PD_ROUTER_POLICY_POWER_OF_TWO = 2,
-    PD_ROUTER_POLICY_CACHE_AWARE = 3, /* accepted; runs power_of_two (logged at start) */
+    PD_ROUTER_POLICY_CACHE_AWARE = 3, /* prefix tree + load (policy.h, cache_tree.h) */
+    /* not a --policy value: decode's choice when --decode-policy is not given */
+    PD_ROUTER_POLICY_LEAST_LOAD = 4,
 };
-extern const char *const pd_router_policy_names[]; /* NULL-terminated, enum order */
+extern const char *const pd_router_policy_names[]; /* NULL-terminated, enum order, no least_load */
+/* A role policy's name: pd_router_policy_names, or "least_load". */
+const char *pd_router_policy_name(int policy);
 
 #define PD_ROUTER_BOOTSTRAP_PORT_DEFAULT 8998
 #define PD_ROUTER_BOOTSTRAP_PORT_NULL (-1) /* "none": the body carries null = the default */
@@ -67,6 +71,13 @@ struct pd_router_config {
     int dns_family; /* enum pd_router_dns_family */
     bool pd_disaggregation;
     int policy; /* enum pd_router_policy */
+    /* --prefill-policy (default --policy) and --decode-policy (default least load): what each
+     * role's choice runs, as sglang-router's PD mode has them */
+    int prefill_policy, decode_policy;
+    const char *prefill_policy_arg, *decode_policy_arg; /* as given; NULL when not */
+    /* --cache-threshold, --balance-*-threshold, --eviction-interval-secs, --max-tree-size:
+     * cache_aware's settings, sglang-router's defaults */
+    struct pd_router_cache_aware ca;
     const char *host;
     int port;
     const char *api_key; /* NULL = no check */

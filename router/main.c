@@ -54,9 +54,11 @@ int main(int argc, char **argv) {
         return 1; /* the router holds loop handles; the process ends here */
     }
     pd_info("listening on http://%s:%d (%d prefill, %d decode workers, %d prefill and %d decode "
-            "DNS names, policy %s)",
+            "DNS names, policy %s, prefill %s, decode %s)",
             g_cfg.host, pd_router_port(g_router), g_cfg.n_prefill, g_cfg.n_decode,
-            g_cfg.n_prefill_dns, g_cfg.n_decode_dns, pd_router_policy_names[g_cfg.policy]);
+            g_cfg.n_prefill_dns, g_cfg.n_decode_dns, pd_router_policy_names[g_cfg.policy],
+            pd_router_policy_name(g_cfg.prefill_policy),
+            pd_router_policy_name(g_cfg.decode_policy));
     uv_signal_init(loop, &g_sigint);
     uv_signal_init(loop, &g_sigterm);
     uv_signal_start(&g_sigint, on_signal, SIGINT);

@@ -6,6 +6,7 @@
  */
 #include "router/metrics.h"
 #include "router/breaker.h"
+#include "router/policy.h"
 
 #include "common/alloc.h"
 #include "common/metrics.h"
@@ -30,6 +31,9 @@ struct pd_router_metrics {
     struct pd_metric_family *cb_outcomes;             /* {worker, outcome} */
     struct pd_metric_family *cb_transitions;          /* {worker, from, to} */
     struct pd_metric *active_workers, *ttft, *retries, *retries_exhausted;
+    struct pd_metric_family *ca_decisions; /* {worker, decision} */
+    struct pd_metric_family *tree_size;    /* {worker} */
+    struct pd_metric *cache_hits, *cache_misses, *lb_events;
 };
 
 static const char *const L_ROUTE[] = {"route"};
@@ -37,6 +41,7 @@ static const char *const L_WORKER[] = {"worker"};
 static const char *const L_CALL[] = {"worker", "role", "outcome"};
 static const char *const L_CB_OUTCOME[] = {"worker", "outcome"};
 static const char *const L_CB_TRANSITION[] = {"worker", "from", "to"};
+static const char *const L_DECISION[] = {"worker", "decision"};
 
 static int fam(struct pd_router_metrics *rm, int kind, const char *name, const char *help, int nl,
                const char *const *labels, const double *bounds, int nb,
@@ -138,6 +143,39 @@ int pd_router_metrics_new(struct pd_router_metrics **out) {
                                      .n_bounds = (int)PD_ARRAY_LEN(TTFT_BOUNDS),
                                      .bounds = TTFT_BOUNDS},
             &rm->ttft);
+    if (!rc)
+        rc = fam(rm, C, "pdserve_router:cache_aware_decisions_total",
+                 "cache_aware prefill choices by worker and deciding rule (match: best prefix "
+                 "match; balance: least loaded under imbalance; smallest: smallest tree).",
+                 2, L_DECISION, NULL, 0, &rm->ca_decisions);
+    if (!rc)
+        rc = fam(rm, G, "sgl_router_tree_size",
+                 "Bytes of request text the cache_aware prefix tree holds for each prefill.", 1,
+                 L_WORKER, NULL, 0, &rm->tree_size);
+    if (!rc)
+        rc = pd_metrics_single(
+            rm->reg,
+            &(struct pd_metric_desc){.kind = C,
+                                     .name = "sgl_router_cache_hits_total",
+                                     .help = "cache_aware choices by prefix match (above "
+                                             "--cache-threshold)."},
+            &rm->cache_hits);
+    if (!rc)
+        rc = pd_metrics_single(
+            rm->reg,
+            &(struct pd_metric_desc){.kind = C,
+                                     .name = "sgl_router_cache_misses_total",
+                                     .help = "cache_aware choices of the smallest tree (match at "
+                                             "or below --cache-threshold)."},
+            &rm->cache_misses);
+    if (!rc)
+        rc = pd_metrics_single(
+            rm->reg,
+            &(struct pd_metric_desc){.kind = C,
+                                     .name = "sgl_router_load_balancing_events_total",
+                                     .help = "cache_aware choices of the least loaded prefill "
+                                             "under load imbalance."},
+            &rm->lb_events);
     if (rc) {
         pd_router_metrics_free(rm);
         return pd_error_wrap(rc, "registering the router's metrics");
@@ -230,7 +268,26 @@ void pd_router_metrics_call_end(struct pd_router_metrics *rm, const char *url, b
         count(prefill ? rm->prefill_errors : rm->decode_errors, url);
 }
 
+void pd_router_metrics_cache_aware(struct pd_router_metrics *rm, const char *url, int decision) {
+    PD_ASSERT(decision >= PD_ROUTER_CA_MATCH && decision <= PD_ROUTER_CA_SMALLEST);
+    const char *v[] = {url, pd_router_ca_decision_names[decision]};
+    struct pd_metric *s = series(rm->ca_decisions, v);
+    if (s)
+        pd_metric_add(s, 1);
+    pd_metric_add(decision == PD_ROUTER_CA_MATCH     ? rm->cache_hits
+                  : decision == PD_ROUTER_CA_BALANCE ? rm->lb_events
+                                                     : rm->cache_misses,
+                  1);
+}
+
+void pd_router_metrics_tree_size(struct pd_router_metrics *rm, const char *url, size_t bytes) {
+    struct pd_metric *s = series(rm->tree_size, &url);
+    if (s)
+        pd_metric_set(s, (double)bytes);
+}
+
 void pd_router_metrics_workers_begin(struct pd_router_metrics *rm) {
+    pd_metrics_family_set(rm->tree_size, 0);
     pd_metrics_family_set(rm->running, 0);
     pd_metrics_family_set(rm->health, 0);
     pd_metrics_family_set(rm->cb_state, 0);

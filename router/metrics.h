@@ -52,6 +52,14 @@ void pd_router_metrics_call_start(struct pd_router_metrics *rm, const char *url,
 void pd_router_metrics_call_end(struct pd_router_metrics *rm, const char *url, bool prefill,
                                 int outcome);
 
+/* cache_aware chose worker url by decision (enum pd_router_ca_decision, policy.h): counts
+ * pdserve_router:cache_aware_decisions_total{worker,decision} and sglang-router's
+ * sgl_router_cache_hits_total (match), sgl_router_cache_misses_total (smallest tree) and
+ * sgl_router_load_balancing_events_total (balance). */
+void pd_router_metrics_cache_aware(struct pd_router_metrics *rm, const char *url, int decision);
+/* At scrape time, after pd_router_metrics_workers_begin: bytes of prefix tree held for url. */
+void pd_router_metrics_tree_size(struct pd_router_metrics *rm, const char *url, size_t bytes);
+
 /* Scrape: zero the registry gauges, set them per current worker, then render (*out: pd_free). */
 void pd_router_metrics_workers_begin(struct pd_router_metrics *rm);
 void pd_router_metrics_worker(struct pd_router_metrics *rm, const char *url, bool prefill,

@@ -134,6 +134,69 @@ int pd_router_pick_least_load(const struct pd_router_load *w, int n, int exclude
     return best;
 }
 
+const char *const pd_router_ca_decision_names[] = {"match", "balance", "smallest"};
+
+/* What a cache_aware decision maximises for worker i. */
+static int64_t ca_key(int decision, const struct pd_router_load *w, const size_t *matched,
+                      const size_t *tree_size, int i) {
+    switch (decision) {
+    case PD_ROUTER_CA_BALANCE: return -w[i].inflight;
+    case PD_ROUTER_CA_MATCH: return (int64_t)matched[i];
+    default: return -(int64_t)tree_size[i];
+    }
+}
+
+int pd_router_pick_cache_aware(const struct pd_router_cache_aware *ca,
+                               const struct pd_router_load *w, const size_t *matched,
+                               const size_t *tree_size, int n, int exclude, size_t text_len,
+                               uint64_t *rr_cursor, int *decision) {
+    int64_t max_load = 0, min_load = 0;
+    size_t best_match = 0;
+    bool any = false;
+    for (int i = 0; i < n; i++) {
+        if (!eligible(w, i, exclude))
+            continue;
+        /* sglang-router takes max and min over all workers, unhealthy ones too; an unhealthy
+         * worker holds few requests and would make any busy cluster look imbalanced, so only
+         * the ones that can be picked count here */
+        int64_t l = w[i].inflight;
+        if (!any || l > max_load)
+            max_load = l;
+        if (!any || l < min_load)
+            min_load = l;
+        if (matched[i] > best_match)
+            best_match = matched[i];
+        any = true;
+    }
+    if (!any)
+        return -1;
+    /* sglang-router: match_rate = matched chars / text chars, 0 for an empty text; strictly
+     * above the threshold routes by match */
+    double rate = text_len ? (double)best_match / (double)text_len : 0.0;
+    if (max_load - min_load > ca->balance_abs &&
+        (double)max_load > (double)min_load * ca->balance_rel)
+        *decision = PD_ROUTER_CA_BALANCE;
+    else if (rate > ca->cache_threshold)
+        *decision = PD_ROUTER_CA_MATCH;
+    else
+        *decision = PD_ROUTER_CA_SMALLEST;
+    /* the highest key; ties to the lower in-flight count, then to the first after the cursor */
+    int best = -1;
+    int64_t best_key = 0;
+    for (int k = 0; k < n; k++) {
+        int i = (int)((*rr_cursor + (uint64_t)k) % (uint64_t)n);
+        if (!eligible(w, i, exclude))
+            continue;
+        int64_t key = ca_key(*decision, w, matched, tree_size, i);
+        if (best < 0 || key > best_key || (key == best_key && w[i].inflight < w[best].inflight)) {
+            best = i;
+            best_key = key;
+        }
+    }
+    *rr_cursor = (uint64_t)best + 1;
+    return best;
+}
+
 double pd_router_backoff_ms(const struct pd_router_backoff *b, int retry,
                             struct pd_router_rng *rng) {
     double d = b->initial_ms;

@@ -10,6 +10,7 @@
 #define PD_ROUTER_POLICY_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 /* xoshiro256**: fast, 2^256 period, passes BigCrush; seeded from getrandom(2). */
@@ -44,6 +45,36 @@ int pd_router_pick(int policy, const struct pd_router_load *w, int n, int exclud
 /* Least effective load; ties go to the lowest index after rr_cursor so equal workers share. */
 int pd_router_pick_least_load(const struct pd_router_load *w, int n, int exclude,
                               uint64_t *rr_cursor);
+
+/* cache_aware (sglang-router's CacheAwarePolicy) over one role's workers, given what the prefix
+ * tree (cache_tree.h) says of each: matched[i] bytes of the request's text_len-byte routing text
+ * and tree_size[i] bytes held for worker i. Decisions, in sglang-router's order:
+ *   balance   the router's in-flight counts of the eligible workers are imbalanced — max - min >
+ *             balance_abs and max > min * balance_rel — → the least loaded one;
+ *   match     else, best match / text_len > cache_threshold → the best-matching one;
+ *   smallest  else → the one with the smallest tree (the most cache room).
+ * Ties go to the lower in-flight count, then to the first after rr_cursor (advanced), so equal
+ * workers share. Loads are the router's own counts (sglang-router's worker.load()), not polled
+ * ones. -1 when no worker qualifies; *decision says which rule chose. */
+enum pd_router_ca_decision {
+    PD_ROUTER_CA_MATCH = 0,
+    PD_ROUTER_CA_BALANCE = 1,
+    PD_ROUTER_CA_SMALLEST = 2,
+};
+extern const char *const pd_router_ca_decision_names[]; /* enum order */
+
+struct pd_router_cache_aware {
+    double cache_threshold; /* --cache-threshold */
+    int64_t balance_abs;    /* --balance-abs-threshold */
+    double balance_rel;     /* --balance-rel-threshold */
+    double eviction_secs;   /* --eviction-interval-secs (the router's timer) */
+    int64_t max_tree_size;  /* --max-tree-size, bytes per worker */
+};
+
+int pd_router_pick_cache_aware(const struct pd_router_cache_aware *ca,
+                               const struct pd_router_load *w, const size_t *matched,
+                               const size_t *tree_size, int n, int exclude, size_t text_len,
+                               uint64_t *rr_cursor, int *decision);
 
 /* sglang-router's retry backoff: the delay before retry number `retry` (1 = the first retry) is
  * initial_ms * multiplier^(retry-1), at most max_ms, then scaled by a factor drawn uniformly from

@@ -34,6 +34,8 @@
 #include "router/lpmerge.h"
 #include "router/metrics.h"
 #include "router/policy.h"
+#include "router/cache_tree.h"
+#include "router/route_text.h"
 #include "router/resolve.h"
 #include "router/upstream.h"
 
@@ -91,9 +93,10 @@ struct worker {
     int dns;                     /* index into rt->dns of the name that found it; -1: static */
     char addr[INET6_ADDRSTRLEN]; /* dns: the resolved address */
     uint64_t n_requests;         /* requests the router sent it */
-    struct pd_router_cb cb;      /* circuit breaker (breaker.h) */
-    char key[320];               /* normalized URL (pd_router_url_normalize): one entry per key */
-    bool dns_shadowed;           /* a DNS name also answers this (static) worker: logged once */
+    int tenant;             /* its role runs cache_aware: its id in rt->tree[role]; -1 otherwise */
+    struct pd_router_cb cb; /* circuit breaker (breaker.h) */
+    char key[320];          /* normalized URL (pd_router_url_normalize): one entry per key */
+    bool dns_shadowed;      /* a DNS name also answers this (static) worker: logged once */
     struct pd_upstream_call *health_call, *load_call;
     struct sbuf load_body;
     char last_error[160];
@@ -178,7 +181,9 @@ struct rreq {
     struct worker *pw, *dw;           /* chosen workers (referenced), NULL before */
     struct worker *prev_pw, *prev_dw; /* the first attempt's pair, avoided by the retry */
     struct pd_router_body_info info;
-    char *sent; /* body with the bootstrap fields */
+    char *sent;  /* body with the bootstrap fields */
+    char *rtext; /* cache_aware: the routing text (route_text.h), NULL before it is needed */
+    size_t rtext_len;
     size_t sent_len;
     struct pd_upstream_call *pcall, *dcall;
     bool streaming;       /* client answer started as a stream */
@@ -224,6 +229,13 @@ struct pd_router {
     struct pd_router_load *scratch; /* [scratch_cap] what a policy sees of one registry */
     size_t scratch_cap;
     uint64_t rr_prefill, rr_decode;
+    /* cache_aware: per role (prefill, decode) running it, the prefix tree of what went to each
+     * of its workers; and the scratch arrays of one decision — matched bytes by tenant, then
+     * matched bytes and tree sizes by registry index */
+    struct pd_cache_tree *tree[2];
+    size_t *ca_by_tenant, *ca_matched, *ca_size;
+    size_t ca_by_tenant_cap, ca_matched_cap, ca_size_cap;
+    uv_timer_t evict_timer;
     struct dns_entry *dns; /* [n_dns] prefill names first */
     int n_dns;
     uv_timer_t health_timer;
@@ -487,8 +499,31 @@ static struct worker *registry_add(struct pd_router *rt, bool is_prefill,
         pd_errorf(PD_ENOMEM, "adding a worker");
         return NULL;
     }
-    *w = (struct worker){
-        .rt = rt, .spec = *spec, .is_prefill = is_prefill, .listed = true, .refs = 1, .dns = dns};
+    int tenant = -1;
+    struct pd_cache_tree *tree = rt->tree[!is_prefill];
+    if (tree &&
+        (pd_array_grow((void **)&rt->ca_matched, &rt->ca_matched_cap, (size_t)g->n + 1,
+                       sizeof(*rt->ca_matched)) ||
+         pd_array_grow((void **)&rt->ca_size, &rt->ca_size_cap, (size_t)g->n + 1,
+                       sizeof(*rt->ca_size)) ||
+         pd_cache_tree_tenant_add(tree, &tenant) ||
+         pd_array_grow((void **)&rt->ca_by_tenant, &rt->ca_by_tenant_cap,
+                       (size_t)pd_cache_tree_tenant_cap(tree), sizeof(*rt->ca_by_tenant)))) {
+        if (tenant >= 0)
+            pd_cache_tree_tenant_remove(tree, tenant);
+        pd_free(w);
+        pd_free(spec->url);
+        pd_free(spec->host);
+        pd_errorf(PD_ENOMEM, "adding a worker");
+        return NULL;
+    }
+    *w = (struct worker){.rt = rt,
+                         .spec = *spec,
+                         .is_prefill = is_prefill,
+                         .listed = true,
+                         .refs = 1,
+                         .dns = dns,
+                         .tenant = tenant};
     pd_router_cb_init(&w->cb, now_s());
     if (pd_router_url_normalize(w->spec.url, w->key, sizeof(w->key)) != PD_OK)
         snprintf(w->key, sizeof(w->key), "%s", w->spec.url);
@@ -520,6 +555,11 @@ static void registry_remove(struct worker *w) {
     g->n--;
     stop_polls(w);
     w->listed = false;
+    /* gone from the router (not merely unhealthy or open-circuited): its part of the prefix
+     * tree goes too, as sglang-router's remove_worker does */
+    if (w->tenant >= 0)
+        pd_cache_tree_tenant_remove(w->rt->tree[!w->is_prefill], w->tenant);
+    w->tenant = -1;
     worker_unref(w);
 }
 
@@ -533,9 +573,48 @@ static void worker_call_ended(struct worker *w) {
     }
 }
 
-/* A worker whose policy may pick it, or NULL: healthy, not draining, not `exclude`. */
+/* cache_aware's choice among g's workers (scratch filled): the role's prefix tree's match of
+ * rq's routing text, then policy.h's rules; the text is recorded for the chosen one. */
+static int pick_cache_aware(struct pd_router *rt, struct pd_cache_tree *tree, struct registry *g,
+                            int ex, uint64_t *rr, struct rreq *rq) {
+    if (!rq->rtext) {
+        size_t len;
+        const char *body = pd_http_req_body(rq->hr, &len);
+        if (pd_router_route_text(rq->route, body, len, &rq->rtext, &rq->rtext_len)) {
+            /* no memory for the text: route it as an empty one (smallest tree) */
+            pd_warn("cache_aware: %s", pd_error_msg());
+            rq->rtext_len = 0;
+        }
+    }
+    const char *text = rq->rtext ? rq->rtext : "";
+    int n_ids = pd_cache_tree_tenant_cap(tree);
+    pd_cache_tree_match(tree, text, rq->rtext_len, rt->ca_by_tenant, n_ids);
+    for (int i = 0; i < g->n; i++) {
+        int id = g->w[i]->tenant;
+        rt->ca_matched[i] = id >= 0 ? rt->ca_by_tenant[id] : 0;
+        rt->ca_size[i] = pd_cache_tree_tenant_size(tree, id);
+    }
+    int decision = PD_ROUTER_CA_SMALLEST;
+    int i = pd_router_pick_cache_aware(&rt->cfg->ca, rt->scratch, rt->ca_matched, rt->ca_size, g->n,
+                                       ex, rq->rtext_len, rr, &decision);
+    if (i < 0)
+        return i;
+    struct worker *w = g->w[i];
+    pd_debug("cache_aware: %s → %s (matched %zu of %zu bytes, tree %zu bytes, %" PRId64
+             " in flight)",
+             pd_router_ca_decision_names[decision], w->spec.url, rt->ca_matched[i], rq->rtext_len,
+             rt->ca_size[i], w->load.inflight);
+    pd_router_metrics_cache_aware(rt->metrics, w->spec.url, decision);
+    /* sglang-router records the text for the chosen worker whatever the rule that chose it */
+    if (rq->rtext_len && pd_cache_tree_insert(tree, w->tenant, text, rq->rtext_len))
+        pd_warn("cache_aware: %s", pd_error_msg());
+    return i;
+}
+
+/* A worker whose policy may pick it, or NULL: healthy, not draining, not `exclude`. rq: the
+ * request it is for (cache_aware reads its text). */
 static struct worker *pick_worker(struct pd_router *rt, bool is_prefill,
-                                  const struct worker *exclude) {
+                                  const struct worker *exclude, struct rreq *rq) {
     struct registry *g = registry_of(rt, is_prefill);
     int ex = -1;
     for (int i = 0; i < g->n; i++) {
@@ -545,9 +624,16 @@ static struct worker *pick_worker(struct pd_router *rt, bool is_prefill,
         if (g->w[i] == exclude)
             ex = i;
     }
-    int i = is_prefill
-                ? pd_router_pick(rt->cfg->policy, rt->scratch, g->n, ex, &rt->rr_prefill, &rt->rng)
-                : pd_router_pick_least_load(rt->scratch, g->n, ex, &rt->rr_decode);
+    int policy = is_prefill ? rt->cfg->prefill_policy : rt->cfg->decode_policy;
+    uint64_t *rr = is_prefill ? &rt->rr_prefill : &rt->rr_decode;
+    struct pd_cache_tree *tree = rt->tree[!is_prefill];
+    int i;
+    if (policy == PD_ROUTER_POLICY_LEAST_LOAD)
+        i = pd_router_pick_least_load(rt->scratch, g->n, ex, rr);
+    else if (tree && rq)
+        i = pick_cache_aware(rt, tree, g, ex, rr, rq);
+    else /* cache_aware without a request (a pass-through GET): power_of_two */
+        i = pd_router_pick(policy, rt->scratch, g->n, ex, rr, &rt->rng);
     return i < 0 ? NULL : g->w[i];
 }
 
@@ -848,6 +934,7 @@ static void rreq_maybe_free(struct rreq *rq) {
     worker_unref(rq->charged[1]);
     pd_router_body_info_free(&rq->info);
     pd_free(rq->sent);
+    pd_free(rq->rtext);
     pd_free(rq->path);
     pd_free(rq->auth_line);
     pd_free(rq->dbuf.p);
@@ -1483,12 +1570,12 @@ static int start_attempt(struct rreq *rq) {
     const struct pd_router_config *cfg = rt->cfg;
     /* a retry avoids both workers of the failed pair where another one is healthy (the one
      * that failed is out of rotation anyway) */
-    struct worker *pw = pick_worker(rt, true, rq->prev_pw);
+    struct worker *pw = pick_worker(rt, true, rq->prev_pw, rq);
     if (!pw && rq->prev_pw)
-        pw = pick_worker(rt, true, NULL);
-    struct worker *dw = pick_worker(rt, false, rq->prev_dw);
+        pw = pick_worker(rt, true, NULL, rq);
+    struct worker *dw = pick_worker(rt, false, rq->prev_dw, rq);
     if (!dw && rq->prev_dw)
-        dw = pick_worker(rt, false, NULL);
+        dw = pick_worker(rt, false, NULL, rq);
     if (!pw || !dw) {
         char msg[300];
         no_worker_msg(rt, !pw, msg, sizeof(msg));
@@ -1643,7 +1730,7 @@ static void handle_proxy_get(struct pd_router *rt, struct pd_http_req *fr) {
         respond_error(fr, 500, "out of memory");
         return;
     }
-    rq->dw = worker_ref(pick_worker(rt, false, NULL));
+    rq->dw = worker_ref(pick_worker(rt, false, NULL, NULL));
     if (!rq->dw) {
         finish_error(rq, 503, "no healthy decode worker");
         rreq_maybe_free(rq);
@@ -1716,6 +1803,10 @@ static cJSON *workers_json(struct pd_router *rt) {
             cJSON_AddNumberToObject(o, "load", (double)w->load.polled);
             cJSON_AddNumberToObject(o, "router_inflight", (double)w->load.inflight);
             cJSON_AddNumberToObject(o, "requests_total", (double)w->n_requests);
+            if (w->tenant >= 0)
+                cJSON_AddNumberToObject(
+                    o, "cache_tree_bytes",
+                    (double)pd_cache_tree_tenant_size(rt->tree[side], w->tenant));
             if (w->last_error[0] && !in_rotation)
                 cJSON_AddStringToObject(o, "last_error", w->last_error);
             cJSON_AddItemToArray(arr, o);
@@ -1771,6 +1862,22 @@ static void handle_server_info(struct pd_router *rt, struct pd_http_req *hr) {
     cJSON_AddStringToObject(o, "disaggregation_mode", "router");
     cJSON_AddBoolToObject(o, "pd_disaggregation", true);
     cJSON_AddStringToObject(o, "policy", pd_router_policy_names[cfg->policy]);
+    cJSON_AddStringToObject(o, "prefill_policy", pd_router_policy_name(cfg->prefill_policy));
+    cJSON_AddStringToObject(o, "decode_policy", pd_router_policy_name(cfg->decode_policy));
+    cJSON_AddNumberToObject(o, "cache_threshold", cfg->ca.cache_threshold);
+    cJSON_AddNumberToObject(o, "balance_abs_threshold", (double)cfg->ca.balance_abs);
+    cJSON_AddNumberToObject(o, "balance_rel_threshold", cfg->ca.balance_rel);
+    cJSON_AddNumberToObject(o, "eviction_interval_secs", cfg->ca.eviction_secs);
+    cJSON_AddNumberToObject(o, "max_tree_size", (double)cfg->ca.max_tree_size);
+    for (int side = 0; side < 2; side++) {
+        if (!rt->tree[side])
+            continue;
+        char key[40];
+        snprintf(key, sizeof(key), "%s_cache_tree_nodes", side ? "decode" : "prefill");
+        cJSON_AddNumberToObject(o, key, (double)pd_cache_tree_nodes(rt->tree[side]));
+        snprintf(key, sizeof(key), "%s_cache_tree_bytes", side ? "decode" : "prefill");
+        cJSON_AddNumberToObject(o, key, (double)pd_cache_tree_bytes(rt->tree[side]));
+    }
     cJSON_AddStringToObject(o, "host", cfg->host);
     cJSON_AddNumberToObject(o, "port", pd_http_server_port(rt->http));
     cJSON_AddBoolToObject(o, "api_key_required", cfg->api_key != NULL);
@@ -1819,6 +1926,9 @@ static void handle_metrics(struct pd_router *rt, struct pd_http_req *hr) {
             pd_router_metrics_worker(rt->metrics, w->spec.url, !side,
                                      w->load.healthy && !w->draining, w->load.inflight,
                                      cb_state(w));
+            if (w->tenant >= 0)
+                pd_router_metrics_tree_size(rt->metrics, w->spec.url,
+                                            pd_cache_tree_tenant_size(rt->tree[side], w->tenant));
         }
     }
     char *text = NULL;
@@ -1987,6 +2097,27 @@ static int start_http(struct pd_router *rt) {
     return pd_http_server_listen(rt->http);
 }
 
+/* --eviction-interval-secs: every worker's part of its role's prefix tree back to
+ * --max-tree-size. */
+static void on_evict_tick(uv_timer_t *t) {
+    struct pd_router *rt = t->data;
+    for (int side = 0; side < 2; side++) {
+        struct pd_cache_tree *tree = rt->tree[side];
+        if (!tree)
+            continue;
+        int oom = 0;
+        size_t before = pd_cache_tree_bytes(tree);
+        size_t evicted = pd_cache_tree_evict(tree, (size_t)rt->cfg->ca.max_tree_size, &oom);
+        if (oom)
+            pd_warn("cache_aware eviction (%s): out of memory for its work list; retried next "
+                    "tick",
+                    side ? "decode" : "prefill");
+        if (evicted)
+            pd_info("cache_aware eviction (%s): %zu bytes of marks dropped; tree %zu → %zu bytes",
+                    side ? "decode" : "prefill", evicted, before, pd_cache_tree_bytes(tree));
+    }
+}
+
 int pd_router_new(uv_loop_t *loop, const struct pd_router_config *cfg, struct pd_router **out) {
     int rc;
     struct pd_router *rt = pd_calloc(1, sizeof(*rt));
@@ -2003,16 +2134,26 @@ int pd_router_new(uv_loop_t *loop, const struct pd_router_config *cfg, struct pd
             return pd_errorf(PD_ENOMEM, "router");
         snprintf(rt->worker_auth, n, "Authorization: Bearer %s", cfg->api_key);
     }
-    if ((rc = init_workers(rt)))
+    if (cfg->prefill_policy == PD_ROUTER_POLICY_CACHE_AWARE &&
+        (rc = pd_cache_tree_new(&rt->tree[0])))
+        return rc;
+    if (cfg->decode_policy == PD_ROUTER_POLICY_CACHE_AWARE &&
+        (rc = pd_cache_tree_new(&rt->tree[1])))
         return rc;
     if ((rc = pd_router_metrics_new(&rt->metrics)))
+        return rc;
+    if ((rc = init_workers(rt)))
         return rc;
     if ((rc = pd_upstream_new(loop, &rt->up)))
         return rc;
     if ((rc = start_http(rt)))
         return rc;
-    if (cfg->policy == PD_ROUTER_POLICY_CACHE_AWARE)
-        pd_info("policy cache_aware: no prefix-aware routing yet; using power_of_two");
+    if (rt->tree[0] || rt->tree[1])
+        pd_info("policy cache_aware (%s%s%s): cache threshold %g, balance thresholds %" PRId64
+                " abs / %g rel, eviction every %g s to %" PRId64 " bytes per prefill",
+                rt->tree[0] ? "prefill" : "", rt->tree[0] && rt->tree[1] ? ", " : "",
+                rt->tree[1] ? "decode" : "", cfg->ca.cache_threshold, cfg->ca.balance_abs,
+                cfg->ca.balance_rel, cfg->ca.eviction_secs, cfg->ca.max_tree_size);
     uv_timer_init(loop, &rt->health_timer);
     rt->health_timer.data = rt;
     uv_timer_init(loop, &rt->drain_timer);
@@ -2021,6 +2162,13 @@ int pd_router_new(uv_loop_t *loop, const struct pd_router_config *cfg, struct pd
     rt->dns_timer.data = rt;
     uv_timer_init(loop, &rt->retry_timer);
     rt->retry_timer.data = rt;
+    uv_timer_init(loop, &rt->evict_timer);
+    rt->evict_timer.data = rt;
+    if ((rt->tree[0] || rt->tree[1]) && cfg->ca.eviction_secs > 0) {
+        uint64_t evict_every = (uint64_t)(cfg->ca.eviction_secs * 1000);
+        evict_every = evict_every ? evict_every : 1;
+        uv_timer_start(&rt->evict_timer, on_evict_tick, evict_every, evict_every);
+    }
     uint64_t every = (uint64_t)(cfg->health_check_interval_secs * 1000);
     uv_timer_start(&rt->health_timer, on_health_tick, 0, every ? every : 1);
     if (rt->n_dns) {
@@ -2066,7 +2214,8 @@ static void close_all(struct pd_router *rt) {
     pd_upstream_free(rt->up); /* its own handles close on their own */
     rt->up = NULL;
     stop_dns(rt);
-    rt->open_handles = 4;
+    rt->open_handles = 5;
+    uv_close((uv_handle_t *)&rt->evict_timer, on_handle_closed);
     uv_close((uv_handle_t *)&rt->retry_timer, on_handle_closed);
     uv_close((uv_handle_t *)&rt->dns_timer, on_handle_closed);
     uv_close((uv_handle_t *)&rt->health_timer, on_handle_closed);
@@ -2156,6 +2305,11 @@ void pd_router_free(struct pd_router *rt) {
     pd_free(rt->prefill.w);
     pd_free(rt->decode.w);
     pd_free(rt->scratch);
+    pd_free(rt->ca_by_tenant);
+    pd_free(rt->ca_matched);
+    pd_free(rt->ca_size);
+    pd_cache_tree_free(rt->tree[0]);
+    pd_cache_tree_free(rt->tree[1]);
     pd_free(rt->dns);
     pd_router_metrics_free(rt->metrics);
     pd_free(rt->worker_auth);
