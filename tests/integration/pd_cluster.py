@@ -15,6 +15,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import traceback
 
@@ -69,6 +70,60 @@ def wait_until(pred, timeout, step=0.05):
         if v or time.time() >= deadline:
             return v
         time.sleep(step)
+
+
+def concurrent(fn, n, timeout=150, start_timeout=30):
+    """fn(0) .. fn(n-1) on n threads released at once (a barrier, so they really overlap); their
+    results in order. A call that raised gives (0, repr(exception)), which reads like a failed
+    (status, body) answer; a call still running after timeout seconds gives None."""
+    results = [None] * n
+    barrier = threading.Barrier(n)
+
+    def run(i):
+        try:
+            barrier.wait(start_timeout)
+            results[i] = fn(i)
+        except Exception as e:  # noqa: BLE001 - the caller checks every result
+            results[i] = (0, repr(e))
+
+    ts = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(n)]
+    for t in ts:
+        t.start()
+    deadline = time.time() + timeout
+    for t in ts:
+        t.join(max(0.0, deadline - time.time()))
+    return results
+
+
+def pool_map(fn, n, workers=2):
+    """[fn(0), ..., fn(n-1)] computed by a few threads (pdserve-generate references: each is a
+    process, so two at a time halve the wait on two cores). The first exception a call raised
+    is raised here once all have stopped."""
+    out = [None] * n
+    todo = list(range(n))
+    errors = []
+    lock = threading.Lock()
+
+    def worker():
+        while True:
+            with lock:
+                if not todo or errors:
+                    return
+                i = todo.pop()
+            try:
+                out[i] = fn(i)
+            except Exception as e:  # noqa: BLE001 - raised again in the caller
+                with lock:
+                    errors.append(e)
+
+    ts = [threading.Thread(target=worker) for _ in range(min(workers, n))]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    if errors:
+        raise errors[0]
+    return out
 
 
 def http_call(port, method, path, body=None, timeout=60, headers=None, host="127.0.0.1"):
@@ -335,6 +390,27 @@ def generate(build, model, prompt, max_new, extra=(), ids=False, timeout=120):
     return text, [int(x) for x in line.split()]
 
 
+def generate_ids(build, model, prompts, max_new, extra=(), what="generate"):
+    """pdserve-generate's greedy output ids for every prompt (a list of token-id lists) in one
+    run: --no-tokenizer --ids --ignore-eos, chunks of 32 (so longer prompts take several), page
+    size 16; extra: more flags (--tp-size, --kv-cache-dtype, --logits-out, --threads). None, and
+    a failure recorded under what, when it fails or answers another number of prompts."""
+    args = [os.path.join(build, "tools", "pdserve-generate"), "--model-path", model, "--ids",
+            "--max-new-tokens", str(max_new), "--chunked-prefill-size", "32", "--page-size", "16",
+            "--ignore-eos", "--no-tokenizer",
+            "--prompt-ids", "; ".join(" ".join(map(str, p)) for p in prompts)] + list(extra)
+    r = subprocess.run(args, capture_output=True, text=True, timeout=120)
+    if not check(r.returncode == 0, "%s rc %d: %s" % (what, r.returncode, r.stderr)):
+        return None
+    # --no-tokenizer: one line of ids per prompt (no text)
+    lines = r.stdout.strip("\n").split("\n")
+    ids = [[int(x) for x in ln.split()] for ln in lines if ln and not ln.startswith("#")]
+    if not check(len(ids) == len(prompts), "%s: %d answers for %d prompts: %r" %
+                 (what, len(ids), len(prompts), r.stdout[-500:])):
+        return None
+    return ids
+
+
 def tmpdir():
     base = os.environ.get("PD_TEST_TMPDIR") or None
     if base:
@@ -393,6 +469,22 @@ def stream_chunks(srv, path, body):
     check(evs and evs[-1] == "[DONE]" and evs.count("[DONE]") == 1,
           "%s stream ends with one [DONE]: %s" % (path, evs[-2:]))
     return [json.loads(e) for e in evs if e != "[DONE]"]
+
+
+def concurrent_generate(port, prompts, lens, what):
+    """Posts every prompt (token ids; lens[i] new tokens, greedy, ignore_eos) at once to port's
+    /generate; the answers' output ids, None for a request that failed (recorded under what)."""
+
+    def one(i):
+        body = {"input_ids": prompts[i], "sampling_params": {
+            "max_new_tokens": lens[i], "temperature": 0, "ignore_eos": True}}
+        return http_call(port, "POST", "/generate", body, 120)
+
+    out = []
+    for i, r in enumerate(concurrent(one, len(prompts))):
+        ok = check(r is not None and r[0] == 200, "%s request %d: %r" % (what, i, r))
+        out.append(json.loads(r[1])["output_ids"] if ok else None)
+    return out
 
 
 def dump_logs(tmp, tail=4000):
