@@ -487,6 +487,52 @@ def concurrent_generate(port, prompts, lens, what):
     return out
 
 
+def request_text(srv, kind, body, stream, timeout=60):
+    """POSTs body to /generate (kind "generate") or /v1/completions: (text, raw body, None) for
+    a 200 with a well-formed answer (text_of), else (None, raw body or None, what went
+    wrong)."""
+    path = "/generate" if kind == "generate" else "/v1/completions"
+    try:
+        st, raw = srv.post(path, body, timeout=timeout)
+    except OSError as e:
+        return None, None, "%s stream=%s: %r" % (path, stream, e)
+    if st != 200:
+        return None, raw, "%s stream=%s: HTTP %d %s" % (path, stream, st, raw[:300])
+    try:
+        return text_of(kind, stream, raw), raw, None
+    except (ValueError, KeyError, IndexError, TypeError) as e:
+        return None, raw, "%s stream=%s: bad answer %r: %r" % (path, stream, e, raw[:300])
+
+
+def pairing_refused(build, tmp, model, prefill_extra, decode_extra, words, what):
+    """A prefill and a decode whose KV pages cannot be shared (prefill_extra and decode_extra
+    say how they differ) behind the router: a request is refused at pairing with an error
+    naming every one of words; the decode gives back the pages and keeps serving."""
+    pf, dc, rt = start_cluster(build, tmp, model, prefill_extra, decode_extra)
+    try:
+        body = {"input_ids": [1, 2, 3, 4, 5], "sampling_params": {"max_new_tokens": 4}}
+        st, raw = http_call(rt.port, "POST", "/generate", body, 60)
+        raw = raw.decode(errors="replace")
+        check(st >= 400 and all(w in raw for w in words),
+              "%s: %d %r (want an error naming %s)" % (what, st, raw[:400], ", ".join(words)))
+        check(dc.pool_full(), "%s: decode pool full after the refusal" % what)
+        st, _ = dc.get("/health", 10)
+        check(st == 200, "%s: decode still serving after the refusal" % what)
+    finally:
+        for p in (rt, dc, pf):
+            p.kill()
+
+
+def help_documents(build, flag, words):
+    """pdserve-prefill's, pdserve-decode's and pdserve-generate's --help name flag and every one
+    of words."""
+    for binary in ("prefill/pdserve-prefill", "decode/pdserve-decode", "tools/pdserve-generate"):
+        r = subprocess.run([os.path.join(build, binary), "--help"], capture_output=True,
+                           text=True, timeout=30)
+        check(r.returncode == 0 and flag in r.stdout and all(w in r.stdout for w in words),
+              "%s --help documents %s" % (os.path.basename(binary), flag))
+
+
 def dump_logs(tmp, tail=4000):
     """The tail of every process log in tmp, for a failed test's output."""
     for f in sorted(os.listdir(tmp)):

@@ -37,8 +37,6 @@ import pd_cluster as pc  # noqa: E402
 BUILD = os.path.abspath(sys.argv[1])
 CASE = sys.argv[2] if len(sys.argv) > 2 else "generate"
 GENERATE = os.path.join(BUILD, "tools", "pdserve-generate")
-DECODE = os.path.join(BUILD, "decode", "pdserve-decode")
-PREFILL = os.path.join(BUILD, "prefill", "pdserve-prefill")
 check, step = pc.check, pc.step
 
 # --kv-cache-dtype -> (name /server_info gives, pool dtype, bytes per element, mantissa bits)
@@ -212,25 +210,10 @@ def pd_case(tmp):
         finally:
             d.kill()
     step("prefill fp8_e4m3 with a decode bf16: refused at pairing, naming dtype")
-    pf, dc, rt = pc.start_cluster(BUILD, tmp, model, ["--kv-cache-dtype", "fp8_e4m3"],
-                                  ["--kv-cache-dtype", "bf16"])
-    try:
-        body = {"input_ids": PROMPTS[1], "sampling_params": {"max_new_tokens": 4}}
-        st, raw = pc.http_call(rt.port, "POST", "/generate", body, 60)
-        raw = raw.decode(errors="replace")
-        check(st >= 400 and "dtype" in raw and "F8_E4M3" in raw and "BF16" in raw,
-              "fp8 prefill / bf16 decode: %d %r (want an error naming dtype)" % (st, raw[:400]))
-        check(dc.pool_full(), "dtype mismatch: decode pool full after the refusal")
-        st, _ = dc.get("/health", 10)
-        check(st == 200, "decode still serving after the refusal")
-    finally:
-        for p in (rt, dc, pf):
-            p.kill()
-    for binary in (PREFILL, DECODE, GENERATE):
-        r = subprocess.run([binary, "--help"], capture_output=True, text=True, timeout=30)
-        check(r.returncode == 0 and "--kv-cache-dtype" in r.stdout and "fp8_e5m2" in r.stdout
-              and "float32 on cpu" in r.stdout,
-              "%s --help documents --kv-cache-dtype" % os.path.basename(binary))
+    pc.pairing_refused(BUILD, tmp, model, ["--kv-cache-dtype", "fp8_e4m3"],
+                       ["--kv-cache-dtype", "bf16"], ["dtype", "F8_E4M3", "BF16"],
+                       "fp8 prefill / bf16 decode")
+    pc.help_documents(BUILD, "--kv-cache-dtype", ["fp8_e5m2", "float32 on cpu"])
 
 
 def main():

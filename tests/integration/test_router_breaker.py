@@ -135,19 +135,13 @@ def one_request(rt, refs, i):
     else:
         path, body = "/v1/completions", {"prompt": text, "max_tokens": MAX_NEW,
                                          "temperature": 0, "stream": stream}
-    try:
-        st, raw = rt.post(path, body, timeout=60)
-    except OSError as e:
-        return "%s stream=%s: %r" % (path, stream, e)
-    if st != 200:
-        return "%s stream=%s: HTTP %d %s" % (path, stream, st, raw[:300])
-    try:
-        got = pc.text_of("generate" if gen else "completions", stream, raw)
-        if rid and not stream and json.loads(raw)["meta_info"]["id"] != rid:
-            return "/generate: meta_info.id %r, not the client's rid %r" % (
-                json.loads(raw)["meta_info"]["id"], rid)
-    except (ValueError, KeyError, IndexError, TypeError) as e:
-        return "%s stream=%s: bad answer %r: %r" % (path, stream, e, raw[:300])
+    got, raw, err = pc.request_text(rt, "generate" if gen else "completions", body, stream)
+    if err:
+        return err
+    if rid and not stream:
+        mid = json.loads(raw).get("meta_info", {}).get("id")
+        if mid != rid:
+            return "/generate: meta_info.id %r, not the client's rid %r" % (mid, rid)
     if got != refs[text]:
         return "%s stream=%s: %r != reference %r" % (path, stream, got, refs[text])
     return None

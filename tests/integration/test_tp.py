@@ -29,8 +29,6 @@ import pd_cluster as pc  # noqa: E402
 
 BUILD = os.path.abspath(sys.argv[1])
 GENERATE = os.path.join(BUILD, "tools", "pdserve-generate")
-DECODE = os.path.join(BUILD, "decode", "pdserve-decode")
-PREFILL = os.path.join(BUILD, "prefill", "pdserve-prefill")
 check, step = pc.check, pc.step
 
 # 1..70 tokens: one token, under a page, several pages, more than one 32-token chunk
@@ -135,23 +133,8 @@ def disagg_checks(tmp, model):
         for p in (rt, dc, pf):
             p.kill()
     step("prefill --tp-size 2 with a decode --tp-size 1: refused at pairing, naming tp_size")
-    pf, dc, rt = pc.start_cluster(BUILD, tmp, model, tp2, [])
-    try:
-        body = {"input_ids": PROMPTS[1], "sampling_params": {"max_new_tokens": 4}}
-        st, raw = pc.http_call(rt.port, "POST", "/generate", body, 60)
-        raw = raw.decode(errors="replace")
-        check(st >= 400 and "tp_size" in raw,
-              "tp 2 prefill / tp 1 decode: %d %r (want an error naming tp_size)" % (st, raw[:400]))
-        check(dc.pool_full(), "tp mismatch: decode pool full after the refusal")
-        st, _ = dc.get("/health", 10)
-        check(st == 200, "decode still serving after the refusal")
-    finally:
-        for p in (rt, dc, pf):
-            p.kill()
-    for binary in (PREFILL, DECODE, GENERATE):
-        r = subprocess.run([binary, "--help"], capture_output=True, text=True, timeout=30)
-        check(r.returncode == 0 and "--tp-size" in r.stdout and "ranks" in r.stdout,
-              "%s --help documents --tp-size" % os.path.basename(binary))
+    pc.pairing_refused(BUILD, tmp, model, tp2, [], ["tp_size"], "tp 2 prefill / tp 1 decode")
+    pc.help_documents(BUILD, "--tp-size", ["ranks"])
 
 
 def main():
