@@ -7,6 +7,7 @@ Every process started here is registered and killed (by PID) by kill_all(), whic
 call in a finally block; every wait polls with a deadline, so nothing waits forever. A daemon
 restarted after a SIGKILL reuses its ports, since the router's worker list is fixed at start.
 """
+import contextlib
 import ctypes
 import http.client
 import json
@@ -425,6 +426,18 @@ def start_cluster(build, tmp, model, prefill_extra=(), decode_extra=(), router_e
     return pf, dc, rt
 
 
+@contextlib.contextmanager
+def cluster(build, tmp, model, prefill_extra=(), decode_extra=(), router_extra=()):
+    """start_cluster for a with block: (prefill, decode, router), all three killed when the
+    block ends, however it ends (run_test prints their logs when it failed)."""
+    procs = start_cluster(build, tmp, model, prefill_extra, decode_extra, router_extra)
+    try:
+        yield procs
+    finally:
+        for p in reversed(procs):
+            p.kill()
+
+
 # ---------------------------------------------------------------- a test script's reporting
 
 FAILS = []  # what failed in this test process, in order
@@ -508,8 +521,7 @@ def pairing_refused(build, tmp, model, prefill_extra, decode_extra, words, what)
     """A prefill and a decode whose KV pages cannot be shared (prefill_extra and decode_extra
     say how they differ) behind the router: a request is refused at pairing with an error
     naming every one of words; the decode gives back the pages and keeps serving."""
-    pf, dc, rt = start_cluster(build, tmp, model, prefill_extra, decode_extra)
-    try:
+    with cluster(build, tmp, model, prefill_extra, decode_extra) as (pf, dc, rt):
         body = {"input_ids": [1, 2, 3, 4, 5], "sampling_params": {"max_new_tokens": 4}}
         st, raw = http_call(rt.port, "POST", "/generate", body, 60)
         raw = raw.decode(errors="replace")
@@ -518,9 +530,6 @@ def pairing_refused(build, tmp, model, prefill_extra, decode_extra, words, what)
         check(dc.pool_full(), "%s: decode pool full after the refusal" % what)
         st, _ = dc.get("/health", 10)
         check(st == 200, "%s: decode still serving after the refusal" % what)
-    finally:
-        for p in (rt, dc, pf):
-            p.kill()
 
 
 def help_documents(build, flag, words):

@@ -181,8 +181,7 @@ def pd_case(tmp):
             continue
         step("prefill + decode --kv-cache-dtype %s behind the router" % kv)
         flag = ["--kv-cache-dtype", kv]
-        pf, dc, rt = pc.start_cluster(BUILD, tmp, model, flag, flag)
-        try:
+        with pc.cluster(BUILD, tmp, model, flag, flag) as (pf, dc, rt):
             pb = check_info(pf, kv, f32_page_bytes)
             check_info(dc, kv, f32_page_bytes)
             f32_page_bytes = f32_page_bytes or pb
@@ -192,12 +191,6 @@ def pd_case(tmp):
                 check(ids is None or ids == ref[i], "pd kv %s prompt %d: ids %r != generate's %r"
                       % (kv, i, ids, ref[i]))
             check(pf.pool_full() and dc.pool_full(), "pd kv %s: pools full afterwards" % kv)
-        except Exception:
-            print(pf.log_tail(), dc.log_tail(), flush=True)
-            raise
-        finally:
-            for p in (rt, dc, pf):
-                p.kill()
         step("colocated pdserve-decode --kv-cache-dtype %s" % kv)
         d = pc.Daemon(BUILD, "decode", model, tmp, ["--disaggregation-mode", "null"] + flag)
         try:

@@ -116,8 +116,7 @@ def disagg_checks(tmp, model):
     lens = [16 - (i % 3) * 4 for i in range(8)]
     prompts = [PROMPTS[i % len(PROMPTS)] for i in range(8)]
     tp2 = ["--tp-size", "2", "--threads", "2"]
-    pf, dc, rt = pc.start_cluster(BUILD, tmp, model, tp2, tp2)
-    try:
+    with pc.cluster(BUILD, tmp, model, tp2, tp2) as (pf, dc, rt):
         for d in (pf, dc):
             check(d.server_info().get("tp_size") == 2, "%s /server_info tp_size" % d.role)
         got = pc.concurrent_generate(rt.port, prompts, lens, "pd tp 2")
@@ -126,12 +125,6 @@ def disagg_checks(tmp, model):
             check(ids is None or ids == want,
                   "pd tp 2 request %d: ids %r != tp 1's %r" % (i, ids, want))
         check(pf.pool_full() and dc.pool_full(), "pd tp 2: pools full after the requests")
-    except Exception:
-        print(pf.log_tail(), dc.log_tail(), flush=True)
-        raise
-    finally:
-        for p in (rt, dc, pf):
-            p.kill()
     step("prefill --tp-size 2 with a decode --tp-size 1: refused at pairing, naming tp_size")
     pc.pairing_refused(BUILD, tmp, model, tp2, [], ["tp_size"], "tp 2 prefill / tp 1 decode")
     pc.help_documents(BUILD, "--tp-size", ["ranks"])
