@@ -7,6 +7,7 @@ Every process started here is registered and killed (by PID) by kill_all(), whic
 call in a finally block; every wait polls with a deadline, so nothing waits forever. A daemon
 restarted after a SIGKILL reuses its ports, since the router's worker list is fixed at start.
 """
+import contextlib
 import ctypes
 import http.client
 import json
@@ -15,6 +16,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import traceback
 
@@ -69,6 +71,60 @@ def wait_until(pred, timeout, step=0.05):
         if v or time.time() >= deadline:
             return v
         time.sleep(step)
+
+
+def concurrent(fn, n, timeout=150, start_timeout=30):
+    """fn(0) .. fn(n-1) on n threads released at once (a barrier, so they really overlap); their
+    results in order. A call that raised gives (0, repr(exception)), which reads like a failed
+    (status, body) answer; a call still running after timeout seconds gives None."""
+    results = [None] * n
+    barrier = threading.Barrier(n)
+
+    def run(i):
+        try:
+            barrier.wait(start_timeout)
+            results[i] = fn(i)
+        except Exception as e:  # noqa: BLE001 - the caller checks every result
+            results[i] = (0, repr(e))
+
+    ts = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(n)]
+    for t in ts:
+        t.start()
+    deadline = time.time() + timeout
+    for t in ts:
+        t.join(max(0.0, deadline - time.time()))
+    return results
+
+
+def pool_map(fn, n, workers=2):
+    """[fn(0), ..., fn(n-1)] computed by a few threads (pdserve-generate references: each is a
+    process, so two at a time halve the wait on two cores). The first exception a call raised
+    is raised here once all have stopped."""
+    out = [None] * n
+    todo = list(range(n))
+    errors = []
+    lock = threading.Lock()
+
+    def worker():
+        while True:
+            with lock:
+                if not todo or errors:
+                    return
+                i = todo.pop()
+            try:
+                out[i] = fn(i)
+            except Exception as e:  # noqa: BLE001 - raised again in the caller
+                with lock:
+                    errors.append(e)
+
+    ts = [threading.Thread(target=worker) for _ in range(min(workers, n))]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    if errors:
+        raise errors[0]
+    return out
 
 
 def http_call(port, method, path, body=None, timeout=60, headers=None, host="127.0.0.1"):
@@ -335,6 +391,27 @@ def generate(build, model, prompt, max_new, extra=(), ids=False, timeout=120):
     return text, [int(x) for x in line.split()]
 
 
+def generate_ids(build, model, prompts, max_new, extra=(), what="generate"):
+    """pdserve-generate's greedy output ids for every prompt (a list of token-id lists) in one
+    run: --no-tokenizer --ids --ignore-eos, chunks of 32 (so longer prompts take several), page
+    size 16; extra: more flags (--tp-size, --kv-cache-dtype, --logits-out, --threads). None, and
+    a failure recorded under what, when it fails or answers another number of prompts."""
+    args = [os.path.join(build, "tools", "pdserve-generate"), "--model-path", model, "--ids",
+            "--max-new-tokens", str(max_new), "--chunked-prefill-size", "32", "--page-size", "16",
+            "--ignore-eos", "--no-tokenizer",
+            "--prompt-ids", "; ".join(" ".join(map(str, p)) for p in prompts)] + list(extra)
+    r = subprocess.run(args, capture_output=True, text=True, timeout=120)
+    if not check(r.returncode == 0, "%s rc %d: %s" % (what, r.returncode, r.stderr)):
+        return None
+    # --no-tokenizer: one line of ids per prompt (no text)
+    lines = r.stdout.strip("\n").split("\n")
+    ids = [[int(x) for x in ln.split()] for ln in lines if ln and not ln.startswith("#")]
+    if not check(len(ids) == len(prompts), "%s: %d answers for %d prompts: %r" %
+                 (what, len(ids), len(prompts), r.stdout[-500:])):
+        return None
+    return ids
+
+
 def tmpdir():
     base = os.environ.get("PD_TEST_TMPDIR") or None
     if base:
@@ -347,6 +424,18 @@ def start_cluster(build, tmp, model, prefill_extra=(), decode_extra=(), router_e
     dc = Daemon(build, "decode", model, tmp, decode_extra)
     rt = Router(build, [(pf.port, pf.bport)], [dc.port], tmp, router_extra)
     return pf, dc, rt
+
+
+@contextlib.contextmanager
+def cluster(build, tmp, model, prefill_extra=(), decode_extra=(), router_extra=()):
+    """start_cluster for a with block: (prefill, decode, router), all three killed when the
+    block ends, however it ends (run_test prints their logs when it failed)."""
+    procs = start_cluster(build, tmp, model, prefill_extra, decode_extra, router_extra)
+    try:
+        yield procs
+    finally:
+        for p in reversed(procs):
+            p.kill()
 
 
 # ---------------------------------------------------------------- a test script's reporting
@@ -393,6 +482,64 @@ def stream_chunks(srv, path, body):
     check(evs and evs[-1] == "[DONE]" and evs.count("[DONE]") == 1,
           "%s stream ends with one [DONE]: %s" % (path, evs[-2:]))
     return [json.loads(e) for e in evs if e != "[DONE]"]
+
+
+def concurrent_generate(port, prompts, lens, what):
+    """Posts every prompt (token ids; lens[i] new tokens, greedy, ignore_eos) at once to port's
+    /generate; the answers' output ids, None for a request that failed (recorded under what)."""
+
+    def one(i):
+        body = {"input_ids": prompts[i], "sampling_params": {
+            "max_new_tokens": lens[i], "temperature": 0, "ignore_eos": True}}
+        return http_call(port, "POST", "/generate", body, 120)
+
+    out = []
+    for i, r in enumerate(concurrent(one, len(prompts))):
+        ok = check(r is not None and r[0] == 200, "%s request %d: %r" % (what, i, r))
+        out.append(json.loads(r[1])["output_ids"] if ok else None)
+    return out
+
+
+def request_text(srv, kind, body, stream, timeout=60):
+    """POSTs body to /generate (kind "generate") or /v1/completions: (text, raw body, None) for
+    a 200 with a well-formed answer (text_of), else (None, raw body or None, what went
+    wrong)."""
+    path = "/generate" if kind == "generate" else "/v1/completions"
+    try:
+        st, raw = srv.post(path, body, timeout=timeout)
+    except OSError as e:
+        return None, None, "%s stream=%s: %r" % (path, stream, e)
+    if st != 200:
+        return None, raw, "%s stream=%s: HTTP %d %s" % (path, stream, st, raw[:300])
+    try:
+        return text_of(kind, stream, raw), raw, None
+    except (ValueError, KeyError, IndexError, TypeError) as e:
+        return None, raw, "%s stream=%s: bad answer %r: %r" % (path, stream, e, raw[:300])
+
+
+def pairing_refused(build, tmp, model, prefill_extra, decode_extra, words, what):
+    """A prefill and a decode whose KV pages cannot be shared (prefill_extra and decode_extra
+    say how they differ) behind the router: a request is refused at pairing with an error
+    naming every one of words; the decode gives back the pages and keeps serving."""
+    with cluster(build, tmp, model, prefill_extra, decode_extra) as (pf, dc, rt):
+        body = {"input_ids": [1, 2, 3, 4, 5], "sampling_params": {"max_new_tokens": 4}}
+        st, raw = http_call(rt.port, "POST", "/generate", body, 60)
+        raw = raw.decode(errors="replace")
+        check(st >= 400 and all(w in raw for w in words),
+              "%s: %d %r (want an error naming %s)" % (what, st, raw[:400], ", ".join(words)))
+        check(dc.pool_full(), "%s: decode pool full after the refusal" % what)
+        st, _ = dc.get("/health", 10)
+        check(st == 200, "%s: decode still serving after the refusal" % what)
+
+
+def help_documents(build, flag, words):
+    """pdserve-prefill's, pdserve-decode's and pdserve-generate's --help name flag and every one
+    of words."""
+    for binary in ("prefill/pdserve-prefill", "decode/pdserve-decode", "tools/pdserve-generate"):
+        r = subprocess.run([os.path.join(build, binary), "--help"], capture_output=True,
+                           text=True, timeout=30)
+        check(r.returncode == 0 and flag in r.stdout and all(w in r.stdout for w in words),
+              "%s --help documents %s" % (os.path.basename(binary), flag))
 
 
 def dump_logs(tmp, tail=4000):

@@ -64,24 +64,8 @@ def reference(model, prompt, max_new):
 
 
 def references(model, prompts, max_new=None):
-    out = [None] * len(prompts)
-    idx = list(range(len(prompts)))
-    lock = threading.Lock()
-
-    def worker():
-        while True:
-            with lock:
-                if not idx:
-                    return
-                i = idx.pop()
-            out[i] = reference(model, prompts[i], max_new or prompts[i]["max_new"])
-
-    ts = [threading.Thread(target=worker) for _ in range(2)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join()
-    return out
+    return pc.pool_map(lambda i: reference(model, prompts[i], max_new or prompts[i]["max_new"]),
+                       len(prompts))
 
 
 def body_of(prompt, kind, stream, max_new, **extra):

@@ -30,8 +30,6 @@ import os
 import struct
 import subprocess
 import sys
-import threading
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import pd_cluster as pc  # noqa: E402
@@ -39,11 +37,7 @@ import pd_cluster as pc  # noqa: E402
 BUILD = os.path.abspath(sys.argv[1])
 CASE = sys.argv[2] if len(sys.argv) > 2 else "generate"
 GENERATE = os.path.join(BUILD, "tools", "pdserve-generate")
-MKMODEL = os.path.join(BUILD, "tools", "pdserve-mkmodel")
-DECODE = os.path.join(BUILD, "decode", "pdserve-decode")
-PREFILL = os.path.join(BUILD, "prefill", "pdserve-prefill")
-FAILS = []
-T0 = time.time()
+check, step = pc.check, pc.step
 
 # --kv-cache-dtype -> (name /server_info gives, pool dtype, bytes per element, mantissa bits)
 DTYPES = {
@@ -70,32 +64,12 @@ MAX_NEW = 16
 FLOORS = {"bf16": 0.95, "fp16": 0.95, "fp8_e4m3": 0.80, "fp8_e5m2": 0.70}
 
 
-def check(cond, what):
-    if not cond:
-        FAILS.append(what)
-        print("FAIL:", what, flush=True)
-    return cond
-
-
-def step(msg):
-    print("[%7.2f] %s" % (time.time() - T0, msg), flush=True)
-
-
 def generate(model, kv, prompts, max_new, logits_out=None):
     """pdserve-generate's greedy ids for every prompt with --kv-cache-dtype kv."""
-    args = [GENERATE, "--model-path", model, "--kv-cache-dtype", kv, "--ids", "--max-new-tokens",
-            str(max_new), "--chunked-prefill-size", "32", "--page-size", "16", "--ignore-eos",
-            "--no-tokenizer", "--threads", "2",
-            "--prompt-ids", "; ".join(" ".join(map(str, p)) for p in prompts)]
+    extra = ["--kv-cache-dtype", kv, "--threads", "2"]
     if logits_out:
-        args += ["--logits-out", logits_out]
-    r = subprocess.run(args, capture_output=True, text=True, timeout=120)
-    if not check(r.returncode == 0, "generate kv %s rc %d: %s" % (kv, r.returncode, r.stderr)):
-        return None
-    ids = [[int(x) for x in ln.split()] for ln in r.stdout.strip("\n").split("\n") if ln]
-    check(len(ids) == len(prompts), "generate kv %s: %d answers for %d prompts" %
-          (kv, len(ids), len(prompts)))
-    return ids
+        extra += ["--logits-out", logits_out]
+    return pc.generate_ids(BUILD, model, prompts, max_new, extra, "generate kv %s" % kv)
 
 
 def read_logits(path, rows, vocab):
@@ -108,9 +82,7 @@ def read_logits(path, rows, vocab):
 
 
 def make_model(tmp):
-    model = os.path.join(tmp, "llama")
-    subprocess.run([MKMODEL, "--out", model, "--family", "llama"], check=True,
-                   capture_output=True, timeout=60)
+    model = pc.make_model(BUILD, tmp, ["--family", "llama"], "llama")
     with open(os.path.join(model, "config.json")) as f:
         cfg = json.load(f)
     return model, cfg
@@ -184,32 +156,6 @@ def generate_case(tmp):
           "--kv-cache-dtype fp4: rc %d %r" % (r.returncode, r.stderr))
 
 
-def concurrent_generate(port, prompts, what):
-    """Posts every prompt at once to port's /generate; the answers' output ids (None: failed)."""
-    results = [None] * len(prompts)
-    barrier = threading.Barrier(len(prompts))
-
-    def client(i):
-        body = {"input_ids": prompts[i], "sampling_params": {
-            "max_new_tokens": MAX_NEW, "temperature": 0, "ignore_eos": True}}
-        try:
-            barrier.wait(30)
-            results[i] = pc.http_call(port, "POST", "/generate", body, 120)
-        except Exception as e:  # noqa: BLE001
-            results[i] = (0, repr(e))
-
-    ts = [threading.Thread(target=client, args=(i,)) for i in range(len(prompts))]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join(150)
-    out = []
-    for i, r in enumerate(results):
-        ok = check(r is not None and r[0] == 200, "%s request %d: %r" % (what, i, r))
-        out.append(json.loads(r[1])["output_ids"] if ok else None)
-    return out
-
-
 def check_info(d, kv, f32_page_bytes):
     name, pool_dtype, esz, _ = DTYPES[kv]
     info = d.server_info()
@@ -235,71 +181,41 @@ def pd_case(tmp):
             continue
         step("prefill + decode --kv-cache-dtype %s behind the router" % kv)
         flag = ["--kv-cache-dtype", kv]
-        pf, dc, rt = pc.start_cluster(BUILD, tmp, model, flag, flag)
-        try:
+        with pc.cluster(BUILD, tmp, model, flag, flag) as (pf, dc, rt):
             pb = check_info(pf, kv, f32_page_bytes)
             check_info(dc, kv, f32_page_bytes)
             f32_page_bytes = f32_page_bytes or pb
-            got = concurrent_generate(rt.port, PROMPTS, "pd kv %s" % kv)
+            got = pc.concurrent_generate(rt.port, PROMPTS, [MAX_NEW] * len(PROMPTS),
+                                         "pd kv %s" % kv)
             for i, ids in enumerate(got):
                 check(ids is None or ids == ref[i], "pd kv %s prompt %d: ids %r != generate's %r"
                       % (kv, i, ids, ref[i]))
             check(pf.pool_full() and dc.pool_full(), "pd kv %s: pools full afterwards" % kv)
-        except Exception:
-            print(pf.log_tail(), dc.log_tail(), flush=True)
-            raise
-        finally:
-            for p in (rt, dc, pf):
-                p.kill()
         step("colocated pdserve-decode --kv-cache-dtype %s" % kv)
         d = pc.Daemon(BUILD, "decode", model, tmp, ["--disaggregation-mode", "null"] + flag)
         try:
             check_info(d, kv, f32_page_bytes)
-            got = concurrent_generate(d.port, PROMPTS, "coloc kv %s" % kv)
+            got = pc.concurrent_generate(d.port, PROMPTS, [MAX_NEW] * len(PROMPTS),
+                                         "coloc kv %s" % kv)
             for i, ids in enumerate(got):
                 check(ids is None or ids == ref[i], "coloc kv %s prompt %d: ids %r != "
                       "generate's %r" % (kv, i, ids, ref[i]))
         finally:
             d.kill()
     step("prefill fp8_e4m3 with a decode bf16: refused at pairing, naming dtype")
-    pf, dc, rt = pc.start_cluster(BUILD, tmp, model, ["--kv-cache-dtype", "fp8_e4m3"],
-                                  ["--kv-cache-dtype", "bf16"])
-    try:
-        body = {"input_ids": PROMPTS[1], "sampling_params": {"max_new_tokens": 4}}
-        st, raw = pc.http_call(rt.port, "POST", "/generate", body, 60)
-        raw = raw.decode(errors="replace")
-        check(st >= 400 and "dtype" in raw and "F8_E4M3" in raw and "BF16" in raw,
-              "fp8 prefill / bf16 decode: %d %r (want an error naming dtype)" % (st, raw[:400]))
-        check(dc.pool_full(), "dtype mismatch: decode pool full after the refusal")
-        st, _ = dc.get("/health", 10)
-        check(st == 200, "decode still serving after the refusal")
-    finally:
-        for p in (rt, dc, pf):
-            p.kill()
-    for binary in (PREFILL, DECODE, GENERATE):
-        r = subprocess.run([binary, "--help"], capture_output=True, text=True, timeout=30)
-        check(r.returncode == 0 and "--kv-cache-dtype" in r.stdout and "fp8_e5m2" in r.stdout
-              and "float32 on cpu" in r.stdout,
-              "%s --help documents --kv-cache-dtype" % os.path.basename(binary))
+    pc.pairing_refused(BUILD, tmp, model, ["--kv-cache-dtype", "fp8_e4m3"],
+                       ["--kv-cache-dtype", "bf16"], ["dtype", "F8_E4M3", "BF16"],
+                       "fp8 prefill / bf16 decode")
+    pc.help_documents(BUILD, "--kv-cache-dtype", ["fp8_e5m2", "float32 on cpu"])
 
 
 def main():
     tmp = pc.tmpdir()
-    try:
-        if CASE == "generate":
-            generate_case(tmp)
-        elif CASE == "pd":
-            pd_case(tmp)
-        else:
-            check(False, "unknown case %r" % CASE)
-    finally:
-        pc.kill_all()
-    if FAILS:
-        print("%d check(s) failed" % len(FAILS))
-        return 1
-    print("all checks passed (%.1f s)" % (time.time() - T0))
-    return 0
+    cases = {"generate": generate_case, "pd": pd_case}
+    if CASE not in cases:
+        sys.exit("test_kv_dtype.py: unknown case %r (one of %s)" % (CASE, ", ".join(cases)))
+    pc.run_test("kv_dtype %s" % CASE, lambda: cases[CASE](tmp), tmp)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -45,22 +45,8 @@ BUILD = os.path.abspath(sys.argv[1])
 CASE = sys.argv[2] if len(sys.argv) > 2 else "tokens"
 GENERATE = os.path.join(BUILD, "tools", "pdserve-generate")
 TOKENIZE = os.path.join(BUILD, "tools", "pdserve-tokenize")
-FAILS = []
 MAX_NEW = 16
-
-
-def check(cond, what):
-    if not cond:
-        FAILS.append(what)
-        print("FAIL:", what, flush=True)
-    return cond
-
-
-def step(msg):
-    print("[%7.2f] %s" % (time.time() - T0, msg), flush=True)
-
-
-T0 = time.time()
+check, step = pc.check, pc.step
 
 # ---------------------------------------------------------------- references
 
@@ -93,35 +79,12 @@ def token_counts(model, prompts):
 
 
 def reference_one(model, prompt, max_new=MAX_NEW):
-    args = [GENERATE, "--model-path", model, "--max-new-tokens", str(max_new),
-            "--chunked-prefill-size", "64", "--page-size", "16", "--threads", "1"]
-    if "ids" in prompt:
-        args += ["--prompt-ids", " ".join(map(str, prompt["ids"]))]
-    else:
-        args += ["--", prompt["text"]]
-    out = subprocess.run(args, capture_output=True, check=True, timeout=120).stdout
-    return out[:-1].decode("utf-8")  # the text, then one newline
+    """pdserve-generate's greedy text for a prompt ({"text": ...} or {"ids": [...]})."""
+    return pc.generate(BUILD, model, prompt.get("ids", prompt.get("text")), max_new)
 
 
 def references(model, prompts, max_new=MAX_NEW):
-    out = [None] * len(prompts)
-    idx = list(range(len(prompts)))
-    lock = threading.Lock()
-
-    def worker():
-        while True:
-            with lock:
-                if not idx:
-                    return
-                i = idx.pop()
-            out[i] = reference_one(model, prompts[i], max_new)
-
-    ts = [threading.Thread(target=worker) for _ in range(2)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join()
-    return out
+    return pc.pool_map(lambda i: reference_one(model, prompts[i], max_new), len(prompts))
 
 
 # ---------------------------------------------------------------- requests
@@ -151,13 +114,7 @@ def text_of(kind, stream, raw):
         c = j["choices"][0]
         return (c["text"] if kind == "completions" else c["message"]["content"]), j.get("usage"), \
             c["finish_reason"]
-    evs = pc.sse_events(raw)
-    if not evs or evs[-1] != "[DONE]":
-        raise ValueError("stream does not end with [DONE]: %r" % evs[-3:])
-    chunks = [json.loads(e) for e in evs[:-1]]
-    for c in chunks:
-        if "error" in c:
-            raise ValueError("stream carries an error: %r" % c)
+    chunks = pc.stream_payloads(raw)
     if kind == "generate":
         return chunks[-1]["text"], None, chunks[-1]["meta_info"]["finish_reason"]
     usage, text, finish = None, "", None
@@ -185,13 +142,7 @@ def through(rt, kind, body, timeout=120):
 def chat_reference(model, pf, messages, tmp, max_new=MAX_NEW):
     """pdserve-generate on the chat prompt: rendered by pdserve-tokenize --chat, tokenized as the
     daemons tokenize a rendered chat prompt (special tokens parsed, none added)."""
-    path = os.path.join(tmp, "chat-%d.json" % random.randrange(1 << 30))
-    with open(path, "w") as f:
-        json.dump({"messages": messages, "add_generation_prompt": True}, f)
-    rendered = subprocess.run([TOKENIZE, "--model-path", model, "--chat", path],
-                              capture_output=True, text=True, check=True, timeout=60).stdout
-    st, body = pf.post("/tokenize", {"prompt": rendered, "add_special_tokens": False})
-    ids = json.loads(body)["tokens"]
+    ids = pc.chat_prompt_ids(BUILD, model, pf, messages, tmp)
     return reference_one(model, {"ids": ids}, max_new), len(ids)
 
 
@@ -269,28 +220,18 @@ def case_tokens(model, tmp):
     n_conc, conc_new = 32, 64
     conc_prompts = [prompts[(i * 7) % len(prompts)] for i in range(n_conc)]
     conc_ref = references(model, conc_prompts, conc_new)
-    results = [None] * n_conc
     spans = [None] * n_conc
-    barrier = threading.Barrier(n_conc)
 
     def client(i):
         kind = ("generate", "completions")[i % 2]
         body = gen_body(conc_prompts[i], kind, True, conc_new)
-        try:
-            barrier.wait(60)
-            t_start = time.time()
-            st, raw = through(rt, kind, body, timeout=180)
-            spans[i] = (t_start, time.time())
-            results[i] = (st, text_of(kind, True, raw)[0] if st == 200 else raw[:200])
-        except Exception as e:  # noqa: BLE001
-            results[i] = (0, repr(e))
+        t_start = time.time()
+        st, raw = through(rt, kind, body, timeout=180)
+        spans[i] = (t_start, time.time())
+        return st, text_of(kind, True, raw)[0] if st == 200 else raw[:200]
 
     t0 = time.time()
-    ts = [threading.Thread(target=client, args=(i,)) for i in range(n_conc)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join(200)
+    results = pc.concurrent(client, n_conc, 200, 60)
     n_ok = 0
     for i, r in enumerate(results):
         n_ok += check(r is not None and r[0] == 200 and r[1] == conc_ref[i],
@@ -765,24 +706,9 @@ def case_extras(model, tmp):
 def main():
     tmp = pc.tmpdir()
     model = pc.make_model(BUILD, tmp)
-    try:
-        {"tokens": case_tokens, "failures": case_failures, "kill_decode": case_kill_decode,
-         "startup": case_startup, "extras": case_extras}[CASE](model, tmp)
-    except Exception as e:  # noqa: BLE001
-        import traceback
-        traceback.print_exc()
-        FAILS.append("exception: %r" % e)
-    finally:
-        pc.kill_all()
-    if FAILS:
-        print("%d failures (%.1f s); logs in %s" % (len(FAILS), time.time() - T0, tmp))
-        for f in sorted(os.listdir(tmp)):
-            if f.endswith(".log"):
-                print("---", f)
-                with open(os.path.join(tmp, f), errors="replace") as fh:
-                    print(fh.read()[-4000:])
-        sys.exit(1)
-    print("pd_router %s: PASS (%.1f s)" % (CASE, time.time() - T0))
+    cases = {"tokens": case_tokens, "failures": case_failures, "kill_decode": case_kill_decode,
+             "startup": case_startup, "extras": case_extras}
+    pc.run_test("pd_router %s" % CASE, lambda: cases[CASE](model, tmp), tmp)
 
 
 if __name__ == "__main__":

@@ -29,7 +29,6 @@ import json
 import os
 import re
 import socket
-import subprocess
 import sys
 import threading
 import time
@@ -40,23 +39,10 @@ import pd_cluster as pc  # noqa: E402
 
 BUILD = os.path.abspath(sys.argv[1])
 CASE = sys.argv[2] if len(sys.argv) > 2 else "breaker"
-GENERATE = os.path.join(BUILD, "tools", "pdserve-generate")
 MAX_NEW = 8
-FAILS = []
-T0 = time.time()
+check, step = pc.check, pc.step
 PROMPTS = ["the quick brown fox", "a lazy dog while seven wizards", "stars",
            "every jolly vexed bank clerk and the river"]
-
-
-def check(cond, what):
-    if not cond:
-        FAILS.append(what)
-        print("FAIL:", what, flush=True)
-    return cond
-
-
-def step(msg):
-    print("[%6.2f] %s" % (time.time() - T0, msg), flush=True)
 
 
 class Gate:
@@ -133,13 +119,6 @@ class Gate:
                 pass
 
 
-def reference(model, text):
-    out = subprocess.run([GENERATE, "--model-path", model, "--max-new-tokens", str(MAX_NEW),
-                          "--chunked-prefill-size", "64", "--page-size", "16", "--threads", "1",
-                          "--", text], capture_output=True, check=True, timeout=60).stdout
-    return out[:-1].decode("utf-8")
-
-
 def one_request(rt, refs, i):
     """Request i (prompt, endpoint and streaming vary with i): None when it got the reference
     text, else what went wrong."""
@@ -156,30 +135,13 @@ def one_request(rt, refs, i):
     else:
         path, body = "/v1/completions", {"prompt": text, "max_tokens": MAX_NEW,
                                          "temperature": 0, "stream": stream}
-    try:
-        st, raw = rt.post(path, body, timeout=60)
-    except OSError as e:
-        return "%s stream=%s: %r" % (path, stream, e)
-    if st != 200:
-        return "%s stream=%s: HTTP %d %s" % (path, stream, st, raw[:300])
-    try:
-        if not stream:
-            j = json.loads(raw)
-            got = j["text"] if gen else j["choices"][0]["text"]
-            if rid and j["meta_info"]["id"] != rid:
-                return "/generate: meta_info.id %r, not the client's rid %r" % (
-                    j["meta_info"]["id"], rid)
-        else:
-            evs = pc.sse_events(raw)
-            if not evs or evs[-1] != "[DONE]":
-                return "%s stream: no [DONE]: %r" % (path, raw[-200:])
-            chunks = [json.loads(e) for e in evs[:-1]]
-            if any("error" in c for c in chunks):
-                return "%s stream carries an error: %r" % (path, raw[:300])
-            got = (chunks[-1]["text"] if gen else
-                   "".join(ch.get("text") or "" for c in chunks for ch in c["choices"]))
-    except (ValueError, KeyError, IndexError) as e:
-        return "%s stream=%s: bad answer %r: %r" % (path, stream, e, raw[:300])
+    got, raw, err = pc.request_text(rt, "generate" if gen else "completions", body, stream)
+    if err:
+        return err
+    if rid and not stream:
+        mid = json.loads(raw).get("meta_info", {}).get("id")
+        if mid != rid:
+            return "/generate: meta_info.id %r, not the client's rid %r" % (mid, rid)
     if got != refs[text]:
         return "%s stream=%s: %r != reference %r" % (path, stream, got, refs[text])
     return None
@@ -330,19 +292,12 @@ def case_disabled(model, tmp, refs):
     check(wb and wb["circuit_breaker"]["state"] == "disabled" and wb["available"],
           "/workers: breaker disabled, B available: %s" % wb)
     step("4 concurrent clients x 5 requests, B still refusing")
-    errs = []
 
     def client(k):
-        for j in range(5):
-            err = one_request(rt, refs, 100 + 5 * k + j)
-            if err:
-                errs.append(err)
+        return [one_request(rt, refs, 100 + 5 * k + j) for j in range(5)]
 
-    ts = [threading.Thread(target=client, args=(k,)) for k in range(4)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join(120)
+    res = pc.concurrent(client, 4, 120)
+    errs = [e for r in res for e in (r if isinstance(r, list) else [r or "no answer"]) if e]
     check(not errs, "concurrent requests all succeed: %s" % errs[:3])
     m2 = metrics(rt)
     nb2 = metric(m2, "sgl_router_pd_prefill_requests_total", worker=b)
@@ -404,24 +359,14 @@ def case_dedupe(model, tmp, refs):
 
 def main():
     tmp = pc.tmpdir()
-    try:
+
+    def cases():
         model = pc.make_model(BUILD, tmp)
-        refs = {t: reference(model, t) for t in PROMPTS}
+        refs = {t: pc.generate(BUILD, model, t, MAX_NEW, timeout=60) for t in PROMPTS}
         {"breaker": case_breaker, "disabled": case_disabled, "dedupe": case_dedupe}[CASE](
             model, tmp, refs)
-    except Exception as e:  # noqa: BLE001
-        import traceback
-        traceback.print_exc()
-        FAILS.append("exception: %r" % e)
-    finally:
-        pc.kill_all()
-    step("%s: %d failures" % (CASE, len(FAILS)))
-    if FAILS:
-        for p in sorted(os.listdir(tmp)):
-            if p.endswith(".log"):
-                with open(os.path.join(tmp, p), errors="replace") as f:
-                    print("---- %s (tail)\n%s" % (p, f.read()[-3000:]))
-    sys.exit(1 if FAILS else 0)
+
+    pc.run_test("router_breaker %s" % CASE, cases, tmp, log_tail=3000)
 
 
 if __name__ == "__main__":

@@ -99,16 +99,9 @@ def one_request(rt, refs, i):
     kind = ("generate", "completions")[(i // len(PROMPTS)) % 2]
     stream = (i // 2) % 2 == 0
     path, body = body_of(kind, PROMPTS[k], stream)
-    try:
-        st, raw = rt.post(path, body, timeout=60)
-    except OSError as e:
-        return "%s stream=%s: %r" % (path, stream, e)
-    if st != 200:
-        return "%s stream=%s: HTTP %d %s" % (path, stream, st, raw[:300])
-    try:
-        got = text_of(kind, stream, raw)
-    except (ValueError, KeyError) as e:
-        return "%s stream=%s: %s" % (path, stream, e)
+    got, _, err = pc.request_text(rt, kind, body, stream)
+    if err:
+        return err
     if got != refs[k]:
         return "%s stream=%s prompt %d: %r != reference %r" % (path, stream, k, got,
                                                                refs[k])

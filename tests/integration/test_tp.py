@@ -23,19 +23,13 @@ import json
 import os
 import subprocess
 import sys
-import threading
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import pd_cluster as pc  # noqa: E402
 
 BUILD = os.path.abspath(sys.argv[1])
 GENERATE = os.path.join(BUILD, "tools", "pdserve-generate")
-MKMODEL = os.path.join(BUILD, "tools", "pdserve-mkmodel")
-DECODE = os.path.join(BUILD, "decode", "pdserve-decode")
-PREFILL = os.path.join(BUILD, "prefill", "pdserve-prefill")
-FAILS = []
-T0 = time.time()
+check, step = pc.check, pc.step
 
 # 1..70 tokens: one token, under a page, several pages, more than one 32-token chunk
 PROMPTS = [[7], [1, 2, 3, 4, 5], [(i * 37 + 11) % 1000 for i in range(17)],
@@ -43,38 +37,15 @@ PROMPTS = [[7], [1, 2, 3, 4, 5], [(i * 37 + 11) % 1000 for i in range(17)],
 MAX_NEW = 24
 
 
-def check(cond, what):
-    if not cond:
-        FAILS.append(what)
-        print("FAIL:", what, flush=True)
-    return cond
-
-
-def step(msg):
-    print("[%7.2f] %s" % (time.time() - T0, msg), flush=True)
-
-
 def generate(model, tp, prompts=PROMPTS, max_new=MAX_NEW):
-    """pdserve-generate's greedy ids (and texts) for every prompt, at --tp-size tp."""
-    args = [GENERATE, "--model-path", model, "--tp-size", str(tp), "--ids", "--max-new-tokens",
-            str(max_new), "--chunked-prefill-size", "32", "--page-size", "16", "--ignore-eos",
-            "--no-tokenizer", "--prompt-ids", "; ".join(" ".join(map(str, p)) for p in prompts)]
-    r = subprocess.run(args, capture_output=True, text=True, timeout=120)
-    if not check(r.returncode == 0, "generate tp %d rc %d: %s" % (tp, r.returncode, r.stderr)):
-        return None
-    lines = r.stdout.strip("\n").split("\n")
-    # --no-tokenizer: one line of ids per prompt (no text)
-    ids = [[int(x) for x in ln.split()] for ln in lines if ln and not ln.startswith("#")]
-    check(len(ids) == len(prompts), "generate tp %d: %d answers for %d prompts: %r" %
-          (tp, len(ids), len(prompts), r.stdout[-500:]))
-    return ids
+    """pdserve-generate's greedy ids for every prompt, at --tp-size tp."""
+    return pc.generate_ids(BUILD, model, prompts, max_new, ["--tp-size", str(tp)],
+                           "generate tp %d" % tp)
 
 
 def generate_checks(tmp):
     for family in ("llama", "qwen2"):
-        model = os.path.join(tmp, family)
-        subprocess.run([MKMODEL, "--out", model, "--family", family], check=True,
-                       capture_output=True, timeout=60)
+        model = pc.make_model(BUILD, tmp, ["--family", family], family)
         ref = generate(model, 1)
         if ref is None:
             continue
@@ -109,30 +80,11 @@ def coloc_checks(tmp, model):
     try:
         info = d.server_info()
         check(info.get("tp_size") == 2, "/server_info tp_size %r" % info.get("tp_size"))
-        results = [None] * len(prompts)
-        barrier = threading.Barrier(len(prompts))
-
-        def client(i):
-            body = {"input_ids": prompts[i], "sampling_params": {
-                "max_new_tokens": lens[i], "temperature": 0, "ignore_eos": True}}
-            try:
-                barrier.wait(30)
-                results[i] = d.post("/generate", body, 120)
-            except Exception as e:  # noqa: BLE001
-                results[i] = (0, repr(e))
-
-        ts = [threading.Thread(target=client, args=(i,)) for i in range(len(prompts))]
-        for t in ts:
-            t.start()
-        for t in ts:
-            t.join(150)
-        for i, r in enumerate(results):
-            if not check(r is not None and r[0] == 200, "coloc tp 2 request %d: %r" % (i, r)):
-                continue
-            j = json.loads(r[1])
+        got = pc.concurrent_generate(d.port, prompts, lens, "coloc tp 2")
+        for i, ids in enumerate(got):
             want = ref_ids[i % len(PROMPTS)][:lens[i]] if ref_ids else None
-            check(j["output_ids"] == want, "coloc tp 2 request %d: ids %r != tp 1's %r" %
-                  (i, j["output_ids"], want))
+            check(ids is None or ids == want, "coloc tp 2 request %d: ids %r != tp 1's %r" %
+                  (i, ids, want))
         # the same text as tp 1's colocated daemon for one text prompt
         body = {"text": "the quick brown fox", "sampling_params": {"max_new_tokens": 12,
                                                                    "temperature": 0}}
@@ -158,88 +110,36 @@ def coloc_checks(tmp, model):
         d1.kill()
 
 
-def concurrent_generate(port, prompts, lens, what):
-    """Posts every prompt at once to port's /generate; the answers' output ids (None: failed)."""
-    results = [None] * len(prompts)
-    barrier = threading.Barrier(len(prompts))
-
-    def client(i):
-        body = {"input_ids": prompts[i], "sampling_params": {
-            "max_new_tokens": lens[i], "temperature": 0, "ignore_eos": True}}
-        try:
-            barrier.wait(30)
-            results[i] = pc.http_call(port, "POST", "/generate", body, 120)
-        except Exception as e:  # noqa: BLE001
-            results[i] = (0, repr(e))
-
-    ts = [threading.Thread(target=client, args=(i,)) for i in range(len(prompts))]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join(150)
-    out = []
-    for i, r in enumerate(results):
-        ok = check(r is not None and r[0] == 200, "%s request %d: %r" % (what, i, r))
-        out.append(json.loads(r[1])["output_ids"] if ok else None)
-    return out
-
-
 def disagg_checks(tmp, model):
     step("pdserve-prefill --tp-size 2 + pdserve-decode --tp-size 2 through the router")
     ref_ids = generate(model, 1, max_new=16)
     lens = [16 - (i % 3) * 4 for i in range(8)]
     prompts = [PROMPTS[i % len(PROMPTS)] for i in range(8)]
     tp2 = ["--tp-size", "2", "--threads", "2"]
-    pf, dc, rt = pc.start_cluster(BUILD, tmp, model, tp2, tp2)
-    try:
+    with pc.cluster(BUILD, tmp, model, tp2, tp2) as (pf, dc, rt):
         for d in (pf, dc):
             check(d.server_info().get("tp_size") == 2, "%s /server_info tp_size" % d.role)
-        got = concurrent_generate(rt.port, prompts, lens, "pd tp 2")
+        got = pc.concurrent_generate(rt.port, prompts, lens, "pd tp 2")
         for i, ids in enumerate(got):
             want = ref_ids[i % len(PROMPTS)][:lens[i]] if ref_ids else None
             check(ids is None or ids == want,
                   "pd tp 2 request %d: ids %r != tp 1's %r" % (i, ids, want))
         check(pf.pool_full() and dc.pool_full(), "pd tp 2: pools full after the requests")
-    except Exception:
-        print(pf.log_tail(), dc.log_tail(), flush=True)
-        raise
-    finally:
-        for p in (rt, dc, pf):
-            p.kill()
     step("prefill --tp-size 2 with a decode --tp-size 1: refused at pairing, naming tp_size")
-    pf, dc, rt = pc.start_cluster(BUILD, tmp, model, tp2, [])
-    try:
-        body = {"input_ids": PROMPTS[1], "sampling_params": {"max_new_tokens": 4}}
-        st, raw = pc.http_call(rt.port, "POST", "/generate", body, 60)
-        raw = raw.decode(errors="replace")
-        check(st >= 400 and "tp_size" in raw,
-              "tp 2 prefill / tp 1 decode: %d %r (want an error naming tp_size)" % (st, raw[:400]))
-        check(dc.pool_full(), "tp mismatch: decode pool full after the refusal")
-        st, _ = dc.get("/health", 10)
-        check(st == 200, "decode still serving after the refusal")
-    finally:
-        for p in (rt, dc, pf):
-            p.kill()
-    for binary in (PREFILL, DECODE, GENERATE):
-        r = subprocess.run([binary, "--help"], capture_output=True, text=True, timeout=30)
-        check(r.returncode == 0 and "--tp-size" in r.stdout and "ranks" in r.stdout,
-              "%s --help documents --tp-size" % os.path.basename(binary))
+    pc.pairing_refused(BUILD, tmp, model, tp2, [], ["tp_size"], "tp 2 prefill / tp 1 decode")
+    pc.help_documents(BUILD, "--tp-size", ["ranks"])
 
 
 def main():
     tmp = pc.tmpdir()
-    try:
+
+    def cases():
         model = generate_checks(tmp)
         disagg_checks(tmp, model)
         coloc_checks(tmp, model)
-    finally:
-        pc.kill_all()
-    if FAILS:
-        print("%d check(s) failed" % len(FAILS))
-        return 1
-    print("all checks passed (%.1f s)" % (time.time() - T0))
-    return 0
+
+    pc.run_test("tp", cases, tmp)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

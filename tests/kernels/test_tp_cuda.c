@@ -7,23 +7,22 @@
  * saying so; it also skips without NCCL in the build or without libnccl to open (set
  * PDSERVE_NCCL_LIBRARY). A build that found nccl.h but lacks tp_nccl.o fails, GPU or not.
  */
+#include "pd_compare.h"
 #include "pd_test.h"
+#include "pd_tp_fixture.h"
 
 #include "common/alloc.h"
 #include "common/backend.h"
-#include "common/mkmodel.h"
 #include "common/tp.h"
 #include "common/tp_group.h"
 
 #include <cuda_runtime_api.h>
 #include <math.h>
 
-#define NREQ 3
+#define NREQ TP_BATCH_NREQ
 #define STEPS 6
 
 static char model_dir[512];
-static const int plen[NREQ] = {37, 16, 5};
-static const int32_t pages[NREQ][4] = {{3, 9, 1, 14}, {2, 20, 5, 6}, {11, 0, 7, 8}};
 
 struct run {
     int vocab;
@@ -49,26 +48,17 @@ static int run_group(int size, struct run *out) {
     int V = pd_model_config_of(pd_tp_group_model(g, 0))->vocab_size;
     out->vocab = V;
     out->ext = pd_calloc((size_t)NREQ * V, sizeof(float));
-    int32_t toks[NREQ][64];
-    for (int q = 0; q < NREQ; q++)
-        for (int i = 0; i < 64; i++)
-            toks[q][i] = (int32_t)((i * (q + 5) + 11 * q + 1) % V);
+    struct tp_batch b;
+    tp_batch_init(&b, V);
+    rc = pd_tp_group_extend(g, b.s, NREQ, false, out->ext);
     struct pd_model_seq s[NREQ];
-    for (int q = 0; q < NREQ; q++)
-        s[q] = (struct pd_model_seq){toks[q], plen[q], 0, pages[q], 4};
-    rc = pd_tp_group_extend(g, s, NREQ, false, out->ext);
     float lp[NREQ];
     int32_t next[NREQ];
-    for (int q = 0; q < NREQ; q++) { /* each request continues with its own greedy choice */
-        const float *row = out->ext + (size_t)q * V;
-        next[q] = 0;
-        for (int v = 1; v < V; v++)
-            if (row[v] > row[next[q]])
-                next[q] = v;
-    }
+    for (int q = 0; q < NREQ; q++) /* each request continues with its own greedy choice */
+        next[q] = pd_argmax(out->ext + (size_t)q * V, V);
     for (int st = 0; st < STEPS && !rc; st++) {
         for (int q = 0; q < NREQ; q++)
-            s[q] = (struct pd_model_seq){&next[q], 1, plen[q] + st, pages[q], 4};
+            s[q] = tp_batch_step(&b, q, st, &next[q]);
         rc = pd_tp_group_decode_greedy(g, s, NREQ, out->greedy[st], lp);
         for (int q = 0; q < NREQ && !rc; q++)
             next[q] = out->greedy[st][q];
@@ -80,22 +70,16 @@ static int run_group(int size, struct run *out) {
 }
 
 static void test_tp2_equals_tp1(void) {
-    struct pd_mkmodel_opts mo;
-    pd_mkmodel_opts_defaults(&mo);
-    mo.seed = 5;
-    snprintf(model_dir, sizeof(model_dir), "%s/tp_cuda/llama", pd_test_tmpdir());
-    CHECK_OK(pd_mkmodel_write(&mo, model_dir));
+    /* bf16 weights, as pdserve-mkmodel writes them by default */
+    CHECK_OK(tp_write_model(model_dir, sizeof(model_dir), "tp_cuda", PD_MKMODEL_LLAMA,
+                            PD_DTYPE_BF16, 5));
     struct run one = {0}, two = {0};
     CHECK_OK(run_group(1, &one));
     CHECK_OK(run_group(2, &two));
     if (one.ext && two.ext) {
-        double d = 0, mx = 1e-30;
-        for (size_t i = 0; i < (size_t)NREQ * one.vocab; i++) {
-            d = fmax(d, fabs((double)one.ext[i] - two.ext[i]));
-            mx = fmax(mx, fabs((double)one.ext[i]));
-        }
-        printf("tp 2 vs tp 1 on the GPU: logits relative error %.3g\n", d / mx);
-        CHECK(d / mx < 1e-3);
+        double e = pd_rel_err(two.ext, one.ext, (size_t)NREQ * one.vocab);
+        printf("tp 2 vs tp 1 on the GPU: logits relative error %.3g\n", e);
+        CHECK(e < 1e-3);
         CHECK(memcmp(one.greedy, two.greedy, sizeof(one.greedy)) == 0);
     }
     pd_free(one.ext);

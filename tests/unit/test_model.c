@@ -8,6 +8,7 @@
  * Llama with GQA, Qwen2 (q/k/v bias, tied embeddings), Qwen3 (q/k norm) with bf16 weights.
  * Agreement with transformers itself is test_golden's job.
  */
+#include "pd_compare.h"
 #include "pd_model_fixture.h"
 #include "pd_test.h"
 
@@ -79,24 +80,6 @@ static void rig_free(struct rig *r) {
     fake_ckpt_free(&r->ck);
 }
 
-static int argmax(const float *x, int n) {
-    int b = 0;
-    for (int i = 1; i < n; i++)
-        if (x[i] > x[b])
-            b = i;
-    return b;
-}
-
-/* max |a - b| / max |b| */
-static double rel_err(const float *a, const float *b, size_t n) {
-    double d = 0, mx = 1e-30;
-    for (size_t i = 0; i < n; i++) {
-        d = fmax(d, fabs((double)a[i] - b[i]));
-        mx = fmax(mx, fabs((double)b[i]));
-    }
-    return d / mx;
-}
-
 #define PROMPT 100
 #define GEN 6
 
@@ -108,13 +91,13 @@ static void run_chunked(struct rig *r, const int32_t *prompt, const int32_t *pag
         struct pd_model_seq s = {prompt + done, n, done, pages, 8};
         CHECK_OK(pd_model_extend(r->m, &r->kv, &s, 1, true, all_logits + (size_t)done * r->vocab));
     }
-    int32_t tok = argmax(all_logits + (size_t)(PROMPT - 1) * r->vocab, r->vocab);
+    int32_t tok = pd_argmax(all_logits + (size_t)(PROMPT - 1) * r->vocab, r->vocab);
     float *lg = pd_malloc(sizeof(float) * r->vocab);
     for (int i = 0; i < GEN; i++) {
         gen[i] = tok;
         struct pd_model_seq s = {&tok, 1, PROMPT + i, pages, 8};
         CHECK_OK(pd_model_decode(r->m, &r->kv, &s, 1, lg));
-        tok = argmax(lg, r->vocab);
+        tok = pd_argmax(lg, r->vocab);
     }
     pd_free(lg);
 }
@@ -137,14 +120,14 @@ static void check_chunking(enum pd_arch arch, enum pd_dtype dt) {
     for (size_t c = 0; c < PD_ARRAY_LEN(chunks); c++) {
         memset(got, 0, sizeof(float) * nl);
         run_chunked(&r, prompt, pages, chunks[c], got, ggot);
-        double e = rel_err(got, ref, nl);
+        double e = pd_rel_err(got, ref, nl);
         CHECK(e < 1e-5);
         if (e >= 1e-5)
             fprintf(stderr, "  arch %d chunk %d: rel err %g\n", (int)arch, chunks[c], e);
         CHECK(memcmp(ggot, gref, sizeof(gref)) == 0);
     }
     /* the logits are not degenerate: greedy tokens vary with the prompt */
-    CHECK(rel_err(ref, ref + r.vocab, r.vocab) > 1e-3);
+    CHECK(pd_rel_err(ref, ref + r.vocab, r.vocab) > 1e-3);
     pd_free(ref);
     pd_free(got);
     rig_free(&r);
@@ -184,16 +167,16 @@ static void test_sliding_window(void) {
         run_chunked(&full, prompt, pages, PROMPT, a, ga);
         run_chunked(&win, prompt, pages, PROMPT, b, gb);
         run_chunked(&last, prompt, pages, PROMPT, c, gc);
-        CHECK(rel_err(b, a, nw) < 1e-6); /* inside the window: unchanged */
-        CHECK(rel_err(c, a, nw) < 1e-6);
+        CHECK(pd_rel_err(b, a, nw) < 1e-6); /* inside the window: unchanged */
+        CHECK(pd_rel_err(c, a, nw) < 1e-6);
         const float *la = a + nl - full.vocab, *lb = b + nl - full.vocab, *lc = c + nl - full.vocab;
-        CHECK(rel_err(lb, la, full.vocab) > 1e-3); /* beyond it: the window masks */
-        CHECK(rel_err(lc, la, full.vocab) > 1e-3);
-        CHECK(rel_err(lc, lb, full.vocab) > 1e-3);
+        CHECK(pd_rel_err(lb, la, full.vocab) > 1e-3); /* beyond it: the window masks */
+        CHECK(pd_rel_err(lc, la, full.vocab) > 1e-3);
+        CHECK(pd_rel_err(lc, lb, full.vocab) > 1e-3);
         static const int chunks[] = {1, 7, 16};
         for (size_t k = 0; k < PD_ARRAY_LEN(chunks); k++) {
             run_chunked(&win, prompt, pages, chunks[k], d, gd);
-            double e = rel_err(d, b, nl);
+            double e = pd_rel_err(d, b, nl);
             CHECK(e < 1e-5);
             if (e >= 1e-5)
                 fprintf(stderr, "  window %d chunk %d: rel err %g\n", W, chunks[k], e);
@@ -236,7 +219,7 @@ static void test_batch_equals_alone(void) {
     }
     CHECK_OK(pd_model_extend(r.m, &r.kv, s, 3, false, &batch[0][0]));
     for (int q = 0; q < 3; q++)
-        CHECK(rel_err(batch[q], alone[q], 97) < 1e-5);
+        CHECK(pd_rel_err(batch[q], alone[q], 97) < 1e-5);
 
     int32_t next[3] = {1, 2, 3};
     float dal[3][97], dba[3][97];
@@ -246,7 +229,7 @@ static void test_batch_equals_alone(void) {
     }
     CHECK_OK(pd_model_decode(r.m, &r.kv, s, 3, &dba[0][0]));
     for (int q = 0; q < 3; q++)
-        CHECK(rel_err(dba[q], dal[q], 97) < 1e-5);
+        CHECK(pd_rel_err(dba[q], dal[q], 97) < 1e-5);
     rig_free(&r);
 }
 
@@ -362,11 +345,11 @@ static void test_kv_dtype_logits(void) {
         CHECK_INT(kv.layout.page_bytes * 4, r.kv.layout.page_bytes * pd_dtype_size(kinds[k].t));
         CHECK_OK(pd_model_extend(r.m, &kv, &s, 1, true, got));
         double u = ldexp(1.0, -(kinds[k].mbits + 1)), bound = 4.0 * layers * u;
-        double e = rel_err(got, ref, n);
+        double e = pd_rel_err(got, ref, n);
         int same = 0;
         for (int i = 0; i < PROMPT; i++)
-            same += argmax(got + (size_t)i * r.vocab, r.vocab) ==
-                    argmax(ref + (size_t)i * r.vocab, r.vocab);
+            same += pd_argmax(got + (size_t)i * r.vocab, r.vocab) ==
+                    pd_argmax(ref + (size_t)i * r.vocab, r.vocab);
         printf("kv %s: logits off by %.3g of their scale (bound %.3g), argmax equal at %d of %d "
                "positions\n",
                pd_dtype_kv_name(kinds[k].t), e, bound, same, PROMPT);

@@ -7,8 +7,10 @@
  * the same logits bit for bit (the all-reduce sums in rank order); against tp 1 they may differ
  * by float reassociation of the split sums only.
  */
+#include "pd_compare.h"
 #include "pd_model_fixture.h"
 #include "pd_test.h"
+#include "pd_tp_fixture.h"
 
 #include "common/alloc.h"
 #include "common/model.h"
@@ -106,16 +108,6 @@ static void *rank_main(void *arg) {
     return NULL;
 }
 
-/* max |a - b| / max |b| */
-static double rel_err(const float *a, const float *b, size_t n) {
-    double d = 0, mx = 1e-30;
-    for (size_t i = 0; i < n; i++) {
-        d = fmax(d, fabs((double)a[i] - b[i]));
-        mx = fmax(mx, fabs((double)b[i]));
-    }
-    return d / mx;
-}
-
 /* kv_heads: the config's (0: 4); fewer than tp_size replicates each on tp_size/kv_heads ranks */
 static void check_tp(enum pd_arch arch, enum pd_dtype dt, bool o_bias, int tp_size, int kv_heads) {
     rng_state = 99 + (uint64_t)arch * 7 + (uint64_t)tp_size + (uint64_t)kv_heads * 31;
@@ -149,13 +141,13 @@ static void check_tp(enum pd_arch arch, enum pd_dtype dt, bool o_bias, int tp_si
         CHECK_OK(ranks[r].rc);
         CHECK(memcmp(ranks[r].logits, ranks[0].logits, sizeof(ranks[0].logits)) == 0);
     }
-    double e = rel_err(&ranks[0].logits[0][0][0], &whole->logits[0][0][0], n);
+    double e = pd_rel_err(&ranks[0].logits[0][0][0], &whole->logits[0][0][0], n);
     if (!(e < 2e-5))
         fprintf(stderr, "arch %d dtype %d o_bias %d tp %d kv heads %d: relative error %.3g\n",
                 (int)arch, (int)dt, o_bias, tp_size, c.num_key_value_heads, e);
     CHECK(e < 2e-5);
     /* the numbers are not trivially equal: the steps produced distinct, non-zero logits */
-    CHECK(rel_err(&whole->logits[1][0][0], &whole->logits[2][0][0], VOCAB) > 1e-3);
+    CHECK(pd_rel_err(&whole->logits[1][0][0], &whole->logits[2][0][0], VOCAB) > 1e-3);
     pd_free(ranks);
     pd_tp_local_free(g);
     pd_free(whole);
@@ -229,30 +221,15 @@ static void test_indivisible(void) {
 }
 
 /* Ranks that disagree on the vector length all fail the call instead of reading past a buffer. */
-struct mism {
-    const struct pd_tp_comm *c;
-    size_t count;
-    int rc;
-};
-static void *mism_main(void *arg) {
-    struct mism *x = arg;
-    struct pd_backend *be = NULL;
-    struct pd_backend_opts bo = {.kind = PD_BACKEND_CPU, .threads = 1};
-    x->rc = pd_backend_new(&bo, &be);
-    float buf[8] = {1, 2, 3, 4, 5, 6, 7, 8};
-    if (!x->rc)
-        x->rc = x->c->all_reduce_sum(x->c, be, buf, x->count);
-    pd_backend_free(be);
-    return NULL;
-}
 
 static void test_all_reduce(void) {
     struct pd_tp_local *g = NULL;
     CHECK_OK(pd_tp_local_new(2, &g));
-    struct mism a = {pd_tp_local_comm(g, 0), 8, -1}, b = {pd_tp_local_comm(g, 1), 5, -1};
+    struct tp_reduce a = {pd_tp_local_comm(g, 0), {1, 2, 3, 4, 5, 6, 7, 8}, 8, -1},
+                     b = {pd_tp_local_comm(g, 1), {1, 2, 3, 4, 5, 6, 7, 8}, 5, -1};
     pthread_t ta, tb;
-    pthread_create(&ta, NULL, mism_main, &a);
-    pthread_create(&tb, NULL, mism_main, &b);
+    pthread_create(&ta, NULL, tp_reduce_main, &a);
+    pthread_create(&tb, NULL, tp_reduce_main, &b);
     pthread_join(ta, NULL);
     pthread_join(tb, NULL);
     CHECK_INT(a.rc, PD_EINVAL);

@@ -8,10 +8,11 @@
  * step up wakes the ranks waiting for it; allocation failures injected anywhere in the group's
  * start fail it cleanly (no hang, no leak under ASan).
  */
+#include "pd_compare.h"
 #include "pd_test.h"
+#include "pd_tp_fixture.h"
 
 #include "common/alloc.h"
-#include "common/mkmodel.h"
 #include "common/sampling.h"
 #include "common/tp.h"
 #include "common/tp_group.h"
@@ -20,21 +21,14 @@
 #include <pthread.h>
 #include <unistd.h>
 
-#define NREQ 3
+#define NREQ TP_BATCH_NREQ
 #define PAGES 24
 #define STEPS 4
 
 static char model_dir[512];
 
 static void write_model(enum pd_mkmodel_family fam) {
-    struct pd_mkmodel_opts o;
-    pd_mkmodel_opts_defaults(&o);
-    o.family = (int)fam;
-    o.dtype = PD_DTYPE_F32;
-    o.seed = 3;
-    snprintf(model_dir, sizeof(model_dir), "%s/tp_group/%s", pd_test_tmpdir(),
-             pd_mkmodel_family_names[fam]);
-    CHECK_OK(pd_mkmodel_write(&o, model_dir));
+    CHECK_OK(tp_write_model(model_dir, sizeof(model_dir), "tp_group", fam, PD_DTYPE_F32, 3));
 }
 
 static struct pd_tp_group_opts opts(int size) {
@@ -52,13 +46,11 @@ static struct pd_tp_group_opts opts(int size) {
 struct run {
     int vocab;
     float *ext; /* [NREQ][vocab] last-position logits of the prompts */
-    float *all; /* [40][vocab] every position of one chunk */
+    float *all; /* [all_rows][vocab] every position of request 0's prompt, one chunk */
+    int all_rows;
     float *dec; /* [STEPS][NREQ][vocab] decode logits */
     int32_t greedy[STEPS][NREQ], sampled[STEPS][NREQ];
 };
-
-static const int plen[NREQ] = {37, 16, 5};
-static const int32_t pages[NREQ][4] = {{3, 9, 1, 14}, {2, 20, 5, 6}, {11, 0, 7, 8}};
 
 static void run_group(int size, struct run *out) {
     struct pd_tp_group_opts o = opts(size);
@@ -78,26 +70,22 @@ static void run_group(int size, struct run *out) {
     int V = pd_model_config_of(pd_tp_group_model(g, 0))->vocab_size;
     out->vocab = V;
     out->ext = pd_calloc((size_t)NREQ * V, sizeof(float));
-    out->all = pd_calloc((size_t)40 * V, sizeof(float));
     out->dec = pd_calloc((size_t)STEPS * NREQ * V, sizeof(float));
-    int32_t toks[NREQ][64];
-    for (int q = 0; q < NREQ; q++)
-        for (int i = 0; i < 64; i++)
-            toks[q][i] = (int32_t)((i * (q + 5) + 11 * q + 1) % V);
-    struct pd_model_seq s[NREQ];
-    for (int q = 0; q < NREQ; q++)
-        s[q] = (struct pd_model_seq){toks[q], plen[q], 0, pages[q], 4};
-    CHECK_OK(pd_tp_group_extend(g, s, NREQ, false, out->ext));
+    struct tp_batch b;
+    tp_batch_init(&b, V);
+    out->all_rows = b.plen[0];
+    out->all = pd_calloc((size_t)out->all_rows * V, sizeof(float));
+    CHECK_OK(pd_tp_group_extend(g, b.s, NREQ, false, out->ext));
     /* all positions of a chunk over request 0's prefix: its rows are the prompt logprobs' */
-    struct pd_model_seq a = {toks[0], 37, 0, pages[0], 4};
-    CHECK_OK(pd_tp_group_extend(g, &a, 1, true, out->all));
+    CHECK_OK(pd_tp_group_extend(g, &b.s[0], 1, true, out->all));
+    struct pd_model_seq s[NREQ];
     struct pd_sample_row rows[NREQ];
     float lp[NREQ];
     for (int st = 0; st < STEPS; st++) {
         int32_t next[NREQ];
         for (int q = 0; q < NREQ; q++) {
             next[q] = (int32_t)((st * 7 + q * 13) % V);
-            s[q] = (struct pd_model_seq){&next[q], 1, plen[q] + st, pages[q], 4};
+            s[q] = tp_batch_step(&b, q, st, &next[q]);
             rows[q] = (struct pd_sample_row){
                 .temperature = 0.7f, .top_k = 0, .top_p = 0.9f, .u = 0.1 + 0.27 * q};
         }
@@ -109,15 +97,6 @@ static void run_group(int size, struct run *out) {
             CHECK(lp[q] <= 0.0f && isfinite(lp[q]));
     }
     pd_tp_group_free(g);
-}
-
-static double rel_err(const float *a, const float *b, size_t n) {
-    double d = 0, mx = 1e-30;
-    for (size_t i = 0; i < n; i++) {
-        d = fmax(d, fabs((double)a[i] - b[i]));
-        mx = fmax(mx, fabs((double)b[i]));
-    }
-    return d / mx;
 }
 
 static void free_run(struct run *r) {
@@ -144,9 +123,9 @@ static void check_family(enum pd_mkmodel_family fam) {
         run_group(S, &tp);
         if (!tp.ext)
             continue;
-        double e1 = rel_err(tp.ext, one.ext, (size_t)NREQ * V);
-        double e2 = rel_err(tp.all, one.all, (size_t)37 * V);
-        double e3 = rel_err(tp.dec, one.dec, (size_t)STEPS * NREQ * V);
+        double e1 = pd_rel_err(tp.ext, one.ext, (size_t)NREQ * V);
+        double e2 = pd_rel_err(tp.all, one.all, (size_t)one.all_rows * V);
+        double e3 = pd_rel_err(tp.dec, one.dec, (size_t)STEPS * NREQ * V);
         if (!(e1 < 1e-5 && e2 < 1e-5 && e3 < 1e-5))
             fprintf(stderr, "%s tp %d: relative errors %.3g %.3g %.3g\n",
                     pd_mkmodel_family_names[fam], S, e1, e2, e3);
@@ -198,31 +177,15 @@ static void test_refused_steps(void) {
 
 /* A rank that gives a step up wakes the rank waiting for it in an all-reduce (PD_EPEER naming
  * it); after reset the group sums again. */
-struct waiter {
-    const struct pd_tp_comm *c;
-    float buf[4];
-    int rc;
-};
-
-static void *wait_reduce(void *arg) {
-    struct waiter *w = arg;
-    struct pd_backend *be = NULL;
-    struct pd_backend_opts bo = {.kind = PD_BACKEND_CPU, .threads = 1};
-    w->rc = pd_backend_new(&bo, &be);
-    if (!w->rc)
-        w->rc = w->c->all_reduce_sum(w->c, be, w->buf, 4);
-    pd_backend_free(be);
-    return NULL;
-}
-
 static void test_fail_wakes_peers(void) {
     struct pd_tp_local *g = NULL;
     CHECK_OK(pd_tp_local_new(3, &g));
-    struct waiter w[3];
+    struct tp_reduce w[3];
     pthread_t th[3];
     for (int r = 0; r < 2; r++) {
-        w[r] = (struct waiter){.c = pd_tp_local_comm(g, r), .buf = {1, 2, 3, 4}, .rc = 1};
-        pthread_create(&th[r], NULL, wait_reduce, &w[r]);
+        w[r] = (struct tp_reduce){
+            .c = pd_tp_local_comm(g, r), .buf = {1, 2, 3, 4}, .count = 4, .rc = 1};
+        pthread_create(&th[r], NULL, tp_reduce_main, &w[r]);
     }
     usleep(20000); /* ranks 0 and 1 are (most likely) waiting for rank 2 now */
     const struct pd_tp_comm *c2 = pd_tp_local_comm(g, 2);
@@ -233,8 +196,9 @@ static void test_fail_wakes_peers(void) {
     }
     CHECK_OK(c2->reset(c2));
     for (int r = 0; r < 3; r++) {
-        w[r] = (struct waiter){.c = pd_tp_local_comm(g, r), .buf = {1, 2, 3, (float)r}, .rc = 1};
-        pthread_create(&th[r], NULL, wait_reduce, &w[r]);
+        w[r] = (struct tp_reduce){
+            .c = pd_tp_local_comm(g, r), .buf = {1, 2, 3, (float)r}, .count = 4, .rc = 1};
+        pthread_create(&th[r], NULL, tp_reduce_main, &w[r]);
     }
     for (int r = 0; r < 3; r++) {
         pthread_join(th[r], NULL);
