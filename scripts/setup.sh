@@ -2,8 +2,9 @@
 # Installs the Debian packages pdserve builds against (DESIGN.md §6) when they are missing.
 # Idempotent and quiet when everything is there; prints every action it takes. Called by the
 # Makefile before any build, so a fresh Debian 12 machine needs nothing but this repository.
-# It installs nothing from outside Debian's archive but one pinned test tool (kubernetes-validate,
-# PyPI, into the ignored .venv-tools/, for the chart tests); the CUDA toolkit is optional (PD_CUDA).
+# It installs nothing from outside Debian's archive but two pinned test tools from PyPI into the
+# ignored .venv-tools/ (kubernetes-validate for the chart tests, sglang-router for the
+# compatibility test with SGLang's own router); the CUDA toolkit is optional (PD_CUDA).
 set -euo pipefail
 
 packages=(
@@ -35,26 +36,36 @@ if [ "$build_only" != 1 ]; then
     packages+=("${tool_packages[@]}")
 fi
 
-# kubernetes-validate (the Kubernetes OpenAPI schemas, for tests/helm) is the one thing taken
-# from PyPI, pinned, into the ignored .venv-tools/ of the repository; it is test tooling only,
-# nothing pdserve builds or runs uses it. Without network the chart test skips that check (77).
+# Test tooling from PyPI, pinned, into the ignored .venv-tools/ of the repository; nothing
+# pdserve builds or runs uses them, and without network the tests that need them skip (77):
+#  - kubernetes-validate: the Kubernetes OpenAPI schemas, for tests/helm;
+#  - sglang-router: SGLang's own router (a Rust binary in the wheel), which
+#    tests/integration/test_sglang_router.py puts in front of pdserve's daemons.
 KUBERNETES_VALIDATE=kubernetes-validate==1.34.1
+SGLANG_ROUTER=sglang-router==0.3.2
 venv_tools() {
     [ "$build_only" != 1 ] || return 0
-    local root venv
+    local root venv py want=()
     root=$(cd "$(dirname "$0")/.." && pwd)
     venv=$root/.venv-tools
-    if [ -x "$venv/bin/python" ] && "$venv/bin/python" -c 'import kubernetes_validate' 2>/dev/null; then
-        return 0
-    fi
-    local py=/usr/bin/python3
+    py=/usr/bin/python3
     [ -x "$py" ] || py=$(command -v python3)
-    echo "setup: creating $venv with $KUBERNETES_VALIDATE (chart test tooling)"
-    if ! { "$py" -m venv --system-site-packages "$venv" &&
-        "$venv/bin/pip" install -q --disable-pip-version-check "$KUBERNETES_VALIDATE"; }; then
-        echo "setup: warning: could not install $KUBERNETES_VALIDATE into $venv; the chart" \
-            "test skips its Kubernetes schema check" >&2
+    if [ ! -x "$venv/bin/python" ]; then
+        echo "setup: creating $venv (test tooling)"
+        "$py" -m venv --system-site-packages "$venv" || {
+            echo "setup: warning: could not create $venv; the tests that need it skip" >&2
+            return 0
+        }
     fi
+    "$venv/bin/python" -c 'import kubernetes_validate' 2>/dev/null || want+=("$KUBERNETES_VALIDATE")
+    "$venv/bin/python" -c 'import sglang_router.launch_router' 2>/dev/null || want+=("$SGLANG_ROUTER")
+    local pkg
+    for pkg in "${want[@]}"; do
+        echo "setup: installing $pkg into $venv (test tooling)"
+        "$venv/bin/pip" install -q --disable-pip-version-check "$pkg" ||
+            echo "setup: warning: could not install $pkg into $venv; the tests that need it" \
+                "skip" >&2
+    done
 }
 
 missing=()
