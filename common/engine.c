@@ -792,6 +792,29 @@ static void host_sample(struct pd_engine *e, struct pd_engine_req *r, float *log
     e->sampled_on_host++;
 }
 
+/* One decode forward pass over e->seqs[0..n): logits to the host (!dev), or the device's choice
+ * per row (device_rows set e->sample_rows: argmax when plain, else the device sampler). */
+static int decode_rows(struct pd_engine *e, int32_t n, bool dev, bool plain) {
+    if (!dev)
+        return pd_tp_group_decode(e->tp, e->seqs, (int)n, e->logits);
+    if (plain)
+        return pd_tp_group_decode_greedy(e->tp, e->seqs, (int)n, e->greedy_ids, e->greedy_lp);
+    return pd_tp_group_decode_sample(e->tp, e->seqs, (int)n, e->sample_rows, e->greedy_ids,
+                                     e->greedy_lp);
+}
+
+/* Row i's output token for r — the device's choice or the host sampler on its logits row —
+ * recorded; says whether r finished. */
+static bool take_token(struct pd_engine *e, int32_t i, struct pd_engine_req *r, bool dev) {
+    struct pd_sample smp;
+    if (dev)
+        device_sample(e, i, &smp);
+    else
+        host_sample(e, r, e->logits + (size_t)i * (size_t)e->vocab, &smp);
+    note_token(e, r, smp.token, smp.logprob, smp.finish, &smp);
+    return r->finished;
+}
+
 static bool decode_iter(struct pd_engine *e, double now) {
     struct pd_decode_step st;
     int rc = pd_sched_decode_step(e->sd, now, &st);
@@ -844,13 +867,7 @@ static bool decode_iter(struct pd_engine *e, double now) {
     for (int32_t i = 0; i < nb; i++)
         e->step_reqs[i] = find_req(e, st.batch[i].room);
     bool plain = false, dev = e->cfg.greedy_on_device && device_rows(e, nb, &plain);
-    if (!dev)
-        rc = pd_tp_group_decode(e->tp, e->seqs, (int)nb, e->logits);
-    else if (plain)
-        rc = pd_tp_group_decode_greedy(e->tp, e->seqs, (int)nb, e->greedy_ids, e->greedy_lp);
-    else
-        rc = pd_tp_group_decode_sample(e->tp, e->seqs, (int)nb, e->sample_rows, e->greedy_ids,
-                                       e->greedy_lp);
+    rc = decode_rows(e, nb, dev, plain);
     if (rc)
         pd_error("decode step of %d requests failed: %s", (int)nb, pd_error_msg());
     for (int32_t i = 0; i < nb; i++) {
@@ -860,13 +877,7 @@ static bool decode_iter(struct pd_engine *e, double now) {
             r->fail_status = rc;
             continue;
         }
-        struct pd_sample smp;
-        if (dev)
-            device_sample(e, i, &smp);
-        else
-            host_sample(e, r, e->logits + (size_t)i * (size_t)e->vocab, &smp);
-        note_token(e, r, smp.token, smp.logprob, smp.finish, &smp);
-        e->stopped[i] = r->finished;
+        e->stopped[i] = take_token(e, i, r, dev);
     }
     rc = pd_sched_decode_batch_done(e->sd, &st, e->stopped, now);
     PD_ASSERT(rc == PD_OK);
@@ -985,13 +996,8 @@ static bool coloc_iter(struct pd_engine *e, double now) {
     }
     if (!rc && st.n_chunks)
         rc = pd_tp_group_extend(e->tp, e->seqs, (int)n, false, e->logits);
-    else if (!rc && !dev)
-        rc = pd_tp_group_decode(e->tp, e->seqs, (int)n, e->logits);
-    else if (!rc && plain)
-        rc = pd_tp_group_decode_greedy(e->tp, e->seqs, (int)n, e->greedy_ids, e->greedy_lp);
     else if (!rc)
-        rc = pd_tp_group_decode_sample(e->tp, e->seqs, (int)n, e->sample_rows, e->greedy_ids,
-                                       e->greedy_lp);
+        rc = decode_rows(e, n, dev, plain);
     if (rc)
         pd_error("colocated step of %d chunks (%d tokens) + %d decodes failed: %s",
                  (int)st.n_chunks, (int)st.n_prefill_tokens, (int)st.n_decodes, pd_error_msg());
@@ -1012,13 +1018,7 @@ static bool coloc_iter(struct pd_engine *e, double now) {
                         e->logits + (size_t)i * (size_t)e->vocab);
         if ((is_chunk && !st.chunks[i].last) || r->aborted)
             continue; /* mid-prompt, or ending at step_done anyway */
-        struct pd_sample smp;
-        if (dev)
-            device_sample(e, i, &smp);
-        else
-            host_sample(e, r, e->logits + (size_t)i * (size_t)e->vocab, &smp);
-        note_token(e, r, smp.token, smp.logprob, smp.finish, &smp);
-        e->stopped[i] = r->finished;
+        e->stopped[i] = take_token(e, i, r, dev);
     }
     rc = pd_sched_coloc_step_done(e->sc, &st, e->stopped, now);
     PD_ASSERT(rc == PD_OK);
