@@ -120,22 +120,22 @@ static inline unsigned blocks_for(int64_t work, int per_block) {
 
 } // namespace pdk
 
-/* Calls MACRO(T) with T the C++ type of a pd_dtype. */
+/* One case of a dtype switch: the statements with T the C++ type of that pd_dtype. */
+#define PDK_CASE(dt, type, ...)                                                                    \
+    case dt: {                                                                                     \
+        typedef type T;                                                                            \
+        __VA_ARGS__;                                                                               \
+    } break;
+#define PDK_CASES_FLOAT(...)                                                                       \
+    PDK_CASE(PD_DTYPE_F32, float, __VA_ARGS__)                                                     \
+    PDK_CASE(PD_DTYPE_BF16, __nv_bfloat16, __VA_ARGS__)                                            \
+    PDK_CASE(PD_DTYPE_F16, __half, __VA_ARGS__)
+
+/* Runs the statements with T the C++ type of a pd_dtype (weights, activations: no fp8). */
 #define PDK_DISPATCH(dtype, ...)                                                                   \
     do {                                                                                           \
         switch (dtype) {                                                                           \
-        case PD_DTYPE_F32: {                                                                       \
-            typedef float T;                                                                       \
-            __VA_ARGS__;                                                                           \
-        } break;                                                                                   \
-        case PD_DTYPE_BF16: {                                                                      \
-            typedef __nv_bfloat16 T;                                                               \
-            __VA_ARGS__;                                                                           \
-        } break;                                                                                   \
-        case PD_DTYPE_F16: {                                                                       \
-            typedef __half T;                                                                      \
-            __VA_ARGS__;                                                                           \
-        } break;                                                                                   \
+            PDK_CASES_FLOAT(__VA_ARGS__)                                                           \
         case PD_DTYPE_F8E4M3:                                                                      \
         case PD_DTYPE_F8E5M2:                                                                      \
             return pd__cuda_status(cudaErrorInvalidValue, "fp8 is KV-cache only");                 \
@@ -146,26 +146,9 @@ static inline unsigned blocks_for(int64_t work, int per_block) {
 #define PDK_DISPATCH_KV(dtype, ...)                                                                \
     do {                                                                                           \
         switch (dtype) {                                                                           \
-        case PD_DTYPE_F32: {                                                                       \
-            typedef float T;                                                                       \
-            __VA_ARGS__;                                                                           \
-        } break;                                                                                   \
-        case PD_DTYPE_BF16: {                                                                      \
-            typedef __nv_bfloat16 T;                                                               \
-            __VA_ARGS__;                                                                           \
-        } break;                                                                                   \
-        case PD_DTYPE_F16: {                                                                       \
-            typedef __half T;                                                                      \
-            __VA_ARGS__;                                                                           \
-        } break;                                                                                   \
-        case PD_DTYPE_F8E4M3: {                                                                    \
-            typedef pdk::fp8_e4m3 T;                                                               \
-            __VA_ARGS__;                                                                           \
-        } break;                                                                                   \
-        case PD_DTYPE_F8E5M2: {                                                                    \
-            typedef pdk::fp8_e5m2 T;                                                               \
-            __VA_ARGS__;                                                                           \
-        } break;                                                                                   \
+            PDK_CASES_FLOAT(__VA_ARGS__)                                                           \
+            PDK_CASE(PD_DTYPE_F8E4M3, pdk::fp8_e4m3, __VA_ARGS__)                                  \
+            PDK_CASE(PD_DTYPE_F8E5M2, pdk::fp8_e5m2, __VA_ARGS__)                                  \
         }                                                                                          \
     } while (0)
 
