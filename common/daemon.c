@@ -1426,8 +1426,9 @@ static void h_flush(struct pd_http_req *h, void *ud) {
 static void h_models(struct pd_http_req *h, void *ud) {
     (void)ud;
     char *out = NULL;
-    pd_api_render_models(D.args.served_model_name, D.args.model_path, 0, D.info.context_length,
-                         &out);
+    /* created = now, as SGLang's and vLLM's model cards say (0 reads as 1970 to a dashboard) */
+    pd_api_render_models(D.args.served_model_name, D.args.model_path, (int64_t)time(NULL),
+                         D.info.context_length, &out);
     respond_owned_json(h, 200, out);
 }
 
