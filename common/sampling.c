@@ -49,6 +49,17 @@ int pd_sampling_params_check(const struct pd_sampling_params *p) {
     if (p->n_stop_token_ids < 0 || p->n_stop_token_ids > PD_SAMPLING_MAX_STOP_IDS)
         return pd_errorf(PD_EINVAL, "%d stop token ids: at most %d", p->n_stop_token_ids,
                          PD_SAMPLING_MAX_STOP_IDS);
+    if (p->n_logit_bias < 0 || p->n_logit_bias > PD_SAMPLING_MAX_LOGIT_BIAS)
+        return pd_errorf(PD_EINVAL, "%d logit_bias entries: at most %d", p->n_logit_bias,
+                         PD_SAMPLING_MAX_LOGIT_BIAS);
+    for (int i = 0; i < p->n_logit_bias; i++) {
+        if (p->logit_bias_ids[i] < 0)
+            return pd_errorf(PD_EINVAL, "logit_bias token id %d: must be >= 0",
+                             p->logit_bias_ids[i]);
+        if (!(p->logit_bias[i] >= -100 && p->logit_bias[i] <= 100))
+            return pd_errorf(PD_EINVAL, "logit_bias %g for token %d: must be in [-100, 100]",
+                             p->logit_bias[i], p->logit_bias_ids[i]);
+    }
     return PD_OK;
 }
 
@@ -309,6 +320,9 @@ void pd_sampler_next(struct pd_sampler *s, struct pd_sampling_scratch *sc, float
     memcpy(sc->raw, logits, sizeof(float) * (size_t)s->vocab);
     float lse;
     model_logprobs(s, sc, sc->raw, out, &lse);
+    for (int i = 0; i < s->p.n_logit_bias; i++)
+        if (s->p.logit_bias_ids[i] < s->vocab)
+            logits[s->p.logit_bias_ids[i]] += s->p.logit_bias[i];
     apply_penalties(s, logits);
     struct pd_sample_row row;
     pd_sampler_row(s, &row);

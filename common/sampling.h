@@ -18,6 +18,7 @@
 
 #define PD_SAMPLING_MAX_LOGPROBS 20
 #define PD_SAMPLING_MAX_STOP_IDS 16
+#define PD_SAMPLING_MAX_LOGIT_BIAS 300 /* logit_bias entries one request may hold */
 
 struct pd_sampling_params {
     float temperature;        /* 0 = greedy; default 1 */
@@ -34,6 +35,12 @@ struct pd_sampling_params {
     int n_logprobs;  /* top-n logprobs to report, 0..PD_SAMPLING_MAX_LOGPROBS */
     int32_t stop_token_ids[PD_SAMPLING_MAX_STOP_IDS]; /* finish on any of these */
     int n_stop_token_ids;
+    /* OpenAI's logit_bias: logit_bias[i] (in [-100, 100]) added to token logit_bias_ids[i]'s
+     * logit before the penalties, as vLLM does. The device samplers know nothing of it: a step
+     * holding such a request samples on the host. */
+    int n_logit_bias;
+    int32_t logit_bias_ids[PD_SAMPLING_MAX_LOGIT_BIAS];
+    float logit_bias[PD_SAMPLING_MAX_LOGIT_BIAS];
 };
 
 enum pd_finish {

@@ -99,8 +99,11 @@ def info_endpoints(srv, what, role, ctx_len):
         check(is_int(gl.get("load")), "%s /get_load: %r" % (what, gl))
     if role == "router":
         si = get_json(srv, "/server_info", what)
-        if si is not None:
-            has_keys(si, ["version", "workers"], what + " /server_info")
+        if si is not None and has_keys(si, ["version", "workers", "internal_states"],
+                                       what + " /server_info"):
+            ist = si["internal_states"]
+            check(isinstance(ist, list) and ist and all(isinstance(x, dict) for x in ist),
+                  "%s /server_info internal_states must be [{...}]: %r" % (what, ist))
         return name
     for path in ("/server_info", "/get_server_info"):
         si = get_json(srv, path, what)
@@ -357,9 +360,32 @@ def openai_checks(srv, what, name, ctx_len, prompt_ids):
     if check(st == 200, "%s completions with every extension: %s %r" % (what, st, j)):
         completion_ok(j, what + " extensions", 1, name)
         check(j["usage"]["completion_tokens"] >= 3, "%s min_tokens 3: %r" % (what, j["usage"]))
-    # logit_bias with entries: not implemented; a clear 400 naming the field
-    st, raw = post("/v1/completions", dict(base, prompt=prompt_ids, logit_bias={"5": 10}))
-    error_shape(st, raw, 400, what + " logit_bias", "logit_bias")
+    # logit_bias: +100 on one token makes greedy pick it every time (the prefill's first token
+    # and the decode's after it); -100 on greedy's tokens changes the text; bad entries are a 400
+    forced = 77
+    st, d = pc.json_post(srv, "/detokenize", {"tokens": [forced] * 4})
+    st2, j = pc.json_post(srv, "/v1/completions", dict(base, prompt=prompt_ids,
+                                                       logit_bias={str(forced): 100}))
+    check(st == 200 and st2 == 200 and j["choices"][0]["text"] == d["text"],
+          "%s logit_bias +100 on token %d: %r, want %r" % (what, forced, j, d))
+    st, g = pc.json_post(srv, "/generate", {"input_ids": prompt_ids, "sampling_params": {
+        "max_new_tokens": 4, "temperature": 0, "ignore_eos": True}})
+    if ref and check(st == 200, "%s /generate greedy ids: %s %r" % (what, st, g)):
+        bias = {str(t): -100 for t in g["output_ids"]}
+        st, j = pc.json_post(srv, "/v1/chat/completions", {
+            "model": name, "messages": [{"role": "user", "content": "x"}], "max_tokens": 1,
+            "temperature": 0, "logit_bias": bias, "logprobs": True})
+        check(st == 200, "%s chat with logit_bias: %s %r" % (what, st, j))
+        st, j = pc.json_post(srv, "/v1/completions", dict(base, prompt=prompt_ids, logit_bias=bias,
+                                                          logprobs=1))
+        toks = j["choices"][0]["logprobs"]["tokens"] if st == 200 else None
+        check(st == 200 and j["choices"][0]["text"] != ref["choices"][0]["text"],
+              "%s logit_bias -100 on greedy's tokens %r left the text %r" % (what, bias, toks))
+    st, raw = post("/v1/completions", dict(base, prompt=prompt_ids, logit_bias={"5": 1000}))
+    error_shape(st, raw, 400, what + " logit_bias out of range", "logit_bias")
+    st, raw = post("/v1/completions", dict(base, prompt=prompt_ids,
+                                           logit_bias={str(10 ** 6): 1}))
+    error_shape(st, raw, 400, what + " logit_bias token outside the vocabulary", "logit_bias")
 
     # chat
     msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello?"}]
@@ -561,7 +587,9 @@ def run(model, tmp):
                                          "--max-concurrent-requests", "64"])
     for p in (pf, dc, rt):
         p.auth = dict(AUTH)
-    co = pc.Coloc(BUILD, model, tmp)
+    # the colocated daemon chooses tokens with the backend's sampler (as on CUDA), so a
+    # logit_bias request must be seen to move that step to the host sampler
+    co = pc.Coloc(BUILD, model, tmp, env=dict(os.environ, PD_GREEDY_FAST_PATH="1"))
     ctx = dc.server_info()["context_length"]
 
     step("info endpoints")
@@ -595,6 +623,11 @@ def run(model, tmp):
     metrics_checks(dc, "decode", True)
     metrics_checks(co, "colocated", True)
     metrics_checks(pf, "prefill", False)
+
+    st = co.server_info()
+    check(st.get("sampled_on_device", 0) > 0 and st.get("sampled_on_host", 0) > 0,
+          "colocated: tokens chosen on the device %r and on the host %r" %
+          (st.get("sampled_on_device"), st.get("sampled_on_host")))
 
     step("pools full")
     check(pf.pool_full() and dc.pool_full() and co.pool_full(), "pools full at the end")
