@@ -624,6 +624,21 @@ def run(model, tmp):
     metrics_checks(co, "colocated", True)
     metrics_checks(pf, "prefill", False)
 
+    step("flush_cache through the router reaches the workers")
+    long_ids = [(i * 41) % 800 + 40 for i in range(96)]
+    pc.json_post(rt, "/v1/completions", {"prompt": long_ids, "max_tokens": 1})
+    check(pc.wait_until(lambda: pf.pool()["cached_pages"] > 0, 10),
+          "prefill caches nothing after a 96-token prompt: %r" % pf.pool())
+    st, raw = rt.post("/flush_cache", {})
+    check(st == 200, "router /flush_cache: %s %r" % (st, raw))
+    check(pc.wait_until(lambda: pf.pool()["cached_pages"] == 0, 10),
+          "router /flush_cache did not empty the prefill's cache: %r" % pf.pool())
+    pc.json_post(co, "/v1/completions", {"prompt": long_ids, "max_tokens": 1})
+    check(co.pool()["cached_pages"] > 0, "colocated caches nothing: %r" % co.pool())
+    st, raw = co.post("/flush_cache", {})
+    check(st == 200 and pc.wait_until(lambda: co.pool()["cached_pages"] == 0, 10),
+          "colocated /flush_cache: %s, pool %r" % (st, co.pool()))
+
     st = co.server_info()
     check(st.get("sampled_on_device", 0) > 0 and st.get("sampled_on_host", 0) > 0,
           "colocated: tokens chosen on the device %r and on the host %r" %
