@@ -396,13 +396,10 @@ def openai_checks(srv, what, name, ctx_len, prompt_ids):
         check(j["usage"]["completion_tokens"] == 3, "%s max_completion_tokens 3: %r" %
               (what, j["usage"]))
         n_chat = j["usage"]["prompt_tokens"]
-    st, j = pc.json_post(srv, "/v1/chat/completions", dict(cbase, max_tokens=3, logprobs=True,
-                                                           top_logprobs=2, n=2, seed=7, stop=["\x00"],
-                                                           user="u", top_k=3, min_p=0.0,
-                                                           repetition_penalty=1.0,
-                                                           skip_special_tokens=True,
-                                                           chat_template_kwargs={
-                                                               "enable_thinking": False}))
+    chat_ext = dict(cbase, max_tokens=3, logprobs=True, top_logprobs=2, n=2, seed=7,
+                    stop=["\x00"], user="u", top_k=3, min_p=0.0, repetition_penalty=1.0,
+                    skip_special_tokens=True, chat_template_kwargs={"enable_thinking": False})
+    st, j = pc.json_post(srv, "/v1/chat/completions", chat_ext)
     if check(st == 200, "%s chat logprobs n=2: %s %r" % (what, st, j)) and \
             chat_ok(j, what + " chat logprobs", name):
         check(len(j["choices"]) == 2 and [c["index"] for c in j["choices"]] == [0, 1],
