@@ -656,6 +656,11 @@ static int parse_sampling(const cJSON *obj, const char *obj_raw, size_t obj_len,
         (rc = parse_stop(obj, obj_raw, obj_len, P("stop"), r, e)) ||
         (rc = parse_stop_ids(obj, P("stop_token_ids"), sp, e)))
         return rc;
+    /* SGLang's sampling_params spell it min_new_tokens */
+    if (r->kind == PD_API_GENERATE && (rc = get_int(obj, "min_new_tokens", P("min_new_tokens"), 0,
+                                                    INT32_MAX, &r->min_tokens, NULL, e)))
+        return rc;
+    sp->min_new_tokens = r->min_tokens;
     int n = 1;
     if ((rc = get_int(obj, "n", P("n"), -INFINITY, INFINITY, &n, NULL, e)))
         return rc;

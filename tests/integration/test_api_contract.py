@@ -339,6 +339,7 @@ def openai_checks(srv, what, name, ctx_len, prompt_ids):
     check(a[0] == 200 and b[0] == 200 and a[1]["choices"][0]["text"] ==
           b[1]["choices"][0]["text"], "%s seed: the same seed gave different text %r %r" %
           (what, a[1], b[1]))
+    full, cut = "", ""
     if ref:
         # stop: a piece of the greedy text stops it there, finish "stop"
         st, j = pc.json_post(srv, "/v1/completions", dict(base, prompt=prompt_ids,
@@ -381,6 +382,31 @@ def openai_checks(srv, what, name, ctx_len, prompt_ids):
         toks = j["choices"][0]["logprobs"]["tokens"] if st == 200 else None
         check(st == 200 and j["choices"][0]["text"] != ref["choices"][0]["text"],
               "%s logit_bias -100 on greedy's tokens %r left the text %r" % (what, bias, toks))
+        # min_tokens: greedy's first token as a stop token ends the request at once, unless
+        # min_tokens keeps it (and EOS) from being chosen until then; stop strings wait too
+        g0 = g["output_ids"][0]
+        st, j = pc.json_post(srv, "/v1/completions", dict(base, prompt=prompt_ids,
+                                                          stop_token_ids=[g0], max_tokens=8))
+        check(st == 200 and j["usage"]["completion_tokens"] == 1 and
+              j["choices"][0]["finish_reason"] == "stop",
+              "%s stop_token_ids [%d] (greedy's first): %r" % (what, g0, j))
+        st, j = pc.json_post(srv, "/v1/completions", dict(base, prompt=prompt_ids, min_tokens=3,
+                                                          stop_token_ids=[g0], max_tokens=8))
+        check(st == 200 and j["usage"]["completion_tokens"] >= 3,
+              "%s min_tokens 3 with stop_token_ids [%d]: %r" % (what, g0, j))
+        if full and len(cut) == 2:
+            st, j = pc.json_post(srv, "/v1/completions", dict(base, prompt=prompt_ids,
+                                                              max_tokens=12, stop=[cut],
+                                                              min_tokens=12))
+            check(st == 200 and j["choices"][0]["text"] == full and
+                  j["choices"][0]["finish_reason"] == "length",
+                  "%s stop %r before min_tokens 12 must not stop: %r (full %r)" %
+                  (what, cut, j, full))
+        st, j = pc.json_post(srv, "/generate", {"input_ids": prompt_ids, "sampling_params": {
+            "max_new_tokens": 8, "temperature": 0, "stop_token_ids": [g0],
+            "min_new_tokens": 2}})
+        check(st == 200 and j["meta_info"]["completion_tokens"] >= 2 and j["output_ids"][0] != g0,
+              "%s /generate min_new_tokens 2 with stop_token_ids [%d]: %r" % (what, g0, j))
     st, raw = post("/v1/completions", dict(base, prompt=prompt_ids, logit_bias={"5": 1000}))
     error_shape(st, raw, 400, what + " logit_bias out of range", "logit_bias")
     st, raw = post("/v1/completions", dict(base, prompt=prompt_ids,

@@ -52,7 +52,8 @@ static void test_generate_fields(void) {
               "\"temperature\":0.5,\"top_p\":0.9,\"top_k\":20,\"min_p\":0.05,\"stop\":[\"\\n\","
               "\"END\"],\"stop_token_ids\":[2,3],\"ignore_eos\":true,\"n\":1,"
               "\"frequency_penalty\":0.5,\"presence_penalty\":-0.5,\"repetition_penalty\":1.1,"
-              "\"skip_special_tokens\":false,\"sampling_seed\":42},\"stream\":true,"
+              "\"skip_special_tokens\":false,\"sampling_seed\":42,\"min_new_tokens\":4},"
+              "\"stream\":true,"
               "\"return_logprob\":true,\"top_logprobs_num\":3,\"logprob_start_len\":0,"
               "\"rid\":\"req-1\",\"bootstrap_host\":\"10.0.0.1\",\"bootstrap_port\":9000,"
               "\"bootstrap_room\":9223372036854775807}",
@@ -67,6 +68,7 @@ static void test_generate_fields(void) {
     CHECK_DBL(r.sampling.top_p, 0.9, 1e-6);
     CHECK_INT(r.sampling.top_k, 20);
     CHECK_DBL(r.sampling.min_p, 0.05, 1e-6);
+    CHECK_INT(r.sampling.min_new_tokens, 4); /* SGLang's name */
     CHECK_INT(r.n_stop, 2);
     CHECK_STR(r.stop[0], "\n");
     CHECK_STR(r.stop[1], "END");
@@ -382,6 +384,7 @@ static void test_chat(void) {
     CHECK_DBL(r.sampling.repetition_penalty, 1.2, 1e-6);
     CHECK(r.sampling.ignore_eos);
     CHECK_INT(r.min_tokens, 2);
+    CHECK_INT(r.sampling.min_new_tokens, 2);
     CHECK_INT(r.sampling.stop_token_ids[0], 7);
     CHECK(!r.skip_special_tokens);
     CHECK(cJSON_IsFalse(cJSON_GetObjectItem(r.chat_template_kwargs, "enable_thinking")));
