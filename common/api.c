@@ -20,6 +20,7 @@
 #include "common/status.h"
 
 #include <cjson/cJSON.h>
+#include <errno.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -594,6 +595,36 @@ static int parse_stop_ids(const cJSON *obj, const char *param, struct pd_samplin
     return PD_OK;
 }
 
+/* OpenAI's logit_bias {"token id": bias in [-100, 100]} into sp (the ids are checked against the
+ * vocabulary with the prompt's, pd_api_check_token_ids). */
+static int parse_logit_bias(const cJSON *root, struct pd_sampling_params *sp,
+                            struct pd_api_error *e) {
+    const cJSON *lb = cJSON_GetObjectItemCaseSensitive(root, "logit_bias");
+    if (!lb || cJSON_IsNull(lb))
+        return PD_OK;
+    if (!cJSON_IsObject(lb))
+        return bad(e, "logit_bias", "'logit_bias' must be an object, got %s", type_name(lb));
+    const cJSON *it;
+    cJSON_ArrayForEach(it, lb) {
+        char *end = NULL;
+        errno = 0;
+        long id = strtol(it->string, &end, 10);
+        if (end == it->string || *end || errno || id < 0 || id > INT32_MAX)
+            return bad(e, "logit_bias", "'logit_bias' key \"%.40s\" is not a token id", it->string);
+        if (!cJSON_IsNumber(it) || !(it->valuedouble >= -100 && it->valuedouble <= 100))
+            return bad(e, "logit_bias",
+                       "'logit_bias' for token %ld must be a number in "
+                       "[-100, 100]",
+                       id);
+        if (sp->n_logit_bias == PD_SAMPLING_MAX_LOGIT_BIAS)
+            return bad(e, "logit_bias", "'logit_bias' has more than %d entries",
+                       PD_SAMPLING_MAX_LOGIT_BIAS);
+        sp->logit_bias_ids[sp->n_logit_bias] = (int32_t)id;
+        sp->logit_bias[sp->n_logit_bias++] = (float)it->valuedouble;
+    }
+    return PD_OK;
+}
+
 /* The sampling fields shared by all three endpoints. obj is sampling_params (generate) or the
  * body (OpenAI); pfx is prepended to param names ("sampling_params." or ""). */
 static int parse_sampling(const cJSON *obj, const char *obj_raw, size_t obj_len, const char *pfx,
@@ -625,6 +656,11 @@ static int parse_sampling(const cJSON *obj, const char *obj_raw, size_t obj_len,
         (rc = parse_stop(obj, obj_raw, obj_len, P("stop"), r, e)) ||
         (rc = parse_stop_ids(obj, P("stop_token_ids"), sp, e)))
         return rc;
+    /* SGLang's sampling_params spell it min_new_tokens */
+    if (r->kind == PD_API_GENERATE && (rc = get_int(obj, "min_new_tokens", P("min_new_tokens"), 0,
+                                                    INT32_MAX, &r->min_tokens, NULL, e)))
+        return rc;
+    sp->min_new_tokens = r->min_tokens;
     int n = 1;
     if ((rc = get_int(obj, "n", P("n"), -INFINITY, INFINITY, &n, NULL, e)))
         return rc;
@@ -708,13 +744,8 @@ static int parse_openai(const cJSON *root, const char *body, size_t len, struct 
         return rc;
     if (best_of != 1)
         return bad(e, "best_of", "'best_of' is %d: only 1 is supported", best_of);
-    const cJSON *lb = cJSON_GetObjectItemCaseSensitive(root, "logit_bias");
-    if (lb && !cJSON_IsNull(lb)) {
-        if (!cJSON_IsObject(lb))
-            return bad(e, "logit_bias", "'logit_bias' must be an object, got %s", type_name(lb));
-        if (cJSON_GetArraySize(lb) > 0)
-            return bad(e, "logit_bias", "'logit_bias' is not supported");
-    }
+    if ((rc = parse_logit_bias(root, &r->sampling, e)))
+        return rc;
     bool stream = false;
     if ((rc = get_bool(root, "stream", "stream", &stream, e)))
         return rc;
@@ -1365,6 +1396,11 @@ int pd_api_check_token_ids(const struct pd_api_request *r, int32_t vocab, struct
         if (r->sampling.stop_token_ids[i] >= vocab)
             return bad(e, "stop_token_ids", "stop token id %d is outside the vocabulary (size %d)",
                        r->sampling.stop_token_ids[i], vocab);
+    for (int i = 0; i < r->sampling.n_logit_bias; i++)
+        if (r->sampling.logit_bias_ids[i] >= vocab)
+            return bad(e, "logit_bias",
+                       "logit_bias token id %d is outside the vocabulary (size %d)",
+                       r->sampling.logit_bias_ids[i], vocab);
     return PD_OK;
 }
 

@@ -486,11 +486,13 @@ static void take_token(struct dreq *r, int32_t token, int index, int finish, flo
         r->matched_token = token;
     if (finish)
         r->finish = finish == PD_FINISH_STOP ? PD_API_FINISH_STOP : PD_API_FINISH_LENGTH;
-    /* stop strings: searched in the text that could contain a new match */
+    /* stop strings: searched in the text that could contain a new match, once min_tokens are
+     * out (as vLLM's and SGLang's stop checks start only then) */
     size_t at;
-    int i = r->text ? pd_api_find_stop(&r->api, r->text + r->echo_len, r->text_len - r->echo_len,
-                                       before - r->echo_len, &at)
-                    : -1;
+    int i = r->text && r->n_out >= r->api.min_tokens
+                ? pd_api_find_stop(&r->api, r->text + r->echo_len, r->text_len - r->echo_len,
+                                   before - r->echo_len, &at)
+                : -1;
     if (i >= 0) {
         r->text_len = r->echo_len + at + (r->api.no_stop_trim ? r->api.stop_len[i] : 0);
         r->text[r->text_len] = '\0';
@@ -1426,8 +1428,9 @@ static void h_flush(struct pd_http_req *h, void *ud) {
 static void h_models(struct pd_http_req *h, void *ud) {
     (void)ud;
     char *out = NULL;
-    pd_api_render_models(D.args.served_model_name, D.args.model_path, 0, D.info.context_length,
-                         &out);
+    /* created = now, as SGLang's and vLLM's model cards say (0 reads as 1970 to a dashboard) */
+    pd_api_render_models(D.args.served_model_name, D.args.model_path, (int64_t)time(NULL),
+                         D.info.context_length, &out);
     respond_owned_json(h, 200, out);
 }
 

@@ -743,14 +743,20 @@ static int recompute(struct pd_engine *e, struct pd_engine_req *r,
 
 /* The rows that choose e->step_reqs[0..n)'s tokens on the device (e->sample_rows; top-n into
  * e->step_top): every request's parameters, its penalty slot, and the next u of its own random
- * stream (greedy rows take none). false when a penalized request gets no slot: nothing is
- * drawn, the step's slots are given back (the host records this step's tokens) and the step
- * downloads the logits. *plain: all greedy without penalties or top-n (the argmax serves). */
+ * stream (greedy rows take none). false when a penalized request gets no slot or a request needs
+ * the host sampler (pd_sampler_host_only): nothing is drawn, the step's slots are given back (the
+ * host records this step's tokens) and the step downloads the logits. *plain: all greedy without
+ * penalties or top-n (the argmax serves). */
 static bool device_rows(struct pd_engine *e, int32_t n, bool *plain) {
     *plain = true;
     for (int32_t i = 0; i < n; i++) {
         struct pd_engine_req *r = e->step_reqs[i];
         struct pd_sample_row *row = &e->sample_rows[i];
+        if (pd_sampler_host_only(&r->sampler)) { /* logit_bias, min_new_tokens: host only */
+            for (int32_t j = 0; j < n; j++)
+                pen_slot_release(e, e->step_reqs[j]);
+            return false;
+        }
         pd_sampler_row(&r->sampler, row);
         row->top = row->n_logprobs > 0 ? &e->step_top[i] : NULL;
         if (row->penalized) {

@@ -49,6 +49,19 @@ int pd_sampling_params_check(const struct pd_sampling_params *p) {
     if (p->n_stop_token_ids < 0 || p->n_stop_token_ids > PD_SAMPLING_MAX_STOP_IDS)
         return pd_errorf(PD_EINVAL, "%d stop token ids: at most %d", p->n_stop_token_ids,
                          PD_SAMPLING_MAX_STOP_IDS);
+    if (p->min_new_tokens < 0)
+        return pd_errorf(PD_EINVAL, "min_new_tokens %d: must be >= 0", p->min_new_tokens);
+    if (p->n_logit_bias < 0 || p->n_logit_bias > PD_SAMPLING_MAX_LOGIT_BIAS)
+        return pd_errorf(PD_EINVAL, "%d logit_bias entries: at most %d", p->n_logit_bias,
+                         PD_SAMPLING_MAX_LOGIT_BIAS);
+    for (int i = 0; i < p->n_logit_bias; i++) {
+        if (p->logit_bias_ids[i] < 0)
+            return pd_errorf(PD_EINVAL, "logit_bias token id %d: must be >= 0",
+                             p->logit_bias_ids[i]);
+        if (!(p->logit_bias[i] >= -100 && p->logit_bias[i] <= 100))
+            return pd_errorf(PD_EINVAL, "logit_bias %g for token %d: must be in [-100, 100]",
+                             p->logit_bias[i], p->logit_bias_ids[i]);
+    }
     return PD_OK;
 }
 
@@ -309,6 +322,17 @@ void pd_sampler_next(struct pd_sampler *s, struct pd_sampling_scratch *sc, float
     memcpy(sc->raw, logits, sizeof(float) * (size_t)s->vocab);
     float lse;
     model_logprobs(s, sc, sc->raw, out, &lse);
+    for (int i = 0; i < s->p.n_logit_bias; i++)
+        if (s->p.logit_bias_ids[i] < s->vocab)
+            logits[s->p.logit_bias_ids[i]] += s->p.logit_bias[i];
+    if (s->n_generated < s->p.min_new_tokens) { /* too early to stop: mask what would stop it */
+        for (int i = 0; i < s->n_eos && !s->p.ignore_eos; i++)
+            if (s->eos_ids[i] >= 0 && s->eos_ids[i] < s->vocab)
+                logits[s->eos_ids[i]] = -INFINITY;
+        for (int i = 0; i < s->p.n_stop_token_ids; i++)
+            if (s->p.stop_token_ids[i] >= 0 && s->p.stop_token_ids[i] < s->vocab)
+                logits[s->p.stop_token_ids[i]] = -INFINITY;
+    }
     apply_penalties(s, logits);
     struct pd_sample_row row;
     pd_sampler_row(s, &row);
@@ -341,4 +365,8 @@ void pd_sampler_accept(struct pd_sampler *s, int32_t token, enum pd_finish *fini
 
 bool pd_sampler_has_penalties(const struct pd_sampler *s) {
     return s->out_counts != NULL;
+}
+
+bool pd_sampler_host_only(const struct pd_sampler *s) {
+    return s->p.n_logit_bias > 0 || s->n_generated < s->p.min_new_tokens;
 }

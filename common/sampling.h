@@ -18,6 +18,7 @@
 
 #define PD_SAMPLING_MAX_LOGPROBS 20
 #define PD_SAMPLING_MAX_STOP_IDS 16
+#define PD_SAMPLING_MAX_LOGIT_BIAS 300 /* logit_bias entries one request may hold */
 
 struct pd_sampling_params {
     float temperature;        /* 0 = greedy; default 1 */
@@ -31,9 +32,18 @@ struct pd_sampling_params {
     bool has_seed;            /* without a seed the stream is seeded from the clock */
     uint64_t seed;
     bool ignore_eos; /* EOS does not finish the request */
-    int n_logprobs;  /* top-n logprobs to report, 0..PD_SAMPLING_MAX_LOGPROBS */
+    /* EOS and the stop token ids cannot be chosen before this many output tokens (SGLang's
+     * min_new_tokens, vLLM's min_tokens: their logits are masked); default 0 */
+    int min_new_tokens;
+    int n_logprobs; /* top-n logprobs to report, 0..PD_SAMPLING_MAX_LOGPROBS */
     int32_t stop_token_ids[PD_SAMPLING_MAX_STOP_IDS]; /* finish on any of these */
     int n_stop_token_ids;
+    /* OpenAI's logit_bias: logit_bias[i] (in [-100, 100]) added to token logit_bias_ids[i]'s
+     * logit before the penalties, as vLLM does. The device samplers know nothing of it: a step
+     * holding such a request samples on the host. */
+    int n_logit_bias;
+    int32_t logit_bias_ids[PD_SAMPLING_MAX_LOGIT_BIAS];
+    float logit_bias[PD_SAMPLING_MAX_LOGIT_BIAS];
 };
 
 enum pd_finish {
@@ -153,6 +163,9 @@ double pd_sampler_next_u(struct pd_sampler *s);
 void pd_sampler_record(struct pd_sampler *s, int32_t token, enum pd_finish *finish);
 /* True when repetition/frequency/presence penalties change s's logits. */
 bool pd_sampler_has_penalties(const struct pd_sampler *s);
+/* The next token must be chosen by pd_sampler_next (on the host): the request has a logit_bias,
+ * or min_new_tokens still masks its stop tokens; the device samplers know neither. */
+bool pd_sampler_host_only(const struct pd_sampler *s);
 
 /* The model's logprob of a given token (a prompt token: input logprobs) under logits (one
  * row, untouched) and the row's top-n (p.n_logprobs), as pd_sampler_next reports them; draws

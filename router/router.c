@@ -128,6 +128,8 @@ enum endpoint_kind {
     EP_HEALTH,
     EP_GENERATE,
     EP_PROXY_GET,
+    EP_PROXY_POST,
+    EP_FLUSH_CACHE,
     EP_SERVER_INFO,
     EP_GET_LOAD,
     EP_ABORT,
@@ -157,6 +159,10 @@ static const struct {
     {"GET", "/health_generate", EP_PROXY_GET, 0},
     {"GET", "/model_info", EP_PROXY_GET, 0},
     {"GET", "/get_model_info", EP_PROXY_GET, 0},
+    /* every worker holds the same tokenizer, so any decode answers these */
+    {"POST", "/tokenize", EP_PROXY_POST, 0},
+    {"POST", "/detokenize", EP_PROXY_POST, 0},
+    {"POST", "/flush_cache", EP_FLUSH_CACHE, 0},
     {"GET", "/server_info", EP_SERVER_INFO, 0},
     {"GET", "/get_server_info", EP_SERVER_INFO, 0},
     {"GET", "/get_load", EP_GET_LOAD, 0},
@@ -867,20 +873,20 @@ static void on_abort_done(void *ud, struct pd_upstream_call *call,
     abort_call_free(a);
 }
 
-static void send_abort(struct pd_router *rt, struct rreq *rq, const struct worker *w,
-                       const char *rid, const char *auth_line) {
+/* POSTs body to w's path on the side, tracked in rt->aborts (so shutdown waits for it, then
+ * cancels it) and logged as what when it fails; rq, when given, waits for it (a retry's abort). */
+static void send_worker_post(struct pd_router *rt, struct rreq *rq, const struct worker *w,
+                             const char *path, const char *body, const char *what,
+                             const char *auth_line) {
     char url[600];
-    snprintf(url, sizeof(url), "%s/abort_request", w->spec.url);
-    char *body = pd_router_abort_body(rid);
-    size_t wl = strlen(url) + strlen(rid) + 8;
+    snprintf(url, sizeof(url), "%s%s", w->spec.url, path);
+    size_t wl = strlen(url) + strlen(what) + 8;
     struct abort_call *a = pd_calloc(1, sizeof(*a) + wl);
-    if (!body || !a) {
-        pd_free(body);
-        pd_free(a);
-        pd_error("rid=%s: out of memory aborting on %s", rid, w->spec.url);
+    if (!a) {
+        pd_error("%s: out of memory calling %s", what, url);
         return;
     }
-    snprintf(a->what, wl, "%s rid=%s", url, rid);
+    snprintf(a->what, wl, "%s %s", url, what);
     struct pd_upstream_req req = {.method = "POST",
                                   .url = url,
                                   .body = body,
@@ -888,7 +894,6 @@ static void send_abort(struct pd_router *rt, struct rreq *rq, const struct worke
                                   .auth = rt->worker_auth ? rt->worker_auth : auth_line,
                                   .timeout_ms = ABORT_TIMEOUT_MS};
     struct pd_upstream_cbs cbs = {.on_done = on_abort_done};
-    pd_info("rid=%s: abort on %s (%s)", rid, w->spec.url, role(w));
     a->rt = rt;
     a->rq = rq;
     if (rq)
@@ -899,6 +904,19 @@ static void send_abort(struct pd_router *rt, struct rreq *rq, const struct worke
     rt->aborts = a;
     if (pd_upstream_call_start(rt->up, &req, &cbs, a, &a->call))
         abort_call_free(a);
+}
+
+static void send_abort(struct pd_router *rt, struct rreq *rq, const struct worker *w,
+                       const char *rid, const char *auth_line) {
+    char *body = pd_router_abort_body(rid);
+    if (!body) {
+        pd_error("rid=%s: out of memory aborting on %s", rid, w->spec.url);
+        return;
+    }
+    char what[160];
+    snprintf(what, sizeof(what), "rid=%s", rid);
+    pd_info("rid=%s: abort on %s (%s)", rid, w->spec.url, role(w));
+    send_worker_post(rt, rq, w, "/abort_request", body, what, auth_line);
     pd_free(body);
 }
 
@@ -1724,7 +1742,9 @@ static void on_proxy_done(void *ud, struct pd_upstream_call *call,
     rreq_maybe_free(rq);
 }
 
-static void handle_proxy_get(struct pd_router *rt, struct pd_http_req *fr) {
+/* The client's request, method and body as they came, to one healthy decode worker; its answer
+ * back unchanged. */
+static void handle_proxy(struct pd_router *rt, struct pd_http_req *fr, bool post) {
     struct rreq *rq = rreq_new(rt, fr, RREQ_PROXY);
     if (!rq) {
         respond_error(fr, 500, "out of memory");
@@ -1739,7 +1759,9 @@ static void handle_proxy_get(struct pd_router *rt, struct pd_http_req *fr) {
     char url[600];
     snprintf(url, sizeof(url), "%s%s", rq->dw->spec.url, rq->path);
     struct pd_upstream_req req = {
-        .method = "GET", .url = url, .auth = rq->auth_line, .timeout_ms = 30000};
+        .method = post ? "POST" : "GET", .url = url, .auth = rq->auth_line, .timeout_ms = 30000};
+    if (post)
+        req.body = pd_http_req_body(fr, &req.body_len);
     struct pd_upstream_cbs cbs = {.on_data = on_proxy_data, .on_done = on_proxy_done};
     if (pd_upstream_call_start(rt->up, &req, &cbs, rq, &rq->dcall)) {
         rq->dcall = NULL;
@@ -1986,6 +2008,25 @@ static void handle_abort(struct pd_router *rt, struct pd_http_req *hr) {
     respond_json(hr, 200, "{}");
 }
 
+/* POST /flush_cache: every worker holds its own prefix cache, so every worker is told (as
+ * sglang-router fans it out); like /abort_request the answer does not wait for theirs, and a
+ * worker that fails logs at debug level (a flush only drops unused entries, so one missed is
+ * harmless). */
+static void handle_flush_cache(struct pd_router *rt, struct pd_http_req *hr) {
+    bool oom;
+    char *line = auth_line_new(hr, &oom);
+    int n = 0;
+    for (int side = 0; side < 2; side++) {
+        const struct registry *g = side ? &rt->decode : &rt->prefill;
+        for (int i = 0; i < g->n; i++, n++)
+            send_worker_post(rt, NULL, g->w[i], "/flush_cache", "{}", "flush_cache", line);
+    }
+    pd_free(line);
+    char msg[80];
+    snprintf(msg, sizeof(msg), "Cache flush sent to %d workers.\n", n);
+    pd_http_respond(hr, 200, "text/plain", msg, strlen(msg));
+}
+
 /* "Authorization: Bearer <key>", compared in time independent of where it differs. */
 static bool authorized(const struct pd_router *rt, struct pd_http_req *hr) {
     const char *key = rt->cfg->api_key;
@@ -2022,7 +2063,9 @@ static void on_request(struct pd_http_req *hr, void *ud) {
     }
     switch (ep->kind) {
     case EP_GENERATE: handle_generate(rt, hr, ep->route); break;
-    case EP_PROXY_GET: handle_proxy_get(rt, hr); break;
+    case EP_PROXY_GET: handle_proxy(rt, hr, false); break;
+    case EP_PROXY_POST: handle_proxy(rt, hr, true); break;
+    case EP_FLUSH_CACHE: handle_flush_cache(rt, hr); break;
     case EP_SERVER_INFO: handle_server_info(rt, hr); break;
     case EP_GET_LOAD: handle_get_load(rt, hr); break;
     case EP_ABORT: handle_abort(rt, hr); break;

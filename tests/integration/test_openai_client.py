@@ -2,8 +2,9 @@
 """test_openai_client.py — the official `openai` Python client against pdserve-router in front of
 a real pdserve-prefill and pdserve-decode (127.0.0.1, UCX over shared memory): what a user's
 existing code does, unchanged. Models list; completions and chat, streamed and not, with
-stream_options.include_usage; greedy text equals pdserve-generate's; usage adds up; an unknown
-model is a NotFoundError; an API key is sent as the client sends it.
+stream_options.include_usage (also streamed with logprobs: one entry per token, the tokens spell
+the text); greedy text equals pdserve-generate's; usage adds up; an unknown model is a
+NotFoundError; an API key is sent as the client sends it.
 
 Exits 77 (CTest SKIP) with a message when `import openai` fails. Usage:
 test_openai_client.py BUILD_DIR
@@ -123,6 +124,43 @@ def run(model, tmp):
     check(usage is not None and usage.prompt_tokens == n_chat and
           usage.completion_tokens == r.usage.completion_tokens, "chat include_usage %r" % usage)
     print("chat stream: %d chars, first content after %.3f s" % (len(text), ttft or -1))
+
+    # logprobs streamed with include_usage: every token's logprob arrives in its chunk, the
+    # tokens spell the text, and the usage chunk counts them
+    text, toks, tops, usage = "", [], [], None
+    for ch in client.completions.create(model=name, prompt=prompt, max_tokens=MAX_NEW,
+                                        temperature=0, stream=True, logprobs=2,
+                                        stream_options={"include_usage": True}):
+        if ch.usage:
+            usage = ch.usage
+        for choice in ch.choices:
+            text += choice.text or ""
+            if choice.logprobs:
+                toks += choice.logprobs.tokens
+                tops += choice.logprobs.top_logprobs
+    check(text == ref and "".join(toks) == text, "completion logprobs stream: tokens %r spell "
+          "%r (want %r)" % (toks, text, ref))
+    check(usage is not None and len(toks) == usage.completion_tokens and
+          all(1 <= len(t) <= 2 for t in tops), "completion logprobs stream: %d tokens, usage %r, "
+          "top %r" % (len(toks), usage, tops[:2]))
+    content, usage = [], None
+    text = ""
+    for ch in client.chat.completions.create(model=name, messages=msgs, max_tokens=MAX_NEW,
+                                             temperature=0, stream=True, logprobs=True,
+                                             top_logprobs=2,
+                                             stream_options={"include_usage": True}):
+        if ch.usage:
+            usage = ch.usage
+        for choice in ch.choices:
+            text += choice.delta.content or ""
+            if choice.logprobs and choice.logprobs.content:
+                content += choice.logprobs.content
+    check(text == cref and usage is not None and len(content) == usage.completion_tokens,
+          "chat logprobs stream: %d entries, usage %r, text %r (want %r)" %
+          (len(content), usage, text, cref))
+    check(all(isinstance(t.logprob, float) and t.logprob <= 0 and len(t.top_logprobs) == 2 and
+              t.top_logprobs[0].logprob >= t.top_logprobs[1].logprob for t in content),
+          "chat logprobs stream entries: %r" % content[:2])
 
     # errors arrive as the client's exception types
     try:

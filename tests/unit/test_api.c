@@ -52,7 +52,8 @@ static void test_generate_fields(void) {
               "\"temperature\":0.5,\"top_p\":0.9,\"top_k\":20,\"min_p\":0.05,\"stop\":[\"\\n\","
               "\"END\"],\"stop_token_ids\":[2,3],\"ignore_eos\":true,\"n\":1,"
               "\"frequency_penalty\":0.5,\"presence_penalty\":-0.5,\"repetition_penalty\":1.1,"
-              "\"skip_special_tokens\":false,\"sampling_seed\":42},\"stream\":true,"
+              "\"skip_special_tokens\":false,\"sampling_seed\":42,\"min_new_tokens\":4},"
+              "\"stream\":true,"
               "\"return_logprob\":true,\"top_logprobs_num\":3,\"logprob_start_len\":0,"
               "\"rid\":\"req-1\",\"bootstrap_host\":\"10.0.0.1\",\"bootstrap_port\":9000,"
               "\"bootstrap_room\":9223372036854775807}",
@@ -67,6 +68,7 @@ static void test_generate_fields(void) {
     CHECK_DBL(r.sampling.top_p, 0.9, 1e-6);
     CHECK_INT(r.sampling.top_k, 20);
     CHECK_DBL(r.sampling.min_p, 0.05, 1e-6);
+    CHECK_INT(r.sampling.min_new_tokens, 4); /* SGLang's name */
     CHECK_INT(r.n_stop, 2);
     CHECK_STR(r.stop[0], "\n");
     CHECK_STR(r.stop[1], "END");
@@ -304,8 +306,16 @@ static void test_completions(void) {
     EXPECT_BAD(PD_API_COMPLETIONS, "{\"prompt\":\"a\",\"top_p\":1.5}", 400, "top_p", "(0, 1]");
     EXPECT_BAD(PD_API_COMPLETIONS, "{\"prompt\":\"a\",\"n\":3}", 400, "n", "only n = 1");
     EXPECT_BAD(PD_API_COMPLETIONS, "{\"prompt\":\"a\",\"best_of\":2}", 400, "best_of", "only 1");
-    EXPECT_BAD(PD_API_COMPLETIONS, "{\"prompt\":\"a\",\"logit_bias\":{\"5\":10}}", 400,
-               "logit_bias", "not supported");
+    EXPECT_BAD(PD_API_COMPLETIONS, "{\"prompt\":\"a\",\"logit_bias\":{\"x5\":10}}", 400,
+               "logit_bias", "\"x5\" is not a token id");
+    EXPECT_BAD(PD_API_COMPLETIONS, "{\"prompt\":\"a\",\"logit_bias\":{\"-1\":10}}", 400,
+               "logit_bias", "not a token id");
+    EXPECT_BAD(PD_API_COMPLETIONS, "{\"prompt\":\"a\",\"logit_bias\":{\"5\":101}}", 400,
+               "logit_bias", "[-100, 100]");
+    EXPECT_BAD(PD_API_COMPLETIONS, "{\"prompt\":\"a\",\"logit_bias\":{\"5\":\"1\"}}", 400,
+               "logit_bias", "must be a number");
+    EXPECT_BAD(PD_API_COMPLETIONS, "{\"prompt\":\"a\",\"logit_bias\":[1]}", 400, "logit_bias",
+               "must be an object");
     EXPECT_BAD(PD_API_COMPLETIONS, "{\"prompt\":\"a\",\"logprobs\":true}", 400, "logprobs",
                "must be an integer");
     EXPECT_BAD(PD_API_COMPLETIONS, "{\"prompt\":\"a\",\"max_tokens\":0}", 400, "max_tokens",
@@ -374,6 +384,7 @@ static void test_chat(void) {
     CHECK_DBL(r.sampling.repetition_penalty, 1.2, 1e-6);
     CHECK(r.sampling.ignore_eos);
     CHECK_INT(r.min_tokens, 2);
+    CHECK_INT(r.sampling.min_new_tokens, 2);
     CHECK_INT(r.sampling.stop_token_ids[0], 7);
     CHECK(!r.skip_special_tokens);
     CHECK(cJSON_IsFalse(cJSON_GetObjectItem(r.chat_template_kwargs, "enable_thinking")));
@@ -422,7 +433,7 @@ static void test_chat(void) {
     CHAT_BAD("\"n\":2", "n", "only n = 1");
     CHAT_BAD("\"stop\":{}", "stop", "string or a list");
     CHAT_BAD("\"chat_template_kwargs\":[]", "chat_template_kwargs", "must be an object");
-    CHAT_BAD("\"logit_bias\":{\"1\":-100}", "logit_bias", "not supported");
+    CHAT_BAD("\"logit_bias\":{\"1\":-100.5}", "logit_bias", "[-100, 100]");
     CHAT_BAD("\"tools\":[{\"type\":\"function\"}]", "tools", "not supported");
     CHAT_BAD("\"stream\":1", "stream", "must be a boolean");
     CHAT_BAD("\"presence_penalty\":-2.5", "presence_penalty", "[-2, 2]");
@@ -434,6 +445,19 @@ static void test_chat(void) {
 static void test_length_and_ids(void) {
     struct pd_api_request r;
     struct pd_api_error e;
+    /* logit_bias: every entry parsed; ids checked against the vocabulary with the prompt's */
+    CHECK_OK(parse(PD_API_CHAT,
+                   "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],"
+                   "\"logit_bias\":{\"5\":10,\"99\":-100}}",
+                   &r, &e));
+    CHECK_INT(r.sampling.n_logit_bias, 2);
+    CHECK(r.sampling.logit_bias_ids[0] == 5 && r.sampling.logit_bias[0] == 10.0f);
+    CHECK(r.sampling.logit_bias_ids[1] == 99 && r.sampling.logit_bias[1] == -100.0f);
+    CHECK_OK(pd_api_check_token_ids(&r, 100, &e));
+    CHECK_INT(pd_api_check_token_ids(&r, 99, &e), PD_EINVAL);
+    CHECK_STR(e.param, "logit_bias");
+    CHECK(strstr(e.message, "token id 99 is outside the vocabulary") != NULL);
+    pd_api_request_free(&r);
     CHECK_OK(parse(PD_API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}]}", &r, &e));
     CHECK_INT(pd_api_check_length(&r, 100, 100, &e), PD_EINVAL);
     CHECK_INT(e.status, 400);

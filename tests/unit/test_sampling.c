@@ -2,7 +2,8 @@
  * test_sampling.c — each sampling parameter changes what can be drawn the way SGLang's sampler
  * does: greedy, seeded reproducibility, the draw follows softmax(logits / T), top-k, top-p
  * (including a nucleus wider than the first candidate block), min-p, the three penalties,
- * logprobs, and the finish reasons (stop ids, EOS, ignore_eos, length).
+ * logprobs, logit_bias, min_new_tokens, and the finish reasons (stop ids, EOS, ignore_eos,
+ * length).
  */
 #include "pd_test.h"
 
@@ -217,6 +218,74 @@ static void test_finish(void) {
     CHECK_ERR(pd_sampler_init(&s, &p, 4, NULL, 0, NULL, 0), PD_EINVAL, "logprobs");
 }
 
+/* logit_bias moves the choice (and what can be drawn) but not the reported logprobs, which
+ * stay the model's own (as vLLM reports them); out-of-range entries are refused. */
+static void test_logit_bias(void) {
+    float l[4] = {0.5f, 2.0f, -1.0f, 1.0f};
+    double z = exp(0.5) + exp(2.0) + exp(-1.0) + exp(1.0);
+    struct pd_sampling_params p = params(0);
+    p.n_logit_bias = 2;
+    p.logit_bias_ids[0] = 2;
+    p.logit_bias[0] = 5.0f; /* -1 + 5 = 4: now the greedy choice */
+    p.logit_bias_ids[1] = 1;
+    p.logit_bias[1] = -100.0f;
+    struct pd_sampler s;
+    struct pd_sample o;
+    CHECK_OK(pd_sampler_init(&s, &p, 4, NULL, 0, NULL, 0));
+    CHECK_INT(one(&s, l, 4, &o), 2);
+    CHECK_DBL(o.logprob, -1.0 - log(z), 1e-5); /* the raw distribution's */
+    pd_sampler_free(&s);
+    /* -100 on the two most likely: a draw at T=1 never picks them */
+    p = params(1.0f);
+    p.n_logit_bias = 2;
+    p.logit_bias_ids[0] = 1;
+    p.logit_bias[0] = -100.0f;
+    p.logit_bias_ids[1] = 3;
+    p.logit_bias[1] = -100.0f;
+    double freq[4];
+    histogram(&p, l, freq);
+    CHECK(freq[1] == 0 && freq[3] == 0 && freq[0] > 0.7 && freq[2] > 0.1);
+    p.logit_bias[1] = 100.5f;
+    CHECK_ERR(pd_sampler_init(&s, &p, 4, NULL, 0, NULL, 0), PD_EINVAL, "[-100, 100]");
+    p.logit_bias[1] = 1;
+    p.logit_bias_ids[1] = -3;
+    CHECK_ERR(pd_sampler_init(&s, &p, 4, NULL, 0, NULL, 0), PD_EINVAL, "logit_bias token id");
+    p.logit_bias_ids[1] = 3;
+    p.n_logit_bias = PD_SAMPLING_MAX_LOGIT_BIAS + 1;
+    CHECK_ERR(pd_sampler_init(&s, &p, 4, NULL, 0, NULL, 0), PD_EINVAL, "at most");
+}
+
+/* min_new_tokens: EOS and the stop ids cannot be chosen before that many tokens (the next most
+ * likely is), then they stop the request as before; the host sampler is needed until then. */
+static void test_min_new_tokens(void) {
+    float l[4] = {0, 5, 1, 4}; /* 1 (EOS) most likely, then 3 (a stop id), then 2 */
+    struct pd_sample o;
+    struct pd_sampler s;
+    struct pd_sampling_params p = params(0);
+    p.min_new_tokens = 2;
+    p.stop_token_ids[0] = 3;
+    p.n_stop_token_ids = 1;
+    int32_t eos[1] = {1};
+    CHECK_OK(pd_sampler_init(&s, &p, 4, NULL, 0, eos, 1));
+    CHECK(pd_sampler_host_only(&s));
+    CHECK_INT(one(&s, l, 4, &o), 2);
+    CHECK_INT(o.finish, PD_FINISH_NONE);
+    CHECK_DBL(o.logprob, 1.0 - log(1 + exp(5.0) + exp(1.0) + exp(4.0)), 1e-5); /* raw */
+    CHECK_INT(one(&s, l, 4, &o), 2);
+    CHECK(!pd_sampler_host_only(&s));
+    CHECK_INT(one(&s, l, 4, &o), 1);
+    CHECK_INT(o.finish, PD_FINISH_STOP);
+    pd_sampler_free(&s);
+    /* ignore_eos: EOS is not masked (it stops nothing), the stop id still is */
+    p.ignore_eos = true;
+    CHECK_OK(pd_sampler_init(&s, &p, 4, NULL, 0, eos, 1));
+    CHECK_INT(one(&s, l, 4, &o), 1);
+    CHECK_INT(o.finish, PD_FINISH_NONE);
+    pd_sampler_free(&s);
+    p.min_new_tokens = -1;
+    CHECK_ERR(pd_sampler_init(&s, &p, 4, NULL, 0, eos, 1), PD_EINVAL, "min_new_tokens");
+}
+
 static void setup(void) {
     CHECK_OK(pd_sampling_scratch_init(&sc, 8));
 }
@@ -226,4 +295,5 @@ static void teardown(void) {
 
 PD_TEST_MAIN(PD_TEST(setup), PD_TEST(test_greedy_and_logprobs), PD_TEST(test_seed_and_distribution),
              PD_TEST(test_filters), PD_TEST(test_wide_nucleus), PD_TEST(test_penalties),
-             PD_TEST(test_finish), PD_TEST(teardown))
+             PD_TEST(test_finish), PD_TEST(test_logit_bias), PD_TEST(test_min_new_tokens),
+             PD_TEST(teardown))
