@@ -938,11 +938,23 @@ struct node {
     bool negate; /* "is not", "not in" */
 };
 
+/* Nesting limits: the parser and the renderer recurse, so a template nested (or a macro
+ * calling itself) past these is an error, not a stack overflow. Real templates nest a few deep. */
+#define PARSE_DEPTH_MAX 64
+#define MACRO_DEPTH_MAX 32
+
 struct parser {
     struct env *e;
     struct tok *t;
     size_t pos;
+    int depth; /* parse_expr / parse_unary / parse_body frames open */
 };
+
+static void enter(struct parser *ps) {
+    if (++ps->depth > PARSE_DEPTH_MAX)
+        fail(ps->e, PD_EFORMAT, "line %d: template nested deeper than %d", ps->t[ps->pos].line,
+             PARSE_DEPTH_MAX);
+}
 
 static struct node *mk(struct parser *ps, enum nk k, int line) {
     struct node *n = amalloc(ps->e, sizeof(struct node));
@@ -1207,17 +1219,19 @@ static struct node *parse_filters(struct parser *ps, struct node *n) {
 
 static struct node *parse_unary(struct parser *ps) {
     struct tok *t = peek(ps);
+    struct node *n;
+    enter(ps);
     if (accept_op(ps, "-")) {
-        struct node *n = mk(ps, E_NEG, t->line);
+        n = mk(ps, E_NEG, t->line);
         n->a = parse_unary(ps);
-        return n;
-    }
-    if (accept_op(ps, "+")) {
-        struct node *n = mk(ps, E_POS, t->line);
+    } else if (accept_op(ps, "+")) {
+        n = mk(ps, E_POS, t->line);
         n->a = parse_unary(ps);
-        return n;
+    } else {
+        n = parse_filters(ps, parse_postfix(ps, parse_primary(ps)));
     }
-    return parse_filters(ps, parse_postfix(ps, parse_primary(ps)));
+    ps->depth--;
+    return n;
 }
 
 static struct node *bin(struct parser *ps, const char *op, struct node *a, struct node *b,
@@ -1334,6 +1348,7 @@ static struct node *parse_or(struct parser *ps) {
 
 /* a if cond else b (else optional: undefined) */
 static struct node *parse_expr(struct parser *ps) {
+    enter(ps);
     struct node *n = parse_or(ps);
     while (is_name(peek(ps), "if")) {
         struct node *c = mk(ps, E_COND, next(ps)->line);
@@ -1343,6 +1358,7 @@ static struct node *parse_expr(struct parser *ps) {
             c->c = parse_expr(ps);
         n = c;
     }
+    ps->depth--;
     return n;
 }
 
@@ -1489,7 +1505,7 @@ static struct node *parse_stmt(struct parser *ps, struct tok *kw) {
          kw->s);
 }
 
-static struct node *parse_body(struct parser *ps, const char *const *ends, const char **which) {
+static struct node *parse_block(struct parser *ps, const char *const *ends, const char **which) {
     struct node *blk = mk(ps, N_BLOCK, peek(ps)->line);
     for (;;) {
         struct tok *t = next(ps);
@@ -1541,6 +1557,14 @@ static struct node *parse_body(struct parser *ps, const char *const *ends, const
     }
 }
 
+/* parse_block, counted against PARSE_DEPTH_MAX: blocks nest through parse_stmt */
+static struct node *parse_body(struct parser *ps, const char *const *ends, const char **which) {
+    enter(ps);
+    struct node *blk = parse_block(ps, ends, which);
+    ps->depth--;
+    return blk;
+}
+
 struct pd_chat_template {
     struct arena arena;
     struct node *root;
@@ -1584,6 +1608,7 @@ struct rt {
     struct env *e;
     struct scope *sc;
     struct sb *out;
+    int macro_depth; /* macro calls open */
 };
 
 static struct jv eval(struct rt *r, const struct node *n);
@@ -2212,6 +2237,9 @@ static struct jv call_macro(struct rt *r, const struct node *macro, const struct
     while (g->up)
         g = g->up;
     sc.up = g;
+    if (++r->macro_depth > MACRO_DEPTH_MAX)
+        fail(e, PD_EINVAL, "line %d: macro '%.*s' nested deeper than %d calls", line,
+             (int)macro->name_n, macro->name, MACRO_DEPTH_MAX);
     struct scope *saved = r->sc;
     struct sb *saved_out = r->out;
     struct sb body = {.e = e};
@@ -2234,6 +2262,7 @@ static struct jv call_macro(struct rt *r, const struct node *macro, const struct
     exec(r, macro->b);
     r->sc = saved;
     r->out = saved_out;
+    r->macro_depth--;
     return sb_val(&body);
 }
 
