@@ -209,7 +209,9 @@ static void test_deep_nesting(void) {
     pd_free(t);
     pd_free(s);
     s = nest("{% if true %}[", "x", "]{% endif %}", 20);
-    expect(s, NULL, "[[[[[[[[[[[[[[[[[[[[x]]]]]]]]]]]]]]]]]]]");
+    t = nest("[", "x", "]", 20);
+    expect(s, NULL, t);
+    pd_free(t);
     pd_free(s);
     s = nest("(", "1", ")", 20);
     t = pd_malloc(strlen(s) + 8);
@@ -241,6 +243,23 @@ static void test_errors(void) {
     expect("{% macro f(n) %}{% if n > 0 %}{{ n }}{{ f(n - 1) }}{% endif %}{% endmacro %}{{ f(3) }}",
            NULL, "321");
     test_deep_nesting();
+    /* found by fuzz_chat_template: int64 overflow and float-to-int conversions were UB, and
+     * nothing bounded what a template may build */
+    expect_err("{{ 9223372036854775807 + 1 }}", PD_ERANGE, "line 1: integer overflow in +");
+    expect_err("{{ -9223372036854775807 - 2 }}", PD_ERANGE, "integer overflow in -");
+    expect_err("{{ 4294967296 * 4294967296 }}", PD_ERANGE, "integer overflow in *");
+    expect_err("{{ 2 ** 64 }}", PD_ERANGE, "integer overflow in **");
+    expect_err("{{ 1e300 | int }}", PD_ERANGE, "does not fit a 64-bit integer");
+    expect_err("{% for i in range(1e300) %}{% endfor %}", PD_ERANGE,
+               "does not fit a 64-bit integer");
+    expect_err("{{ 'ab' * 1000000000000 }}", PD_ERANGE, "string repeated 1000000000000 times");
+    expect_err("{% set ns = namespace(s='x') %}{% for i in range(64) %}{% set ns.s = ns.s ~ ns.s "
+               "%}{% endfor %}{{ ns.s | length }}",
+               PD_ERANGE, "template needs more than 256 MiB");
+    expect("{{ range(9223372036854775800, 9223372036854775807, 5) | list }}", NULL,
+           "[9223372036854775800, 9223372036854775805]");
+    expect("{{ 2 ** 62 }} {{ 9223372036854775806 + 1 }} {{ -7 % -1 }}", NULL,
+           "4611686018427387904 9223372036854775807 0");
 }
 
 static void test_alloc_failures(void) {
