@@ -607,6 +607,8 @@ struct lexer {
     int line;
     struct tok *toks;
     size_t n, cap;
+    size_t line_pos; /* line_at's cache: src[0..line_pos) holds line_no - 1 newlines */
+    int line_no;
 };
 
 static void push_tok(struct lexer *lx, struct tok t) {
@@ -621,11 +623,16 @@ static void push_tok(struct lexer *lx, struct tok t) {
     lx->toks[lx->n++] = t;
 }
 
-static int line_at(const char *src, size_t pos) {
-    int l = 1;
-    for (size_t i = 0; i < pos; i++)
-        l += src[i] == '\n';
-    return l;
+/* The line of src[pos]. Counted on from the last position asked (the lexer mostly moves
+ * forward): counting from the start each time made lexing quadratic in the template's size. */
+static int line_at(struct lexer *lx, size_t pos) {
+    if (pos < lx->line_pos || !lx->line_no) {
+        lx->line_pos = 0;
+        lx->line_no = 1;
+    }
+    for (; lx->line_pos < pos; lx->line_pos++)
+        lx->line_no += lx->src[lx->line_pos] == '\n';
+    return lx->line_no;
 }
 
 static bool is_ws(char c) {
@@ -642,8 +649,8 @@ static size_t lex_tag(struct lexer *lx, size_t p, char close, bool *rstrip, bool
         while (p < n && is_ws(s[p]))
             p++;
         if (p >= n)
-            fail(e, PD_EFORMAT, "line %d: unclosed tag", line_at(s, p));
-        int line = line_at(s, p);
+            fail(e, PD_EFORMAT, "line %d: unclosed tag", line_at(lx, p));
+        int line = line_at(lx, p);
         /* closing delimiter, possibly with - or + */
         if ((s[p] == '-' || s[p] == '+') && p + 2 < n + 1 && s[p + 1] == close && p + 2 <= n &&
             s[p + 2] == '}') {
@@ -818,12 +825,12 @@ static void lex(struct lexer *lx) {
         }
         if (te > ts)
             push_tok(lx,
-                     (struct tok){.k = T_TEXT, .s = s + ts, .n = te - ts, .line = line_at(s, ts)});
+                     (struct tok){.k = T_TEXT, .s = s + ts, .n = te - ts, .line = line_at(lx, ts)});
         if (q >= n)
             break;
         size_t body = q + 2 + (mod == '-' || mod == '+');
         bool rstrip = false, keep = false;
-        int line = line_at(s, q);
+        int line = line_at(lx, q);
         if (kind == '#') {
             const char *end = NULL;
             for (size_t k = body; k + 1 < n; k++)
@@ -905,7 +912,7 @@ static void lex(struct lexer *lx) {
             line_starting = true;
         }
     }
-    push_tok(lx, (struct tok){.k = T_EOF, .line = line_at(s, n)});
+    push_tok(lx, (struct tok){.k = T_EOF, .line = line_at(lx, n)});
 }
 
 /* ---------------------------------------------------------------- AST */
