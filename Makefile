@@ -2,13 +2,14 @@
 # Both start with scripts/setup.sh, so a fresh Debian 12 machine needs nothing else.
 BUILD     ?= build
 ASAN      ?= build-asan
+FUZZ      ?= build-fuzz
 JOBS      ?= $(shell nproc)
 MODEL_DIR ?= $(BUILD)/models/tiny-llama
 CMAKE_ARGS ?=
 
 SOURCES = $(shell git ls-files '*.c' '*.h' '*.cu' '*.cuh' 2>/dev/null)
 
-.PHONY: all setup build build-asan test test-unit test-gpu test-flaky demo format format-check clean
+.PHONY: all setup build build-asan build-fuzz test test-unit test-fuzz test-gpu test-flaky demo format format-check clean
 
 all: build
 
@@ -24,12 +25,23 @@ build-asan: setup
 	    -DPD_SANITIZE=address,undefined $(CMAKE_ARGS)
 	cmake --build $(ASAN) -j$(JOBS)
 
+# libFuzzer targets (tests/fuzz/): clang, ASan+UBSan, every C file coverage-instrumented. Only
+# the fuzzers and what they link are built here; warnings are the gcc builds' job (-Werror there).
+build-fuzz: setup
+	CC=clang cmake -S . -B $(FUZZ) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPD_WERROR=OFF -DPD_CUDA=OFF \
+	    -DPD_SANITIZE=address,undefined -DPD_FUZZ=ON $(CMAKE_ARGS)
+	cmake --build $(FUZZ) -j$(JOBS) --target pd_fuzz
+
 # Everything CI checks: formatting, a -Werror release build with all tests (gpu ones skip
-# without a GPU), and the unit tests again under ASan+UBSan.
-test: format-check build build-asan
+# without a GPU), the unit tests again under ASan+UBSan, and each fuzz target for a few seconds.
+test: format-check build build-asan build-fuzz
 	cd $(BUILD) && ctest --output-on-failure -j$(JOBS) -LE flaky
 	cd $(ASAN) && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
 	    UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 ctest --output-on-failure -j$(JOBS) -L unit
+	cd $(FUZZ) && ctest --output-on-failure -j$(JOBS) -L fuzz
+
+test-fuzz: build-fuzz
+	cd $(FUZZ) && ctest --output-on-failure -j$(JOBS) -L fuzz
 
 test-unit: build-asan
 	cd $(ASAN) && ctest --output-on-failure -j$(JOBS) -L unit
@@ -51,4 +63,4 @@ format-check: setup
 	@clang-format --dry-run --Werror $(SOURCES) && echo "format-check: $(words $(SOURCES)) files clean"
 
 clean:
-	rm -rf $(BUILD) $(ASAN)
+	rm -rf $(BUILD) $(ASAN) $(FUZZ)

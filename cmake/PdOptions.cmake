@@ -18,7 +18,10 @@ set(CMAKE_EXPORT_COMPILE_COMMANDS ON)
 add_compile_definitions(_GNU_SOURCE)
 
 set(PD_C_WARNINGS -Wall -Wextra -Wshadow -Wstrict-prototypes -Wmissing-prototypes -Wformat=2
-    -Wno-unused-parameter -Wno-format-truncation)
+    -Wno-unused-parameter)
+if(CMAKE_C_COMPILER_ID STREQUAL "GNU")
+    list(APPEND PD_C_WARNINGS -Wno-format-truncation) # gcc only; clang (fuzz build) lacks it
+endif()
 if(PD_WERROR)
     list(APPEND PD_C_WARNINGS -Werror)
 endif()
@@ -49,3 +52,35 @@ if(NOT PD_CUDA STREQUAL "OFF")
     endif()
 endif()
 message(STATUS "pdserve: CUDA ${PD_CUDA_ENABLED}, sanitize '${PD_SANITIZE}', werror ${PD_WERROR}")
+
+# PD_FUZZ: libFuzzer targets (tests/fuzz/). They need clang's -fsanitize=fuzzer (Debian:
+# clang + libclang-rt-14-dev); AUTO builds them when that links, else skips them. When on, every
+# C file also gets -fsanitize=fuzzer-no-link so the fuzzers see coverage of the product code.
+set(PD_FUZZ "AUTO" CACHE STRING "Build libFuzzer targets: AUTO (when clang has libFuzzer), ON, OFF")
+set_property(CACHE PD_FUZZ PROPERTY STRINGS AUTO ON OFF)
+set(PD_FUZZ_ENABLED OFF)
+if(NOT PD_FUZZ STREQUAL "OFF")
+    if(CMAKE_C_COMPILER_ID STREQUAL "Clang")
+        include(CheckCSourceCompiles)
+        set(CMAKE_REQUIRED_FLAGS -fsanitize=fuzzer)
+        set(CMAKE_REQUIRED_LINK_OPTIONS -fsanitize=fuzzer)
+        check_c_source_compiles("#include <stddef.h>
+#include <stdint.h>
+int LLVMFuzzerTestOneInput(const uint8_t *d, size_t n);
+int LLVMFuzzerTestOneInput(const uint8_t *d, size_t n) { (void)d; (void)n; return 0; }"
+            PD_HAVE_LIBFUZZER)
+        unset(CMAKE_REQUIRED_FLAGS)
+        unset(CMAKE_REQUIRED_LINK_OPTIONS)
+    endif()
+    if(PD_HAVE_LIBFUZZER)
+        set(PD_FUZZ_ENABLED ON)
+        add_compile_options("$<$<COMPILE_LANGUAGE:C>:-fsanitize=fuzzer-no-link>")
+    elseif(PD_FUZZ STREQUAL "ON")
+        message(FATAL_ERROR "PD_FUZZ=ON but ${CMAKE_C_COMPILER} cannot link -fsanitize=fuzzer "
+            "(needs clang and libclang-rt-14-dev)")
+    else()
+        message(STATUS "pdserve: fuzz targets skipped (${CMAKE_C_COMPILER_ID} compiler has no "
+            "libFuzzer; configure with CC=clang for them)")
+    endif()
+endif()
+message(STATUS "pdserve: fuzz ${PD_FUZZ_ENABLED}")

@@ -21,6 +21,7 @@
 
 #include <cjson/cJSON.h>
 #include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -181,7 +182,11 @@ static int get_int(const cJSON *obj, const char *key, const char *param, double 
     if (v->valuedouble < lo || v->valuedouble > hi)
         return bad(e, param, "'%s' is %.17g: must be in [%.17g, %.17g]", param, v->valuedouble, lo,
                    hi);
-    *dst = (int)v->valuedouble;
+    /* callers with an open range (n, best_of) refuse all but one value next; clamping keeps the
+     * conversion of a huge number defined (a double outside int's range is UB to convert) */
+    *dst = v->valuedouble >= INT_MAX   ? INT_MAX
+           : v->valuedouble <= INT_MIN ? INT_MIN
+                                       : (int)v->valuedouble;
     if (given)
         *given = true;
     return PD_OK;
@@ -669,7 +674,10 @@ static int parse_sampling(const cJSON *obj, const char *obj_raw, size_t obj_len,
     const char *seed_key = r->kind == PD_API_GENERATE ? "sampling_seed" : "seed";
     const cJSON *seed = cJSON_GetObjectItemCaseSensitive(obj, seed_key);
     if (seed && !cJSON_IsNull(seed)) {
-        if (!is_integer(seed) || fabs(seed->valuedouble) > 18446744073709551615.0)
+        /* [-2^63, 2^64): the range whose conversions below are defined (2^64 - 1 rounds up to
+         * 2^64 as a double, so the bound is exclusive) */
+        if (!is_integer(seed) || !(seed->valuedouble >= -9223372036854775808.0 &&
+                                   seed->valuedouble < 18446744073709551616.0))
             return bad(e, P(seed_key), "'%s' must be an integer", p);
         sp->has_seed = true;
         sp->seed = seed->valuedouble < 0 ? (uint64_t)(int64_t)seed->valuedouble

@@ -15,6 +15,7 @@
 #include "common/alloc.h"
 #include "common/status.h"
 
+#include <inttypes.h>
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -34,7 +35,11 @@ struct blk {
 
 struct arena {
     struct blk *head;
+    size_t total; /* bytes of all blocks */
 };
+
+/* A template that builds more than this ('x' * 10**12, huge ranges) is an error, not an OOM. */
+#define ARENA_MAX ((size_t)256 << 20)
 
 struct env {
     struct arena *arena;
@@ -56,11 +61,22 @@ static void fail(struct env *e, int code, const char *fmt, ...) {
     longjmp(e->jb, 1);
 }
 
+/* A float as an int64 (truncated, as Python's int()); out of range or not finite is an error,
+ * not C's undefined conversion. */
+static int64_t to_int(struct env *e, double f, int line) {
+    if (!(f > -9223372036854775809.0 && f < 9223372036854775808.0))
+        fail(e, PD_ERANGE, "line %d: %g does not fit a 64-bit integer", line, f);
+    return (int64_t)f;
+}
+
 static void *amalloc(struct env *e, size_t n) {
     n = (n + 15) & ~(size_t)15;
     struct blk *b = e->arena->head;
     if (!b || b->cap - b->used < n) {
         size_t cap = n > 16384 ? n : 16384;
+        if (cap > ARENA_MAX || e->arena->total + cap > ARENA_MAX)
+            fail(e, PD_ERANGE, "template needs more than %zu MiB", ARENA_MAX >> 20);
+        e->arena->total += cap;
         b = pd_malloc(sizeof(struct blk) + cap);
         if (!b)
             fail(e, PD_ENOMEM, "out of memory");
@@ -591,6 +607,8 @@ struct lexer {
     int line;
     struct tok *toks;
     size_t n, cap;
+    size_t line_pos; /* line_at's cache: src[0..line_pos) holds line_no - 1 newlines */
+    int line_no;
 };
 
 static void push_tok(struct lexer *lx, struct tok t) {
@@ -605,11 +623,16 @@ static void push_tok(struct lexer *lx, struct tok t) {
     lx->toks[lx->n++] = t;
 }
 
-static int line_at(const char *src, size_t pos) {
-    int l = 1;
-    for (size_t i = 0; i < pos; i++)
-        l += src[i] == '\n';
-    return l;
+/* The line of src[pos]. Counted on from the last position asked (the lexer mostly moves
+ * forward): counting from the start each time made lexing quadratic in the template's size. */
+static int line_at(struct lexer *lx, size_t pos) {
+    if (pos < lx->line_pos || !lx->line_no) {
+        lx->line_pos = 0;
+        lx->line_no = 1;
+    }
+    for (; lx->line_pos < pos; lx->line_pos++)
+        lx->line_no += lx->src[lx->line_pos] == '\n';
+    return lx->line_no;
 }
 
 static bool is_ws(char c) {
@@ -626,8 +649,8 @@ static size_t lex_tag(struct lexer *lx, size_t p, char close, bool *rstrip, bool
         while (p < n && is_ws(s[p]))
             p++;
         if (p >= n)
-            fail(e, PD_EFORMAT, "line %d: unclosed tag", line_at(s, p));
-        int line = line_at(s, p);
+            fail(e, PD_EFORMAT, "line %d: unclosed tag", line_at(lx, p));
+        int line = line_at(lx, p);
         /* closing delimiter, possibly with - or + */
         if ((s[p] == '-' || s[p] == '+') && p + 2 < n + 1 && s[p + 1] == close && p + 2 <= n &&
             s[p + 2] == '}') {
@@ -802,12 +825,12 @@ static void lex(struct lexer *lx) {
         }
         if (te > ts)
             push_tok(lx,
-                     (struct tok){.k = T_TEXT, .s = s + ts, .n = te - ts, .line = line_at(s, ts)});
+                     (struct tok){.k = T_TEXT, .s = s + ts, .n = te - ts, .line = line_at(lx, ts)});
         if (q >= n)
             break;
         size_t body = q + 2 + (mod == '-' || mod == '+');
         bool rstrip = false, keep = false;
-        int line = line_at(s, q);
+        int line = line_at(lx, q);
         if (kind == '#') {
             const char *end = NULL;
             for (size_t k = body; k + 1 < n; k++)
@@ -889,7 +912,7 @@ static void lex(struct lexer *lx) {
             line_starting = true;
         }
     }
-    push_tok(lx, (struct tok){.k = T_EOF, .line = line_at(s, n)});
+    push_tok(lx, (struct tok){.k = T_EOF, .line = line_at(lx, n)});
 }
 
 /* ---------------------------------------------------------------- AST */
@@ -938,11 +961,23 @@ struct node {
     bool negate; /* "is not", "not in" */
 };
 
+/* Nesting limits: the parser and the renderer recurse, so a template nested (or a macro
+ * calling itself) past these is an error, not a stack overflow. Real templates nest a few deep. */
+#define PARSE_DEPTH_MAX 64
+#define MACRO_DEPTH_MAX 32
+
 struct parser {
     struct env *e;
     struct tok *t;
     size_t pos;
+    int depth; /* parse_expr / parse_unary / parse_body frames open */
 };
+
+static void enter(struct parser *ps) {
+    if (++ps->depth > PARSE_DEPTH_MAX)
+        fail(ps->e, PD_EFORMAT, "line %d: template nested deeper than %d", ps->t[ps->pos].line,
+             PARSE_DEPTH_MAX);
+}
 
 static struct node *mk(struct parser *ps, enum nk k, int line) {
     struct node *n = amalloc(ps->e, sizeof(struct node));
@@ -1207,17 +1242,19 @@ static struct node *parse_filters(struct parser *ps, struct node *n) {
 
 static struct node *parse_unary(struct parser *ps) {
     struct tok *t = peek(ps);
+    struct node *n;
+    enter(ps);
     if (accept_op(ps, "-")) {
-        struct node *n = mk(ps, E_NEG, t->line);
+        n = mk(ps, E_NEG, t->line);
         n->a = parse_unary(ps);
-        return n;
-    }
-    if (accept_op(ps, "+")) {
-        struct node *n = mk(ps, E_POS, t->line);
+    } else if (accept_op(ps, "+")) {
+        n = mk(ps, E_POS, t->line);
         n->a = parse_unary(ps);
-        return n;
+    } else {
+        n = parse_filters(ps, parse_postfix(ps, parse_primary(ps)));
     }
-    return parse_filters(ps, parse_postfix(ps, parse_primary(ps)));
+    ps->depth--;
+    return n;
 }
 
 static struct node *bin(struct parser *ps, const char *op, struct node *a, struct node *b,
@@ -1334,6 +1371,7 @@ static struct node *parse_or(struct parser *ps) {
 
 /* a if cond else b (else optional: undefined) */
 static struct node *parse_expr(struct parser *ps) {
+    enter(ps);
     struct node *n = parse_or(ps);
     while (is_name(peek(ps), "if")) {
         struct node *c = mk(ps, E_COND, next(ps)->line);
@@ -1343,6 +1381,7 @@ static struct node *parse_expr(struct parser *ps) {
             c->c = parse_expr(ps);
         n = c;
     }
+    ps->depth--;
     return n;
 }
 
@@ -1489,7 +1528,7 @@ static struct node *parse_stmt(struct parser *ps, struct tok *kw) {
          kw->s);
 }
 
-static struct node *parse_body(struct parser *ps, const char *const *ends, const char **which) {
+static struct node *parse_block(struct parser *ps, const char *const *ends, const char **which) {
     struct node *blk = mk(ps, N_BLOCK, peek(ps)->line);
     for (;;) {
         struct tok *t = next(ps);
@@ -1541,6 +1580,14 @@ static struct node *parse_body(struct parser *ps, const char *const *ends, const
     }
 }
 
+/* parse_block, counted against PARSE_DEPTH_MAX: blocks nest through parse_stmt */
+static struct node *parse_body(struct parser *ps, const char *const *ends, const char **which) {
+    enter(ps);
+    struct node *blk = parse_block(ps, ends, which);
+    ps->depth--;
+    return blk;
+}
+
 struct pd_chat_template {
     struct arena arena;
     struct node *root;
@@ -1584,6 +1631,7 @@ struct rt {
     struct env *e;
     struct scope *sc;
     struct sb *out;
+    int macro_depth; /* macro calls open */
 };
 
 static struct jv eval(struct rt *r, const struct node *n);
@@ -1846,22 +1894,36 @@ static struct jv binop(struct rt *r, const struct node *n, struct jv a, struct j
     if (!strcmp(op, "*") && ((a.k == V_STR && b.k == V_INT) || (a.k == V_INT && b.k == V_STR))) {
         struct jv s = a.k == V_STR ? a : b;
         int64_t k = a.k == V_INT ? a.u.i : b.u.i;
+        if (s.u.s.n && k > 0 && (uint64_t)k > ARENA_MAX / s.u.s.n)
+            fail(e, PD_ERANGE, "line %d: string repeated %" PRId64 " times: too long", line, k);
         struct sb out = {.e = e};
         for (int64_t i = 0; i < k; i++)
             sb_put(&out, s.u.s.p, s.u.s.n);
         return sb_val(&out);
     }
     bool ints = (a.k == V_INT || a.k == V_BOOL) && (b.k == V_INT || b.k == V_BOOL);
-    int64_t x = a.k == V_BOOL ? a.u.b : a.u.i, y = b.k == V_BOOL ? b.u.b : b.u.i;
+    int64_t x = a.k == V_BOOL ? a.u.b : a.u.i, y = b.k == V_BOOL ? b.u.b : b.u.i, z = 0;
     double fx = num(r, a, line), fy = num(r, b, line);
+    /* Python's ints do not overflow; ours are int64: past it is an error (C's overflow is UB) */
+    if (ints && ((op[0] == '+' && __builtin_add_overflow(x, y, &z)) ||
+                 (op[0] == '-' && __builtin_sub_overflow(x, y, &z)) ||
+                 (op[0] == '*' && !op[1] && __builtin_mul_overflow(x, y, &z)) ||
+                 (op[0] == '/' && op[1] == '/' && x == INT64_MIN && y == -1)))
+        fail(e, PD_ERANGE, "line %d: integer overflow in %s", line, op);
     switch (op[0]) {
-    case '+': return ints ? v_int(x + y) : v_float(fx + fy);
-    case '-': return ints ? v_int(x - y) : v_float(fx - fy);
+    case '+': return ints ? v_int(z) : v_float(fx + fy);
+    case '-': return ints ? v_int(z) : v_float(fx - fy);
     case '*':
-        if (op[1] == '*')
-            return ints && y >= 0 ? v_int((int64_t)llround(pow((double)x, (double)y)))
-                                  : v_float(pow(fx, fy));
-        return ints ? v_int(x * y) : v_float(fx * fy);
+        if (op[1] == '*') {
+            if (ints && y >= 0) {
+                double p = pow((double)x, (double)y);
+                if (!(p >= -9223372036854775808.0 && p < 9223372036854775808.0))
+                    fail(e, PD_ERANGE, "line %d: integer overflow in **", line);
+                return v_int((int64_t)llround(p));
+            }
+            return v_float(pow(fx, fy));
+        }
+        return ints ? v_int(z) : v_float(fx * fy);
     case '/':
         if (fy == 0)
             fail(e, PD_EINVAL, "line %d: division by zero", line);
@@ -1881,7 +1943,7 @@ static struct jv binop(struct rt *r, const struct node *n, struct jv a, struct j
         if (fy == 0)
             fail(e, PD_EINVAL, "line %d: modulo by zero", line);
         if (ints) {
-            int64_t m = x % y;
+            int64_t m = y == -1 ? 0 : x % y; /* INT64_MIN % -1 overflows in C */
             if (m != 0 && ((m < 0) != (y < 0)))
                 m += y;
             return v_int(m);
@@ -2212,6 +2274,9 @@ static struct jv call_macro(struct rt *r, const struct node *macro, const struct
     while (g->up)
         g = g->up;
     sc.up = g;
+    if (++r->macro_depth > MACRO_DEPTH_MAX)
+        fail(e, PD_EINVAL, "line %d: macro '%.*s' nested deeper than %d calls", line,
+             (int)macro->name_n, macro->name, MACRO_DEPTH_MAX);
     struct scope *saved = r->sc;
     struct sb *saved_out = r->out;
     struct sb body = {.e = e};
@@ -2234,7 +2299,13 @@ static struct jv call_macro(struct rt *r, const struct node *macro, const struct
     exec(r, macro->b);
     r->sc = saved;
     r->out = saved_out;
+    r->macro_depth--;
     return sb_val(&body);
+}
+
+/* An int argument as is, a float (or bool) converted (to_int) */
+static int64_t int_arg(struct rt *r, struct jv v, int line) {
+    return v.k == V_INT ? v.u.i : to_int(r->e, num(r, v, line), line);
 }
 
 static struct jv call(struct rt *r, const struct node *n) {
@@ -2273,22 +2344,24 @@ static struct jv call(struct rt *r, const struct node *n) {
     if (!strcmp(name, "range")) {
         int64_t lo = 0, hi, step = 1;
         if (a.npos == 1) {
-            hi = (int64_t)num(r, a.pos[0], n->line);
+            hi = int_arg(r, a.pos[0], n->line);
         } else if (a.npos >= 2) {
-            lo = (int64_t)num(r, a.pos[0], n->line);
-            hi = (int64_t)num(r, a.pos[1], n->line);
+            lo = int_arg(r, a.pos[0], n->line);
+            hi = int_arg(r, a.pos[1], n->line);
             if (a.npos == 3)
-                step = (int64_t)num(r, a.pos[2], n->line);
+                step = int_arg(r, a.pos[2], n->line);
         } else {
             fail(e, PD_EINVAL, "line %d: range() needs arguments", n->line);
         }
         if (step == 0)
             fail(e, PD_EINVAL, "line %d: range() step is zero", n->line);
         struct jv l = v_list(e);
-        for (int64_t i = lo; step > 0 ? i < hi : i > hi; i += step) {
+        for (int64_t i = lo; step > 0 ? i < hi : i > hi;) {
             if (l.u.l->n > 1000000)
                 fail(e, PD_ERANGE, "line %d: range() too long", n->line);
             list_push(e, l.u.l, v_int(i));
+            if (__builtin_add_overflow(i, step, &i))
+                break; /* past int64: past hi too */
         }
         return l;
     }
@@ -2423,7 +2496,7 @@ static struct jv apply_filter(struct rt *r, const struct node *n, struct jv v) {
         if (v.k == V_INT)
             return v;
         if (v.k == V_FLOAT)
-            return v_int((int64_t)v.u.f);
+            return v_int(to_int(e, v.u.f, n->line));
         if (v.k == V_BOOL)
             return v_int(v.u.b);
         if (v.k == V_STR) {
@@ -2433,7 +2506,7 @@ static struct jv apply_filter(struct rt *r, const struct node *n, struct jv v) {
                 return v_int(x);
             double d = strtod(s, &end);
             if (end != s && *end == '\0')
-                return v_int((int64_t)d);
+                return v_int(to_int(e, d, n->line));
         }
         return arg(&a, 0, "default", v_int(0));
     }
@@ -2482,8 +2555,11 @@ static struct jv apply_filter(struct rt *r, const struct node *n, struct jv v) {
         if (w.k == V_STR)
             sb_put(&pad, w.u.s.p, w.u.s.n);
         else
-            for (int64_t i = 0; i < (int64_t)num(r, w, line); i++)
-                sb_puts(&pad, " ");
+            for (int64_t i = 0, width = to_int(e, num(r, w, line), line); i < width; i++)
+                if (i >= 4096)
+                    fail(e, PD_ERANGE, "line %d: indent of %" PRId64 " spaces", line, width);
+                else
+                    sb_puts(&pad, " ");
         struct sb b = {.e = e};
         size_t start = 0;
         bool first_line = true;
@@ -2655,13 +2731,13 @@ static bool run_test(struct rt *r, const struct node *n, struct jv v) {
     if (!strcmp(name, "callable"))
         return v.k == V_FUNC;
     if (!strcmp(name, "even") || !strcmp(name, "odd")) {
-        int64_t x = (int64_t)num(r, v, n->line);
+        int64_t x = to_int(r->e, num(r, v, n->line), n->line);
         return (x % 2 == 0) == (name[0] == 'e');
     }
     if (!strcmp(name, "divisibleby")) {
-        int64_t x = (int64_t)num(r, v, n->line),
-                d = (int64_t)num(r, arg(&a, 0, "num", v_int(1)), n->line);
-        return d != 0 && x % d == 0;
+        int64_t x = to_int(r->e, num(r, v, n->line), n->line),
+                d = to_int(r->e, num(r, arg(&a, 0, "num", v_int(1)), n->line), n->line);
+        return d != 0 && (d == -1 || x % d == 0); /* INT64_MIN % -1 overflows in C */
     }
     if (!strcmp(name, "equalto") || !strcmp(name, "eq") || !strcmp(name, "==") ||
         !strcmp(name, "sameas"))
@@ -2720,6 +2796,8 @@ static struct jv eval(struct rt *r, const struct node *n) {
     }
     case E_NEG: {
         struct jv v = eval(r, n->a);
+        if (v.k == V_INT && v.u.i == INT64_MIN)
+            fail(r->e, PD_ERANGE, "line %d: integer overflow in -", n->line);
         return v.k == V_INT ? v_int(-v.u.i) : v_float(-num(r, v, n->line));
     }
     case E_POS: return eval(r, n->a);

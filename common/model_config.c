@@ -388,6 +388,15 @@ static int parse_config(const char *src, const char *json, size_t len,
             goto out;
         }
         c.head_dim = c.hidden_size / c.num_attention_heads;
+        /* the bound a given head_dim has: else a config we accept would print (to_json) a
+         * head_dim our own parser refuses */
+        if (c.head_dim > 65536) {
+            rc = pd_errorf(PD_ERANGE,
+                           "%s: hidden_size / num_attention_heads (%d / %d) is a head_dim of %d, "
+                           "must be in [1, 65536]",
+                           src, c.hidden_size, c.num_attention_heads, c.head_dim);
+            goto out;
+        }
     }
     if ((long long)c.num_attention_heads * c.head_dim > PD_MAX_DIM) {
         rc = pd_errorf(PD_ERANGE, "%s: num_attention_heads x head_dim (%d x %d) is too large", src,

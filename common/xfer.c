@@ -916,6 +916,19 @@ static ucs_status_t on_notice_am(void *arg, const void *header, size_t header_le
     return UCS_OK;
 }
 
+bool pd_xfer_data_fits(const uint32_t *dst, uint32_t n_dst, int n_shards, uint64_t pb,
+                       uint32_t shard, uint32_t index, uint64_t off, size_t length) {
+    if (length == 0 || pb == 0)
+        return false;
+    uint64_t first = index + off / pb; /* room positions written: first .. last */
+    uint64_t last = index + (off + length - 1) / pb;
+    bool ok = shard < (uint32_t)n_shards && index < n_dst && off < (uint64_t)n_dst * pb &&
+              length <= (uint64_t)n_dst * pb && last < n_dst;
+    for (uint64_t k = first; ok && k <= last; k++)
+        ok = dst[k] == dst[index] + (k - index);
+    return ok;
+}
+
 /* Page data: accepted only for a live receiving room of the peer that sends it, and only into
  * that room's pages at the position the sender was given them; anything else is dropped. Never
  * answers (no reply message can meet a dead endpoint). A message is part of one shard's run: its
@@ -949,13 +962,7 @@ static ucs_status_t on_data_am(void *arg, const void *header, size_t header_leng
         return UCS_OK;
     }
     const uint64_t pb = x->shard_page_bytes;
-    uint64_t first = index + off / pb; /* room positions written: first .. last */
-    uint64_t last = index + (off + length - 1) / pb;
-    bool ok = shard < (uint32_t)x->n_shards && index < r->n_dst && off < (uint64_t)r->n_dst * pb &&
-              length <= (uint64_t)r->n_dst * pb && last < r->n_dst;
-    for (uint64_t k = first; ok && k <= last; k++)
-        ok = r->dst[k] == r->dst[index] + (k - index);
-    if (!ok) {
+    if (!pd_xfer_data_fits(r->dst, r->n_dst, x->n_shards, pb, shard, index, off, length)) {
         x->dropped_writes++;
         pd_warn("xfer: room %" PRIu64 ": %zu bytes of shard %u at page position %u + %" PRIu64
                 " do not fit the room's %u pages of %d shards; failing the room",

@@ -296,4 +296,12 @@ size_t pd_xfer_notice_encode(const struct pd_xfer_notice *n, uint64_t sender_id,
 int pd_xfer_notice_decode(const void *buf, size_t len, struct pd_xfer_notice *n,
                           uint64_t *sender_id);
 
+/* The receive-side check of a page-data message's header against its room (exposed for tests
+ * and fuzzing): length bytes (> 0) at byte offset off of shard `shard`'s pages from room position
+ * index, in a room of n_dst destination pages dst[] with shard pages of pb bytes, n_shards
+ * shards. true when every page it touches is the room's and they are consecutive in the pool,
+ * so the write stays inside the room's pages. */
+bool pd_xfer_data_fits(const uint32_t *dst, uint32_t n_dst, int n_shards, uint64_t pb,
+                       uint32_t shard, uint32_t index, uint64_t off, size_t length);
+
 #endif

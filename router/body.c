@@ -108,7 +108,8 @@ static int samples_n(int route, const cJSON *root, int *n) {
     if (!item || cJSON_IsNull(item))
         return PD_OK;
     double v = cJSON_GetNumberValue(item);
-    if (!cJSON_IsNumber(item) || v != (double)(int)v || v < 1 || v > PD_API_MAX_N)
+    /* range first: (int) of a double outside int (1e400 parses as inf) is undefined */
+    if (!cJSON_IsNumber(item) || !(v >= 1 && v <= PD_API_MAX_N) || v != (double)(int)v)
         return pd_errorf(PD_EINVAL, "'n' must be an integer in [1, %d]", PD_API_MAX_N);
     *n = (int)v;
     return PD_OK;

@@ -23,7 +23,8 @@ static int absorb_event(int route, cJSON *src, cJSON *ev) {
             cJSON_Delete(mi);
             return PD_OK;
         }
-        while (cJSON_GetArraySize(src) <= k) {
+        /* the size once: cJSON_GetArraySize walks the list, so asking per slot was quadratic */
+        for (int n = cJSON_GetArraySize(src); n <= k; n++) {
             cJSON *o = cJSON_CreateObject();
             if (!o || !cJSON_AddItemToArray(src, o)) {
                 cJSON_Delete(o);

@@ -30,6 +30,7 @@ tool_packages=(
     golang-go golang-github-masterminds-sprig-dev golang-gopkg-yaml.v3-dev
     python3-yaml python3-jsonschema yamllint python3-venv
     python3-numpy         # tests/python/test_sliding_window_ref.py: the numpy reference forward
+    clang libclang-rt-14-dev # tests/fuzz: libFuzzer (-fsanitize=fuzzer) targets, build-fuzz
 )
 build_only=${PD_SETUP_BUILD_ONLY:-0}
 if [ "$build_only" != 1 ]; then

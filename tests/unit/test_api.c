@@ -326,6 +326,19 @@ static void test_completions(void) {
                400, "stream_options.include_usage", "must be a boolean");
     EXPECT_BAD(PD_API_COMPLETIONS, "{\"prompt\":\"a\",\"seed\":1.5}", 400, "seed",
                "must be an integer");
+    /* found by tests/fuzz/fuzz_api: numbers past int / uint64 were converted (UB) */
+    EXPECT_BAD(PD_API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"n\":7e102}",
+               400, "n", "'n' is");
+    EXPECT_BAD(PD_API_COMPLETIONS, "{\"prompt\":\"a\",\"best_of\":-7e102}", 400, "best_of",
+               "'best_of' is");
+    EXPECT_BAD(PD_API_COMPLETIONS, "{\"prompt\":\"a\",\"seed\":18446744073709551615}", 400, "seed",
+               "must be an integer");
+    EXPECT_BAD(PD_API_COMPLETIONS, "{\"prompt\":\"a\",\"seed\":-1e19}", 400, "seed",
+               "must be an integer");
+    CHECK_INT(parse(PD_API_COMPLETIONS, "{\"prompt\":\"a\",\"seed\":-9223372036854775808}", &r, &e),
+              PD_OK);
+    CHECK(r.sampling.has_seed && r.sampling.seed == UINT64_C(1) << 63);
+    pd_api_request_free(&r);
 }
 
 static void test_model_name(void) {

@@ -174,6 +174,54 @@ static void test_jinja_semantics(void) {
            "a\n b|[1, 2, 3]|1");
 }
 
+/* n levels of open (e.g. "(") around inner, closed by close; heap */
+static char *nest(const char *open, const char *inner, const char *close, int n) {
+    size_t lo = strlen(open), li = strlen(inner), lc = strlen(close);
+    char *s = pd_malloc(n * (lo + lc) + li + 1), *p = s;
+    CHECK(s != NULL);
+    for (int i = 0; i < n; i++, p += lo)
+        memcpy(p, open, lo);
+    memcpy(p, inner, li);
+    p += li;
+    for (int i = 0; i < n; i++, p += lc)
+        memcpy(p, close, lc);
+    *p = '\0';
+    return s;
+}
+
+/* Nesting past the parser's limit is a format error, not a stack overflow; normal depths work. */
+static void test_deep_nesting(void) {
+    char *s = nest("(", "1", ")", 100000);
+    char *t = pd_malloc(strlen(s) + 8);
+    CHECK(t != NULL);
+    sprintf(t, "{{ %s }}", s);
+    expect_err(t, PD_EFORMAT, "nested deeper than 64");
+    pd_free(t);
+    pd_free(s);
+    s = nest("{% if true %}", "x", "{% endif %}", 5000);
+    expect_err(s, PD_EFORMAT, "nested deeper than 64");
+    pd_free(s);
+    s = nest("-", "1", "", 100000);
+    t = pd_malloc(strlen(s) + 8);
+    CHECK(t != NULL);
+    sprintf(t, "{{ %s }}", s);
+    expect_err(t, PD_EFORMAT, "nested deeper than 64");
+    pd_free(t);
+    pd_free(s);
+    s = nest("{% if true %}[", "x", "]{% endif %}", 20);
+    t = nest("[", "x", "]", 20);
+    expect(s, NULL, t);
+    pd_free(t);
+    pd_free(s);
+    s = nest("(", "1", ")", 20);
+    t = pd_malloc(strlen(s) + 8);
+    CHECK(t != NULL);
+    sprintf(t, "{{ %s }}", s);
+    expect(t, NULL, "1");
+    pd_free(t);
+    pd_free(s);
+}
+
 static void test_errors(void) {
     expect_err("{{ raise_exception('Roles must alternate!') }}", PD_EINVAL,
                "Roles must alternate!");
@@ -187,6 +235,31 @@ static void test_errors(void) {
     expect_err("{{ 1 + }}", PD_EFORMAT, "line 1");
     expect_err("{{ 'a' + 1 }}", PD_EINVAL, "unsupported operand types for +: 'str' and 'int'");
     expect_err("{{ x.y }}", PD_EINVAL, "'y' of an undefined value");
+    /* found by tests/fuzz/fuzz_chat_template: these overflowed the stack */
+    expect_err("{% macro f(a) %}{{ f(a) }}{% endmacro %}{{ f(1) }}", PD_EINVAL,
+               "line 1: macro 'f' nested deeper than 32 calls");
+    expect_err("{% macro f(n) %}{% if n > 0 %}{{ f(n - 1) }}{% endif %}{% endmacro %}{{ f(40) }}",
+               PD_EINVAL, "nested deeper than 32 calls");
+    expect("{% macro f(n) %}{% if n > 0 %}{{ n }}{{ f(n - 1) }}{% endif %}{% endmacro %}{{ f(3) }}",
+           NULL, "321");
+    test_deep_nesting();
+    /* found by fuzz_chat_template: int64 overflow and float-to-int conversions were UB, and
+     * nothing bounded what a template may build */
+    expect_err("{{ 9223372036854775807 + 1 }}", PD_ERANGE, "line 1: integer overflow in +");
+    expect_err("{{ -9223372036854775807 - 2 }}", PD_ERANGE, "integer overflow in -");
+    expect_err("{{ 4294967296 * 4294967296 }}", PD_ERANGE, "integer overflow in *");
+    expect_err("{{ 2 ** 64 }}", PD_ERANGE, "integer overflow in **");
+    expect_err("{{ 1e300 | int }}", PD_ERANGE, "does not fit a 64-bit integer");
+    expect_err("{% for i in range(1e300) %}{% endfor %}", PD_ERANGE,
+               "does not fit a 64-bit integer");
+    expect_err("{{ 'ab' * 1000000000000 }}", PD_ERANGE, "string repeated 1000000000000 times");
+    expect_err("{% set ns = namespace(s='x') %}{% for i in range(64) %}{% set ns.s = ns.s ~ ns.s "
+               "%}{% endfor %}{{ ns.s | length }}",
+               PD_ERANGE, "template needs more than 256 MiB");
+    expect("{{ range(9223372036854775800, 9223372036854775807, 5) | list }}", NULL,
+           "[9223372036854775800, 9223372036854775805]");
+    expect("{{ 2 ** 62 }} {{ 9223372036854775806 + 1 }} {{ -7 % -1 }}", NULL,
+           "4611686018427387904 9223372036854775807 0");
 }
 
 static void test_alloc_failures(void) {

@@ -582,6 +582,10 @@ static void test_errors(void) {
     CHECK_ERR(parse("{" LLAMA BASE ",\"hidden_size\":-64}", &c), PD_ERANGE, "'hidden_size'");
     CHECK_ERR(parse("{" LLAMA BASE ",\"hidden_size\":100}", &c), PD_EINVAL,
               "hidden_size (100) must be a multiple of num_attention_heads (8)");
+    /* found by tests/fuzz/fuzz_model_config: a derived head_dim escaped the bound a given one
+     * has, so the config printed back (pd_model_config_to_json) did not parse */
+    CHECK_ERR(parse("{" LLAMA BASE ",\"hidden_size\":640000}", &c), PD_ERANGE,
+              "hidden_size / num_attention_heads (640000 / 8) is a head_dim of 80000");
     CHECK_ERR(parse("{" LLAMA BASE ",\"hidden_size\":64,\"num_key_value_heads\":3}", &c), PD_EINVAL,
               "must be a multiple of num_key_value_heads (3)");
     CHECK_ERR(parse("{" LLAMA BASE ",\"hidden_size\":64,\"tie_word_embeddings\":1}", &c), PD_EINVAL,

@@ -151,6 +151,10 @@ static void test_refusals(void) {
            "'n' must be an integer in [1, 128]");
     REFUSE(PD_ROUTER_ROUTE_CHAT, "{\"messages\":[],\"n\":1.5}", PD_EINVAL, "'n' must be");
     REFUSE(PD_ROUTER_ROUTE_CHAT, "{\"messages\":[],\"n\":129}", PD_EINVAL, "[1, 128]");
+    /* found by tests/fuzz/fuzz_router_body: converted to int before the range check (UB) */
+    REFUSE(PD_ROUTER_ROUTE_GENERATE, "{\"text\":[\"a\"],\"sampling_params\":{\"n\":31e308}}",
+           PD_EINVAL, "[1, 128]");
+    REFUSE(PD_ROUTER_ROUTE_COMPLETIONS, "{\"prompt\":\"a\",\"n\":-1e300}", PD_EINVAL, "[1, 128]");
     REFUSE(PD_ROUTER_ROUTE_COMPLETIONS,
            "{\"prompt\":[\"a\",\"b\",\"c\",\"d\",\"e\",\"f\",\"g\",\"h\",\"i\"],\"n\":128}",
            PD_EINVAL, "at most 1024");

@@ -166,6 +166,15 @@ static void test_streamed_prefill(void) {
     CHECK_STR(cJSON_GetArrayItem(toks, 1)->valuestring, "b");
     cJSON_Delete(j);
     pd_router_lpmerge_free(&m);
+
+    /* found by tests/fuzz/fuzz_lpmerge: a high index filled its slots in quadratic time (this
+     * one took minutes); linear now */
+    const char *hi = "data: {\"index\":300000,\"meta_info\":{\"input_token_logprobs\":[]}}\n\n"
+                     "data: {\"index\":299999,\"meta_info\":{}}\n\n";
+    CHECK_OK(pd_router_lpmerge_init(&m, PD_ROUTER_ROUTE_GENERATE, hi, strlen(hi)));
+    CHECK_INT(cJSON_GetArraySize(m.source), 300001);
+    CHECK(at(cJSON_GetArrayItem(m.source, 300000), "meta_info") != NULL);
+    pd_router_lpmerge_free(&m);
 }
 
 static void test_body_flag(void) {
