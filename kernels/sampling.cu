@@ -167,7 +167,8 @@ static __device__ __forceinline__ unsigned long long fix_of(float w) {
     return __double2ull_rn((double)w * PDK_FIX);
 }
 
-static __device__ __forceinline__ double block_sum_d(double v, double *sh) {
+/* The sum of v over the block (every thread gets it); sh holds one T per warp. */
+template <typename T> static __device__ __forceinline__ T block_sum(T v, T *sh) {
     int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
     for (int o = 16; o > 0; o >>= 1)
         v += __shfl_xor_sync(0xffffffffu, v, o);
@@ -175,21 +176,7 @@ static __device__ __forceinline__ double block_sum_d(double v, double *sh) {
     if (lane == 0)
         sh[wid] = v;
     __syncthreads();
-    v = lane < nw ? sh[lane] : 0.0;
-    for (int o = 16; o > 0; o >>= 1)
-        v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-
-static __device__ __forceinline__ int block_sum_i(int v, int *sh) {
-    int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    for (int o = 16; o > 0; o >>= 1)
-        v += __shfl_xor_sync(0xffffffffu, v, o);
-    __syncthreads();
-    if (lane == 0)
-        sh[wid] = v;
-    __syncthreads();
-    v = lane < nw ? sh[lane] : 0;
+    v = lane < nw ? sh[lane] : T(0);
     for (int o = 16; o > 0; o >>= 1)
         v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
@@ -409,7 +396,7 @@ static __global__ void __launch_bounds__(PDK_SAMPLE_THREADS)
         double z = 0.0;
         for (int t = threadIdx.x; t < c.V; t += blockDim.x)
             z += exp((double)__fsub_rn(scaled(c, t), c.mx));
-        c.z = block_sum_d(z, sh.red_d);
+        c.z = block_sum(z, sh.red_d);
         int k = r.top_k > 0 && r.top_k < c.V ? r.top_k : c.V;
         /* top-p: tokens up to and including the first whose inclusive mass exceeds top_p */
         double tp = (double)r.top_p * PDK_FIX;
@@ -420,7 +407,7 @@ static __global__ void __launch_bounds__(PDK_SAMPLE_THREADS)
         int above = 0;
         for (int t = threadIdx.x; t < c.V; t += blockDim.x)
             above += prob_of(c, scaled(c, t)) >= thr;
-        above = block_sum_i(above, sh.red_i);
+        above = block_sum(above, sh.red_i);
         int n = above < keep ? above : keep;
         if (n < 1)
             n = 1;
@@ -445,7 +432,7 @@ static __global__ void __launch_bounds__(PDK_SAMPLE_THREADS)
         double s = 0.0;
         for (int t = threadIdx.x; t < c.V; t += blockDim.x)
             s += exp((double)(c.l[t] - mx));
-        s = block_sum_d(s, sh.red_d);
+        s = block_sum(s, sh.red_d);
         float lse = __fadd_rn(mx, (float)log(s));
         if (p.logprob && threadIdx.x == 0)
             p.logprob[blockIdx.x] = __fsub_rn(c.l[tok], lse);
