@@ -27,6 +27,7 @@
 #include "common/log.h"
 #include "common/status.h"
 #include "common/sampling.h"
+#include "kernels/flashinfer/pdfi.h"
 #include "kernels/kernels.h"
 
 #include <stdio.h>
@@ -36,6 +37,8 @@
 #define PD_CUDA_GEMM_WORKSPACE (32u << 20) /* bytes */
 #define PD_CUDA_LOG_OPS 8192               /* ops one step may enqueue before an early flush */
 #define PD_CUDA_MAX_GRAPH_REQS 256
+#define PD_CUDA_SAMPLE_ROWS                                                                        \
+    256 /* rows of one sampling launch (its scratch: a probability row each) */
 
 static const int graph_buckets[] = {1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256};
 #define PD_CUDA_N_BUCKETS ((int)PD_ARRAY_LEN(graph_buckets))
@@ -76,9 +79,9 @@ struct graph_slot {
 struct meta_layout {
     size_t token_ids, positions, slots, out_rows, tok_splits; /* [max_tokens] int32 */
     size_t req_tok_start, req_page_start;                     /* [max_reqs + 1] int32 */
-    size_t req_kv_len;                                        /* [max_reqs] int32 */
-    size_t page_table;                                        /* [max_pages] int32 */
-    size_t items;                                             /* [max_items] */
+    size_t req_kv_len, last_page_len;                         /* [max_reqs] int32 */
+    size_t page_table; /* [max_pages + max_graph_reqs] int32 (graph padding: page 0 each) */
+    size_t items;      /* [max_items] */
     size_t total;
 };
 
@@ -90,6 +93,7 @@ struct meta_layout {
 struct cuda_backend {
     struct pd_backend base;
     int dev, sms;
+    bool sm90; /* a Hopper GPU: FlashInfer's sm90 attention for extend steps */
     cudaStream_t stream;
     cudaEvent_t meta_done;
     struct pd_kernel_gemm *gemm;
@@ -102,7 +106,12 @@ struct cuda_backend {
     char *meta_h; /* pinned host */
     char *meta_d; /* device */
     int max_items, max_split_tokens, max_graph_reqs;
-    void *xconv;             /* device [max_tokens][max_dim] 2-byte GEMM inputs */
+    void *xconv; /* device [max_tokens][max_dim] 2-byte GEMM inputs */
+    /* FlashInfer attention (kernels/flashinfer/): its workspace, this step's plan, and q / o in
+     * the 2-byte type its kernels take ([max_tokens][max_heads][max_head_dim]) */
+    struct pdfi_workspace fi_ws;
+    struct pdfi_plan fi_plan;
+    void *fi_q, *fi_o;
     float *part_o, *part_ml; /* device attention split partials */
     /* argmax / sample results (ids + logprobs, [max_tokens] x 8 bytes) then the sample rows'
      * parameters ([max_tokens] x pd_kernel_sample_row): device, and a pinned copy */
@@ -111,6 +120,8 @@ struct cuda_backend {
      * token ids pd_backend_penalty_set uploads (pinned host, device) */
     int32_t *pen_state;
     int32_t *pen_ids_h, *pen_ids_d;
+    void *samp; /* argmax's and the draw's scratch (sample_scratch), samp_bytes */
+    size_t samp_bytes;
     struct op *log; /* [PD_CUDA_LOG_OPS] */
     int n_log;
     /* current step */
@@ -118,10 +129,18 @@ struct cuda_backend {
     int n_tokens, n_reqs, n_out, n_pages;
     int bucket; /* graph bucket (padded n) of a decode step, 0 = eager */
     int bucket_idx;
+    int n_pad_pages; /* page-table entries after n_pages: one per padding request of a bucket */
     struct pd_kernel_attn_batch attn;
+    /* the step's attention plan: made at the first flush whose log holds an attention op (its
+     * head counts and pool come with that op), for FlashInfer (fi_step) or our own kernel */
+    bool attn_planned, fi_step;
+    int fi_reqs;                   /* requests of the FlashInfer plan (the bucket's when padded) */
     int attn_heads, attn_kv_heads; /* the head counts attn was planned for */
     struct graph_slot graphs[PD_CUDA_N_BUCKETS];
     struct pd_backend_cuda_stats stats;
+    /* per-op timing (pd_backend_cuda_profile): events [PD_CUDA_LOG_OPS + 1] */
+    struct pd_backend_cuda_profile *prof;
+    cudaEvent_t *prof_ev;
 };
 
 static struct cuda_backend *cb(struct pd_backend *be) {
@@ -190,6 +209,13 @@ static void free_step_buffers(struct cuda_backend *c) {
     cudaFree(c->xconv);
     cudaFree(c->part_o);
     cudaFree(c->part_ml);
+    cudaFree(c->fi_ws.float_ws);
+    cudaFree(c->fi_ws.int_ws);
+    cudaFreeHost(c->fi_ws.int_ws_host);
+    cudaFree(c->fi_q);
+    cudaFree(c->fi_o);
+    c->fi_ws = (struct pdfi_workspace){0};
+    c->fi_q = c->fi_o = NULL;
     cudaFree(c->amax_d);
     cudaFreeHost(c->amax_h);
     c->amax_d = c->amax_h = NULL;
@@ -238,12 +264,20 @@ static int cuda_reserve(struct pd_backend *be, const struct pd_backend_limits *l
     PLACE(req_tok_start, (nr + 1) * i32);
     PLACE(req_page_start, (nr + 1) * i32);
     PLACE(req_kv_len, nr * i32);
-    PLACE(page_table, (size_t)lim->max_pages * i32);
+    PLACE(last_page_len, nr * i32);
+    PLACE(page_table, ((size_t)lim->max_pages + (size_t)c->max_graph_reqs) * i32);
     PLACE(items, (size_t)c->max_items * sizeof(struct pd_kernel_attn_item));
 #undef PLACE
     m->total = o;
     size_t split_rows =
         (size_t)c->max_split_tokens * (size_t)lim->max_heads * PD_KERNEL_ATTN_MAX_SPLITS;
+    /* FlashInfer's work items: at most one per 16 packed (row, head) pairs plus one per request
+     * and the graph padding to 2 CTAs per SM, three ints each, plus per-request and per-row
+     * index arrays, plus 8 MiB for the Hopper plan's per-(tile, kv head) arrays */
+    size_t fi_items = nt * (size_t)lim->max_heads / 16 + nr + 4 * (size_t)c->sms + 16;
+    c->fi_ws.int_bytes = fi_items * 3 * 4 + (nr + nt + 8) * 8 + (8u << 20);
+    c->fi_ws.float_bytes = pdfi_float_workspace_bytes(c->sms, lim->max_head_dim);
+    size_t qo_bytes = nt * (size_t)lim->max_heads * (size_t)lim->max_head_dim * 2;
     if ((rc = pd__cuda_status(cudaMallocHost((void **)&c->meta_h, m->total), "pinned metadata")) ||
         (rc = pd__cuda_status(cudaMalloc((void **)&c->meta_d, m->total), "device metadata")) ||
         (rc = pd__cuda_status(cudaMalloc(&c->xconv, nt * (size_t)lim->max_dim * 2),
@@ -253,6 +287,14 @@ static int cuda_reserve(struct pd_backend *be, const struct pd_backend_limits *l
              "attention split partials")) ||
         (rc = pd__cuda_status(cudaMalloc((void **)&c->part_ml, split_rows * 2 * 4),
                               "attention split partials")) ||
+        (rc = pd__cuda_status(cudaMalloc(&c->fi_ws.float_ws, c->fi_ws.float_bytes),
+                              "attention workspace")) ||
+        (rc = pd__cuda_status(cudaMalloc(&c->fi_ws.int_ws, c->fi_ws.int_bytes),
+                              "attention plan buffer")) ||
+        (rc = pd__cuda_status(cudaMallocHost(&c->fi_ws.int_ws_host, c->fi_ws.int_bytes),
+                              "pinned attention plan buffer")) ||
+        (rc = pd__cuda_status(cudaMalloc(&c->fi_q, qo_bytes), "attention query buffer")) ||
+        (rc = pd__cuda_status(cudaMalloc(&c->fi_o, qo_bytes), "attention output buffer")) ||
         (rc = pd__cuda_status(cudaMalloc((void **)&c->amax_d, nt * AMAX_ROW_BYTES),
                               "argmax results")) ||
         (rc = pd__cuda_status(cudaMallocHost((void **)&c->amax_h, nt * AMAX_ROW_BYTES),
@@ -326,6 +368,24 @@ static int cuda_download(struct pd_backend *be, void *dst, const void *src, size
     return st ? st : rc;
 }
 
+/* The choice's scratch (kernels/sampling.cu: argmax partials, the draw's probabilities), grown
+ * to what a launch needs; kept for the backend's life. Called at a sync point: nothing in
+ * flight uses the old one. */
+static int sample_scratch(struct cuda_backend *c, size_t need) {
+    if (need <= c->samp_bytes)
+        return PD_OK;
+    int rc = pd__cuda_status(cudaStreamSynchronize(c->stream), "running the step on the GPU");
+    if (rc)
+        return rc;
+    cudaFree(c->samp);
+    c->samp = NULL;
+    c->samp_bytes = 0;
+    if ((rc = pd__cuda_status(cudaMalloc(&c->samp, need), "sampling scratch")))
+        return pd_error_wrap(rc, "%zu bytes of sampling scratch", need);
+    c->samp_bytes = need;
+    return PD_OK;
+}
+
 /* Sampling fast path: the rows' parameters go up with the launch, the kernel chooses on the
  * device (kernels/sampling.cu mirrors common/sampling.c, penalties from the slots' state
  * included), and 8 bytes a row come back, plus the top-n when a row asks for it. */
@@ -355,24 +415,46 @@ static int cuda_sample(struct pd_backend *be, const float *x, int rows, int cols
                                                   .n_top = q->n_logprobs};
         any_top = any_top || q->n_logprobs > 0;
     }
-    struct pd_kernel_sample_params sp = {
-        .logits = x,
-        .rows = rows,
-        .vocab = cols,
-        .row = (const struct pd_kernel_sample_row *)(c->amax_d + o_rows),
-        .ids = (int32_t *)c->amax_d,
-        .logprob = (float *)(c->amax_d + (size_t)rows * 4),
-        .state = c->pen_state,
-        .n_slots = be->pen_slots,
-        .top_ids = any_top ? (int32_t *)(c->amax_d + o_top) : NULL,
-        .top_lp = any_top ? (float *)(c->amax_d + o_top + nt * PD_KERNEL_MAX_TOP * 4) : NULL};
     if (!rc)
         rc = pd__cuda_status(cudaMemcpyAsync(c->amax_d + o_rows, rows_h,
                                              (size_t)rows * sizeof(*rows_h), cudaMemcpyHostToDevice,
                                              c->stream),
                              "copying sampling parameters to the GPU");
-    if (!rc)
-        rc = pd_kernel_sample(&sp, c->stream);
+    /* launches of at most PD_CUDA_SAMPLE_ROWS rows: the draw's scratch holds a probability row
+     * per row (a prefill step's first tokens can be many) */
+    size_t o_lp_top = nt * PD_KERNEL_MAX_TOP * 4;
+    for (int r0 = 0; !rc && r0 < rows; r0 += PD_CUDA_SAMPLE_ROWS) {
+        int n = rows - r0 < PD_CUDA_SAMPLE_ROWS ? rows - r0 : PD_CUDA_SAMPLE_ROWS;
+        struct pd_kernel_sample_params sp = {
+            .logits = x + (size_t)r0 * (size_t)cols,
+            .rows = n,
+            .vocab = cols,
+            .row = (const struct pd_kernel_sample_row *)(c->amax_d + o_rows) + r0,
+            .ids = (int32_t *)c->amax_d + r0,
+            .logprob = (float *)(c->amax_d + (size_t)rows * 4) + r0,
+            .state = c->pen_state,
+            .n_slots = be->pen_slots,
+            .top_ids =
+                any_top ? (int32_t *)(c->amax_d + o_top) + (size_t)r0 * PD_KERNEL_MAX_TOP : NULL,
+            .top_lp = any_top
+                          ? (float *)(c->amax_d + o_top + o_lp_top) + (size_t)r0 * PD_KERNEL_MAX_TOP
+                          : NULL};
+        for (int r = r0; r < r0 + n; r++) {
+            const struct pd_sample_row *q = &row[r];
+            bool drawn = !pd_sampling_row_greedy(q);
+            sp.any_drawn |= drawn;
+            sp.any_penalized |= q->penalized;
+            sp.any_min_p |= drawn && q->min_p > 0;
+            sp.any_top_k |= drawn && q->top_k > 0 && q->top_k < cols;
+            sp.any_top_p |= drawn && q->top_p < 1;
+        }
+        if (sp.any_drawn)
+            rc = sample_scratch(c, pd_kernel_sample_scratch_bytes(PD_CUDA_SAMPLE_ROWS, cols));
+        sp.scratch = c->samp;
+        sp.scratch_bytes = c->samp_bytes;
+        if (!rc)
+            rc = pd_kernel_sample(&sp, c->stream);
+    }
     if (!rc)
         rc = pd__cuda_status(cudaMemcpyAsync(c->amax_h, c->amax_d, (size_t)rows * 8,
                                              cudaMemcpyDeviceToHost, c->stream),
@@ -478,8 +560,15 @@ static int cuda_argmax(struct pd_backend *be, const float *x, int rows, int cols
         rc = flush(c);
     int32_t *ids_d = (int32_t *)c->amax_d;
     float *lp_d = (float *)(c->amax_d + (size_t)rows * 4);
-    struct pd_kernel_argmax_params ap = {
-        .logits = x, .rows = rows, .vocab = cols, .ids = ids_d, .logprob = lp_d};
+    if (!rc)
+        rc = sample_scratch(c, pd_kernel_argmax_scratch_bytes(rows, cols));
+    struct pd_kernel_argmax_params ap = {.logits = x,
+                                         .rows = rows,
+                                         .vocab = cols,
+                                         .ids = ids_d,
+                                         .logprob = lp_d,
+                                         .scratch = c->samp,
+                                         .scratch_bytes = c->samp_bytes};
     if (!rc)
         rc = pd_kernel_argmax(&ap, c->stream);
     if (!rc)
@@ -544,10 +633,11 @@ static int cuda_set_batch(struct pd_backend *be, const struct pd_batch_plan *p) 
     /* the previous step's metadata copy must be done before the pinned staging is rewritten */
     if ((rc = pd__cuda_status(cudaEventSynchronize(c->meta_done), "waiting for the last step")))
         return rc;
+    /* a decode step runs padded to its bucket whether its graph is launched or not (graphs off,
+     * or a capture that failed): eager and replayed steps then plan and compute alike, bit for
+     * bit */
     int bidx = 0;
-    int B = c->graphs_on && decode ? pick_bucket(c, p->n_reqs, &bidx) : 0;
-    if (B && c->graphs[bidx].broken)
-        B = 0;
+    int B = decode ? pick_bucket(c, p->n_reqs, &bidx) : 0;
     int rows = B ? B : p->n_tokens, reqs = B ? B : p->n_reqs;
     const struct meta_layout *m = &c->ml;
     size_t nt = (size_t)p->n_tokens * sizeof(int32_t);
@@ -567,11 +657,18 @@ static int cuda_set_batch(struct pd_backend *be, const struct pd_batch_plan *p) 
         meta_i32(c, m->out_rows)[i] = i;
         meta_i32(c, m->tok_splits)[i] = 0;
     }
+    /* padding requests: no keys for our kernel (kv_len 0), one key for FlashInfer (page 0's
+     * first slot, any finite value: the padding rows are never read) */
     for (int r = p->n_reqs; r < reqs; r++) {
         meta_i32(c, m->req_tok_start)[r + 1] = r + 1;
-        meta_i32(c, m->req_page_start)[r + 1] = n_pages;
+        meta_i32(c, m->req_page_start)[r + 1] = n_pages + (r - p->n_reqs + 1);
+        meta_i32(c, m->page_table)[n_pages + (r - p->n_reqs)] = 0;
         meta_i32(c, m->req_kv_len)[r] = 0;
+        meta_i32(c, m->last_page_len)[r] = 1;
     }
+    c->n_pad_pages = reqs - p->n_reqs;
+    c->attn_planned = false;
+    c->fi_step = false;
     c->n_tokens = p->n_tokens;
     c->n_reqs = p->n_reqs;
     c->n_out = p->n_out_rows;
@@ -698,6 +795,56 @@ static bool scale_count(const struct cuda_backend *c, int64_t count, int64_t *ou
     return true;
 }
 
+/* The pool type as FlashInfer's kernels name it; 0 when they have no kernel for it. */
+static enum pdfi_dtype fi_dtype(enum pd_dtype dt) {
+    switch (dt) {
+    case PD_DTYPE_F16: return PDFI_F16;
+    case PD_DTYPE_BF16: return PDFI_BF16;
+    case PD_DTYPE_F8E4M3: return PDFI_E4M3;
+    case PD_DTYPE_F8E5M2: return PDFI_E5M2;
+    case PD_DTYPE_F32: break;
+    }
+    return (enum pdfi_dtype)0;
+}
+
+/* FlashInfer runs the attention of a 2-byte or fp8 pool at head dims 64/128/256 (its page
+ * stride, in elements, must fit its uint32); an f32 pool (exact comparisons with the cpu
+ * backend) or another head dim takes our kernel (attention.cu). */
+static bool fi_takes(const struct op *a) {
+    enum pdfi_dtype dt = fi_dtype(a->kv.dtype);
+    size_t esz = pd_dtype_size(a->kv.dtype);
+    return dt && pdfi_attention_supported(dt, a->kv.head_dim) && a->heads % a->kv.kv_heads == 0 &&
+           a->kv.page_bytes % esz == 0 && a->kv.page_bytes / esz <= 0xffffffffu;
+}
+
+static int fi_failed(int rc, const char *err) {
+    if (rc == PDFI_EFLASHINFER)
+        return pd_errorf(PD_EINTERNAL, "%s", err);
+    return pd__cuda_status((cudaError_t)rc, err);
+}
+
+/* FlashInfer's plan: the request/page index arrays are the step's metadata as set_batch wrote
+ * it (req_tok_start is qo_indptr, req_page_start the page indptr), plus each request's tokens
+ * in its last page. A graph bucket plans with FlashInfer's graph mode: the launch's shape then
+ * depends on the bucket alone. */
+static int plan_fi(struct cuda_backend *c, const struct op *a) {
+    const struct meta_layout *m = &c->ml;
+    int32_t *tok = meta_i32(c, m->req_tok_start), *pst = meta_i32(c, m->req_page_start);
+    const int32_t *kvl = meta_i32(c, m->req_kv_len);
+    for (int r = 0; r < c->n_reqs; r++) {
+        int np = pst[r + 1] - pst[r];
+        meta_i32(c, m->last_page_len)[r] = np ? kvl[r] - (np - 1) * a->kv.page_size : 0;
+    }
+    int reqs = c->bucket ? c->bucket : c->n_reqs, rows = c->bucket ? c->bucket : c->n_tokens;
+    c->fi_reqs = reqs;
+    char err[256];
+    int rc =
+        pdfi_plan_step(&c->fi_plan, &c->fi_ws, tok, pst, meta_i32(c, m->req_kv_len), rows, reqs,
+                       a->heads, a->kv.kv_heads, a->kv.head_dim, a->kv.page_size,
+                       fi_dtype(a->kv.dtype), c->bucket > 0, c->sm90, c->stream, err, sizeof(err));
+    return rc ? fi_failed(rc, err) : PD_OK;
+}
+
 static int plan_attention(struct cuda_backend *c) {
     const struct op *a = NULL;
     for (int i = 0; i < c->n_log && !a; i++)
@@ -717,6 +864,10 @@ static int plan_attention(struct cuda_backend *c) {
     int kvh = a->kv.kv_heads, group = a->heads / kvh;
     c->attn_heads = a->heads;
     c->attn_kv_heads = kvh;
+    c->attn_planned = true;
+    c->fi_step = fi_takes(a);
+    if (c->fi_step)
+        return plan_fi(c, a);
     struct pd_kernel_attn_plan_in in = {
         .n_reqs = c->n_reqs,
         .req_tok_start = meta_i32(c, m->req_tok_start),
@@ -749,7 +900,7 @@ static int upload_meta(struct cuda_backend *c) {
     int rc = plan_attention(c);
     if (rc)
         return rc;
-    size_t used = c->ml.page_table + (size_t)c->n_pages * sizeof(int32_t);
+    size_t used = c->ml.page_table + (size_t)(c->n_pages + c->n_pad_pages) * sizeof(int32_t);
     size_t items = (size_t)c->attn.n_items * sizeof(struct pd_kernel_attn_item);
     rc = pd__cuda_status(
         cudaMemcpyAsync(c->meta_d, c->meta_h, used, cudaMemcpyHostToDevice, c->stream),
@@ -763,10 +914,18 @@ static int upload_meta(struct cuda_backend *c) {
     return rc;
 }
 
-static int run_matmul(struct cuda_backend *c, const struct op *o, int64_t rows) {
+/* The product of log[i]. Its f32 input goes to the weight's 2-byte type first, unless the op
+ * before it was a product of the same input in the same type whose output is not that input
+ * (q, k and v of one layer; gate and up): xconv holds it already. */
+static int run_matmul(struct cuda_backend *c, int i, int64_t rows) {
+    const struct op *o = &c->log[i], *pv = i > 0 ? &c->log[i - 1] : NULL;
     const void *x = o->x;
     int rc;
-    if (o->w.dtype != PD_DTYPE_F32) {
+    bool converted = pv && pv->kind == OP_MATMUL && pv->x == o->x && pv->out != o->x &&
+                     pv->w.dtype == o->w.dtype && pv->count == o->count && pv->w.cols == o->w.cols;
+    if (o->w.dtype != PD_DTYPE_F32 && converted) {
+        x = c->xconv;
+    } else if (o->w.dtype != PD_DTYPE_F32) {
         struct pd_kernel_convert_params cv = {o->x, c->xconv, o->w.dtype, rows * o->w.cols};
         if ((rc = pd_kernel_convert(&cv, c->stream)))
             return rc;
@@ -780,6 +939,44 @@ static int run_matmul(struct cuda_backend *c, const struct op *o, int64_t rows) 
         rc = pd_kernel_bias(&b, c->stream);
     }
     return rc;
+}
+
+/* FlashInfer attention of one layer: q f32 → the kernels' 2-byte type, the paged kernel over
+ * the layer's K and V blocks (page stride = the whole page), the output back to f32. */
+static int run_fi_attention(struct cuda_backend *c, const struct op *o, int64_t rows) {
+    const struct meta_layout *m = &c->ml;
+    enum pd_dtype qt = o->kv.dtype == PD_DTYPE_F16 ? PD_DTYPE_F16 : PD_DTYPE_BF16;
+    int64_t count = rows * o->heads * o->kv.head_dim;
+    struct pd_kernel_convert_params cq = {o->x, c->fi_q, qt, count};
+    int rc = pd_kernel_convert(&cq, c->stream);
+    if (rc)
+        return rc;
+    size_t esz = pd_dtype_size(o->kv.dtype);
+    size_t block = (size_t)o->kv.page_size * (size_t)o->kv.kv_heads * (size_t)o->kv.head_dim;
+    char *k = (char *)o->kv.base + (size_t)o->layer * 2 * block * esz;
+    struct pdfi_attention_args fa = {
+        .kv_dtype = fi_dtype(o->kv.dtype),
+        .q = c->fi_q,
+        .o = c->fi_o,
+        .k = k,
+        .v = k + block * esz,
+        .stride_page = (int64_t)(o->kv.page_bytes / esz),
+        .stride_n = (int64_t)o->kv.kv_heads * o->kv.head_dim,
+        .stride_h = o->kv.head_dim,
+        .qo_indptr = (int32_t *)(c->meta_d + m->req_tok_start),
+        .page_indptr = (int32_t *)(c->meta_d + m->req_page_start),
+        .page_indices = (int32_t *)(c->meta_d + m->page_table),
+        .last_page_len = (int32_t *)(c->meta_d + m->last_page_len),
+        .n_reqs = c->fi_reqs,
+        .page_size = o->kv.page_size,
+        .scale = o->scale,
+    };
+    char err[256];
+    rc = pdfi_attention(&c->fi_plan, &c->fi_ws, &fa, c->stream, err, sizeof(err));
+    if (rc)
+        return fi_failed(rc, err);
+    struct pd_kernel_widen_params wo = {c->fi_o, qt, o->out, count};
+    return pd_kernel_widen(&wo, c->stream);
 }
 
 /* Launches log[i] (and log[i+1] when fused); returns how many ops it consumed, or < 0. */
@@ -821,7 +1018,7 @@ static int run_op(struct cuda_backend *c, int i, int *consumed) {
                                              o->out,        cnt,  o->dim,    o->eps};
         return pd_kernel_rmsnorm(&p, c->stream);
     }
-    case OP_MATMUL: return run_matmul(c, o, cnt);
+    case OP_MATMUL: return run_matmul(c, i, cnt);
     case OP_ROPE: {
         struct pd_kernel_rope_params p = {o->out,      (const int32_t *)(c->meta_d + m->positions),
                                           o->inv_freq, rows_tok,
@@ -838,15 +1035,19 @@ static int run_op(struct cuda_backend *c, int i, int *consumed) {
         return pd_kernel_kv_store(&p, c->stream);
     }
     case OP_ATTENTION: {
-        struct pd_kernel_attn_params p = {geom(&o->kv), o->layer, c->attn,   o->x,      o->out,
-                                          o->heads,     o->scale, c->part_o, c->part_ml};
-        if (o->heads != c->attn_heads || o->kv.kv_heads != c->attn_kv_heads)
+        if (o->heads != c->attn_heads || o->kv.kv_heads != c->attn_kv_heads ||
+            fi_takes(o) != c->fi_step)
             return pd_errorf(PD_EINTERNAL, "attention of %d/%d heads in a step planned for %d/%d",
                              o->heads, o->kv.kv_heads, c->attn_heads, c->attn_kv_heads);
-        /* the split partials (part_o, part_ml) hold max_heads x max_head_dim per token */
+        /* the split partials (part_o, part_ml) and FlashInfer's q / o buffers hold max_heads x
+         * max_head_dim per token */
         if (o->heads > c->lim.max_heads || o->kv.head_dim > c->lim.max_head_dim)
             return pd_errorf(PD_ERANGE, "attention of %d heads of %d, reserved %d of at most %d",
                              o->heads, o->kv.head_dim, c->lim.max_heads, c->lim.max_head_dim);
+        if (c->fi_step)
+            return run_fi_attention(c, o, rows_tok);
+        struct pd_kernel_attn_params p = {geom(&o->kv), o->layer, c->attn,   o->x,      o->out,
+                                          o->heads,     o->scale, c->part_o, c->part_ml};
         return pd_kernel_attention(&p, c->stream);
     }
     case OP_GATHER: {
@@ -859,7 +1060,68 @@ static int run_op(struct cuda_backend *c, int i, int *consumed) {
     return pd_errorf(PD_EINTERNAL, "unknown logged op %d", (int)o->kind);
 }
 
+/* What a logged op is, for the per-op profile: its kind and, for products, the weight's shape
+ * (which tells q/k/v, o, gate/up, down and the lm_head apart). */
+static void op_label(const struct op *o, int used, char *buf, size_t n) {
+    static const char *const names[] = {
+        [OP_EMBED] = "embed",       [OP_RMSNORM] = "rmsnorm",     [OP_MATMUL] = "matmul",
+        [OP_ROPE] = "rope",         [OP_SILU_MUL] = "silu_mul",   [OP_ADD] = "add",
+        [OP_KV_STORE] = "kv_store", [OP_ATTENTION] = "attention", [OP_GATHER] = "gather_rows",
+    };
+    if (o->kind == OP_MATMUL)
+        snprintf(buf, n, "matmul %lldx%lld%s", (long long)o->w.rows, (long long)o->w.cols,
+                 o->bias.data ? "+bias" : "");
+    else if (o->kind == OP_ADD && used == 2)
+        snprintf(buf, n, "add+rmsnorm");
+    else
+        snprintf(buf, n, "%s", names[o->kind]);
+}
+
+static void profile_add(struct pd_backend_cuda_profile *p, const char *name, double us) {
+    int i = 0;
+    while (i < p->n && strcmp(p->op[i].name, name) != 0)
+        i++;
+    if (i == p->n) {
+        if (p->n == PD_CUDA_PROFILE_OPS)
+            i = PD_CUDA_PROFILE_OPS - 1; /* full: the last row takes the rest */
+        else
+            snprintf(p->op[p->n++].name, sizeof(p->op[0].name), "%s", name);
+    }
+    p->op[i].us += us;
+    p->op[i].calls++;
+    p->total_us += us;
+}
+
+/* run_log with an event before every op and after the last; waits for the step and adds each
+ * op's time to the profile. */
+static int run_log_profiled(struct cuda_backend *c) {
+    int starts[PD_CUDA_LOG_OPS], used_n[PD_CUDA_LOG_OPS], n = 0, rc = PD_OK;
+    for (int i = 0; i < c->n_log && !rc; n++) {
+        starts[n] = i;
+        rc = pd__cuda_status(cudaEventRecord(c->prof_ev[n], c->stream), "recording an event");
+        int used = 1;
+        if (!rc)
+            rc = run_op(c, i, &used);
+        used_n[n] = used;
+        i += used;
+    }
+    if (!rc)
+        rc = pd__cuda_status(cudaEventRecord(c->prof_ev[n], c->stream), "recording an event");
+    if (!rc)
+        rc = pd__cuda_status(cudaEventSynchronize(c->prof_ev[n]), "running a profiled step");
+    for (int k = 0; !rc && k < n; k++) {
+        float ms = 0;
+        char name[48];
+        cudaEventElapsedTime(&ms, c->prof_ev[k], c->prof_ev[k + 1]);
+        op_label(&c->log[starts[k]], used_n[k], name, sizeof(name));
+        profile_add(c->prof, name, ms * 1e3);
+    }
+    return rc;
+}
+
 static int run_log(struct cuda_backend *c) {
+    if (c->prof)
+        return run_log_profiled(c);
     for (int i = 0; i < c->n_log;) {
         int used = 1, rc = run_op(c, i, &used);
         if (rc)
@@ -888,6 +1150,9 @@ static uint64_t fingerprint(const struct cuda_backend *c) {
     }
     h ^= (uint64_t)c->attn.n_items << 32 | (uint64_t)c->attn.max_splits;
     h ^= (uint64_t)c->attn.rows_per_item << 56;
+    if (c->fi_step) /* FlashInfer's graph plan: the same for every step of a bucket */
+        for (size_t i = 0; i < PD_ARRAY_LEN(c->fi_plan.info); i++)
+            h = (h ^ (uint64_t)c->fi_plan.info[i]) * 1099511628211ull;
     return h;
 }
 
@@ -933,7 +1198,13 @@ static int flush(struct cuda_backend *c) {
     if (!c->n_log && !c->meta_pending)
         return PD_OK;
     int rc = PD_OK;
-    if (c->meta_pending) {
+    bool attn_unplanned = false;
+    for (int i = 0; i < c->n_log && !c->attn_planned && !attn_unplanned; i++)
+        attn_unplanned = c->log[i].kind == OP_ATTENTION;
+    if (c->meta_pending || attn_unplanned) {
+        /* the metadata may have gone up already (a download between set_batch and the step's
+         * first attention op): then only the attention plan is new, and the copy is repeated
+         * with it, behind the ops already enqueued */
         if (c->bucket && !log_scales(c))
             c->bucket = 0; /* fall back before planning: eager plans need no padding items */
         rc = upload_meta(c);
@@ -941,8 +1212,8 @@ static int flush(struct cuda_backend *c) {
     }
     if (!rc && c->n_log) {
         c->stats.steps++;
-        if (c->bucket) {
-            struct graph_slot *g = &c->graphs[c->bucket_idx];
+        struct graph_slot *g = c->bucket ? &c->graphs[c->bucket_idx] : NULL;
+        if (g && c->graphs_on && !g->broken && !c->prof) {
             uint64_t fp = fingerprint(c);
             if (!g->exec || g->fingerprint != fp)
                 rc = capture(c, g, fp);
@@ -955,6 +1226,8 @@ static int flush(struct cuda_backend *c) {
                 rc = run_log(c);
             }
         } else {
+            /* no bucket, graphs off or a bucket whose capture failed: eagerly (a bucket's step
+             * padded as its graph would run it) */
             rc = run_log(c);
         }
     }
@@ -975,6 +1248,13 @@ static void cuda_free(struct pd_backend *be) {
     cudaFree(c->pen_state);
     cudaFreeHost(c->pen_ids_h);
     cudaFree(c->pen_ids_d);
+    cudaFree(c->samp);
+    if (c->prof_ev) {
+        for (int i = 0; i <= PD_CUDA_LOG_OPS; i++)
+            if (c->prof_ev[i])
+                cudaEventDestroy(c->prof_ev[i]);
+        pd_free(c->prof_ev);
+    }
     pd_kernel_gemm_free(c->gemm);
     cudaEventDestroy(c->meta_done);
     cudaStreamDestroy(c->stream);
@@ -1010,6 +1290,26 @@ static const struct pd__backend_ops cuda_ops = {
 void pd_backend_cuda_stats(struct pd_backend *be, struct pd_backend_cuda_stats *out) {
     PD_ASSERT(be->kind == PD_BACKEND_CUDA);
     *out = cb(be)->stats;
+}
+
+int pd_backend_cuda_profile(struct pd_backend *be, struct pd_backend_cuda_profile *prof) {
+    PD_ASSERT(be->kind == PD_BACKEND_CUDA);
+    struct cuda_backend *c = cb(be);
+    int rc = use_dev(c);
+    if (!rc)
+        rc = flush(c); /* what is queued ran under the old setting */
+    if (rc)
+        return rc;
+    if (prof && !c->prof_ev) {
+        if (!(c->prof_ev = pd_calloc(PD_CUDA_LOG_OPS + 1, sizeof(cudaEvent_t))))
+            return PD_ENOMEM;
+        for (int i = 0; i <= PD_CUDA_LOG_OPS && !rc; i++)
+            rc = pd__cuda_status(cudaEventCreate(&c->prof_ev[i]), "creating profile events");
+        if (rc)
+            return rc;
+    }
+    c->prof = prof;
+    return PD_OK;
 }
 
 void pd_backend_cuda_set_graphs(struct pd_backend *be, bool on) {
@@ -1057,6 +1357,7 @@ int pd__backend_cuda_new(const struct pd_backend_opts *opts, struct pd_backend *
         (rc = pd__cuda_status(cudaGetDeviceProperties(&prop, c->dev), "reading GPU properties")))
         goto fail_dev;
     c->sms = prop.multiProcessorCount;
+    c->sm90 = prop.major == 9;
     if ((rc = pd__cuda_status(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking),
                               "creating a stream")))
         goto fail_dev;

@@ -30,4 +30,20 @@ void pd_backend_cuda_set_graphs(struct pd_backend *be, bool on);
  * Makes be's GPU the calling thread's current device. The first error of a queued op, if any. */
 int pd_backend_cuda_flush(struct pd_backend *be, void **stream);
 
+/* Per-op timing (the perf mode's --breakdown): while a profile is set, every step runs eagerly
+ * (no graph) with a CUDA event between every two ops and waits for itself, and each op's time is
+ * added to the profile under what the op is ("matmul 1536x8960", "attention", "add+rmsnorm",
+ * ...). NULL turns it off. The profile is the caller's; the backend only adds to it. */
+#define PD_CUDA_PROFILE_OPS 64
+struct pd_backend_cuda_profile {
+    struct {
+        char name[48];
+        double us;
+        int64_t calls;
+    } op[PD_CUDA_PROFILE_OPS];
+    int n;
+    double total_us;
+};
+int pd_backend_cuda_profile(struct pd_backend *be, struct pd_backend_cuda_profile *prof);
+
 #endif

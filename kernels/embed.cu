@@ -60,3 +60,21 @@ extern "C" int pd_kernel_convert(const struct pd_kernel_convert_params *p, cudaS
     PDK_DISPATCH(p->dtype, convert_kernel<T><<<b, 256, 0, s>>>(p->src, (T *)p->dst, p->count));
     return PDK_LAUNCHED("f32 conversion");
 }
+
+template <typename T> static __global__ void widen_kernel(const T *src, float *dst, int64_t n) {
+    int64_t i2 = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) * 2;
+    for (; i2 < n; i2 += (int64_t)gridDim.x * blockDim.x * 2) {
+        dst[i2] = to_f(src[i2]);
+        if (i2 + 1 < n)
+            dst[i2 + 1] = to_f(src[i2 + 1]);
+    }
+}
+
+extern "C" int pd_kernel_widen(const struct pd_kernel_widen_params *p, cudaStream_t s) {
+    if (p->count <= 0)
+        return PDK_OK;
+    unsigned b = blocks_for((p->count + 1) / 2, 256);
+    b = b > 65536 ? 65536 : b;
+    PDK_DISPATCH(p->dtype, widen_kernel<T><<<b, 256, 0, s>>>((const T *)p->src, p->dst, p->count));
+    return PDK_LAUNCHED("widening to f32");
+}

@@ -102,6 +102,15 @@ struct pd_kernel_convert_params {
 };
 int pd_kernel_convert(const struct pd_kernel_convert_params *p, cudaStream_t s);
 
+/* dtype (bf16/f16/f32) → f32, e.g. FlashInfer's attention output back into the f32 activations. */
+struct pd_kernel_widen_params {
+    const void *src;
+    enum pd_dtype dtype;
+    float *dst;
+    int64_t count;
+};
+int pd_kernel_widen(const struct pd_kernel_widen_params *p, cudaStream_t s);
+
 /* ---- KV cache (page-major: page p = for every layer K then V, each [page_size][kv_heads][hd]) */
 
 struct pd_kernel_kv_geom {
@@ -213,8 +222,11 @@ struct pd_kernel_argmax_params {
     int vocab;
     int32_t *ids;   /* [rows] */
     float *logprob; /* [rows] or NULL */
+    void *scratch;  /* device, pd_kernel_argmax_scratch_bytes: the slices' partials */
+    size_t scratch_bytes;
 };
 int pd_kernel_argmax(const struct pd_kernel_argmax_params *p, cudaStream_t s);
+size_t pd_kernel_argmax_scratch_bytes(int64_t rows, int vocab);
 
 #define PD_KERNEL_MAX_TOP 20 /* = PD_SAMPLING_MAX_LOGPROBS */
 
@@ -229,16 +241,16 @@ struct pd_kernel_sample_row {
     float rep, freq, pres; /* repetition, frequency, presence penalties */
     int32_t n_top;         /* top-n of the raw row to report, 0..PD_KERNEL_MAX_TOP */
 };
-/* ids[r] = the token common/sampling.c's pd_sampling_choose picks from logits[r] with row[r]
- * (temperature, then top-k / top-p / min-p on the sorted probabilities, then the draw with u;
- * ties by lowest id), logprob[r] its log-softmax under the raw row (NULL to skip). One block a
- * row; the sorted order is never built: each prefix boundary (the top-p cut, the min-p cut's
- * mass, the drawn token) is found by a radix search over the row's logits.
+/* ids[r] = the token chosen from logits[r] with row[r], as common/sampling.c's
+ * pd_sampling_choose chooses it: greedy rows (temperature < 1e-5 or top_k 1) the argmax (lowest
+ * id on ties), the others a draw from the softmax at the row's temperature restricted by top-k,
+ * top-p and min-p (FlashInfer's sampler: the same distribution as the host's, other random
+ * numbers, keyed by the row's u); logprob[r] its log-softmax under the raw row (NULL to skip).
  * Rows with a slot see their logits through pd_sampling_penalize with state[slot] (bit 31: in
- * the prompt; bits 0..30: output count), computed on the fly (logits are not written), and the
- * chosen token is counted in state[slot] at the end: no two rows of a launch may share a slot.
- * Rows with n_top > 0 get the raw row's n_top most likely tokens (logit desc, id asc) and their
- * logprobs in top_ids / top_lp [r][0..n_top). */
+ * the prompt; bits 0..30: output count), and the chosen token is counted in state[slot] at the
+ * end: no two rows of a launch may share a slot. Rows with n_top > 0 get the raw row's n_top
+ * most likely tokens (logit desc, id asc) and their logprobs in top_ids / top_lp [r][0..n_top).
+ * The draw needs scratch (pd_kernel_sample_scratch_bytes) when any_drawn. */
 struct pd_kernel_sample_params {
     const float *logits; /* [rows][vocab] f32 */
     int64_t rows;
@@ -250,7 +262,15 @@ struct pd_kernel_sample_params {
     int n_slots;
     int32_t *top_ids; /* [rows][PD_KERNEL_MAX_TOP]; NULL when no row has n_top */
     float *top_lp;    /* [rows][PD_KERNEL_MAX_TOP] */
+    /* what the host knows of row[]: some row is not greedy / has a slot / has min_p > 0 /
+     * keeps fewer than all tokens by top_k / has top_p < 1 (the draw then takes the sampler
+     * that does only what the rows need) */
+    bool any_drawn, any_penalized, any_min_p, any_top_k, any_top_p;
+    void *scratch; /* device, scratch_bytes */
+    size_t scratch_bytes;
 };
+/* Scratch a launch of rows rows of vocab logits needs for the draw. */
+size_t pd_kernel_sample_scratch_bytes(int64_t rows, int vocab);
 int pd_kernel_sample(const struct pd_kernel_sample_params *p, cudaStream_t s);
 
 /* A penalty slot's state from a request's tokens: the row zeroed, then bit 31 set for each of

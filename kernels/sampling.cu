@@ -2,68 +2,126 @@
  * sampling.cu — token choice on the device. The greedy fast path (argmax, lowest id on ties as
  * common/sampling.c, plus the token's log-softmax) needs one block per row and sends 8 bytes per
  * request back instead of the whole vocabulary row; the sampler below does the same for
- * temperature / top-k / top-p / min-p requests, applies a request's penalties from its state
- * kept on the device (a penalty slot, counted as tokens are chosen), and reports the raw row's
- * top-n logprobs: nothing of the vocabulary row leaves the device.
+ * temperature / top-k / top-p / min-p requests (the draw by FlashInfer's kernels,
+ * kernels/flashinfer/), applies a request's penalties from its state kept on the device (a
+ * penalty slot, counted as tokens are chosen), and reports the raw row's top-n logprobs:
+ * nothing of the vocabulary row leaves the device.
  */
+#include "kernels/flashinfer/pdfi.h"
 #include "kernels/kcommon.cuh"
 
 using namespace pdk;
 
-#define PDK_ARGMAX_THREADS 1024
+/* Rows are cut into slices of PDK_SLICE logits, one block each (a Qwen row: 19 blocks), so even
+ * one row spreads over the GPU; each block leaves its slice's partial, and a second launch (a
+ * warp a row) combines them. */
+#define PDK_SLICE 8192
+#define PDK_SLICE_THREADS 256
 
-static __global__ void __launch_bounds__(PDK_ARGMAX_THREADS)
-    argmax_kernel(struct pd_kernel_argmax_params p) {
-    __shared__ float shv[32];
+static int n_slices(int vocab) {
+    return (vocab + PDK_SLICE - 1) / PDK_SLICE;
+}
+
+/* argmax partial of a slice: its max, the lowest id holding it, and sum exp(l - max) */
+struct amax_part {
+    float mx, sum;
+    int id;
+};
+
+/* (value desc, id asc) order of two candidates: true when b beats a */
+static __device__ __forceinline__ bool beats(float bv, int bi, float av, int ai) {
+    return bv > av || (bv == av && bi < ai);
+}
+
+/* an online (max, sum exp(x - max)) pair merged with another */
+static __device__ __forceinline__ void lse_merge(float &m, float &s, float om, float os) {
+    if (om == -INFINITY)
+        return;
+    if (om > m) {
+        s = s * __expf(m - om) + os;
+        m = om;
+    } else {
+        s += os * __expf(om - m);
+    }
+}
+
+/* the warp's (value desc, id asc) winner with the sums rescaled to it, in every lane */
+static __device__ __forceinline__ void amax_warp(float &best, float &sum, int &bi) {
+    for (int o = 16; o > 0; o >>= 1) {
+        float ov = __shfl_xor_sync(0xffffffffu, best, o), os = __shfl_xor_sync(0xffffffffu, sum, o);
+        int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        float m = best;
+        lse_merge(m, sum, ov, os);
+        if (beats(ov, oi, best, bi))
+            bi = oi;
+        best = m;
+    }
+}
+
+static __global__ void __launch_bounds__(PDK_SLICE_THREADS)
+    argmax_part_kernel(struct pd_kernel_argmax_params p, struct amax_part *part, int S) {
+    __shared__ float shv[32], shs[32];
     __shared__ int shi[32];
-    __shared__ float shs[32];
-    const float *l = p.logits + (int64_t)blockIdx.x * p.vocab;
-    float best = -INFINITY;
+    const float *l = p.logits + (int64_t)blockIdx.y * p.vocab;
+    int t0 = blockIdx.x * PDK_SLICE, t1 = min(t0 + PDK_SLICE, p.vocab);
+    float best = -INFINITY, sum = 0.0f;
     int bi = 0x7fffffff;
-    for (int t = threadIdx.x; t < p.vocab; t += blockDim.x) {
+    for (int t = t0 + threadIdx.x; t < t1; t += blockDim.x) {
         float v = l[t];
         if (v > best) { /* t ascends per thread: the first max of this thread wins */
+            sum = sum * __expf(best - v) + 1.0f;
             best = v;
             bi = t;
+        } else {
+            sum += __expf(v - best);
         }
     }
-    /* (value desc, id asc) reduction */
-    for (int o = 16; o > 0; o >>= 1) {
-        float ov = __shfl_xor_sync(0xffffffffu, best, o);
-        int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-        if (ov > best || (ov == best && oi < bi)) {
-            best = ov;
-            bi = oi;
-        }
-    }
+    amax_warp(best, sum, bi);
     int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
     if (lane == 0) {
         shv[wid] = best;
+        shs[wid] = sum;
         shi[wid] = bi;
     }
     __syncthreads();
-    best = lane < nw ? shv[lane] : -INFINITY;
-    bi = lane < nw ? shi[lane] : 0x7fffffff;
-    for (int o = 16; o > 0; o >>= 1) {
-        float ov = __shfl_xor_sync(0xffffffffu, best, o);
-        int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-        if (ov > best || (ov == best && oi < bi)) {
-            best = ov;
-            bi = oi;
-        }
+    if (wid == 0) {
+        best = lane < nw ? shv[lane] : -INFINITY;
+        sum = lane < nw ? shs[lane] : 0.0f;
+        bi = lane < nw ? shi[lane] : 0x7fffffff;
+        amax_warp(best, sum, bi);
+        if (lane == 0)
+            part[(int64_t)blockIdx.y * S + blockIdx.x] = {best, sum, bi};
     }
-    if (bi == 0x7fffffff) /* every logit NaN: token 0, as the host loop would return */
-        bi = 0;
-    if (p.logprob) {
-        float s = 0.0f;
-        for (int t = threadIdx.x; t < p.vocab; t += blockDim.x)
-            s += expf(l[t] - best);
-        s = block_sum(s, shs);
-        if (threadIdx.x == 0)
-            p.logprob[blockIdx.x] = -logf(s);
+}
+
+/* one warp a row: the slices' partials → the id and its log-softmax */
+static __global__ void argmax_done_kernel(struct pd_kernel_argmax_params p,
+                                          const struct amax_part *part, int S) {
+    int r = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    if (r >= p.rows)
+        return;
+    float best = -INFINITY, sum = 0.0f;
+    int bi = 0x7fffffff;
+    for (int j = lane; j < S; j += 32) {
+        struct amax_part q = part[(int64_t)r * S + j];
+        float m = best;
+        lse_merge(m, sum, q.mx, q.sum);
+        if (beats(q.mx, q.id, best, bi))
+            bi = q.id;
+        best = m;
     }
-    if (threadIdx.x == 0)
-        p.ids[blockIdx.x] = bi;
+    amax_warp(best, sum, bi);
+    if (lane == 0) {
+        if (bi == 0x7fffffff) /* every logit NaN: token 0, as the host loop would return */
+            bi = 0;
+        p.ids[r] = bi;
+        if (p.logprob) /* the max's own log-softmax: -log(sum exp(l - max)) */
+            p.logprob[r] = -logf(sum);
+    }
+}
+
+extern "C" size_t pd_kernel_argmax_scratch_bytes(int64_t rows, int vocab) {
+    return (size_t)rows * (size_t)n_slices(vocab) * sizeof(struct amax_part);
 }
 
 extern "C" int pd_kernel_argmax(const struct pd_kernel_argmax_params *p, cudaStream_t s) {
@@ -71,32 +129,39 @@ extern "C" int pd_kernel_argmax(const struct pd_kernel_argmax_params *p, cudaStr
         return PDK_OK;
     if (p->vocab < 1)
         return pd__cuda_status(cudaErrorInvalidValue, "argmax: empty vocabulary");
-    argmax_kernel<<<(unsigned)p->rows, PDK_ARGMAX_THREADS, 0, s>>>(*p);
+    if (!p->scratch || p->scratch_bytes < pd_kernel_argmax_scratch_bytes(p->rows, p->vocab))
+        return pd__cuda_status(cudaErrorInvalidValue, "argmax: scratch smaller than needed");
+    int S = n_slices(p->vocab);
+    struct amax_part *part = (struct amax_part *)p->scratch;
+    argmax_part_kernel<<<dim3((unsigned)S, (unsigned)p->rows), PDK_SLICE_THREADS, 0, s>>>(*p, part,
+                                                                                          S);
+    int rc = PDK_LAUNCHED("argmax");
+    if (rc)
+        return rc;
+    argmax_done_kernel<<<blocks_for(p->rows, 8), 256, 0, s>>>(*p, part, S);
     return PDK_LAUNCHED("argmax");
 }
 
-/* ---- sampling: temperature, top-k / top-p / min-p and the draw, as common/sampling.c ---- *
+/* ---- sampling: penalties, the draw (FlashInfer), logprobs and top-n ---- *
  *
- * The host sorts candidates by (scaled logit desc, id asc) and walks prefixes of that order: the
- * top-p cut is the first token whose preceding mass exceeds top_p, min-p keeps a prefix (the
- * probabilities fall along the order), and the draw is the first token whose cumulative mass
- * exceeds u × the kept mass. Every one of those is "the first token in sorted order whose
- * inclusive cumulative weight exceeds a target", which a radix search finds without sorting:
- * four passes over the row, each a 256-bucket histogram of (count, mass) of the tokens under the
- * key prefix found so far, then thread 0 walks the buckets from the top. Tokens that share the
- * boundary value are a tie group ordered by id; how many of them the prefix takes is arithmetic,
- * and which id that is, another radix search over ids (only when it is not the group's first).
- *
- * Masses are summed as 2^-62 fixed point in 64-bit integers: exact and order-independent, so the
- * result does not depend on the schedule, and within ~1e-16 of the host's double sums; a
- * different token needs u to land that close to a boundary. Probabilities themselves are
- * computed as on the host: (float)(exp((double)(l/T - max)) / z), with l/T rounded, not fused. */
+ * A launch of rows that are not all greedy:
+ *  1. the rows' FlashInfer arguments (temperature, top-k, top-p, the Philox seed from the
+ *     request's uniform draw u, so a seeded request repeats its tokens);
+ *  2. penalized rows: every row's logits through pd_sampling_penalize into the probs buffer;
+ *  3. FlashInfer's softmax with the row's temperature (in place when 2 ran);
+ *  4. min-p rows: probabilities under min_p × the top one zeroed, the rest renormalized, and the
+ *     row's top-p divided by the kept mass, so the top-p cut stays where it was on the whole row
+ *     (common/sampling.c cuts top-k, top-p and min-p on the same probabilities);
+ *  5. FlashInfer's joint top-k/top-p rejection sampler;
+ *  6. one block a row: greedy rows take the argmax of their penalized logits (lowest id on
+ *     ties, as the host), the others FlashInfer's token; then the logprob under the raw row, the
+ *     top-n, and the chosen token counted in the penalty state.
+ * GPU draws need not equal the host sampler's (other random numbers); their distribution does
+ * (tests/kernels: χ² against the exact filtered softmax). Greedy rows are bit-equal to argmax. */
 
 #define PDK_SAMPLE_THREADS 1024
-#define PDK_FIX 0x1p62
 
 struct samp_shared {
-    unsigned long long mass[256];
     int cnt[256];
     int minid[256];
     double red_d[32];
@@ -105,7 +170,6 @@ struct samp_shared {
     /* search state, written by thread 0 between barriers */
     uint32_t prefix, mask;
     int cnt_above, sel, found;
-    unsigned long long mass_above;
     /* top-n candidates, gathered by every thread, sorted by thread 0 */
     int n_cand;
     int cand[PD_KERNEL_MAX_TOP];
@@ -115,15 +179,12 @@ struct samp_row {
     const float *l;
     const int32_t *st; /* [V] the row's penalty state, NULL: no penalties */
     int V;
-    float inv_t, mx;
     float rep, freq, pres;
-    double z;
 };
 
 struct samp_hit {
-    bool ok;                 /* false: the whole row's weight does not exceed the target */
-    int rank, id;            /* position in sorted order, token id */
-    unsigned long long incl; /* mass (fixed point) of the tokens up to and including it */
+    bool ok;      /* false: fewer tokens than the target */
+    int rank, id; /* position in sorted order, token id */
 };
 
 /* Larger float → larger key; -0 and +0 share one (the host compares them equal). */
@@ -132,10 +193,6 @@ static __device__ __forceinline__ uint32_t okey(float v) {
     if ((b << 1) == 0)
         b = 0;
     return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
-}
-
-static __device__ __forceinline__ float unkey(uint32_t k) {
-    return __uint_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k);
 }
 
 /* common/sampling.h's pd_sampling_penalize, operation for operation and never fused: repetition
@@ -151,20 +208,6 @@ static __device__ __forceinline__ float penalized(const samp_row &c, int t) {
     if (count)
         v = __fsub_rn(v, __fadd_rn(__fmul_rn(c.freq, __int2float_rn(count)), c.pres));
     return v;
-}
-
-/* The logit the choice sees: penalized, then divided by the temperature as the host does
- * (times its rounded reciprocal). */
-static __device__ __forceinline__ float scaled(const samp_row &c, int t) {
-    return __fmul_rn(penalized(c, t), c.inv_t);
-}
-
-static __device__ __forceinline__ float prob_of(const samp_row &c, float s) {
-    return (float)(exp((double)__fsub_rn(s, c.mx)) / c.z);
-}
-
-static __device__ __forceinline__ unsigned long long fix_of(float w) {
-    return __double2ull_rn((double)w * PDK_FIX);
 }
 
 /* The sum of v over the block (every thread gets it); sh holds one T per warp. */
@@ -196,7 +239,7 @@ static __device__ int id_select(const samp_row &c, uint32_t key, int need, samp_
         __syncthreads();
         uint32_t prefix = sh.prefix, mask = sh.mask;
         for (int t = threadIdx.x; t < c.V; t += blockDim.x)
-            if (((uint32_t)t & mask) == prefix && okey(scaled(c, t)) == key)
+            if (((uint32_t)t & mask) == prefix && okey(penalized(c, t)) == key)
                 atomicAdd(&sh.cnt[((uint32_t)t >> shift) & 255], 1);
         __syncthreads();
         if (threadIdx.x == 0) {
@@ -214,78 +257,60 @@ static __device__ int id_select(const samp_row &c, uint32_t key, int need, samp_
     return id;
 }
 
-/* The first token in (scaled logit desc, id asc) order whose inclusive cumulative weight
- * exceeds target: weight 1 per token when by_count, else its probability in fixed point. The
- * probability mass up to it (incl) is summed when by_count is false or with_mass. */
-static __device__ samp_hit search(const samp_row &c, bool by_count, bool with_mass,
-                                  unsigned long long target, samp_shared &sh) {
-    with_mass = with_mass || !by_count;
+/* The (target+1)-th token in (penalized logit desc, id asc) order, found without sorting: four
+ * passes over the row, each a 256-bucket histogram of the keys under the prefix found so far,
+ * then thread 0 walks the buckets from the top. Tokens sharing the boundary value are a tie
+ * group ordered by id; which id the target lands on is another radix search over ids (only
+ * when it is not the group's first). */
+static __device__ samp_hit search(const samp_row &c, int target, samp_shared &sh) {
     __syncthreads();
     if (threadIdx.x == 0) {
         sh.prefix = sh.mask = 0;
         sh.cnt_above = 0;
-        sh.mass_above = 0;
         sh.found = 1;
         sh.sel = 0;
     }
     for (int shift = 24; shift >= 0; shift -= 8) {
         for (int i = threadIdx.x; i < 256; i += blockDim.x) {
             sh.cnt[i] = 0;
-            sh.mass[i] = 0;
             sh.minid[i] = 0x7fffffff;
         }
         __syncthreads();
         uint32_t prefix = sh.prefix, mask = sh.mask;
         /* a thread's tokens mostly share the top digits (logits span a few binades), so runs of
-         * one digit are summed in registers first: far fewer atomics on the same few buckets;
-         * the integer sums come out the same in any order */
+         * one digit are counted in registers first: far fewer atomics on the same few buckets */
         int run_d = -1, run_n = 0;
-        unsigned long long run_m = 0;
         for (int t = threadIdx.x; t < c.V; t += blockDim.x) {
-            float s = scaled(c, t);
-            uint32_t k = okey(s);
+            uint32_t k = okey(penalized(c, t));
             if ((k & mask) != prefix)
                 continue;
             int d = (int)((k >> shift) & 255);
             if (d != run_d) {
-                if (run_n) {
+                if (run_n)
                     atomicAdd(&sh.cnt[run_d], run_n);
-                    if (with_mass)
-                        atomicAdd(&sh.mass[run_d], run_m);
-                }
                 run_d = d;
                 run_n = 0;
-                run_m = 0;
             }
             run_n++;
-            if (with_mass)
-                run_m += fix_of(prob_of(c, s));
             if (shift == 0)
                 atomicMin(&sh.minid[d], t);
         }
-        if (run_n) {
+        if (run_n)
             atomicAdd(&sh.cnt[run_d], run_n);
-            if (with_mass)
-                atomicAdd(&sh.mass[run_d], run_m);
-        }
         __syncthreads();
         if (threadIdx.x == 0) {
             int ca = sh.cnt_above, sel = -1;
-            unsigned long long ma = sh.mass_above;
             for (int d = 255; d >= 0; d--) {
                 int n = sh.cnt[d];
                 if (!n)
                     continue;
-                unsigned long long cum = by_count ? (unsigned long long)(ca + n) : ma + sh.mass[d];
-                if (cum > target) {
+                if (ca + n > target) {
                     sel = d;
                     break;
                 }
                 ca += n;
-                ma += sh.mass[d];
             }
             sh.cnt_above = ca;
-            sh.mass_above = ma;
             if (sel < 0) {
                 sh.found = 0;
             } else {
@@ -301,24 +326,17 @@ static __device__ samp_hit search(const samp_row &c, bool by_count, bool with_ma
     samp_hit h;
     h.ok = sh.found != 0;
     h.rank = sh.cnt_above;
-    h.incl = sh.mass_above;
     h.id = -1;
     if (!h.ok) {
         __syncthreads();
         return h;
     }
-    /* the tie group at the boundary value: g tokens of weight wq each, in id order */
     uint32_t key = sh.prefix;
     int g = sh.cnt[sh.sel], first = sh.minid[sh.sel];
-    unsigned long long wq = with_mass ? fix_of(prob_of(c, unkey(key))) : 0;
-    unsigned long long step = by_count ? 1 : wq;
-    unsigned long long before = by_count ? (unsigned long long)h.rank : h.incl;
-    unsigned long long j = step ? (target - before) / step + 1 : 1;
-    if (j > (unsigned long long)g)
-        j = (unsigned long long)g;
-    h.rank += (int)j - 1;
-    h.incl += j * wq;
-    h.id = j == 1 ? first : id_select(c, key, (int)j, sh);
+    int j = target - h.rank + 1;
+    j = j > g ? g : j;
+    h.rank += j - 1;
+    h.id = j == 1 ? first : id_select(c, key, j, sh);
     __syncthreads();
     return h;
 }
@@ -329,15 +347,15 @@ static __device__ samp_hit search(const samp_row &c, bool by_count, bool with_ma
  * key's ids up to the n-th's), and thread 0 sorts the n and writes ids / lps (logit - lse). */
 static __device__ void top_n(const samp_row &raw, int n, float lse, samp_shared &sh, int32_t *ids,
                              float *lps) {
-    samp_hit h = search(raw, true, false, (unsigned long long)(n - 1), sh);
+    samp_hit h = search(raw, n - 1, sh);
     if (!h.ok) /* fewer than n tokens: the caller clamps n to V, so never */
         return;
-    uint32_t kb = okey(scaled(raw, h.id));
+    uint32_t kb = okey(raw.l[h.id]);
     if (threadIdx.x == 0)
         sh.n_cand = 0;
     __syncthreads();
     for (int t = threadIdx.x; t < raw.V; t += blockDim.x) {
-        uint32_t k = okey(scaled(raw, t));
+        uint32_t k = okey(raw.l[t]);
         if (k > kb || (k == kb && t <= h.id)) {
             int j = atomicAdd(&sh.n_cand, 1);
             if (j < PD_KERNEL_MAX_TOP)
@@ -349,11 +367,11 @@ static __device__ void top_n(const samp_row &raw, int n, float lse, samp_shared 
         int m = sh.n_cand < n ? sh.n_cand : n;
         for (int i = 1; i < m; i++) { /* insertion sort of at most 20 */
             int id = sh.cand[i];
-            uint32_t k = okey(scaled(raw, id));
+            uint32_t k = okey(raw.l[id]);
             int j = i - 1;
             for (; j >= 0; j--) {
                 int oj = sh.cand[j];
-                uint32_t ko = okey(scaled(raw, oj));
+                uint32_t ko = okey(raw.l[oj]);
                 if (ko > k || (ko == k && oj < id))
                     break;
                 sh.cand[j + 1] = oj;
@@ -368,55 +386,207 @@ static __device__ void top_n(const samp_row &raw, int n, float lse, samp_shared 
     __syncthreads();
 }
 
+static __device__ __forceinline__ bool row_greedy(const struct pd_kernel_sample_row &r) {
+    return r.temperature < 1e-5f || r.top_k == 1;
+}
+
+static __device__ samp_row row_view(const struct pd_kernel_sample_params &p, int r,
+                                    const struct pd_kernel_sample_row &q) {
+    samp_row c;
+    c.l = p.logits + (int64_t)r * p.vocab;
+    c.V = p.vocab;
+    c.st = q.slot >= 0 && q.slot < p.n_slots && p.state ? p.state + (int64_t)q.slot * p.vocab
+                                                        : nullptr;
+    c.rep = q.rep;
+    c.freq = q.freq;
+    c.pres = q.pres;
+    return c;
+}
+
+/* The scratch of one launch: FlashInfer's per-row arguments, the probabilities, and each row's
+ * per-slice partials (raw and scaled). */
+struct samp_part {
+    float raw_m, raw_s; /* the raw row's max and sum exp(l - max) over the slice */
+    float m, s;         /* the same of the penalized logits over the temperature */
+    float kept;         /* min-p rows: the probability the slice keeps (pass 2) */
+};
+
+struct draw_bufs {
+    float *probs; /* [rows][vocab] */
+    float *temp, *top_p;
+    int32_t *top_k, *chosen;
+    uint64_t *seed, *offset;
+    bool *valid;
+    struct samp_part *part; /* [rows][n_slices] */
+};
+
+static size_t align256(size_t v) {
+    return (v + 255) & ~(size_t)255;
+}
+
+static size_t draw_layout(int64_t rows, int vocab, char *base, struct draw_bufs *d) {
+    size_t o = 0, R = (size_t)rows;
+    struct draw_bufs b;
+#define PDK_TAKE(field, type, n)                                                                   \
+    b.field = (type *)(base ? base + o : nullptr);                                                 \
+    o = align256(o + (n) * sizeof(type))
+    PDK_TAKE(probs, float, R *(size_t)vocab);
+    PDK_TAKE(temp, float, R);
+    PDK_TAKE(top_p, float, R);
+    PDK_TAKE(top_k, int32_t, R);
+    PDK_TAKE(chosen, int32_t, R);
+    PDK_TAKE(seed, uint64_t, R);
+    PDK_TAKE(offset, uint64_t, R);
+    PDK_TAKE(valid, bool, R);
+    PDK_TAKE(part, struct samp_part, R * (size_t)n_slices(vocab));
+#undef PDK_TAKE
+    if (d)
+        *d = b;
+    return o;
+}
+
+extern "C" size_t pd_kernel_sample_scratch_bytes(int64_t rows, int vocab) {
+    return draw_layout(rows, vocab, nullptr, nullptr);
+}
+
+static __global__ void draw_args_kernel(struct pd_kernel_sample_params p, struct draw_bufs d) {
+    int r = blockIdx.x * blockDim.x + threadIdx.x;
+    if (r >= p.rows)
+        return;
+    struct pd_kernel_sample_row q = p.row[r];
+    d.temp[r] = row_greedy(q) ? 1.0f : q.temperature;
+    d.top_k[r] = q.top_k > 0 && q.top_k < p.vocab ? q.top_k : p.vocab;
+    d.top_p[r] = q.top_p;
+    /* the request's own uniform draw keys Philox: a seeded request draws the same numbers */
+    d.seed[r] = (uint64_t)__double_as_longlong(q.u) ^ 0x9e3779b97f4a7c15ull;
+    d.offset[r] = 0;
+}
+
+/* Pass 1, a block per (slice, row): the slice's online (max, sum exp) of the raw logits (the
+ * logprob's normaliser) and of the penalized logits over the row's temperature (the draw's). */
+static __global__ void __launch_bounds__(PDK_SLICE_THREADS)
+    samp_stats_kernel(struct pd_kernel_sample_params p, struct draw_bufs d, int S) {
+    __shared__ float sh[4][32];
+    int r = blockIdx.y;
+    samp_row c = row_view(p, r, p.row[r]);
+    float inv_t = 1.0f / d.temp[r];
+    int t0 = blockIdx.x * PDK_SLICE, t1 = min(t0 + PDK_SLICE, p.vocab);
+    float rm = -INFINITY, rs = 0.0f, m = -INFINITY, sm = 0.0f;
+    for (int t = t0 + threadIdx.x; t < t1; t += blockDim.x) {
+        float v = c.l[t];
+        lse_merge(rm, rs, v, 1.0f);
+        lse_merge(m, sm, penalized(c, t) * inv_t, 1.0f);
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+        lse_merge(rm, rs, __shfl_xor_sync(0xffffffffu, rm, o), __shfl_xor_sync(0xffffffffu, rs, o));
+        lse_merge(m, sm, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, sm, o));
+    }
+    int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    if (lane == 0) {
+        sh[0][wid] = rm;
+        sh[1][wid] = rs;
+        sh[2][wid] = m;
+        sh[3][wid] = sm;
+    }
+    __syncthreads();
+    if (wid == 0) {
+        rm = lane < nw ? sh[0][lane] : -INFINITY;
+        rs = lane < nw ? sh[1][lane] : 0.0f;
+        m = lane < nw ? sh[2][lane] : -INFINITY;
+        sm = lane < nw ? sh[3][lane] : 0.0f;
+        for (int o = 16; o > 0; o >>= 1) {
+            lse_merge(rm, rs, __shfl_xor_sync(0xffffffffu, rm, o),
+                      __shfl_xor_sync(0xffffffffu, rs, o));
+            lse_merge(m, sm, __shfl_xor_sync(0xffffffffu, m, o),
+                      __shfl_xor_sync(0xffffffffu, sm, o));
+        }
+        if (lane == 0)
+            d.part[(int64_t)r * S + blockIdx.x] = {rm, rs, m, sm, 1.0f};
+    }
+}
+
+/* A row's partials merged: raw = false gives the draw's (max, sum), true the raw row's. */
+static __device__ __forceinline__ void row_total(const struct draw_bufs &d, int r, int S, bool raw,
+                                                 float &m, float &sm) {
+    m = -INFINITY;
+    sm = 0.0f;
+    for (int j = 0; j < S; j++) {
+        struct samp_part q = d.part[(int64_t)r * S + j];
+        lse_merge(m, sm, raw ? q.raw_m : q.m, raw ? q.raw_s : q.s);
+    }
+}
+
+/* min-p as a cut on the scaled logit: p >= min_p × p_max ⟺ s - max >= log(min_p) */
+static __device__ __forceinline__ float min_p_cut(const struct pd_kernel_sample_row &q) {
+    return q.min_p > 0.0f && !row_greedy(q) ? logf(q.min_p) : -INFINITY;
+}
+
+/* Pass 2, a block per (slice, row): probs = softmax(penalized / T) of the slice; a min-p row's
+ * tokens under its cut get 0, and the slice's kept probability goes to its partial (pass 3
+ * renormalizes). */
+static __global__ void __launch_bounds__(PDK_SLICE_THREADS)
+    samp_softmax_kernel(struct pd_kernel_sample_params p, struct draw_bufs d, int S) {
+    __shared__ float tot[2], red[32];
+    int r = blockIdx.y;
+    if (threadIdx.x == 0) {
+        float m, sm;
+        row_total(d, r, S, false, m, sm);
+        tot[0] = m;
+        tot[1] = 1.0f / sm;
+    }
+    __syncthreads();
+    struct pd_kernel_sample_row q = p.row[r];
+    samp_row c = row_view(p, r, q);
+    float inv_t = 1.0f / d.temp[r], m = tot[0], inv_z = tot[1], cut = min_p_cut(q);
+    float *pr = d.probs + (int64_t)r * p.vocab;
+    int t0 = blockIdx.x * PDK_SLICE, t1 = min(t0 + PDK_SLICE, p.vocab);
+    float kept = 0.0f;
+    for (int t = t0 + threadIdx.x; t < t1; t += blockDim.x) {
+        float x = penalized(c, t) * inv_t - m;
+        float v = x >= cut ? __expf(x) * inv_z : 0.0f;
+        pr[t] = v;
+        kept += v;
+    }
+    if (cut == -INFINITY) /* uniform per block: every thread of it skips the reduction */
+        return;
+    kept = block_sum(kept, red);
+    if (threadIdx.x == 0)
+        d.part[(int64_t)r * S + blockIdx.x].kept = kept;
+}
+
+/* Pass 3 (when a row has min-p), a block per (slice, row): a min-p row's probabilities over the
+ * mass it keeps, and its top-p over the same (the top-p cut stays where it was on the whole
+ * row: the tokens above a kept token are all kept). */
+static __global__ void __launch_bounds__(PDK_SLICE_THREADS)
+    samp_renorm_kernel(struct pd_kernel_sample_params p, struct draw_bufs d, int S) {
+    int r = blockIdx.y;
+    struct pd_kernel_sample_row q = p.row[r];
+    if (min_p_cut(q) == -INFINITY)
+        return;
+    float kept = 0.0f;
+    for (int j = 0; j < S; j++)
+        kept += d.part[(int64_t)r * S + j].kept;
+    float inv = 1.0f / kept;
+    float *pr = d.probs + (int64_t)r * p.vocab;
+    int t0 = blockIdx.x * PDK_SLICE, t1 = min(t0 + PDK_SLICE, p.vocab);
+    for (int t = t0 + threadIdx.x; t < t1; t += blockDim.x)
+        pr[t] *= inv;
+    if (blockIdx.x == 0 && threadIdx.x == 0)
+        d.top_p[r] = fminf(1.0f, q.top_p * inv);
+}
+
 static __global__ void __launch_bounds__(PDK_SAMPLE_THREADS)
-    sample_kernel(struct pd_kernel_sample_params p) {
+    finish_kernel(struct pd_kernel_sample_params p, const int32_t *chosen, const bool *valid,
+                  struct draw_bufs d, int S) {
     __shared__ samp_shared sh;
     struct pd_kernel_sample_row r = p.row[blockIdx.x];
-    samp_row c;
-    c.l = p.logits + (int64_t)blockIdx.x * p.vocab;
-    c.V = p.vocab;
-    int32_t *st = r.slot >= 0 && r.slot < p.n_slots && p.state ? p.state + (int64_t)r.slot * p.vocab
-                                                               : nullptr;
-    c.st = st;
-    c.rep = r.rep;
-    c.freq = r.freq;
-    c.pres = r.pres;
-    bool greedy = r.temperature < 1e-5f || r.top_k == 1;
-    c.inv_t = greedy ? 1.0f : __fdiv_rn(1.0f, r.temperature);
-    c.mx = 0.0f;
-    c.z = 1.0;
+    samp_row c = row_view(p, blockIdx.x, r);
     int tok;
-    if (greedy) {
-        tok = search(c, true, false, 0, sh).id;
-    } else {
-        float mx = -INFINITY;
-        for (int t = threadIdx.x; t < c.V; t += blockDim.x)
-            mx = fmaxf(mx, scaled(c, t));
-        c.mx = block_max(mx, sh.red_f);
-        double z = 0.0;
-        for (int t = threadIdx.x; t < c.V; t += blockDim.x)
-            z += exp((double)__fsub_rn(scaled(c, t), c.mx));
-        c.z = block_sum(z, sh.red_d);
-        int k = r.top_k > 0 && r.top_k < c.V ? r.top_k : c.V;
-        /* top-p: tokens up to and including the first whose inclusive mass exceeds top_p */
-        double tp = (double)r.top_p * PDK_FIX;
-        samp_hit hp = search(c, false, false, (unsigned long long)tp, sh);
-        int keep = hp.ok && hp.rank + 1 < k ? hp.rank + 1 : k;
-        /* min-p: the probabilities fall along the order, so the kept prefix is a count */
-        float thr = __fmul_rn(r.min_p, (float)(1.0 / c.z));
-        int above = 0;
-        for (int t = threadIdx.x; t < c.V; t += blockDim.x)
-            above += prob_of(c, scaled(c, t)) >= thr;
-        above = block_sum(above, sh.red_i);
-        int n = above < keep ? above : keep;
-        if (n < 1)
-            n = 1;
-        samp_hit last = search(c, true, true, (unsigned long long)(n - 1), sh);
-        double tr = r.u * (double)last.incl;
-        samp_hit hd = search(c, false, false, (unsigned long long)tr, sh);
-        tok = hd.ok && hd.rank < n ? hd.id : last.id;
-    }
-    if (tok < 0) /* every logit NaN: token 0, as the host loop would return */
+    if (row_greedy(r) || !chosen || !valid[blockIdx.x]) /* NaN rows: the argmax as greedy */
+        tok = search(c, 0, sh).id;
+    else
+        tok = chosen[blockIdx.x];
+    if (tok < 0 || tok >= c.V) /* every logit NaN: token 0, as the host loop would return */
         tok = 0;
     /* logprobs are of the model's distribution: the raw row, no penalties, no temperature */
     int n_top = r.n_top < c.V ? r.n_top : c.V;
@@ -425,21 +595,27 @@ static __global__ void __launch_bounds__(PDK_SAMPLE_THREADS)
     if (!p.top_ids)
         n_top = 0;
     if (p.logprob || n_top > 0) {
-        float mx = -INFINITY;
-        for (int t = threadIdx.x; t < c.V; t += blockDim.x)
-            mx = fmaxf(mx, c.l[t]);
-        mx = block_max(mx, sh.red_f);
-        double s = 0.0;
-        for (int t = threadIdx.x; t < c.V; t += blockDim.x)
-            s += exp((double)(c.l[t] - mx));
-        s = block_sum(s, sh.red_d);
-        float lse = __fadd_rn(mx, (float)log(s));
+        float lse;
+        if (chosen) { /* the stats pass summed the raw row already */
+            float mx, sm;
+            row_total(d, blockIdx.x, S, true, mx, sm);
+            lse = __fadd_rn(mx, logf(sm));
+        } else {
+            float mx = -INFINITY;
+            for (int t = threadIdx.x; t < c.V; t += blockDim.x)
+                mx = fmaxf(mx, c.l[t]);
+            mx = block_max(mx, sh.red_f);
+            double s = 0.0;
+            for (int t = threadIdx.x; t < c.V; t += blockDim.x)
+                s += exp((double)(c.l[t] - mx));
+            s = block_sum(s, sh.red_d);
+            lse = __fadd_rn(mx, (float)log(s));
+        }
         if (p.logprob && threadIdx.x == 0)
             p.logprob[blockIdx.x] = __fsub_rn(c.l[tok], lse);
         if (n_top > 0) {
             samp_row raw = c;
             raw.st = nullptr;
-            raw.inv_t = 1.0f;
             top_n(raw, n_top, lse, sh, p.top_ids + (int64_t)blockIdx.x * PD_KERNEL_MAX_TOP,
                   p.top_lp + (int64_t)blockIdx.x * PD_KERNEL_MAX_TOP);
         }
@@ -449,9 +625,14 @@ static __global__ void __launch_bounds__(PDK_SAMPLE_THREADS)
     __syncthreads();
     if (threadIdx.x == 0) {
         p.ids[blockIdx.x] = tok;
-        if (st)
-            st[tok] += 1;
+        if (c.st)
+            const_cast<int32_t *>(c.st)[tok] += 1;
     }
+}
+
+/* a FlashInfer refusal (its message in err) reads as an invalid-argument launch error */
+static int fi_status(int rc, const char *err) {
+    return pd__cuda_status(rc == PDFI_EFLASHINFER ? cudaErrorInvalidValue : (cudaError_t)rc, err);
 }
 
 extern "C" int pd_kernel_sample(const struct pd_kernel_sample_params *p, cudaStream_t s) {
@@ -459,7 +640,49 @@ extern "C" int pd_kernel_sample(const struct pd_kernel_sample_params *p, cudaStr
         return PDK_OK;
     if (p->vocab < 1)
         return pd__cuda_status(cudaErrorInvalidValue, "sample: empty vocabulary");
-    sample_kernel<<<(unsigned)p->rows, PDK_SAMPLE_THREADS, 0, s>>>(*p);
+    const int32_t *chosen = nullptr;
+    const bool *valid = nullptr;
+    struct draw_bufs d = {};
+    int S = n_slices(p->vocab);
+    if (p->any_drawn) {
+        size_t need = draw_layout(p->rows, p->vocab, (char *)p->scratch, &d);
+        if (!p->scratch || p->scratch_bytes < need)
+            return pd__cuda_status(cudaErrorInvalidValue,
+                                   "sample: scratch smaller than the draw needs");
+        char err[256];
+        int rc;
+        dim3 grid((unsigned)S, (unsigned)p->rows);
+        draw_args_kernel<<<blocks_for(p->rows, 128), 128, 0, s>>>(*p, d);
+        if ((rc = PDK_LAUNCHED("sampling arguments")))
+            return rc;
+        samp_stats_kernel<<<grid, PDK_SLICE_THREADS, 0, s>>>(*p, d, S);
+        if ((rc = PDK_LAUNCHED("sampling softmax")))
+            return rc;
+        samp_softmax_kernel<<<grid, PDK_SLICE_THREADS, 0, s>>>(*p, d, S);
+        if ((rc = PDK_LAUNCHED("sampling softmax")))
+            return rc;
+        if (p->any_min_p) {
+            samp_renorm_kernel<<<grid, PDK_SLICE_THREADS, 0, s>>>(*p, d, S);
+            if ((rc = PDK_LAUNCHED("min-p")))
+                return rc;
+        }
+        struct pdfi_sample_args sa = {d.probs,
+                                      (int)p->rows,
+                                      p->vocab,
+                                      d.top_k,
+                                      d.top_p,
+                                      d.seed,
+                                      d.offset,
+                                      d.chosen,
+                                      d.valid,
+                                      p->any_top_k,
+                                      p->any_top_p || p->any_min_p};
+        if ((rc = pdfi_sample(&sa, s, err, sizeof(err))))
+            return fi_status(rc, err);
+        chosen = d.chosen;
+        valid = d.valid;
+    }
+    finish_kernel<<<(unsigned)p->rows, PDK_SAMPLE_THREADS, 0, s>>>(*p, chosen, valid, d, S);
     return PDK_LAUNCHED("sample");
 }
 

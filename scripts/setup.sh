@@ -4,7 +4,9 @@
 # Makefile before any build, so a fresh Debian 12 machine needs nothing but this repository.
 # It installs nothing from outside Debian's archive but two pinned test tools from PyPI into the
 # ignored .venv-tools/ (kubernetes-validate for the chart tests, sglang-router for the
-# compatibility test with SGLang's own router); the CUDA toolkit is optional (PD_CUDA).
+# compatibility test with SGLang's own router) and, where nvcc is present, FlashInfer's CUDA
+# headers from its pinned PyPI wheel into the ignored .deps/ (kernels/flashinfer/ builds on them,
+# DESIGN.md §6); the CUDA toolkit is optional (PD_CUDA).
 set -euo pipefail
 
 packages=(
@@ -69,6 +71,47 @@ venv_tools() {
     done
 }
 
+# FlashInfer's header-only CUDA templates (attention, sampling) for kernels/flashinfer/: the
+# pinned pure-Python wheel, checked against its sha256, unpacked (headers, CUTLASS, the CCCL it
+# needs ahead of the toolkit's) into .deps/flashinfer-<version>/, which CMake takes as
+# PD_FLASHINFER_DIR. Only where nvcc is found (PD_CUDA's AUTO): a CPU-only machine needs none.
+FLASHINFER_VERSION=0.7.2.post1
+FLASHINFER_SHA256=bfdc18b9e1e4d8d0730fe4343dc0e284cd0c160086de80f99888bc4867922d49
+flashinfer_headers() {
+    local root dest tmp whl
+    root=$(cd "$(dirname "$0")/.." && pwd)
+    dest=$root/.deps/flashinfer-$FLASHINFER_VERSION
+    [ -f "$dest/.complete" ] && return 0
+    command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ] || return 0
+    echo "setup: fetching flashinfer-python==$FLASHINFER_VERSION (CUDA headers) into $dest"
+    tmp=$(mktemp -d)
+    if ! python3 -m pip download -q --disable-pip-version-check --no-deps --only-binary=:all: \
+        -d "$tmp" "flashinfer-python==$FLASHINFER_VERSION"; then
+        rm -rf "$tmp"
+        echo "setup: could not download flashinfer-python==$FLASHINFER_VERSION;" \
+            "a CUDA build needs it (or configure with -DPD_CUDA=OFF)" >&2
+        return 1
+    fi
+    whl=$(ls "$tmp"/flashinfer_python-*.whl)
+    if [ "$(sha256sum "$whl" | cut -d' ' -f1)" != "$FLASHINFER_SHA256" ]; then
+        rm -rf "$tmp"
+        echo "setup: flashinfer-python wheel does not match its pinned sha256" >&2
+        return 1
+    fi
+    rm -rf "$dest" && mkdir -p "$dest"
+    python3 - "$whl" "$dest" <<'PY'
+import sys, zipfile
+keep = ("flashinfer/data/include/", "flashinfer/data/cutlass/include/",
+        "flashinfer/data/cutlass/tools/util/include/", "flashinfer/data/cccl/libcudacxx/include/",
+        "flashinfer/data/cccl/cub/", "flashinfer/data/cccl/thrust/", "flashinfer/data/LICENSE",
+        "flashinfer_python-")
+with zipfile.ZipFile(sys.argv[1]) as z:
+    z.extractall(sys.argv[2], [n for n in z.namelist() if n.startswith(keep)])
+PY
+    rm -rf "$tmp"
+    touch "$dest/.complete"
+}
+
 missing=()
 for p in "${packages[@]}"; do
     if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed'; then
@@ -78,6 +121,7 @@ done
 
 if [ ${#missing[@]} -eq 0 ]; then
     echo "setup: all ${#packages[@]} Debian packages present"
+    flashinfer_headers
     venv_tools
     exit 0
 fi
@@ -97,5 +141,6 @@ echo "setup: apt-get update"
 $sudo apt-get update -q
 echo "setup: apt-get install -y ${missing[*]}"
 DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"
+flashinfer_headers
 venv_tools
 echo "setup: done"

@@ -1,0 +1,6 @@
+/* attention_d256.cu — FlashInfer paged attention for head dim 256 (attention_impl.cuh). */
+#include "kernels/flashinfer/attention_impl.cuh"
+
+template cudaError_t pdfi::run_dim<256>(const flashinfer::PrefillPlanInfo &, const pdfi_plan *,
+                                        const pdfi_workspace *, const pdfi_attention_args *,
+                                        cudaStream_t);
