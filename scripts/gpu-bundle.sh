@@ -6,15 +6,16 @@
 #
 #   scripts/gpu-bundle.sh [BUILD_DIR]      (default build-bundle)
 #
-# Writes gpu-bundle/pdserve-gpu.tar.gz (ignored by git; carry it with the device tool:
+# Writes gpu-bundle/pdserve-gpu.tar.xz (ignored by git; carry it with the device tool:
 # carry ["gpu-bundle"]) and gpu-bundle/MANIFEST. scripts/gpu-run.sh unpacks it when present.
 # Layout inside (mirrors a build folder, so the test and bench scripts take it as BUILD_DIR):
 #   .bin/<name>            the stripped binaries
 #   lib/                   their libraries, glibc and its loader included; lib/ucx/ UCX modules
 #   prefill/pdserve-prefill, decode/pdserve-decode, router/pdserve-router, tools/pdserve-*,
-#   tests/gpu_backend_cuda, tests/gpu_tp_nccl, bench/pdserve-bench-*   wrappers that start the
-#                          binary through the bundled loader with lib/ first, then the machine's
-#                          CUDA libraries
+#   tests/gpu_backend_cuda, tests/gpu_tp_nccl, bench/pdserve-bench-xfer-dev, bench/pdserve-bench
+#   (bench/compare-pd.sh's load generator)
+#                          wrappers that start the binary through the bundled loader with lib/
+#                          first, then the machine's CUDA libraries
 # The bundled glibc makes the binaries independent of the GPU image's (possibly older) one;
 # libcuda, libcudart, libcublas and libcublasLt come from the machine (same CUDA 13 major).
 # NCCL is neither linked nor carried (218 MB): tp_nccl.c opens it with dlopen, and lib/env.sh
@@ -27,7 +28,7 @@ OUTD="$ROOT/gpu-bundle"
 STAGE="$OUTD/stage"
 JOBS=${PD_BUNDLE_JOBS:-2}
 TARGETS="pdserve-prefill pdserve-decode pdserve-router pdserve-generate pdserve-mkmodel
-pdserve-tokenize gpu_backend_cuda gpu_tp_nccl pdserve-bench-xfer-dev"
+pdserve-tokenize gpu_backend_cuda gpu_tp_nccl pdserve-bench-xfer-dev pdserve-bench"
 
 cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DPD_WERROR=ON -DPD_CUDA=ON \
     -DCMAKE_CUDA_ARCHITECTURES=90a >/dev/null
@@ -40,7 +41,7 @@ mkdir -p "$STAGE/.bin" "$STAGE/lib/ucx" "$STAGE/prefill" "$STAGE/decode" "$STAGE
 # name:folder of the wrapper
 for e in prefill/pdserve-prefill decode/pdserve-decode router/pdserve-router \
     tools/pdserve-generate tools/pdserve-mkmodel tools/pdserve-tokenize tests/gpu_backend_cuda \
-    tests/gpu_tp_nccl bench/pdserve-bench-xfer-dev; do
+    tests/gpu_tp_nccl bench/pdserve-bench-xfer-dev bench/pdserve-bench; do
     name=$(basename "$e")
     cp "$BUILD/$e" "$STAGE/.bin/$name"
     strip --strip-unneeded "$STAGE/.bin/$name"
@@ -112,8 +113,10 @@ if [ -z "${PDSERVE_NCCL_LIBRARY:-}" ]; then
 fi
 EOF
 
-rm -f "$OUTD/pdserve-gpu.tar.gz"
-tar -C "$STAGE" -czf "$OUTD/pdserve-gpu.tar.gz" .
+# xz, not gzip: the binaries share most of their bytes (each links the cuda backend) and xz's
+# window sees the repeats; about half gzip's size
+rm -f "$OUTD/pdserve-gpu.tar.gz" "$OUTD/pdserve-gpu.tar.xz"
+tar -C "$STAGE" -cf - . | xz -T"$JOBS" -6 >"$OUTD/pdserve-gpu.tar.xz"
 {
     echo "pdserve GPU bundle, $(git -C "$ROOT" log --oneline -1), built $(date -u)"
     echo "nvcc: $(nvcc --version | tail -1)"
@@ -122,8 +125,8 @@ tar -C "$STAGE" -czf "$OUTD/pdserve-gpu.tar.gz" .
     done)
 } >"$OUTD/MANIFEST"
 rm -rf "$STAGE"
-size=$(wc -c <"$OUTD/pdserve-gpu.tar.gz")
-echo "gpu-bundle: $OUTD/pdserve-gpu.tar.gz, $((size / 1048576)) MiB"
+size=$(wc -c <"$OUTD/pdserve-gpu.tar.xz")
+echo "gpu-bundle: $OUTD/pdserve-gpu.tar.xz, $((size / 1048576)) MiB"
 if [ "$size" -gt $((60 * 1048576)) ]; then
     echo "gpu-bundle: over 60 MiB; the device tool carries 64 MiB in all" >&2
     exit 1

@@ -2,34 +2,48 @@
 # gpu-run.sh — everything a GPU machine should run for the cuda backend: build (Release,
 # sm_90a) or take the prebuilt bundle, the `gpu`-label tests, --device cuda on the daemons, the
 # disaggregated path on the GPU (prefill + decode processes + router vs pdserve-generate), the
-# KV page transfer rate, the kernel/model perf mode (bench/gpu), the PyTorch baseline, a
-# memcheck pass and the kernels' register/spill report. Results go to OUTDIR.
+# KV page transfer rate, the kernel/model perf mode (bench/gpu), the PyTorch baseline (its
+# kernels on the perf mode's shapes, and transformers), colocated vs disaggregated serving under
+# load (bench/compare-pd.sh), a memcheck pass and the kernels' register/spill report. Results go
+# to OUTDIR.
 #
 #   scripts/gpu-run.sh [OUTDIR] [--no-perf] [--quick] [--no-sanitizer] [--only STAGES]
 #
-# STAGES: comma list of tests,memcheck,generate,device,disagg,xfer,perf,torch (default: all).
-# Two device calls of 10 minutes cover everything (the bundle saves the build):
+# STAGES: comma list of tests,memcheck,generate,device,disagg,xfer,perf,torch,compare (default:
+# all). Device calls of 10 minutes (the bundle saves the build):
 #   1) scripts/gpu-run.sh --only tests,device,generate,disagg,xfer        (about 5 min)
 #   2) scripts/gpu-run.sh --only perf,torch,memcheck                      (about 7 min)
-# (each stage has its own timeout; estimates, not yet measured on the H200)
+#   issue 21 (pdserve vs PyTorch, one run):
+#      scripts/gpu-run.sh --only tests,perf,torch,disagg,compare --quick  (under 10 min)
+# (each stage has its own timeout; estimates, not yet measured on the H200; compare's is
+# PD_COMPARE_TIMEOUT, 150 s for both halves, cut to what is left of PD_GPU_RUN_BUDGET, 570 s
+# from the start of this script, so that a run fits one 10-minute device call)
 # With the device tool: scripts/gpu-bundle.sh here first, then run(carry ["gpu-bundle"]).
 # OUTDIR defaults to $OUT (the device tool's result folder), else ./gpu-results.
-# gpu-bundle/pdserve-gpu.tar.gz (scripts/gpu-bundle.sh) present: it is unpacked and used, no
-# build (PD_GPU_RUN_BUNDLE=0 ignores it). PD_GPU_RUN_MINIMAL=1 skips the CMake attempt.
+# gpu-bundle/pdserve-gpu.tar.gz (or .tar.xz; scripts/gpu-bundle.sh) present: it is unpacked and
+# used, no build (PD_GPU_RUN_BUNDLE=0 ignores it). PD_GPU_RUN_MINIMAL=1 skips the CMake attempt.
 # The full CMake build needs the project's Debian packages (UCX, gRPC, h2o, OpenBLAS, ...); GPU
 # images often lack them and cannot install anything, so when configuring fails the script
 # builds just what the kernel tests need (kernels/, the backends, the model) straight with nvcc
 # and gcc, with a naive sgemm in place of OpenBLAS for the cpu reference.
-# Files: summary.txt (one line per stage), build.log, test.log, perf.txt + perf.json,
-# memcheck.log, resource-usage.txt, generate.txt (greedy text cuda vs cpu, fp32 and fp8 KV),
-# device.log, disagg.json + disagg.log, xfer.json + xfer-ucx.json, torch.json, results.json (merged).
+# Files: summary.txt (one line per stage, then the tables of scripts/gpu_results.py),
+# results.json (everything merged, with issue 21's "ratios"), perf.txt, test.log and
+# logs.tar.gz: the device tool brings back 8 files at most, so at the end (also on an early
+# exit) every other file is packed into logs.tar.gz and removed (model weights left out):
+# build.log, perf.json, memcheck.log, resource-usage.txt, generate.txt and gen-*.txt (greedy text
+# cuda vs cpu, fp32 and fp8 KV), device.log, disagg.json + disagg.log + disagg-*/, xfer.json +
+# xfer-ucx.json + xfer.txt, torch.json + torch.log, compare.txt + compare/ (compare-pd.sh's
+# tables, JSON Lines, CSV and daemon logs), env.txt. That packing happens where OUTDIR is the
+# device tool's $OUT (or with PD_GPU_RUN_PACK=1, never in the repository); elsewhere, or with
+# PD_GPU_RUN_PACK=0, the files stay loose.
 set -u
+START=$(date +%s)
 
 OUTDIR=""
 PERF=1
 QUICK=""
 SAN=1
-ONLY="tests,memcheck,generate,device,disagg,xfer,perf,torch"
+ONLY="tests,memcheck,generate,device,disagg,xfer,perf,torch,compare"
 want_only=0
 for a in "$@"; do
     if [ $want_only = 1 ]; then
@@ -57,6 +71,55 @@ SUMMARY="$OUTDIR/summary.txt"
 : >"$SUMMARY"
 say() { echo "$*" | tee -a "$SUMMARY"; }
 
+# At the end, also on an early exit: every file but these five goes into logs.tar.gz (the device
+# tool brings back 8 files, 16 MiB each), without model weights; a tarball over 15 MiB is made
+# again with the last 256 KiB (FILE.tail) of each file over 1 MiB in place of the file (named
+# in logs-left-out.txt inside it). Only in a folder of results: the device tool's $OUT, or any
+# with PD_GPU_RUN_PACK=1 except the repository, a git checkout, / and $HOME.
+KEEP="summary.txt results.json perf.txt test.log logs.tar.gz"
+PACK=${PD_GPU_RUN_PACK:-auto}
+if [ "$PACK" = auto ]; then
+    PACK=0
+    [ -n "${OUT:-}" ] && [ "$OUTDIR" = "$(cd "$OUT" 2>/dev/null && pwd)" ] && PACK=1
+fi
+case "$OUTDIR" in "$ROOT" | "$ROOT"/ | / | "${HOME:-/}") PACK=0 ;; esac
+[ -e "$OUTDIR/.git" ] && PACK=0
+pack_logs() {
+    [ "$PACK" = 1 ] || return 0
+    lst="$OUTDIR/.pack-list"
+    tgz="$OUTDIR/.logs.tar.gz"
+    (
+        cd "$OUTDIR" || exit 1
+        for f in * .[!.]*; do
+            [ -e "$f" ] || continue
+            case " $KEEP .pack-list .logs.tar.gz " in *" $f "*) continue ;; esac
+            echo "$f"
+        done >"$lst"
+        [ -s "$lst" ] || exit 0
+        tarz() { tar -czf "$tgz" --exclude='*.safetensors' --exclude='disagg-*/model' "$@"; }
+        tarz -T "$lst" || exit 1
+        if [ "$(wc -c <"$tgz")" -gt $((15 * 1048576)) ]; then
+            find . -type f -size +1024k ! -name '*.safetensors' ! -path './disagg-*/model/*' |
+                sed 's|^\./||' |
+                grep -v -x -e summary.txt -e results.json -e perf.txt -e test.log \
+                    -e .logs.tar.gz >logs-left-out.txt
+            echo logs-left-out.txt >>"$lst"
+            while read -r f; do
+                tail -c 262144 "$f" >"$f.tail"
+                case $f in */*) ;; *) echo "$f.tail" >>"$lst" ;; esac
+            done <logs-left-out.txt
+            tarz -X logs-left-out.txt -T "$lst" || exit 1
+        fi
+        # shellcheck disable=SC2046
+        rm -rf $(cat "$lst")
+        mv "$tgz" logs.tar.gz
+    ) || echo "pack: could not pack the logs; they stay loose" >&2
+    rm -f "$lst" "$tgz"
+}
+trap pack_logs EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
 export PATH="/usr/local/cuda/bin:$PATH"
 NVCC=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
 CUDA_HOME=$(dirname "$(dirname "$NVCC")")
@@ -73,10 +136,14 @@ MODE=""
 TESTBIN=""
 BUILD="$ROOT/build-gpu"
 BUNDLE="$ROOT/gpu-bundle/pdserve-gpu.tar.gz"
+# an xz-compressed bundle (about half the size) is taken as well: tar finds the compression
+[ -f "$BUNDLE" ] || BUNDLE="$ROOT/gpu-bundle/pdserve-gpu.tar.xz"
 if [ "${PD_GPU_RUN_BUNDLE:-1}" = 1 ] && [ -f "$BUNDLE" ]; then
     MODE=bundle
     BUILD=/tmp/pdserve-bundle
-    rm -rf "$BUILD" && mkdir -p "$BUILD" && tar -C "$BUILD" -xzf "$BUNDLE" >"$OUTDIR/build.log" 2>&1
+    rm -rf "$BUILD" && mkdir -p "$BUILD" && { tar -C "$BUILD" -xf "$BUNDLE" ||
+        "$(command -v python3 || echo python3)" -c 'import sys, tarfile
+tarfile.open(sys.argv[1]).extractall(sys.argv[2])' "$BUNDLE" "$BUILD"; } >"$OUTDIR/build.log" 2>&1
     cat "$ROOT/gpu-bundle/MANIFEST" >>"$OUTDIR/build.log" 2>/dev/null
     TESTBIN="$BUILD/tests/gpu_backend_cuda"
 elif [ "${PD_GPU_RUN_MINIMAL:-0}" != 1 ] &&
@@ -289,25 +356,79 @@ if stage perf && [ $PERF = 1 ]; then
     # decode with the KV pool SGLang would use for this bf16 model (--kv-cache-dtype auto =
     # bf16), which the issue's targets assume; the perf mode adds fp8_e4m3 attention and decode
     # lines after it
-    timeout 420 "$TESTBIN" --perf $QUICK --kv-cache-dtype auto --json "$OUTDIR/perf.json" \
+    timeout 420 "$TESTBIN" --perf $QUICK --breakdown --kv-cache-dtype auto --json "$OUTDIR/perf.json" \
         >"$OUTDIR/perf.txt" 2>&1
     say "perf: rc $?$(nogpu_note) — perf.txt, perf.json"
     cat "$OUTDIR/perf.txt"
 fi
-# ---- PyTorch + transformers baseline on a qwen2.5-1.5b-shaped random model ----
-if stage torch && [ $FULL = 1 ]; then
-    M=/tmp/pd-torch-model
-    [ -f "$M/config.json" ] || "$BUILD/tools/pdserve-mkmodel" --out "$M" --log-level warning \
-        --shape qwen2.5-0.5b --hidden-size 1536 --intermediate-size 8960 --layers 28 --heads 12 \
-        --kv-heads 2 --head-dim 128 >"$OUTDIR/torch.log" 2>&1
-    timeout 300 "$PY" "$ROOT/bench/gpu_torch_baseline.py" "$M" "$OUTDIR/torch.json" \
-        --new 64 --batch 64 --prefill 4096 >>"$OUTDIR/torch.log" 2>&1
+# the qwen2.5-1.5b-shaped random model (pdserve-mkmodel) of the torch and compare stages
+TORCH_MODEL=/tmp/pd-torch-model
+torch_model() {
+    [ -f "$TORCH_MODEL/config.json" ] || "$BUILD/tools/pdserve-mkmodel" --out "$TORCH_MODEL" \
+        --log-level warning --shape qwen2.5-0.5b --hidden-size 1536 --intermediate-size 8960 \
+        --layers 28 --heads 12 --kv-heads 2 --head-dim 128
+}
+
+# ---- PyTorch baseline: its kernels on the perf mode's shapes, then transformers on a
+# qwen2.5-1.5b-shaped random model (the minimal build has no pdserve-mkmodel: kernels only) ----
+if stage torch; then
+    if [ $FULL = 1 ] && torch_model >"$OUTDIR/torch.log" 2>&1; then
+        set -- "$TORCH_MODEL" "$OUTDIR/torch.json" --new 64 --batch 64 --prefill 4096
+    else
+        set -- --kernels-only "$OUTDIR/torch.json"
+    fi
+    timeout -k 10 300 "$PY" "$ROOT/bench/gpu_torch_baseline.py" "$@" >>"$OUTDIR/torch.log" 2>&1
     rc=$?
     case $rc in
     0) say "torch baseline: $(tail -1 "$OUTDIR/torch.log")" ;;
     77) say "torch baseline: skipped ($(tail -1 "$OUTDIR/torch.log"))" ;;
-    *) say "torch baseline: FAIL rc $rc — torch.log" ;;
+    124 | 137) say "torch baseline: TIMEOUT (300 s; what it measured is in torch.json)" ;;
+    *) say "torch baseline: FAIL rc $rc: $(tail -1 "$OUTDIR/torch.log") — torch.log" ;;
     esac
+fi
+
+# ---- colocated vs disaggregated under load: bench/compare-pd.sh on the GPU ----
+# qwen2.5-1.5b shape, random 1024 in / 128 out, a short rate sweep (saturation first, so a cut
+# run still has it). Each half has its own time limit, out of PD_COMPARE_TIMEOUT seconds in all:
+# colocated at most half of it, PD the rest; timeout stops a half with everything it started.
+if stage compare && [ $FULL = 1 ]; then
+    budget=${PD_COMPARE_TIMEOUT:-150}
+    if ! torch_model >"$OUTDIR/compare.txt" 2>&1; then
+        say "compare-pd: no model (pdserve-mkmodel failed) — compare.txt"
+    else
+        # what is left of the run's budget, less 20 s for the results and the packing
+        rest=$((${PD_GPU_RUN_BUDGET:-570} - ($(date +%s) - START) - 20))
+        if [ "$rest" -lt "$budget" ]; then
+            say "compare-pd: $rest s left of PD_GPU_RUN_BUDGET (${PD_GPU_RUN_BUDGET:-570} s)," \
+                "not $budget"
+            budget=$rest
+        fi
+        t0=$(date +%s)
+        for half in colocated pd; do
+            used=$(($(date +%s) - t0))
+            left=$((budget - used))
+            [ $half = colocated ] && [ $left -gt $((budget / 2)) ] && left=$((budget / 2))
+            if [ $left -lt 30 ]; then
+                say "compare-pd ($half): not run, ${used} s of ${budget} s used"
+                continue
+            fi
+            ONLY=$half DEVICE=cuda OUT_DIR="$OUTDIR/compare" INPUT_LEN=1024 OUTPUT_LEN=128 \
+                RATES="${PD_COMPARE_RATES:-inf,64,16}" NUM_PROMPTS="${PD_COMPARE_PROMPTS:-128}" \
+                MAX_TOTAL_TOKENS="${PD_COMPARE_MAX_TOTAL_TOKENS:-163840}" CHUNK=8192 \
+                timeout -k 15 "$left" bash "$ROOT/bench/compare-pd.sh" "$BUILD" "$TORCH_MODEL" \
+                >>"$OUTDIR/compare.txt" 2>&1
+            rc=$?
+            case $rc in
+            0) say "compare-pd ($half): ok in $(($(date +%s) - t0 - used)) s$(nogpu_note)" ;;
+            124 | 137) say "compare-pd ($half): TIMEOUT after $left s (the rates done are kept)" ;;
+            *)
+                why=$(grep -E -m1 'compare-pd:.*(not |exited|FAIL|rror)' "$OUTDIR/compare.txt")
+                say "compare-pd ($half): rc $rc$(nogpu_note) — ${why:-see compare.txt}"
+                ;;
+            esac
+        done
+    fi
+    "$PY" "$ROOT/scripts/gpu_results.py" --compare "$OUTDIR" 2>&1 | tee -a "$SUMMARY"
 fi
 
 # ---- everything measured, in one JSON and one table ----

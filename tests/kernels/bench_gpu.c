@@ -13,6 +13,7 @@
 #include "common/model.h"
 #include "kernels/backend_cuda.h"
 #include "common/status.h"
+#include "kernels/flashinfer/pdfi.h"
 #include "kernels/kernels.h"
 
 #include <math.h>
@@ -282,10 +283,12 @@ static void bench_sample(void) {
             fprintf(stderr, "penalty set: %s\n", pd_error_msg());
     }
     CK(cudaStreamSynchronize(st));
+    size_t scratch_bytes = pd_kernel_sample_scratch_bytes(256, V);
+    void *scratch = dmalloc(scratch_bytes);
     for (size_t ri = 0; ri < PD_ARRAY_LEN(rows_list); ri++) {
         int R = rows_list[ri];
         char sh[96];
-        struct samp_ctx c = {.a = {x, R, V, ids, lp}};
+        struct samp_ctx c = {.a = {x, R, V, ids, lp, scratch, scratch_bytes}};
         snprintf(sh, sizeof(sh), "%d x %d f32 greedy", R, V);
         double s = time_it(amax_launch, &c, 20);
         report("argmax", sh, s, (double)R * V * 4, 0);
@@ -296,8 +299,25 @@ static void bench_sample(void) {
                     rows_h[r].slot = r;
             }
             CK(cudaMemcpy(rows_d, rows_h, (size_t)R * sizeof(rows_h[0]), cudaMemcpyHostToDevice));
-            c.p = (struct pd_kernel_sample_params){x,  R,     V,   rows_d,  ids,
-                                                   lp, state, 256, top_ids, top_lp};
+            const struct pd_kernel_sample_row *q = &cfg[ci].r;
+            c.p = (struct pd_kernel_sample_params){.logits = x,
+                                                   .rows = R,
+                                                   .vocab = V,
+                                                   .row = rows_d,
+                                                   .ids = ids,
+                                                   .logprob = lp,
+                                                   .state = state,
+                                                   .n_slots = 256,
+                                                   .top_ids = top_ids,
+                                                   .top_lp = top_lp,
+                                                   .any_drawn =
+                                                       !(q->temperature < 1e-5f || q->top_k == 1),
+                                                   .any_penalized = q->slot >= 0,
+                                                   .any_min_p = q->min_p > 0,
+                                                   .any_top_k = q->top_k > 0 && q->top_k < V,
+                                                   .any_top_p = q->top_p < 1,
+                                                   .scratch = scratch,
+                                                   .scratch_bytes = scratch_bytes};
             snprintf(sh, sizeof(sh), "%d x %d %s", R, V, cfg[ci].name);
             s = time_it(samp_launch, &c, 10);
             report("sample", sh, s, (double)R * V * 4, 0);
@@ -312,6 +332,7 @@ static void bench_sample(void) {
     cudaFree(top_ids);
     cudaFree(top_lp);
     cudaFree(pids);
+    cudaFree(scratch);
 }
 
 /* ---- attention ---- */
@@ -324,6 +345,45 @@ static int attn_launch(void *ctx) {
 }
 
 /* n_reqs requests of n_new new tokens after ctx - n_new cached; one layer of a pool. */
+/* FlashInfer's attention as the backend runs a layer (kernels/backend_cuda.c run_fi_attention):
+ * the kernel on 2-byte q / o, and with conv also q f32 → bf16/f16 before and o back after. */
+struct fi_ctx {
+    struct pdfi_plan plan;
+    struct pdfi_workspace ws;
+    struct pdfi_attention_args a;
+    const float *q32;
+    float *o32;
+    enum pd_dtype qt;
+    int64_t count;
+    bool conv;
+};
+
+static int fi_launch(void *ctx) {
+    struct fi_ctx *f = ctx;
+    char err[256];
+    int rc;
+    if (f->conv) {
+        struct pd_kernel_convert_params cq = {f->q32, (void *)f->a.q, f->qt, f->count};
+        if ((rc = pd_kernel_convert(&cq, st)))
+            return rc;
+    }
+    if ((rc = pdfi_attention(&f->plan, &f->ws, &f->a, st, err, sizeof(err))))
+        return pd_errorf(PD_EINTERNAL, "%s", err);
+    if (f->conv) {
+        struct pd_kernel_widen_params wo = {f->a.o, f->qt, f->o32, f->count};
+        rc = pd_kernel_widen(&wo, st);
+    }
+    return rc;
+}
+
+static enum pdfi_dtype fi_kv(enum pd_dtype t) {
+    return t == PD_DTYPE_F16      ? PDFI_F16
+           : t == PD_DTYPE_BF16   ? PDFI_BF16
+           : t == PD_DTYPE_F8E4M3 ? PDFI_E4M3
+           : t == PD_DTYPE_F8E5M2 ? PDFI_E5M2
+                                  : (enum pdfi_dtype)0;
+}
+
 static void bench_attn(const char *name, enum pd_dtype kvt, int n_reqs, int n_new, int ctx,
                        int heads, int kvh, int hd, int sms) {
     int ps = 16, pages_per = (ctx + ps - 1) / ps;
@@ -373,18 +433,83 @@ static void bench_attn(const char *name, enum pd_dtype kvt, int n_reqs, int n_ne
     dfill(q, PD_DTYPE_F32, qn, 1.0f);
     size_t split_rows = (size_t)(n_tok < 256 ? n_tok : 256) * heads * PD_KERNEL_ATTN_MAX_SPLITS;
     float *po = dmalloc(split_rows * hd * 4), *pml = dmalloc(split_rows * 2 * 4);
-    struct attn_ctx ac = {{g, 0, b, q, o, heads, 1.0f / sqrtf((float)hd), po, pml}};
-    double t = time_it(attn_launch, &ac, 20);
     /* bytes: K and V of every request once; flops: causal QK and PV */
     double kv_bytes = (double)n_reqs * ctx * 2.0 * kvh * hd * (double)esz;
     double flops = 0;
     for (int i = 0; i < n_new; i++)
         flops += 4.0 * hd * heads * (double)(ctx - n_new + i + 1);
     flops *= n_reqs;
-    char sh[96];
-    snprintf(sh, sizeof(sh), "b%d new%d ctx%d h%d/%d d%d kv %s (%d items, %d splits)", n_reqs,
-             n_new, ctx, heads, kvh, hd, pd_dtype_kv_name(kvt), b.n_items, b.max_splits);
-    report(name, sh, t, n_new == 1 ? kv_bytes : 0, n_new > 1 ? flops : 0);
+    char sh[128];
+    enum pdfi_dtype fk = fi_kv(kvt);
+    if (fk && pdfi_attention_supported(fk, hd)) {
+        /* what the backend runs for this pool: FlashInfer, planned as an eager step */
+        struct fi_ctx f = {.qt = kvt == PD_DTYPE_F16 ? PD_DTYPE_F16 : PD_DTYPE_BF16,
+                           .count = (int64_t)qn,
+                           .q32 = q,
+                           .o32 = o};
+        f.ws.int_bytes = 8u << 20;
+        f.ws.float_bytes = pdfi_float_workspace_bytes(sms, hd);
+        f.ws.float_ws = dmalloc(f.ws.float_bytes);
+        f.ws.int_ws = dmalloc(f.ws.int_bytes);
+        CK(cudaMallocHost(&f.ws.int_ws_host, f.ws.int_bytes));
+        void *qh = dmalloc(qn * 2), *oh = dmalloc(qn * 2);
+        struct pd_kernel_convert_params cq = {q, qh, f.qt, (int64_t)qn};
+        CK(pd_kernel_convert(&cq, st) ? cudaErrorUnknown : cudaSuccess);
+        int32_t *last = pd_calloc((size_t)n_reqs, 4);
+        for (int r = 0; r < n_reqs; r++)
+            last[r] = ctx - (pages_per - 1) * ps;
+        void *d_last = dmalloc((size_t)n_reqs * 4);
+        CK(cudaMemcpy(d_last, last, (size_t)n_reqs * 4, cudaMemcpyHostToDevice));
+        char err[256];
+        if (pdfi_plan_step(&f.plan, &f.ws, ts, ps_, kl, n_tok, n_reqs, heads, kvh, hd, ps, fk,
+                           false, true, st, err, sizeof(err))) {
+            fprintf(stderr, "flashinfer plan: %s\n", err);
+            exit(1);
+        }
+        f.a = (struct pdfi_attention_args){.kv_dtype = fk,
+                                           .q = qh,
+                                           .o = oh,
+                                           .k = g.base,
+                                           .v = (char *)g.base + g.page_bytes / 2,
+                                           .stride_page = (int64_t)(g.page_bytes / esz),
+                                           .stride_n = (int64_t)kvh * hd,
+                                           .stride_h = hd,
+                                           .qo_indptr = d_ts,
+                                           .page_indptr = d_ps,
+                                           .page_indices = d_pt,
+                                           .last_page_len = d_last,
+                                           .n_reqs = n_reqs,
+                                           .page_size = ps,
+                                           .scale = 1.0f / sqrtf((float)hd)};
+        double t = time_it(fi_launch, &f, 20);
+        if (f.plan.kernel == PDFI_SM90)
+            snprintf(sh, sizeof(sh), "b%d new%d ctx%d h%d/%d d%d kv %s (flashinfer sm90)", n_reqs,
+                     n_new, ctx, heads, kvh, hd, pd_dtype_kv_name(kvt));
+        else
+            snprintf(sh, sizeof(sh),
+                     "b%d new%d ctx%d h%d/%d d%d kv %s (flashinfer fa2, cta %lld, split %d)",
+                     n_reqs, n_new, ctx, heads, kvh, hd, pd_dtype_kv_name(kvt),
+                     (long long)f.plan.info[3], (int)f.plan.info[14]);
+        report(name, sh, t, n_new == 1 ? kv_bytes : 0, n_new > 1 ? flops : 0);
+        f.conv = true;
+        t = time_it(fi_launch, &f, 20);
+        snprintf(sh, sizeof(sh), "b%d new%d ctx%d h%d/%d d%d kv %s (+ f32 q/o conversions)", n_reqs,
+                 n_new, ctx, heads, kvh, hd, pd_dtype_kv_name(kvt));
+        report(name, sh, t, n_new == 1 ? kv_bytes : 0, n_new > 1 ? flops : 0);
+        cudaFree(f.ws.float_ws);
+        cudaFree(f.ws.int_ws);
+        cudaFreeHost(f.ws.int_ws_host);
+        cudaFree(qh);
+        cudaFree(oh);
+        cudaFree(d_last);
+        pd_free(last);
+    } else {
+        struct attn_ctx ac = {{g, 0, b, q, o, heads, 1.0f / sqrtf((float)hd), po, pml}};
+        double t = time_it(attn_launch, &ac, 20);
+        snprintf(sh, sizeof(sh), "b%d new%d ctx%d h%d/%d d%d kv %s (%d items, %d splits)", n_reqs,
+                 n_new, ctx, heads, kvh, hd, pd_dtype_kv_name(kvt), b.n_items, b.max_splits);
+        report(name, sh, t, n_new == 1 ? kv_bytes : 0, n_new > 1 ? flops : 0);
+    }
     cudaFree(g.base);
     void *fr[] = {d_ts, d_kl, d_ps, d_pt, d_tsp, d_it, q, o, po, pml};
     for (size_t i = 0; i < PD_ARRAY_LEN(fr); i++)
@@ -451,9 +576,41 @@ static double now_s(void) {
     return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
 }
 
+static int cmp_op_us(const void *a, const void *b) {
+    double x = ((const double *)a)[0], y = ((const double *)b)[0];
+    return x < y ? 1 : x > y ? -1 : 0;
+}
+
+/* The per-op table of one profiled step (pd_backend_cuda_profile): op, calls, µs, share. */
+static void print_breakdown(const char *what, const struct pd_backend_cuda_profile *p,
+                            double step_us) {
+    double order[PD_CUDA_PROFILE_OPS][2];
+    for (int i = 0; i < p->n; i++) {
+        order[i][0] = p->op[i].us;
+        order[i][1] = i;
+    }
+    qsort(order, (size_t)p->n, sizeof(order[0]), cmp_op_us);
+    printf("breakdown: %s: %.1f us in ops (%.1f us the whole step, eager, events between ops)\n",
+           what, p->total_us, step_us);
+    for (int k = 0; k < p->n; k++) {
+        int i = (int)order[k][1];
+        printf("  %-28s %6lld calls %10.1f us %6.1f%%\n", p->op[i].name, (long long)p->op[i].calls,
+               p->op[i].us, 100.0 * p->op[i].us / p->total_us);
+        if (json)
+            fprintf(json,
+                    "%s{\"op\":\"breakdown\",\"shape\":\"%s | %s\",\"us\":%.2f,\"calls\":%lld,"
+                    "\"share\":%.4f}",
+                    json_n++ ? ",\n" : "", what, p->op[i].name, p->op[i].us,
+                    (long long)p->op[i].calls, p->op[i].us / p->total_us);
+    }
+}
+
 /* Decode steps at batch 1, 64, 256 and (full) the 4096-token prefill with a KV pool of kvt;
- * !full: the large batches only, where the KV read is a large share of the step. */
-static void bench_model(bool quick, enum pd_dtype kvt, bool full) {
+ * !full: the large batches only, where the KV read is a large share of the step. A decode step
+ * is what the decode daemon runs for greedy requests: the model and the device argmax, ids and
+ * logprobs back. breakdown: one step of batch 1 and 64 and one prefill again with per-op
+ * events (print_breakdown). */
+static void bench_model(bool quick, enum pd_dtype kvt, bool full, bool breakdown) {
     struct shared_ckpt *s = pd_calloc(1, sizeof(*s));
     struct pd_model_config *c = &s->cfg;
     /* Qwen2.5-1.5B's shape: tied embeddings, q/k/v bias, 12 heads over 2 kv heads of 128 */
@@ -499,6 +656,9 @@ static void bench_model(bool quick, enum pd_dtype kvt, bool full) {
     }
     double wbytes = (double)pd_model_weight_bytes(m);
     float *logits = pd_malloc(sizeof(float) * (size_t)max_b * c->vocab_size);
+    int32_t *ids = pd_calloc((size_t)max_b, 4);
+    float *lps = pd_calloc((size_t)max_b, 4);
+    struct pd_backend_cuda_profile *prof = pd_calloc(1, sizeof(*prof));
     int32_t *pages = pd_calloc((size_t)max_b * (ctx / 16 + 1), 4), *toks = pd_calloc(8192, 4);
     for (int64_t i = 0; i < (int64_t)max_b * (ctx / 16 + 1); i++)
         pages[i] = (int32_t)i;
@@ -514,15 +674,26 @@ static void bench_model(bool quick, enum pd_dtype kvt, bool full) {
             seqs[q] = (struct pd_model_seq){toks + q, 1, ctx - 1,
                                             pages + (size_t)q * (ctx / 16 + 1), ctx / 16 + 1};
         for (int w = 0; w < 3; w++)
-            if (pd_model_decode(m, &kv, seqs, B, logits)) {
+            if (pd_model_decode_greedy(m, &kv, seqs, B, ids, lps)) {
                 fprintf(stderr, "decode: %s\n", pd_error_msg());
                 exit(1);
             }
         int steps = 30;
         double t0 = now_s();
         for (int i = 0; i < steps; i++)
-            pd_model_decode(m, &kv, seqs, B, logits);
+            pd_model_decode_greedy(m, &kv, seqs, B, ids, lps);
         double t = (now_s() - t0) / steps;
+        if (breakdown && B <= 64) {
+            char what[64];
+            memset(prof, 0, sizeof(*prof));
+            pd_backend_cuda_profile(be, prof);
+            double tb = now_s();
+            pd_model_decode_greedy(m, &kv, seqs, B, ids, lps);
+            tb = now_s() - tb;
+            pd_backend_cuda_profile(be, NULL);
+            snprintf(what, sizeof(what), "decode step batch %d ctx %d", B, ctx);
+            print_breakdown(what, prof, tb * 1e6);
+        }
         char sh[96];
         snprintf(sh, sizeof(sh), "qwen2.5-1.5b batch %d ctx %d kv %s", B, ctx,
                  pd_dtype_kv_name(kvt));
@@ -547,11 +718,23 @@ static void bench_model(bool quick, enum pd_dtype kvt, bool full) {
                 4.0 * c->head_dim * c->num_attention_heads * c->num_hidden_layers *
                     ((double)prefill * (prefill + 1) / 2);
     report("prefill", "qwen2.5-1.5b 4096 tokens", t, 0, fl);
+    if (breakdown) {
+        memset(prof, 0, sizeof(*prof));
+        pd_backend_cuda_profile(be, prof);
+        double tb = now_s();
+        pd_model_extend(m, &kv, &p, 1, false, logits);
+        tb = now_s() - tb;
+        pd_backend_cuda_profile(be, NULL);
+        print_breakdown("prefill 4096 tokens", prof, tb * 1e6);
+    }
     struct pd_backend_cuda_stats cs;
     pd_backend_cuda_stats(be, &cs);
     printf("graphs: %lld captured, %lld launches over %lld steps\n", (long long)cs.graph_captures,
            (long long)cs.graph_launches, (long long)cs.steps);
 done:
+    pd_free(prof);
+    pd_free(ids);
+    pd_free(lps);
     pd_free(logits);
     pd_free(pages);
     pd_free(toks);
@@ -643,7 +826,7 @@ static void bench_prefill_8b(void) {
 }
 
 int pd_bench_gpu_main(int argc, char **argv) {
-    bool quick = false;
+    bool quick = false, breakdown = false;
     const char *json_path = NULL;
     /* the model's KV pool: bf16 is --kv-cache-dtype auto for this bf16 model, what SGLang
      * runs and the issue's targets assume; an fp8 e4m3 decode line follows it either way */
@@ -651,6 +834,8 @@ int pd_bench_gpu_main(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--quick") == 0) {
             quick = true;
+        } else if (strcmp(argv[i], "--breakdown") == 0) {
+            breakdown = true;
         } else if (strcmp(argv[i], "--json") == 0 && i + 1 < argc) {
             json_path = argv[++i];
         } else if (strcmp(argv[i], "--kv-cache-dtype") == 0 && i + 1 < argc) {
@@ -670,7 +855,7 @@ int pd_bench_gpu_main(int argc, char **argv) {
                 kvt = PD_DTYPE_BF16; /* auto: the model's dtype */
         } else {
             fprintf(stderr,
-                    "perf mode: unknown argument %s (--quick, --json FILE, "
+                    "perf mode: unknown argument %s (--quick, --breakdown, --json FILE, "
                     "--kv-cache-dtype T)\n",
                     argv[i]);
             return 2;
@@ -724,9 +909,9 @@ int pd_bench_gpu_main(int argc, char **argv) {
     if (kvt != PD_DTYPE_F8E4M3)
         bench_attn("attn_decode", PD_DTYPE_F8E4M3, 64, 1, 4096, 32, 8, 128, sms);
     pd_kernel_gemm_free(g);
-    bench_model(quick, kvt, true);
+    bench_model(quick, kvt, true, breakdown);
     if (kvt != PD_DTYPE_F8E4M3)
-        bench_model(quick, PD_DTYPE_F8E4M3, false);
+        bench_model(quick, PD_DTYPE_F8E4M3, false, false);
     bench_prefill_8b();
     if (json) {
         fprintf(json, "\n],\"measured_copy_gbps\":%.1f,\"measured_gemm_tflops\":%.1f}\n",
