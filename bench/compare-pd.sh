@@ -150,9 +150,12 @@ if [ "$only" != colocated ]; then
         --threads "$threads" --disaggregation-mode decode
     wait_healthy prefill "$pport" "${pids[0]}"
     wait_healthy decode "$dport" "${pids[1]}"
+    # no router admission limit (its default, 256 in flight, answered 128 of 384 requests sent
+    # at once with 429 on the GPU): the colocated daemon has none, so both halves take the load
     start router "$build/router/pdserve-router" --pd-disaggregation --host 127.0.0.1 \
         --port "$rport" --prefill "http://127.0.0.1:$pport" "$bport" \
-        --decode "http://127.0.0.1:$dport" --policy round_robin --log-level warning
+        --decode "http://127.0.0.1:$dport" --policy round_robin --max-concurrent-requests 0 \
+        --log-level warning
     wait_healthy router "$rport" "${pids[2]}"
     run_bench pd "$rport"
     stop_all
