@@ -1,13 +1,13 @@
 /*
  * pdserve-mkmodel — writes a random-weight model in Hugging Face format (config.json,
  * generation_config.json, safetensors, tokenizer.json, tokenizer_config.json) so that pdserve
- * runs and is tested without downloads. Only flags live here; the writer is common/mkmodel.c.
- * Exit status: 0 done (or --help), 2 bad flags, 1 the write failed.
+ * runs and is tested without downloads. Only flags live here; the writer is
+ * tools/mkmodel/mkmodel.c. Exit status: 0 done (or --help), 2 bad flags, 1 the write failed.
  */
 #include "common/dtype.h"
 #include "common/flags.h"
 #include "common/log.h"
-#include "common/mkmodel.h"
+#include "tools/mkmodel/mkmodel.h"
 #include "common/status.h"
 
 #include <stdio.h>

@@ -18,7 +18,7 @@
 
 #include "common/engine.h"
 #include "common/log.h"
-#include "common/mkmodel.h"
+#include "tools/mkmodel/mkmodel.h"
 #include "common/sched_common.h"
 #include "pd_test.h"
 

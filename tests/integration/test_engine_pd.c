@@ -19,7 +19,7 @@
 #include "common/alloc.h"
 #include "common/engine.h"
 #include "common/log.h"
-#include "common/mkmodel.h"
+#include "tools/mkmodel/mkmodel.h"
 #include "common/model.h"
 #include "common/sched_common.h"
 #include "common/xfer.h"

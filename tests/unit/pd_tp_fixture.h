@@ -10,7 +10,7 @@
 #include "pd_test.h"
 
 #include "common/backend.h"
-#include "common/mkmodel.h"
+#include "tools/mkmodel/mkmodel.h"
 #include "common/model.h"
 #include "common/tp.h"
 

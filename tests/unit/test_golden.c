@@ -12,7 +12,7 @@
 
 #include "common/alloc.h"
 #include "common/log.h"
-#include "common/mkmodel.h"
+#include "tools/mkmodel/mkmodel.h"
 #include "common/model.h"
 
 #include <math.h>

@@ -7,7 +7,7 @@
 #include "common/dtype.h"
 #include "common/file.h"
 #include "common/log.h"
-#include "common/mkmodel.h"
+#include "tools/mkmodel/mkmodel.h"
 #include "common/model_config.h"
 #include "common/safetensors.h"
 #include "common/safetensors_index.h"

@@ -2,8 +2,8 @@
 #include "pd_test.h"
 
 #include "common/alloc.h"
-#include "common/bpe_train.h"
-#include "common/tokgen.h"
+#include "tools/mkmodel/bpe_train.h"
+#include "tools/mkmodel/tokgen.h"
 
 #include <cjson/cJSON.h>
 #include <time.h>

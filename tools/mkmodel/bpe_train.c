@@ -9,7 +9,7 @@
  * few thousand, so a round costs microseconds and the simple version is obviously right.
  * Deliberately not here: tokenizer.json layout and special tokens (tokgen.c), encoding text.
  */
-#include "common/bpe_train.h"
+#include "tools/mkmodel/bpe_train.h"
 #include "common/alloc.h"
 #include "common/byte_level.h"
 #include "common/status.h"

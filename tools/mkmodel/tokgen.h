@@ -13,7 +13,7 @@
 #ifndef PD_TOKGEN_H
 #define PD_TOKGEN_H
 
-#include "common/bpe_train.h"
+#include "tools/mkmodel/bpe_train.h"
 
 enum pd_tokgen_flavor {
     PD_TOKGEN_LLAMA3 = 0,  /* byte-level, Llama-3 split regex, <|begin_of_text|>, header turns */

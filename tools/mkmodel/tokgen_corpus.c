@@ -7,7 +7,7 @@
  * Changing a single byte here changes every generated tokenizer, and with it any golden output
  * recorded from one: treat it as frozen.
  */
-#include "common/tokgen.h"
+#include "tools/mkmodel/tokgen.h"
 
 const char pd_tokgen_corpus[] =
     "The quick brown fox jumps over the lazy dog. The dog was not amused, and the fox ran "

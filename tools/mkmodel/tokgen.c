@@ -8,7 +8,7 @@
  * vocabulary must keep id order and merges their priority order, and a flat writer makes that
  * ordering (and byte-identical output for a seed) evident. Strings go through one escaper.
  */
-#include "common/tokgen.h"
+#include "tools/mkmodel/tokgen.h"
 #include "common/alloc.h"
 #include "common/status.h"
 

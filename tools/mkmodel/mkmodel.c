@@ -16,7 +16,7 @@
  * xoshiro256** stream seeded by (seed, tensor name, block), Box-Muller for normals: the files do
  * not depend on thread count or shard layout, and blocks fill in parallel.
  */
-#include "common/mkmodel.h"
+#include "tools/mkmodel/mkmodel.h"
 #include "common/alloc.h"
 #include "common/file.h"
 #include "common/log.h"
@@ -24,7 +24,7 @@
 #include "common/safetensors.h"
 #include "common/safetensors_index.h"
 #include "common/status.h"
-#include "common/tokgen.h"
+#include "tools/mkmodel/tokgen.h"
 
 #include <dirent.h>
 #include <errno.h>
