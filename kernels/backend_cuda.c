@@ -27,7 +27,6 @@
 #include "common/log.h"
 #include "common/status.h"
 #include "common/sampling.h"
-#include "kernels/flashinfer/pdfi.h"
 #include "kernels/kernels.h"
 
 #include <stdio.h>
@@ -37,8 +36,8 @@
 #define PD_CUDA_GEMM_WORKSPACE (32u << 20) /* bytes */
 #define PD_CUDA_LOG_OPS 8192               /* ops one step may enqueue before an early flush */
 #define PD_CUDA_MAX_GRAPH_REQS 256
-#define PD_CUDA_SAMPLE_ROWS                                                                        \
-    256 /* rows of one sampling launch (its scratch: a probability row each) */
+/* rows of one sampling launch (its scratch: a probability row each) */
+#define PD_CUDA_SAMPLE_ROWS 256
 
 static const int graph_buckets[] = {1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256};
 #define PD_CUDA_N_BUCKETS ((int)PD_ARRAY_LEN(graph_buckets))
@@ -795,32 +794,14 @@ static bool scale_count(const struct cuda_backend *c, int64_t count, int64_t *ou
     return true;
 }
 
-/* The pool type as FlashInfer's kernels name it; 0 when they have no kernel for it. */
-static enum pdfi_dtype fi_dtype(enum pd_dtype dt) {
-    switch (dt) {
-    case PD_DTYPE_F16: return PDFI_F16;
-    case PD_DTYPE_BF16: return PDFI_BF16;
-    case PD_DTYPE_F8E4M3: return PDFI_E4M3;
-    case PD_DTYPE_F8E5M2: return PDFI_E5M2;
-    case PD_DTYPE_F32: break;
-    }
-    return (enum pdfi_dtype)0;
-}
-
 /* FlashInfer runs the attention of a 2-byte or fp8 pool at head dims 64/128/256 (its page
  * stride, in elements, must fit its uint32); an f32 pool (exact comparisons with the cpu
  * backend) or another head dim takes our kernel (attention.cu). */
 static bool fi_takes(const struct op *a) {
-    enum pdfi_dtype dt = fi_dtype(a->kv.dtype);
+    enum pdfi_dtype dt = pd_kernel_fi_dtype(a->kv.dtype);
     size_t esz = pd_dtype_size(a->kv.dtype);
     return dt && pdfi_attention_supported(dt, a->kv.head_dim) && a->heads % a->kv.kv_heads == 0 &&
            a->kv.page_bytes % esz == 0 && a->kv.page_bytes / esz <= 0xffffffffu;
-}
-
-static int fi_failed(int rc, const char *err) {
-    if (rc == PDFI_EFLASHINFER)
-        return pd_errorf(PD_EINTERNAL, "%s", err);
-    return pd__cuda_status((cudaError_t)rc, err);
 }
 
 /* FlashInfer's plan: the request/page index arrays are the step's metadata as set_batch wrote
@@ -830,7 +811,7 @@ static int fi_failed(int rc, const char *err) {
 static int plan_fi(struct cuda_backend *c, const struct op *a) {
     const struct meta_layout *m = &c->ml;
     int32_t *tok = meta_i32(c, m->req_tok_start), *pst = meta_i32(c, m->req_page_start);
-    const int32_t *kvl = meta_i32(c, m->req_kv_len);
+    int32_t *kvl = meta_i32(c, m->req_kv_len);
     for (int r = 0; r < c->n_reqs; r++) {
         int np = pst[r + 1] - pst[r];
         meta_i32(c, m->last_page_len)[r] = np ? kvl[r] - (np - 1) * a->kv.page_size : 0;
@@ -839,10 +820,10 @@ static int plan_fi(struct cuda_backend *c, const struct op *a) {
     c->fi_reqs = reqs;
     char err[256];
     int rc =
-        pdfi_plan_step(&c->fi_plan, &c->fi_ws, tok, pst, meta_i32(c, m->req_kv_len), rows, reqs,
-                       a->heads, a->kv.kv_heads, a->kv.head_dim, a->kv.page_size,
-                       fi_dtype(a->kv.dtype), c->bucket > 0, c->sm90, c->stream, err, sizeof(err));
-    return rc ? fi_failed(rc, err) : PD_OK;
+        pdfi_plan_step(&c->fi_plan, &c->fi_ws, tok, pst, kvl, rows, reqs, a->heads, a->kv.kv_heads,
+                       a->kv.head_dim, a->kv.page_size, pd_kernel_fi_dtype(a->kv.dtype),
+                       c->bucket > 0, c->sm90, c->stream, err, sizeof(err));
+    return rc ? pd__pdfi_status(rc, err) : PD_OK;
 }
 
 static int plan_attention(struct cuda_backend *c) {
@@ -955,7 +936,7 @@ static int run_fi_attention(struct cuda_backend *c, const struct op *o, int64_t 
     size_t block = (size_t)o->kv.page_size * (size_t)o->kv.kv_heads * (size_t)o->kv.head_dim;
     char *k = (char *)o->kv.base + (size_t)o->layer * 2 * block * esz;
     struct pdfi_attention_args fa = {
-        .kv_dtype = fi_dtype(o->kv.dtype),
+        .kv_dtype = pd_kernel_fi_dtype(o->kv.dtype),
         .q = c->fi_q,
         .o = c->fi_o,
         .k = k,
@@ -974,7 +955,7 @@ static int run_fi_attention(struct cuda_backend *c, const struct op *o, int64_t 
     char err[256];
     rc = pdfi_attention(&c->fi_plan, &c->fi_ws, &fa, c->stream, err, sizeof(err));
     if (rc)
-        return fi_failed(rc, err);
+        return pd__pdfi_status(rc, err);
     struct pd_kernel_widen_params wo = {c->fi_o, qt, o->out, count};
     return pd_kernel_widen(&wo, c->stream);
 }

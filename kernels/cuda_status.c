@@ -21,3 +21,9 @@ int pd__cuda_status(cudaError_t err, const char *what) {
     }
     return pd_errorf(code, "%s: %s (%s)", what, cudaGetErrorString(err), cudaGetErrorName(err));
 }
+
+int pd__pdfi_status(int rc, const char *what) {
+    if (rc == PDFI_EFLASHINFER) /* FlashInfer refused what we asked of it: our bug */
+        return pd_errorf(PD_EINTERNAL, "%s", what);
+    return pd__cuda_status((cudaError_t)rc, what);
+}

@@ -19,6 +19,7 @@
 #include <cuda_runtime_api.h>
 
 #include "common/dtype.h"
+#include "kernels/flashinfer/pdfi.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -27,6 +28,21 @@ extern "C" {
 /* cudaError_t → PD_E*, the one place CUDA runtime codes are read (STYLE.md rule 3); records
  * "what: <cuda message>" as the thread's error. cudaSuccess → PD_OK. */
 int pd__cuda_status(cudaError_t err, const char *what);
+/* A libpdflashinfer return (kernels/flashinfer/pdfi.h: 0, a cudaError_t, or PDFI_EFLASHINFER with
+ * what = its message) → PD_E*, as pd__cuda_status. */
+int pd__pdfi_status(int rc, const char *what);
+
+/* The pool type as FlashInfer's kernels name it; 0 when they have none for it (f32). */
+static inline enum pdfi_dtype pd_kernel_fi_dtype(enum pd_dtype dt) {
+    switch (dt) {
+    case PD_DTYPE_F16: return PDFI_F16;
+    case PD_DTYPE_BF16: return PDFI_BF16;
+    case PD_DTYPE_F8E4M3: return PDFI_E4M3;
+    case PD_DTYPE_F8E5M2: return PDFI_E5M2;
+    case PD_DTYPE_F32: break;
+    }
+    return (enum pdfi_dtype)0;
+}
 
 /* ---- row ops ---- */
 

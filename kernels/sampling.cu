@@ -7,7 +7,6 @@
  * penalty slot, counted as tokens are chosen), and reports the raw row's top-n logprobs:
  * nothing of the vocabulary row leaves the device.
  */
-#include "kernels/flashinfer/pdfi.h"
 #include "kernels/kcommon.cuh"
 
 using namespace pdk;
@@ -630,11 +629,6 @@ static __global__ void __launch_bounds__(PDK_SAMPLE_THREADS)
     }
 }
 
-/* a FlashInfer refusal (its message in err) reads as an invalid-argument launch error */
-static int fi_status(int rc, const char *err) {
-    return pd__cuda_status(rc == PDFI_EFLASHINFER ? cudaErrorInvalidValue : (cudaError_t)rc, err);
-}
-
 extern "C" int pd_kernel_sample(const struct pd_kernel_sample_params *p, cudaStream_t s) {
     if (p->rows <= 0)
         return PDK_OK;
@@ -678,7 +672,7 @@ extern "C" int pd_kernel_sample(const struct pd_kernel_sample_params *p, cudaStr
                                       p->any_top_k,
                                       p->any_top_p || p->any_min_p};
         if ((rc = pdfi_sample(&sa, s, err, sizeof(err))))
-            return fi_status(rc, err);
+            return pd__pdfi_status(rc, err);
         chosen = d.chosen;
         valid = d.valid;
     }

@@ -2,10 +2,10 @@
  * pdfi.h — the C interface of libpdflashinfer (kernels/flashinfer/): FlashInfer's attention and
  * sampling templates (DESIGN.md §4, §6) instantiated for what pdserve uses and wrapped in plain C.
  * The library depends on the CUDA runtime alone: it knows nothing of pdserve's error state, so
- * every entry returns 0, a cudaError_t code, or PDFI_EFLASHINFER when FlashInfer itself refused
- * (a C++ exception, caught here) and writes what went wrong into err[errlen]. backend_cuda.c
- * turns both into pdserve errors. Pointers are device memory unless marked host; streams are
- * cudaStream_t passed as void *.
+ * every entry returns 0, a cudaError_t code (err[errlen] then names the entry), or
+ * PDFI_EFLASHINFER when FlashInfer itself refused (a C++ exception, caught here; err holds its
+ * message). kernels/cuda_status.c's pd__pdfi_status turns both into pdserve errors. Pointers are
+ * device memory unless marked host; streams are cudaStream_t passed as void *.
  *
  * A shared library, not part of the static libpdkernels: its kernels (hundreds of SASS variants)
  * are then stored once, not once per binary that links the cuda backend.

@@ -44,12 +44,13 @@ extern template cudaError_t run_sm90<256>(const flashinfer::PrefillPlanSM90Info 
                                           const pdfi_plan *, const pdfi_workspace *,
                                           const pdfi_attention_args *, cudaStream_t);
 
-/* Runs f (returning cudaError_t); a thrown exception becomes PDFI_EFLASHINFER with its text. */
+/* Runs f (returning cudaError_t); a thrown exception becomes PDFI_EFLASHINFER with its text. A
+ * CUDA error leaves just what in err: the caller's translation adds CUDA's own text. */
 template <typename F> int guarded(const char *what, char *err, size_t errlen, F &&f) {
     try {
         cudaError_t e = f();
         if (e != cudaSuccess && err && errlen)
-            snprintf(err, errlen, "%s: %s", what, cudaGetErrorString(e));
+            snprintf(err, errlen, "%s", what);
         return (int)e;
     } catch (const std::exception &x) {
         if (err && errlen)

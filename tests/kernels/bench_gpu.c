@@ -13,7 +13,6 @@
 #include "common/model.h"
 #include "kernels/backend_cuda.h"
 #include "common/status.h"
-#include "kernels/flashinfer/pdfi.h"
 #include "kernels/kernels.h"
 
 #include <math.h>
@@ -344,7 +343,6 @@ static int attn_launch(void *ctx) {
     return pd_kernel_attention(&((struct attn_ctx *)ctx)->p, st);
 }
 
-/* n_reqs requests of n_new new tokens after ctx - n_new cached; one layer of a pool. */
 /* FlashInfer's attention as the backend runs a layer (kernels/backend_cuda.c run_fi_attention):
  * the kernel on 2-byte q / o, and with conv also q f32 → bf16/f16 before and o back after. */
 struct fi_ctx {
@@ -368,7 +366,7 @@ static int fi_launch(void *ctx) {
             return rc;
     }
     if ((rc = pdfi_attention(&f->plan, &f->ws, &f->a, st, err, sizeof(err))))
-        return pd_errorf(PD_EINTERNAL, "%s", err);
+        return pd__pdfi_status(rc, err);
     if (f->conv) {
         struct pd_kernel_widen_params wo = {f->a.o, f->qt, f->o32, f->count};
         rc = pd_kernel_widen(&wo, st);
@@ -376,14 +374,7 @@ static int fi_launch(void *ctx) {
     return rc;
 }
 
-static enum pdfi_dtype fi_kv(enum pd_dtype t) {
-    return t == PD_DTYPE_F16      ? PDFI_F16
-           : t == PD_DTYPE_BF16   ? PDFI_BF16
-           : t == PD_DTYPE_F8E4M3 ? PDFI_E4M3
-           : t == PD_DTYPE_F8E5M2 ? PDFI_E5M2
-                                  : (enum pdfi_dtype)0;
-}
-
+/* n_reqs requests of n_new new tokens after ctx - n_new cached; one layer of a pool. */
 static void bench_attn(const char *name, enum pd_dtype kvt, int n_reqs, int n_new, int ctx,
                        int heads, int kvh, int hd, int sms) {
     int ps = 16, pages_per = (ctx + ps - 1) / ps;
@@ -440,7 +431,7 @@ static void bench_attn(const char *name, enum pd_dtype kvt, int n_reqs, int n_ne
         flops += 4.0 * hd * heads * (double)(ctx - n_new + i + 1);
     flops *= n_reqs;
     char sh[128];
-    enum pdfi_dtype fk = fi_kv(kvt);
+    enum pdfi_dtype fk = pd_kernel_fi_dtype(kvt);
     if (fk && pdfi_attention_supported(fk, hd)) {
         /* what the backend runs for this pool: FlashInfer, planned as an eager step */
         struct fi_ctx f = {.qt = kvt == PD_DTYPE_F16 ? PD_DTYPE_F16 : PD_DTYPE_BF16,
