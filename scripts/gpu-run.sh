@@ -25,7 +25,8 @@
 # The full CMake build needs the project's Debian packages (UCX, gRPC, h2o, OpenBLAS, ...); GPU
 # images often lack them and cannot install anything, so when configuring fails the script
 # builds just what the kernel tests need (kernels/, the backends, the model) straight with nvcc
-# and gcc, with a naive sgemm in place of OpenBLAS for the cpu reference.
+# and gcc, with a naive sgemm in place of OpenBLAS for the cpu reference; it needs FlashInfer's
+# headers in .deps/ (scripts/setup.sh), which a GPU machine without network lacks: use the bundle.
 # Files: summary.txt (one line per stage, then the tables of scripts/gpu_results.py),
 # results.json (everything merged, with issue 21's "ratios"), perf.txt, test.log and
 # logs.tar.gz: the device tool brings back 8 files at most, so at the end (also on an early
@@ -168,6 +169,25 @@ else
             -I"$ROOT" -c "$f" -o "$o" >"$o.log" 2>&1 || echo "FAILED $f" >"$o.failed") &
         pids="$pids $!"
     done
+    # FlashInfer's instantiations (kernels/flashinfer/, linked in here, not as a shared library)
+    # need the headers scripts/setup.sh unpacks into .deps/; a GPU machine has no network to fetch
+    # them, and they are too large to carry: without them the minimal build cannot link
+    FI="$ROOT/.deps/flashinfer-0.7.2.post1/flashinfer/data"
+    if [ -d "$FI/include" ]; then
+        for f in kernels/flashinfer/*.cu; do
+            o="$BUILD/obj/fi_$(basename "$f").o"
+            ("$NVCC" -O3 -std=c++17 $GENCODE --expt-relaxed-constexpr --expt-extended-lambda \
+                -I"$ROOT" -I"$FI/cccl/libcudacxx/include" -I"$FI/cccl/cub" \
+                -I"$FI/cccl/thrust" -I"$FI/include" -I"$FI/cutlass/include" \
+                -I"$FI/cutlass/tools/util/include" -c "$f" -o "$o" >"$o.log" 2>&1 ||
+                echo "FAILED $f" >"$o.failed") &
+            pids="$pids $!"
+        done
+    else
+        echo "FAILED kernels/flashinfer: no FlashInfer headers in $FI (scripts/setup.sh puts" \
+            "them there; on a GPU machine use scripts/gpu-bundle.sh's bundle instead)" \
+            >"$BUILD/obj/flashinfer.failed"
+    fi
     # one test binary (test_tp_cuda.c has its own main and needs the daemons' tp group, and
     # tp_nccl.c NCCL's header: both are the full build's)
     for f in $(ls kernels/*.c | grep -v tp_nccl.c) common/backend.c common/backend_cpu.c \
