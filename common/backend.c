@@ -66,6 +66,16 @@ int pd_backend_weight(struct pd_backend *be, enum pd_dtype dtype, int64_t rows, 
     return be->ops->weight(be, dtype, rows, cols, host, out);
 }
 
+int pd_backend_weight_pack(struct pd_backend *be, struct pd_tensor *const *ts, int n) {
+    if (n < 1 || n > 8)
+        return pd_errorf(PD_EINVAL, "packing %d weights (1..8)", n);
+    for (int i = 0; i < n; i++)
+        if (!ts[i]->data || ts[i]->dtype != ts[0]->dtype)
+            return pd_errorf(PD_EINVAL, "packing weights: #%d is %s", i,
+                             ts[i]->data ? "of another dtype" : "missing");
+    return be->ops->weight_pack ? be->ops->weight_pack(be, ts, n) : PD_OK;
+}
+
 int pd_backend_upload(struct pd_backend *be, void *dst, const void *src, size_t bytes) {
     return be->ops->upload(be, dst, src, bytes);
 }

@@ -103,6 +103,12 @@ int pd_backend_reserve(struct pd_backend *be, const struct pd_backend_limits *li
 int pd_backend_weight(struct pd_backend *be, enum pd_dtype dtype, int64_t rows, int64_t cols,
                       const void *host, struct pd_tensor *out);
 
+/* Weights the model multiplies by one input together (q, k and v; their biases; gate and up),
+ * made to lie back to back in this order, so a backend may run their products as one: n of
+ * them (at most 8), all of one dtype. Their data pointers may change; a backend without such
+ * products leaves them as they are. */
+int pd_backend_weight_pack(struct pd_backend *be, struct pd_tensor *const *ts, int n);
+
 int pd_backend_upload(struct pd_backend *be, void *dst /* device */, const void *src /* host */,
                       size_t bytes);
 /* Waits for the stream, then copies. */

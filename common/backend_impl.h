@@ -19,6 +19,8 @@ struct pd__backend_ops {
     int (*reserve)(struct pd_backend *be, const struct pd_backend_limits *lim);
     int (*weight)(struct pd_backend *be, enum pd_dtype dtype, int64_t rows, int64_t cols,
                   const void *host, struct pd_tensor *out);
+    /* NULL: the backend keeps weights where pd_backend_weight put them */
+    int (*weight_pack)(struct pd_backend *be, struct pd_tensor *const *ts, int n);
     int (*upload)(struct pd_backend *be, void *dst, const void *src, size_t bytes);
     int (*download)(struct pd_backend *be, void *dst, const void *src, size_t bytes);
     int (*sync)(struct pd_backend *be);

@@ -140,6 +140,15 @@ static int get_tensor(struct pd_model *m, pd_model_find_fn find, void *ctx, cons
     return rc ? pd_error_wrap(rc, "tensor '%s'", name) : PD_OK;
 }
 
+/* Weights of one input stored back to back for the backend (pd_backend_weight_pack), when a
+ * checkpoint gives them one dtype (else they stay apart: products one by one). */
+static int pack_weights(struct pd_model *m, struct pd_tensor **ts, int n) {
+    for (int i = 1; i < n; i++)
+        if (ts[i]->dtype != ts[0]->dtype)
+            return PD_OK;
+    return pd_backend_weight_pack(m->be, ts, n);
+}
+
 static int load_weights(struct pd_model *m, pd_model_find_fn find, void *ctx) {
     const struct pd_model_config *c = &m->cfg;
     int64_t hid = c->hidden_size, qd = (int64_t)c->num_attention_heads * c->head_dim;
@@ -173,6 +182,10 @@ static int load_weights(struct pd_model *m, pd_model_find_fn find, void *ctx) {
          * It is added once, after the sum: by rank 0 only. */
         LGET("self_attn.o_proj.bias", 1, hid, false, WHOLE, &w->bo);
         w->has_qkv_bias = w->bq.data && w->bk.data && w->bv.data;
+        /* q, k, v (and their biases), gate and up: each multiplied by one input */
+        struct pd_tensor *qkv[] = {&w->wq, &w->wk, &w->wv}, *qkv_b[] = {&w->bq, &w->bk, &w->bv};
+        if ((rc = pack_weights(m, qkv, 3)) || (w->has_qkv_bias && (rc = pack_weights(m, qkv_b, 3))))
+            return pd_error_wrap(rc, "layer %d's q, k and v", l);
         w->has_o_bias = w->bo.data != NULL && m->tp_rank == 0;
         if (c->qk_norm) {
             LGET("self_attn.q_norm.weight", 1, c->head_dim, true, WHOLE, &w->q_norm);
@@ -182,6 +195,9 @@ static int load_weights(struct pd_model *m, pd_model_find_fn find, void *ctx) {
         LGET("mlp.gate_proj.weight", inter, hid, true, ROWS, &w->gate);
         LGET("mlp.up_proj.weight", inter, hid, true, ROWS, &w->up);
         LGET("mlp.down_proj.weight", hid, inter, true, COLS, &w->down);
+        struct pd_tensor *gate_up[] = {&w->gate, &w->up};
+        if ((rc = pack_weights(m, gate_up, 2)))
+            return pd_error_wrap(rc, "layer %d's gate and up", l);
 #undef LGET
     }
 #undef GET

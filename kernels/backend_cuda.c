@@ -36,6 +36,10 @@
 #define PD_CUDA_GEMM_WORKSPACE (32u << 20) /* bytes */
 #define PD_CUDA_LOG_OPS 8192               /* ops one step may enqueue before an early flush */
 #define PD_CUDA_MAX_GRAPH_REQS 256
+/* A product group goes through cuBLAS as one GEMM only when no product is wider than this: on
+ * an H200, cuBLAS ran qwen2.5-1.5b's gate+up (2 x 8960 x 1536) at 64 rows as one GEMM in 59.6
+ * us against 2 x 15 us apart, while q+k+v (1536+256+256) gained from it (22 us, 43 before) */
+#define PD_CUDA_GROUP_GEMM_MAX_M 4096
 /* rows of one sampling launch (its scratch: a probability row each) */
 #define PD_CUDA_SAMPLE_ROWS 256
 
@@ -89,6 +93,13 @@ struct meta_layout {
 #define TOP_ROW_BYTES (PD_KERNEL_MAX_TOP * 8)
 #define AMAX_ROW_BYTES (8 + TOP_ROW_BYTES + sizeof(struct pd_kernel_sample_row))
 
+/* A 2-byte copy of count values of the f32 activations at src (src NULL: nothing held). */
+struct held {
+    const float *src;
+    int64_t count;
+    enum pd_dtype dtype;
+};
+
 struct cuda_backend {
     struct pd_backend base;
     int dev, sms;
@@ -106,6 +117,12 @@ struct cuda_backend {
     char *meta_d; /* device */
     int max_items, max_split_tokens, max_graph_reqs;
     void *xconv; /* device [max_tokens][max_dim] 2-byte GEMM inputs */
+    /* a product group's single GEMM output ([rows][Σ m] f32, prod_floats of room) */
+    float *prod_out;
+    int64_t prod_floats;
+    /* what xconv and fi_q hold while a log runs: set by the op that wrote them (a conversion, an
+     * RMSNorm's second output, the fused rope), read by the op right after, cleared by any other */
+    struct held xconv_held, fiq_held;
     /* FlashInfer attention (kernels/flashinfer/): its workspace, this step's plan, and q / o in
      * the 2-byte type its kernels take ([max_tokens][max_heads][max_head_dim]) */
     struct pdfi_workspace fi_ws;
@@ -206,6 +223,9 @@ static void free_step_buffers(struct cuda_backend *c) {
     cudaFreeHost(c->meta_h);
     cudaFree(c->meta_d);
     cudaFree(c->xconv);
+    cudaFree(c->prod_out);
+    c->prod_out = NULL;
+    c->prod_floats = 0;
     cudaFree(c->part_o);
     cudaFree(c->part_ml);
     cudaFree(c->fi_ws.float_ws);
@@ -277,10 +297,16 @@ static int cuda_reserve(struct pd_backend *be, const struct pd_backend_limits *l
     c->fi_ws.int_bytes = fi_items * 3 * 4 + (nr + nt + 8) * 8 + (8u << 20);
     c->fi_ws.float_bytes = pdfi_float_workspace_bytes(c->sms, lim->max_head_dim);
     size_t qo_bytes = nt * (size_t)lim->max_heads * (size_t)lim->max_head_dim * 2;
+    /* product groups of decode-sized steps: q, k and v (or gate and up) of up to
+     * PD_CUDA_MAX_GRAPH_REQS rows; larger steps run their products one by one */
+    size_t prod_floats =
+        (nt < PD_CUDA_MAX_GRAPH_REQS ? nt : PD_CUDA_MAX_GRAPH_REQS) * 3 * (size_t)lim->max_dim;
     if ((rc = pd__cuda_status(cudaMallocHost((void **)&c->meta_h, m->total), "pinned metadata")) ||
         (rc = pd__cuda_status(cudaMalloc((void **)&c->meta_d, m->total), "device metadata")) ||
         (rc = pd__cuda_status(cudaMalloc(&c->xconv, nt * (size_t)lim->max_dim * 2),
                               "GEMM input buffer")) ||
+        (rc = pd__cuda_status(cudaMalloc((void **)&c->prod_out, prod_floats * 4),
+                              "product group output")) ||
         (rc = pd__cuda_status(
              cudaMalloc((void **)&c->part_o, split_rows * (size_t)lim->max_head_dim * 4),
              "attention split partials")) ||
@@ -302,6 +328,7 @@ static int cuda_reserve(struct pd_backend *be, const struct pd_backend_limits *l
         return pd_error_wrap(rc, "reserving cuda backend step buffers");
     }
     memset(c->meta_h, 0, m->total);
+    c->prod_floats = (int64_t)prod_floats;
     if (!(c->log = pd_calloc(PD_CUDA_LOG_OPS, sizeof(struct op)))) {
         free_step_buffers(c);
         return pd_error_wrap(PD_ENOMEM, "reserving the cuda backend op log");
@@ -313,6 +340,10 @@ static int cuda_reserve(struct pd_backend *be, const struct pd_backend_limits *l
     c->lim = *lim;
     c->reserved = true;
     return PD_OK;
+}
+
+static size_t tensor_bytes(const struct pd_tensor *t) {
+    return (size_t)(t->rows * t->cols) * pd_dtype_size(t->dtype);
 }
 
 static int cuda_weight(struct pd_backend *be, enum pd_dtype dtype, int64_t rows, int64_t cols,
@@ -336,6 +367,39 @@ static int cuda_weight(struct pd_backend *be, enum pd_dtype dtype, int64_t rows,
         return pd_error_wrap(rc, "weight of %zu bytes", bytes);
     }
     *out = (struct pd_tensor){dtype, rows, cols, d};
+    return PD_OK;
+}
+
+/* The tensors moved into one allocation, back to back in their order (a product group's
+ * weights: run_matmul multiplies them as one matrix). The old allocations are freed. */
+static int cuda_weight_pack(struct pd_backend *be, struct pd_tensor *const *ts, int n) {
+    struct cuda_backend *c = cb(be);
+    size_t total = 0;
+    for (int i = 0; i < n; i++)
+        total += tensor_bytes(ts[i]);
+    char *d = NULL;
+    int rc = use_dev(c);
+    if (!rc)
+        rc = pd__cuda_status(cudaMalloc((void **)&d, total), "cudaMalloc");
+    size_t off = 0;
+    for (int i = 0; i < n && !rc; i++) {
+        rc = pd__cuda_status(cudaMemcpyAsync(d + off, ts[i]->data, tensor_bytes(ts[i]),
+                                             cudaMemcpyDeviceToDevice, c->stream),
+                             "packing weights");
+        off += tensor_bytes(ts[i]);
+    }
+    if (!rc)
+        rc = pd__cuda_status(cudaStreamSynchronize(c->stream), "packing weights");
+    if (rc) {
+        cudaFree(d);
+        return pd_error_wrap(rc, "packing %d weights of %zu bytes", n, total);
+    }
+    off = 0;
+    for (int i = 0; i < n; i++) {
+        cudaFree((void *)ts[i]->data);
+        ts[i]->data = d + off;
+        off += tensor_bytes(ts[i]);
+    }
     return PD_OK;
 }
 
@@ -895,26 +959,113 @@ static int upload_meta(struct cuda_backend *c) {
     return rc;
 }
 
-/* The product of log[i]. Its f32 input goes to the weight's 2-byte type first, unless the op
- * before it was a product of the same input in the same type whose output is not that input
- * (q, k and v of one layer; gate and up): xconv holds it already. */
-static int run_matmul(struct cuda_backend *c, int i, int64_t rows) {
-    const struct op *o = &c->log[i], *pv = i > 0 ? &c->log[i - 1] : NULL;
-    const void *x = o->x;
-    int rc;
-    bool converted = pv && pv->kind == OP_MATMUL && pv->x == o->x && pv->out != o->x &&
-                     pv->w.dtype == o->w.dtype && pv->count == o->count && pv->w.cols == o->w.cols;
-    if (o->w.dtype != PD_DTYPE_F32 && converted) {
-        x = c->xconv;
-    } else if (o->w.dtype != PD_DTYPE_F32) {
-        struct pd_kernel_convert_params cv = {o->x, c->xconv, o->w.dtype, rows * o->w.cols};
-        if ((rc = pd_kernel_convert(&cv, c->stream)))
-            return rc;
-        x = c->xconv;
+/* How many products from log[i] form one group: consecutive products of the same input and row
+ * count by 2-byte weights lying back to back (pd_backend_weight_pack: q, k, v; gate, up), biases
+ * of the weights' type on all or none, no output being the input or the previous output; and
+ * whether the SwiGLU of the first two follows (gate, up), which the group then computes too. */
+static int product_group(const struct cuda_backend *c, int i, bool *silu) {
+    const struct op *a = &c->log[i];
+    *silu = false;
+    if (a->w.dtype == PD_DTYPE_F32 || a->out == a->x ||
+        (a->bias.data && a->bias.dtype != a->w.dtype))
+        return 1;
+    int n = 1;
+    for (; n < PD_KERNEL_PRODUCT_SEGS && i + n < c->n_log; n++) {
+        const struct op *b = &c->log[i + n], *p = &c->log[i + n - 1];
+        if (b->kind != OP_MATMUL || b->x != a->x || b->count != a->count ||
+            b->w.dtype != a->w.dtype || b->w.cols != a->w.cols ||
+            (const char *)b->w.data != (const char *)p->w.data + tensor_bytes(&p->w) ||
+            !b->bias.data != !a->bias.data || (b->bias.data && b->bias.dtype != a->w.dtype) ||
+            b->out == a->x || b->out == p->out)
+            break;
     }
-    struct pd_kernel_gemm_params g = {x, o->w.data, o->w.dtype, o->out, rows, o->w.rows, o->w.cols};
+    if (n == 2 && i + 2 < c->n_log) {
+        const struct op *g = a, *u = &c->log[i + 1], *sm = &c->log[i + 2];
+        *silu = sm->kind == OP_SILU_MUL && sm->x == g->out && sm->y == u->out &&
+                sm->out == g->out && g->w.rows == u->w.rows && sm->count == g->count * g->w.rows;
+    }
+    return n;
+}
+
+/* log[i]'s input in its weight's 2-byte type in xconv: converted now unless the op before left
+ * it there (an RMSNorm's second output, the previous product of the same input). */
+static int gemm_input(struct cuda_backend *c, const struct op *o, int64_t rows, struct held in) {
+    int64_t count = rows * o->w.cols;
+    if (in.src == o->x && in.count == count && in.dtype == o->w.dtype) {
+        c->stats.reused_inputs++;
+    } else {
+        struct pd_kernel_convert_params cv = {o->x, c->xconv, o->w.dtype, count};
+        int rc = pd_kernel_convert(&cv, c->stream);
+        if (rc)
+            return rc;
+    }
+    c->xconv_held = (struct held){o->x, count, o->w.dtype};
+    return PD_OK;
+}
+
+/* Whether an output overlaps the input (a few-row product reads it while others write). */
+static bool writes_input(const struct pd_kernel_product_seg *seg, int n, const float *x,
+                         int64_t x_count, int64_t rows) {
+    for (int j = 0; j < n; j++)
+        if (seg[j].y < x + x_count && x < seg[j].y + rows * seg[j].m)
+            return true;
+    return false;
+}
+
+/* The products of log[i] and, when they form a group, of the ops after it (*consumed of them):
+ * a few rows on CUDA cores (pd_kernel_gemv, the whole group in one launch), more through
+ * cuBLAS (a group as one GEMM into prod_out, then split to its outputs with the biases added). */
+static int run_matmul(struct cuda_backend *c, int i, int64_t rows, struct held in, int *consumed) {
+    const struct op *o = &c->log[i];
+    bool silu;
+    int n = product_group(c, i, &silu);
+    struct pd_kernel_product_seg seg[PD_KERNEL_PRODUCT_SEGS] = {{0}};
+    int64_t width = 0, widest = 0;
+    bool aligned = true;
+    for (int j = 0; j < n; j++) {
+        const struct op *p = &c->log[i + j];
+        seg[j] = (struct pd_kernel_product_seg){p->w.data, p->bias.data, p->out, p->w.rows};
+        width += p->w.rows;
+        widest = p->w.rows > widest ? p->w.rows : widest;
+        aligned = aligned && (uintptr_t)p->w.data % 16 == 0;
+    }
+    int rc;
+    if (aligned && !writes_input(seg, n, o->x, rows * o->w.cols, rows) &&
+        pd_kernel_gemv_takes(rows, o->w.cols, o->w.dtype) &&
+        (!o->bias.data || o->bias.dtype == o->w.dtype)) {
+        struct pd_kernel_gemv_params g = {.x = o->x,
+                                          .rows = rows,
+                                          .k = o->w.cols,
+                                          .dtype = o->w.dtype,
+                                          .n_seg = n,
+                                          .silu_pair = silu,
+                                          .sms = c->sms};
+        memcpy(g.seg, seg, sizeof(seg));
+        *consumed = n + silu;
+        c->stats.fused_products += n + silu - 1;
+        return pd_kernel_gemv(&g, c->stream);
+    }
+    if (n > 1 && (rows * width > c->prod_floats || widest > PD_CUDA_GROUP_GEMM_MAX_M)) {
+        n = 1;
+        silu = false;
+        width = o->w.rows;
+    }
+    *consumed = n + silu;
+    if (o->w.dtype != PD_DTYPE_F32 && (rc = gemm_input(c, o, rows, in)))
+        return rc;
+    if (writes_input(seg, n, o->x, rows * o->w.cols, rows))
+        c->xconv_held.src = NULL; /* the input changes under xconv */
+    const void *x = o->w.dtype == PD_DTYPE_F32 ? (const void *)o->x : c->xconv;
+    float *y = n > 1 ? c->prod_out : o->out;
+    struct pd_kernel_gemm_params g = {x, o->w.data, o->w.dtype, y, rows, width, o->w.cols};
     if ((rc = pd_kernel_gemm_run(c->gemm, &g)))
         return rc;
+    if (n > 1) {
+        struct pd_kernel_split_params sp = {c->prod_out, rows, o->w.dtype, n, {{0}}, silu};
+        memcpy(sp.seg, seg, sizeof(seg));
+        c->stats.fused_products += n + silu - 1;
+        return pd_kernel_split(&sp, c->stream);
+    }
     if (o->bias.data) {
         struct pd_kernel_bias_params b = {o->out, o->bias.data, o->bias.dtype, rows, o->w.rows};
         rc = pd_kernel_bias(&b, c->stream);
@@ -924,14 +1075,21 @@ static int run_matmul(struct cuda_backend *c, int i, int64_t rows) {
 
 /* FlashInfer attention of one layer: q f32 → the kernels' 2-byte type, the paged kernel over
  * the layer's K and V blocks (page stride = the whole page), the output back to f32. */
-static int run_fi_attention(struct cuda_backend *c, const struct op *o, int64_t rows) {
+static enum pd_dtype fi_q_dtype(const struct pd_kv_layout *kv) {
+    return kv->dtype == PD_DTYPE_F16 ? PD_DTYPE_F16 : PD_DTYPE_BF16;
+}
+
+static int run_fi_attention(struct cuda_backend *c, const struct op *o, int64_t rows,
+                            struct held q_in) {
     const struct meta_layout *m = &c->ml;
-    enum pd_dtype qt = o->kv.dtype == PD_DTYPE_F16 ? PD_DTYPE_F16 : PD_DTYPE_BF16;
+    enum pd_dtype qt = fi_q_dtype(&o->kv);
     int64_t count = rows * o->heads * o->kv.head_dim;
-    struct pd_kernel_convert_params cq = {o->x, c->fi_q, qt, count};
-    int rc = pd_kernel_convert(&cq, c->stream);
-    if (rc)
-        return rc;
+    int rc = PD_OK;
+    if (q_in.src != o->x || q_in.count != count || q_in.dtype != qt) {
+        struct pd_kernel_convert_params cq = {o->x, c->fi_q, qt, count};
+        if ((rc = pd_kernel_convert(&cq, c->stream)))
+            return rc;
+    }
     size_t esz = pd_dtype_size(o->kv.dtype);
     size_t block = (size_t)o->kv.page_size * (size_t)o->kv.kv_heads * (size_t)o->kv.head_dim;
     char *k = (char *)o->kv.base + (size_t)o->layer * 2 * block * esz;
@@ -960,11 +1118,69 @@ static int run_fi_attention(struct cuda_backend *c, const struct op *o, int64_t 
     return pd_kernel_widen(&wo, c->stream);
 }
 
+/* When log[next] is a cuBLAS product of the norm's output (more rows than the few-row product
+ * takes), the norm writes that product's 2-byte input too (xconv), saving its conversion. */
+static void norm_feeds_gemm(struct cuda_backend *c, int next, struct pd_kernel_rmsnorm_params *p) {
+    if (next >= c->n_log)
+        return;
+    const struct op *g = &c->log[next];
+    int64_t rows = 0;
+    if (g->kind != OP_MATMUL || g->x != p->out || g->w.dtype == PD_DTYPE_F32 ||
+        g->w.cols != p->dim || !scale_count(c, g->count, &rows) || rows != p->rows ||
+        pd_kernel_gemv_takes(rows, g->w.cols, g->w.dtype))
+        return;
+    p->out2 = c->xconv;
+    p->out2_dtype = g->w.dtype;
+    c->xconv_held = (struct held){p->out, rows * p->dim, g->w.dtype};
+}
+
+/* log[i..i+2] = rope of q, rope of k with the same frequencies, the store of that k and a v:
+ * one kernel (pd_kernel_rope_store). */
+static bool rope_store_follows(const struct cuda_backend *c, int i) {
+    if (i + 2 >= c->n_log)
+        return false;
+    const struct op *q = &c->log[i], *k = &c->log[i + 1], *st = &c->log[i + 2];
+    return k->kind == OP_ROPE && st->kind == OP_KV_STORE && k->inv_freq == q->inv_freq &&
+           k->dim == q->dim && st->x == k->out && st->kv.head_dim == q->dim &&
+           st->kv.kv_heads == k->heads && q->out != k->out && st->y != q->out && st->y != k->out;
+}
+
+/* The fused rope + store of log[i..i+2]; when FlashInfer's attention of that q comes next, the
+ * rotated q goes into its 2-byte query buffer as well. */
+static int run_rope_store(struct cuda_backend *c, int i, int64_t rows) {
+    const struct op *q = &c->log[i], *k = &c->log[i + 1], *st = &c->log[i + 2];
+    const struct op *at = i + 3 < c->n_log ? &c->log[i + 3] : NULL;
+    const struct meta_layout *m = &c->ml;
+    struct pd_kernel_rope_store_params p = {
+        .q = q->out,
+        .k = k->out,
+        .v = st->y,
+        .positions = (const int32_t *)(c->meta_d + m->positions),
+        .slots = (const int32_t *)(c->meta_d + m->slots),
+        .inv_freq = q->inv_freq,
+        .n = rows,
+        .heads = q->heads,
+        .kv = geom(&st->kv),
+        .layer = st->layer,
+    };
+    if (at && at->kind == OP_ATTENTION && at->x == q->out && at->heads == q->heads &&
+        c->attn_planned && c->fi_step && fi_takes(at) && at->kv.head_dim == q->dim &&
+        q->heads <= c->lim.max_heads && q->dim <= c->lim.max_head_dim) {
+        p.q_out = c->fi_q;
+        p.q_out_dtype = fi_q_dtype(&at->kv);
+        c->fiq_held = (struct held){q->out, rows * q->heads * q->dim, p.q_out_dtype};
+    }
+    c->stats.fused_ropes++;
+    return pd_kernel_rope_store(&p, c->stream);
+}
+
 /* Launches log[i] (and log[i+1] when fused); returns how many ops it consumed, or < 0. */
 static int run_op(struct cuda_backend *c, int i, int *consumed) {
     const struct op *o = &c->log[i];
     const struct meta_layout *m = &c->ml;
     int64_t rows_tok = c->bucket ? c->bucket : c->n_tokens, cnt = 0;
+    struct held xconv_in = c->xconv_held, fiq_in = c->fiq_held;
+    c->xconv_held = c->fiq_held = (struct held){0};
     *consumed = 1;
     if (!scale_count(c, o->count, &cnt))
         return pd_errorf(PD_EINTERNAL, "op count %lld in a step of %d tokens", (long long)o->count,
@@ -985,22 +1201,28 @@ static int run_op(struct cuda_backend *c, int i, int *consumed) {
         int64_t ncnt = 0;
         if (nx && nx->kind == OP_RMSNORM && nx->x == o->out && scale_count(c, nx->count, &ncnt) &&
             ncnt * nx->dim == cnt) {
-            struct pd_kernel_rmsnorm_params p = {o->out,  o->y, nx->w.data, nx->w.dtype,
-                                                 nx->out, ncnt, nx->dim,    nx->eps};
+            struct pd_kernel_rmsnorm_params p = {o->out, o->y,    nx->w.data, nx->w.dtype, nx->out,
+                                                 ncnt,   nx->dim, nx->eps,    NULL,        0};
             *consumed = 2;
             c->stats.fused_norms++;
+            norm_feeds_gemm(c, i + 2, &p);
             return pd_kernel_rmsnorm(&p, c->stream);
         }
         struct pd_kernel_swiglu_params p = {o->out, o->y, o->out, cnt, true};
         return pd_kernel_swiglu(&p, c->stream);
     }
     case OP_RMSNORM: {
-        struct pd_kernel_rmsnorm_params p = {(float *)o->x, NULL, o->w.data, o->w.dtype,
-                                             o->out,        cnt,  o->dim,    o->eps};
+        struct pd_kernel_rmsnorm_params p = {(float *)o->x, NULL,   o->w.data, o->w.dtype, o->out,
+                                             cnt,           o->dim, o->eps,    NULL,       0};
+        norm_feeds_gemm(c, i + 1, &p);
         return pd_kernel_rmsnorm(&p, c->stream);
     }
-    case OP_MATMUL: return run_matmul(c, i, cnt);
+    case OP_MATMUL: return run_matmul(c, i, cnt, xconv_in, consumed);
     case OP_ROPE: {
+        if (rope_store_follows(c, i)) {
+            *consumed = 3;
+            return run_rope_store(c, i, rows_tok);
+        }
         struct pd_kernel_rope_params p = {o->out,      (const int32_t *)(c->meta_d + m->positions),
                                           o->inv_freq, rows_tok,
                                           o->heads,    o->dim};
@@ -1026,7 +1248,7 @@ static int run_op(struct cuda_backend *c, int i, int *consumed) {
             return pd_errorf(PD_ERANGE, "attention of %d heads of %d, reserved %d of at most %d",
                              o->heads, o->kv.head_dim, c->lim.max_heads, c->lim.max_head_dim);
         if (c->fi_step)
-            return run_fi_attention(c, o, rows_tok);
+            return run_fi_attention(c, o, rows_tok, fiq_in);
         struct pd_kernel_attn_params p = {geom(&o->kv), o->layer, c->attn,   o->x,      o->out,
                                           o->heads,     o->scale, c->part_o, c->part_ml};
         return pd_kernel_attention(&p, c->stream);
@@ -1049,9 +1271,18 @@ static void op_label(const struct op *o, int used, char *buf, size_t n) {
         [OP_ROPE] = "rope",         [OP_SILU_MUL] = "silu_mul",   [OP_ADD] = "add",
         [OP_KV_STORE] = "kv_store", [OP_ATTENTION] = "attention", [OP_GATHER] = "gather_rows",
     };
-    if (o->kind == OP_MATMUL)
+    if (o->kind == OP_MATMUL && used > 1) { /* a group: its widths, e.g. "matmul 1536+256+256" */
+        int len = snprintf(buf, n, "matmul %lld", (long long)o->w.rows);
+        for (int j = 1; j < used && o[j].kind == OP_MATMUL && len > 0 && (size_t)len < n; j++)
+            len += snprintf(buf + len, n - (size_t)len, "+%lld", (long long)o[j].w.rows);
+        if (len > 0 && (size_t)len < n)
+            snprintf(buf + len, n - (size_t)len, "x%lld%s%s", (long long)o->w.cols,
+                     o->bias.data ? "+bias" : "", o[used - 1].kind == OP_SILU_MUL ? "+silu" : "");
+    } else if (o->kind == OP_MATMUL)
         snprintf(buf, n, "matmul %lldx%lld%s", (long long)o->w.rows, (long long)o->w.cols,
                  o->bias.data ? "+bias" : "");
+    else if (o->kind == OP_ROPE && used == 3)
+        snprintf(buf, n, "rope+kv_store");
     else if (o->kind == OP_ADD && used == 2)
         snprintf(buf, n, "add+rmsnorm");
     else
@@ -1101,6 +1332,7 @@ static int run_log_profiled(struct cuda_backend *c) {
 }
 
 static int run_log(struct cuda_backend *c) {
+    c->xconv_held = c->fiq_held = (struct held){0};
     if (c->prof)
         return run_log_profiled(c);
     for (int i = 0; i < c->n_log;) {
@@ -1249,6 +1481,7 @@ static const struct pd__backend_ops cuda_ops = {
     .release = cuda_release,
     .reserve = cuda_reserve,
     .weight = cuda_weight,
+    .weight_pack = cuda_weight_pack,
     .upload = cuda_upload,
     .download = cuda_download,
     .sync = cuda_sync,
@@ -1347,6 +1580,10 @@ int pd__backend_cuda_new(const struct pd_backend_opts *opts, struct pd_backend *
         goto fail_event;
     if ((rc = pd_kernel_gemm_new(c->stream, PD_CUDA_GEMM_WORKSPACE, &c->gemm)))
         goto fail_gemm;
+    if ((rc = pd_kernel_gemv_init())) {
+        pd_kernel_gemm_free(c->gemm);
+        goto fail_gemm;
+    }
     snprintf(c->base.name, sizeof(c->base.name), "cuda (%.40s, %d SMs)", prop.name, c->sms);
     *out = &c->base;
     return PD_OK;

@@ -16,6 +16,9 @@ struct pd_backend_cuda_stats {
     int64_t graph_launches; /* steps replayed from a captured graph */
     int64_t graph_captures; /* graphs captured (first step of a bucket, or a changed op list) */
     int64_t fused_norms;    /* residual add + RMSNorm pairs run as one kernel */
+    int64_t fused_products; /* products (and SwiGLUs) run inside another's launch: a group */
+    int64_t reused_inputs;  /* GEMM inputs whose conversion an earlier kernel had written */
+    int64_t fused_ropes;    /* rope q + rope k + kv store (+ FlashInfer's q) as one kernel */
     int n_buckets;          /* decode batch-size buckets graphs are kept for */
     int buckets[16];
 };

@@ -113,6 +113,21 @@ __device__ __forceinline__ float block_max(float v, float *sh) {
     return warp_max(v);
 }
 
+/* SwiGLU's activation of one gate/up pair: silu(g) * u. */
+__device__ __forceinline__ float silu_mul(float g, float u) {
+    return g / (1.0f + expf(-g)) * u;
+}
+
+/* The segment of a product group (kernels.h) that holds column j of the group; j becomes the
+ * column inside it. */
+__device__ __forceinline__ int product_seg(const struct pd_kernel_product_seg *seg, int n,
+                                           int64_t &j) {
+    int s = 0;
+    while (s + 1 < n && j >= seg[s].m)
+        j -= seg[s++].m;
+    return s;
+}
+
 static inline unsigned blocks_for(int64_t work, int per_block) {
     int64_t b = (work + per_block - 1) / per_block;
     return (unsigned)(b < 1 ? 1 : (b > 0x7fffffff ? 0x7fffffff : b));

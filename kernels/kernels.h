@@ -56,6 +56,9 @@ struct pd_kernel_rmsnorm_params {
     int64_t rows;
     int dim;
     float eps;
+    void *out2; /* [rows][dim] of out2_dtype (bf16/f16): out again, as the next GEMM's input; or
+                   NULL */
+    enum pd_dtype out2_dtype;
 };
 int pd_kernel_rmsnorm(const struct pd_kernel_rmsnorm_params *p, cudaStream_t s);
 
@@ -147,6 +150,24 @@ struct pd_kernel_kv_store_params {
     int64_t n;
 };
 int pd_kernel_kv_store(const struct pd_kernel_kv_store_params *p, cudaStream_t s);
+
+/* Rotary embedding of q and k at positions[i] (as pd_kernel_rope on each), k and v stored at
+ * slots[i] of layer (as pd_kernel_kv_store), and the rotated q also written in q_out_dtype
+ * (bf16/f16) to q_out when that is not NULL (FlashInfer's query): one launch for the four. */
+struct pd_kernel_rope_store_params {
+    float *q;                         /* [n][heads][head_dim] f32, rotated in place */
+    float *k;                         /* [n][kv.kv_heads][kv.head_dim] f32, rotated in place */
+    const float *v;                   /* [n][kv.kv_heads][kv.head_dim] f32 */
+    const int32_t *positions, *slots; /* [n] */
+    const float *inv_freq;            /* [head_dim/2] */
+    int64_t n;
+    int heads;
+    struct pd_kernel_kv_geom kv;
+    int layer;
+    void *q_out; /* [n][heads][head_dim] of q_out_dtype, or NULL */
+    enum pd_dtype q_out_dtype;
+};
+int pd_kernel_rope_store(const struct pd_kernel_rope_store_params *p, cudaStream_t s);
 
 /* Whole pages: dst page dst_pages[i] = src page src_pages[i] (page_bytes each, 16-byte aligned
  * pools). With src_pages NULL, the source is a contiguous run staged at src (gather's inverse);
@@ -288,6 +309,11 @@ struct pd_kernel_sample_params {
 /* Scratch a launch of rows rows of vocab logits needs for the draw. */
 size_t pd_kernel_sample_scratch_bytes(int64_t rows, int vocab);
 int pd_kernel_sample(const struct pd_kernel_sample_params *p, cudaStream_t s);
+/* The perf mode's phase timing: while set, a drawing pd_kernel_sample records ev[0] before its
+ * first launch and ev[1..4] after the statistics (and the draw's arguments), the softmax (and
+ * min-p), the draw and the finish (the logprobs, top-n, penalty counts). NULL turns it off. */
+#define PD_KERNEL_SAMPLE_PHASES 4
+void pd_kernel_sample_trace(cudaEvent_t *ev, int n);
 
 /* A penalty slot's state from a request's tokens: the row zeroed, then bit 31 set for each of
  * ids[0..n_prompt) and the count bumped for each of ids[n_prompt..n_prompt+n_out); ids outside
@@ -299,6 +325,49 @@ struct pd_kernel_penalty_set_params {
     int n_prompt, n_out;
 };
 int pd_kernel_penalty_set(const struct pd_kernel_penalty_set_params *p, cudaStream_t s);
+
+/* ---- products of one input by weights stored back to back ---- */
+
+/* One product of a group: its weight [m][k] (back to back with the previous segment's in a
+ * cuBLAS group), bias [m] (same dtype) or NULL, output [rows][m] f32. */
+#define PD_KERNEL_PRODUCT_SEGS 3
+struct pd_kernel_product_seg {
+    const void *w;
+    const void *bias;
+    float *y;
+    int64_t m;
+};
+
+/* Few-row products (kernels/gemv.cu): y_s = x · w_sᵀ + bias_s for each segment, x rounded to
+ * dtype. silu_pair (two segments of equal m: gate, up): y_0 = silu(gate) * up, y_1 = up, as
+ * the products followed by pd_kernel_swiglu leave them. */
+#define PD_KERNEL_GEMV_MAX_ROWS 4
+struct pd_kernel_gemv_params {
+    const float *x; /* [rows][k] f32 */
+    int64_t rows, k;
+    enum pd_dtype dtype; /* of the weights and biases: bf16 or f16 */
+    int n_seg;
+    struct pd_kernel_product_seg seg[PD_KERNEL_PRODUCT_SEGS];
+    bool silu_pair;
+    int sms; /* multiprocessors of the device, for the grid */
+};
+/* Once per device before the first launch (shared-memory opt-in). */
+int pd_kernel_gemv_init(void);
+/* Whether pd_kernel_gemv takes rows x k of dtype (weights 16-byte aligned are the caller's). */
+bool pd_kernel_gemv_takes(int64_t rows, int64_t k, enum pd_dtype dtype);
+int pd_kernel_gemv(const struct pd_kernel_gemv_params *p, cudaStream_t s);
+
+/* A group's single GEMM output [rows][Σ m] split into the segments' outputs with their biases
+ * added (y_s[r][j] = src[r][off_s + j] + bias_s[j]); silu_pair as pd_kernel_gemv's. */
+struct pd_kernel_split_params {
+    const float *src;
+    int64_t rows;
+    enum pd_dtype bias_dtype;
+    int n_seg;
+    struct pd_kernel_product_seg seg[PD_KERNEL_PRODUCT_SEGS]; /* w unused */
+    bool silu_pair;
+};
+int pd_kernel_split(const struct pd_kernel_split_params *p, cudaStream_t s);
 
 /* ---- GEMM (cuBLAS, bf16/f16 tensor cores with f32 accumulation) ---- */
 

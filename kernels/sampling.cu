@@ -448,12 +448,10 @@ extern "C" size_t pd_kernel_sample_scratch_bytes(int64_t rows, int vocab) {
     return draw_layout(rows, vocab, nullptr, nullptr);
 }
 
-static __global__ void draw_args_kernel(struct pd_kernel_sample_params p, struct draw_bufs d) {
-    int r = blockIdx.x * blockDim.x + threadIdx.x;
-    if (r >= p.rows)
-        return;
-    struct pd_kernel_sample_row q = p.row[r];
-    d.temp[r] = row_greedy(q) ? 1.0f : q.temperature;
+/* The draw's per-row arguments for FlashInfer's sampler, written by the stats pass. */
+static __device__ void draw_args(const struct pd_kernel_sample_params &p, const draw_bufs &d, int r,
+                                 const struct pd_kernel_sample_row &q, float temp) {
+    d.temp[r] = temp;
     d.top_k[r] = q.top_k > 0 && q.top_k < p.vocab ? q.top_k : p.vocab;
     d.top_p[r] = q.top_p;
     /* the request's own uniform draw keys Philox: a seeded request draws the same numbers */
@@ -461,58 +459,115 @@ static __global__ void draw_args_kernel(struct pd_kernel_sample_params p, struct
     d.offset[r] = 0;
 }
 
-/* Pass 1, a block per (slice, row): the slice's online (max, sum exp) of the raw logits (the
- * logprob's normaliser) and of the penalized logits over the row's temperature (the draw's). */
+#define PDK_SLICE_PER (PDK_SLICE / PDK_SLICE_THREADS) /* logits a thread holds */
+
+/* Pass 1, a block per (slice, row): the slice's max and sum exp(l - max) of the raw logits (the
+ * logprob's normaliser) and of the penalized logits over the row's temperature (the draw's).
+ * Each thread keeps its PDK_SLICE_PER logits in registers (all loads in flight at once), takes
+ * the block's maxima, then the sums: one exp per value and sum, no rescaling. Block (0, r) also
+ * writes row r's draw arguments. */
+/* Value j of this thread's share of its block's slice: with VEC, 16-byte groups of four
+ * (rows 16-byte aligned), else one value per thread in turn; both coalesced. */
+template <bool VEC> static __device__ __forceinline__ int slice_index(int j) {
+    int base = blockIdx.x * PDK_SLICE;
+    if (VEC)
+        return base + (j / 4 * PDK_SLICE_THREADS + threadIdx.x) * 4 + j % 4;
+    return base + j * PDK_SLICE_THREADS + threadIdx.x;
+}
+
+/* The thread's PDK_SLICE_PER values of row (those past vocab: fill), all loads in flight. */
+template <bool VEC>
+static __device__ __forceinline__ void slice_load(const float *row, int vocab, float fill,
+                                                  float *v) {
+#pragma unroll
+    for (int j = 0; j < PDK_SLICE_PER; j += VEC ? 4 : 1) {
+        int t = slice_index<VEC>(j);
+        if (VEC && t < vocab) { /* vocab % 4 == 0: the whole group is in the row */
+            float4 f = *(const float4 *)(row + t);
+            v[j] = f.x;
+            v[j + (VEC ? 1 : 0)] = f.y;
+            v[j + (VEC ? 2 : 0)] = f.z;
+            v[j + (VEC ? 3 : 0)] = f.w;
+        } else if (VEC) {
+            v[j] = v[j + (VEC ? 1 : 0)] = v[j + (VEC ? 2 : 0)] = v[j + (VEC ? 3 : 0)] = fill;
+        } else {
+            v[j] = t < vocab ? row[t] : fill;
+        }
+    }
+}
+
+template <bool VEC>
 static __global__ void __launch_bounds__(PDK_SLICE_THREADS)
     samp_stats_kernel(struct pd_kernel_sample_params p, struct draw_bufs d, int S) {
-    __shared__ float sh[4][32];
+    __shared__ float sh[2][32];
     int r = blockIdx.y;
-    samp_row c = row_view(p, r, p.row[r]);
-    float inv_t = 1.0f / d.temp[r];
-    int t0 = blockIdx.x * PDK_SLICE, t1 = min(t0 + PDK_SLICE, p.vocab);
-    float rm = -INFINITY, rs = 0.0f, m = -INFINITY, sm = 0.0f;
-    for (int t = t0 + threadIdx.x; t < t1; t += blockDim.x) {
-        float v = c.l[t];
-        lse_merge(rm, rs, v, 1.0f);
-        lse_merge(m, sm, penalized(c, t) * inv_t, 1.0f);
+    struct pd_kernel_sample_row q = p.row[r];
+    samp_row c = row_view(p, r, q);
+    float temp = row_greedy(q) ? 1.0f : q.temperature, inv_t = 1.0f / temp;
+    if (blockIdx.x == 0 && threadIdx.x == 0)
+        draw_args(p, d, r, q, temp);
+    float raw[PDK_SLICE_PER], sc[PDK_SLICE_PER];
+    float rm = -INFINITY, m = -INFINITY;
+    slice_load<VEC>(c.l, p.vocab, -INFINITY, raw);
+#pragma unroll
+    for (int j = 0; j < PDK_SLICE_PER; j++) {
+        int t = slice_index<VEC>(j);
+        sc[j] = t < p.vocab ? (c.st ? penalized(c, t) : raw[j]) * inv_t : -INFINITY;
+        rm = fmaxf(rm, raw[j]);
+        m = fmaxf(m, sc[j]);
     }
-    for (int o = 16; o > 0; o >>= 1) {
-        lse_merge(rm, rs, __shfl_xor_sync(0xffffffffu, rm, o), __shfl_xor_sync(0xffffffffu, rs, o));
-        lse_merge(m, sm, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, sm, o));
-    }
-    int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = PDK_SLICE_THREADS / 32;
+    rm = warp_max(rm);
+    m = warp_max(m);
     if (lane == 0) {
         sh[0][wid] = rm;
-        sh[1][wid] = rs;
-        sh[2][wid] = m;
-        sh[3][wid] = sm;
+        sh[1][wid] = m;
+    }
+    __syncthreads();
+    rm = warp_max(lane < nw ? sh[0][lane] : -INFINITY);
+    m = warp_max(lane < nw ? sh[1][lane] : -INFINITY);
+    float rs = 0.0f, sm = 0.0f;
+    if (rm > -INFINITY)
+#pragma unroll
+        for (int j = 0; j < PDK_SLICE_PER; j++)
+            rs += __expf(raw[j] - rm);
+    if (m > -INFINITY)
+#pragma unroll
+        for (int j = 0; j < PDK_SLICE_PER; j++)
+            sm += __expf(sc[j] - m);
+    rs = warp_sum(rs);
+    sm = warp_sum(sm);
+    __syncthreads(); /* the maxima are read: sh takes the sums */
+    if (lane == 0) {
+        sh[0][wid] = rs;
+        sh[1][wid] = sm;
     }
     __syncthreads();
     if (wid == 0) {
-        rm = lane < nw ? sh[0][lane] : -INFINITY;
-        rs = lane < nw ? sh[1][lane] : 0.0f;
-        m = lane < nw ? sh[2][lane] : -INFINITY;
-        sm = lane < nw ? sh[3][lane] : 0.0f;
-        for (int o = 16; o > 0; o >>= 1) {
-            lse_merge(rm, rs, __shfl_xor_sync(0xffffffffu, rm, o),
-                      __shfl_xor_sync(0xffffffffu, rs, o));
-            lse_merge(m, sm, __shfl_xor_sync(0xffffffffu, m, o),
-                      __shfl_xor_sync(0xffffffffu, sm, o));
-        }
+        rs = warp_sum(lane < nw ? sh[0][lane] : 0.0f);
+        sm = warp_sum(lane < nw ? sh[1][lane] : 0.0f);
         if (lane == 0)
             d.part[(int64_t)r * S + blockIdx.x] = {rm, rs, m, sm, 1.0f};
     }
 }
 
-/* A row's partials merged: raw = false gives the draw's (max, sum), true the raw row's. */
+/* A row's partials merged by the calling warp: raw = false gives the draw's (max, sum), true the
+ * raw row's. */
 static __device__ __forceinline__ void row_total(const struct draw_bufs &d, int r, int S, bool raw,
                                                  float &m, float &sm) {
+    /* a whole warp: lane j merges partials j, j + 32, ..., then the lanes merge, lane 0's total
+     * for all (the merge order differs between lanes, so their last bits may) */
+    int lane = threadIdx.x & 31;
     m = -INFINITY;
     sm = 0.0f;
-    for (int j = 0; j < S; j++) {
+    for (int j = lane; j < S; j += 32) {
         struct samp_part q = d.part[(int64_t)r * S + j];
         lse_merge(m, sm, raw ? q.raw_m : q.m, raw ? q.raw_s : q.s);
     }
+    for (int o = 16; o > 0; o >>= 1)
+        lse_merge(m, sm, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, sm, o));
+    m = __shfl_sync(0xffffffffu, m, 0);
+    sm = __shfl_sync(0xffffffffu, sm, 0);
 }
 
 /* min-p as a cut on the scaled logit: p >= min_p × p_max ⟺ s - max >= log(min_p) */
@@ -523,28 +578,45 @@ static __device__ __forceinline__ float min_p_cut(const struct pd_kernel_sample_
 /* Pass 2, a block per (slice, row): probs = softmax(penalized / T) of the slice; a min-p row's
  * tokens under its cut get 0, and the slice's kept probability goes to its partial (pass 3
  * renormalizes). */
+template <bool VEC>
 static __global__ void __launch_bounds__(PDK_SLICE_THREADS)
     samp_softmax_kernel(struct pd_kernel_sample_params p, struct draw_bufs d, int S) {
     __shared__ float tot[2], red[32];
     int r = blockIdx.y;
-    if (threadIdx.x == 0) {
-        float m, sm;
-        row_total(d, r, S, false, m, sm);
-        tot[0] = m;
-        tot[1] = 1.0f / sm;
-    }
-    __syncthreads();
     struct pd_kernel_sample_row q = p.row[r];
     samp_row c = row_view(p, r, q);
+    float x[PDK_SLICE_PER];
+    slice_load<VEC>(c.l, p.vocab, 0.0f, x); /* in flight while warp 0 merges the row's totals */
+    if (threadIdx.x < 32) {
+        float m, sm;
+        row_total(d, r, S, false, m, sm);
+        if (threadIdx.x == 0) {
+            tot[0] = m;
+            tot[1] = 1.0f / sm;
+        }
+    }
+    __syncthreads();
     float inv_t = 1.0f / d.temp[r], m = tot[0], inv_z = tot[1], cut = min_p_cut(q);
-    float *pr = d.probs + (int64_t)r * p.vocab;
-    int t0 = blockIdx.x * PDK_SLICE, t1 = min(t0 + PDK_SLICE, p.vocab);
-    float kept = 0.0f;
-    for (int t = t0 + threadIdx.x; t < t1; t += blockDim.x) {
-        float x = penalized(c, t) * inv_t - m;
-        float v = x >= cut ? __expf(x) * inv_z : 0.0f;
-        pr[t] = v;
-        kept += v;
+    float *pr = d.probs + (int64_t)r * p.vocab, kept = 0.0f;
+#pragma unroll
+    for (int j = 0; j < PDK_SLICE_PER; j++) {
+        int t = slice_index<VEC>(j);
+        float y = (c.st && t < p.vocab ? penalized(c, t) : x[j]) * inv_t - m;
+        x[j] = y >= cut ? __expf(y) * inv_z : 0.0f;
+    }
+#pragma unroll
+    for (int j = 0; j < PDK_SLICE_PER; j += VEC ? 4 : 1) {
+        int t = slice_index<VEC>(j);
+        if (t >= p.vocab)
+            continue;
+        if (VEC) {
+            float4 f = {x[j], x[j + (VEC ? 1 : 0)], x[j + (VEC ? 2 : 0)], x[j + (VEC ? 3 : 0)]};
+            *(float4 *)(pr + t) = f;
+            kept += (f.x + f.y) + (f.z + f.w);
+        } else {
+            pr[t] = x[j];
+            kept += x[j];
+        }
     }
     if (cut == -INFINITY) /* uniform per block: every thread of it skips the reduction */
         return;
@@ -629,6 +701,20 @@ static __global__ void __launch_bounds__(PDK_SAMPLE_THREADS)
     }
 }
 
+/* The perf mode's phase timing (pd_kernel_sample_trace): an event recorded after each launch. */
+static cudaEvent_t *trace_ev;
+static int trace_n;
+
+extern "C" void pd_kernel_sample_trace(cudaEvent_t *ev, int n) {
+    trace_ev = ev;
+    trace_n = ev ? n : 0;
+}
+
+static void trace(int phase, cudaStream_t s) {
+    if (phase < trace_n)
+        cudaEventRecord(trace_ev[phase], s);
+}
+
 extern "C" int pd_kernel_sample(const struct pd_kernel_sample_params *p, cudaStream_t s) {
     if (p->rows <= 0)
         return PDK_OK;
@@ -646,13 +732,20 @@ extern "C" int pd_kernel_sample(const struct pd_kernel_sample_params *p, cudaStr
         char err[256];
         int rc;
         dim3 grid((unsigned)S, (unsigned)p->rows);
-        draw_args_kernel<<<blocks_for(p->rows, 128), 128, 0, s>>>(*p, d);
-        if ((rc = PDK_LAUNCHED("sampling arguments")))
-            return rc;
-        samp_stats_kernel<<<grid, PDK_SLICE_THREADS, 0, s>>>(*p, d, S);
+        trace(0, s);
+        /* rows of 16-byte aligned logits and probabilities: vector loads and stores */
+        bool vec = p->vocab % 4 == 0 && (uintptr_t)p->logits % 16 == 0;
+        if (vec)
+            samp_stats_kernel<true><<<grid, PDK_SLICE_THREADS, 0, s>>>(*p, d, S);
+        else
+            samp_stats_kernel<false><<<grid, PDK_SLICE_THREADS, 0, s>>>(*p, d, S);
         if ((rc = PDK_LAUNCHED("sampling softmax")))
             return rc;
-        samp_softmax_kernel<<<grid, PDK_SLICE_THREADS, 0, s>>>(*p, d, S);
+        trace(1, s);
+        if (vec)
+            samp_softmax_kernel<true><<<grid, PDK_SLICE_THREADS, 0, s>>>(*p, d, S);
+        else
+            samp_softmax_kernel<false><<<grid, PDK_SLICE_THREADS, 0, s>>>(*p, d, S);
         if ((rc = PDK_LAUNCHED("sampling softmax")))
             return rc;
         if (p->any_min_p) {
@@ -660,6 +753,7 @@ extern "C" int pd_kernel_sample(const struct pd_kernel_sample_params *p, cudaStr
             if ((rc = PDK_LAUNCHED("min-p")))
                 return rc;
         }
+        trace(2, s);
         struct pdfi_sample_args sa = {d.probs,
                                       (int)p->rows,
                                       p->vocab,
@@ -673,10 +767,12 @@ extern "C" int pd_kernel_sample(const struct pd_kernel_sample_params *p, cudaStr
                                       p->any_top_p || p->any_min_p};
         if ((rc = pdfi_sample(&sa, s, err, sizeof(err))))
             return pd__pdfi_status(rc, err);
+        trace(3, s);
         chosen = d.chosen;
         valid = d.valid;
     }
     finish_kernel<<<(unsigned)p->rows, PDK_SAMPLE_THREADS, 0, s>>>(*p, chosen, valid, d, S);
+    trace(4, s);
     return PDK_LAUNCHED("sample");
 }
 

@@ -8,10 +8,6 @@
 
 using namespace pdk;
 
-__device__ __forceinline__ float silu_mul(float g, float u) {
-    return g / (1.0f + expf(-g)) * u;
-}
-
 template <bool ADD>
 static __global__ void swiglu_vec_kernel(const float4 *g, const float4 *u, float4 *o, int64_t n4) {
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n4;
@@ -74,4 +70,49 @@ extern "C" int pd_kernel_bias(const struct pd_kernel_bias_params *p, cudaStream_
     PDK_DISPATCH(p->bias_dtype, bias_kernel<T><<<stride_grid(p->rows * p->m), 256, 0, s>>>(
                                     p->y, (const T *)p->bias, p->rows, p->m));
     return PDK_LAUNCHED("bias add");
+}
+
+/* One thread per (row, unit): a unit is an output column of a segment, or with silu_pair a
+ * gate/up column pair. */
+template <typename B> static __global__ void split_kernel(struct pd_kernel_split_params p) {
+    int64_t width = 0, units = p.silu_pair ? p.seg[0].m : 0;
+    for (int i = 0; i < p.n_seg; i++)
+        width += p.seg[i].m;
+    if (!p.silu_pair)
+        units = width;
+    for (int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; t < p.rows * units;
+         t += (int64_t)gridDim.x * blockDim.x) {
+        int64_t r = t / units, j = t % units;
+        const float *src = p.src + r * width;
+        if (p.silu_pair) {
+            const struct pd_kernel_product_seg &g = p.seg[0], &u = p.seg[1];
+            float vg = src[j], vu = src[g.m + j];
+            if (g.bias)
+                vg += to_f(((const B *)g.bias)[j]);
+            if (u.bias)
+                vu += to_f(((const B *)u.bias)[j]);
+            g.y[r * g.m + j] = silu_mul(vg, vu);
+            u.y[r * u.m + j] = vu;
+            continue;
+        }
+        int64_t c = j;
+        int s = product_seg(p.seg, p.n_seg, c);
+        float v = src[j];
+        if (p.seg[s].bias)
+            v += to_f(((const B *)p.seg[s].bias)[c]);
+        p.seg[s].y[r * p.seg[s].m + c] = v;
+    }
+}
+
+extern "C" int pd_kernel_split(const struct pd_kernel_split_params *p, cudaStream_t s) {
+    if (p->n_seg < 1 || p->n_seg > PD_KERNEL_PRODUCT_SEGS ||
+        (p->silu_pair && (p->n_seg != 2 || p->seg[0].m != p->seg[1].m)))
+        return pd__cuda_status(cudaErrorInvalidValue, "product split: bad segments");
+    int64_t width = 0;
+    for (int i = 0; i < p->n_seg; i++)
+        width += p->seg[i].m;
+    if (p->rows <= 0 || width <= 0)
+        return PDK_OK;
+    PDK_DISPATCH(p->bias_dtype, split_kernel<T><<<stride_grid(p->rows * width), 256, 0, s>>>(*p));
+    return PDK_LAUNCHED("product split");
 }

@@ -127,6 +127,13 @@ static int gemm_launch(void *ctx) {
     return pd_kernel_gemm_run(c->g, &c->p);
 }
 
+struct gemv_ctx {
+    struct pd_kernel_gemv_params p;
+};
+static int gemv_launch(void *ctx) {
+    return pd_kernel_gemv(&((struct gemv_ctx *)ctx)->p, st);
+}
+
 static void bench_limits(struct pd_kernel_gemm *g, bool quick) {
     struct copy_ctx cc = {NULL, NULL, (size_t)(quick ? 1 : 4) << 30};
     cc.a = dmalloc(cc.bytes);
@@ -182,6 +189,40 @@ static void bench_limits(struct pd_kernel_gemm *g, bool quick) {
         cudaFree(w);
         cudaFree(y);
     }
+    /* the few-row product (kernels/gemv.cu) on a decode step's shapes, f32 input: qwen2.5-1.5b's
+     * q+k+v as one group, o, gate+up with SwiGLU, down; llama-3.1-8b's down */
+    static const int64_t few[][4] = {{2048, 1536, 1, 0},
+                                     {1536, 1536, 1, 0},
+                                     {8960, 1536, 2, 1},
+                                     {1536, 8960, 1, 0},
+                                     {4096, 14336, 1, 0}};
+    static const int few_rows[] = {1, 4};
+    for (size_t i = 0; i < PD_ARRAY_LEN(few); i++)
+        for (size_t r = 0; r < PD_ARRAY_LEN(few_rows); r++) {
+            int64_t m = few[i][0], k = few[i][1], n = few_rows[r];
+            int segs = (int)few[i][2];
+            struct gemv_ctx gc = {{.rows = n,
+                                   .k = k,
+                                   .dtype = PD_DTYPE_BF16,
+                                   .n_seg = segs,
+                                   .silu_pair = few[i][3] != 0}};
+            cudaDeviceGetAttribute(&gc.p.sms, cudaDevAttrMultiProcessorCount, 0);
+            char *w = dmalloc((size_t)(segs * m * k) * 2);
+            float *x = dmalloc((size_t)(n * k) * 4), *y = dmalloc((size_t)(segs * n * m) * 4);
+            for (int j = 0; j < segs; j++)
+                gc.p.seg[j] = (struct pd_kernel_product_seg){w + (size_t)(j * m * k) * 2, NULL,
+                                                             y + j * n * m, m};
+            gc.p.x = x;
+            double t = time_it(gemv_launch, &gc, 50);
+            char sh[64];
+            snprintf(sh, sizeof(sh), "%lldx%lldx%lld%s bf16", (long long)n, (long long)(segs * m),
+                     (long long)k, segs > 1 ? " swiglu" : "");
+            report("gemv_pd", sh, t, (double)(segs * m * k) * 2 + (double)(n * (k * 4 + m * 4)),
+                   2.0 * (double)(segs * n * m * k));
+            cudaFree(x);
+            cudaFree(w);
+            cudaFree(y);
+        }
 }
 
 /* ---- row ops ---- */
@@ -214,11 +255,12 @@ static void bench_rows(void) {
     dfill(x, PD_DTYPE_F32, n, 1.0f);
     dfill(y, PD_DTYPE_F32, n, 1.0f);
     dfill(w, PD_DTYPE_BF16, (size_t)dim, 1.0f);
-    struct norm_ctx nc = {{x, NULL, w, PD_DTYPE_BF16, o, rows, dim, 1e-5f}};
+    struct norm_ctx nc = {{x, NULL, w, PD_DTYPE_BF16, o, rows, dim, 1e-5f, NULL, 0}};
     report("rmsnorm", "16384x4096 f32", time_it(norm_launch, &nc, 20), 2.0 * n * 4, 0);
     nc.p.add = y;
     report("add_rmsnorm (fused)", "16384x4096 f32", time_it(norm_launch, &nc, 20), 4.0 * n * 4, 0);
-    nc.p = (struct pd_kernel_rmsnorm_params){x, NULL, w, PD_DTYPE_BF16, x, rows * 32, 128, 1e-6f};
+    nc.p = (struct pd_kernel_rmsnorm_params){x,         NULL, w,     PD_DTYPE_BF16, x,
+                                             rows * 32, 128,  1e-6f, NULL,          0};
     report("rmsnorm (qk, warp)", "524288x128 f32", time_it(norm_launch, &nc, 20), 2.0 * n * 4, 0);
     struct glu_ctx gc = {{x, y, o, (int64_t)n, false}};
     report("swiglu", "64M f32", time_it(glu_launch, &gc, 20), 3.0 * n * 4, 0);
@@ -248,6 +290,40 @@ static int samp_launch(void *ctx) {
 }
 static int amax_launch(void *ctx) {
     return pd_kernel_argmax(&((struct samp_ctx *)ctx)->a, st);
+}
+
+/* Where a draw's time goes: each phase's median over 10 launches (events between launches). */
+static void sample_phases(struct samp_ctx *c) {
+    static const char *const names[PD_KERNEL_SAMPLE_PHASES] = {"stats", "softmax",
+                                                               "draw (FlashInfer)", "finish"};
+    cudaEvent_t ev[PD_KERNEL_SAMPLE_PHASES + 1];
+    for (int i = 0; i <= PD_KERNEL_SAMPLE_PHASES; i++)
+        CK(cudaEventCreate(&ev[i]));
+    double us[PD_KERNEL_SAMPLE_PHASES][10];
+    pd_kernel_sample_trace(ev, PD_KERNEL_SAMPLE_PHASES + 1);
+    for (int rep = 0; rep < 10; rep++) {
+        if (samp_launch(c))
+            fprintf(stderr, "sample: %s\n", pd_error_msg());
+        CK(cudaEventSynchronize(ev[PD_KERNEL_SAMPLE_PHASES]));
+        for (int i = 0; i < PD_KERNEL_SAMPLE_PHASES; i++) {
+            float ms = 0;
+            CK(cudaEventElapsedTime(&ms, ev[i], ev[i + 1]));
+            us[i][rep] = ms * 1e3;
+        }
+    }
+    pd_kernel_sample_trace(NULL, 0);
+    printf("%-22s", "  phases (median us)");
+    for (int i = 0; i < PD_KERNEL_SAMPLE_PHASES; i++) {
+        for (int a = 1; a < 10; a++) /* insertion sort of 10 */
+            for (int b = a; b > 0 && us[i][b] < us[i][b - 1]; b--) {
+                double t = us[i][b];
+                us[i][b] = us[i][b - 1];
+                us[i][b - 1] = t;
+            }
+        printf(" %s %.1f%s", names[i], us[i][5], i + 1 < PD_KERNEL_SAMPLE_PHASES ? "," : "\n");
+    }
+    for (int i = 0; i <= PD_KERNEL_SAMPLE_PHASES; i++)
+        cudaEventDestroy(ev[i]);
 }
 
 static void bench_sample(void) {
@@ -321,6 +397,8 @@ static void bench_sample(void) {
             s = time_it(samp_launch, &c, 10);
             report("sample", sh, s, (double)R * V * 4, 0);
             printf("%-22s %-34s %10.0f rows/s\n", "", "", R / s);
+            if (c.p.any_drawn)
+                sample_phases(&c);
         }
     }
     cudaFree(x);
@@ -855,6 +933,10 @@ int pd_bench_gpu_main(int argc, char **argv) {
     struct cudaDeviceProp prop;
     int dev = 0, memclk = 0, bus = 0, clk = 0;
     CK(cudaGetDeviceProperties(&prop, dev));
+    if (pd_kernel_gemv_init()) {
+        fprintf(stderr, "few-row product: %s\n", pd_error_msg());
+        return 1;
+    }
     CK(cudaDeviceGetAttribute(&memclk, cudaDevAttrMemoryClockRate, dev));   /* kHz */
     CK(cudaDeviceGetAttribute(&bus, cudaDevAttrGlobalMemoryBusWidth, dev)); /* bits */
     CK(cudaDeviceGetAttribute(&clk, cudaDevAttrClockRate, dev));            /* kHz */

@@ -1,10 +1,11 @@
 /*
  * test_backend_cuda.c — the cuda backend against the cpu backend (STYLE.md rule 10), op by op
  * through common/backend.h with the same inputs on both: RMSNorm (alone and fused with the
- * residual add), matmul (bf16/f16/f32 weights, with and without bias), RoPE at large positions,
- * SwiGLU, add, embedding, row gather, KV store + paged attention (extend chunks over cached
- * pages, decode long enough to split, GQA groups 1..16, head dims 12..128, f32/bf16/f16 and
- * fp8 e4m3/e5m2 pools (byte-identical pools on both), page sizes 16 and 5, pages out of order).
+ * residual add), matmul (bf16/f16/f32 weights, with and without bias), product groups (q/k/v
+ * with biases and gate/up + SwiGLU over packed weights, the few-row and the cuBLAS path), RoPE
+ * at large positions, SwiGLU, add, embedding, row gather, KV store + paged attention (extend chunks
+ * over cached pages, decode long enough to split, GQA groups 1..16, head dims 12..128, f32/bf16/f16
+ * and fp8 e4m3/e5m2 pools (byte-identical pools on both), page sizes 16 and 5, pages out of order).
  * Sweeps include 0 and 1 rows and sizes that are not multiples of any tile. Then whole models:
  * extend + decode logits equal the cpu backend's, decode through CUDA graphs equals eager
  * launches, graphs are captured once per bucket and replayed after, up to the 256 bucket
@@ -218,6 +219,88 @@ static void test_matmul(void) {
                     pd_free(hw);
                     pd_free(hb);
                 }
+}
+
+/* Products of one input by weights packed back to back, as the model issues them: an RMSNorm,
+ * q/k/v with biases, gate/up and their SwiGLU. The cuda backend runs each group as one launch
+ * (up to PD_KERNEL_GEMV_MAX_ROWS rows) or as one GEMM split afterwards (the norm then writing
+ * the GEMM's input); every output must equal the cpu backend's, and the groups must have formed. */
+static void test_product_groups(void) {
+    static const int rows_list[] = {1, 2, 3, 4, 5, 17, 64, 256};
+    static const int ks[] = {64, 1000, 1536};
+    static const enum pd_dtype dts[] = {PD_DTYPE_BF16, PD_DTYPE_F16};
+    const int mq = 96, mkv = 32, mi = 200;
+    static int32_t ids[256];
+    for (size_t t = 0; t < PD_ARRAY_LEN(dts); t++)
+        for (size_t ki = 0; ki < PD_ARRAY_LEN(ks); ki++)
+            for (size_t ri = 0; ri < PD_ARRAY_LEN(rows_list); ri++) {
+                int k = ks[ki], rows = rows_list[ri];
+                enum pd_dtype dt = dts[t];
+                row_batch(rows, ids, 0);
+                struct dual x = dual_new((size_t)rows * k * 4), h = dual_new((size_t)rows * k * 4);
+                struct dual y[5] = {
+                    dual_new((size_t)rows * mq * 4), dual_new((size_t)rows * mkv * 4),
+                    dual_new((size_t)rows * mkv * 4), dual_new((size_t)rows * mi * 4),
+                    dual_new((size_t)rows * mi * 4)};
+                const int ms[8] = {mq, mkv, mkv, mi, mi, 1, 1, 1};
+                dual_fill(&x, 1.0f);
+                /* weights q, k, v, gate, up; biases q, k, v; the norm's */
+                void *host[9];
+                struct pd_tensor wc[9], wg[9];
+                for (int i = 0; i < 5; i++)
+                    weight_pair(dt, ms[i], k, 0.5f, 0, &host[i], &wc[i], &wg[i]);
+                for (int i = 0; i < 3; i++)
+                    weight_pair(dt, 1, ms[i], 0.5f, 0, &host[5 + i], &wc[5 + i], &wg[5 + i]);
+                weight_pair(dt, 1, k, 0.2f, 1.0f, &host[8], &wc[8], &wg[8]);
+                struct pd_tensor *packs[2][4][3] = {
+                    {{&wc[0], &wc[1], &wc[2]}, {&wc[5], &wc[6], &wc[7]}, {&wc[3], &wc[4]}},
+                    {{&wg[0], &wg[1], &wg[2]}, {&wg[5], &wg[6], &wg[7]}, {&wg[3], &wg[4]}}};
+                struct pd_backend *bes[2] = {cpu, gpu};
+                for (int b = 0; b < 2; b++) {
+                    CHECK_OK(pd_backend_weight_pack(bes[b], packs[b][0], 3));
+                    CHECK_OK(pd_backend_weight_pack(bes[b], packs[b][1], 3));
+                    CHECK_OK(pd_backend_weight_pack(bes[b], packs[b][2], 2));
+                }
+                struct pd_backend_cuda_stats before, after;
+                gpu_stats(gpu, &before);
+                for (int b = 0; b < 2; b++) {
+                    struct pd_backend *be = bes[b];
+                    struct pd_tensor *w = b ? wg : wc;
+                    float *hx = b ? h.g : h.c;
+                    pd_backend_rmsnorm(be, b ? x.g : x.c, &w[8], rows, k, 1e-5f, hx);
+                    for (int i = 0; i < 3; i++)
+                        pd_backend_matmul(be, hx, rows, &w[i], &w[5 + i], b ? y[i].g : y[i].c);
+                    pd_backend_matmul(be, hx, rows, &w[3], NULL, b ? y[3].g : y[3].c);
+                    pd_backend_matmul(be, hx, rows, &w[4], NULL, b ? y[4].g : y[4].c);
+                    pd_backend_silu_mul(be, b ? y[3].g : y[3].c, b ? y[4].g : y[4].c,
+                                        b ? y[3].g : y[3].c, (int64_t)rows * mi);
+                }
+                double tol = dt == PD_DTYPE_F16 ? 4e-3 : 2e-2;
+                err_floor = 0.15 * sqrt((double)k);
+                for (int i = 0; i < 5; i++) {
+                    double e = dual_err(&y[i], (size_t)rows * ms[i]);
+                    if (!(e < tol))
+                        fprintf(stderr, "product group %s rows %d k %d output %d: err %g\n",
+                                pd_dtype_name(dt), rows, k, i, e);
+                    CHECK(e < tol);
+                }
+                err_floor = 1e-6;
+                gpu_stats(gpu, &after);
+                if (!harness) {
+                    /* q+k+v: two products inside the first's launch; gate+up+silu: two more */
+                    CHECK(after.fused_products - before.fused_products == 4);
+                    /* more rows than the few-row product: the norm converts for the first
+                     * GEMM, which leaves its input for the second group */
+                    int64_t reused = rows > PD_KERNEL_GEMV_MAX_ROWS ? 2 : 0;
+                    CHECK(after.reused_inputs - before.reused_inputs == reused);
+                }
+                for (int i = 0; i < 9; i++)
+                    pd_free(host[i]);
+                for (int i = 0; i < 5; i++)
+                    dual_free(&y[i]);
+                dual_free(&x);
+                dual_free(&h);
+            }
 }
 
 static void test_elementwise(void) {
@@ -1431,6 +1514,7 @@ int main(int argc, char **argv) {
     } tests[] = {
         {"rmsnorm", test_rmsnorm, false},
         {"matmul", test_matmul, false},
+        {"product_groups", test_product_groups, false},
         {"elementwise", test_elementwise, false},
         {"rope_embed_gather", test_rope_embed_gather, false},
         {"attention", test_attention, false},
