@@ -10,9 +10,9 @@
  * Usage: pdserve-bench-cpu-forward [THREADS [bf16|f32 (weights) [KV_DTYPE]]], KV_DTYPE one of
  * --kv-cache-dtype's spellings (default auto = float32 on cpu).
  */
-#include "common/alloc.h"
+#include "common/base/alloc.h"
 #include "common/model.h"
-#include "common/status.h"
+#include "common/base/status.h"
 
 #include <cblas.h>
 #include <pthread.h>

@@ -9,7 +9,7 @@
 #include "common/radix_cache.h"
 #include "common/sched_decode.h"
 #include "common/sched_prefill.h"
-#include "common/status.h"
+#include "common/base/status.h"
 
 #include <stdio.h>
 #include <stdlib.h>

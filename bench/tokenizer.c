@@ -17,10 +17,10 @@
  *
  * which is what bench/tokenizer_all.sh runs (it takes the build directory as its argument).
  */
-#include "common/alloc.h"
-#include "common/file.h"
-#include "common/flags.h"
-#include "common/status.h"
+#include "common/base/alloc.h"
+#include "common/base/file.h"
+#include "common/base/flags.h"
+#include "common/base/status.h"
 #include "common/tokenizer.h"
 
 #include <cjson/cJSON.h>

@@ -39,10 +39,10 @@
 #include <unistd.h>
 #include <uv.h>
 
-#include "common/alloc.h"
-#include "common/flags.h"
-#include "common/log.h"
-#include "common/status.h"
+#include "common/base/alloc.h"
+#include "common/base/flags.h"
+#include "common/base/log.h"
+#include "common/base/status.h"
 #include "common/xfer.h"
 #include "common/xfer_plan.h"
 

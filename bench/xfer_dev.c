@@ -30,11 +30,11 @@
 #include <time.h>
 #include <uv.h>
 
-#include "common/alloc.h"
+#include "common/base/alloc.h"
 #include "common/backend.h"
 #include "common/devmem.h"
-#include "common/log.h"
-#include "common/status.h"
+#include "common/base/log.h"
+#include "common/base/status.h"
 #include "common/xfer.h"
 
 #define PAGE_BYTES ((size_t)28 * 2 * 16 * 2 * 128 * 2)

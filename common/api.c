@@ -13,11 +13,11 @@
  */
 #include "common/api.h"
 
-#include "common/alloc.h"
+#include "common/base/alloc.h"
 #include "common/chat_template.h"
-#include "common/flags.h"
-#include "common/log.h"
-#include "common/status.h"
+#include "common/server_args.h"
+#include "common/base/log.h"
+#include "common/base/status.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -29,19 +29,6 @@
 #include <string.h>
 
 /* ---------------------------------------------------------------- errors */
-
-int pd_api_error_set(struct pd_api_error *e, int status, const char *type, const char *param,
-                     const char *code, const char *fmt, ...) {
-    e->status = status;
-    snprintf(e->type, sizeof(e->type), "%s", type ? type : "invalid_request_error");
-    snprintf(e->param, sizeof(e->param), "%s", param ? param : "");
-    snprintf(e->code, sizeof(e->code), "%s", code ? code : "");
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(e->message, sizeof(e->message), fmt, ap);
-    va_end(ap);
-    return PD_EINVAL;
-}
 
 static int bad(struct pd_api_error *e, const char *param, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
@@ -60,38 +47,6 @@ static int bad(struct pd_api_error *e, const char *param, const char *fmt, ...) 
 static int oom(struct pd_api_error *e) {
     pd_api_error_set(e, 500, "server_error", NULL, NULL, "out of memory parsing the request");
     return PD_ENOMEM;
-}
-
-static int print_json(cJSON *root, char **out) {
-    *out = NULL;
-    if (!root)
-        return pd_errorf(PD_ENOMEM, "out of memory rendering a response");
-    char *s = cJSON_PrintUnformatted(root);
-    cJSON_Delete(root);
-    if (!s)
-        return pd_errorf(PD_ENOMEM, "out of memory rendering a response");
-    *out = s;
-    return PD_OK;
-}
-
-int pd_api_error_render(const struct pd_api_error *e, char **out) {
-    cJSON *root = cJSON_CreateObject();
-    cJSON *err = cJSON_AddObjectToObject(root, "error");
-    if (!err) {
-        cJSON_Delete(root);
-        return print_json(NULL, out);
-    }
-    cJSON_AddStringToObject(err, "message", e->message);
-    cJSON_AddStringToObject(err, "type", e->type[0] ? e->type : "invalid_request_error");
-    if (e->param[0])
-        cJSON_AddStringToObject(err, "param", e->param);
-    else
-        cJSON_AddNullToObject(err, "param");
-    if (e->code[0])
-        cJSON_AddStringToObject(err, "code", e->code);
-    else
-        cJSON_AddNullToObject(err, "code");
-    return print_json(root, out);
 }
 
 /* ---------------------------------------------------------------- small helpers */
@@ -1329,7 +1284,7 @@ int pd_api_merge(enum pd_api_kind kind, int n, char *const *bodies, int count, c
                 cJSON_GetObjectItemCaseSensitive(usage, "prompt_tokens_details"), "cached_tokens"),
             cached);
     }
-    return print_json(root, out);
+    return pd_api_json_print(root, out);
 fail:
     cJSON_Delete(sub);
     cJSON_Delete(root);
@@ -1617,10 +1572,10 @@ int pd_api_render_generate(const struct pd_api_request *r, const struct pd_api_r
             cJSON_AddItemToObject(mi, "output_top_logprobs",
                                   sglang_logprobs(res->logprobs, res->n_logprobs, true));
     }
-    return print_json(root, out);
+    return pd_api_json_print(root, out);
 fail:
     cJSON_Delete(root);
-    return print_json(NULL, out);
+    return pd_api_json_print(NULL, out);
 }
 
 /* OpenAI completions logprobs: {tokens, token_logprobs, top_logprobs[{tok: lp}], text_offset} */
@@ -1758,10 +1713,10 @@ static int render_openai(const struct pd_api_request *r, const struct pd_api_res
     } else if (r->include_usage) {
         cJSON_AddNullToObject(root, "usage");
     }
-    return print_json(root, out);
+    return pd_api_json_print(root, out);
 fail:
     cJSON_Delete(root);
-    return print_json(NULL, out);
+    return pd_api_json_print(NULL, out);
 }
 
 int pd_api_render_completion(const struct pd_api_request *r, const struct pd_api_result *res,
@@ -1790,10 +1745,10 @@ int pd_api_render_usage_chunk(const struct pd_api_request *r, const struct pd_ap
         openai_head(res, r->kind == PD_API_CHAT ? "chat.completion.chunk" : "text_completion");
     if (!root || !cJSON_AddArrayToObject(root, "choices")) {
         cJSON_Delete(root);
-        return print_json(NULL, out);
+        return pd_api_json_print(NULL, out);
     }
     cJSON_AddItemToObject(root, "usage", usage_json(res));
-    return print_json(root, out);
+    return pd_api_json_print(root, out);
 }
 
 /* ---------------------------------------------------------------- info endpoints */
@@ -1807,7 +1762,7 @@ int pd_api_render_models(const char *served_model_name, const char *model_path, 
     if (!data || !m || !cJSON_AddItemToArray(data, m)) {
         cJSON_Delete(m);
         cJSON_Delete(root);
-        return print_json(NULL, out);
+        return pd_api_json_print(NULL, out);
     }
     cJSON_AddStringToObject(m, "id", served_model_name);
     cJSON_AddStringToObject(m, "object", "model");
@@ -1815,7 +1770,7 @@ int pd_api_render_models(const char *served_model_name, const char *model_path, 
     cJSON_AddStringToObject(m, "owned_by", "sglang");
     cJSON_AddStringToObject(m, "root", model_path ? model_path : served_model_name);
     cJSON_AddNumberToObject(m, "max_model_len", max_model_len);
-    return print_json(root, out);
+    return pd_api_json_print(root, out);
 }
 
 static void add_str_or_null(cJSON *o, const char *k, const char *v) {
@@ -1829,7 +1784,7 @@ int pd_api_render_server_info(const struct pd_server_args *a, const struct pd_ap
                               char **out) {
     cJSON *root = cJSON_CreateObject();
     if (!root)
-        return print_json(NULL, out);
+        return pd_api_json_print(NULL, out);
     add_str_or_null(root, "model_path", a->model_path);
     add_str_or_null(root, "tokenizer_path", a->tokenizer_path);
     add_str_or_null(root, "served_model_name", a->served_model_name);
@@ -1874,7 +1829,7 @@ int pd_api_render_server_info(const struct pd_server_args *a, const struct pd_ap
     if (!states || !st || !cJSON_AddItemToArray(states, st)) {
         cJSON_Delete(st);
         cJSON_Delete(root);
-        return print_json(NULL, out);
+        return pd_api_json_print(NULL, out);
     }
     cJSON_AddNumberToObject(st, "last_gen_throughput", rt->last_gen_throughput);
     cJSON_AddNumberToObject(st, "num_pages", rt->num_pages);
@@ -1886,7 +1841,7 @@ int pd_api_render_server_info(const struct pd_server_args *a, const struct pd_ap
             cJSON_AddItemToObject(root, it->string, cJSON_Duplicate(it, true));
         }
     }
-    return print_json(root, out);
+    return pd_api_json_print(root, out);
 }
 
 int pd_api_render_model_info(const char *model_path, const char *tokenizer_path,
@@ -1894,7 +1849,7 @@ int pd_api_render_model_info(const char *model_path, const char *tokenizer_path,
                              int n_architectures, char **out) {
     cJSON *root = cJSON_CreateObject();
     if (!root)
-        return print_json(NULL, out);
+        return pd_api_json_print(NULL, out);
     add_str_or_null(root, "model_path", model_path);
     add_str_or_null(root, "tokenizer_path", tokenizer_path ? tokenizer_path : model_path);
     cJSON_AddBoolToObject(root, "is_generation", true);
@@ -1902,21 +1857,21 @@ int pd_api_render_model_info(const char *model_path, const char *tokenizer_path,
     cJSON *arch = cJSON_AddArrayToObject(root, "architectures");
     for (int i = 0; arch && i < n_architectures; i++)
         cJSON_AddItemToArray(arch, cJSON_CreateString(architectures[i]));
-    return print_json(root, out);
+    return pd_api_json_print(root, out);
 }
 
 int pd_api_render_get_load(int load, char **out) {
     cJSON *root = cJSON_CreateObject();
     if (root)
         cJSON_AddNumberToObject(root, "load", load);
-    return print_json(root, out);
+    return pd_api_json_print(root, out);
 }
 
 int pd_api_render_loads(const struct pd_api_rank_load *ranks, int n_ranks, const char *timestamp,
                         char **out) {
     cJSON *root = cJSON_CreateObject();
     if (!root)
-        return print_json(NULL, out);
+        return pd_api_json_print(NULL, out);
     add_str_or_null(root, "timestamp", timestamp);
     cJSON_AddNumberToObject(root, "dp_rank_count", n_ranks);
     cJSON *loads = cJSON_AddArrayToObject(root, "loads");
@@ -1947,5 +1902,5 @@ int pd_api_render_loads(const struct pd_api_rank_load *ranks, int n_ranks, const
         cJSON_AddNumberToObject(agg, "total_reqs", (double)(running + waiting));
         cJSON_AddNumberToObject(agg, "avg_token_usage", n_ranks ? usage_sum / n_ranks : 0.0);
     }
-    return print_json(root, out);
+    return pd_api_json_print(root, out);
 }

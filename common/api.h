@@ -23,6 +23,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/base/api_wire.h"
 #include "common/sampling.h"
 
 struct pd_chat_template;
@@ -35,25 +36,9 @@ enum pd_api_kind {
 };
 
 #define PD_API_MAX_STOP 16                  /* stop strings per request */
-#define PD_API_MAX_N 128                    /* n (parallel samples) per prompt */
-#define PD_API_MAX_FANOUT 1024              /* sub-requests per body: prompts x n */
 #define PD_API_MAX_FANOUT_BYTES (64u << 20) /* bytes of all sub-request bodies together */
 #define PD_API_DEFAULT_BODY (8u << 20)      /* bytes: default request body limit */
 #define PD_API_DEFAULT_BOOTSTRAP_PORT 8998
-
-struct pd_api_error {
-    int status;     /* HTTP status: 400, 401, 404, 413, 429, 500, 503 */
-    char type[32];  /* "invalid_request_error", "authentication_error", "server_error", ... */
-    char param[64]; /* offending field; "" renders as null */
-    char code[40];  /* machine code ("model_not_found"); "" renders as null */
-    char message[512];
-};
-
-/* Fills e (status, type, param, code may be NULL) and returns PD_EINVAL. */
-int pd_api_error_set(struct pd_api_error *e, int status, const char *type, const char *param,
-                     const char *code, const char *fmt, ...) __attribute__((format(printf, 6, 7)));
-/* {"error":{"message","type","param","code"}}; heap string, caller pd_free's. */
-int pd_api_error_render(const struct pd_api_error *e, char **out);
 
 /* What the daemon accepts; everything the parser needs to know about the server. */
 struct pd_api_config {

@@ -7,8 +7,8 @@
 #include "common/backend.h"
 #include "common/sampling.h"
 #include "common/backend_impl.h"
-#include "common/status.h"
-#include "common/alloc.h"
+#include "common/base/status.h"
+#include "common/base/alloc.h"
 
 int pd_backend_new(const struct pd_backend_opts *opts, struct pd_backend **out) {
     *out = NULL;

@@ -13,11 +13,11 @@
  * Weights alias the caller's host bytes (the checkpoint mapping); nothing is copied.
  * Per-step metadata and all scratch are sized once by reserve; ops never allocate.
  */
-#include "common/alloc.h"
+#include "common/base/alloc.h"
 #include "common/backend_cpu.h"
 #include "common/backend_impl.h"
 #include "common/sampling.h"
-#include "common/status.h"
+#include "common/base/status.h"
 
 #include <cblas.h>
 #include <math.h>

@@ -7,7 +7,7 @@
  * pd__cpu_gemm_panel_ok and use sgemm otherwise). No state, no allocation.
  */
 #include "common/backend_cpu.h"
-#include "common/status.h"
+#include "common/base/status.h"
 
 #include <math.h>
 #include <pthread.h>

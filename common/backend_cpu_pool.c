@@ -14,8 +14,8 @@
  * Threads are created at init and joined at free; nothing is allocated per task.
  */
 #include "common/backend_cpu.h"
-#include "common/alloc.h"
-#include "common/status.h"
+#include "common/base/alloc.h"
+#include "common/base/status.h"
 
 #include <pthread.h>
 #include <stdatomic.h>

@@ -17,10 +17,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/alloc.h"
-#include "common/flags.h"
-#include "common/log.h"
-#include "common/status.h"
+#include "common/base/alloc.h"
+#include "common/base/flags.h"
+#include "common/base/log.h"
+#include "common/base/status.h"
 #include "pdserve/v1/bootstrap.pb-c.h"
 
 /* ---- layout and key ---- */

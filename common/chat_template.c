@@ -12,8 +12,8 @@
  */
 #include "common/chat_template.h"
 
-#include "common/alloc.h"
-#include "common/status.h"
+#include "common/base/alloc.h"
+#include "common/base/status.h"
 
 #include <inttypes.h>
 #include <math.h>

@@ -1,9 +1,10 @@
 /*
  * daemon.h — the body of pdserve-prefill and pdserve-decode (DESIGN.md §1, §2, §2a): flags, model
- * load (common/engine.h: the compute thread), the HTTP surface of API.md (common/http_server.h,
- * common/api.h), the UCX transfer engine registered on the KV pool, and the gRPC bootstrap
- * (prefill: server on --disaggregation-bootstrap-port; decode: one client per prefill it is sent
- * to), all on one libuv loop. The two roles share everything but their request life:
+ * load (common/engine.h: the compute thread), the HTTP surface of API.md
+ * (common/base/http_server.h, common/api.h), the UCX transfer engine registered on the KV pool, and
+ * the gRPC bootstrap (prefill: server on --disaggregation-bootstrap-port; decode: one client per
+ * prefill it is sent to), all on one libuv loop. The two roles share everything but their request
+ * life:
  *
  *  prefill: HTTP body → tokens → engine ADD (bootstrap queue); decode's Transfer for the room
  *           (before or after the body) → BOOTSTRAPPED; engine SENDs → room_send, the last with

@@ -12,8 +12,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "common/alloc.h"
-#include "common/status.h"
+#include "common/base/alloc.h"
+#include "common/base/status.h"
 
 int pd_devmem_new(const struct pd_devmem_opts *o, struct pd_devmem **out) {
     *out = NULL;

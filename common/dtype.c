@@ -11,7 +11,7 @@
  * where that is free, but correctness wins over speed here.
  */
 #include "common/dtype.h"
-#include "common/status.h"
+#include "common/base/status.h"
 
 #include <string.h>
 

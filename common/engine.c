@@ -10,19 +10,19 @@
  */
 #include "common/engine.h"
 
-#include "common/alloc.h"
+#include "common/base/alloc.h"
 #include "common/backend.h"
 #include "common/kv_pool.h"
-#include "common/log.h"
+#include "common/base/log.h"
 #include "common/model.h"
 #include "common/page_alloc.h"
 #include "common/radix_cache.h"
-#include "common/room_map.h"
+#include "common/base/room_map.h"
 #include "common/sched_coloc.h"
 #include "common/sched_decode.h"
 #include "common/sched_prefill.h"
-#include "common/spsc.h"
-#include "common/status.h"
+#include "common/base/spsc.h"
+#include "common/base/status.h"
 #include "common/tp_group.h"
 
 #include <errno.h>

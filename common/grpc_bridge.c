@@ -21,9 +21,9 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "common/alloc.h"
-#include "common/log.h"
-#include "common/status.h"
+#include "common/base/alloc.h"
+#include "common/base/log.h"
+#include "common/base/status.h"
 
 /* How long one connection attempt may take (see pd_grpc_channel_new): as long as a bootstrap
  * RPC's default deadline (PD_BOOTSTRAP_DEADLINE_MS). */

@@ -3,7 +3,7 @@
  * Holds no per-request state; allocation happens once, at init.
  */
 #include "common/kv_pool.h"
-#include "common/status.h"
+#include "common/base/status.h"
 
 #include <string.h>
 

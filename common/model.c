@@ -17,8 +17,8 @@
  * (o_proj, down_proj) are column ranges, gathered into host copies the model owns.
  */
 #include "common/model.h"
-#include "common/alloc.h"
-#include "common/status.h"
+#include "common/base/alloc.h"
+#include "common/base/status.h"
 
 #include <math.h>
 #include <stdio.h>

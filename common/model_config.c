@@ -14,9 +14,9 @@
  * Parsing fills a local struct and copies it out only on success.
  */
 #include "common/model_config.h"
-#include "common/alloc.h"
-#include "common/file.h"
-#include "common/status.h"
+#include "common/base/alloc.h"
+#include "common/base/file.h"
+#include "common/base/status.h"
 
 #include <cjson/cJSON.h>
 #include <limits.h>

@@ -6,7 +6,7 @@
  * links without the file readers.
  */
 #include "common/model.h"
-#include "common/status.h"
+#include "common/base/status.h"
 
 static const struct pd_tensor_view *find_in_checkpoint(void *ctx, const char *name) {
     return pd_checkpoint_find(ctx, name);

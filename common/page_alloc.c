@@ -8,8 +8,8 @@
  */
 #include "common/page_alloc.h"
 
-#include "common/alloc.h"
-#include "common/status.h"
+#include "common/base/alloc.h"
+#include "common/base/status.h"
 
 #include <string.h>
 

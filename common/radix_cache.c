@@ -12,9 +12,9 @@
  */
 #include "common/radix_cache.h"
 
-#include "common/alloc.h"
+#include "common/base/alloc.h"
 #include "common/page_alloc.h"
-#include "common/status.h"
+#include "common/base/status.h"
 
 #include <string.h>
 

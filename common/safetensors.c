@@ -15,9 +15,9 @@
  */
 #include "common/safetensors.h"
 #include "common/safetensors_index.h"
-#include "common/alloc.h"
-#include "common/file.h"
-#include "common/status.h"
+#include "common/base/alloc.h"
+#include "common/base/file.h"
+#include "common/base/status.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>

@@ -4,9 +4,9 @@
  * an index behind that a reader could mistake for a checkpoint.
  */
 #include "common/safetensors_index.h"
-#include "common/alloc.h"
-#include "common/file.h"
-#include "common/status.h"
+#include "common/base/alloc.h"
+#include "common/base/file.h"
+#include "common/base/status.h"
 
 #include <inttypes.h>
 #include <stdbool.h>

@@ -8,9 +8,9 @@
  * it is <= top_p; min-p compares with the most likely token.
  */
 #include "common/sampling.h"
-#include "common/alloc.h"
-#include "common/rng.h"
-#include "common/status.h"
+#include "common/base/alloc.h"
+#include "common/base/rng.h"
+#include "common/base/status.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -85,7 +85,7 @@ void pd_sampling_scratch_free(struct pd_sampling_scratch *s) {
     s->prob = s->raw = NULL;
 }
 
-/* ---- random stream: xoshiro256** seeded through splitmix64 (common/rng.h) ---- */
+/* ---- random stream: xoshiro256** seeded through splitmix64 (common/base/rng.h) ---- */
 
 static double uniform01(uint64_t *s) { /* [0, 1) with 53 bits */
     return (double)(pd_xoshiro256ss(s) >> 11) * 0x1.0p-53;

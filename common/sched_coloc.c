@@ -13,11 +13,11 @@
  */
 #include "common/sched_coloc.h"
 
-#include "common/alloc.h"
+#include "common/base/alloc.h"
 #include "common/page_alloc.h"
 #include "common/radix_cache.h"
 #include "common/sched_table.h"
-#include "common/status.h"
+#include "common/base/status.h"
 
 #include <math.h>
 

@@ -3,10 +3,10 @@
  * pieces the prefill and colocated schedulers share (sched_common.h).
  */
 #include "common/sched_common.h"
-#include "common/alloc.h"
+#include "common/base/alloc.h"
 #include "common/page_alloc.h"
 #include "common/radix_cache.h"
-#include "common/status.h"
+#include "common/base/status.h"
 
 int pd__prefill_budget(int32_t page_size, int32_t chunked_prefill_size, int32_t max_prefill_tokens,
                        int32_t *budget) {

@@ -8,10 +8,10 @@
  */
 #include "common/sched_decode.h"
 
-#include "common/alloc.h"
+#include "common/base/alloc.h"
 #include "common/page_alloc.h"
 #include "common/sched_table.h"
-#include "common/status.h"
+#include "common/base/status.h"
 
 #include <math.h>
 

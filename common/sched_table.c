@@ -4,8 +4,8 @@
  */
 #include "common/sched_table.h"
 
-#include "common/alloc.h"
-#include "common/status.h"
+#include "common/base/alloc.h"
+#include "common/base/status.h"
 
 int pd__slot_pool_init(struct pd__slot_pool *p, int32_t cap) {
     p->prev = pd_calloc((size_t)cap, sizeof(int32_t));

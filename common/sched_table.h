@@ -18,7 +18,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "common/room_map.h"
+#include "common/base/room_map.h"
 
 struct pd__slot_list {
     int32_t head, tail, n;

@@ -7,8 +7,8 @@
  */
 #include "common/serve_metrics.h"
 
-#include "common/alloc.h"
-#include "common/status.h"
+#include "common/base/alloc.h"
+#include "common/base/status.h"
 
 #include <stdio.h>
 

@@ -28,7 +28,7 @@
 #include <stdint.h>
 
 #include "common/engine.h"
-#include "common/metrics.h"
+#include "common/base/metrics.h"
 
 /* Why a KV transfer failed: the label of pdserve:kv_transfer_failures_total. */
 enum pd_kv_fail_reason {

@@ -11,8 +11,8 @@
  */
 #include "common/tokenizer_internal.h"
 
-#include "common/alloc.h"
-#include "common/status.h"
+#include "common/base/alloc.h"
+#include "common/base/status.h"
 
 #include <string.h>
 

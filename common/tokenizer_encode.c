@@ -14,8 +14,8 @@
  */
 #include "common/tokenizer_internal.h"
 
-#include "common/alloc.h"
-#include "common/status.h"
+#include "common/base/alloc.h"
+#include "common/base/status.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -14,8 +14,8 @@
  */
 #include "common/tp_group.h"
 
-#include "common/alloc.h"
-#include "common/status.h"
+#include "common/base/alloc.h"
+#include "common/base/status.h"
 
 #include <pthread.h>
 #include <stdio.h>

@@ -11,9 +11,9 @@
  * wait return at once, until reset, so no rank waits forever for one that left the step.
  */
 #include "common/tp.h"
-#include "common/alloc.h"
+#include "common/base/alloc.h"
 #include "common/backend.h"
-#include "common/status.h"
+#include "common/base/status.h"
 
 #include <pthread.h>
 #include <stdbool.h>

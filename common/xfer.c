@@ -33,10 +33,10 @@
 #include <sys/random.h>
 #include <ucp/api/ucp.h>
 
-#include "common/alloc.h"
+#include "common/base/alloc.h"
 #include "common/devmem.h"
-#include "common/log.h"
-#include "common/status.h"
+#include "common/base/log.h"
+#include "common/base/status.h"
 
 enum room_role { ROOM_SENDER, ROOM_RECEIVER };
 

@@ -8,9 +8,9 @@
 #include <stdbool.h>
 #include <string.h>
 
-#include "common/alloc.h"
-#include "common/rng.h"
-#include "common/status.h"
+#include "common/base/alloc.h"
+#include "common/base/rng.h"
+#include "common/base/status.h"
 
 uint64_t pd_xfer_plan_rand(uint64_t *state) {
     return pd_splitmix64(state);

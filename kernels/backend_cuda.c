@@ -22,10 +22,10 @@
  */
 #include "kernels/backend_cuda.h"
 
-#include "common/alloc.h"
+#include "common/base/alloc.h"
 #include "common/backend_impl.h"
-#include "common/log.h"
-#include "common/status.h"
+#include "common/base/log.h"
+#include "common/base/status.h"
 #include "common/sampling.h"
 #include "kernels/kernels.h"
 

@@ -2,7 +2,7 @@
  * cuda_status.c — the one translation of cudaError_t into pdserve's status codes (STYLE.md
  * rule 3). The message keeps CUDA's own name and text so a user can search for it.
  */
-#include "common/status.h"
+#include "common/base/status.h"
 #include "kernels/kernels.h"
 
 int pd__cuda_status(cudaError_t err, const char *what) {

@@ -10,9 +10,9 @@
 
 #include <cuda_runtime_api.h>
 
-#include "common/alloc.h"
+#include "common/base/alloc.h"
 #include "common/devmem.h"
-#include "common/status.h"
+#include "common/base/status.h"
 #include "kernels/kernels.h"
 
 struct cuda_devmem {

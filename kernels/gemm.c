@@ -6,8 +6,8 @@
  * launches can be captured in a CUDA graph (cuBLAS must not allocate during capture).
  * cublasStatus_t is translated here only.
  */
-#include "common/alloc.h"
-#include "common/status.h"
+#include "common/base/alloc.h"
+#include "common/base/status.h"
 #include "kernels/kernels.h"
 
 #include <cublas_v2.h>

@@ -17,9 +17,9 @@
  * and a daemon with one GPU must start without it. PDSERVE_NCCL_LIBRARY names the file to open
  * (default libnccl.so.2); only nccl.h's types are needed at build time.
  */
-#include "common/alloc.h"
+#include "common/base/alloc.h"
 #include "common/backend.h"
-#include "common/status.h"
+#include "common/base/status.h"
 #include "common/tp.h"
 #include "kernels/backend_cuda.h"
 

@@ -7,9 +7,9 @@
 #include "router/body.h"
 #include "router/config.h"
 
-#include "common/alloc.h"
+#include "common/base/alloc.h"
 #include "common/api.h"
-#include "common/status.h"
+#include "common/base/status.h"
 
 #include <cjson/cJSON.h>
 #include <inttypes.h>

@@ -7,8 +7,8 @@
  */
 #include "router/cache_tree.h"
 
-#include "common/alloc.h"
-#include "common/status.h"
+#include "common/base/alloc.h"
+#include "common/base/status.h"
 
 #include <stdbool.h>
 #include <string.h>

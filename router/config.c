@@ -10,9 +10,9 @@
 #include "router/config.h"
 #include "router/discovery.h"
 
-#include "common/alloc.h"
-#include "common/log.h"
-#include "common/status.h"
+#include "common/base/alloc.h"
+#include "common/base/log.h"
+#include "common/base/status.h"
 
 #include <arpa/inet.h>
 #include <ctype.h>

@@ -3,7 +3,7 @@
  * (`--pd-disaggregation --prefill URL [BOOTSTRAP_PORT] --decode URL --policy ...`).
  *
  * --prefill takes an optional second positional value and both --prefill and --decode repeat,
- * which the shared parser (common/flags.h, one value per flag, each flag once) does not do; a
+ * which the shared parser (common/base/flags.h, one value per flag, each flag once) does not do; a
  * pre-pass here lifts them out of argv and hands the rest to pd_flags_parse. Worker URLs are
  * parsed once here (scheme, host, port) so the request path never re-parses them.
  * Strings point into argv or into the config's own copies; pd_router_config_free releases them.
@@ -14,7 +14,7 @@
 #include <stdbool.h>
 #include <stdio.h>
 
-#include "common/flags.h"
+#include "common/base/flags.h"
 #include "router/breaker.h"
 #include "router/policy.h"
 

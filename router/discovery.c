@@ -5,8 +5,8 @@
  */
 #include "router/discovery.h"
 
-#include "common/alloc.h"
-#include "common/status.h"
+#include "common/base/alloc.h"
+#include "common/base/status.h"
 
 #include <arpa/inet.h>
 #include <ctype.h>

@@ -3,8 +3,8 @@
  */
 #include "router/lpmerge.h"
 
-#include "common/alloc.h"
-#include "common/status.h"
+#include "common/base/alloc.h"
+#include "common/base/status.h"
 #include "router/body.h"
 
 #include <cjson/cJSON.h>

@@ -7,8 +7,8 @@
 #include "router/config.h"
 #include "router/router.h"
 
-#include "common/log.h"
-#include "common/status.h"
+#include "common/base/log.h"
+#include "common/base/status.h"
 
 #include <signal.h>
 #include <stdio.h>

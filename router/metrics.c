@@ -8,9 +8,9 @@
 #include "router/breaker.h"
 #include "router/policy.h"
 
-#include "common/alloc.h"
-#include "common/metrics.h"
-#include "common/status.h"
+#include "common/base/alloc.h"
+#include "common/base/metrics.h"
+#include "common/base/status.h"
 
 #include <stdio.h>
 #include <string.h>

@@ -1,5 +1,5 @@
 /*
- * metrics.h — pdserve-router's /metrics (common/metrics.h underneath), under sglang-router's
+ * metrics.h — pdserve-router's /metrics (common/base/metrics.h underneath), under sglang-router's
  * sgl_router_* names where it has the series and pdserve_router:… where it has not.
  *
  * Per-worker series are keyed by the worker's URL (and role), not by its place in the router's

@@ -5,8 +5,8 @@
 #include "router/policy.h"
 #include "router/config.h"
 
-#include "common/rng.h"
-#include "common/status.h"
+#include "common/base/rng.h"
+#include "common/base/status.h"
 
 #include <errno.h>
 #include <sys/random.h>

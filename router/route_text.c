@@ -6,8 +6,8 @@
 #include "router/route_text.h"
 #include "router/body.h"
 
-#include "common/alloc.h"
-#include "common/status.h"
+#include "common/base/alloc.h"
+#include "common/base/status.h"
 
 #include <cjson/cJSON.h>
 #include <stdbool.h>

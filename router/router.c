@@ -39,11 +39,11 @@
 #include "router/resolve.h"
 #include "router/upstream.h"
 
-#include "common/alloc.h"
-#include "common/http_server.h"
-#include "common/metrics.h"
-#include "common/log.h"
-#include "common/status.h"
+#include "common/base/alloc.h"
+#include "common/base/http_server.h"
+#include "common/base/metrics.h"
+#include "common/base/log.h"
+#include "common/base/status.h"
 
 #include <arpa/inet.h>
 #include <cjson/cJSON.h>

@@ -13,9 +13,9 @@
  */
 #include "router/upstream.h"
 
-#include "common/alloc.h"
-#include "common/log.h"
-#include "common/status.h"
+#include "common/base/alloc.h"
+#include "common/base/log.h"
+#include "common/base/status.h"
 
 #include <curl/curl.h>
 #include <stdio.h>

@@ -191,8 +191,9 @@ else
     # one test binary (test_tp_cuda.c has its own main and needs the daemons' tp group, and
     # tp_nccl.c NCCL's header: both are the full build's)
     for f in $(ls kernels/*.c | grep -v tp_nccl.c) common/backend.c common/backend_cpu.c \
-        common/backend_cpu_kernels.c common/backend_cpu_pool.c common/status.c common/alloc.c \
-        common/log.c common/dtype.c common/model.c common/kv_pool.c common/sampling.c \
+        common/backend_cpu_kernels.c common/backend_cpu_pool.c common/base/status.c \
+        common/base/alloc.c common/base/log.c common/dtype.c common/model.c common/kv_pool.c \
+        common/sampling.c \
         tests/kernels/test_backend_cuda.c tests/kernels/bench_gpu.c \
         tests/kernels/compat/cblas_naive.c; do
         o="$BUILD/obj/$(echo "$f" | tr / _).o"

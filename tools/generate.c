@@ -10,12 +10,12 @@
  * [n_prompts][vocab], for comparison with other engines.
  * Pages are handed out here in order, one contiguous run per prompt: no page allocator needed.
  */
-#include "common/alloc.h"
-#include "common/flags.h"
-#include "common/log.h"
+#include "common/base/alloc.h"
+#include "common/server_args.h"
+#include "common/base/log.h"
 #include "common/model.h"
 #include "common/sampling.h"
-#include "common/status.h"
+#include "common/base/status.h"
 #include "common/tokenizer.h"
 #include "common/tp_group.h"
 

@@ -5,10 +5,10 @@
  * tools/mkmodel/mkmodel.c. Exit status: 0 done (or --help), 2 bad flags, 1 the write failed.
  */
 #include "common/dtype.h"
-#include "common/flags.h"
-#include "common/log.h"
+#include "common/base/flags.h"
+#include "common/base/log.h"
 #include "tools/mkmodel/mkmodel.h"
-#include "common/status.h"
+#include "common/base/status.h"
 
 #include <stdio.h>
 #include <string.h>

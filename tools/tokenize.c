@@ -8,11 +8,11 @@
  * messages in FILE (a list, or an object with "messages"/"tools"/"add_generation_prompt")
  * instead of reading stdin. Errors name the input line and exit 1.
  */
-#include "common/alloc.h"
+#include "common/base/alloc.h"
 #include "common/chat_template.h"
-#include "common/file.h"
-#include "common/flags.h"
-#include "common/status.h"
+#include "common/base/file.h"
+#include "common/base/flags.h"
+#include "common/base/status.h"
 #include "common/tokenizer.h"
 
 #include <cjson/cJSON.h>

@@ -26,12 +26,12 @@
 #include <unistd.h>
 #include <uv.h>
 
-#include "common/alloc.h"
+#include "common/base/alloc.h"
 #include "common/bootstrap.h"
-#include "common/flags.h"
+#include "common/base/flags.h"
 #include "common/grpc_bridge.h"
-#include "common/log.h"
-#include "common/status.h"
+#include "common/base/log.h"
+#include "common/base/status.h"
 #include "common/xfer.h"
 #include "common/xfer_plan.h"
 

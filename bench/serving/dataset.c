@@ -12,10 +12,10 @@
  */
 #include "bench/serving/serving.h"
 
-#include "common/alloc.h"
-#include "common/file.h"
-#include "common/rng.h"
-#include "common/status.h"
+#include "common/base/alloc.h"
+#include "common/base/file.h"
+#include "common/base/rng.h"
+#include "common/base/status.h"
 #include "common/tokenizer.h"
 
 #include <cjson/cJSON.h>

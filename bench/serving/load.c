@@ -15,9 +15,9 @@
  */
 #include "bench/serving/serving.h"
 
-#include "common/alloc.h"
-#include "common/rng.h"
-#include "common/status.h"
+#include "common/base/alloc.h"
+#include "common/base/rng.h"
+#include "common/base/status.h"
 
 #include <cjson/cJSON.h>
 #include <curl/curl.h>

@@ -11,10 +11,10 @@
  */
 #include "bench/serving/serving.h"
 
-#include "common/alloc.h"
-#include "common/file.h"
-#include "common/flags.h"
-#include "common/status.h"
+#include "common/base/alloc.h"
+#include "common/base/file.h"
+#include "common/base/flags.h"
+#include "common/base/status.h"
 #include "common/tokenizer.h"
 
 #include <cjson/cJSON.h>

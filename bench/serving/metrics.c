@@ -14,8 +14,8 @@
  */
 #include "bench/serving/serving.h"
 
-#include "common/alloc.h"
-#include "common/status.h"
+#include "common/base/alloc.h"
+#include "common/base/status.h"
 
 #include <math.h>
 #include <stdlib.h>

@@ -9,9 +9,9 @@
  */
 #include "bench/serving/serving.h"
 
-#include "common/alloc.h"
-#include "common/file.h"
-#include "common/status.h"
+#include "common/base/alloc.h"
+#include "common/base/file.h"
+#include "common/base/status.h"
 
 #include <errno.h>
 #include <math.h>

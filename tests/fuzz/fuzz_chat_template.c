@@ -13,10 +13,10 @@
 
 #include <cjson/cJSON.h>
 
-#include "common/alloc.h"
+#include "common/base/alloc.h"
 #include "common/api.h"
 #include "common/chat_template.h"
-#include "common/status.h"
+#include "common/base/status.h"
 #include "common/tokenizer.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);

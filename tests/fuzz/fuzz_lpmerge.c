@@ -6,7 +6,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "common/alloc.h"
+#include "common/base/alloc.h"
 #include "router/body.h"
 #include "router/lpmerge.h"
 

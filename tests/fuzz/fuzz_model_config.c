@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/alloc.h"
+#include "common/base/alloc.h"
 #include "common/model_config.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);

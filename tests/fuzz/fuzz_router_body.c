@@ -7,7 +7,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 
-#include "common/alloc.h"
+#include "common/base/alloc.h"
 #include "router/body.h"
 #include "router/breaker.h"
 #include "router/config.h"

@@ -10,10 +10,10 @@
  * cuts a stuck request at the deadline and closes every handle (uv_loop_close succeeds). */
 #include "pd_test.h"
 
-#include "common/alloc.h"
+#include "common/base/alloc.h"
 #include "common/api.h"
-#include "common/http_server.h"
-#include "common/log.h"
+#include "common/base/http_server.h"
+#include "common/base/log.h"
 
 #include <cjson/cJSON.h>
 #include <curl/curl.h>

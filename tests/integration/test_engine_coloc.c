@@ -17,7 +17,7 @@
 #include <uv.h>
 
 #include "common/engine.h"
-#include "common/log.h"
+#include "common/base/log.h"
 #include "tools/mkmodel/mkmodel.h"
 #include "common/sched_common.h"
 #include "pd_test.h"

@@ -16,9 +16,9 @@
 #include <string.h>
 #include <uv.h>
 
-#include "common/alloc.h"
+#include "common/base/alloc.h"
 #include "common/engine.h"
-#include "common/log.h"
+#include "common/base/log.h"
 #include "tools/mkmodel/mkmodel.h"
 #include "common/model.h"
 #include "common/sched_common.h"

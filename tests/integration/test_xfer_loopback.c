@@ -18,9 +18,9 @@
 #include <string.h>
 #include <uv.h>
 
-#include "common/alloc.h"
+#include "common/base/alloc.h"
 #include "common/devmem.h"
-#include "common/log.h"
+#include "common/base/log.h"
 #include "common/xfer.h"
 #include "common/xfer_plan.h"
 #include "pd_test.h"

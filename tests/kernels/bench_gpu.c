@@ -8,11 +8,11 @@
  * common/model.c on the cuda backend (graphs on). Times are CUDA events over repeated launches
  * after a warm-up; model steps are wall-clock including the logits download.
  */
-#include "common/alloc.h"
+#include "common/base/alloc.h"
 #include "common/backend.h"
 #include "common/model.h"
 #include "kernels/backend_cuda.h"
-#include "common/status.h"
+#include "common/base/status.h"
 #include "kernels/kernels.h"
 
 #include <math.h>

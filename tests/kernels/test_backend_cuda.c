@@ -18,7 +18,7 @@
 #include "pd_model_fixture.h"
 #include "pd_test.h"
 
-#include "common/alloc.h"
+#include "common/base/alloc.h"
 #include "common/backend.h"
 #include "common/sampling.h"
 #include "common/model.h"

@@ -6,7 +6,7 @@
 #ifndef PD_MODEL_FIXTURE_H
 #define PD_MODEL_FIXTURE_H
 
-#include "common/alloc.h"
+#include "common/base/alloc.h"
 #include "common/dtype.h"
 #include "common/model.h"
 

@@ -3,10 +3,10 @@
  * with an OpenAI error naming the field; responses and chunks carry API.md's fields. */
 #include "pd_test.h"
 
-#include "common/alloc.h"
+#include "common/base/alloc.h"
 #include "common/api.h"
 #include "common/chat_template.h"
-#include "common/flags.h"
+#include "common/server_args.h"
 
 #include <cjson/cJSON.h>
 #include <math.h>

@@ -2,7 +2,7 @@
  * fixtures, Jinja semantics the templates rely on, and errors that name what went wrong. */
 #include "pd_test.h"
 
-#include "common/alloc.h"
+#include "common/base/alloc.h"
 #include "common/chat_template.h"
 #include "common/tokenizer.h"
 

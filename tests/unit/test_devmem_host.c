@@ -8,7 +8,7 @@
 #include <string.h>
 
 #include "common/devmem.h"
-#include "common/status.h"
+#include "common/base/status.h"
 #include "pd_test.h"
 
 static struct pd_devmem *host_new(bool deferred, bool reverse) {

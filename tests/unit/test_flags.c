@@ -3,8 +3,8 @@
  * choice, missing value, missing required flag, stray argument). */
 #include "pd_test.h"
 
-#include "common/flags.h"
-#include "common/log.h"
+#include "common/server_args.h"
+#include "common/base/log.h"
 
 #include <stdarg.h>
 

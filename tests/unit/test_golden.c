@@ -10,8 +10,8 @@
  */
 #include "pd_test.h"
 
-#include "common/alloc.h"
-#include "common/log.h"
+#include "common/base/alloc.h"
+#include "common/base/log.h"
 #include "tools/mkmodel/mkmodel.h"
 #include "common/model.h"
 

@@ -4,7 +4,7 @@
  */
 #include "pd_test.h"
 
-#include "common/alloc.h"
+#include "common/base/alloc.h"
 #include "common/kv_pool.h"
 
 static struct pd_kv_pool_opts opts(void) {

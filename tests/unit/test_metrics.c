@@ -4,8 +4,8 @@
  * that refuses broken text, so it can fail). */
 #include "pd_test.h"
 
-#include "common/alloc.h"
-#include "common/metrics.h"
+#include "common/base/alloc.h"
+#include "common/base/metrics.h"
 #include "pd_prom_check.h"
 
 #include <math.h>

@@ -3,10 +3,10 @@
  * published shapes have their published parameter counts; bad options are refused by name. */
 #include "pd_test.h"
 
-#include "common/alloc.h"
+#include "common/base/alloc.h"
 #include "common/dtype.h"
-#include "common/file.h"
-#include "common/log.h"
+#include "common/base/file.h"
+#include "common/base/log.h"
 #include "tools/mkmodel/mkmodel.h"
 #include "common/model_config.h"
 #include "common/safetensors.h"

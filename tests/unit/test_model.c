@@ -12,7 +12,7 @@
 #include "pd_model_fixture.h"
 #include "pd_test.h"
 
-#include "common/alloc.h"
+#include "common/base/alloc.h"
 #include "common/model.h"
 
 #include <math.h>

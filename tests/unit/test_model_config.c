@@ -6,7 +6,7 @@
  */
 #include "pd_test.h"
 
-#include "common/alloc.h"
+#include "common/base/alloc.h"
 #include "common/model_config.h"
 
 #include <sys/stat.h>

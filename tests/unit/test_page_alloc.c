@@ -1,7 +1,7 @@
 /* Page allocator: runs, hints, fragmentation fallback, refcounts, cache marks, stats, failures. */
 #include "pd_test.h"
 
-#include "common/alloc.h"
+#include "common/base/alloc.h"
 #include "common/page_alloc.h"
 
 static bool consecutive(const int32_t *p, int32_t n) {

@@ -2,7 +2,7 @@
  * failures, and a randomized check against brute force over every inserted prompt. */
 #include "pd_test.h"
 
-#include "common/alloc.h"
+#include "common/base/alloc.h"
 #include "common/page_alloc.h"
 #include "common/radix_cache.h"
 

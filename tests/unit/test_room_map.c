@@ -1,8 +1,8 @@
 /* Room map: put/get/del, duplicate rooms, capacity, and random churn against a shadow array. */
 #include "pd_test.h"
 
-#include "common/alloc.h"
-#include "common/room_map.h"
+#include "common/base/alloc.h"
+#include "common/base/room_map.h"
 
 static void test_basic(void) {
     struct pd_room_map m;

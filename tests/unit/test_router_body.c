@@ -3,7 +3,7 @@
  * bytes kept, the client's own bootstrap fields replaced, its rid kept, bad bodies refused. */
 #include "pd_test.h"
 
-#include "common/alloc.h"
+#include "common/base/alloc.h"
 #include "router/body.h"
 #include "router/config.h"
 

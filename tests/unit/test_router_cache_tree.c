@@ -6,7 +6,7 @@
  * policy's three rules (policy.c); the routing text of each route (route_text.c); the flags. */
 #include "pd_test.h"
 
-#include "common/alloc.h"
+#include "common/base/alloc.h"
 #include "router/body.h"
 #include "router/cache_tree.h"
 #include "router/config.h"

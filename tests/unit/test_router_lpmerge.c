@@ -4,7 +4,7 @@
  * prefill answer works as a whole one; the body rewrite says when a request asks for them. */
 #include "pd_test.h"
 
-#include "common/alloc.h"
+#include "common/base/alloc.h"
 #include "router/body.h"
 #include "router/config.h"
 #include "router/lpmerge.h"

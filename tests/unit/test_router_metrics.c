@@ -3,7 +3,7 @@
  * sgl_router_pd_*_errors_total, routes lose their query strings, and the text reads back. */
 #include "pd_test.h"
 
-#include "common/alloc.h"
+#include "common/base/alloc.h"
 #include "pd_prom_check.h"
 #include "router/breaker.h"
 #include "router/metrics.h"

@@ -8,8 +8,8 @@
  */
 #include "pd_test.h"
 
-#include "common/alloc.h"
-#include "common/file.h"
+#include "common/base/alloc.h"
+#include "common/base/file.h"
 #include "common/model_config.h"
 #include "common/safetensors.h"
 

@@ -3,7 +3,7 @@
  * bounds and allocation failures. */
 #include "pd_test.h"
 
-#include "common/alloc.h"
+#include "common/base/alloc.h"
 #include "common/page_alloc.h"
 #include "common/sched_decode.h"
 

@@ -9,7 +9,7 @@
 
 #include <math.h>
 
-#include "common/alloc.h"
+#include "common/base/alloc.h"
 #include "common/page_alloc.h"
 #include "common/sched_common.h"
 #include "common/sched_table.h"

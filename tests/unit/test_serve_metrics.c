@@ -4,7 +4,7 @@
  * transfer helpers; allocation failures while registering are clean errors. */
 #include "pd_test.h"
 
-#include "common/alloc.h"
+#include "common/base/alloc.h"
 #include "common/serve_metrics.h"
 #include "pd_prom_check.h"
 

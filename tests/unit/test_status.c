@@ -1,8 +1,8 @@
 /* Status codes, error messages with context, and allocation failure injection. */
 #include "pd_test.h"
 
-#include "common/alloc.h"
-#include "common/log.h"
+#include "common/base/alloc.h"
+#include "common/base/log.h"
 
 #include <errno.h>
 #include <unistd.h>

@@ -2,7 +2,7 @@
  * (tests/fixtures/make_tokenizer_fixtures.py), streaming == one-shot decode, clear errors. */
 #include "pd_test.h"
 
-#include "common/alloc.h"
+#include "common/base/alloc.h"
 #include "common/tokenizer.h"
 #include "common/tokenizer_internal.h"
 

@@ -1,7 +1,7 @@
 /* BPE trainer invariants and the tokenizer files tokgen makes for each family. */
 #include "pd_test.h"
 
-#include "common/alloc.h"
+#include "common/base/alloc.h"
 #include "tools/mkmodel/bpe_train.h"
 #include "tools/mkmodel/tokgen.h"
 

@@ -12,7 +12,7 @@
 #include "pd_test.h"
 #include "pd_tp_fixture.h"
 
-#include "common/alloc.h"
+#include "common/base/alloc.h"
 #include "common/sampling.h"
 #include "common/tp.h"
 #include "common/tp_group.h"

@@ -7,7 +7,7 @@
 #include <math.h>
 #include <stdbool.h>
 
-#include "common/alloc.h"
+#include "common/base/alloc.h"
 #include "common/xfer_plan.h"
 #include "pd_test.h"
 

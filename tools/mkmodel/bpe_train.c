@@ -10,9 +10,9 @@
  * Deliberately not here: tokenizer.json layout and special tokens (tokgen.c), encoding text.
  */
 #include "tools/mkmodel/bpe_train.h"
-#include "common/alloc.h"
+#include "common/base/alloc.h"
 #include "common/byte_level.h"
-#include "common/status.h"
+#include "common/base/status.h"
 
 #include <stdint.h>
 #include <stdio.h>

@@ -17,13 +17,13 @@
  * not depend on thread count or shard layout, and blocks fill in parallel.
  */
 #include "tools/mkmodel/mkmodel.h"
-#include "common/alloc.h"
-#include "common/file.h"
-#include "common/log.h"
-#include "common/rng.h"
+#include "common/base/alloc.h"
+#include "common/base/file.h"
+#include "common/base/log.h"
+#include "common/base/rng.h"
 #include "common/safetensors.h"
 #include "common/safetensors_index.h"
-#include "common/status.h"
+#include "common/base/status.h"
 #include "tools/mkmodel/tokgen.h"
 
 #include <dirent.h>
@@ -314,7 +314,7 @@ bad:
     return pd_errorf(PD_EINVAL, "'%s' is not a size: want bytes, optionally with K, M or G", s);
 }
 
-/* ---- random numbers (common/rng.h) ---- */
+/* ---- random numbers (common/base/rng.h) ---- */
 
 static uint64_t name_hash(const char *s) {
     uint64_t h = 0xcbf29ce484222325ull;

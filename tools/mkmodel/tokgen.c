@@ -9,8 +9,8 @@
  * ordering (and byte-identical output for a seed) evident. Strings go through one escaper.
  */
 #include "tools/mkmodel/tokgen.h"
-#include "common/alloc.h"
-#include "common/status.h"
+#include "common/base/alloc.h"
+#include "common/base/status.h"
 
 #include <stdarg.h>
 #include <stdbool.h>

@@ -22,12 +22,12 @@
  * error responses (413 for a too large body, 400 for broken framing) are rewritten into OpenAI
  * error JSON by a filter on the host's fallback path, the only path such early errors go through.
  */
-#include "common/http_server.h"
+#include "common/base/http_server.h"
 
-#include "common/alloc.h"
+#include "common/base/alloc.h"
 #include "common/api.h"
-#include "common/log.h"
-#include "common/status.h"
+#include "common/base/log.h"
+#include "common/base/status.h"
 
 #include <arpa/inet.h>
 #include <h2o.h>

@@ -3,7 +3,7 @@
  * The message buffer is per thread so the loop and compute threads never overwrite each other's
  * explanation; it is bounded, and a message that does not fit is cut, never overflowed.
  */
-#include "common/status.h"
+#include "common/base/status.h"
 
 #include <errno.h>
 #include <stdarg.h>

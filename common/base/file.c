@@ -3,9 +3,9 @@
  * regular file (a directory named config.json must say so, not read as empty) and reads until
  * EOF rather than trusting st_size, so a file that shrinks meanwhile is still read correctly.
  */
-#include "common/file.h"
-#include "common/alloc.h"
-#include "common/status.h"
+#include "common/base/file.h"
+#include "common/base/alloc.h"
+#include "common/base/status.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -2,10 +2,10 @@
  * spsc.c — the bounded SPSC ring. head and tail count records modulo 2^32 (they never wrap the
  * ring's index space because cap <= 2^31); tail - head is the fill level.
  */
-#include "common/spsc.h"
+#include "common/base/spsc.h"
 
-#include "common/alloc.h"
-#include "common/status.h"
+#include "common/base/alloc.h"
+#include "common/base/status.h"
 
 #include <string.h>
 

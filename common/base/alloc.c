@@ -2,8 +2,8 @@
  * alloc.c — malloc wrappers with overflow checks, error messages and failure injection.
  * The injection counter is atomic so tests may exercise threaded code with it.
  */
-#include "common/alloc.h"
-#include "common/status.h"
+#include "common/base/alloc.h"
+#include "common/base/status.h"
 
 #include <stdatomic.h>
 #include <stdint.h>

@@ -4,10 +4,10 @@
  * finalizer) before probing. Deletion shifts later entries of the cluster back instead of leaving
  * tombstones.
  */
-#include "common/room_map.h"
+#include "common/base/room_map.h"
 
-#include "common/alloc.h"
-#include "common/status.h"
+#include "common/base/alloc.h"
+#include "common/base/status.h"
 
 static uint32_t home(const struct pd_room_map *m, uint64_t room) {
     uint64_t z = room + 0x9E3779B97F4A7C15ull;

@@ -9,10 +9,10 @@
  * Structure (families, series lists) changes under the registry's mutex only; series are
  * allocated one by one and never move, so updaters hold their pointers without locking.
  */
-#include "common/metrics.h"
+#include "common/base/metrics.h"
 
-#include "common/alloc.h"
-#include "common/status.h"
+#include "common/base/alloc.h"
+#include "common/base/status.h"
 
 #include <math.h>
 #include <pthread.h>

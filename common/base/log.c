@@ -3,8 +3,8 @@
  * at start (before threads exist) and only read afterwards, so no lock is needed; each line is
  * assembled in a stack buffer and emitted with one write(2), which keeps lines whole.
  */
-#include "common/log.h"
-#include "common/status.h"
+#include "common/base/log.h"
+#include "common/base/status.h"
 
 #include <stdarg.h>
 #include <stdio.h>
