@@ -14,7 +14,7 @@
 #include "common/api.h"
 
 #include "common/base/alloc.h"
-#include "common/chat_template.h"
+#include "model/jinja/chat_template.h"
 #include "common/server_args.h"
 #include "common/base/log.h"
 #include "common/base/status.h"

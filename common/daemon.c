@@ -13,7 +13,7 @@
 #include "common/api.h"
 #include "common/backend.h"
 #include "common/bootstrap.h"
-#include "common/chat_template.h"
+#include "model/jinja/chat_template.h"
 #include "common/devmem.h"
 #include "common/server_args.h"
 #include "common/grpc_bridge.h"
@@ -24,7 +24,7 @@
 #include "common/sched_common.h"
 #include "common/serve_metrics.h"
 #include "common/base/status.h"
-#include "common/tokenizer.h"
+#include "model/tokenizer/tokenizer.h"
 #include "common/xfer.h"
 
 #include <cjson/cJSON.h>

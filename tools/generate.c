@@ -16,7 +16,7 @@
 #include "common/model.h"
 #include "common/sampling.h"
 #include "common/base/status.h"
-#include "common/tokenizer.h"
+#include "model/tokenizer/tokenizer.h"
 #include "common/tp_group.h"
 
 #include <errno.h>

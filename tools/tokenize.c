@@ -9,11 +9,11 @@
  * instead of reading stdin. Errors name the input line and exit 1.
  */
 #include "common/base/alloc.h"
-#include "common/chat_template.h"
+#include "model/jinja/chat_template.h"
 #include "common/base/file.h"
 #include "common/base/flags.h"
 #include "common/base/status.h"
-#include "common/tokenizer.h"
+#include "model/tokenizer/tokenizer.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>

@@ -16,7 +16,7 @@
 #include "common/base/file.h"
 #include "common/base/rng.h"
 #include "common/base/status.h"
-#include "common/tokenizer.h"
+#include "model/tokenizer/tokenizer.h"
 
 #include <cjson/cJSON.h>
 #include <string.h>

@@ -15,7 +15,7 @@
 #include "common/base/file.h"
 #include "common/base/flags.h"
 #include "common/base/status.h"
-#include "common/tokenizer.h"
+#include "model/tokenizer/tokenizer.h"
 
 #include <cjson/cJSON.h>
 #include <curl/curl.h>

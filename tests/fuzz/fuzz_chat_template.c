@@ -1,5 +1,5 @@
-/* libFuzzer target: the chat template renderer (common/chat_template.c). Byte 0 even: the rest is
- * a /v1/chat/completions body (the client's messages, content parts, tools,
+/* libFuzzer target: the chat template renderer (model/jinja/chat_template.c). Byte 0 even: the rest
+ * is a /v1/chat/completions body (the client's messages, content parts, tools,
  * chat_template_kwargs) rendered the way the daemon does (pd_api_parse, then
  * pd_api_render_chat_prompt) through a real model's template (byte 0 / 2 picks llama2, llama3,
  * qwen2 or mistral). Byte 0 odd: the rest is a template source (the model dir's, operator input)
@@ -15,9 +15,9 @@
 
 #include "common/base/alloc.h"
 #include "common/api.h"
-#include "common/chat_template.h"
+#include "model/jinja/chat_template.h"
 #include "common/base/status.h"
-#include "common/tokenizer.h"
+#include "model/tokenizer/tokenizer.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 int LLVMFuzzerInitialize(int *argc, char ***argv);

@@ -1,4 +1,4 @@
-/* libFuzzer target: the tokenizer on arbitrary bytes (common/tokenizer*.c) with real
+/* libFuzzer target: the tokenizer on arbitrary bytes (model/tokenizer/*.c) with real
  * tokenizer.json fixtures (byte-level BPE: gpt2; sentencepiece-style: llama2). Byte 0 picks the
  * tokenizer and flags; the rest is text to encode (invalid UTF-8 must be an error) and, read as
  * little-endian int32s, ids to decode in one go and step by step (out-of-vocab ids included). */
@@ -11,7 +11,7 @@
 
 #include "common/base/alloc.h"
 #include "common/base/status.h"
-#include "common/tokenizer.h"
+#include "model/tokenizer/tokenizer.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 int LLVMFuzzerInitialize(int *argc, char ***argv);

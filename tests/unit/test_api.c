@@ -5,7 +5,7 @@
 
 #include "common/base/alloc.h"
 #include "common/api.h"
-#include "common/chat_template.h"
+#include "model/jinja/chat_template.h"
 #include "common/server_args.h"
 
 #include <cjson/cJSON.h>

@@ -3,8 +3,8 @@
 #include "pd_test.h"
 
 #include "common/base/alloc.h"
-#include "common/chat_template.h"
-#include "common/tokenizer.h"
+#include "model/jinja/chat_template.h"
+#include "model/tokenizer/tokenizer.h"
 
 static char *slurp(const char *path) {
     FILE *f = fopen(path, "rb");

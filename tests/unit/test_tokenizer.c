@@ -3,8 +3,8 @@
 #include "pd_test.h"
 
 #include "common/base/alloc.h"
-#include "common/tokenizer.h"
-#include "common/tokenizer_internal.h"
+#include "model/tokenizer/tokenizer.h"
+#include "model/tokenizer/tokenizer_internal.h"
 
 #include <cjson/cJSON.h>
 #include <pthread.h>

@@ -11,7 +11,7 @@
  */
 #include "tools/mkmodel/bpe_train.h"
 #include "common/base/alloc.h"
-#include "common/byte_level.h"
+#include "model/tokenizer/byte_level.h"
 #include "common/base/status.h"
 
 #include <stdint.h>

@@ -10,7 +10,7 @@
  * Values follow Python: str() of None is "None", lists print as ['a', 1], + does not coerce,
  * undefined prints as "" and is falsy (transformers uses Jinja's default Undefined).
  */
-#include "common/chat_template.h"
+#include "model/jinja/chat_template.h"
 
 #include "common/base/alloc.h"
 #include "common/base/status.h"

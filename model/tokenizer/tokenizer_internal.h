@@ -11,8 +11,8 @@
 #ifndef PD_TOKENIZER_INTERNAL_H
 #define PD_TOKENIZER_INTERNAL_H
 
-#include "common/byte_level.h"
-#include "common/tokenizer.h"
+#include "model/tokenizer/byte_level.h"
+#include "model/tokenizer/tokenizer.h"
 
 #include <stdbool.h>
 #include <stddef.h>

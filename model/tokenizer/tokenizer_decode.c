@@ -9,7 +9,7 @@
  * ends). One-shot decode is the stream run to the end, so streamed text always equals it; the
  * fixtures check that both equal HF's decode.
  */
-#include "common/tokenizer_internal.h"
+#include "model/tokenizer/tokenizer_internal.h"
 
 #include "common/base/alloc.h"
 #include "common/base/status.h"

@@ -12,7 +12,7 @@
  * word.rs merge loop (lowest rank first, then leftmost) exactly, which matters: a different
  * tie-break gives different ids.
  */
-#include "common/tokenizer_internal.h"
+#include "model/tokenizer/tokenizer_internal.h"
 
 #include "common/base/alloc.h"
 #include "common/base/status.h"

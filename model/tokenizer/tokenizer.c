@@ -7,7 +7,7 @@
  * can find it; a construct we do not implement is PD_EUNSUPPORTED and names the construct, never
  * silently ignored, because a quietly different pipeline gives quietly different ids.
  */
-#include "common/tokenizer_internal.h"
+#include "model/tokenizer/tokenizer_internal.h"
 
 #include "common/base/alloc.h"
 #include "common/base/file.h"
@@ -253,7 +253,7 @@ size_t pd__utf8_encode(uint32_t cp, char out[4]) {
     return 4;
 }
 
-/* GPT-2 bytes_to_unicode (common/byte_level.h). */
+/* GPT-2 bytes_to_unicode (model/tokenizer/byte_level.h). */
 /* Both directions as tables: they sit on the encode and decode paths of every token. */
 struct byte_tables {
     uint16_t cp[256];  /* byte → code point */
