@@ -5,9 +5,12 @@
  * dreq) lives from its HTTP body until the engine's END (or its refusal before ADD); the HTTP
  * side may go earlier (client gone). Nothing here blocks or computes beyond tokenizing a prompt
  * and detokenizing tokens. In colocated mode (pdserve-decode --disaggregation-mode null) the
- * transfer engine and bootstrap are never started.
+ * transfer engine and bootstrap are never started. The generation endpoints are here with the
+ * request life they start; the other endpoints are daemon_http.c's (state shared through
+ * daemon_internal.h).
  */
 #include "common/daemon.h"
+#include "common/daemon_internal.h"
 
 #include "common/base/alloc.h"
 #include "common/api.h"
@@ -37,154 +40,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#define MAX_CLIENTS 64       /* distinct prefills one decode talks to */
-#define MAX_EARLY_ROOMS 4096 /* prefill: Transfers that came before their HTTP body */
-#define MAX_PROBES 16        /* /health_generate calls waiting for the compute thread */
-#define PROBE_TIMEOUT_S 20.0 /* ... before they answer 503 (SGLang waits 20 s too) */
-
-struct dgroup;
-
-struct dreq {
-    uint64_t room;
-    int32_t slot;
-    struct dgroup *grp; /* fan-out (batch / n > 1): the group answering the client; else NULL */
-    int sub;            /* index in grp: prompt * n + sample */
-    char rid[96];
-    char id[64]; /* response id: "chatcmpl-…" / "cmpl-…" / rid */
-    struct pd_http_req *http;
-    struct pd_api_request api;
-    struct pd_engine_req *ereq; /* before ADD: ours; after: the engine's until END */
-    int32_t n_prompt;
-    double t_start;
-    int64_t created;
-    /* metrics (serve_metrics.h says what each timing measures) */
-    double t_last_token;   /* decode: the last output token reached the client's connection */
-    double t_waiting;      /* prefill: entered the waiting queue (its Transfer arrived) */
-    double t_xfer;         /* prefill: first pages posted; decode: Transfer sent */
-    double xfer_bytes;     /* prefill: bytes posted */
-    bool ending;           /* end_request runs: room endings it causes are not failures */
-    bool bootstrap_failed; /* decode: the Transfer could not be placed or was refused */
-    bool xfer_failed;      /* the room ended with a failure */
-    /* decode output */
-    int32_t *out_ids;
-    int n_out;
-    size_t cap_out;
-    struct pd_sample *lps; /* [max_new_tokens] with return_logprob (decode), else NULL */
-    int lp_sent;           /* entries already in stream chunks (OpenAI: deltas) */
-    /* prompt logprobs (prefill and colocated), the engine request's (in_lp): readable once
-     * in_lp_ready (the first output token's event came: the engine wrote them all before) */
-    const struct pd_sample *in_lp;
-    int n_in_lp;
-    bool in_lp_ready, in_lp_sent; /* sent: a completions stream chunk carried them */
-    bool prompt_only;             /* max_tokens 0: the prompt's logprobs; no output token */
-    struct pd_detok *detok;
-    char *text;
-    size_t text_len, text_cap, sent_len;
-    size_t echo_len; /* completions echo: text starts with the prompt's (stop strings skip it) */
-    int finish;      /* enum pd_api_finish once known */
-    int32_t matched_token;
-    int matched_stop; /* index into api.stop, -1 */
-    bool streaming, first_chunk_sent;
-    bool stopped_here; /* a stop string ended it: the engine's END is a formality */
-    /* transfer */
-    bool bootstrapped; /* prefill: Transfer arrived */
-    bool xfer_live;    /* decode: room handed to the bootstrap client, not ended */
-    pd_bootstrap_client_t *client;
-    int cached_tokens;
-    int fail_status;
-    char fail_msg[256];
-    bool aborted; /* by the user (abort_request) */
-};
-
-/* One client request cut into sub-requests (pd_api_split): each sub-request is a dreq of its
- * own (room, rid, engine request) whose http is the group's while the group answers; the group
- * renders the merged answer once every sub-request answered, or fails the whole request at the
- * first failure (the others are aborted). Freed when its last sub-request is. */
-struct dgroup {
-    struct pd_http_req *http; /* NULL once answered or the client left */
-    enum pd_api_kind kind;
-    int count, n;
-    int refs;     /* sub-requests not yet freed */
-    int answered; /* sub-requests whose answer is in */
-    bool batch, streaming, include_usage;
-    struct dreq **subs; /* [count]; an entry is NULL once that dreq is freed */
-    char **bodies;      /* [count] non-streamed answers */
-    int prompt_tokens, completion_tokens, cached_tokens; /* streamed usage */
-    char rid[96]; /* the client's rid (abort_request), "" if none */
-    char id[64];
-    int64_t created;
-};
-
-struct early_room {
-    uint64_t room;
-    double t;
-};
-
-/* A /health_generate call waiting for its PROBE event; http NULL once the caller left. */
-struct probe {
-    uint64_t id; /* 0: slot free */
-    struct pd_http_req *http;
-    double t;
-};
-
-struct client_slot {
-    char target[300];
-    pd_bootstrap_client_t *c;
-};
-
-struct daemon {
-    int role;
-    bool coloc;       /* pdserve-decode --disaggregation-mode null: prefill and decode here */
-    bool mixed_chunk; /* colocated: prefill chunks and decode tokens in one step */
-    bool disable_mixed_flag;
-    double conservativeness; /* decode roles: SGLang's --schedule-conservativeness */
-    uint64_t room_seq;       /* colocated: rooms are drawn here */
-    struct pd_server_args args;
-    double bootstrap_timeout, waiting_timeout, shutdown_timeout;
-    const char *cluster_key_path, *api_key;
-    uint8_t key[PD_CLUSTER_KEY_MAX];
-    size_t key_len;
-
-    uv_loop_t loop;
-    uv_signal_t sigterm, sigint;
-    uv_timer_t tick;
-    struct pd_engine *eng;
-    struct pd_engine_info info;
-    struct pd_tokenizer *tok;
-    struct pd_chat_template *chat;
-    struct pd_http_server *http;
-    pd_grpc_bridge_t *bridge;
-    pd_xfer_t *x;
-    struct pd_devmem *dm; /* --device cuda: the transfer's copies (freed after the loop) */
-    pd_bootstrap_server_t *bserver;
-    struct client_slot clients[MAX_CLIENTS];
-    int n_clients;
-    struct pd_bootstrap_layout layout;
-    char node_id[64];
-    char transport[128];
-
-    struct pd_room_map rooms;
-    struct dreq **reqs; /* [cap] */
-    int32_t *free_slots;
-    int32_t n_free, cap, n_live;
-    struct early_room early[MAX_EARLY_ROOMS];
-    int n_early;
-    struct probe probes[MAX_PROBES];
-    uint64_t probe_seq;
-    int64_t n_probe_ok, n_probe_busy, n_probe_failed;
-
-    bool ready, stopping, http_listening;
-    double stop_deadline;
-    int exit_code;
-    uint64_t id_seq;
-    struct pd_serve_metrics *sm;
-};
-
-static struct daemon D;
-
-static double now_s(void) {
-    return (double)uv_hrtime() / 1e9;
-}
+static struct pd_daemon_state D;
 
 static const char *role_name(void) {
     return D.role == PD_ENGINE_PREFILL ? "prefill" : D.coloc ? "colocated" : "decode";
@@ -197,7 +53,7 @@ static struct dreq *find_room(uint64_t room) {
     return s >= 0 ? D.reqs[s] : NULL;
 }
 
-static struct dreq *find_rid(const char *rid) {
+struct dreq *pd__daemon_find_rid(const char *rid) {
     for (int32_t i = 0; i < D.cap; i++)
         if (D.reqs[i] && strcmp(D.reqs[i]->rid, rid) == 0)
             return D.reqs[i];
@@ -227,31 +83,6 @@ static void dreq_free(struct dreq *r) {
     pd_free(r->lps);
     pd_free(r->text);
     pd_free(r);
-}
-
-/* ---- HTTP helpers ---- */
-
-static void respond_error(struct pd_http_req *h, int status, const char *type, const char *param,
-                          const char *fmt, ...) __attribute__((format(printf, 5, 6)));
-static void respond_error(struct pd_http_req *h, int status, const char *type, const char *param,
-                          const char *fmt, ...) {
-    struct pd_api_error e;
-    char msg[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof(msg), fmt, ap);
-    va_end(ap);
-    pd_api_error_set(&e, status, type, param, NULL, "%s", msg);
-    pd_http_respond_error(h, &e);
-}
-
-static void respond_owned_json(struct pd_http_req *h, int status, char *json) {
-    if (!json) {
-        respond_error(h, 500, "server_error", NULL, "out of memory rendering the response");
-        return;
-    }
-    pd_http_respond_json(h, status, json);
-    pd_free(json);
 }
 
 static void fill_error(struct pd_api_error *e, int status, const char *msg) {
@@ -428,7 +259,7 @@ static void finish_http_ok(struct dreq *r) {
     }
     struct pd_api_result res;
     fill_result(r, &res, r->text ? r->text : "", r->text_len);
-    respond_owned_json(h, 200, render(r, &res, false));
+    pd__daemon_respond_json(h, 200, render(r, &res, false));
 }
 
 static void finish_http_error(struct dreq *r, int status, const char *msg) {
@@ -639,7 +470,6 @@ static void end_request(struct dreq *r, const struct pd_engine_event *ev) {
 }
 
 static void decode_admit(struct dreq *r, const struct pd_engine_event *ev);
-static void probe_done(uint64_t id, int status, int32_t token);
 
 static void on_engine_event(void *ctx, const struct pd_engine_event *ev) {
     (void)ctx;
@@ -676,7 +506,7 @@ static void on_engine_event(void *ctx, const struct pd_engine_event *ev) {
             pd_engine_req_free(ev->req);
         break;
     case PD_ENGINE_EV_FLUSHED: pd_info("flush_cache: %d pages freed", (int)ev->n_output); break;
-    case PD_ENGINE_EV_PROBE: probe_done(ev->room, ev->status, ev->token); break;
+    case PD_ENGINE_EV_PROBE: pd__daemon_probe_done(&D, ev->room, ev->status, ev->token); break;
     default: break;
     }
 }
@@ -867,7 +697,7 @@ static uint64_t coloc_room(void) {
     return room;
 }
 
-static void abort_req(struct dreq *r, bool user) {
+void pd__daemon_abort(struct dreq *r, bool user) {
     if (user)
         r->aborted = true;
     if (D.role == PD_ENGINE_PREFILL && pd_xfer_room_live(D.x, r->room))
@@ -880,7 +710,7 @@ static void on_client_gone(struct pd_http_req *h, void *user) {
     struct dreq *r = user;
     r->http = NULL;
     pd_info("room=%" PRIu64 " rid=%s client went away: aborting", r->room, r->rid);
-    abort_req(r, true);
+    pd__daemon_abort(r, true);
 }
 
 static void set_error(struct pd_api_error *e, int status, const char *param, const char *fmt, ...)
@@ -1079,8 +909,8 @@ static void handle_group(struct pd_http_req *h, enum pd_api_kind kind, struct pd
 static void handle_generate(struct pd_http_req *h, enum pd_api_kind kind) {
     struct pd_api_error e;
     if (D.stopping || !D.ready) {
-        respond_error(h, 503, "server_error", NULL, "the %s daemon is %s", role_name(),
-                      D.stopping ? "shutting down" : "not ready");
+        pd__daemon_respond_error(h, 503, "server_error", NULL, "the %s daemon is %s", role_name(),
+                                 D.stopping ? "shutting down" : "not ready");
         return;
     }
     size_t blen;
@@ -1101,7 +931,7 @@ static void handle_generate(struct pd_http_req *h, enum pd_api_kind kind) {
     }
     struct dreq *r = dreq_new();
     if (!r) {
-        respond_error(h, 500, "server_error", NULL, "out of memory");
+        pd__daemon_respond_error(h, 500, "server_error", NULL, "out of memory");
         return;
     }
     if (prepare_req(r, kind, body, blen, &e) != PD_OK) {
@@ -1110,9 +940,9 @@ static void handle_generate(struct pd_http_req *h, enum pd_api_kind kind) {
         return;
     }
     if (D.n_free == 0) {
-        respond_error(h, 503, "server_error", NULL,
-                      "too many requests queued (--max-queued-requests %d)",
-                      D.args.max_queued_requests);
+        pd__daemon_respond_error(h, 503, "server_error", NULL,
+                                 "too many requests queued (--max-queued-requests %d)",
+                                 D.args.max_queued_requests);
         dreq_free(r);
         return;
     }
@@ -1145,7 +975,7 @@ static void group_detach(struct dgroup *g, bool abort, bool user) {
             continue;
         s->http = NULL;
         if (abort && s->slot >= 0 && !s->ending)
-            abort_req(s, user);
+            pd__daemon_abort(s, user);
     }
 }
 
@@ -1194,19 +1024,20 @@ static void group_finish(struct dgroup *g) {
     }
     char *out = NULL;
     if (pd_api_merge(g->kind, g->n, g->bodies, g->count, &out) != PD_OK) {
-        respond_error(h, 500, "server_error", NULL, "%s", pd_error_msg());
+        pd__daemon_respond_error(h, 500, "server_error", NULL, "%s", pd_error_msg());
         return;
     }
-    respond_owned_json(h, 200, out);
+    pd__daemon_respond_json(h, 200, out);
 }
 
 static void handle_group(struct pd_http_req *h, enum pd_api_kind kind, struct pd_api_split *sp) {
     struct pd_api_error e;
     if (sp->count > D.n_free) {
-        respond_error(h, 503, "server_error", NULL,
-                      "the request fans out into %d sub-requests; %d fit in the queue now "
-                      "(--max-queued-requests %d)",
-                      sp->count, D.n_free, D.args.max_queued_requests);
+        pd__daemon_respond_error(
+            h, 503, "server_error", NULL,
+            "the request fans out into %d sub-requests; %d fit in the queue now "
+            "(--max-queued-requests %d)",
+            sp->count, D.n_free, D.args.max_queued_requests);
         return;
     }
     struct dgroup *g = pd_calloc(1, sizeof(*g));
@@ -1217,7 +1048,7 @@ static void handle_group(struct pd_http_req *h, enum pd_api_kind kind, struct pd
     if (!g || !g->subs || !g->bodies) {
         if (g)
             group_free(g);
-        respond_error(h, 500, "server_error", NULL, "out of memory");
+        pd__daemon_respond_error(h, 500, "server_error", NULL, "out of memory");
         return;
     }
     g->kind = kind;
@@ -1231,7 +1062,7 @@ static void handle_group(struct pd_http_req *h, enum pd_api_kind kind, struct pd
     for (int k = 0; k < g->count; k++) {
         struct dreq *r = dreq_new();
         if (!r) {
-            respond_error(h, 500, "server_error", NULL, "out of memory");
+            pd__daemon_respond_error(h, 500, "server_error", NULL, "out of memory");
             goto fail;
         }
         g->subs[k] = r;
@@ -1244,8 +1075,9 @@ static void handle_group(struct pd_http_req *h, enum pd_api_kind kind, struct pd
         }
         for (int j = 0; j < k; j++)
             if (g->subs[j]->room == r->room) {
-                respond_error(h, 400, "invalid_request_error", "bootstrap_room",
-                              "bootstrap_room %" PRIu64 " is given to two sub-requests", r->room);
+                pd__daemon_respond_error(h, 400, "invalid_request_error", "bootstrap_room",
+                                         "bootstrap_room %" PRIu64 " is given to two sub-requests",
+                                         r->room);
                 goto fail;
             }
     }
@@ -1292,353 +1124,6 @@ static void h_chat(struct pd_http_req *h, void *ud) {
     handle_generate(h, PD_API_CHAT);
 }
 
-/* ---- other endpoints ---- */
-
-static void h_health(struct pd_http_req *h, void *ud) {
-    (void)ud;
-    if (D.ready && !D.stopping)
-        pd_http_respond(h, 200, "text/plain", "", 0);
-    else
-        respond_error(h, 503, "server_error", NULL, "not ready");
-}
-
-/* /health_generate (SGLang: a real 1-token generation, 200 only if it worked). A daemon in
- * disaggregated mode cannot generate alone (a request needs its peer), so the compute thread
- * runs one token through the model on a free page instead, bypassing scheduler and transfer:
- * it proves the loop, the command queue, the compute thread and the model all work. A daemon
- * whose pool is full is busy serving and answers 200 without running it. */
-static struct probe *probe_find(uint64_t id) {
-    for (int i = 0; i < MAX_PROBES; i++)
-        if (D.probes[i].id == id)
-            return &D.probes[i];
-    return NULL;
-}
-
-static void probe_answer(struct probe *p, int status, const char *msg) {
-    struct pd_http_req *h = p->http;
-    p->id = 0;
-    p->http = NULL;
-    if (!h)
-        return;
-    if (status == 200)
-        pd_http_respond(h, 200, "text/plain", "", 0);
-    else
-        respond_error(h, status, "server_error", NULL, "health_generate: %s", msg);
-}
-
-static void on_probe_gone(struct pd_http_req *h, void *user) {
-    (void)h;
-    struct probe *p = user;
-    p->http = NULL; /* the slot waits for its event (or the timeout) */
-}
-
-static void probe_done(uint64_t id, int status, int32_t token) {
-    struct probe *p = probe_find(id);
-    if (status == PD_OK)
-        D.n_probe_ok++;
-    else if (status == PD_EFULL)
-        D.n_probe_busy++;
-    else
-        D.n_probe_failed++;
-    if (!p)
-        return;
-    pd_debug("health_generate: %s (token %d) in %.1f ms",
-             status == PD_OK      ? "ok"
-             : status == PD_EFULL ? "busy"
-                                  : pd_status_str(status),
-             (int)token, (now_s() - p->t) * 1e3);
-    char msg[200];
-    snprintf(msg, sizeof(msg), "the 1-token forward pass failed (%s)", pd_status_str(status));
-    probe_answer(p, status == PD_OK || status == PD_EFULL ? 200 : 503, msg);
-}
-
-static void probes_expire(double now, bool all) {
-    for (int i = 0; i < MAX_PROBES; i++) {
-        struct probe *p = &D.probes[i];
-        if (!p->id)
-            continue;
-        if (all) {
-            probe_answer(p, 503, "the daemon is shutting down");
-        } else if (now - p->t >= PROBE_TIMEOUT_S) {
-            D.n_probe_failed++;
-            probe_answer(p, 503, "the compute thread did not answer within 20 s");
-        }
-    }
-}
-
-static void h_health_generate(struct pd_http_req *h, void *ud) {
-    (void)ud;
-    if (!D.ready || D.stopping) {
-        respond_error(h, 503, "server_error", NULL, "not ready");
-        return;
-    }
-    struct probe *p = probe_find(0);
-    if (!p) {
-        respond_error(h, 503, "server_error", NULL,
-                      "health_generate: %d probes already waiting for the compute thread",
-                      MAX_PROBES);
-        return;
-    }
-    uint64_t id = ++D.probe_seq;
-    if (pd_engine_submit(D.eng, &(struct pd_engine_cmd){.kind = PD_ENGINE_CMD_PROBE, .room = id})) {
-        respond_error(h, 503, "server_error", NULL, "health_generate: %s", pd_error_msg());
-        return;
-    }
-    *p = (struct probe){.id = id, .http = h, .t = now_s()};
-    pd_http_req_on_gone(h, on_probe_gone, p);
-}
-
-static cJSON *body_json(struct pd_http_req *h) {
-    size_t len;
-    const char *b = pd_http_req_body(h, &len);
-    return cJSON_ParseWithLength(b, len);
-}
-
-static void h_abort(struct pd_http_req *h, void *ud) {
-    (void)ud;
-    cJSON *j = body_json(h);
-    const cJSON *rid = j ? cJSON_GetObjectItemCaseSensitive(j, "rid") : NULL;
-    if (!cJSON_IsString(rid)) {
-        cJSON_Delete(j);
-        respond_error(h, 400, "invalid_request_error", "rid", "body must be {\"rid\": string}");
-        return;
-    }
-    struct dreq *r = find_rid(rid->valuestring);
-    if (r)
-        abort_req(r, true);
-    for (int32_t i = 0; i < D.cap; i++) { /* a fanned-out request by its client's rid */
-        struct dreq *s = D.reqs[i];
-        if (s && s != r && s->grp && s->grp->rid[0] && !s->ending &&
-            strcmp(s->grp->rid, rid->valuestring) == 0) {
-            abort_req(s, true);
-            r = s;
-        }
-    }
-    pd_info("abort_request rid=%s %s", rid->valuestring, r ? "found" : "not found");
-    cJSON_Delete(j);
-    pd_http_respond_json(h, 200, r ? "{\"success\":true}" : "{\"success\":false}");
-}
-
-static void h_flush(struct pd_http_req *h, void *ud) {
-    (void)ud;
-    pd_engine_submit(D.eng, &(struct pd_engine_cmd){.kind = PD_ENGINE_CMD_FLUSH_CACHE});
-    pd_http_respond(h, 200, "text/plain", "Cache flushed.\n", 15);
-}
-
-static void h_models(struct pd_http_req *h, void *ud) {
-    (void)ud;
-    char *out = NULL;
-    /* created = now, as SGLang's and vLLM's model cards say (0 reads as 1970 to a dashboard) */
-    pd_api_render_models(D.args.served_model_name, D.args.model_path, (int64_t)time(NULL),
-                         D.info.context_length, &out);
-    respond_owned_json(h, 200, out);
-}
-
-static void h_model_info(struct pd_http_req *h, void *ud) {
-    (void)ud;
-    char *out = NULL;
-    const char *arch[1] = {D.info.architecture};
-    pd_api_render_model_info(D.args.model_path, D.args.tokenizer_path, D.info.model_type, arch, 1,
-                             &out);
-    respond_owned_json(h, 200, out);
-}
-
-static void h_server_info(struct pd_http_req *h, void *ud) {
-    (void)ud;
-    struct pd_engine_stats s;
-    pd_engine_stats(D.eng, &s);
-    cJSON *extra = cJSON_CreateObject();
-    cJSON *pool = cJSON_AddObjectToObject(extra, "kv_pool");
-    cJSON_AddNumberToObject(pool, "num_pages", s.pages_total);
-    cJSON_AddNumberToObject(pool, "free_pages", s.pages_free);
-    cJSON_AddNumberToObject(pool, "used_pages", s.pages_used);
-    cJSON_AddNumberToObject(pool, "cached_pages", s.pages_cached);
-    cJSON_AddNumberToObject(pool, "page_size", D.info.page_size);
-    cJSON_AddStringToObject(pool, "dtype", D.info.dtype);
-    cJSON_AddNumberToObject(pool, "page_bytes", (double)D.info.page_bytes);
-    cJSON_AddStringToObject(extra, "kv_cache_dtype", D.info.kv_cache_dtype);
-    cJSON *q = cJSON_AddObjectToObject(extra, "queues");
-    if (D.coloc) {
-        cJSON_AddNumberToObject(q, "waiting", s.q_waiting);
-        cJSON_AddNumberToObject(q, "running", s.q_running);
-        cJSON_AddNumberToObject(q, "retractions", (double)s.retractions);
-        cJSON_AddBoolToObject(extra, "enable_mixed_chunk", D.mixed_chunk);
-        cJSON_AddNumberToObject(extra, "steps", (double)s.steps);
-        cJSON_AddNumberToObject(extra, "mixed_steps", (double)s.mixed_steps);
-    } else if (D.role == PD_ENGINE_PREFILL) {
-        cJSON_AddNumberToObject(q, "bootstrap", s.q_bootstrap);
-        cJSON_AddNumberToObject(q, "waiting", s.q_waiting);
-        cJSON_AddNumberToObject(q, "inflight", s.q_inflight);
-    } else {
-        cJSON_AddNumberToObject(q, "prealloc", s.q_prealloc);
-        cJSON_AddNumberToObject(q, "transfer", s.q_transfer);
-        cJSON_AddNumberToObject(q, "running", s.q_running);
-        cJSON_AddNumberToObject(q, "retractions", (double)s.retractions);
-    }
-    cJSON_AddNumberToObject(q, "draining", s.q_draining);
-    if (D.role != PD_ENGINE_PREFILL) { /* where output tokens were chosen (greedy_on_device) */
-        cJSON_AddNumberToObject(extra, "sampled_on_device", (double)s.sampled_on_device);
-        cJSON_AddNumberToObject(extra, "sampled_on_host", (double)s.sampled_on_host);
-    }
-    if (D.x) { /* the transfer engine's own counters (loop thread, as every xfer call) */
-        struct pd_xfer_info xi;
-        pd_xfer_get_info(D.x, &xi);
-        cJSON *t = cJSON_AddObjectToObject(extra, "kv_transfer");
-        cJSON_AddNumberToObject(t, "live_rooms", xi.live_rooms);
-        cJSON_AddNumberToObject(t, "live_peers", xi.live_peers);
-        cJSON_AddNumberToObject(t, "shards", xi.n_shards);
-        cJSON_AddNumberToObject(t, "shard_page_bytes", (double)xi.shard_page_bytes);
-        cJSON_AddNumberToObject(t, "page_bytes", (double)xi.page_bytes);
-        cJSON_AddBoolToObject(t, "rdma", xi.rdma);
-        cJSON_AddBoolToObject(t, "cuda_memory", xi.cuda_memory);
-        cJSON_AddBoolToObject(t, "staged", xi.staged);
-        cJSON_AddNumberToObject(t, "dropped_writes", (double)xi.dropped_writes);
-        cJSON_AddNumberToObject(t, "staged_bytes", (double)xi.staged_bytes);
-        cJSON_AddNumberToObject(t, "ipc_bytes", (double)xi.ipc_bytes);
-        cJSON_AddNumberToObject(t, "recv_staged_bytes", (double)xi.recv_staged_bytes);
-        cJSON_AddNumberToObject(t, "recv_copying_bytes", (double)xi.recv_copying_bytes);
-        cJSON_AddNumberToObject(t, "recv_held", (double)xi.recv_held);
-        cJSON_AddNumberToObject(t, "recv_waits", (double)xi.recv_waits);
-    }
-    cJSON_AddNumberToObject(extra, "live_requests", D.n_live);
-    cJSON_AddNumberToObject(extra, "bootstrap_timeout", D.bootstrap_timeout);
-    cJSON_AddNumberToObject(extra, "waiting_timeout", D.waiting_timeout);
-    struct pd_api_runtime_info rt = {.version = PD_VERSION,
-                                     .context_length = D.info.context_length,
-                                     .max_total_tokens = D.info.n_pages * D.info.page_size,
-                                     .num_pages = s.pages_total,
-                                     .free_pages = s.pages_free + s.pages_cached,
-                                     .transport = D.transport,
-                                     .backend = D.info.backend,
-                                     .extra = extra};
-    char *out = NULL;
-    pd_api_render_server_info(&D.args, &rt, &out);
-    cJSON_Delete(extra);
-    respond_owned_json(h, 200, out);
-}
-
-static int load_now(struct pd_engine_stats *s) {
-    pd_engine_stats(D.eng, s);
-    return D.n_live;
-}
-
-static void h_get_load(struct pd_http_req *h, void *ud) {
-    (void)ud;
-    struct pd_engine_stats s;
-    char *out = NULL;
-    pd_api_render_get_load(load_now(&s), &out);
-    respond_owned_json(h, 200, out);
-}
-
-static void h_loads(struct pd_http_req *h, void *ud) {
-    (void)ud;
-    struct pd_engine_stats s;
-    load_now(&s);
-    struct pd_api_rank_load l = {
-        .num_running_reqs = D.role == PD_ENGINE_DECODE ? s.q_running : s.q_inflight,
-        .num_waiting_reqs = D.role == PD_ENGINE_DECODE
-                                ? s.q_prealloc + s.q_transfer + s.q_waiting /* colocated */
-                                : s.q_bootstrap + s.q_waiting,
-        .num_used_tokens = (int64_t)s.pages_used * D.info.page_size,
-        .max_total_num_tokens = (int64_t)s.pages_total * D.info.page_size};
-    char ts[40];
-    time_t t = time(NULL);
-    struct tm tm;
-    gmtime_r(&t, &tm);
-    strftime(ts, sizeof(ts), "%Y-%m-%dT%H:%M:%SZ", &tm);
-    char *out = NULL;
-    pd_api_render_loads(&l, 1, ts, &out);
-    respond_owned_json(h, 200, out);
-}
-
-static void h_metrics(struct pd_http_req *h, void *ud) {
-    (void)ud;
-    struct pd_engine_stats s;
-    pd_engine_stats(D.eng, &s);
-    const int64_t health[3] = {D.n_probe_ok, D.n_probe_busy, D.n_probe_failed};
-    char *text = NULL;
-    size_t len = 0;
-    if (pd_serve_metrics_scrape(D.sm, &s, health, &text, &len) != PD_OK) {
-        respond_error(h, 500, "server_error", NULL, "%s", pd_error_msg());
-        return;
-    }
-    pd_http_respond(h, 200, PD_METRICS_CONTENT_TYPE, text, len);
-    pd_free(text);
-}
-
-static void h_tokenize(struct pd_http_req *h, void *ud) {
-    (void)ud;
-    cJSON *j = body_json(h);
-    const cJSON *p = j ? cJSON_GetObjectItemCaseSensitive(j, "prompt") : NULL;
-    if (!cJSON_IsString(p)) {
-        cJSON_Delete(j);
-        respond_error(h, 400, "invalid_request_error", "prompt",
-                      "body must be {\"prompt\": string}");
-        return;
-    }
-    const cJSON *as = cJSON_GetObjectItemCaseSensitive(j, "add_special_tokens");
-    struct pd_token_ids ids = {0};
-    int rc = pd_tokenizer_encode(D.tok, p->valuestring, strlen(p->valuestring),
-                                 cJSON_IsFalse(as) ? PD_TOK_PARSE_SPECIAL : PD_TOK_DEFAULT, &ids);
-    cJSON_Delete(j);
-    if (rc) {
-        respond_error(h, 400, "invalid_request_error", "prompt", "%s", pd_error_msg());
-        return;
-    }
-    cJSON *o = cJSON_CreateObject(), *arr = cJSON_AddArrayToObject(o, "tokens");
-    for (size_t i = 0; i < ids.n; i++)
-        cJSON_AddItemToArray(arr, cJSON_CreateNumber(ids.ids[i]));
-    cJSON_AddNumberToObject(o, "count", (double)ids.n);
-    cJSON_AddNumberToObject(o, "max_model_len", D.info.context_length);
-    pd_token_ids_free(&ids);
-    char *s = cJSON_PrintUnformatted(o);
-    cJSON_Delete(o);
-    pd_http_respond_json(h, 200, s ? s : "{}");
-    free(s);
-}
-
-static void h_detokenize(struct pd_http_req *h, void *ud) {
-    (void)ud;
-    cJSON *j = body_json(h);
-    const cJSON *t = j ? cJSON_GetObjectItemCaseSensitive(j, "tokens") : NULL;
-    if (!cJSON_IsArray(t)) {
-        cJSON_Delete(j);
-        respond_error(h, 400, "invalid_request_error", "tokens",
-                      "body must be {\"tokens\": [int]}");
-        return;
-    }
-    int n = cJSON_GetArraySize(t);
-    int32_t *ids = pd_calloc((size_t)n + 1, sizeof(int32_t));
-    int i = 0;
-    const cJSON *it;
-    bool ok = ids != NULL;
-    cJSON_ArrayForEach(it, t) {
-        if (!ok || !cJSON_IsNumber(it) || it->valuedouble < 0 ||
-            it->valuedouble >= D.info.vocab_size) {
-            ok = false;
-            break;
-        }
-        ids[i++] = (int32_t)it->valuedouble;
-    }
-    cJSON_Delete(j);
-    char *text = NULL;
-    size_t len = 0;
-    if (!ok || pd_tokenizer_decode(D.tok, ids, (size_t)i, false, &text, &len) != PD_OK) {
-        pd_free(ids);
-        respond_error(h, 400, "invalid_request_error", "tokens", "tokens must be ids in [0, %d)",
-                      D.info.vocab_size);
-        return;
-    }
-    pd_free(ids);
-    cJSON *o = cJSON_CreateObject();
-    cJSON_AddStringToObject(o, "text", text);
-    pd_free(text);
-    char *s = cJSON_PrintUnformatted(o);
-    cJSON_Delete(o);
-    pd_http_respond_json(h, 200, s ? s : "{}");
-    free(s);
-}
-
 /* ---- timers, shutdown ---- */
 
 static void on_closed_http(struct pd_http_server *s, void *ud);
@@ -1673,12 +1158,12 @@ static void on_tick(uv_timer_t *t) {
         }
         i++;
     }
-    probes_expire(now, false);
+    pd__daemon_probes_expire(&D, now, false);
     if (D.stopping && now >= D.stop_deadline && D.n_live > 0) {
         /* out of time: fail what is left */
         for (int32_t i = 0; i < D.cap; i++)
             if (D.reqs[i] && !D.reqs[i]->aborted)
-                abort_req(D.reqs[i], true);
+                pd__daemon_abort(D.reqs[i], true);
     }
 }
 
@@ -1695,7 +1180,7 @@ static void begin_shutdown(const char *why) {
     D.ready = false;
     pd_info("%s: %s; draining for up to %.0f s", role_name(), why, D.shutdown_timeout);
     D.stop_deadline = now_s() + D.shutdown_timeout * 0.8;
-    probes_expire(0, true);
+    pd__daemon_probes_expire(&D, 0, true);
     uv_signal_stop(&D.sigterm);
     uv_signal_stop(&D.sigint);
     uv_close((uv_handle_t *)&D.sigterm, NULL);
@@ -1717,38 +1202,22 @@ static void on_signal(uv_signal_t *s, int signum) {
 
 /* ---- start ---- */
 
+/* The generation endpoints here; the others are daemon_http.c's. */
 static int route_all(void) {
-    struct {
-        const char *m, *p;
-        unsigned f;
+    static const struct {
+        const char *p;
         pd_http_handler_fn fn;
     } routes[] = {
-        {"POST", "/generate", 0, h_generate},
-        {"POST", "/v1/completions", 0, h_completions},
-        {"POST", "/v1/chat/completions", 0, h_chat},
-        {"GET", "/v1/models", 0, h_models},
-        {"GET", "/health", PD_HTTP_PUBLIC, h_health},
-        {"GET", "/health_generate", PD_HTTP_PUBLIC, h_health_generate},
-        {"GET", "/server_info", 0, h_server_info},
-        {"GET", "/get_server_info", 0, h_server_info},
-        {"GET", "/model_info", 0, h_model_info},
-        {"GET", "/get_model_info", 0, h_model_info},
-        {"GET", "/get_load", 0, h_get_load},
-        {"GET", "/v1/loads", 0, h_loads},
-        {"GET", "/metrics", PD_HTTP_PUBLIC, h_metrics},
-        {"POST", "/flush_cache", 0, h_flush},
-        {"GET", "/flush_cache", 0, h_flush},
-        {"POST", "/abort_request", 0, h_abort},
-        {"POST", "/tokenize", 0, h_tokenize},
-        {"POST", "/detokenize", 0, h_detokenize},
+        {"/generate", h_generate},
+        {"/v1/completions", h_completions},
+        {"/v1/chat/completions", h_chat},
     };
     for (size_t i = 0; i < PD_ARRAY_LEN(routes); i++) {
-        int rc =
-            pd_http_server_route(D.http, routes[i].m, routes[i].p, routes[i].f, routes[i].fn, NULL);
+        int rc = pd_http_server_route(D.http, "POST", routes[i].p, 0, routes[i].fn, NULL);
         if (rc)
             return rc;
     }
-    return PD_OK;
+    return pd__daemon_route(&D);
 }
 
 static int start_transfer(void);
