@@ -9,6 +9,7 @@
  * and by the schedulers at add. A step itself allocates nothing.
  */
 #include "common/engine.h"
+#include "common/server_args.h"
 
 #include "common/base/alloc.h"
 #include "common/backend.h"
@@ -219,7 +220,8 @@ int pd_engine_new(const struct pd_engine_config *cfg, struct pd_engine **out) {
 
     /* step sizes: prefill runs a token budget of chunks; decode a batch of single tokens, and
      * recomputes retracted requests in chunks */
-    int budget = cfg->max_prefill_tokens > 0 ? cfg->max_prefill_tokens : 16384;
+    int budget =
+        cfg->max_prefill_tokens > 0 ? cfg->max_prefill_tokens : PD_DEFAULT_MAX_PREFILL_TOKENS;
     if (cfg->chunked_prefill_size > 0 && cfg->chunked_prefill_size < budget)
         budget = cfg->chunked_prefill_size;
     e->chunk = budget;
@@ -285,7 +287,8 @@ int pd_engine_new(const struct pd_engine_config *cfg, struct pd_engine **out) {
         struct pd_sched_prefill_config sc = {
             .page_size = cfg->page_size,
             .chunked_prefill_size = cfg->chunked_prefill_size,
-            .max_prefill_tokens = cfg->max_prefill_tokens > 0 ? cfg->max_prefill_tokens : 16384,
+            .max_prefill_tokens = cfg->max_prefill_tokens > 0 ? cfg->max_prefill_tokens
+                                                              : PD_DEFAULT_MAX_PREFILL_TOKENS,
             .max_queued_requests = cfg->max_queued_requests,
             .bootstrap_timeout_s = cfg->bootstrap_timeout_s > 0 ? cfg->bootstrap_timeout_s : 300,
         };
@@ -901,7 +904,8 @@ static int coloc_new(struct pd_engine *e, const struct pd_engine_config *cfg) {
     struct pd_sched_coloc_config cc = {
         .page_size = cfg->page_size,
         .chunked_prefill_size = cfg->chunked_prefill_size,
-        .max_prefill_tokens = cfg->max_prefill_tokens > 0 ? cfg->max_prefill_tokens : 16384,
+        .max_prefill_tokens =
+            cfg->max_prefill_tokens > 0 ? cfg->max_prefill_tokens : PD_DEFAULT_MAX_PREFILL_TOKENS,
         .max_running_requests = cfg->max_running_requests,
         .max_queued_requests = cfg->max_queued_requests,
     };

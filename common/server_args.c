@@ -25,7 +25,7 @@ void pd_server_args_defaults(struct pd_server_args *a) {
     a->port = 30000;
     a->page_size = 16;
     a->chunked_prefill_size = 8192;
-    a->max_prefill_tokens = 16384;
+    a->max_prefill_tokens = PD_DEFAULT_MAX_PREFILL_TOKENS;
     a->max_running_requests = 256;
     a->max_queued_requests = 1024;
     a->context_length = 0;

@@ -29,6 +29,10 @@ extern const char *const pd_device_names[]; /* "cpu", "cuda" */
 /* The help text both the daemons and pdserve-generate give the flag. */
 extern const char pd_kv_cache_dtype_help[];
 
+/* --max-prefill-tokens unless given (SGLang's default); also the engine's when its config leaves
+ * it 0 */
+#define PD_DEFAULT_MAX_PREFILL_TOKENS 16384
+
 struct pd_server_args {
     const char *model_path;
     const char *tokenizer_path;    /* defaults to model_path */
