@@ -2,6 +2,7 @@
 # Both start with scripts/setup.sh, so a fresh Debian 12 machine needs nothing else.
 BUILD     ?= build
 ASAN      ?= build-asan
+CPU       ?= build-cpu
 FUZZ      ?= build-fuzz
 JOBS      ?= $(shell nproc)
 MODEL_DIR ?= $(BUILD)/models/tiny-llama
@@ -9,7 +10,7 @@ CMAKE_ARGS ?=
 
 SOURCES = $(shell git ls-files '*.c' '*.h' '*.cu' '*.cuh' 2>/dev/null)
 
-.PHONY: all setup build build-asan build-fuzz test test-unit test-fuzz test-gpu test-flaky demo format format-check clean
+.PHONY: all setup build build-cpu build-asan build-fuzz test test-unit test-fuzz test-gpu test-flaky demo format format-check clean
 
 all: build
 
@@ -19,6 +20,14 @@ setup:
 build: setup
 	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release -DPD_WERROR=ON -DPD_SANITIZE= $(CMAKE_ARGS)
 	cmake --build $(BUILD) -j$(JOBS)
+
+# The CPU-only configuration (-DPD_CUDA=OFF: every machine without the CUDA toolkit, and the CPU
+# image). Where nvcc is present `build` has CUDA, so this is the only place that configuration
+# is built and tested.
+build-cpu: setup
+	cmake -S . -B $(CPU) -DCMAKE_BUILD_TYPE=Release -DPD_WERROR=ON -DPD_SANITIZE= -DPD_CUDA=OFF \
+	    $(CMAKE_ARGS)
+	cmake --build $(CPU) -j$(JOBS)
 
 build-asan: setup
 	cmake -S . -B $(ASAN) -DCMAKE_BUILD_TYPE=Debug -DPD_WERROR=ON \
@@ -33,9 +42,11 @@ build-fuzz: setup
 	cmake --build $(FUZZ) -j$(JOBS) --target pd_fuzz
 
 # Everything CI checks: formatting, a -Werror release build with all tests (gpu ones skip
-# without a GPU), the unit tests again under ASan+UBSan, and each fuzz target for a few seconds.
-test: format-check build build-asan build-fuzz
+# without a GPU), the same without CUDA (-DPD_CUDA=OFF), the unit tests again under ASan+UBSan,
+# and each fuzz target for a few seconds.
+test: format-check build build-cpu build-asan build-fuzz
 	cd $(BUILD) && ctest --output-on-failure -j$(JOBS) -LE flaky
+	cd $(CPU) && ctest --output-on-failure -j$(JOBS) -LE flaky
 	cd $(ASAN) && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
 	    UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 ctest --output-on-failure -j$(JOBS) -L unit
 	cd $(FUZZ) && ctest --output-on-failure -j$(JOBS) -L fuzz
@@ -63,4 +74,4 @@ format-check: setup
 	@clang-format --dry-run --Werror $(SOURCES) && echo "format-check: $(words $(SOURCES)) files clean"
 
 clean:
-	rm -rf $(BUILD) $(ASAN) $(FUZZ)
+	rm -rf $(BUILD) $(CPU) $(ASAN) $(FUZZ)
