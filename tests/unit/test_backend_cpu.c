@@ -4,6 +4,7 @@
  * are not multiples of the vector width, bf16/f16/f32 weights, KV pages given out of order,
  * partial last pages, GQA groups of 1, 2 and 4, and 1 vs 3 threads.
  */
+#include "pd_compare.h"
 #include "pd_test.h"
 
 #include "common/base/alloc.h"
@@ -115,7 +116,7 @@ static void test_matmul(void) {
                         double s = bias[j];
                         for (int c = 0; c < k; c++)
                             s += (double)x[i * k + c] * wf[j * k + c];
-                        maxerr = fmax(maxerr, fabs(s - y[i * m + j]));
+                        maxerr = pd_err_max(maxerr, fabs(s - y[i * m + j]));
                     }
                 CHECK(maxerr < 1e-4);
                 if (maxerr >= 1e-4)
@@ -161,7 +162,7 @@ static void test_rows_ops(void) {
             ss += (double)out[i * dim + d] * out[i * dim + d];
         double r = 1.0 / sqrt(ss / dim + 1e-6);
         for (int d = 0; d < dim; d++)
-            err = fmax(err, fabs(out[i * dim + d] * r * w[d] - normed[i * dim + d]));
+            err = pd_err_max(err, fabs(out[i * dim + d] * r * w[d] - normed[i * dim + d]));
     }
     CHECK(err < 1e-5);
 
@@ -178,9 +179,10 @@ static void test_rows_ops(void) {
             for (int d = 0; d < 4; d++) {
                 const float *x = q0 + (i * 2 + h) * 8;
                 double a = (double)i * inv[d];
-                err = fmax(err, fabs(x[d] * cos(a) - x[d + 4] * sin(a) - q[(i * 2 + h) * 8 + d]));
-                err =
-                    fmax(err, fabs(x[d + 4] * cos(a) + x[d] * sin(a) - q[(i * 2 + h) * 8 + d + 4]));
+                err = pd_err_max(err,
+                                 fabs(x[d] * cos(a) - x[d + 4] * sin(a) - q[(i * 2 + h) * 8 + d]));
+                err = pd_err_max(
+                    err, fabs(x[d + 4] * cos(a) + x[d] * sin(a) - q[(i * 2 + h) * 8 + d + 4]));
             }
     CHECK(err < 1e-5);
 
@@ -190,7 +192,7 @@ static void test_rows_ops(void) {
     pd_backend_silu_mul(be, g, u, o, 40);
     err = 0;
     for (int i = 0; i < 40; i++)
-        err = fmax(err, fabs(g[i] / (1 + exp(-g[i])) * u[i] - o[i]));
+        err = pd_err_max(err, fabs(g[i] / (1 + exp(-g[i])) * u[i] - o[i]));
     CHECK(err < 1e-6);
     memcpy(o, g, sizeof(o));
     pd_backend_add(be, o, u, 40);
@@ -299,7 +301,7 @@ static void check_attention(enum pd_dtype kv_dtype, int heads, int kv_heads, int
                     double o = 0;
                     for (int j = j0; j <= p; j++)
                         o += s[j] / sum * vseq[r][j][(h / group) * HD + d];
-                    err = fmax(err, fabs(o - out[(n * heads + h) * HD + d]));
+                    err = pd_err_max(err, fabs(o - out[(n * heads + h) * HD + d]));
                 }
             }
         }
@@ -475,6 +477,18 @@ static void test_sample_matches_sampler(void) {
     pd_backend_free(be);
 }
 
-PD_TEST_MAIN(PD_TEST(test_matmul), PD_TEST(test_rows_ops), PD_TEST(test_attention),
-             PD_TEST(test_attention_sliding_window), PD_TEST(test_bad_plans),
-             PD_TEST(test_argmax_matches_sampler), PD_TEST(test_sample_matches_sampler))
+/* The error reductions the tests use: a NaN anywhere in an output is an infinite error. */
+static void test_nan_is_an_error(void) {
+    const float ref[4] = {1.0f, 2.0f, 3.0f, 4.0f};
+    float out[4] = {1.0f, 2.0f, 3.0f, 4.0f};
+    CHECK(pd_rel_err(out, ref, 4) == 0.0);
+    out[2] = NAN;
+    CHECK(isinf(pd_rel_err(out, ref, 4)));
+    CHECK(isinf(pd_rel_err(ref, out, 4))); /* a NaN in the reference too */
+    CHECK(isinf(pd_err_max(0.5, NAN)) && pd_err_max(0.5, 0.25) == 0.5);
+}
+
+PD_TEST_MAIN(PD_TEST(test_nan_is_an_error), PD_TEST(test_matmul), PD_TEST(test_rows_ops),
+             PD_TEST(test_attention), PD_TEST(test_attention_sliding_window),
+             PD_TEST(test_bad_plans), PD_TEST(test_argmax_matches_sampler),
+             PD_TEST(test_sample_matches_sampler))
