@@ -43,12 +43,12 @@
 static struct pd_daemon_state D;
 
 static const char *role_name(void) {
-    return D.role == PD_ENGINE_PREFILL ? "prefill" : D.coloc ? "colocated" : "decode";
+    return D.role->name;
 }
 
 /* ---- request table ---- */
 
-static struct dreq *find_room(uint64_t room) {
+struct dreq *pd__daemon_find_room(uint64_t room) {
     int32_t s = pd_room_map_get(&D.rooms, room);
     return s >= 0 ? D.reqs[s] : NULL;
 }
@@ -92,7 +92,7 @@ static void fill_error(struct pd_api_error *e, int status, const char *msg) {
 
 /* ---- decode output ---- */
 
-static int append_text(struct dreq *r, const char *s, size_t n) {
+int pd__daemon_append_text(struct dreq *r, const char *s, size_t n) {
     if (pd_array_grow((void **)&r->text, &r->text_cap, r->text_len + n + 1, 1))
         return PD_ENOMEM;
     memcpy(r->text + r->text_len, s, n);
@@ -283,8 +283,8 @@ static void finish_http_error(struct dreq *r, int status, const char *msg) {
 
 /* Decode: one more output token (index = its position in the output); smp: the engine's
  * record with top logprobs (for the first token: rebuilt from the done notice), or NULL. */
-static void take_token(struct dreq *r, int32_t token, int index, int finish, float logprob,
-                       const struct pd_sample *smp) {
+void pd__daemon_take_token(struct dreq *r, int32_t token, int index, int finish, float logprob,
+                           const struct pd_sample *smp) {
     if (r->stopped_here || index != r->n_out)
         return;            /* after a stop string, or the first token seen twice */
     r->in_lp_ready = true; /* colocated: the engine scored the prompt before this token */
@@ -310,9 +310,9 @@ static void take_token(struct dreq *r, int32_t token, int index, int finish, flo
     size_t plen = 0;
     size_t before = r->text_len;
     if (r->detok && pd_detok_step(r->detok, token, &piece, &plen) == PD_OK && plen)
-        append_text(r, piece, plen);
+        pd__daemon_append_text(r, piece, plen);
     if (finish && r->detok && pd_detok_flush(r->detok, &piece, &plen) == PD_OK && plen)
-        append_text(r, piece, plen);
+        pd__daemon_append_text(r, piece, plen);
     if (finish == PD_FINISH_STOP)
         r->matched_token = token;
     if (finish)
@@ -342,51 +342,6 @@ static void take_token(struct dreq *r, int32_t token, int index, int finish, flo
 
 /* ---- engine events ---- */
 
-static void prefill_send(struct dreq *r, const struct pd_engine_event *ev) {
-    if (!pd_xfer_room_live(D.x, ev->room))
-        return; /* the room already ended (aborted/failed): the engine hears it */
-    int rc = PD_OK;
-    if (ev->end > ev->begin)
-        rc = pd_xfer_room_send(D.x, ev->room, (uint32_t)ev->begin, ev->req->pages + ev->begin,
-                               (uint32_t)(ev->end - ev->begin));
-    if (rc == PD_OK && r && ev->end > ev->begin) { /* counted once the room completed */
-        if (r->t_xfer == 0)
-            r->t_xfer = now_s();
-        r->xfer_bytes += (double)(ev->end - ev->begin) * (double)D.info.page_bytes;
-    }
-    if (r && ev->last)
-        r->in_lp_ready = true; /* the engine scored the prompt before its last chunk's event */
-    if (rc == PD_OK && ev->last) {
-        struct pd_xfer_notice n = {.first_token = ev->token,
-                                   .first_logprob = ev->logprob,
-                                   .cached_tokens = (uint32_t)ev->cached_tokens};
-        /* the first token's top logprobs: only prefill saw its logits */
-        const struct pd_sample *f = &ev->req->first;
-        for (int k = 0; r && r->api.return_logprob && k < f->n_top && k < PD_XFER_NOTICE_TOP_MAX;
-             k++) {
-            n.top_ids[k] = f->top_ids[k];
-            n.top_logprobs[k] = f->top_logprobs[k];
-            n.n_top = (uint32_t)k + 1;
-        }
-        rc = pd_xfer_room_finish(D.x, ev->room, &n);
-        if (r) {
-            /* prefill's TTFT: the first token is sampled and handed to the transfer engine */
-            pd_metric_observe(D.sm->ttft, now_s() - r->t_start);
-            r->cached_tokens = ev->cached_tokens;
-            r->out_ids = pd_malloc(sizeof(int32_t));
-            if (r->out_ids) {
-                r->out_ids[0] = ev->token;
-                r->n_out = 1;
-                r->cap_out = 1;
-            }
-        }
-    }
-    if (rc) {
-        pd_warn("room=%" PRIu64 " sending KV failed: %s", ev->room, pd_error_msg());
-        pd_xfer_room_abort(D.x, ev->room, rc, "prefill could not send the KV cache");
-    }
-}
-
 /* The request's end in the counters and the e2e / queue-time histograms. Prompt and output
  * tokens count for requests answered with a usage (done, or aborted by the user). */
 static void count_end(struct dreq *r, int reason, const struct pd_engine_event *ev) {
@@ -395,16 +350,13 @@ static void count_end(struct dreq *r, int reason, const struct pd_engine_event *
     pd_metric_add(sm->num_requests, 1);
     pd_metric_observe(sm->e2e, now - r->t_start);
     double t_sched = ev->req ? ev->req->t_scheduled : 0;
-    if (t_sched > 0) {
-        double from = D.role == PD_ENGINE_PREFILL ? r->t_waiting : r->t_start;
-        pd_metric_observe(sm->queue_time, t_sched > from ? t_sched - from : 0);
-    }
+    if (t_sched > 0)
+        pd_metric_observe(sm->queue_time, t_sched > r->t_waiting ? t_sched - r->t_waiting : 0);
     bool answered = reason == PD_END_DONE || (reason == PD_END_ABORTED && r->aborted);
     if (answered) {
-        int cached = D.role == PD_ENGINE_PREFILL ? ev->cached_tokens : r->cached_tokens;
         pd_metric_add(sm->prompt_tokens, r->n_prompt);
         pd_metric_add(sm->generation_tokens, r->n_out);
-        pd_metric_add(sm->cached_tokens, cached > 0 ? cached : 0);
+        pd_metric_add(sm->cached_tokens, r->cached_tokens > 0 ? r->cached_tokens : 0);
     }
     if (reason == PD_END_DONE)
         return;
@@ -413,8 +365,8 @@ static void count_end(struct dreq *r, int reason, const struct pd_engine_event *
         return;
     }
     pd_metric_add(sm->num_failed, 1);
-    if (r->bootstrap_failed || (reason == PD_END_TIMEOUT && D.role == PD_ENGINE_PREFILL))
-        pd_metric_add(sm->bootstrap_failed, 1); /* no Transfer (prefill) / refused (decode) */
+    if (r->bootstrap_failed) /* no Transfer (prefill) / refused (decode) */
+        pd_metric_add(sm->bootstrap_failed, 1);
     else if (reason == PD_END_TIMEOUT || r->xfer_failed)
         pd_metric_add(sm->transfer_failed, 1);
 }
@@ -423,22 +375,16 @@ static void end_request(struct dreq *r, const struct pd_engine_event *ev) {
     r->ereq = ev->req; /* ours again */
     r->ending = true;
     int reason = ev->reason;
-    if (D.coloc)
-        r->cached_tokens = ev->cached_tokens; /* prefilled here: the engine knows the hit */
     if (r->stopped_here)
         reason = PD_END_DONE;
     pd_info("room=%" PRIu64 " rid=%s end=%s tokens=%d", r->room, r->rid,
             pd_sched_end_reason_str(reason), r->n_out);
-    if (D.role == PD_ENGINE_PREFILL && pd_xfer_room_live(D.x, r->room))
-        pd_xfer_room_abort(D.x, r->room, PD_ECANCELED, "prefill request ended");
+    if (D.role->ending)
+        D.role->ending(&D, r, ev, reason);
     count_end(r, reason, ev);
     if (reason == PD_END_DONE) {
-        if (D.role == PD_ENGINE_PREFILL) {
-            r->cached_tokens = ev->cached_tokens;
-            r->finish = PD_API_FINISH_LENGTH;
-        } else if (!r->finish) {
+        if (!r->finish)
             r->finish = ev->finish == PD_FINISH_STOP ? PD_API_FINISH_STOP : PD_API_FINISH_LENGTH;
-        }
         finish_http_ok(r);
     } else if (reason == PD_END_ABORTED && r->aborted) {
         r->finish = PD_API_FINISH_ABORT;
@@ -453,11 +399,7 @@ static void end_request(struct dreq *r, const struct pd_engine_event *ev) {
             status = 400;
             snprintf(msg, sizeof(msg), "the request needs more KV pages than the pool has");
         } else if (reason == PD_END_TIMEOUT) {
-            snprintf(msg, sizeof(msg), "%s",
-                     D.role == PD_ENGINE_PREFILL
-                         ? "bootstrap timed out: no decode asked for this room's KV cache "
-                           "within --bootstrap-timeout"
-                         : "timed out waiting for the prefill's KV cache (--waiting-timeout)");
+            snprintf(msg, sizeof(msg), "%s", D.role->timeout_msg);
         } else if (r->fail_msg[0]) {
             snprintf(msg, sizeof(msg), "KV transfer failed: %s", r->fail_msg);
         } else {
@@ -469,35 +411,29 @@ static void end_request(struct dreq *r, const struct pd_engine_event *ev) {
     dreq_free(r);
 }
 
-static void decode_admit(struct dreq *r, const struct pd_engine_event *ev);
-
 static void on_engine_event(void *ctx, const struct pd_engine_event *ev) {
     (void)ctx;
-    struct dreq *r = find_room(ev->room);
+    struct dreq *r = pd__daemon_find_room(ev->room);
     if (r && ev->req && ev->req->user != r)
         r = NULL; /* a stale event of an earlier request on this room */
     switch (ev->kind) {
-    case PD_ENGINE_EV_SEND: prefill_send(r, ev); break;
+    case PD_ENGINE_EV_SEND:
+        if (D.role->on_send)
+            D.role->on_send(&D, r, ev);
+        break;
     case PD_ENGINE_EV_ADMIT:
-        if (r)
-            decode_admit(r, ev);
+        if (r && D.role->on_admit)
+            D.role->on_admit(&D, r, ev);
         break;
     case PD_ENGINE_EV_TOKEN:
         if (r)
-            take_token(r, ev->token, ev->index, ev->finish, ev->logprob,
-                       ev->req && ev->req->samples ? &ev->req->samples[ev->index] : NULL);
+            pd__daemon_take_token(r, ev->token, ev->index, ev->finish, ev->logprob,
+                                  ev->req && ev->req->samples ? &ev->req->samples[ev->index]
+                                                              : NULL);
         break;
     case PD_ENGINE_EV_QUIESCE:
-        if (D.role == PD_ENGINE_PREFILL) {
-            if (pd_xfer_room_live(D.x, ev->room))
-                pd_xfer_room_abort(D.x, ev->room, PD_ECANCELED, "prefill aborted the request");
-        } else if (r && r->xfer_live && r->client) {
-            pd_bootstrap_client_abort(r->client, ev->room, r->aborted ? "aborted" : "timed out");
-        } else {
-            pd_engine_submit(D.eng, &(struct pd_engine_cmd){.kind = PD_ENGINE_CMD_XFER_END,
-                                                            .room = ev->room,
-                                                            .status = PD_ECANCELED});
-        }
+        if (D.role->on_quiesce)
+            D.role->on_quiesce(&D, r, ev);
         break;
     case PD_ENGINE_EV_END:
         if (r)
@@ -519,11 +455,7 @@ static void room_metrics(struct dreq *r, int status, const struct pd_xfer_notice
         return; /* an early room (no request), or one end_request closes itself */
     int st = n ? n->status : status;
     if (st == PD_OK && r->t_xfer > 0) {
-        double bytes = r->xfer_bytes;
-        if (D.role == PD_ENGINE_DECODE) /* every prompt page, whole (DESIGN §2) */
-            bytes = (double)((r->n_prompt + D.info.page_size - 1) / D.info.page_size) *
-                    (double)D.info.page_bytes;
-        pd_serve_metrics_kv_done(D.sm, bytes, now_s() - r->t_xfer);
+        pd_serve_metrics_kv_done(D.sm, r->xfer_bytes, now_s() - r->t_xfer);
     } else if (st != PD_OK && !r->xfer_failed) {
         r->xfer_failed = true;
         pd_metric_add(D.sm->kv_fail[pd_serve_metrics_kv_reason(st)], 1);
@@ -534,49 +466,17 @@ static void on_room_end(void *ctx, uint64_t room, void *user, int status,
                         const struct pd_xfer_notice *n) {
     (void)ctx;
     (void)user;
-    struct dreq *r = find_room(room);
-    struct pd_engine_cmd c = {.kind = PD_ENGINE_CMD_XFER_END, .room = room, .status = status};
+    struct dreq *r = pd__daemon_find_room(room);
     room_metrics(r, status, n);
-    if (D.role == PD_ENGINE_DECODE) {
-        if (!r)
-            return;
-        r->xfer_live = false;
-        if (n) {
-            c.status = n->status;
-            c.first_token = n->first_token;
-            c.first_logprob = n->first_logprob;
-            if (n->status == PD_OK) {
-                r->cached_tokens = (int)n->cached_tokens;
-                /* stream the first token now; the engine's TOKEN 0 is then ignored */
-                struct pd_sample s = {.token = n->first_token, .logprob = n->first_logprob};
-                for (uint32_t k = 0; k < n->n_top && k < PD_SAMPLING_MAX_LOGPROBS; k++) {
-                    s.top_ids[k] = n->top_ids[k];
-                    s.top_logprobs[k] = n->top_logprobs[k];
-                    s.n_top = (int)k + 1;
-                }
-                take_token(r, n->first_token, 0, PD_FINISH_NONE, n->first_logprob, &s);
-            } else {
-                snprintf(r->fail_msg, sizeof(r->fail_msg), "%s", n->error);
-            }
-        } else if (status != PD_OK && !r->fail_msg[0]) {
-            snprintf(r->fail_msg, sizeof(r->fail_msg), "%s", pd_status_str(status));
-        }
-    } else if (!r) {
-        for (int i = 0; i < D.n_early; i++) /* a Transfer whose body never came */
-            if (D.early[i].room == room)
-                D.early[i] = D.early[--D.n_early];
-        return;
-    }
-    pd_engine_submit(D.eng, &c);
+    if (D.role->room_end)
+        D.role->room_end(&D, r, room, status, n);
 }
 
 static void on_peer_closed(void *ctx, pd_xfer_peer_t *p, void *user) {
     (void)ctx;
     (void)user;
-    if (D.bserver)
-        pd_bootstrap_server_peer_closed(D.bserver, p);
-    for (int i = 0; i < D.n_clients; i++)
-        pd_bootstrap_client_peer_closed(D.clients[i].c, p);
+    if (D.role->peer_closed)
+        D.role->peer_closed(&D, p);
 }
 
 static void on_peer_failed(void *ctx, pd_xfer_peer_t *p, void *user, int status) {
@@ -587,121 +487,20 @@ static void on_peer_failed(void *ctx, pd_xfer_peer_t *p, void *user, int status)
             pd_status_str(status));
 }
 
-/* prefill: decode's Transfer for room arrived (the room is in the transfer engine) */
-static void on_bootstrap_room(void *ctx, uint64_t room, const char *decode_id, uint32_t n_pages,
-                              uint32_t prompt_len) {
-    (void)ctx;
-    (void)prompt_len;
-    struct dreq *r = find_room(room);
-    pd_debug("room=%" PRIu64 " transfer from %s (%u pages)", room, decode_id, n_pages);
-    if (r && !r->bootstrapped) {
-        r->bootstrapped = true;
-        r->t_waiting = now_s();
-        pd_engine_submit(D.eng,
-                         &(struct pd_engine_cmd){.kind = PD_ENGINE_CMD_BOOTSTRAPPED, .room = room});
-        return;
-    }
-    if (D.n_early == MAX_EARLY_ROOMS) {
-        pd_xfer_room_abort(D.x, room, PD_EFULL, "prefill: too many rooms without a request");
-        return;
-    }
-    D.early[D.n_early++] = (struct early_room){room, now_s()};
-}
-
-static void on_bootstrap_abort(void *ctx, uint64_t room, bool found, const char *reason) {
-    (void)ctx;
-    (void)found;
-    struct dreq *r = find_room(room);
-    pd_info("room=%" PRIu64 " decode aborted it: %s", room, reason ? reason : "");
-    if (r)
-        pd_engine_submit(D.eng, &(struct pd_engine_cmd){.kind = PD_ENGINE_CMD_ABORT, .room = room});
-}
-
-static void on_room_rejected(void *ctx, uint64_t room, void *user, int status, const char *msg) {
-    (void)ctx;
-    (void)user;
-    struct dreq *r = find_room(room);
-    if (!r)
-        return;
-    r->xfer_live = false;
-    r->bootstrap_failed = true;
-    if (!r->xfer_failed) {
-        r->xfer_failed = true;
-        pd_metric_add(D.sm->kv_fail[PD_KV_FAIL_REJECTED], 1);
-    }
-    snprintf(r->fail_msg, sizeof(r->fail_msg), "%s", msg ? msg : pd_status_str(status));
-    pd_warn("room=%" PRIu64 " the prefill refused the transfer: %s", room, r->fail_msg);
-    pd_engine_submit(D.eng, &(struct pd_engine_cmd){
-                                .kind = PD_ENGINE_CMD_XFER_END, .room = room, .status = status});
-}
-
 /* "host:port" for gRPC; an IPv6 address goes in brackets ("[fd00::1]:8998"), as the router
  * sends a DNS-found prefill's address bare, the way it sends any host. */
-static void host_port(char *out, size_t size, const char *host, int port) {
+void pd__daemon_host_port(char *out, size_t size, const char *host, int port) {
     bool v6 = strchr(host, ':') != NULL && host[0] != '[';
     snprintf(out, size, v6 ? "[%s]:%d" : "%s:%d", host, port);
 }
 
-static pd_bootstrap_client_t *client_for(const char *host, int port) {
-    char target[300];
-    host_port(target, sizeof(target), host && *host ? host : "127.0.0.1", port);
-    for (int i = 0; i < D.n_clients; i++)
-        if (strcmp(D.clients[i].target, target) == 0)
-            return D.clients[i].c;
-    if (D.n_clients == MAX_CLIENTS) {
-        pd_errorf(PD_EFULL, "decode talks to %d prefills already", MAX_CLIENTS);
-        return NULL;
-    }
-    struct pd_bootstrap_client_config cc = {.target = target,
-                                            .key = D.key,
-                                            .key_len = D.key_len,
-                                            .layout = D.layout,
-                                            .decode_id = D.node_id};
-    struct pd_bootstrap_client_callbacks cb = {.on_room_rejected = on_room_rejected};
-    pd_bootstrap_client_t *c;
-    if (pd_bootstrap_client_new(D.bridge, D.x, &cc, &cb, &c) != PD_OK)
-        return NULL;
-    struct client_slot *s = &D.clients[D.n_clients++];
-    snprintf(s->target, sizeof(s->target), "%s", target);
-    s->c = c;
-    return c;
-}
-
-static void decode_admit(struct dreq *r, const struct pd_engine_event *ev) {
-    pd_bootstrap_client_t *c = client_for(r->api.bootstrap_host, r->api.bootstrap_port);
-    int rc =
-        c ? pd_bootstrap_client_transfer(c, r->room, ev->req->pages, (uint32_t)ev->req->n_pages,
-                                         (uint32_t)r->n_prompt, NULL)
-          : PD_EINVAL;
-    if (rc) {
-        r->bootstrap_failed = true;
-        snprintf(r->fail_msg, sizeof(r->fail_msg), "%s", pd_error_msg());
-        pd_engine_submit(D.eng, &(struct pd_engine_cmd){
-                                    .kind = PD_ENGINE_CMD_XFER_END, .room = r->room, .status = rc});
-        return;
-    }
-    r->client = c;
-    r->xfer_live = true;
-    r->t_xfer = now_s();
-}
-
 /* ---- generation requests ---- */
-
-/* Colocated: a fresh room in [0, 2^63) no live request has (bootstrap_room in a body is not
- * ours to trust: two clients could send the same one). */
-static uint64_t coloc_room(void) {
-    uint64_t room;
-    do
-        room = pd_splitmix64(&D.room_seq) >> 1;
-    while (find_room(room));
-    return room;
-}
 
 void pd__daemon_abort(struct dreq *r, bool user) {
     if (user)
         r->aborted = true;
-    if (D.role == PD_ENGINE_PREFILL && pd_xfer_room_live(D.x, r->room))
-        pd_xfer_room_abort(D.x, r->room, PD_ECANCELED, "the prefill request was aborted");
+    if (D.role->aborting)
+        D.role->aborting(&D, r);
     pd_engine_submit(D.eng, &(struct pd_engine_cmd){.kind = PD_ENGINE_CMD_ABORT, .room = r->room});
 }
 
@@ -734,6 +533,7 @@ static struct dreq *dreq_new(void) {
     r->matched_stop = -1;
     r->matched_token = -1;
     r->t_start = now_s();
+    r->t_waiting = r->t_start; /* prefill: again when its Transfer arrives */
     r->created = (int64_t)time(NULL);
     return r;
 }
@@ -744,7 +544,7 @@ static int prepare_req(struct dreq *r, enum pd_api_kind kind, const char *body, 
                        struct pd_api_error *e) {
     struct pd_api_config ac = {.served_model_name = D.args.served_model_name,
                                .model_path = D.args.model_path,
-                               .disaggregated = !D.coloc,
+                               .disaggregated = D.role->disaggregated,
                                .context_length = D.info.context_length};
     if (pd_api_parse(kind, body, blen, &ac, &r->api, e) != PD_OK)
         return PD_EINVAL;
@@ -787,9 +587,9 @@ static int prepare_req(struct dreq *r, enum pd_api_kind kind, const char *body, 
         r->api.sampling.max_new_tokens = 1; /* the prefill's token is always produced */
         r->prompt_only = true;              /* but not answered (SGLang/vLLM max tokens 0) */
     }
-    r->room = D.coloc ? coloc_room() : r->api.bootstrap_room;
+    r->room = D.role->room ? D.role->room(&D, r) : r->api.bootstrap_room;
     r->n_prompt = (int32_t)ids.n;
-    if (find_room(r->room)) {
+    if (pd__daemon_find_room(r->room)) {
         set_error(e, 400, "bootstrap_room",
                   "bootstrap_room %" PRIu64 " already has a live request on this %s daemon",
                   r->room, role_name());
@@ -826,48 +626,22 @@ static int prepare_req(struct dreq *r, enum pd_api_kind kind, const char *body, 
             pd_api_format_id(r->id, sizeof(r->id), kind == PD_API_CHAT ? "chatcmpl-" : "cmpl-",
                              r->room, seq);
     }
-    if (D.role == PD_ENGINE_DECODE &&
-        pd_detok_new(D.tok, r->api.skip_special_tokens, &r->detok) != PD_OK) {
-        set_error(e, 500, NULL, "%s", pd_error_msg());
+    return D.role->prepare ? D.role->prepare(&D, r, e) : PD_OK;
+}
+
+int pd__daemon_prepare_input_logprobs(struct dreq *r, struct pd_api_error *e) {
+    if (!pd_api_wants_input_logprobs(&r->api, r->n_prompt))
+        return PD_OK;
+    /* scored where the prompt is prefilled; in PD mode the router merges the prefill's
+     * input_token_logprobs into the decode's answer */
+    r->n_in_lp = r->n_prompt - r->api.logprob_start_len;
+    r->ereq->in_lp = pd_calloc((size_t)r->n_in_lp, sizeof(*r->ereq->in_lp));
+    if (!r->ereq->in_lp) {
+        set_error(e, 500, NULL, "out of memory for %d prompt logprobs", r->n_in_lp);
         return PD_ENOMEM;
     }
-    if (D.role == PD_ENGINE_DECODE && r->api.echo) { /* the prompt as sent, or its ids' text */
-        char *t = NULL;
-        size_t tl = 0;
-        rc = r->api.text ? append_text(r, r->api.text, r->api.text_len)
-                         : pd_tokenizer_decode(D.tok, r->api.input_ids, (size_t)r->api.n_input_ids,
-                                               r->api.skip_special_tokens, &t, &tl);
-        if (rc == PD_OK && t)
-            rc = append_text(r, t, tl);
-        pd_free(t);
-        if (rc) {
-            set_error(e, 500, NULL, "echo: %s", pd_error_msg());
-            return rc;
-        }
-        r->echo_len = r->text_len;
-    }
-    if ((D.role == PD_ENGINE_PREFILL || D.coloc) &&
-        pd_api_wants_input_logprobs(&r->api, r->n_prompt)) {
-        /* scored where the prompt is prefilled; in PD mode the router merges the prefill's
-         * input_token_logprobs into the decode's answer */
-        r->n_in_lp = r->n_prompt - r->api.logprob_start_len;
-        r->ereq->in_lp = pd_calloc((size_t)r->n_in_lp, sizeof(*r->ereq->in_lp));
-        if (!r->ereq->in_lp) {
-            set_error(e, 500, NULL, "out of memory for %d prompt logprobs", r->n_in_lp);
-            return PD_ENOMEM;
-        }
-        r->ereq->in_lp_start = r->api.logprob_start_len;
-        r->in_lp = r->ereq->in_lp;
-    }
-    if (D.role == PD_ENGINE_DECODE && r->api.return_logprob) {
-        size_t n = (size_t)r->api.sampling.max_new_tokens;
-        r->lps = pd_calloc(n, sizeof(*r->lps));
-        r->ereq->samples = pd_calloc(n, sizeof(*r->ereq->samples));
-        if (!r->lps || !r->ereq->samples) {
-            set_error(e, 500, NULL, "out of memory for %zu logprobs", n);
-            return PD_ENOMEM;
-        }
-    }
+    r->ereq->in_lp_start = r->api.logprob_start_len;
+    r->in_lp = r->ereq->in_lp;
     return PD_OK;
 }
 
@@ -890,17 +664,8 @@ static int submit_req(struct dreq *r, struct pd_http_req *h, struct pd_api_error
     r->streaming = r->api.stream;
     pd_info("room=%" PRIu64 " rid=%s %s prompt=%d max_new=%d", r->room, r->rid, role_name(),
             (int)r->n_prompt, r->api.sampling.max_new_tokens);
-    if (D.role == PD_ENGINE_PREFILL) {
-        for (int i = 0; i < D.n_early; i++)
-            if (D.early[i].room == r->room) {
-                D.early[i] = D.early[--D.n_early];
-                r->bootstrapped = true;
-                r->t_waiting = now_s();
-                pd_engine_submit(D.eng, &(struct pd_engine_cmd){.kind = PD_ENGINE_CMD_BOOTSTRAPPED,
-                                                                .room = r->room});
-                break;
-            }
-    }
+    if (D.role->submitted)
+        D.role->submitted(&D, r);
     return PD_OK;
 }
 
@@ -917,7 +682,7 @@ static void handle_generate(struct pd_http_req *h, enum pd_api_kind kind) {
     const char *body = pd_http_req_body(h, &blen);
     struct pd_api_config ac = {.served_model_name = D.args.served_model_name,
                                .model_path = D.args.model_path,
-                               .disaggregated = !D.coloc,
+                               .disaggregated = D.role->disaggregated,
                                .context_length = D.info.context_length};
     struct pd_api_split split;
     if (pd_api_split(kind, body, blen, &ac, &split, &e) != PD_OK) {
@@ -1132,11 +897,8 @@ static void finish_shutdown(void) {
     uv_timer_stop(&D.tick);
     uv_close((uv_handle_t *)&D.tick, NULL);
     pd_engine_stop(D.eng); /* what is left ends aborted (HTTP already gone) */
-    pd_bootstrap_server_free(D.bserver);
-    D.bserver = NULL;
-    for (int i = 0; i < D.n_clients; i++)
-        pd_bootstrap_client_free(D.clients[i].c);
-    D.n_clients = 0;
+    if (D.role->stop)
+        D.role->stop(&D);
     pd_xfer_free(D.x);
     D.x = NULL;
     pd_grpc_bridge_free(D.bridge);
@@ -1146,18 +908,8 @@ static void finish_shutdown(void) {
 static void on_tick(uv_timer_t *t) {
     (void)t;
     double now = now_s();
-    for (int i = 0; i < D.n_early;) { /* Transfers whose body never came */
-        if (now - D.early[i].t >= D.bootstrap_timeout) {
-            uint64_t room = D.early[i].room;
-            D.early[i] = D.early[--D.n_early];
-            pd_info("room=%" PRIu64 " transfer without a request timed out", room);
-            if (pd_xfer_room_live(D.x, room))
-                pd_xfer_room_abort(D.x, room, PD_ETIMEDOUT,
-                                   "prefill: no request arrived for this room (bootstrap timeout)");
-            continue;
-        }
-        i++;
-    }
+    if (D.role->tick)
+        D.role->tick(&D, now);
     pd__daemon_probes_expire(&D, now, false);
     if (D.stopping && now >= D.stop_deadline && D.n_live > 0) {
         /* out of time: fail what is left */
@@ -1220,13 +972,11 @@ static int route_all(void) {
     return pd__daemon_route(&D);
 }
 
-static int start_transfer(void);
-
 static int start(void) {
     int rc;
     struct pd_server_args *a = &D.args;
     struct pd_engine_config ec = {
-        .role = D.coloc ? PD_ENGINE_COLOC : D.role,
+        .ops = D.role->ops,
         .mixed_chunk = D.mixed_chunk,
         .new_token_ratio = D.conservativeness != 1.0 ? 0.7 * D.conservativeness : 0,
         .model_path = a->model_path,
@@ -1257,8 +1007,8 @@ static int start(void) {
     if ((rc = pd_engine_new(&ec, &D.eng)) != PD_OK)
         return rc;
     pd_engine_get_info(D.eng, &D.info);
-    if ((rc = pd_serve_metrics_new(D.role, a->served_model_name, D.info.page_size, D.info.n_pages,
-                                   &D.sm)) != PD_OK)
+    if ((rc = pd_serve_metrics_new(D.role->metrics, a->served_model_name, D.info.page_size,
+                                   D.info.n_pages, &D.sm)) != PD_OK)
         return rc;
     if ((rc = pd_tokenizer_new(a->tokenizer_path, &D.tok)) != PD_OK)
         return pd_error_wrap(rc, "loading the tokenizer from %s", a->tokenizer_path);
@@ -1278,9 +1028,8 @@ static int start(void) {
         D.free_slots[i] = D.cap - 1 - i;
     D.n_free = D.cap;
 
-    if (D.coloc) /* nothing leaves this process: no transfer engine, no bootstrap */
-        snprintf(D.transport, sizeof(D.transport), "none");
-    else if ((rc = start_transfer()) != PD_OK)
+    snprintf(D.transport, sizeof(D.transport), "none"); /* until a role starts one */
+    if (D.role->start && (rc = D.role->start(&D)) != PD_OK)
         return rc;
     if ((rc = pd_engine_start(D.eng, &D.loop, on_engine_event, NULL)) != PD_OK)
         return rc;
@@ -1292,17 +1041,7 @@ static int start(void) {
         return rc;
     uv_timer_start(&D.tick, on_tick, 100, 100);
     D.ready = true;
-    if (D.role == PD_ENGINE_PREFILL)
-        printf("pdserve-prefill: READY http=%s:%d bootstrap_port=%d pages=%d transport=%s\n",
-               a->host, pd_http_server_port(D.http), a->disaggregation_bootstrap_port,
-               D.info.n_pages, D.transport);
-    else if (D.coloc)
-        printf("pdserve-decode: READY http=%s:%d pages=%d disaggregation_mode=null "
-               "mixed_chunk=%d\n",
-               a->host, pd_http_server_port(D.http), D.info.n_pages, (int)D.mixed_chunk);
-    else
-        printf("pdserve-decode: READY http=%s:%d pages=%d transport=%s\n", a->host,
-               pd_http_server_port(D.http), D.info.n_pages, D.transport);
+    D.role->ready(&D);
     fflush(stdout);
     pd_info("%s ready: model %s (%s), %d pages of %d tokens, context %d, %s", role_name(),
             a->model_path, D.info.architecture, D.info.n_pages, D.info.page_size,
@@ -1310,12 +1049,12 @@ static int start(void) {
     return PD_OK;
 }
 
-/* The transfer engine on the pool, the layout both sides must agree on, and the bootstrap
- * server (prefill) — everything disaggregation needs beyond the engine. Under tensor
+/* The transfer engine on the pool and the layout both sides must agree on. Under tensor
  * parallelism the pool is one shard per rank, registered as such (xfer.h). */
 _Static_assert(PD_TP_MAX <= PD_XFER_SHARDS_MAX, "every rank's pool is a transfer shard");
 
-static int start_transfer(void) {
+int pd__daemon_start_transfer(struct pd_daemon_state *d) {
+    PD_ASSERT(d == &D);
     int rc;
     struct pd_server_args *a = &D.args;
     struct pd_xfer_config xc = {.ib_devices = a->disaggregation_ib_device,
@@ -1381,23 +1120,10 @@ static int start_transfer(void) {
              pd_xfer_id(D.x));
     if ((rc = pd_cluster_key_load(D.cluster_key_path, D.key, &D.key_len)) != PD_OK)
         return rc;
-    if (D.role == PD_ENGINE_PREFILL) {
-        char addr[300];
-        host_port(addr, sizeof(addr), a->host, a->disaggregation_bootstrap_port);
-        struct pd_bootstrap_server_config sc = {.addr = addr,
-                                                .key = D.key,
-                                                .key_len = D.key_len,
-                                                .layout = D.layout,
-                                                .prefill_id = D.node_id};
-        struct pd_bootstrap_server_callbacks scb = {.on_room = on_bootstrap_room,
-                                                    .on_abort = on_bootstrap_abort};
-        if ((rc = pd_bootstrap_server_new(D.bridge, D.x, &sc, &scb, &D.bserver)) != PD_OK)
-            return pd_error_wrap(rc, "bootstrap server on %s", addr);
-    }
     return PD_OK;
 }
 
-int pd_daemon_main(int role, int argc, char **argv) {
+int pd_daemon_main(const struct pd_role *role, int argc, char **argv) {
     memset(&D, 0, sizeof(D));
     D.role = role;
     D.bootstrap_timeout = 300;
@@ -1405,24 +1131,10 @@ int pd_daemon_main(int role, int argc, char **argv) {
     D.shutdown_timeout = 30;
     D.conservativeness = 1.0;
     pd_server_args_defaults(&D.args);
-    D.args.disaggregation_mode = role == PD_ENGINE_PREFILL ? PD_DISAGG_PREFILL : PD_DISAGG_DECODE;
-    const char *prog = role == PD_ENGINE_PREFILL ? "pdserve-prefill" : "pdserve-decode";
+    D.args.disaggregation_mode = role->disaggregation_mode;
+    const char *prog = role->prog;
     struct pd_flagset fs;
-    pd_flagset_init(
-        &fs, prog,
-        role == PD_ENGINE_PREFILL
-            ? "The prefill daemon of prefill/decode disaggregation: computes prompts in "
-              "page-aligned chunks and writes their KV cache into pages a decode daemon reserved "
-              "(UCX), pairing through its gRPC bootstrap port. Serves the SGLang/OpenAI HTTP "
-              "API; generation bodies must carry bootstrap_host/bootstrap_port/bootstrap_room."
-            : "The decode daemon of prefill/decode disaggregation: reserves KV pages for each "
-              "request, asks the prefill at bootstrap_host:bootstrap_port to fill them, then "
-              "generates the answer in continuous batches and streams it. Serves the "
-              "SGLang/OpenAI HTTP API; generation bodies must carry the bootstrap fields. "
-              "With --disaggregation-mode null it serves alone (colocated): it prefills prompts "
-              "itself in chunks of --chunked-prefill-size, mixed with the running requests' "
-              "decode tokens in one forward step, and takes plain requests (no bootstrap fields; "
-              "any given are ignored).");
+    pd_flagset_init(&fs, prog, role->about);
     pd_server_args_register(&fs, &D.args);
     pd_flag_double(&fs, "--bootstrap-timeout", &D.bootstrap_timeout, "SECONDS", 0.01, 86400,
                    "prefill: a request whose decode never sends its Transfer fails after this");
@@ -1433,21 +1145,8 @@ int pd_daemon_main(int role, int argc, char **argv) {
     pd_flag_string(&fs, "--api-key", &D.api_key, "KEY",
                    "require Authorization: Bearer KEY on the API (not on /health, /metrics)");
     pd_flag_cluster_key(&fs, &D.cluster_key_path);
-    struct pd_flag *f_mixed = NULL, *f_unmixed = NULL;
-    if (role == PD_ENGINE_DECODE) {
-        D.mixed_chunk = true; /* null mode is the mixed-chunk baseline (SGLang's default: off) */
-        f_mixed = pd_flag_bool(&fs, "--enable-mixed-chunk", &D.mixed_chunk,
-                               "--disaggregation-mode null: run prefill chunks and the running "
-                               "requests' decode tokens in one forward step (SGLang's flag; on by "
-                               "default here, =false turns it off)");
-        f_unmixed = pd_flag_bool(&fs, "--disable-mixed-chunk", &D.disable_mixed_flag,
-                                 "--disaggregation-mode null: a step is a prefill batch when one "
-                                 "can be built, else a decode batch (SGLang without "
-                                 "--enable-mixed-chunk)");
-        pd_flag_double(&fs, "--schedule-conservativeness", &D.conservativeness, "F", 0.001, 100,
-                       "scales the output reservation at admission: new_token_ratio starts at "
-                       "0.7 x F (at most 1); lower admits more requests and retracts sooner");
-    }
+    if (role->flags)
+        role->flags(&fs, &D);
     if (pd_flags_parse(&fs, argc, argv) != PD_OK) {
         fprintf(stderr, "%s: %s\n", prog, pd_error_msg());
         return 2;
@@ -1460,28 +1159,8 @@ int pd_daemon_main(int role, int argc, char **argv) {
         fprintf(stderr, "%s: %s\n", prog, pd_error_msg());
         return 2;
     }
-    D.coloc = role == PD_ENGINE_DECODE && D.args.disaggregation_mode == PD_DISAGG_NULL;
-    if (!D.coloc && D.args.disaggregation_mode !=
-                        (role == PD_ENGINE_PREFILL ? PD_DISAGG_PREFILL : PD_DISAGG_DECODE)) {
-        fprintf(stderr, "%s: --disaggregation-mode must be %s for this daemon\n", prog,
-                role == PD_ENGINE_PREFILL ? "prefill" : "decode (or null: colocated)");
+    if (!(D.role = role->configure(&D)))
         return 2;
-    }
-    bool mixed_given = f_mixed && f_mixed->seen, unmixed_given = f_unmixed && f_unmixed->seen;
-    if (mixed_given && D.mixed_chunk && D.disable_mixed_flag) {
-        fprintf(stderr,
-                "%s: --enable-mixed-chunk and --disable-mixed-chunk contradict each other\n", prog);
-        return 2;
-    }
-    if (!D.coloc && (mixed_given || unmixed_given)) {
-        fprintf(stderr,
-                "%s: --enable-mixed-chunk / --disable-mixed-chunk apply to --disaggregation-mode "
-                "null only (a disaggregated decode daemon runs no prefill to mix)\n",
-                prog);
-        return 2;
-    }
-    if (D.disable_mixed_flag)
-        D.mixed_chunk = false;
     pd_log_set_name(role_name());
     D.room_seq = (uint64_t)D.args.random_seed ^ ((uint64_t)getpid() << 32) ^ uv_hrtime();
     signal(SIGPIPE, SIG_IGN);

@@ -29,8 +29,12 @@
 
 #include "common/engine.h"
 
-/* Runs a daemon of role (PD_ENGINE_PREFILL / PD_ENGINE_DECODE) with argv; returns the process
- * exit code (0 after a clean shutdown, 2 for bad flags, 1 when it could not start). */
-int pd_daemon_main(int role, int argc, char **argv);
+/* What a role adds to the daemon (common/daemon_internal.h): pd_prefill_role (prefill/role.c),
+ * pd_decode_role (decode/role.c, which serves colocated with --disaggregation-mode null). */
+struct pd_role;
+
+/* Runs a daemon of role with argv; returns the process exit code (0 after a clean shutdown, 2
+ * for bad flags, 1 when it could not start). */
+int pd_daemon_main(const struct pd_role *role, int argc, char **argv);
 
 #endif

@@ -208,28 +208,8 @@ static void h_server_info(struct pd_http_req *h, void *ud) {
     cJSON_AddNumberToObject(pool, "page_bytes", (double)d->info.page_bytes);
     cJSON_AddStringToObject(extra, "kv_cache_dtype", d->info.kv_cache_dtype);
     cJSON *q = cJSON_AddObjectToObject(extra, "queues");
-    if (d->coloc) {
-        cJSON_AddNumberToObject(q, "waiting", s.q_waiting);
-        cJSON_AddNumberToObject(q, "running", s.q_running);
-        cJSON_AddNumberToObject(q, "retractions", (double)s.retractions);
-        cJSON_AddBoolToObject(extra, "enable_mixed_chunk", d->mixed_chunk);
-        cJSON_AddNumberToObject(extra, "steps", (double)s.steps);
-        cJSON_AddNumberToObject(extra, "mixed_steps", (double)s.mixed_steps);
-    } else if (d->role == PD_ENGINE_PREFILL) {
-        cJSON_AddNumberToObject(q, "bootstrap", s.q_bootstrap);
-        cJSON_AddNumberToObject(q, "waiting", s.q_waiting);
-        cJSON_AddNumberToObject(q, "inflight", s.q_inflight);
-    } else {
-        cJSON_AddNumberToObject(q, "prealloc", s.q_prealloc);
-        cJSON_AddNumberToObject(q, "transfer", s.q_transfer);
-        cJSON_AddNumberToObject(q, "running", s.q_running);
-        cJSON_AddNumberToObject(q, "retractions", (double)s.retractions);
-    }
+    d->role->server_info(d, &s, extra, q);
     cJSON_AddNumberToObject(q, "draining", s.q_draining);
-    if (d->role != PD_ENGINE_PREFILL) { /* where output tokens were chosen (greedy_on_device) */
-        cJSON_AddNumberToObject(extra, "sampled_on_device", (double)s.sampled_on_device);
-        cJSON_AddNumberToObject(extra, "sampled_on_host", (double)s.sampled_on_host);
-    }
     if (d->x) { /* the transfer engine's own counters (loop thread, as every xfer call) */
         struct pd_xfer_info xi;
         pd_xfer_get_info(d->x, &xi);
@@ -284,13 +264,13 @@ static void h_loads(struct pd_http_req *h, void *ud) {
     struct pd_daemon_state *d = ud;
     struct pd_engine_stats s;
     load_now(d, &s);
-    struct pd_api_rank_load l = {
-        .num_running_reqs = d->role == PD_ENGINE_DECODE ? s.q_running : s.q_inflight,
-        .num_waiting_reqs = d->role == PD_ENGINE_DECODE
-                                ? s.q_prealloc + s.q_transfer + s.q_waiting /* colocated */
-                                : s.q_bootstrap + s.q_waiting,
-        .num_used_tokens = (int64_t)s.pages_used * d->info.page_size,
-        .max_total_num_tokens = (int64_t)s.pages_total * d->info.page_size};
+    int32_t running, waiting;
+    d->role->metrics->load(&s, &running, &waiting);
+    struct pd_api_rank_load l = {.num_running_reqs = running,
+                                 .num_waiting_reqs = waiting,
+                                 .num_used_tokens = (int64_t)s.pages_used * d->info.page_size,
+                                 .max_total_num_tokens =
+                                     (int64_t)s.pages_total * d->info.page_size};
     char ts[40];
     time_t t = time(NULL);
     struct tm tm;

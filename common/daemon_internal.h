@@ -1,8 +1,9 @@
 /*
  * daemon_internal.h — what daemon.c (the loop, the request table, generation requests, the
- * transfer and bootstrap events) and daemon_http.c (the endpoints beyond generation: health,
- * server and model info, loads, metrics, abort, flush, tokenize) share: the daemon's state and
- * its request records. Internal to those two files.
+ * transfer events), daemon_http.c (the endpoints beyond generation: health, server and model
+ * info, loads, metrics, abort, flush, tokenize) and the roles (prefill/role.c, decode/role.c)
+ * share: the daemon's state, its request records, and struct pd_role — what a role adds to the
+ * shared daemon. common/ never asks which role runs: it calls the role's hooks.
  */
 #ifndef PD_DAEMON_INTERNAL_H
 #define PD_DAEMON_INTERNAL_H
@@ -22,11 +23,10 @@
 #include "common/serve_metrics.h"
 #include "common/server_args.h"
 #include "common/xfer.h"
+#include "common/base/flags.h"
 #include "model/jinja/chat_template.h"
 #include "model/tokenizer/tokenizer.h"
 
-#define MAX_CLIENTS 64       /* distinct prefills one decode talks to */
-#define MAX_EARLY_ROOMS 4096 /* prefill: Transfers that came before their HTTP body */
 #define MAX_PROBES 16        /* /health_generate calls waiting for the compute thread */
 #define PROBE_TIMEOUT_S 20.0 /* ... before they answer 503 (SGLang waits 20 s too) */
 
@@ -47,7 +47,8 @@ struct dreq {
     int64_t created;
     /* metrics (serve_metrics.h says what each timing measures) */
     double t_last_token;   /* decode: the last output token reached the client's connection */
-    double t_waiting;      /* prefill: entered the waiting queue (its Transfer arrived) */
+    double t_waiting;      /* entered the scheduler's waiting queue (queue time counts from it):
+                              prefill when its Transfer arrived, decode and colocated on arrival */
     double t_xfer;         /* prefill: first pages posted; decode: Transfer sent */
     double xfer_bytes;     /* prefill: bytes posted */
     bool ending;           /* end_request runs: room endings it causes are not failures */
@@ -75,9 +76,9 @@ struct dreq {
     bool streaming, first_chunk_sent;
     bool stopped_here; /* a stop string ended it: the engine's END is a formality */
     /* transfer */
-    bool bootstrapped; /* prefill: Transfer arrived */
-    bool xfer_live;    /* decode: room handed to the bootstrap client, not ended */
-    pd_bootstrap_client_t *client;
+    bool bootstrapped;                  /* prefill: Transfer arrived */
+    bool xfer_live;                     /* decode: room handed to the bootstrap client, not ended */
+    struct pd_bootstrap_client *client; /* decode: the client of the room's prefill */
     int cached_tokens;
     int fail_status;
     char fail_msg[256];
@@ -103,11 +104,6 @@ struct dgroup {
     int64_t created;
 };
 
-struct early_room {
-    uint64_t room;
-    double t;
-};
-
 /* A /health_generate call waiting for its PROBE event; http NULL once the caller left. */
 struct probe {
     uint64_t id; /* 0: slot free */
@@ -115,15 +111,9 @@ struct probe {
     double t;
 };
 
-struct client_slot {
-    char target[300];
-    pd_bootstrap_client_t *c;
-};
-
 struct pd_daemon_state {
-    int role;
-    bool coloc;       /* pdserve-decode --disaggregation-mode null: prefill and decode here */
-    bool mixed_chunk; /* colocated: prefill chunks and decode tokens in one step */
+    const struct pd_role *role; /* the one running (decode's configure may pick colocated) */
+    bool mixed_chunk;           /* colocated: prefill chunks and decode tokens in one step */
     bool disable_mixed_flag;
     double conservativeness; /* decode roles: SGLang's --schedule-conservativeness */
     uint64_t room_seq;       /* colocated: rooms are drawn here */
@@ -144,9 +134,6 @@ struct pd_daemon_state {
     pd_grpc_bridge_t *bridge;
     pd_xfer_t *x;
     struct pd_devmem *dm; /* --device cuda: the transfer's copies (freed after the loop) */
-    pd_bootstrap_server_t *bserver;
-    struct client_slot clients[MAX_CLIENTS];
-    int n_clients;
     struct pd_bootstrap_layout layout;
     char node_id[64];
     char transport[128];
@@ -155,8 +142,6 @@ struct pd_daemon_state {
     struct dreq **reqs; /* [cap] */
     int32_t *free_slots;
     int32_t n_free, cap, n_live;
-    struct early_room early[MAX_EARLY_ROOMS];
-    int n_early;
     struct probe probes[MAX_PROBES];
     uint64_t probe_seq;
     int64_t n_probe_ok, n_probe_busy, n_probe_failed;
@@ -168,13 +153,83 @@ struct pd_daemon_state {
     struct pd_serve_metrics *sm;
 };
 
+/* What a role adds to the daemon. Hooks run on the loop thread; NULL: nothing to do. */
+struct pd_role {
+    const char *name;                /* "prefill", "decode", "colocated": logs, node id */
+    const char *prog;                /* the binary: "pdserve-prefill" */
+    const char *about;               /* its --help summary */
+    int disaggregation_mode;         /* --disaggregation-mode's default (server_args.h) */
+    const struct pd_engine_ops *ops; /* the compute thread's role (engine.h) */
+    bool disaggregated;              /* requests carry bootstrap fields (api.h's config) */
+    const char *timeout_msg;         /* the answer to a request its scheduler timed out */
+
+    /* flags: the role's own, registered after the shared ones; configure: after parsing, the
+     * role that runs (decode: colocated for --disaggregation-mode null), or NULL after
+     * printing why the flags do not fit (exit 2) */
+    void (*flags)(struct pd_flagset *fs, struct pd_daemon_state *d);
+    const struct pd_role *(*configure)(struct pd_daemon_state *d);
+    /* start: after the engine, before it runs (the transfer engine, the bootstrap side; sets
+     * d->transport); ready: the READY line on stdout; stop: at shutdown, after the engine
+     * stopped and before the transfer engine is freed; tick: every 100 ms */
+    int (*start)(struct pd_daemon_state *d);
+    void (*ready)(struct pd_daemon_state *d);
+    void (*stop)(struct pd_daemon_state *d);
+    void (*tick)(struct pd_daemon_state *d, double now);
+
+    /* a request: room: its room (NULL: the body's bootstrap_room); prepare: the role's part of
+     * it once its engine request exists (e says why not); submitted: the engine has it;
+     * aborting: the daemon aborts it (user, client gone, shutdown) */
+    uint64_t (*room)(struct pd_daemon_state *d, struct dreq *r);
+    int (*prepare)(struct pd_daemon_state *d, struct dreq *r, struct pd_api_error *e);
+    void (*submitted)(struct pd_daemon_state *d, struct dreq *r);
+    void (*aborting)(struct pd_daemon_state *d, struct dreq *r);
+
+    /* engine events (r NULL: no live request of the event's): SEND, ADMIT, QUIESCE; ending:
+     * the END of r with its final reason, before it is counted and answered */
+    void (*on_send)(struct pd_daemon_state *d, struct dreq *r, const struct pd_engine_event *ev);
+    void (*on_admit)(struct pd_daemon_state *d, struct dreq *r, const struct pd_engine_event *ev);
+    void (*on_quiesce)(struct pd_daemon_state *d, struct dreq *r, const struct pd_engine_event *ev);
+    void (*ending)(struct pd_daemon_state *d, struct dreq *r, const struct pd_engine_event *ev,
+                   int reason);
+
+    /* transfer engine events: a room ended (r: its live request or NULL; n: the done notice,
+     * decode side only), a peer's endpoint closed */
+    void (*room_end)(struct pd_daemon_state *d, struct dreq *r, uint64_t room, int status,
+                     const struct pd_xfer_notice *n);
+    void (*peer_closed)(struct pd_daemon_state *d, pd_xfer_peer_t *p);
+
+    /* /server_info: the role's queues (into queues) and facts (into extra) */
+    void (*server_info)(struct pd_daemon_state *d, const struct pd_engine_stats *s,
+                        struct cJSON *extra, struct cJSON *queues);
+    /* /metrics: its series beyond the shared ones, and its requests running and waiting (also
+     * /get_loads) */
+    const struct pd_serve_metrics_role *metrics;
+};
+
 static inline double now_s(void) {
     return (double)uv_hrtime() / 1e9;
 }
 
-/* daemon.c: the live request of a client's rid (NULL: none); its abort (user: by the client). */
+/* daemon.c: the live request of a client's rid or of a room (NULL: none); its abort (user: by
+ * the client). */
 struct dreq *pd__daemon_find_rid(const char *rid);
+struct dreq *pd__daemon_find_room(uint64_t room);
 void pd__daemon_abort(struct dreq *r, bool user);
+/* daemon.c: one more output token of r (decode and colocated; index: its output position);
+ * smp: the engine's record with top logprobs, or NULL. */
+void pd__daemon_take_token(struct dreq *r, int32_t token, int index, int finish, float logprob,
+                           const struct pd_sample *smp);
+/* daemon.c: s[0..n) appended to r's answer text. PD_ENOMEM. */
+int pd__daemon_append_text(struct dreq *r, const char *s, size_t n);
+/* daemon.c: prompt logprobs for r when its body asks for them (prefill, colocated: where the
+ * prompt is prefilled); e says why not. */
+int pd__daemon_prepare_input_logprobs(struct dreq *r, struct pd_api_error *e);
+/* daemon.c: "host:port" for gRPC (an IPv6 host in brackets). */
+void pd__daemon_host_port(char *out, size_t size, const char *host, int port);
+/* daemon.c: the transfer engine on the KV pool and the layout both sides must agree on
+ * (d->x, d->layout, d->node_id, d->key, d->transport): what disaggregation needs beyond the
+ * engine, before the role's bootstrap side. */
+int pd__daemon_start_transfer(struct pd_daemon_state *d);
 
 /* daemon_http.c */
 void pd__daemon_respond_error(struct pd_http_req *h, int status, const char *type,

@@ -2,9 +2,11 @@
  * engine.h — a daemon's compute thread (DESIGN.md §2a): it owns the model with its backend and
  * KV pool (over tp_size ranks: common/tp_group.h, whose workers it drives in lockstep), the page
  * allocator, the prefix cache (prefill) and one scheduler (prefill or decode flavour), and runs
- * one step at a time. The loop thread talks to it only through two bounded
- * SPSC queues: commands in (pd_engine_submit; the compute thread is woken by a condition
- * variable), events out (drained on the loop by a uv_async_t into the event callback).
+ * one step at a time. What differs by role lives with the role (prefill/engine_prefill.c,
+ * decode/engine_decode.c, decode/engine_coloc.c) behind the op table the config names. The loop
+ * thread talks to it only through two bounded SPSC queues: commands in (pd_engine_submit; the
+ * compute thread is woken by a condition variable), events out (drained on the loop by a uv_async_t
+ * into the event callback).
  *
  * Prefill: ADD puts a request in bootstrap; BOOTSTRAPPED (decode's Transfer arrived) moves it to
  * waiting; each step runs one chunked-prefill batch through pd_model_extend and reports the pages
@@ -42,14 +44,12 @@
 #include "common/sampling.h"
 #include "common/tp.h"
 
-enum pd_engine_role {
-    PD_ENGINE_PREFILL = 1,
-    PD_ENGINE_DECODE = 2,
-    PD_ENGINE_COLOC = 3, /* prefill and decode in one daemon (disaggregation mode null) */
-};
+struct pd_engine_ops; /* a role's part of the compute thread (common/engine_internal.h) */
 
 struct pd_engine_config {
-    int role; /* enum pd_engine_role */
+    /* the role: &pd_engine_prefill_ops (prefill/engine_prefill.h), &pd_engine_decode_ops or
+     * &pd_engine_coloc_ops (decode/engine_decode.h) */
+    const struct pd_engine_ops *ops;
     const char *model_path;
     int device;               /* enum pd_backend_kind: PD_BACKEND_CPU or PD_BACKEND_CUDA */
     int device_index;         /* cuda: which GPU (rank r of tensor parallelism: this + r) */
@@ -194,7 +194,6 @@ struct pd_engine_stats {
 
 /* Facts for /server_info, the bootstrap layout and the transfer engine. */
 struct pd_engine_info {
-    int role;
     int vocab_size;
     int context_length;
     int n_layers, kv_heads, head_dim, page_size; /* kv_heads: per rank */

@@ -69,13 +69,9 @@ static int add_labelled(struct pd_serve_metrics *sm, int kind, const char *name,
 
 static int add_all(struct pd_serve_metrics *sm, int32_t n_pages) {
     int rc = PD_OK;
-    bool prefill = sm->role == PD_ENGINE_PREFILL;
-    ADD(num_running, PD_METRIC_GAUGE, "sglang:num_running_reqs",
-        prefill ? "The number of running requests (prefill: KV transfers in flight)."
-                : "The number of running requests (decode: in the running batch).");
-    ADD(num_queue, PD_METRIC_GAUGE, "sglang:num_queue_reqs",
-        prefill ? "The number of requests in the waiting queue (bootstrap + waiting)."
-                : "The number of requests in the waiting queue (prealloc + transfer).");
+    const struct pd_serve_metrics_role *role = sm->role;
+    ADD(num_running, PD_METRIC_GAUGE, "sglang:num_running_reqs", role->running_help);
+    ADD(num_queue, PD_METRIC_GAUGE, "sglang:num_queue_reqs", role->queue_help);
     ADD(token_usage, PD_METRIC_GAUGE, "sglang:token_usage",
         "The token usage: share of the KV pool held by requests (prefix-cache-only pages count "
         "as free: they are evictable).");
@@ -111,20 +107,11 @@ static int add_all(struct pd_serve_metrics *sm, int32_t n_pages) {
     /* prefill's chunked-prefill queue; on decode, the colocated mode's (0 in PD decode) */
     ADD(q_waiting, PD_METRIC_GAUGE, "pdserve:num_waiting_queue_reqs",
         "Requests in the chunked-prefill scheduler's waiting queue (prefill, or colocated).");
-    if (prefill) {
-        ADD(q_prefill_prealloc, PD_METRIC_GAUGE, "sglang:num_prefill_prealloc_queue_reqs",
-            "The number of requests in the prefill prealloc queue (pdserve: the bootstrap queue).");
-        ADD(q_bootstrap, PD_METRIC_GAUGE, "pdserve:num_bootstrap_queue_reqs",
-            "Prefill requests waiting for their decode's Transfer (destination pages).");
-        ADD(q_inflight, PD_METRIC_GAUGE, "sglang:num_prefill_inflight_queue_reqs",
-            "The number of requests in the prefill inflight queue (KV transfers posted).");
-    } else {
-        ADD(q_prealloc, PD_METRIC_GAUGE, "sglang:num_decode_prealloc_queue_reqs",
-            "The number of requests in the decode prealloc queue (waiting for KV pages).");
-        ADD(q_transfer, PD_METRIC_GAUGE, "sglang:num_decode_transfer_queue_reqs",
-            "The number of requests in the decode transfer queue (waiting for the KV cache).");
-        ADD(retracted, PD_METRIC_COUNTER, "sglang:num_retracted_requests_total",
-            "Total number of retracted requests (recomputed locally).");
+    for (int i = 0; !rc && i < role->n_series; i++) {
+        const struct pd_serve_metrics_series *x = &role->series[i];
+        rc = pd_metrics_single(
+            sm->reg, &(struct pd_metric_desc){.kind = x->kind, .name = x->name, .help = x->help},
+            &sm->role_series[i]);
     }
     ADD(prompt_tokens, PD_METRIC_COUNTER, "sglang:prompt_tokens_total",
         "Number of prefill tokens processed (prompts of finished or aborted requests).");
@@ -144,19 +131,15 @@ static int add_all(struct pd_serve_metrics *sm, int32_t n_pages) {
         "The number of transfer failed requests.");
     ADD_HIST(ttft, "sglang:time_to_first_token_seconds",
              "Histogram of time to first token in seconds.", TTFT_BOUNDS);
-    if (!prefill)
+    if (role->itl)
         ADD_HIST(itl, "sglang:inter_token_latency_seconds",
                  "Histogram of inter-token latency in seconds.", ITL_BOUNDS);
     ADD_HIST(e2e, "sglang:e2e_request_latency_seconds",
              "Histogram of End-to-end request latency in seconds", E2E_BOUNDS);
     ADD_HIST(queue_time, "sglang:queue_time_seconds", "Histogram of queueing time in seconds.",
              QUEUE_BOUNDS);
-    ADD(kv_bytes, PD_METRIC_COUNTER, "pdserve:kv_transfer_bytes_total",
-        prefill ? "KV cache bytes sent to decode daemons (completed transfers)."
-                : "KV cache bytes received from prefill daemons (completed transfers).");
-    ADD_HIST(kv_latency, "pdserve:kv_transfer_latency_seconds",
-             prefill ? "KV transfer latency: first pages posted to done notice sent."
-                     : "KV transfer latency: Transfer sent to done notice received.",
+    ADD(kv_bytes, PD_METRIC_COUNTER, "pdserve:kv_transfer_bytes_total", role->kv_bytes_help);
+    ADD_HIST(kv_latency, "pdserve:kv_transfer_latency_seconds", role->kv_latency_help,
              KV_LATENCY_BOUNDS);
     if (!rc)
         rc = add_labelled(sm, PD_METRIC_COUNTER, "pdserve:kv_transfer_failures_total",
@@ -176,12 +159,13 @@ static int add_all(struct pd_serve_metrics *sm, int32_t n_pages) {
     return rc;
 }
 
-int pd_serve_metrics_new(int role, const char *model_name, int page_size, int32_t n_pages,
-                         struct pd_serve_metrics **out) {
+int pd_serve_metrics_new(const struct pd_serve_metrics_role *role, const char *model_name,
+                         int page_size, int32_t n_pages, struct pd_serve_metrics **out) {
     *out = NULL;
     struct pd_serve_metrics *sm = pd_calloc(1, sizeof(*sm));
     if (!sm)
         return pd_errorf(PD_ENOMEM, "daemon metrics");
+    PD_ASSERT(role->n_series <= PD_SERVE_METRICS_ROLE_MAX);
     sm->role = role;
     sm->page_size = page_size;
     const char *names[] = {"model_name"}, *values[] = {model_name ? model_name : ""};
@@ -222,12 +206,11 @@ int pd_serve_metrics_kv_reason(int status) {
 
 int pd_serve_metrics_scrape(struct pd_serve_metrics *sm, const struct pd_engine_stats *s,
                             const int64_t health[3], char **out, size_t *len) {
-    bool prefill = sm->role == PD_ENGINE_PREFILL;
     double ps = sm->page_size;
-    pd_metric_set(sm->num_running, prefill ? s->q_inflight : s->q_running);
-    pd_metric_set(sm->num_queue,
-                  prefill ? s->q_bootstrap + s->q_waiting
-                          : s->q_prealloc + s->q_transfer + s->q_waiting /* colocated */);
+    int32_t running, waiting;
+    sm->role->load(s, &running, &waiting);
+    pd_metric_set(sm->num_running, running);
+    pd_metric_set(sm->num_queue, waiting);
     pd_metric_set(sm->token_usage, s->pages_total ? (double)s->pages_used / s->pages_total : 0);
     pd_metric_set(sm->num_used_tokens, s->pages_used * ps);
     pd_metric_set(sm->max_total_tokens, s->pages_total * ps);
@@ -236,15 +219,8 @@ int pd_serve_metrics_scrape(struct pd_serve_metrics *sm, const struct pd_engine_
     pd_metric_set(sm->q_waiting, s->q_waiting);
     double prompt = pd_metric_value(sm->prompt_tokens);
     pd_metric_set(sm->cache_hit_rate, prompt > 0 ? pd_metric_value(sm->cached_tokens) / prompt : 0);
-    if (prefill) {
-        pd_metric_set(sm->q_prefill_prealloc, s->q_bootstrap);
-        pd_metric_set(sm->q_bootstrap, s->q_bootstrap);
-        pd_metric_set(sm->q_inflight, s->q_inflight);
-    } else {
-        pd_metric_set(sm->q_prealloc, s->q_prealloc);
-        pd_metric_set(sm->q_transfer, s->q_transfer);
-        pd_metric_set(sm->retracted, (double)s->retractions);
-    }
+    for (int i = 0; i < sm->role->n_series; i++)
+        pd_metric_set(sm->role_series[i], sm->role->series[i].value(s));
     for (int i = 0; i < 3; i++)
         pd_metric_set(sm->health[i], (double)health[i]);
     return pd_metrics_render(sm->reg, out, len);

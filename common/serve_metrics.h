@@ -40,30 +40,50 @@ enum pd_kv_fail_reason {
     PD_KV_FAIL_N,
 };
 
+#define PD_SERVE_METRICS_ROLE_MAX 8
+
+/* One series a role adds (its queues): set from the engine's counters at every scrape. */
+struct pd_serve_metrics_series {
+    int kind; /* PD_METRIC_GAUGE, or PD_METRIC_COUNTER for a running total */
+    const char *name, *help;
+    double (*value)(const struct pd_engine_stats *s);
+};
+
+/* What a role's daemon exports beyond the shared series (struct pd_role.metrics). */
+struct pd_serve_metrics_role {
+    /* the help of sglang:num_running_reqs and sglang:num_queue_reqs, which load fills */
+    const char *running_help, *queue_help;
+    void (*load)(const struct pd_engine_stats *s, int32_t *running, int32_t *waiting);
+    const char *kv_bytes_help, *kv_latency_help; /* the transfer's direction */
+    bool itl;                                    /* it streams output: inter-token latency */
+    int n_series;                                /* <= PD_SERVE_METRICS_ROLE_MAX */
+    const struct pd_serve_metrics_series *series;
+};
+
 struct pd_serve_metrics {
     struct pd_metrics *reg;
-    int role; /* enum pd_engine_role */
+    const struct pd_serve_metrics_role *role;
     int page_size;
     /* gauges set at scrape time */
     struct pd_metric *num_running, *num_queue, *token_usage, *num_used_tokens, *max_total_tokens,
         *cache_hit_rate, *cache_config, *prefix_cache_tokens, *num_draining;
-    struct pd_metric *q_prefill_prealloc, *q_bootstrap, *q_waiting, *q_inflight; /* prefill */
-    struct pd_metric *q_prealloc, *q_transfer;                                   /* decode */
-    struct pd_metric *retracted;                                                 /* decode */
-    struct pd_metric *health[3]; /* ok/busy/failed */
+    struct pd_metric *q_waiting;
+    struct pd_metric *role_series[PD_SERVE_METRICS_ROLE_MAX]; /* role->series */
+    struct pd_metric *health[3];                              /* ok/busy/failed */
     /* counters set where the event happens */
     struct pd_metric *prompt_tokens, *generation_tokens, *cached_tokens, *num_requests,
         *num_aborted, *num_failed, *bootstrap_failed, *transfer_failed;
     /* histograms */
-    struct pd_metric *ttft, *itl, *e2e, *queue_time;
+    struct pd_metric *ttft, *itl, *e2e, *queue_time; /* itl: NULL unless role->itl */
     /* KV transfer */
     struct pd_metric *kv_bytes, *kv_latency, *kv_fail[PD_KV_FAIL_N];
     struct pd_metric *kv_last_speed_gb_s, *kv_last_latency_ms, *kv_last_total_mb;
 };
 
-/* All series of role's daemon, created now (nothing is allocated on the request path). */
-int pd_serve_metrics_new(int role, const char *model_name, int page_size, int32_t n_pages,
-                         struct pd_serve_metrics **out);
+/* All series of role's daemon, created now (nothing is allocated on the request path). role
+ * must outlive sm. */
+int pd_serve_metrics_new(const struct pd_serve_metrics_role *role, const char *model_name,
+                         int page_size, int32_t n_pages, struct pd_serve_metrics **out);
 void pd_serve_metrics_free(struct pd_serve_metrics *sm);
 
 /* One KV transfer that completed: bytes moved in seconds. */

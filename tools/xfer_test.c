@@ -27,7 +27,8 @@
 #include <uv.h>
 
 #include "common/base/alloc.h"
-#include "common/bootstrap.h"
+#include "decode/bootstrap_client.h"
+#include "prefill/bootstrap_server.h"
 #include "common/base/flags.h"
 #include "common/grpc_bridge.h"
 #include "common/base/log.h"

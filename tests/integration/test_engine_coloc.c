@@ -1,5 +1,5 @@
 /*
- * test_engine_coloc.c — the colocated engine (PD_ENGINE_COLOC: what pdserve-decode
+ * test_engine_coloc.c — the colocated engine (pd_engine_coloc_ops: what pdserve-decode
  * --disaggregation-mode null runs) in one process on a libuv loop, without HTTP, with the
  * scheduler's own check after every step (PD_ENGINE_CHECK).
  *
@@ -17,6 +17,7 @@
 #include <uv.h>
 
 #include "common/engine.h"
+#include "decode/engine_decode.h"
 #include "common/base/log.h"
 #include "tools/mkmodel/mkmodel.h"
 #include "common/sched_common.h"
@@ -127,7 +128,7 @@ static bool pool_full(int ms) {
 static bool on_device; /* greedy_on_device for the engines start() makes */
 
 static void start(int64_t n_pages, bool mixed, double ratio) {
-    struct pd_engine_config cfg = {.role = PD_ENGINE_COLOC,
+    struct pd_engine_config cfg = {.ops = &pd_engine_coloc_ops,
                                    .greedy_on_device = on_device,
                                    .model_path = model_dir,
                                    .threads = 1,

@@ -18,6 +18,8 @@
 
 #include "common/base/alloc.h"
 #include "common/engine.h"
+#include "decode/engine_decode.h"
+#include "prefill/engine_prefill.h"
 #include "common/base/log.h"
 #include "tools/mkmodel/mkmodel.h"
 #include "common/model.h"
@@ -241,8 +243,9 @@ static bool pools_full(int ms) {
 
 static double ratio; /* decode's new_token_ratio; 0 = SGLang's */
 
-static void start_side(struct side *s, int role, int64_t n_pages, double timeout_s) {
-    struct pd_engine_config cfg = {.role = role,
+static void start_side(struct side *s, const struct pd_engine_ops *ops, int64_t n_pages,
+                       double timeout_s) {
+    struct pd_engine_config cfg = {.ops = ops,
                                    .model_path = model_dir,
                                    .threads = 1,
                                    .page_size = PAGE,
@@ -262,8 +265,8 @@ static void start_side(struct side *s, int role, int64_t n_pages, double timeout
     CHECK_OK(pd_xfer_new(&loop, &xc, &cb, &s->x));
     CHECK_OK(pd_xfer_register_pool(s->x, s->info.pool_base, s->info.page_bytes,
                                    (uint32_t)s->info.n_pages));
-    CHECK_OK(pd_engine_start(s->eng, &loop,
-                             role == PD_ENGINE_PREFILL ? on_prefill_event : on_decode_event, NULL));
+    CHECK_OK(pd_engine_start(
+        s->eng, &loop, ops == &pd_engine_prefill_ops ? on_prefill_event : on_decode_event, NULL));
 }
 
 static void pair_sides(void) {
@@ -407,8 +410,8 @@ static void test_tokens_equal(void) {
     add_job(300, 12, &jobs[14]); /* extends the 257-token prompt */
     for (int i = 0; i < n_jobs; i++)
         reference(&jobs[i]);
-    start_side(&P, PD_ENGINE_PREFILL, 256, 30);
-    start_side(&D, PD_ENGINE_DECODE, 256, 30);
+    start_side(&P, &pd_engine_prefill_ops, 256, 30);
+    start_side(&D, &pd_engine_decode_ops, 256, 30);
     pair_sides();
     /* the first wave primes the prefix cache; the prefix sharers come after */
     int first = n_jobs - 3;
@@ -434,11 +437,11 @@ static void test_retraction(void) {
         reference(&jobs[i]);
         jobs[i].max_new = jobs[i].n_ref; /* no early EOS: every request runs its length */
     }
-    start_side(&P, PD_ENGINE_PREFILL, 256, 30);
+    start_side(&P, &pd_engine_prefill_ops, 256, 30);
     /* a low reservation admits 7 requests of 3 prompt pages into 24 pages; growing to 7 pages
      * each, they cannot all fit */
     ratio = 0.02;
-    start_side(&D, PD_ENGINE_DECODE, 24, 30);
+    start_side(&D, &pd_engine_decode_ops, 24, 30);
     ratio = 0;
     pair_sides();
     for (int i = 0; i < n_jobs; i++)
@@ -464,8 +467,8 @@ static void test_failures(void) {
     add_job(20, 10, NULL);
     for (int i = 1; i < n_jobs; i++)
         reference(&jobs[i]);
-    start_side(&P, PD_ENGINE_PREFILL, 128, 1.0);
-    start_side(&D, PD_ENGINE_DECODE, 128, 1.5);
+    start_side(&P, &pd_engine_prefill_ops, 128, 1.0);
+    start_side(&D, &pd_engine_decode_ops, 128, 1.5);
     pair_sides();
     double t0 = (double)uv_hrtime() / 1e9;
     for (int i = 0; i < n_jobs; i++)

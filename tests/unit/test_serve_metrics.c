@@ -6,6 +6,8 @@
 
 #include "common/base/alloc.h"
 #include "common/serve_metrics.h"
+#include "decode/role.h"
+#include "prefill/role.h"
 #include "pd_prom_check.h"
 
 static const char *line_of(const char *txt, const char *prefix) {
@@ -20,7 +22,7 @@ static double value_of(const char *txt, const char *prefix) {
 
 static void test_prefill_scrape(void) {
     struct pd_serve_metrics *sm;
-    CHECK_OK(pd_serve_metrics_new(PD_ENGINE_PREFILL, "m\"1", 16, 100, &sm));
+    CHECK_OK(pd_serve_metrics_new(&pd_prefill_metrics, "m\"1", 16, 100, &sm));
     struct pd_engine_stats s = {.pages_total = 100,
                                 .pages_free = 60,
                                 .pages_used = 25,
@@ -82,7 +84,7 @@ static void test_prefill_scrape(void) {
 
 static void test_decode_scrape(void) {
     struct pd_serve_metrics *sm;
-    CHECK_OK(pd_serve_metrics_new(PD_ENGINE_DECODE, "d", 32, 10, &sm));
+    CHECK_OK(pd_serve_metrics_new(&pd_decode_metrics, "d", 32, 10, &sm));
     struct pd_engine_stats s = {
         .pages_total = 10, .q_prealloc = 1, .q_transfer = 5, .q_running = 9, .retractions = 4};
     const int64_t health[3] = {0, 0, 0};
@@ -118,7 +120,7 @@ static void test_alloc_failures(void) {
         struct pd_serve_metrics *sm = NULL;
         pd_alloc_fail_after(k);
         int rc =
-            pd_serve_metrics_new(k % 2 ? PD_ENGINE_DECODE : PD_ENGINE_PREFILL, "x", 16, 8, &sm);
+            pd_serve_metrics_new(k % 2 ? &pd_decode_metrics : &pd_prefill_metrics, "x", 16, 8, &sm);
         pd_alloc_fail_after(-1);
         CHECK(rc == PD_OK || rc == PD_ENOMEM);
         CHECK((rc == PD_OK) == (sm != NULL));

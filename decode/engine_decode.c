@@ -1,0 +1,262 @@
+/*
+ * engine_decode.c — the decode role of the compute thread (common/engine_internal.h's ops):
+ * requests enter prealloc; when their prompt pages are reserved EV_ADMIT asks the loop to send
+ * the Transfer; the done notice (XFER_END) carries the prefill's first token; then one token per
+ * running request per step (EV_TOKEN) until it finishes. A request retracted for pages comes back
+ * in as a local one whose KV one extend rebuilds here.
+ */
+#include "decode/engine_decode.h"
+
+#include "common/engine_internal.h"
+#include "common/sched_decode.h"
+#include "common/tp_group.h"
+
+#include "common/base/log.h"
+#include "common/base/status.h"
+
+#include <inttypes.h>
+
+static void decode_add(struct pd_engine *e, struct pd_engine_req *r, double now) {
+    int rc = pd__engine_sampler_init(e, r, &r->sp);
+    r->has_sampler = rc == PD_OK;
+    if (!rc)
+        rc = pd__engine_register(e, r);
+    if (!rc) {
+        rc = pd_sched_decode_add(e->sched, r->room, r->n_prompt, r->sp.max_new_tokens, now);
+        if (rc)
+            pd__engine_unregister(e, r);
+    }
+    if (rc) {
+        pd_warn("room=%" PRIu64 " refused by the decode scheduler: %s", r->room, pd_error_msg());
+        pd__engine_emit_end(e, r, PD_END_FAILED, rc, 0);
+    }
+}
+
+static void decode_xfer_end(struct pd_engine *e, const struct pd_engine_cmd *c, double now) {
+    struct pd_engine_req *r = pd__engine_find(e, c->room);
+    if (!r)
+        return;
+    if (c->status == PD_OK && !r->aborted && r->n_out == 0) {
+        if (c->first_token < 0 || c->first_token >= e->vocab) {
+            pd_warn("room=%" PRIu64 " done notice carries token %d outside the vocabulary", r->room,
+                    (int)c->first_token);
+            (void)pd_sched_decode_transfer_done(e->sched, c->room, PD_EINVAL, now);
+            (void)pd_sched_decode_release(e->sched, c->room);
+            return;
+        }
+        enum pd_finish fin;
+        pd_sampler_accept(&r->sampler, c->first_token, &fin);
+        pd__engine_pen_release(e, r); /* recorded on the host: a slot's state would be stale */
+        pd__engine_note_token(e, r, c->first_token, c->first_logprob, fin, NULL);
+        if (pd_sched_decode_transfer_done(e->sched, c->room, PD_OK, now) != PD_OK) {
+            (void)pd_sched_decode_release(e->sched, c->room); /* timed out meanwhile */
+            return;
+        }
+        bool q;
+        if (r->finished) /* EOS or a stop id first: end it now (no-op if already ended) */
+            (void)pd_sched_decode_abort(e->sched, c->room, &q);
+        return;
+    }
+    (void)pd_sched_decode_transfer_done(e->sched, c->room, c->status ? c->status : PD_ECANCELED,
+                                        now);
+    (void)pd_sched_decode_release(e->sched, c->room);
+}
+
+static void decode_abort(struct pd_engine *e, uint64_t room) {
+    struct pd_engine_req *r = pd__engine_find(e, room);
+    if (!r)
+        return;
+    r->aborted = true;
+    bool quiesce = false;
+    if (pd_sched_decode_abort(e->sched, room, &quiesce) == PD_OK && quiesce)
+        pd__engine_emit(
+            e, &(struct pd_engine_event){.kind = PD_ENGINE_EV_QUIESCE, .room = room, .req = r});
+}
+
+/* A retracted request's KV rebuilt here: prompt + generated tokens but the last, in chunks. */
+static int recompute(struct pd_engine *e, struct pd_engine_req *r,
+                     const struct pd_decode_admit *a) {
+    int32_t n = r->n_prompt + r->n_out - 1;
+    for (int32_t done = 0; done < n;) {
+        int32_t len = n - done < e->chunk ? n - done : e->chunk;
+        struct pd_model_seq s = {r->tokens + done, len, done, a->pages, a->n_pages};
+        int rc = pd_tp_group_extend(e->tp, &s, 1, false, e->logits);
+        if (rc)
+            return rc;
+        done += len;
+        e->tokens += len;
+    }
+    return PD_OK;
+}
+
+static bool decode_iter(struct pd_engine *e, double now) {
+    struct pd_decode_step st;
+    int rc = pd_sched_decode_step(e->sched, now, &st);
+    PD_ASSERT(rc == PD_OK);
+    e->retractions += st.n_retracted;
+    for (int32_t i = 0; i < st.n_quiesce; i++) {
+        struct pd_engine_req *r = pd__engine_find(e, st.quiesce[i]);
+        pd_info("room=%" PRIu64 " timed out waiting for its KV (--waiting-timeout)", st.quiesce[i]);
+        pd__engine_emit(e, &(struct pd_engine_event){
+                               .kind = PD_ENGINE_EV_QUIESCE, .room = st.quiesce[i], .req = r});
+    }
+    for (int32_t i = 0; i < st.n_admitted; i++) {
+        const struct pd_decode_admit *a = &st.admitted[i];
+        struct pd_engine_req *r = pd__engine_find(e, a->room);
+        PD_ASSERT(r && a->n_pages <= r->cap_pages);
+        if (r->t_scheduled == 0)
+            r->t_scheduled = now;
+        for (int32_t p = 0; p < a->n_pages; p++)
+            r->pages[p] = (uint32_t)a->pages[p];
+        r->n_pages = a->n_pages;
+        if (!r->local) {
+            pd__engine_emit(e, &(struct pd_engine_event){
+                                   .kind = PD_ENGINE_EV_ADMIT, .room = a->room, .req = r});
+            continue;
+        }
+        int st_rc = recompute(e, r, a);
+        if (st_rc)
+            pd_error("room=%" PRIu64 " recompute failed: %s", r->room, pd_error_msg());
+        else
+            pd_debug("room=%" PRIu64 " recomputed locally (%d tokens)", r->room,
+                     (int)(r->n_prompt + r->n_out - 1));
+        (void)pd_sched_decode_transfer_done(e->sched, a->room, st_rc, now);
+        if (st_rc)
+            (void)pd_sched_decode_release(e->sched, a->room);
+    }
+    if (st.n_batch == 0)
+        return st.n_admitted > 0 || st.n_quiesce > 0;
+    int32_t nb = st.n_batch;
+    PD_ASSERT(nb <= e->max_reqs);
+    for (int32_t i = 0; i < nb; i++) {
+        const struct pd_decode_entry *d = &st.batch[i];
+        struct pd_engine_req *r = pd__engine_find(e, d->room);
+        PD_ASSERT(r);
+        e->seqs[i] = (struct pd_model_seq){.tokens = r->tokens + d->pos,
+                                           .n_new = 1,
+                                           .n_cached = d->pos,
+                                           .pages = d->pages,
+                                           .n_pages = d->n_pages};
+    }
+    for (int32_t i = 0; i < nb; i++)
+        e->step_reqs[i] = pd__engine_find(e, st.batch[i].room);
+    bool plain = false, dev = e->cfg.greedy_on_device && pd__engine_device_rows(e, nb, &plain);
+    rc = pd__engine_decode_rows(e, nb, dev, plain);
+    if (rc)
+        pd_error("decode step of %d requests failed: %s", (int)nb, pd_error_msg());
+    for (int32_t i = 0; i < nb; i++) {
+        struct pd_engine_req *r = e->step_reqs[i];
+        if (rc) { /* the model refused the step: these requests end failed */
+            e->stopped[i] = true;
+            r->fail_status = rc;
+            continue;
+        }
+        e->stopped[i] = pd__engine_take_token(e, i, r, dev);
+    }
+    rc = pd_sched_decode_batch_done(e->sched, &st, e->stopped, now);
+    PD_ASSERT(rc == PD_OK);
+    e->steps++;
+    e->tokens += nb;
+    return true;
+}
+
+/* Drained ends; a retracted request goes back in as a local one, recomputed here. */
+static void decode_drain_ends(struct pd_engine *e, double now) {
+    struct pd_sched_end end;
+    while (pd_sched_decode_pop_ended(e->sched, &end) == PD_OK) {
+        struct pd_engine_req *r = pd__engine_find(e, end.room);
+        PD_ASSERT(r);
+        if (end.reason == PD_END_RETRACTED && !r->aborted && !r->finished) {
+            /* back in as a local request: its "prompt" is everything but the last token */
+            int rc = pd_sched_decode_add(e->sched, r->room, r->n_prompt + r->n_out - 1,
+                                         r->sp.max_new_tokens - r->n_out + 1, now);
+            if (rc == PD_OK) {
+                r->local = true;
+                pd__engine_pen_release(e, r); /* not running: the slot serves another meanwhile */
+                pd_info("room=%" PRIu64 " retracted after %d tokens; recomputing locally", r->room,
+                        (int)r->n_out);
+                continue;
+            }
+            pd_warn("room=%" PRIu64 " retracted and cannot re-enter: %s", r->room, pd_error_msg());
+            pd__engine_emit_end(e, r, PD_END_FAILED, rc, 0);
+            continue;
+        }
+        pd_debug("room=%" PRIu64 " decode end=%s tokens=%d", end.room,
+                 pd_sched_end_reason_str(end.reason), (int)r->n_out);
+        pd__engine_emit_end(e, r, end.reason, PD_OK, 0);
+    }
+}
+
+/* A step's rows: one token for each running request. */
+static int32_t decode_step_rows(const struct pd_engine_config *cfg, int32_t budget,
+                                int32_t *max_tokens) {
+    if (*max_tokens < cfg->max_running_requests)
+        *max_tokens = cfg->max_running_requests;
+    return cfg->max_running_requests;
+}
+
+static int decode_sched_new(struct pd_engine *e) {
+    const struct pd_engine_config *cfg = &e->cfg;
+    int rc;
+    if (cfg->greedy_on_device && (rc = pd__engine_pen_slots_new(e, e->max_reqs)) != PD_OK)
+        return rc;
+    struct pd_sched_decode_config dc = {
+        .page_size = cfg->page_size,
+        .max_running_requests = cfg->max_running_requests,
+        .max_queued_requests = cfg->max_queued_requests,
+        .waiting_timeout_s = cfg->waiting_timeout_s > 0 ? cfg->waiting_timeout_s : 300,
+    };
+    pd_sched_decode_config_defaults(&dc);
+    pd__engine_ratio(cfg, &dc.init_new_token_ratio, &dc.min_new_token_ratio);
+    struct pd_sched_decode *sd;
+    if ((rc = pd_sched_decode_new(&dc, e->pa, &sd)) != PD_OK)
+        return rc;
+    e->sched = sd;
+    return PD_OK;
+}
+
+static void decode_sched_free(struct pd_engine *e) {
+    pd_sched_decode_free(e->sched);
+    e->sched = NULL;
+}
+
+static void decode_counts(const struct pd_engine *e, struct pd_engine_stats *s) {
+    struct pd_decode_counts c;
+    pd_sched_decode_counts(e->sched, &c);
+    s->q_prealloc = c.prealloc;
+    s->q_transfer = c.transfer;
+    s->q_running = c.running;
+    s->q_draining = c.draining;
+}
+
+static int decode_check(const struct pd_engine *e) {
+    return pd_sched_decode_check(e->sched);
+}
+
+static void decode_end_now(struct pd_engine *e, uint64_t room) {
+    bool q;
+    if (pd_sched_decode_abort(e->sched, room, &q) == PD_OK && q)
+        (void)pd_sched_decode_release(e->sched, room);
+}
+
+static void decode_discard_ended(struct pd_engine *e) {
+    struct pd_sched_end end;
+    while (pd_sched_decode_pop_ended(e->sched, &end) == PD_OK) {
+    }
+}
+
+const struct pd_engine_ops pd_engine_decode_ops = {
+    .name = "decode",
+    .step_rows = decode_step_rows,
+    .sched_new = decode_sched_new,
+    .sched_free = decode_sched_free,
+    .add = decode_add,
+    .xfer_end = decode_xfer_end,
+    .abort = decode_abort,
+    .iter = decode_iter,
+    .drain_ends = decode_drain_ends,
+    .counts = decode_counts,
+    .check = decode_check,
+    .end_now = decode_end_now,
+    .discard_ended = decode_discard_ended,
+};
