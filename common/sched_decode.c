@@ -20,28 +20,13 @@ enum { ST_FREE, ST_PREALLOC, ST_TRANSFER, ST_RUNNING, ST_DRAINING, ST_ENDED };
 static const char *const state_names[] = {"free",    "prealloc", "transfer",
                                           "running", "draining", "ended"};
 
-struct dreq {
-    uint64_t room;
-    int32_t prompt_len;
-    int32_t max_new;
-    int32_t n_out;  /* output tokens so far, the prefill's first one included */
-    int32_t *pages; /* [cap_pages] */
-    int32_t n_pages;
-    int32_t cap_pages;
-    uint8_t state;
-    bool in_batch;
-    int8_t pending_end; /* -1 none */
-    int8_t end_reason;
-    double t_queue;
-};
-
 struct pd_sched_decode {
     struct pd_sched_decode_config cfg;
     struct pd_page_alloc *pa;
-    struct dreq *reqs;        /* [t.cap] */
-    struct pd__sched_table t; /* every state but free has its FIFO */
-    int64_t remaining;        /* Σ max_new - n_out over transfer + running */
-    double ratio;
+    struct pd__sched_req *reqs; /* [t.cap] t's; n_out counts the prefill's token */
+    struct pd__sched_table t;   /* every state but free has its FIFO */
+    int64_t remaining;          /* Σ max_new - n_out over transfer + running */
+    struct pd__token_ratio ratio;
     bool outstanding;
     struct pd_decode_admit *admitted; /* [max_running] */
     uint64_t *quiesce;                /* [cap] */
@@ -67,22 +52,23 @@ int pd_sched_decode_new(const struct pd_sched_decode_config *cfg, struct pd_page
         goto fail;
     s->cfg = *cfg;
     s->pa = pa;
-    s->ratio = cfg->init_new_token_ratio;
+    s->ratio = pd__token_ratio_make(cfg->init_new_token_ratio, cfg->min_new_token_ratio,
+                                    cfg->new_token_ratio_decay, cfg->retract_decode_steps);
     int32_t cap = cfg->max_queued_requests, mr = cfg->max_running_requests;
-    s->reqs = pd_calloc((size_t)cap, sizeof(*s->reqs));
     s->admitted = pd_calloc((size_t)mr, sizeof(*s->admitted));
     s->quiesce = pd_calloc((size_t)cap, sizeof(uint64_t));
     s->batch = pd_calloc((size_t)mr, sizeof(*s->batch));
     uint32_t queued = 1u << ST_PREALLOC | 1u << ST_TRANSFER | 1u << ST_RUNNING | 1u << ST_DRAINING |
                       1u << ST_ENDED;
-    if (!s->reqs || !s->admitted || !s->quiesce || !s->batch ||
-        pd__sched_table_init(&s->t, cap, queued, ST_ENDED) != PD_OK)
+    if (!s->admitted || !s->quiesce || !s->batch ||
+        pd__sched_table_init(&s->t, cap, queued, ST_ENDED, sizeof(struct pd__sched_req), pa,
+                             NULL) != PD_OK)
         goto fail_arrays;
+    s->reqs = s->t.reqs;
     *out = s;
     return PD_OK;
 
 fail_arrays:
-    pd_free(s->reqs);
     pd__sched_table_free(&s->t);
     pd_free(s->admitted);
     pd_free(s->quiesce);
@@ -97,39 +83,28 @@ static bool counts_remaining(int state) {
     return state == ST_TRANSFER || state == ST_RUNNING;
 }
 
-static void move_to(struct pd_sched_decode *s, int32_t slot, int state, double now_s) {
-    struct dreq *r = &s->reqs[slot];
-    if (counts_remaining(r->state) && !counts_remaining(state))
+/* `remaining` follows the request from its state to state `to`. */
+static void count_remaining(struct pd_sched_decode *s, const struct pd__sched_req *r, int to) {
+    if (counts_remaining(r->state) && !counts_remaining(to))
         s->remaining -= r->max_new - r->n_out;
-    else if (!counts_remaining(r->state) && counts_remaining(state))
+    else if (!counts_remaining(r->state) && counts_remaining(to))
         s->remaining += r->max_new - r->n_out;
-    r->t_queue = now_s;
-    pd__sched_table_move(&s->t, slot, &r->state, state);
+}
+
+static void move_to(struct pd_sched_decode *s, int32_t slot, int state, double now_s) {
+    count_remaining(s, &s->reqs[slot], state);
+    pd__sched_table_move(&s->t, slot, state, now_s);
 }
 
 static void end_req(struct pd_sched_decode *s, int32_t slot, int reason) {
-    struct dreq *r = &s->reqs[slot];
-    PD_ASSERT(!r->in_batch && r->state != ST_ENDED && r->state != ST_FREE);
-    pd_page_alloc_put(s->pa, r->pages, r->n_pages);
-    r->n_pages = 0;
-    pd_room_map_del(&s->t.rooms, r->room);
-    r->end_reason = (int8_t)reason;
-    move_to(s, slot, ST_ENDED, r->t_queue);
+    count_remaining(s, &s->reqs[slot], ST_ENDED);
+    pd__sched_table_end(&s->t, slot, reason);
 }
 
 void pd_sched_decode_free(struct pd_sched_decode *s) {
     if (!s)
         return;
-    for (int32_t i = 0; i < s->t.cap; i++) {
-        struct dreq *r = &s->reqs[i];
-        r->in_batch = false;
-        if (r->state != ST_FREE && r->state != ST_ENDED)
-            end_req(s, i, PD_END_ABORTED);
-        if (r->state == ST_ENDED)
-            pd_free(r->pages);
-    }
     pd__sched_table_free(&s->t);
-    pd_free(s->reqs);
     pd_free(s->admitted);
     pd_free(s->quiesce);
     pd_free(s->batch);
@@ -141,34 +116,26 @@ int pd_sched_decode_add(struct pd_sched_decode *s, uint64_t room, int32_t prompt
     int rc = pd__sched_table_vacant(&s->t, room);
     if (rc)
         return rc;
-    int32_t cap_pages, *pages, slot;
+    int32_t cap_pages, slot;
     if ((rc = pd__generation_pages(s->pa, s->cfg.page_size, room, prompt_len, max_new_tokens,
                                    &cap_pages)) != PD_OK ||
-        (rc = pd__sched_table_add(&s->t, room, cap_pages, &pages, &slot)) != PD_OK)
+        (rc = pd__sched_table_add(&s->t, room, cap_pages, &slot)) != PD_OK)
         return rc;
-    s->reqs[slot] = (struct dreq){.room = room,
-                                  .prompt_len = prompt_len,
-                                  .max_new = max_new_tokens,
-                                  .n_out = 1,
-                                  .pages = pages,
-                                  .cap_pages = cap_pages,
-                                  .state = ST_FREE,
-                                  .pending_end = -1};
+    struct pd__sched_req *r = &s->reqs[slot];
+    r->prompt_len = prompt_len;
+    r->max_new = max_new_tokens;
+    r->n_out = 1;
     move_to(s, slot, ST_PREALLOC, now_s);
     return PD_OK;
-}
-
-static int find(struct pd_sched_decode *s, uint64_t room, int32_t *slot) {
-    return pd__sched_table_find(&s->t, room, slot);
 }
 
 int pd_sched_decode_transfer_done(struct pd_sched_decode *s, uint64_t room, int status,
                                   double now_s) {
     int32_t slot;
-    int rc = find(s, room, &slot);
+    int rc = pd__sched_table_find(&s->t, room, &slot);
     if (rc)
         return rc;
-    struct dreq *r = &s->reqs[slot];
+    struct pd__sched_req *r = &s->reqs[slot];
     if (r->state == ST_DRAINING)
         return PD_OK; /* a late notice for a room already given up: release still decides */
     if (r->state != ST_TRANSFER)
@@ -183,28 +150,6 @@ int pd_sched_decode_transfer_done(struct pd_sched_decode *s, uint64_t room, int 
         move_to(s, slot, ST_RUNNING, now_s);
     }
     return PD_OK;
-}
-
-/* The running request that loses least (pd__retract_first). */
-static int32_t pick_victim(const struct pd_sched_decode *s) {
-    int32_t best = -1;
-    for (int32_t i = s->t.q[ST_RUNNING].head; i >= 0; i = s->t.slots.next[i]) {
-        const struct dreq *r = &s->reqs[i], *b = &s->reqs[best >= 0 ? best : i];
-        if (best < 0 || pd__retract_first(r->n_out, r->prompt_len, b->n_out, b->prompt_len))
-            best = i;
-    }
-    return best;
-}
-
-static void update_ratio_after_retract(struct pd_sched_decode *s) {
-    int64_t decoded = 0, max_new = 0;
-    for (int32_t i = s->t.q[ST_RUNNING].head; i >= 0; i = s->t.slots.next[i]) {
-        decoded += s->reqs[i].n_out;
-        max_new += s->reqs[i].max_new;
-    }
-    s->ratio =
-        pd__ratio_after_retract(decoded, max_new, s->t.q[ST_RUNNING].n, s->cfg.retract_decode_steps,
-                                s->cfg.init_new_token_ratio, s->cfg.min_new_token_ratio);
 }
 
 int pd_sched_decode_step(struct pd_sched_decode *s, double now_s, struct pd_decode_step *st) {
@@ -227,10 +172,10 @@ int pd_sched_decode_step(struct pd_sched_decode *s, double now_s, struct pd_deco
     bool retracted = false;
     for (int32_t i = s->t.q[ST_RUNNING].head, nx; i >= 0; i = nx) {
         nx = s->t.slots.next[i];
-        struct dreq *r = &s->reqs[i];
+        struct pd__sched_req *r = &s->reqs[i];
         while (pd__cover_position(s->pa, ps, r->prompt_len + r->n_out - 1, r->pages, &r->n_pages,
                                   r->cap_pages) != PD_OK) {
-            int32_t v = pick_victim(s);
+            int32_t v = pd__sched_table_pick_victim(&s->t, ST_RUNNING);
             PD_ASSERT(v >= 0); /* r itself is running */
             if (v == nx)
                 nx = s->t.slots.next[v];
@@ -241,32 +186,29 @@ int pd_sched_decode_step(struct pd_sched_decode *s, double now_s, struct pd_deco
                 break;
         }
     }
-    if (retracted)
-        update_ratio_after_retract(s);
-    else
-        s->ratio =
-            pd__ratio_decay(s->ratio, s->cfg.min_new_token_ratio, s->cfg.new_token_ratio_decay);
-    st->new_token_ratio = s->ratio;
+    pd__sched_table_ratio_step(&s->t, ST_RUNNING, retracted, &s->ratio);
+    st->new_token_ratio = s->ratio.value;
 
     /* Admission: FIFO, with room for the output the admitted ones may still produce. */
     while (s->t.q[ST_PREALLOC].head >= 0 && !retracted &&
            s->t.q[ST_TRANSFER].n + s->t.q[ST_RUNNING].n < s->cfg.max_running_requests) {
         int32_t slot = s->t.q[ST_PREALLOC].head;
-        struct dreq *r = &s->reqs[slot];
+        struct pd__sched_req *r = &s->reqs[slot];
         int32_t need = pd__pages_for(r->prompt_len, s->cfg.page_size);
         int32_t reserve =
-            (int32_t)ceil(s->ratio * (double)(s->remaining + r->max_new - r->n_out) / ps);
+            (int32_t)ceil(s->ratio.value * (double)(s->remaining + r->max_new - r->n_out) / ps);
         if (pd_page_alloc_n_free(s->pa) - need < reserve ||
             pd_page_alloc_get(s->pa, need, -1, r->pages) != PD_OK)
             break;
         r->n_pages = need;
+        r->admitted = true;
         move_to(s, slot, ST_TRANSFER, now_s);
         s->admitted[st->n_admitted++] =
             (struct pd_decode_admit){.room = r->room, .pages = r->pages, .n_pages = need};
     }
 
     for (int32_t i = s->t.q[ST_RUNNING].head; i >= 0; i = s->t.slots.next[i]) {
-        struct dreq *r = &s->reqs[i];
+        struct pd__sched_req *r = &s->reqs[i];
         r->in_batch = true;
         s->batch[st->n_batch++] = (struct pd_decode_entry){.room = r->room,
                                                            .pos = r->prompt_len + r->n_out - 1,
@@ -284,7 +226,7 @@ int pd_sched_decode_batch_done(struct pd_sched_decode *s, const struct pd_decode
         return st->n_batch == 0 ? PD_OK : pd_errorf(PD_EINVAL, "decode batch done without a step");
     for (int32_t i = 0; i < st->n_batch; i++) {
         int32_t slot = st->batch[i].slot_;
-        struct dreq *r = &s->reqs[slot];
+        struct pd__sched_req *r = &s->reqs[slot];
         PD_ASSERT(r->in_batch && r->state == ST_RUNNING);
         r->in_batch = false;
         if (r->pending_end >= 0) {
@@ -304,10 +246,10 @@ int pd_sched_decode_batch_done(struct pd_sched_decode *s, const struct pd_decode
 int pd_sched_decode_abort(struct pd_sched_decode *s, uint64_t room, bool *quiesce) {
     *quiesce = false;
     int32_t slot;
-    int rc = find(s, room, &slot);
+    int rc = pd__sched_table_find(&s->t, room, &slot);
     if (rc)
         return rc;
-    struct dreq *r = &s->reqs[slot];
+    struct pd__sched_req *r = &s->reqs[slot];
     if (r->state == ST_DRAINING)
         return PD_OK;
     if (r->in_batch) {
@@ -326,7 +268,7 @@ int pd_sched_decode_abort(struct pd_sched_decode *s, uint64_t room, bool *quiesc
 
 int pd_sched_decode_release(struct pd_sched_decode *s, uint64_t room) {
     int32_t slot;
-    int rc = find(s, room, &slot);
+    int rc = pd__sched_table_find(&s->t, room, &slot);
     if (rc)
         return rc;
     if (s->reqs[slot].state != ST_DRAINING)
@@ -337,15 +279,7 @@ int pd_sched_decode_release(struct pd_sched_decode *s, uint64_t room) {
 }
 
 int pd_sched_decode_pop_ended(struct pd_sched_decode *s, struct pd_sched_end *e) {
-    int32_t slot = pd__sched_table_oldest_ended(&s->t);
-    if (slot < 0)
-        return PD_EAGAIN;
-    struct dreq *r = &s->reqs[slot];
-    *e = (struct pd_sched_end){.room = r->room, .reason = r->end_reason, .n_output = r->n_out};
-    pd_free(r->pages);
-    *r = (struct dreq){.state = ST_FREE};
-    pd__sched_table_recycle(&s->t, slot);
-    return PD_OK;
+    return pd__sched_table_pop_ended(&s->t, e);
 }
 
 void pd_sched_decode_counts(const struct pd_sched_decode *s, struct pd_decode_counts *c) {
@@ -363,23 +297,18 @@ int pd_sched_decode_check(const struct pd_sched_decode *s) {
         return rc;
     int32_t per_state[PD__SCHED_N_STATES] = {0};
     int64_t remaining = 0;
+    if ((rc = pd__sched_table_recount(&s->t, holders, per_state)) != PD_OK)
+        goto out;
     for (int32_t i = 0; i < s->t.cap; i++) {
-        const struct dreq *r = &s->reqs[i];
-        per_state[r->state]++;
-        if (r->state != ST_FREE && r->state != ST_ENDED &&
-            pd_room_map_get(&s->t.rooms, r->room) != i) {
-            rc = pd_errorf(PD_EINTERNAL, "room %llu: not mapped to its slot",
-                           (unsigned long long)r->room);
-            goto out;
-        }
+        const struct pd__sched_req *r = &s->reqs[i];
         if (counts_remaining(r->state))
             remaining += r->max_new - r->n_out;
-        if (r->state == ST_RUNNING && r->n_pages * s->cfg.page_size < r->prompt_len) {
-            rc = pd_errorf(PD_EINTERNAL, "room %llu: running without its prompt pages",
-                           (unsigned long long)r->room);
+        if (r->admitted != (counts_remaining(r->state) || r->state == ST_DRAINING) ||
+            (r->state == ST_RUNNING && r->n_pages * s->cfg.page_size < r->prompt_len)) {
+            rc = pd_errorf(PD_EINTERNAL, "room %llu (%s): pages disagree with its state",
+                           (unsigned long long)r->room, state_names[r->state]);
             goto out;
         }
-        pd__holders_add(holders, r->pages, r->n_pages);
     }
     if ((rc = pd__holders_check(s->pa, NULL, holders)) == PD_OK &&
         (!pd__sched_table_agrees(&s->t, per_state) || remaining != s->remaining ||

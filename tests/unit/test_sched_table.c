@@ -24,36 +24,46 @@ static int fifo(const struct pd__sched_table *t, int st, int32_t *out) {
     return n;
 }
 
+static int state(const struct pd__sched_table *t, int32_t slot) {
+    return pd__sched_table_req(t, slot)->state;
+}
+
 static void test_table(void) {
     struct pd__sched_table t = {0};
     uint32_t queued = 1u << QA | 1u << QB | 1u << ENDED; /* LOOSE is tracked by the caller */
-    CHECK_OK(pd__sched_table_init(&t, 3, queued, ENDED));
-    uint8_t state[3] = {FREE, FREE, FREE};
-    int32_t *pages[3] = {0}, slot[3], got[3];
+    CHECK_OK(pd__sched_table_init(&t, 3, queued, ENDED, sizeof(struct pd__sched_req), NULL, NULL));
+    int32_t slot[3], got[3];
     int32_t per_state[PD__SCHED_N_STATES] = {[FREE] = 3};
     CHECK(pd__sched_table_agrees(&t, per_state));
 
     for (int k = 0; k < 3; k++) {
         CHECK_OK(pd__sched_table_vacant(&t, 100 + (uint64_t)k));
-        CHECK_OK(pd__sched_table_add(&t, 100 + (uint64_t)k, 4, &pages[k], &slot[k]));
+        CHECK_OK(pd__sched_table_add(&t, 100 + (uint64_t)k, 4, &slot[k]));
         CHECK_INT(slot[k], k); /* slot 0 first */
-        pages[k][3] = k;       /* the page list is the caller's, whole */
-        pd__sched_table_move(&t, slot[k], &state[slot[k]], QA);
+        struct pd__sched_req *r = pd__sched_table_req(&t, slot[k]);
+        CHECK(r->room == 100 + (uint64_t)k && r->cap_pages == 4 && r->pending_end == -1 &&
+              r->cache_max == -1 && !r->admitted && r->state == FREE);
+        r->pages[3] = k; /* the page list is the request's, whole */
+        pd__sched_table_move(&t, slot[k], QA, 10 + k);
+        CHECK_DBL(r->t_queue, 10 + k, 0);
     }
     CHECK_ERR(pd__sched_table_vacant(&t, 101), PD_EINVAL, "room 101 already has a live request");
-    int32_t *p = NULL, s = -1;
-    CHECK_ERR(pd__sched_table_add(&t, 7, 1, &p, &s), PD_EFULL, "room 7: 3 requests queued");
-    CHECK(p == NULL && s == -1);
+    int32_t s = -1;
+    CHECK_ERR(pd__sched_table_add(&t, 7, 1, &s), PD_EFULL, "room 7: 3 requests queued");
+    CHECK(s == -1);
     CHECK_INT(fifo(&t, QA, got), 3);
     CHECK(got[0] == 0 && got[1] == 1 && got[2] == 2);
 
-    /* out of the middle, to the tail of another FIFO; through an untracked state */
-    pd__sched_table_move(&t, 1, &state[1], QB);
-    pd__sched_table_move(&t, 0, &state[0], LOOSE);
-    CHECK_INT(state[0], LOOSE);
+    /* out of the middle, to the tail of another FIFO; through an untracked state, which may be
+     * the aside slot until it moves */
+    pd__sched_table_move(&t, 1, QB, 20);
+    pd__sched_table_move(&t, 0, LOOSE, 20);
+    t.aside = 0;
+    CHECK_INT(state(&t, 0), LOOSE);
     CHECK_INT(fifo(&t, QA, got), 1);
     CHECK_INT(got[0], 2);
-    pd__sched_table_move(&t, 0, &state[0], QB);
+    pd__sched_table_move(&t, 0, QB, 21);
+    CHECK_INT(t.aside, -1);
     CHECK_INT(fifo(&t, QB, got), 2);
     CHECK(got[0] == 1 && got[1] == 0);
     per_state[FREE] = 0, per_state[QA] = 1, per_state[QB] = 2;
@@ -65,42 +75,41 @@ static void test_table(void) {
     CHECK_OK(pd__sched_table_find(&t, 102, &f));
     CHECK_INT(f, 2);
     CHECK_ERR(pd__sched_table_find(&t, 99, &f), PD_ENOENT, "room 99: no live request");
+    CHECK_OK(pd__sched_table_limit_cache(&t, 102, -5));
+    CHECK_INT(pd__sched_table_req(&t, 2)->cache_max, 0);
+    CHECK_INT(pd__sched_table_limit_cache(&t, 99, 5), PD_ENOENT);
 
     /* ending: off the map (the room can come again), oldest ended first, slot reused */
-    CHECK_INT(pd__sched_table_oldest_ended(&t), -1);
-    int32_t order[2] = {2, 0};
-    for (int k = 0; k < 2; k++) {
-        pd_room_map_del(&t.rooms, 100 + (uint64_t)order[k]);
-        pd__sched_table_move(&t, order[k], &state[order[k]], ENDED);
-    }
+    struct pd_sched_end e;
+    CHECK_INT(pd__sched_table_pop_ended(&t, &e), PD_EAGAIN);
+    pd__sched_table_req(&t, 0)->n_out = 7;
+    pd__sched_table_end(&t, 2, PD_END_TIMEOUT);
+    pd__sched_table_end(&t, 0, PD_END_ABORTED);
+    CHECK_DBL(pd__sched_table_req(&t, 2)->t_queue, 12, 0); /* entered ended when it was queued */
     CHECK_OK(pd__sched_table_vacant(&t, 102));
     per_state[QA] = 0, per_state[QB] = 1, per_state[LOOSE] = 0, per_state[ENDED] = 2;
     CHECK(pd__sched_table_agrees(&t, per_state));
     CHECK_INT(pd__sched_table_oldest_ended(&t), 2);
-    pd_free(pages[2]);
-    state[2] = FREE;
-    pd__sched_table_recycle(&t, 2);
+    CHECK_OK(pd__sched_table_pop_ended(&t, &e));
+    CHECK(e.room == 102 && e.reason == PD_END_TIMEOUT && e.n_output == 0);
+    CHECK_INT(state(&t, 2), FREE);
+    CHECK(pd__sched_table_req(&t, 2)->pages == NULL);
     CHECK_INT(pd__sched_table_oldest_ended(&t), 0);
     per_state[ENDED] = 1, per_state[FREE] = 1;
     CHECK(pd__sched_table_agrees(&t, per_state));
-    CHECK_OK(pd__sched_table_add(&t, 102, 2, &pages[2], &s));
+    CHECK_OK(pd__sched_table_add(&t, 102, 2, &s));
     CHECK_INT(s, 2);
 
     /* the page list cannot be had: nothing taken */
-    pd_free(pages[0]);
-    pages[0] = NULL;
-    state[0] = FREE;
-    pd__sched_table_recycle(&t, 0);
+    CHECK_OK(pd__sched_table_pop_ended(&t, &e));
+    CHECK(e.room == 100 && e.reason == PD_END_ABORTED && e.n_output == 7);
     pd_alloc_fail_after(0);
-    p = NULL;
-    CHECK_ERR(pd__sched_table_add(&t, 55, 8, &p, &s), PD_ENOMEM, "room 55: page list");
+    CHECK_ERR(pd__sched_table_add(&t, 55, 8, &s), PD_ENOMEM, "room 55: page list");
     pd_alloc_fail_after(-1);
-    CHECK(p == NULL && t.slots.n_free == 1);
+    CHECK(t.slots.n_free == 1);
     CHECK_OK(pd__sched_table_vacant(&t, 55));
 
-    for (int k = 0; k < 3; k++)
-        pd_free(pages[k]);
-    pd__sched_table_free(&t);
+    pd__sched_table_free(&t); /* the live ones end, every page list freed (ASan) */
     pd__sched_table_free(&t); /* safe twice */
 }
 
@@ -108,7 +117,8 @@ static void test_init_fails_clean(void) {
     for (long k = 0; k < 5; k++) {
         struct pd__sched_table t = {0};
         pd_alloc_fail_after(k);
-        int rc = pd__sched_table_init(&t, 4, 1u << ENDED, ENDED);
+        int rc = pd__sched_table_init(&t, 4, 1u << ENDED, ENDED, sizeof(struct pd__sched_req), NULL,
+                                      NULL);
         pd_alloc_fail_after(-1);
         CHECK(rc == PD_OK || rc == PD_ENOMEM);
         pd__sched_table_free(&t); /* ASan: nothing leaks either way */
