@@ -21,7 +21,7 @@
  * with the prefill; the room's ending (XFER_END) releases its pages.
  * Colocated (pdserve-decode --disaggregation-mode null): ADD puts a request in waiting; each step
  * runs the prefill chunks and one decode token per running request in one forward pass
- * (common/sched_coloc.h); every output token, the first included, is an EV_TOKEN. No transfer:
+ * (decode/sched_coloc.h); every output token, the first included, is an EV_TOKEN. No transfer:
  * no ADMIT, SEND, QUIESCE or XFER_END.
  *
  * PROBE (/health_generate) runs one token through the model on a page taken from the free pool

@@ -2,14 +2,14 @@
  * engine_coloc.c — the colocated role of the compute thread (pdserve-decode
  * --disaggregation-mode null; common/engine_internal.h's ops): requests enter waiting; each step
  * runs prefill chunks and one decode token per running request in one forward pass
- * (common/sched_coloc.h); every output token, the first included, is an EV_TOKEN. Nothing is
+ * (decode/sched_coloc.h); every output token, the first included, is an EV_TOKEN. Nothing is
  * transferred: no ADMIT, SEND, QUIESCE or XFER_END.
  */
 #include "decode/engine_decode.h"
 
 #include "common/engine_internal.h"
 #include "common/radix_cache.h"
-#include "common/sched_coloc.h"
+#include "decode/sched_coloc.h"
 #include "common/tp_group.h"
 
 #include "common/base/log.h"

@@ -8,7 +8,7 @@
 #include "decode/engine_decode.h"
 
 #include "common/engine_internal.h"
-#include "common/sched_decode.h"
+#include "decode/sched_decode.h"
 #include "common/tp_group.h"
 
 #include "common/base/log.h"

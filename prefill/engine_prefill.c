@@ -1,7 +1,7 @@
 /*
  * engine_prefill.c — the prefill role of the compute thread (common/engine_internal.h's ops):
  * requests enter the bootstrap queue, move to waiting when decode's Transfer arrives
- * (BOOTSTRAPPED), run in page-aligned chunks through the model (common/sched_prefill.h decides
+ * (BOOTSTRAPPED), run in page-aligned chunks through the model (prefill/sched_prefill.h decides
  * them), and each chunk's finished pages go out as EV_SEND; the last chunk samples the first
  * output token, which rides on that event. A request ends when its transfer ended (XFER_END).
  */
@@ -9,7 +9,7 @@
 
 #include "common/engine_internal.h"
 #include "common/radix_cache.h"
-#include "common/sched_prefill.h"
+#include "prefill/sched_prefill.h"
 #include "common/server_args.h"
 #include "common/tp_group.h"
 

@@ -12,7 +12,7 @@
 
 #include "common/page_alloc.h"
 #include "common/radix_cache.h"
-#include "common/sched_coloc.h"
+#include "decode/sched_coloc.h"
 
 #if defined(__SANITIZE_ADDRESS__)
 #define SIM_DEFAULT_STEPS 20000

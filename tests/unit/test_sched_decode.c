@@ -5,7 +5,7 @@
 
 #include "common/base/alloc.h"
 #include "common/page_alloc.h"
-#include "common/sched_decode.h"
+#include "decode/sched_decode.h"
 
 static struct pd_sched_decode *mk(struct pd_page_alloc **pa, int32_t ps, int32_t pool,
                                   int32_t max_running, double ratio) {

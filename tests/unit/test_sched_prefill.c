@@ -6,7 +6,7 @@
 #include "common/base/alloc.h"
 #include "common/page_alloc.h"
 #include "common/radix_cache.h"
-#include "common/sched_prefill.h"
+#include "prefill/sched_prefill.h"
 
 struct env {
     struct pd_page_alloc *pa;

@@ -13,8 +13,8 @@
 
 #include "common/page_alloc.h"
 #include "common/radix_cache.h"
-#include "common/sched_decode.h"
-#include "common/sched_prefill.h"
+#include "decode/sched_decode.h"
+#include "prefill/sched_prefill.h"
 
 #include <time.h>
 

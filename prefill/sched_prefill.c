@@ -8,7 +8,7 @@
  * The admitted request holds one reference on every page of its prompt (cached prefix pages
  * included) and a lock on its prefix-cache node; its end puts both, whatever the ending.
  */
-#include "common/sched_prefill.h"
+#include "prefill/sched_prefill.h"
 
 #include "common/base/alloc.h"
 #include "common/page_alloc.h"

@@ -6,7 +6,7 @@
  * incrementally, so the admission check is O(1) per candidate and a step is O(running).
  * Requests hold exactly their page list; every ending puts it back (check() recounts).
  */
-#include "common/sched_decode.h"
+#include "decode/sched_decode.h"
 
 #include "common/base/alloc.h"
 #include "common/page_alloc.h"

@@ -11,7 +11,7 @@
  * finished request's whole pages of prompt + output enter the prefix cache first (SGLang's
  * cache_finished_req), so the next turn of a conversation finds them.
  */
-#include "common/sched_coloc.h"
+#include "decode/sched_coloc.h"
 
 #include "common/base/alloc.h"
 #include "common/page_alloc.h"
