@@ -23,7 +23,7 @@
 #include "common/base/http_server.h"
 #include "common/base/log.h"
 #include "common/base/rng.h"
-#include "common/base/room_map.h"
+#include "common/base/room_table.h"
 #include "common/sched_common.h"
 #include "common/serve_metrics.h"
 #include "common/base/status.h"
@@ -49,7 +49,7 @@ static const char *role_name(void) {
 /* ---- request table ---- */
 
 struct dreq *pd__daemon_find_room(uint64_t room) {
-    int32_t s = pd_room_map_get(&D.rooms, room);
+    int32_t s = pd_room_table_get(&D.slots, room);
     return s >= 0 ? D.reqs[s] : NULL;
 }
 
@@ -71,9 +71,8 @@ static void dreq_free(struct dreq *r) {
             group_free(r->grp);
     }
     if (r->slot >= 0) {
-        pd_room_map_del(&D.rooms, r->room);
+        pd_room_table_release(&D.slots, r->room, r->slot);
         D.reqs[r->slot] = NULL;
-        D.free_slots[D.n_free++] = r->slot;
         D.n_live--;
     }
     pd_api_request_free(&r->api);
@@ -648,9 +647,9 @@ int pd__daemon_prepare_input_logprobs(struct dreq *r, struct pd_api_error *e) {
 /* Registers a prepared r and hands it to the engine; h is the connection its answer goes to.
  * On failure r is freed and e says why (503). */
 static int submit_req(struct dreq *r, struct pd_http_req *h, struct pd_api_error *e) {
-    r->slot = D.free_slots[--D.n_free];
+    int rc = pd_room_table_take(&D.slots, r->room, &r->slot);
+    PD_ASSERT(rc == PD_OK); /* the caller saw a free slot; prepare_req a vacant room */
     D.reqs[r->slot] = r;
-    pd_room_map_put(&D.rooms, r->room, r->slot);
     D.n_live++;
     r->ereq->user = r;
     struct pd_engine_req *er = r->ereq;
@@ -704,7 +703,7 @@ static void handle_generate(struct pd_http_req *h, enum pd_api_kind kind) {
         dreq_free(r);
         return;
     }
-    if (D.n_free == 0) {
+    if (D.slots.n_free == 0) {
         pd__daemon_respond_error(h, 503, "server_error", NULL,
                                  "too many requests queued (--max-queued-requests %d)",
                                  D.args.max_queued_requests);
@@ -797,12 +796,12 @@ static void group_finish(struct dgroup *g) {
 
 static void handle_group(struct pd_http_req *h, enum pd_api_kind kind, struct pd_api_split *sp) {
     struct pd_api_error e;
-    if (sp->count > D.n_free) {
+    if (sp->count > D.slots.n_free) {
         pd__daemon_respond_error(
             h, 503, "server_error", NULL,
             "the request fans out into %d sub-requests; %d fit in the queue now "
             "(--max-queued-requests %d)",
-            sp->count, D.n_free, D.args.max_queued_requests);
+            sp->count, D.slots.n_free, D.args.max_queued_requests);
         return;
     }
     struct dgroup *g = pd_calloc(1, sizeof(*g));
@@ -1017,16 +1016,11 @@ static int start(void) {
         pd_warn("the model's chat template does not compile (%s); chat is refused", pd_error_msg());
         D.chat = NULL;
     }
-    if ((rc = pd_room_map_init(&D.rooms, a->max_queued_requests)) != PD_OK)
+    if ((rc = pd_room_table_init(&D.slots, a->max_queued_requests)) != PD_OK)
         return rc;
     D.cap = a->max_queued_requests;
-    D.reqs = pd_calloc((size_t)D.cap, sizeof(*D.reqs));
-    D.free_slots = pd_calloc((size_t)D.cap, sizeof(int32_t));
-    if (!D.reqs || !D.free_slots)
+    if (!(D.reqs = pd_calloc((size_t)D.cap, sizeof(*D.reqs))))
         return PD_ENOMEM;
-    for (int32_t i = 0; i < D.cap; i++)
-        D.free_slots[i] = D.cap - 1 - i;
-    D.n_free = D.cap;
 
     snprintf(D.transport, sizeof(D.transport), "none"); /* until a role starts one */
     if (D.role->start && (rc = D.role->start(&D)) != PD_OK)
@@ -1185,9 +1179,8 @@ int pd_daemon_main(const struct pd_role *role, int argc, char **argv) {
     pd_serve_metrics_free(D.sm);
     pd_chat_template_free(D.chat);
     pd_tokenizer_free(D.tok);
-    pd_room_map_free(&D.rooms);
+    pd_room_table_free(&D.slots);
     pd_free(D.reqs);
-    pd_free(D.free_slots);
     pd_devmem_free(D.dm); /* after the loop ran the transfer engine's last close */
     pd_info("%s: stopped", role_name());
     return D.exit_code;

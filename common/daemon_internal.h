@@ -15,7 +15,7 @@
 
 #include "common/api.h"
 #include "common/base/http_server.h"
-#include "common/base/room_map.h"
+#include "common/base/room_table.h"
 #include "common/bootstrap.h"
 #include "common/devmem.h"
 #include "common/engine.h"
@@ -138,10 +138,9 @@ struct pd_daemon_state {
     char node_id[64];
     char transport[128];
 
-    struct pd_room_map rooms;
-    struct dreq **reqs; /* [cap] */
-    int32_t *free_slots;
-    int32_t n_free, cap, n_live;
+    struct pd_room_table slots; /* room → slot of reqs */
+    struct dreq **reqs;         /* [cap] */
+    int32_t cap, n_live;
     struct probe probes[MAX_PROBES];
     uint64_t probe_seq;
     int64_t n_probe_ok, n_probe_busy, n_probe_failed;

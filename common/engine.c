@@ -78,19 +78,17 @@ void pd_engine_req_free(struct pd_engine_req *r) {
 }
 
 struct pd_engine_req *pd__engine_find(struct pd_engine *e, uint64_t room) {
-    int32_t slot = pd_room_map_get(&e->rooms, room);
+    int32_t slot = pd_room_table_get(&e->slots, room);
     return slot >= 0 ? e->reqs[slot] : NULL;
 }
 
 int pd__engine_register(struct pd_engine *e, struct pd_engine_req *r) {
-    if (e->n_free == 0)
+    int32_t slot;
+    if (pd_room_table_full(&e->slots))
         return pd_errorf(PD_EFULL, "room %" PRIu64 ": %d requests live already", r->room,
                          (int)e->cap);
-    if (pd_room_map_get(&e->rooms, r->room) >= 0)
+    if (pd_room_table_take(&e->slots, r->room, &slot) != PD_OK)
         return pd_errorf(PD_EINVAL, "room %" PRIu64 " already has a live request", r->room);
-    int32_t slot = e->free_slots[--e->n_free];
-    int rc = pd_room_map_put(&e->rooms, r->room, slot);
-    PD_ASSERT(rc == PD_OK);
     e->reqs[slot] = r;
     r->slot = slot;
     return PD_OK;
@@ -98,9 +96,8 @@ int pd__engine_register(struct pd_engine *e, struct pd_engine_req *r) {
 
 void pd__engine_unregister(struct pd_engine *e, struct pd_engine_req *r) {
     PD_ASSERT(r->slot >= 0 && e->reqs[r->slot] == r);
-    pd_room_map_del(&e->rooms, r->room);
+    pd_room_table_release(&e->slots, r->room, r->slot);
     e->reqs[r->slot] = NULL;
-    e->free_slots[e->n_free++] = r->slot;
     r->slot = -1;
 }
 
@@ -196,10 +193,9 @@ int pd_engine_new(const struct pd_engine_config *cfg, struct pd_engine **out) {
      * penalty slots here, after the pools were sized, out of what mem_fraction_static leaves */
     if ((rc = e->ops->sched_new(e)) != PD_OK)
         goto fail;
-    if ((rc = pd_room_map_init(&e->rooms, e->cap)) != PD_OK)
+    if ((rc = pd_room_table_init(&e->slots, e->cap)) != PD_OK)
         goto fail;
     e->reqs = pd_calloc((size_t)e->cap, sizeof(*e->reqs));
-    e->free_slots = pd_calloc((size_t)e->cap, sizeof(int32_t));
     e->seqs = pd_calloc((size_t)max_reqs, sizeof(*e->seqs));
     e->logits = pd_calloc((size_t)max_reqs * (size_t)e->vocab, sizeof(float));
     e->greedy_ids = pd_calloc((size_t)max_reqs, sizeof(int32_t));
@@ -208,14 +204,11 @@ int pd_engine_new(const struct pd_engine_config *cfg, struct pd_engine **out) {
     e->step_top = pd_calloc((size_t)max_reqs, sizeof(*e->step_top));
     e->step_reqs = pd_calloc((size_t)max_reqs, sizeof(*e->step_reqs));
     e->stopped = pd_calloc((size_t)cfg->max_running_requests, sizeof(bool));
-    if (!e->reqs || !e->free_slots || !e->seqs || !e->logits || !e->stopped || !e->greedy_ids ||
-        !e->greedy_lp || !e->sample_rows || !e->step_top || !e->step_reqs) {
+    if (!e->reqs || !e->seqs || !e->logits || !e->stopped || !e->greedy_ids || !e->greedy_lp ||
+        !e->sample_rows || !e->step_top || !e->step_reqs) {
         rc = pd_error_wrap(PD_ENOMEM, "engine step buffers");
         goto fail;
     }
-    for (int32_t i = 0; i < e->cap; i++)
-        e->free_slots[i] = e->cap - 1 - i;
-    e->n_free = e->cap;
     if ((rc = pd_sampling_scratch_init(&e->scratch, e->vocab)) != PD_OK)
         goto fail;
     /* every request has at most ~4 commands in flight; the loop sheds beyond the queue */
@@ -563,9 +556,8 @@ void pd_engine_free(struct pd_engine *e) {
     pd_radix_cache_free(e->rc);
     pd_page_alloc_free(e->pa);
     pd_tp_group_free(e->tp);
-    pd_room_map_free(&e->rooms);
+    pd_room_table_free(&e->slots);
     pd_free(e->reqs);
-    pd_free(e->free_slots);
     pd_free(e->seqs);
     pd_free(e->logits);
     pd_free(e->greedy_ids);

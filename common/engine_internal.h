@@ -13,7 +13,7 @@
 
 #include "common/engine.h"
 
-#include "common/base/room_map.h"
+#include "common/base/room_table.h"
 #include "common/base/spsc.h"
 #include "common/model.h"
 #include "common/sampling.h"
@@ -78,10 +78,9 @@ struct pd_engine {
     int vocab, ctx_len, max_reqs, chunk;
 
     /* request registry (compute thread): room → slot → req */
-    struct pd_room_map rooms;
+    struct pd_room_table slots;
     struct pd_engine_req **reqs; /* [cap] */
-    int32_t *free_slots;         /* [cap] */
-    int32_t n_free, cap;
+    int32_t cap;
 
     /* step memory */
     struct pd_model_seq *seqs;         /* [max_reqs] */

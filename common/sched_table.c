@@ -16,23 +16,17 @@
 int pd__slot_pool_init(struct pd__slot_pool *p, int32_t cap) {
     p->prev = pd_calloc((size_t)cap, sizeof(int32_t));
     p->next = pd_calloc((size_t)cap, sizeof(int32_t));
-    p->free = pd_calloc((size_t)cap, sizeof(int32_t));
-    if (!p->prev || !p->next || !p->free) {
+    if (!p->prev || !p->next) {
         pd__slot_pool_free(p);
         return PD_ENOMEM;
     }
-    for (int32_t i = 0; i < cap; i++)
-        p->free[i] = cap - 1 - i; /* slot 0 first */
-    p->n_free = cap;
     return PD_OK;
 }
 
 void pd__slot_pool_free(struct pd__slot_pool *p) {
     pd_free(p->prev);
     pd_free(p->next);
-    pd_free(p->free);
-    p->prev = p->next = p->free = NULL;
-    p->n_free = 0;
+    p->prev = p->next = NULL;
 }
 
 static bool is_queued(const struct pd__sched_table *t, int state) {
@@ -54,14 +48,14 @@ int pd__sched_table_init(struct pd__sched_table *t, int32_t cap, uint32_t queued
         pd__slot_list_init(&t->q[s]);
     if (pd__slot_pool_init(&t->slots, cap) != PD_OK)
         return PD_ENOMEM;
-    if (pd_room_map_init(&t->rooms, cap) != PD_OK)
+    if (pd_room_table_init(&t->rooms, cap) != PD_OK)
         goto fail_rooms;
     if (!(t->reqs = pd_calloc((size_t)cap, req_size)))
         goto fail_reqs;
     return PD_OK;
 
 fail_reqs:
-    pd_room_map_free(&t->rooms);
+    pd_room_table_free(&t->rooms);
 fail_rooms:
     pd__slot_pool_free(&t->slots);
     return PD_ENOMEM;
@@ -78,12 +72,12 @@ void pd__sched_table_free(struct pd__sched_table *t) {
     }
     pd_free(t->reqs);
     t->reqs = NULL;
-    pd_room_map_free(&t->rooms);
+    pd_room_table_free(&t->rooms);
     pd__slot_pool_free(&t->slots);
 }
 
 int pd__sched_table_vacant(const struct pd__sched_table *t, uint64_t room) {
-    if (pd_room_map_get(&t->rooms, room) >= 0)
+    if (pd_room_table_get(&t->rooms, room) >= 0)
         return pd_errorf(PD_EINVAL, "room %llu already has a live request",
                          (unsigned long long)room);
     return PD_OK;
@@ -91,15 +85,14 @@ int pd__sched_table_vacant(const struct pd__sched_table *t, uint64_t room) {
 
 int pd__sched_table_add(struct pd__sched_table *t, uint64_t room, int32_t cap_pages,
                         int32_t *slot) {
-    if (t->slots.n_free == 0)
+    if (pd_room_table_full(&t->rooms))
         return pd_errorf(PD_EFULL, "room %llu: %d requests queued already",
                          (unsigned long long)room, (int)t->cap);
     int32_t *pages = pd_malloc((size_t)cap_pages * sizeof(int32_t));
     if (!pages)
         return pd_error_wrap(PD_ENOMEM, "room %llu: page list", (unsigned long long)room);
-    *slot = pd__slot_pool_take(&t->slots);
-    int rc = pd_room_map_put(&t->rooms, room, *slot);
-    PD_ASSERT(rc == PD_OK); /* vacant checked; the map is as large as the slot array */
+    int rc = pd_room_table_take(&t->rooms, room, slot);
+    PD_ASSERT(rc == PD_OK); /* vacant checked, a slot free */
     struct pd__sched_req *r = pd__sched_table_req(t, *slot);
     memset(r, 0, t->req_size);
     r->room = room;
@@ -111,7 +104,7 @@ int pd__sched_table_add(struct pd__sched_table *t, uint64_t room, int32_t cap_pa
 }
 
 int pd__sched_table_find(const struct pd__sched_table *t, uint64_t room, int32_t *slot) {
-    *slot = pd_room_map_get(&t->rooms, room);
+    *slot = pd_room_table_get(&t->rooms, room);
     if (*slot < 0)
         return pd_errorf(PD_ENOENT, "room %llu: no live request", (unsigned long long)room);
     return PD_OK;
@@ -153,14 +146,14 @@ void pd__sched_table_end(struct pd__sched_table *t, int32_t slot, int reason) {
     struct pd__sched_req *r = pd__sched_table_req(t, slot);
     PD_ASSERT(!r->in_batch && r->state != t->ended && r->state != 0);
     pd__sched_table_drop(t, r);
-    pd_room_map_del(&t->rooms, r->room);
+    pd_room_table_unmap(&t->rooms, r->room);
     r->end_reason = (int8_t)reason;
     pd__sched_table_move(t, slot, t->ended, r->t_queue);
 }
 
 void pd__sched_table_recycle(struct pd__sched_table *t, int32_t slot) {
     pd__slot_list_remove(&t->q[t->ended], &t->slots, slot);
-    pd__slot_pool_put(&t->slots, slot);
+    pd_room_table_put(&t->rooms, slot);
 }
 
 int pd__sched_table_pop_ended(struct pd__sched_table *t, struct pd_sched_end *e) {
@@ -208,7 +201,7 @@ int pd__sched_table_recount(const struct pd__sched_table *t, int32_t *holders, i
     for (int32_t i = 0; i < t->cap; i++) {
         const struct pd__sched_req *r = pd__sched_table_req(t, i);
         per_state[r->state]++;
-        if (r->state != 0 && r->state != t->ended && pd_room_map_get(&t->rooms, r->room) != i)
+        if (r->state != 0 && r->state != t->ended && pd_room_table_get(&t->rooms, r->room) != i)
             return pd_errorf(PD_EINTERNAL, "room %llu: not mapped to its slot",
                              (unsigned long long)r->room);
         if (r->admitted)
@@ -221,6 +214,6 @@ bool pd__sched_table_agrees(const struct pd__sched_table *t, const int32_t *per_
     for (int s = 1; s < PD__SCHED_N_STATES; s++)
         if (is_queued(t, s) && per_state[s] != t->q[s].n)
             return false;
-    return per_state[0] == t->slots.n_free &&
-           t->rooms.n == t->cap - per_state[0] - per_state[t->ended];
+    return per_state[0] == t->rooms.n_free &&
+           t->rooms.map.n == t->cap - per_state[0] - per_state[t->ended];
 }

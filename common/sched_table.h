@@ -21,7 +21,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "common/base/room_map.h"
+#include "common/base/room_table.h"
 
 struct pd_page_alloc;
 struct pd_radix_cache;
@@ -59,28 +59,16 @@ struct pd__slot_list {
     int32_t head, tail, n;
 };
 
-/* The request slots of one scheduler: the links of its lists (each slot in at most one list)
- * and a stack of the free ones. Allocated at creation; taking, returning and linking a slot
- * never allocates. */
+/* The links of one scheduler's lists (each slot in at most one list); which slots are free is
+ * the table's room table. Allocated at creation; linking a slot never allocates. */
 struct pd__slot_pool {
     int32_t *prev, *next; /* [cap] list links, -1 at the ends */
-    int32_t *free;        /* [cap] stack of free slots, the top taken first */
-    int32_t n_free;
 };
 
-/* cap slots, all free, slot 0 taken first. PD_OK, or PD_ENOMEM with nothing held. */
+/* cap slots' links. PD_OK, or PD_ENOMEM with nothing held. */
 int pd__slot_pool_init(struct pd__slot_pool *p, int32_t cap);
 /* Releases the arrays; safe on a zeroed or already freed pool. */
 void pd__slot_pool_free(struct pd__slot_pool *p);
-
-/* A free slot; the caller checked n_free > 0. */
-static inline int32_t pd__slot_pool_take(struct pd__slot_pool *p) {
-    return p->free[--p->n_free];
-}
-
-static inline void pd__slot_pool_put(struct pd__slot_pool *p, int32_t s) {
-    p->free[p->n_free++] = s;
-}
 
 static inline void pd__slot_list_init(struct pd__slot_list *l) {
     l->head = l->tail = -1;
@@ -138,7 +126,7 @@ struct pd__sched_table {
     struct pd_radix_cache *rc; /* NULL: no prefix cache */
     int32_t aside;             /* the slot kept outside the FIFOs (half-done prefill), -1 */
     struct pd__slot_pool slots;
-    struct pd_room_map rooms;                   /* live (not free, not ended): room → slot */
+    struct pd_room_table rooms; /* free slots; live (not free, not ended) rooms → slots */
     struct pd__slot_list q[PD__SCHED_N_STATES]; /* by state; used for the states in `queued` */
     uint32_t queued;                            /* bit s: state s keeps its requests in q[s] */
     int ended;                                  /* the state of an ended, unpopped request */

@@ -3,6 +3,7 @@
 
 #include "common/base/alloc.h"
 #include "common/base/room_map.h"
+#include "common/base/room_table.h"
 
 static void test_basic(void) {
     struct pd_room_map m;
@@ -62,4 +63,46 @@ static void test_random_churn(void) {
     pd_room_map_free(&m);
 }
 
-PD_TEST_MAIN(PD_TEST(test_basic), PD_TEST(test_random_churn))
+/* The room table: slot 0 first, a live room refused, full when every slot is taken, a slot held
+ * after its room is unmapped until put back, allocation failures clean. */
+static void test_room_table(void) {
+    struct pd_room_table t;
+    CHECK_INT(pd_room_table_init(&t, 0), PD_EINVAL);
+    pd_room_table_free(&t);
+    CHECK_OK(pd_room_table_init(&t, 3));
+    int32_t a, b, c, d;
+    CHECK_OK(pd_room_table_take(&t, 70, &a));
+    CHECK_INT(a, 0);
+    CHECK_INT(pd_room_table_take(&t, 70, &d), PD_EINVAL);
+    CHECK_OK(pd_room_table_take(&t, 71, &b));
+    CHECK_OK(pd_room_table_take(&t, 72, &c));
+    CHECK_INT(b, 1);
+    CHECK_INT(c, 2);
+    CHECK(pd_room_table_full(&t));
+    CHECK_INT(pd_room_table_take(&t, 73, &d), PD_EFULL);
+    CHECK_INT(pd_room_table_get(&t, 71), 1);
+    pd_room_table_unmap(&t, 71); /* an ended request: its room is free, its slot not yet */
+    CHECK_INT(pd_room_table_get(&t, 71), -1);
+    CHECK(pd_room_table_full(&t));
+    CHECK_INT(pd_room_table_take(&t, 71, &d), PD_EFULL);
+    pd_room_table_put(&t, b);
+    CHECK_OK(pd_room_table_take(&t, 71, &d));
+    CHECK_INT(d, b); /* the slot given back last is taken first */
+    pd_room_table_release(&t, 70, a);
+    CHECK_INT(pd_room_table_get(&t, 70), -1);
+    CHECK_INT(t.n_free, 1);
+    CHECK_INT(t.map.n, 2);
+    pd_room_table_free(&t);
+    int failed = 0;
+    for (long k = 0; k < 8; k++) {
+        pd_alloc_fail_after(k);
+        int rc = pd_room_table_init(&t, 5);
+        pd_alloc_fail_after(-1);
+        CHECK(rc == PD_OK || rc == PD_ENOMEM);
+        failed += rc != PD_OK;
+        pd_room_table_free(&t);
+    }
+    CHECK(failed >= 2); /* the map's two arrays and the free stack */
+}
+
+PD_TEST_MAIN(PD_TEST(test_basic), PD_TEST(test_random_churn), PD_TEST(test_room_table))

@@ -106,7 +106,7 @@ static void test_table(void) {
     pd_alloc_fail_after(0);
     CHECK_ERR(pd__sched_table_add(&t, 55, 8, &s), PD_ENOMEM, "room 55: page list");
     pd_alloc_fail_after(-1);
-    CHECK(t.slots.n_free == 1);
+    CHECK(t.rooms.n_free == 1);
     CHECK_OK(pd__sched_table_vacant(&t, 55));
 
     pd__sched_table_free(&t); /* the live ones end, every page list freed (ASan) */
