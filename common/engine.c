@@ -12,10 +12,10 @@
 #include "common/server_args.h"
 
 #include "common/base/alloc.h"
-#include "common/backend.h"
-#include "common/kv_pool.h"
+#include "model/backend.h"
+#include "model/kv_pool.h"
 #include "common/base/log.h"
-#include "common/model.h"
+#include "model/model.h"
 #include "common/page_alloc.h"
 #include "common/radix_cache.h"
 #include "common/base/room_map.h"
@@ -24,7 +24,7 @@
 #include "common/sched_prefill.h"
 #include "common/base/spsc.h"
 #include "common/base/status.h"
-#include "common/tp_group.h"
+#include "model/tp_group.h"
 
 #include <errno.h>
 #include <inttypes.h>

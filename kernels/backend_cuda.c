@@ -1,5 +1,5 @@
 /*
- * backend_cuda.c — the cuda backend behind common/backend.h: weights in their checkpoint dtype
+ * backend_cuda.c — the cuda backend behind model/backend.h: weights in their checkpoint dtype
  * (bf16 in practice) on the GPU, the page-major KV pool in device memory, one stream, kernels/
  * for every op and cuBLAS for the products.
  *
@@ -23,10 +23,10 @@
 #include "kernels/backend_cuda.h"
 
 #include "common/base/alloc.h"
-#include "common/backend_impl.h"
+#include "model/backend_impl.h"
 #include "common/base/log.h"
 #include "common/base/status.h"
-#include "common/sampling.h"
+#include "model/sampling.h"
 #include "kernels/kernels.h"
 
 #include <stdio.h>
@@ -450,7 +450,7 @@ static int sample_scratch(struct cuda_backend *c, size_t need) {
 }
 
 /* Sampling fast path: the rows' parameters go up with the launch, the kernel chooses on the
- * device (kernels/sampling.cu mirrors common/sampling.c, penalties from the slots' state
+ * device (kernels/sampling.cu mirrors model/sampling.c, penalties from the slots' state
  * included), and 8 bytes a row come back, plus the top-n when a row asks for it. */
 static int cuda_sample(struct pd_backend *be, const float *x, int rows, int cols,
                        const struct pd_sample_row *row, int32_t *ids, float *logprobs) {
@@ -1544,7 +1544,7 @@ int pd_backend_cuda_flush(struct pd_backend *be, void **stream) {
     return st ? st : rc;
 }
 
-/* Strong definition of the weak reference in common/backend_impl.h; kernels/CMakeLists.txt
+/* Strong definition of the weak reference in model/backend_impl.h; kernels/CMakeLists.txt
  * makes every consumer of pdcommon link this object (linker --undefined), so `--device cuda`
  * reaches here in any binary built with CUDA. */
 int pd__backend_cuda_new(const struct pd_backend_opts *opts, struct pd_backend **out) {

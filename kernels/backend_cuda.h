@@ -1,5 +1,5 @@
 /*
- * backend_cuda.h — what the cuda backend offers beyond common/backend.h, for tests and benches:
+ * backend_cuda.h — what the cuda backend offers beyond model/backend.h, for tests and benches:
  * switching CUDA graphs off (to compare a graph replay with eager launches) and counting what
  * its steps did. The backend itself is reached through pd_backend_new with PD_BACKEND_CUDA.
  */
@@ -9,7 +9,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "common/backend.h"
+#include "model/backend.h"
 
 struct pd_backend_cuda_stats {
     int64_t steps;          /* flushed op logs (one per model step) */

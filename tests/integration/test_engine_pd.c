@@ -20,7 +20,7 @@
 #include "common/engine.h"
 #include "common/base/log.h"
 #include "tools/mkmodel/mkmodel.h"
-#include "common/model.h"
+#include "model/model.h"
 #include "common/sched_common.h"
 #include "common/xfer.h"
 #include "pd_test.h"

@@ -12,9 +12,9 @@
 #include "pd_tp_fixture.h"
 
 #include "common/base/alloc.h"
-#include "common/backend.h"
-#include "common/tp.h"
-#include "common/tp_group.h"
+#include "model/backend.h"
+#include "model/tp.h"
+#include "model/tp_group.h"
 
 #include <cuda_runtime_api.h>
 #include <math.h>

@@ -14,7 +14,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "common/dtype.h"
+#include "model/dtype.h"
 
 struct pd__cpu_pool;
 typedef void (*pd__cpu_task)(void *ctx, int tid, int nth);

@@ -4,9 +4,9 @@
  * of its own is the penalty slots' geometry and the stamps that refuse two rows of one sample
  * call sharing a slot (struct pd_backend).
  */
-#include "common/backend.h"
-#include "common/sampling.h"
-#include "common/backend_impl.h"
+#include "model/backend.h"
+#include "model/sampling.h"
+#include "model/backend_impl.h"
 #include "common/base/status.h"
 #include "common/base/alloc.h"
 

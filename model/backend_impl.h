@@ -1,5 +1,5 @@
 /*
- * backend_impl.h — what a backend implements: the op table behind common/backend.h. Internal to
+ * backend_impl.h — what a backend implements: the op table behind model/backend.h. Internal to
  * backends (cpu here, cuda in kernels/); the model never includes it.
  *
  * A backend's state struct starts with struct pd_backend, whose ops point at its table. The cuda
@@ -9,7 +9,7 @@
 #ifndef PD_BACKEND_IMPL_H
 #define PD_BACKEND_IMPL_H
 
-#include "common/backend.h"
+#include "model/backend.h"
 
 struct pd__backend_ops {
     void (*free)(struct pd_backend *be);
@@ -43,7 +43,7 @@ struct pd__backend_ops {
                   float *logprobs);
     int (*sample)(struct pd_backend *be, const float *x, int rows, int cols,
                   const struct pd_sample_row *row, int32_t *ids, float *logprobs);
-    /* arguments checked by backend.c (common/backend.h) before these are called */
+    /* arguments checked by backend.c (model/backend.h) before these are called */
     int (*penalty_reserve)(struct pd_backend *be, int slots, int vocab, int max_ids);
     int (*penalty_set)(struct pd_backend *be, int slot, const int32_t *prompt, int n_prompt,
                        const int32_t *out, int n_out);

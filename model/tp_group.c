@@ -12,7 +12,7 @@
  * give up; the step fails everywhere and the error reported is the first failing rank's. Before
  * the next step the carrier is reset (the local one recovers; NCCL's refuses).
  */
-#include "common/tp_group.h"
+#include "model/tp_group.h"
 
 #include "common/base/alloc.h"
 #include "common/base/status.h"

@@ -4,7 +4,7 @@
  * the queue up to that event, so the transfer's consumers are tested against copies that complete
  * late (a reader that does not wait for its event sees the old bytes).
  */
-#include "common/devmem.h"
+#include "model/devmem.h"
 
 #include <stdint.h>
 #include <stdio.h>
