@@ -1544,9 +1544,8 @@ int pd_backend_cuda_flush(struct pd_backend *be, void **stream) {
     return st ? st : rc;
 }
 
-/* Strong definition of the weak reference in model/backend_impl.h; kernels/CMakeLists.txt
- * makes every consumer of pdcommon link this object (linker --undefined), so `--device cuda`
- * reaches here in any binary built with CUDA. */
+/* Named by the registry's cuda entry (model/backend_reg.c), so `--device cuda` reaches here in
+ * any binary built with CUDA. */
 int pd__backend_cuda_new(const struct pd_backend_opts *opts, struct pd_backend **out) {
     *out = NULL;
     int n = 0;

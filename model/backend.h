@@ -83,7 +83,9 @@ struct pd_backend_limits {
 
 struct pd_backend;
 
-/* Creates a backend. kind cuda without the CUDA backend linked in is PD_EUNSUPPORTED. */
+/* Creates a backend. kind cuda without the CUDA backend linked in is PD_EUNSUPPORTED. Defined by
+ * the registry (model/backend_reg.c, library pdbackends), which names the backends of the build;
+ * the rest of this interface is backend.c's (library pdmodel). */
 int pd_backend_new(const struct pd_backend_opts *opts, struct pd_backend **out);
 void pd_backend_free(struct pd_backend *be);
 enum pd_backend_kind pd_backend_kind_of(const struct pd_backend *be);

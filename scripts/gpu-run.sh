@@ -189,11 +189,13 @@ else
             >"$BUILD/obj/flashinfer.failed"
     fi
     # one test binary (test_tp_cuda.c has its own main and needs the daemons' tp group, and
-    # tp_nccl.c NCCL's header: both are the full build's)
-    for f in $(ls kernels/*.c | grep -v tp_nccl.c) model/backend.c model/cpu/backend_cpu.c \
-        model/cpu/backend_cpu_kernels.c model/cpu/backend_cpu_pool.c common/base/status.c \
-        common/base/alloc.c common/base/log.c model/dtype.c model/model.c model/kv_pool.c \
-        model/sampling.c \
+    # tp_nccl.c NCCL's header: both are the full build's); the backend registry with its cuda
+    # entry (PD_HAVE_CUDA, as model/CMakeLists.txt sets it; no PD_HAVE_NCCL without tp_nccl.c)
+    CFLAGS="$CFLAGS -DPD_HAVE_CUDA=1"
+    for f in $(ls kernels/*.c | grep -v tp_nccl.c) model/backend.c model/backend_reg.c \
+        model/devmem.c model/cpu/backend_cpu.c model/cpu/backend_cpu_kernels.c \
+        model/cpu/backend_cpu_pool.c common/base/status.c common/base/alloc.c common/base/log.c \
+        model/dtype.c model/model.c model/kv_pool.c model/sampling.c \
         tests/kernels/test_backend_cuda.c tests/kernels/bench_gpu.c \
         tests/kernels/compat/cblas_naive.c; do
         o="$BUILD/obj/$(echo "$f" | tr / _).o"
