@@ -11,7 +11,7 @@
  * --kv-cache-dtype's spellings (default auto = float32 on cpu).
  */
 #include "common/base/alloc.h"
-#include "common/model.h"
+#include "model/model.h"
 #include "common/base/status.h"
 
 #include <cblas.h>

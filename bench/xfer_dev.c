@@ -31,8 +31,8 @@
 #include <uv.h>
 
 #include "common/base/alloc.h"
-#include "common/backend.h"
-#include "common/devmem.h"
+#include "model/backend.h"
+#include "model/devmem.h"
 #include "common/base/log.h"
 #include "common/base/status.h"
 #include "common/xfer.h"

@@ -8,7 +8,7 @@ pkg_check_modules(CJSON REQUIRED IMPORTED_TARGET libcjson)
 find_library(PD_LIBM m REQUIRED)
 
 find_package(Python3 COMPONENTS Interpreter)
-# The cpu backend's large matrix products (common/backend_cpu.c).
+# The cpu backend's large matrix products (model/cpu/backend_cpu.c).
 pkg_check_modules(OPENBLAS REQUIRED IMPORTED_TARGET openblas)
 # Tokenizer: pre-tokenizer regexes with Unicode properties (PCRE2), NFC & co. (utf8proc).
 pkg_check_modules(PCRE2 REQUIRED IMPORTED_TARGET libpcre2-8)

@@ -24,7 +24,7 @@
 #include <stdint.h>
 
 #include "common/base/api_wire.h"
-#include "common/sampling.h"
+#include "model/sampling.h"
 
 struct pd_chat_template;
 struct pd_server_args;

@@ -14,10 +14,10 @@
 
 #include "common/base/alloc.h"
 #include "common/api.h"
-#include "common/backend.h"
+#include "model/backend.h"
 #include "common/bootstrap.h"
 #include "model/jinja/chat_template.h"
-#include "common/devmem.h"
+#include "model/devmem.h"
 #include "common/server_args.h"
 #include "common/grpc_bridge.h"
 #include "common/base/http_server.h"

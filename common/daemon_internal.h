@@ -17,7 +17,7 @@
 #include "common/base/http_server.h"
 #include "common/base/room_table.h"
 #include "common/bootstrap.h"
-#include "common/devmem.h"
+#include "model/devmem.h"
 #include "common/engine.h"
 #include "common/grpc_bridge.h"
 #include "common/serve_metrics.h"

@@ -11,14 +11,14 @@
 #include "common/engine_internal.h"
 #include "common/server_args.h"
 
-#include "common/backend.h"
 #include "common/base/alloc.h"
 #include "common/base/log.h"
 #include "common/base/status.h"
-#include "common/kv_pool.h"
 #include "common/page_alloc.h"
 #include "common/radix_cache.h"
-#include "common/tp_group.h"
+#include "model/backend.h"
+#include "model/kv_pool.h"
+#include "model/tp_group.h"
 
 #include <errno.h>
 #include <inttypes.h>

@@ -1,6 +1,6 @@
 /*
  * engine.h — a daemon's compute thread (DESIGN.md §2a): it owns the model with its backend and
- * KV pool (over tp_size ranks: common/tp_group.h, whose workers it drives in lockstep), the page
+ * KV pool (over tp_size ranks: model/tp_group.h, whose workers it drives in lockstep), the page
  * allocator, the prefix cache (prefill) and one scheduler (prefill or decode flavour), and runs
  * one step at a time. What differs by role lives with the role (prefill/engine_prefill.c,
  * decode/engine_decode.c, decode/engine_coloc.c) behind the op table the config names. The loop
@@ -41,8 +41,8 @@
 
 #include <uv.h>
 
-#include "common/sampling.h"
-#include "common/tp.h"
+#include "model/sampling.h"
+#include "model/tp.h"
 
 struct pd_engine_ops; /* a role's part of the compute thread (common/engine_internal.h) */
 
@@ -53,7 +53,7 @@ struct pd_engine_config {
     const char *model_path;
     int device;               /* enum pd_backend_kind: PD_BACKEND_CPU or PD_BACKEND_CUDA */
     int device_index;         /* cuda: which GPU (rank r of tensor parallelism: this + r) */
-    int tp_size;              /* tensor-parallel ranks (common/tp_group.h); 0 or 1: none */
+    int tp_size;              /* tensor-parallel ranks (model/tp_group.h); 0 or 1: none */
     int threads;              /* cpu backend threads; 0 = one per core */
     int page_size;            /* tokens per KV page */
     int chunked_prefill_size; /* prefill step budget; decode: recompute chunk; <= 0: unchunked */
@@ -63,7 +63,7 @@ struct pd_engine_config {
     int context_length;       /* 0 = the model's */
     int64_t n_pages;          /* KV pool pages; 0 = from mem_fraction_static */
     int kv_dtype;             /* enum pd_dtype of the KV pool (0: f32) unless kv_dtype_auto */
-    bool kv_dtype_auto;       /* --kv-cache-dtype auto (common/tp_group.h resolves it) */
+    bool kv_dtype_auto;       /* --kv-cache-dtype auto (model/tp_group.h resolves it) */
     double mem_fraction_static;
     bool disable_prefix_cache;
     double bootstrap_timeout_s; /* prefill */

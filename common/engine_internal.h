@@ -15,8 +15,8 @@
 
 #include "common/base/room_table.h"
 #include "common/base/spsc.h"
-#include "common/model.h"
-#include "common/sampling.h"
+#include "model/model.h"
+#include "model/sampling.h"
 #include "common/sched_common.h"
 
 #include <pthread.h>
@@ -66,7 +66,7 @@ struct pd_engine_ops {
 
 struct pd_engine {
     struct pd_engine_config cfg;
-    /* the model over cfg.tp_size ranks (common/tp_group.h); every model call goes through it */
+    /* the model over cfg.tp_size ranks (model/tp_group.h); every model call goes through it */
     struct pd_tp_group *tp;
     struct pd_backend *be;  /* rank 0's */
     struct pd_model *model; /* rank 0's: config and context length */

@@ -6,11 +6,11 @@
  */
 #include "common/engine_internal.h"
 
-#include "common/backend.h"
+#include "model/backend.h"
 #include "common/base/alloc.h"
 #include "common/base/log.h"
 #include "common/base/status.h"
-#include "common/tp_group.h"
+#include "model/tp_group.h"
 
 #include <inttypes.h>
 #include <math.h>

@@ -6,7 +6,7 @@
 #include "common/server_args.h"
 #include "common/base/log.h"
 #include "common/base/status.h"
-#include "common/tp.h"
+#include "model/tp.h"
 
 #include <string.h>
 

@@ -10,7 +10,7 @@
 #include <stdint.h>
 
 #include "common/base/flags.h"
-#include "common/dtype.h"
+#include "model/dtype.h"
 
 enum pd_disagg_mode {
     PD_DISAGG_NULL = 0, /* colocated: one daemon does prefill and decode */
@@ -25,7 +25,7 @@ enum pd_device_kind {
 };
 extern const char *const pd_device_names[]; /* "cpu", "cuda" */
 
-/* --kv-cache-dtype: its spellings and types are common/dtype.h's (pd_kv_cache_dtype_names). */
+/* --kv-cache-dtype: its spellings and types are model/dtype.h's (pd_kv_cache_dtype_names). */
 /* The help text both the daemons and pdserve-generate give the flag. */
 extern const char pd_kv_cache_dtype_help[];
 

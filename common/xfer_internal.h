@@ -21,7 +21,7 @@
 #include <ucp/api/ucp.h>
 
 #include "common/base/alloc.h"
-#include "common/devmem.h"
+#include "model/devmem.h"
 #include "common/base/log.h"
 #include "common/base/status.h"
 

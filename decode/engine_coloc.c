@@ -10,7 +10,7 @@
 #include "common/engine_internal.h"
 #include "common/radix_cache.h"
 #include "decode/sched_coloc.h"
-#include "common/tp_group.h"
+#include "model/tp_group.h"
 
 #include "common/base/log.h"
 #include "common/base/status.h"

@@ -9,7 +9,7 @@
 
 #include "common/engine_internal.h"
 #include "decode/sched_decode.h"
-#include "common/tp_group.h"
+#include "model/tp_group.h"
 
 #include "common/base/log.h"
 #include "common/base/status.h"

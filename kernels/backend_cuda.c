@@ -1,5 +1,5 @@
 /*
- * backend_cuda.c — the cuda backend behind common/backend.h: weights in their checkpoint dtype
+ * backend_cuda.c — the cuda backend behind model/backend.h: weights in their checkpoint dtype
  * (bf16 in practice) on the GPU, the page-major KV pool in device memory, one stream, kernels/
  * for every op and cuBLAS for the products.
  *
@@ -8,7 +8,8 @@
  * (download, sync, upload, or the next set_batch). Flushing first plans the attention work items
  * (the plan needs the head counts, which only the attention op carries) and copies all per-step
  * metadata to the device in one transfer, then either
- *  - replays the log eagerly, fusing each residual add with the RMSNorm that follows it, or
+ *  - replays the log eagerly, fusing ops with their neighbours (backend_cuda_fuse.c: an add
+ *    with the RMSNorm after it, product groups, rope with the KV store), or
  *  - for a decode step (one new token per request, one logit row each) launches the CUDA graph
  *    captured for its batch-size bucket: the batch is padded to the bucket (padding tokens have
  *    slot -1, padding attention items req -1), every row count in the log is scaled from n to
@@ -20,13 +21,13 @@
  * breaking it runs eagerly).
  * Errors of enqueued ops are sticky and returned by the next download/sync.
  */
-#include "kernels/backend_cuda.h"
+#include "kernels/backend_cuda_internal.h"
 
 #include "common/base/alloc.h"
-#include "common/backend_impl.h"
+#include "model/backend_impl.h"
 #include "common/base/log.h"
 #include "common/base/status.h"
-#include "common/sampling.h"
+#include "model/sampling.h"
 #include "kernels/kernels.h"
 
 #include <stdio.h>
@@ -34,130 +35,13 @@
 #include <string.h>
 
 #define PD_CUDA_GEMM_WORKSPACE (32u << 20) /* bytes */
-#define PD_CUDA_LOG_OPS 8192               /* ops one step may enqueue before an early flush */
 #define PD_CUDA_MAX_GRAPH_REQS 256
-/* A product group goes through cuBLAS as one GEMM only when no product is wider than this: on
- * an H200, cuBLAS ran qwen2.5-1.5b's gate+up (2 x 8960 x 1536) at 64 rows as one GEMM in 59.6
- * us against 2 x 15 us apart, while q+k+v (1536+256+256) gained from it (22 us, 43 before) */
-#define PD_CUDA_GROUP_GEMM_MAX_M 4096
 /* rows of one sampling launch (its scratch: a probability row each) */
 #define PD_CUDA_SAMPLE_ROWS 256
 
 static const int graph_buckets[] = {1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256};
-#define PD_CUDA_N_BUCKETS ((int)PD_ARRAY_LEN(graph_buckets))
-
-enum op_kind {
-    OP_EMBED = 1,
-    OP_RMSNORM,
-    OP_MATMUL,
-    OP_ROPE,
-    OP_SILU_MUL,
-    OP_ADD,
-    OP_KV_STORE,
-    OP_ATTENTION,
-    OP_GATHER,
-};
-
-/* One logged op; memset before filling so fingerprints never hash padding garbage. */
-struct op {
-    enum op_kind kind;
-    int dim, heads, layer;
-    int64_t count; /* rows or values; scaled to the bucket in a graph step */
-    struct pd_tensor w, bias;
-    const float *x, *y, *inv_freq;
-    float *out;
-    float eps, scale;
-    struct pd_kv_layout kv;
-};
-
-struct graph_slot {
-    cudaGraphExec_t exec;
-    uint64_t fingerprint;
-    bool broken; /* capture failed once: run this bucket eagerly */
-};
-
-/* Byte offsets of the per-step arrays inside the metadata buffers (host pinned and device),
- * fixed at reserve. A step copies two used prefixes: everything up to the end of its page table,
- * and its attention items. */
-struct meta_layout {
-    size_t token_ids, positions, slots, out_rows, tok_splits; /* [max_tokens] int32 */
-    size_t req_tok_start, req_page_start;                     /* [max_reqs + 1] int32 */
-    size_t req_kv_len, last_page_len;                         /* [max_reqs] int32 */
-    size_t page_table; /* [max_pages + max_graph_reqs] int32 (graph padding: page 0 each) */
-    size_t items;      /* [max_items] */
-    size_t total;
-};
-
-/* per reserved token row: 8 bytes of results (all rows' ids, then their logprobs), the top-n
- * (all rows' [PD_KERNEL_MAX_TOP] ids, then their logprobs), then one pd_kernel_sample_row */
-#define TOP_ROW_BYTES (PD_KERNEL_MAX_TOP * 8)
-#define AMAX_ROW_BYTES (8 + TOP_ROW_BYTES + sizeof(struct pd_kernel_sample_row))
-
-/* A 2-byte copy of count values of the f32 activations at src (src NULL: nothing held). */
-struct held {
-    const float *src;
-    int64_t count;
-    enum pd_dtype dtype;
-};
-
-struct cuda_backend {
-    struct pd_backend base;
-    int dev, sms;
-    bool sm90; /* a Hopper GPU: FlashInfer's sm90 attention for extend steps */
-    cudaStream_t stream;
-    cudaEvent_t meta_done;
-    struct pd_kernel_gemm *gemm;
-    int status; /* first error of an enqueued op, reported at the next sync point */
-    bool graphs_on;
-    /* reserve */
-    bool reserved;
-    struct pd_backend_limits lim;
-    struct meta_layout ml;
-    char *meta_h; /* pinned host */
-    char *meta_d; /* device */
-    int max_items, max_split_tokens, max_graph_reqs;
-    void *xconv; /* device [max_tokens][max_dim] 2-byte GEMM inputs */
-    /* a product group's single GEMM output ([rows][Σ m] f32, prod_floats of room) */
-    float *prod_out;
-    int64_t prod_floats;
-    /* what xconv and fi_q hold while a log runs: set by the op that wrote them (a conversion, an
-     * RMSNorm's second output, the fused rope), read by the op right after, cleared by any other */
-    struct held xconv_held, fiq_held;
-    /* FlashInfer attention (kernels/flashinfer/): its workspace, this step's plan, and q / o in
-     * the 2-byte type its kernels take ([max_tokens][max_heads][max_head_dim]) */
-    struct pdfi_workspace fi_ws;
-    struct pdfi_plan fi_plan;
-    void *fi_q, *fi_o;
-    float *part_o, *part_ml; /* device attention split partials */
-    /* argmax / sample results (ids + logprobs, [max_tokens] x 8 bytes) then the sample rows'
-     * parameters ([max_tokens] x pd_kernel_sample_row): device, and a pinned copy */
-    char *amax_d, *amax_h;
-    /* penalty slots (pd_backend_penalty_reserve): [slots][vocab] state, and staging for the
-     * token ids pd_backend_penalty_set uploads (pinned host, device) */
-    int32_t *pen_state;
-    int32_t *pen_ids_h, *pen_ids_d;
-    void *samp; /* argmax's and the draw's scratch (sample_scratch), samp_bytes */
-    size_t samp_bytes;
-    struct op *log; /* [PD_CUDA_LOG_OPS] */
-    int n_log;
-    /* current step */
-    bool meta_pending; /* set_batch ran; metadata not yet planned and copied */
-    int n_tokens, n_reqs, n_out, n_pages;
-    int bucket; /* graph bucket (padded n) of a decode step, 0 = eager */
-    int bucket_idx;
-    int n_pad_pages; /* page-table entries after n_pages: one per padding request of a bucket */
-    struct pd_kernel_attn_batch attn;
-    /* the step's attention plan: made at the first flush whose log holds an attention op (its
-     * head counts and pool come with that op), for FlashInfer (fi_step) or our own kernel */
-    bool attn_planned, fi_step;
-    int fi_reqs;                   /* requests of the FlashInfer plan (the bucket's when padded) */
-    int attn_heads, attn_kv_heads; /* the head counts attn was planned for */
-    struct graph_slot graphs[PD_CUDA_N_BUCKETS];
-    struct pd_backend_cuda_stats stats;
-    /* per-op timing (pd_backend_cuda_profile): events [PD_CUDA_LOG_OPS + 1] */
-    struct pd_backend_cuda_profile *prof;
-    cudaEvent_t *prof_ev;
-};
+_Static_assert(PD_ARRAY_LEN(graph_buckets) == PD_CUDA_N_BUCKETS,
+               "PD_CUDA_N_BUCKETS (backend_cuda_internal.h) counts graph_buckets");
 
 static struct cuda_backend *cb(struct pd_backend *be) {
     return (struct cuda_backend *)be;
@@ -342,10 +226,6 @@ static int cuda_reserve(struct pd_backend *be, const struct pd_backend_limits *l
     return PD_OK;
 }
 
-static size_t tensor_bytes(const struct pd_tensor *t) {
-    return (size_t)(t->rows * t->cols) * pd_dtype_size(t->dtype);
-}
-
 static int cuda_weight(struct pd_backend *be, enum pd_dtype dtype, int64_t rows, int64_t cols,
                        const void *host, struct pd_tensor *out) {
     struct cuda_backend *c = cb(be);
@@ -371,7 +251,7 @@ static int cuda_weight(struct pd_backend *be, enum pd_dtype dtype, int64_t rows,
 }
 
 /* The tensors moved into one allocation, back to back in their order (a product group's
- * weights: run_matmul multiplies them as one matrix). The old allocations are freed. */
+ * weights: backend_cuda_fuse.c multiplies them as one matrix). The old allocations are freed. */
 static int cuda_weight_pack(struct pd_backend *be, struct pd_tensor *const *ts, int n) {
     struct cuda_backend *c = cb(be);
     size_t total = 0;
@@ -450,7 +330,7 @@ static int sample_scratch(struct cuda_backend *c, size_t need) {
 }
 
 /* Sampling fast path: the rows' parameters go up with the launch, the kernel chooses on the
- * device (kernels/sampling.cu mirrors common/sampling.c, penalties from the slots' state
+ * device (kernels/sampling.cu mirrors model/sampling.c, penalties from the slots' state
  * included), and 8 bytes a row come back, plus the top-n when a row asks for it. */
 static int cuda_sample(struct pd_backend *be, const float *x, int rows, int cols,
                        const struct pd_sample_row *row, int32_t *ids, float *logprobs) {
@@ -840,34 +720,6 @@ static void cuda_gather_out_rows(struct pd_backend *be, const float *src, int wi
 
 /* ---- flush: plan, copy metadata, run the log (graph or eager) ---- */
 
-static struct pd_kernel_kv_geom geom(const struct pd_kv_layout *kv) {
-    return (struct pd_kernel_kv_geom){kv->base,     kv->n_pages,  kv->n_layers, kv->page_size,
-                                      kv->kv_heads, kv->head_dim, kv->dtype,    kv->page_bytes};
-}
-
-/* Row counts of the log as launched: n → bucket in a graph step. false when a count is not a
- * multiple of the step's tokens (then the step must run eagerly). */
-static bool scale_count(const struct cuda_backend *c, int64_t count, int64_t *out) {
-    if (!c->bucket) {
-        *out = count;
-        return true;
-    }
-    if (count % c->n_tokens)
-        return false;
-    *out = count / c->n_tokens * c->bucket;
-    return true;
-}
-
-/* FlashInfer runs the attention of a 2-byte or fp8 pool at head dims 64/128/256 (its page
- * stride, in elements, must fit its uint32); an f32 pool (exact comparisons with the cpu
- * backend) or another head dim takes our kernel (attention.cu). */
-static bool fi_takes(const struct op *a) {
-    enum pdfi_dtype dt = pd_kernel_fi_dtype(a->kv.dtype);
-    size_t esz = pd_dtype_size(a->kv.dtype);
-    return dt && pdfi_attention_supported(dt, a->kv.head_dim) && a->heads % a->kv.kv_heads == 0 &&
-           a->kv.page_bytes % esz == 0 && a->kv.page_bytes / esz <= 0xffffffffu;
-}
-
 /* FlashInfer's plan: the request/page index arrays are the step's metadata as set_batch wrote
  * it (req_tok_start is qo_indptr, req_page_start the page indptr), plus each request's tokens
  * in its last page. A graph bucket plans with FlashInfer's graph mode: the launch's shape then
@@ -959,310 +811,6 @@ static int upload_meta(struct cuda_backend *c) {
     return rc;
 }
 
-/* How many products from log[i] form one group: consecutive products of the same input and row
- * count by 2-byte weights lying back to back (pd_backend_weight_pack: q, k, v; gate, up), biases
- * of the weights' type on all or none, no output being the input or the previous output; and
- * whether the SwiGLU of the first two follows (gate, up), which the group then computes too. */
-static int product_group(const struct cuda_backend *c, int i, bool *silu) {
-    const struct op *a = &c->log[i];
-    *silu = false;
-    if (a->w.dtype == PD_DTYPE_F32 || a->out == a->x ||
-        (a->bias.data && a->bias.dtype != a->w.dtype))
-        return 1;
-    int n = 1;
-    for (; n < PD_KERNEL_PRODUCT_SEGS && i + n < c->n_log; n++) {
-        const struct op *b = &c->log[i + n], *p = &c->log[i + n - 1];
-        if (b->kind != OP_MATMUL || b->x != a->x || b->count != a->count ||
-            b->w.dtype != a->w.dtype || b->w.cols != a->w.cols ||
-            (const char *)b->w.data != (const char *)p->w.data + tensor_bytes(&p->w) ||
-            !b->bias.data != !a->bias.data || (b->bias.data && b->bias.dtype != a->w.dtype) ||
-            b->out == a->x || b->out == p->out)
-            break;
-    }
-    if (n == 2 && i + 2 < c->n_log) {
-        const struct op *g = a, *u = &c->log[i + 1], *sm = &c->log[i + 2];
-        *silu = sm->kind == OP_SILU_MUL && sm->x == g->out && sm->y == u->out &&
-                sm->out == g->out && g->w.rows == u->w.rows && sm->count == g->count * g->w.rows;
-    }
-    return n;
-}
-
-/* log[i]'s input in its weight's 2-byte type in xconv: converted now unless the op before left
- * it there (an RMSNorm's second output, the previous product of the same input). */
-static int gemm_input(struct cuda_backend *c, const struct op *o, int64_t rows, struct held in) {
-    int64_t count = rows * o->w.cols;
-    if (in.src == o->x && in.count == count && in.dtype == o->w.dtype) {
-        c->stats.reused_inputs++;
-    } else {
-        struct pd_kernel_convert_params cv = {o->x, c->xconv, o->w.dtype, count};
-        int rc = pd_kernel_convert(&cv, c->stream);
-        if (rc)
-            return rc;
-    }
-    c->xconv_held = (struct held){o->x, count, o->w.dtype};
-    return PD_OK;
-}
-
-/* Whether an output overlaps the input (a few-row product reads it while others write). */
-static bool writes_input(const struct pd_kernel_product_seg *seg, int n, const float *x,
-                         int64_t x_count, int64_t rows) {
-    for (int j = 0; j < n; j++)
-        if (seg[j].y < x + x_count && x < seg[j].y + rows * seg[j].m)
-            return true;
-    return false;
-}
-
-/* The products of log[i] and, when they form a group, of the ops after it (*consumed of them):
- * a few rows on CUDA cores (pd_kernel_gemv, the whole group in one launch), more through
- * cuBLAS (a group as one GEMM into prod_out, then split to its outputs with the biases added). */
-static int run_matmul(struct cuda_backend *c, int i, int64_t rows, struct held in, int *consumed) {
-    const struct op *o = &c->log[i];
-    bool silu;
-    int n = product_group(c, i, &silu);
-    struct pd_kernel_product_seg seg[PD_KERNEL_PRODUCT_SEGS] = {{0}};
-    int64_t width = 0, widest = 0;
-    bool aligned = true;
-    for (int j = 0; j < n; j++) {
-        const struct op *p = &c->log[i + j];
-        seg[j] = (struct pd_kernel_product_seg){p->w.data, p->bias.data, p->out, p->w.rows};
-        width += p->w.rows;
-        widest = p->w.rows > widest ? p->w.rows : widest;
-        aligned = aligned && (uintptr_t)p->w.data % 16 == 0;
-    }
-    int rc;
-    if (aligned && !writes_input(seg, n, o->x, rows * o->w.cols, rows) &&
-        pd_kernel_gemv_takes(rows, o->w.cols, o->w.dtype) &&
-        (!o->bias.data || o->bias.dtype == o->w.dtype)) {
-        struct pd_kernel_gemv_params g = {.x = o->x,
-                                          .rows = rows,
-                                          .k = o->w.cols,
-                                          .dtype = o->w.dtype,
-                                          .n_seg = n,
-                                          .silu_pair = silu,
-                                          .sms = c->sms};
-        memcpy(g.seg, seg, sizeof(seg));
-        *consumed = n + silu;
-        c->stats.fused_products += n + silu - 1;
-        return pd_kernel_gemv(&g, c->stream);
-    }
-    if (n > 1 && (rows * width > c->prod_floats || widest > PD_CUDA_GROUP_GEMM_MAX_M)) {
-        n = 1;
-        silu = false;
-        width = o->w.rows;
-    }
-    *consumed = n + silu;
-    if (o->w.dtype != PD_DTYPE_F32 && (rc = gemm_input(c, o, rows, in)))
-        return rc;
-    if (writes_input(seg, n, o->x, rows * o->w.cols, rows))
-        c->xconv_held.src = NULL; /* the input changes under xconv */
-    const void *x = o->w.dtype == PD_DTYPE_F32 ? (const void *)o->x : c->xconv;
-    float *y = n > 1 ? c->prod_out : o->out;
-    struct pd_kernel_gemm_params g = {x, o->w.data, o->w.dtype, y, rows, width, o->w.cols};
-    if ((rc = pd_kernel_gemm_run(c->gemm, &g)))
-        return rc;
-    if (n > 1) {
-        struct pd_kernel_split_params sp = {c->prod_out, rows, o->w.dtype, n, {{0}}, silu};
-        memcpy(sp.seg, seg, sizeof(seg));
-        c->stats.fused_products += n + silu - 1;
-        return pd_kernel_split(&sp, c->stream);
-    }
-    if (o->bias.data) {
-        struct pd_kernel_bias_params b = {o->out, o->bias.data, o->bias.dtype, rows, o->w.rows};
-        rc = pd_kernel_bias(&b, c->stream);
-    }
-    return rc;
-}
-
-/* FlashInfer attention of one layer: q f32 → the kernels' 2-byte type, the paged kernel over
- * the layer's K and V blocks (page stride = the whole page), the output back to f32. */
-static enum pd_dtype fi_q_dtype(const struct pd_kv_layout *kv) {
-    return kv->dtype == PD_DTYPE_F16 ? PD_DTYPE_F16 : PD_DTYPE_BF16;
-}
-
-static int run_fi_attention(struct cuda_backend *c, const struct op *o, int64_t rows,
-                            struct held q_in) {
-    const struct meta_layout *m = &c->ml;
-    enum pd_dtype qt = fi_q_dtype(&o->kv);
-    int64_t count = rows * o->heads * o->kv.head_dim;
-    int rc = PD_OK;
-    if (q_in.src != o->x || q_in.count != count || q_in.dtype != qt) {
-        struct pd_kernel_convert_params cq = {o->x, c->fi_q, qt, count};
-        if ((rc = pd_kernel_convert(&cq, c->stream)))
-            return rc;
-    }
-    size_t esz = pd_dtype_size(o->kv.dtype);
-    size_t block = (size_t)o->kv.page_size * (size_t)o->kv.kv_heads * (size_t)o->kv.head_dim;
-    char *k = (char *)o->kv.base + (size_t)o->layer * 2 * block * esz;
-    struct pdfi_attention_args fa = {
-        .kv_dtype = pd_kernel_fi_dtype(o->kv.dtype),
-        .q = c->fi_q,
-        .o = c->fi_o,
-        .k = k,
-        .v = k + block * esz,
-        .stride_page = (int64_t)(o->kv.page_bytes / esz),
-        .stride_n = (int64_t)o->kv.kv_heads * o->kv.head_dim,
-        .stride_h = o->kv.head_dim,
-        .qo_indptr = (int32_t *)(c->meta_d + m->req_tok_start),
-        .page_indptr = (int32_t *)(c->meta_d + m->req_page_start),
-        .page_indices = (int32_t *)(c->meta_d + m->page_table),
-        .last_page_len = (int32_t *)(c->meta_d + m->last_page_len),
-        .n_reqs = c->fi_reqs,
-        .page_size = o->kv.page_size,
-        .scale = o->scale,
-    };
-    char err[256];
-    rc = pdfi_attention(&c->fi_plan, &c->fi_ws, &fa, c->stream, err, sizeof(err));
-    if (rc)
-        return pd__pdfi_status(rc, err);
-    struct pd_kernel_widen_params wo = {c->fi_o, qt, o->out, count};
-    return pd_kernel_widen(&wo, c->stream);
-}
-
-/* When log[next] is a cuBLAS product of the norm's output (more rows than the few-row product
- * takes), the norm writes that product's 2-byte input too (xconv), saving its conversion. */
-static void norm_feeds_gemm(struct cuda_backend *c, int next, struct pd_kernel_rmsnorm_params *p) {
-    if (next >= c->n_log)
-        return;
-    const struct op *g = &c->log[next];
-    int64_t rows = 0;
-    if (g->kind != OP_MATMUL || g->x != p->out || g->w.dtype == PD_DTYPE_F32 ||
-        g->w.cols != p->dim || !scale_count(c, g->count, &rows) || rows != p->rows ||
-        pd_kernel_gemv_takes(rows, g->w.cols, g->w.dtype))
-        return;
-    p->out2 = c->xconv;
-    p->out2_dtype = g->w.dtype;
-    c->xconv_held = (struct held){p->out, rows * p->dim, g->w.dtype};
-}
-
-/* log[i..i+2] = rope of q, rope of k with the same frequencies, the store of that k and a v:
- * one kernel (pd_kernel_rope_store). */
-static bool rope_store_follows(const struct cuda_backend *c, int i) {
-    if (i + 2 >= c->n_log)
-        return false;
-    const struct op *q = &c->log[i], *k = &c->log[i + 1], *st = &c->log[i + 2];
-    return k->kind == OP_ROPE && st->kind == OP_KV_STORE && k->inv_freq == q->inv_freq &&
-           k->dim == q->dim && st->x == k->out && st->kv.head_dim == q->dim &&
-           st->kv.kv_heads == k->heads && q->out != k->out && st->y != q->out && st->y != k->out;
-}
-
-/* The fused rope + store of log[i..i+2]; when FlashInfer's attention of that q comes next, the
- * rotated q goes into its 2-byte query buffer as well. */
-static int run_rope_store(struct cuda_backend *c, int i, int64_t rows) {
-    const struct op *q = &c->log[i], *k = &c->log[i + 1], *st = &c->log[i + 2];
-    const struct op *at = i + 3 < c->n_log ? &c->log[i + 3] : NULL;
-    const struct meta_layout *m = &c->ml;
-    struct pd_kernel_rope_store_params p = {
-        .q = q->out,
-        .k = k->out,
-        .v = st->y,
-        .positions = (const int32_t *)(c->meta_d + m->positions),
-        .slots = (const int32_t *)(c->meta_d + m->slots),
-        .inv_freq = q->inv_freq,
-        .n = rows,
-        .heads = q->heads,
-        .kv = geom(&st->kv),
-        .layer = st->layer,
-    };
-    if (at && at->kind == OP_ATTENTION && at->x == q->out && at->heads == q->heads &&
-        c->attn_planned && c->fi_step && fi_takes(at) && at->kv.head_dim == q->dim &&
-        q->heads <= c->lim.max_heads && q->dim <= c->lim.max_head_dim) {
-        p.q_out = c->fi_q;
-        p.q_out_dtype = fi_q_dtype(&at->kv);
-        c->fiq_held = (struct held){q->out, rows * q->heads * q->dim, p.q_out_dtype};
-    }
-    c->stats.fused_ropes++;
-    return pd_kernel_rope_store(&p, c->stream);
-}
-
-/* Launches log[i] (and log[i+1] when fused); returns how many ops it consumed, or < 0. */
-static int run_op(struct cuda_backend *c, int i, int *consumed) {
-    const struct op *o = &c->log[i];
-    const struct meta_layout *m = &c->ml;
-    int64_t rows_tok = c->bucket ? c->bucket : c->n_tokens, cnt = 0;
-    struct held xconv_in = c->xconv_held, fiq_in = c->fiq_held;
-    c->xconv_held = c->fiq_held = (struct held){0};
-    *consumed = 1;
-    if (!scale_count(c, o->count, &cnt))
-        return pd_errorf(PD_EINTERNAL, "op count %lld in a step of %d tokens", (long long)o->count,
-                         c->n_tokens);
-    switch (o->kind) {
-    case OP_EMBED: {
-        struct pd_kernel_embed_params p = {o->w.data,
-                                           o->w.dtype,
-                                           o->w.rows,
-                                           (int)o->w.cols,
-                                           (const int32_t *)(c->meta_d + m->token_ids),
-                                           o->out,
-                                           rows_tok};
-        return pd_kernel_embed(&p, c->stream);
-    }
-    case OP_ADD: {
-        const struct op *nx = i + 1 < c->n_log ? &c->log[i + 1] : NULL;
-        int64_t ncnt = 0;
-        if (nx && nx->kind == OP_RMSNORM && nx->x == o->out && scale_count(c, nx->count, &ncnt) &&
-            ncnt * nx->dim == cnt) {
-            struct pd_kernel_rmsnorm_params p = {o->out, o->y,    nx->w.data, nx->w.dtype, nx->out,
-                                                 ncnt,   nx->dim, nx->eps,    NULL,        0};
-            *consumed = 2;
-            c->stats.fused_norms++;
-            norm_feeds_gemm(c, i + 2, &p);
-            return pd_kernel_rmsnorm(&p, c->stream);
-        }
-        struct pd_kernel_swiglu_params p = {o->out, o->y, o->out, cnt, true};
-        return pd_kernel_swiglu(&p, c->stream);
-    }
-    case OP_RMSNORM: {
-        struct pd_kernel_rmsnorm_params p = {(float *)o->x, NULL,   o->w.data, o->w.dtype, o->out,
-                                             cnt,           o->dim, o->eps,    NULL,       0};
-        norm_feeds_gemm(c, i + 1, &p);
-        return pd_kernel_rmsnorm(&p, c->stream);
-    }
-    case OP_MATMUL: return run_matmul(c, i, cnt, xconv_in, consumed);
-    case OP_ROPE: {
-        if (rope_store_follows(c, i)) {
-            *consumed = 3;
-            return run_rope_store(c, i, rows_tok);
-        }
-        struct pd_kernel_rope_params p = {o->out,      (const int32_t *)(c->meta_d + m->positions),
-                                          o->inv_freq, rows_tok,
-                                          o->heads,    o->dim};
-        return pd_kernel_rope(&p, c->stream);
-    }
-    case OP_SILU_MUL: {
-        struct pd_kernel_swiglu_params p = {o->x, o->y, o->out, cnt, false};
-        return pd_kernel_swiglu(&p, c->stream);
-    }
-    case OP_KV_STORE: {
-        struct pd_kernel_kv_store_params p = {
-            geom(&o->kv), o->layer, o->x, o->y, (const int32_t *)(c->meta_d + m->slots), rows_tok};
-        return pd_kernel_kv_store(&p, c->stream);
-    }
-    case OP_ATTENTION: {
-        if (o->heads != c->attn_heads || o->kv.kv_heads != c->attn_kv_heads ||
-            fi_takes(o) != c->fi_step)
-            return pd_errorf(PD_EINTERNAL, "attention of %d/%d heads in a step planned for %d/%d",
-                             o->heads, o->kv.kv_heads, c->attn_heads, c->attn_kv_heads);
-        /* the split partials (part_o, part_ml) and FlashInfer's q / o buffers hold max_heads x
-         * max_head_dim per token */
-        if (o->heads > c->lim.max_heads || o->kv.head_dim > c->lim.max_head_dim)
-            return pd_errorf(PD_ERANGE, "attention of %d heads of %d, reserved %d of at most %d",
-                             o->heads, o->kv.head_dim, c->lim.max_heads, c->lim.max_head_dim);
-        if (c->fi_step)
-            return run_fi_attention(c, o, rows_tok, fiq_in);
-        struct pd_kernel_attn_params p = {geom(&o->kv), o->layer, c->attn,   o->x,      o->out,
-                                          o->heads,     o->scale, c->part_o, c->part_ml};
-        return pd_kernel_attention(&p, c->stream);
-    }
-    case OP_GATHER: {
-        int64_t n_out = c->bucket ? c->bucket : c->n_out;
-        struct pd_kernel_gather_params p = {o->x, (const int32_t *)(c->meta_d + m->out_rows),
-                                            o->out, n_out, o->dim};
-        return pd_kernel_gather_rows(&p, c->stream);
-    }
-    }
-    return pd_errorf(PD_EINTERNAL, "unknown logged op %d", (int)o->kind);
-}
-
 /* What a logged op is, for the per-op profile: its kind and, for products, the weight's shape
  * (which tells q/k/v, o, gate/up, down and the lm_head apart). */
 static void op_label(const struct op *o, int used, char *buf, size_t n) {
@@ -1313,7 +861,7 @@ static int run_log_profiled(struct cuda_backend *c) {
         rc = pd__cuda_status(cudaEventRecord(c->prof_ev[n], c->stream), "recording an event");
         int used = 1;
         if (!rc)
-            rc = run_op(c, i, &used);
+            rc = pd__cuda_run_op(c, i, &used);
         used_n[n] = used;
         i += used;
     }
@@ -1336,7 +884,7 @@ static int run_log(struct cuda_backend *c) {
     if (c->prof)
         return run_log_profiled(c);
     for (int i = 0; i < c->n_log;) {
-        int used = 1, rc = run_op(c, i, &used);
+        int used = 1, rc = pd__cuda_run_op(c, i, &used);
         if (rc)
             return rc;
         i += used;
@@ -1544,9 +1092,8 @@ int pd_backend_cuda_flush(struct pd_backend *be, void **stream) {
     return st ? st : rc;
 }
 
-/* Strong definition of the weak reference in common/backend_impl.h; kernels/CMakeLists.txt
- * makes every consumer of pdcommon link this object (linker --undefined), so `--device cuda`
- * reaches here in any binary built with CUDA. */
+/* Named by the registry's cuda entry (model/backend_reg.c), so `--device cuda` reaches here in
+ * any binary built with CUDA. */
 int pd__backend_cuda_new(const struct pd_backend_opts *opts, struct pd_backend **out) {
     *out = NULL;
     int n = 0;

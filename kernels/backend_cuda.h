@@ -1,7 +1,8 @@
 /*
- * backend_cuda.h — what the cuda backend offers beyond common/backend.h, for tests and benches:
+ * backend_cuda.h — what the cuda backend offers beyond model/backend.h, for tests and benches:
  * switching CUDA graphs off (to compare a graph replay with eager launches) and counting what
- * its steps did. The backend itself is reached through pd_backend_new with PD_BACKEND_CUDA.
+ * its steps did. The backend itself is reached through pd_backend_new with PD_BACKEND_CUDA: the
+ * constructors below are for the registry (model/backend_reg.c) alone.
  */
 #ifndef PD_BACKEND_CUDA_H
 #define PD_BACKEND_CUDA_H
@@ -9,7 +10,13 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "common/backend.h"
+#include "model/backend.h"
+#include "model/devmem.h"
+
+/* The cuda backend (backend_cuda.c) and the device memory of the KV transfer over the CUDA
+ * runtime (devmem_cuda.c), as the registry names them. */
+int pd__backend_cuda_new(const struct pd_backend_opts *opts, struct pd_backend **out);
+int pd__devmem_cuda_new(const struct pd_devmem_opts *o, struct pd_devmem **out);
 
 struct pd_backend_cuda_stats {
     int64_t steps;          /* flushed op logs (one per model step) */

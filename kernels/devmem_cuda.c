@@ -1,8 +1,8 @@
 /*
- * devmem_cuda.c — common/devmem.h on the CUDA runtime: one non-blocking stream of its own for
+ * devmem_cuda.c — model/devmem.h on the CUDA runtime: one non-blocking stream of its own for
  * the KV transfer's copies (so they overlap the model's stream), events without timing, and
- * page-locked host memory for the staging ring. Joins the build as the backend does: devmem.c
- * references pd__devmem_cuda_new weakly and kernels/CMakeLists.txt forces it into the link.
+ * page-locked host memory for the staging ring. Joins the build as the backend does: the
+ * registry (model/backend_reg.c) names pd__devmem_cuda_new in its cuda entry.
  */
 #include <stdio.h>
 #include <string.h>
@@ -11,7 +11,8 @@
 #include <cuda_runtime_api.h>
 
 #include "common/base/alloc.h"
-#include "common/devmem.h"
+#include "kernels/backend_cuda.h"
+#include "model/devmem.h"
 #include "common/base/status.h"
 #include "kernels/kernels.h"
 

@@ -20,11 +20,11 @@
 
 namespace pdk {
 
-/* One byte of the KV pool in fp8. Stores round with common/fp8.h, the function the CPU backend
+/* One byte of the KV pool in fp8. Stores round with model/fp8.h, the function the CPU backend
  * uses (torch's rounding and overflow; cuda_fp8.h's float constructor saturates e4m3 instead),
  * so both backends write identical bytes. Loads widen with the hardware's fp8 -> f16 convert
  * (sm_89+; cuda_fp8.h emulates it below), which is exact — every fp8 value is an f16 — so they
- * read the values common/fp8.h's decoder gives (NaN stays NaN), two elements an instruction. */
+ * read the values model/fp8.h's decoder gives (NaN stays NaN), two elements an instruction. */
 struct fp8_e4m3 {
     uint8_t b;
 };

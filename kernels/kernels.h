@@ -18,7 +18,7 @@
 
 #include <cuda_runtime_api.h>
 
-#include "common/dtype.h"
+#include "model/dtype.h"
 #include "kernels/flashinfer/pdfi.h"
 
 #ifdef __cplusplus
@@ -267,7 +267,7 @@ size_t pd_kernel_argmax_scratch_bytes(int64_t rows, int vocab);
 
 #define PD_KERNEL_MAX_TOP 20 /* = PD_SAMPLING_MAX_LOGPROBS */
 
-/* One row's sampling parameters, as common/sampling.h's pd_sample_row. */
+/* One row's sampling parameters, as model/sampling.h's pd_sample_row. */
 struct pd_kernel_sample_row {
     float temperature;     /* < 1e-5 (or top_k 1): greedy */
     int32_t top_k;         /* <= 0: all */
@@ -278,7 +278,7 @@ struct pd_kernel_sample_row {
     float rep, freq, pres; /* repetition, frequency, presence penalties */
     int32_t n_top;         /* top-n of the raw row to report, 0..PD_KERNEL_MAX_TOP */
 };
-/* ids[r] = the token chosen from logits[r] with row[r], as common/sampling.c's
+/* ids[r] = the token chosen from logits[r] with row[r], as model/sampling.c's
  * pd_sampling_choose chooses it: greedy rows (temperature < 1e-5 or top_k 1) the argmax (lowest
  * id on ties), the others a draw from the softmax at the row's temperature restricted by top-k,
  * top-p and min-p (FlashInfer's sampler: the same distribution as the host's, other random

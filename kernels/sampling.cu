@@ -1,6 +1,6 @@
 /*
  * sampling.cu — token choice on the device. The greedy fast path (argmax, lowest id on ties as
- * common/sampling.c, plus the token's log-softmax) needs one block per row and sends 8 bytes per
+ * model/sampling.c, plus the token's log-softmax) needs one block per row and sends 8 bytes per
  * request back instead of the whole vocabulary row; the sampler below does the same for
  * temperature / top-k / top-p / min-p requests (the draw by FlashInfer's kernels,
  * kernels/flashinfer/), applies a request's penalties from its state kept on the device (a
@@ -150,7 +150,7 @@ extern "C" int pd_kernel_argmax(const struct pd_kernel_argmax_params *p, cudaStr
  *  3. FlashInfer's softmax with the row's temperature (in place when 2 ran);
  *  4. min-p rows: probabilities under min_p × the top one zeroed, the rest renormalized, and the
  *     row's top-p divided by the kept mass, so the top-p cut stays where it was on the whole row
- *     (common/sampling.c cuts top-k, top-p and min-p on the same probabilities);
+ *     (model/sampling.c cuts top-k, top-p and min-p on the same probabilities);
  *  5. FlashInfer's joint top-k/top-p rejection sampler;
  *  6. one block a row: greedy rows take the argmax of their penalized logits (lowest id on
  *     ties, as the host), the others FlashInfer's token; then the logprob under the raw row, the
@@ -194,7 +194,7 @@ static __device__ __forceinline__ uint32_t okey(float v) {
     return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
 }
 
-/* common/sampling.h's pd_sampling_penalize, operation for operation and never fused: repetition
+/* model/sampling.h's pd_sampling_penalize, operation for operation and never fused: repetition
  * over prompt and output tokens, then frequency × count + presence over output tokens. */
 static __device__ __forceinline__ float penalized(const samp_row &c, int t) {
     float v = c.l[t];

@@ -1,5 +1,5 @@
 /*
- * tp_nccl.c — the NCCL carrier of tensor parallelism (common/tp.h), the thin GPU path: one
+ * tp_nccl.c — the NCCL carrier of tensor parallelism (model/tp.h), the thin GPU path: one
  * process, one thread per rank, one communicator per GPU made together by ncclCommInitAll. The
  * all-reduce first launches what the rank's cuda backend has queued (its op log), then enqueues
  * ncclAllReduce in place (f32 sum) on the backend's stream, so it runs after the partial sums
@@ -18,9 +18,9 @@
  * (default libnccl.so.2); only nccl.h's types are needed at build time.
  */
 #include "common/base/alloc.h"
-#include "common/backend.h"
+#include "model/backend.h"
 #include "common/base/status.h"
-#include "common/tp.h"
+#include "model/tp.h"
 #include "kernels/backend_cuda.h"
 
 #include <cuda_runtime_api.h>

@@ -11,7 +11,7 @@
 #include "common/radix_cache.h"
 #include "prefill/sched_prefill.h"
 #include "common/server_args.h"
-#include "common/tp_group.h"
+#include "model/tp_group.h"
 
 #include "common/base/log.h"
 #include "common/base/status.h"

@@ -189,11 +189,13 @@ else
             >"$BUILD/obj/flashinfer.failed"
     fi
     # one test binary (test_tp_cuda.c has its own main and needs the daemons' tp group, and
-    # tp_nccl.c NCCL's header: both are the full build's)
-    for f in $(ls kernels/*.c | grep -v tp_nccl.c) common/backend.c common/backend_cpu.c \
-        common/backend_cpu_kernels.c common/backend_cpu_pool.c common/base/status.c \
-        common/base/alloc.c common/base/log.c common/dtype.c common/model.c common/kv_pool.c \
-        common/sampling.c \
+    # tp_nccl.c NCCL's header: both are the full build's); the backend registry with its cuda
+    # entry (PD_HAVE_CUDA, as model/CMakeLists.txt sets it; no PD_HAVE_NCCL without tp_nccl.c)
+    CFLAGS="$CFLAGS -DPD_HAVE_CUDA=1"
+    for f in $(ls kernels/*.c | grep -v tp_nccl.c) model/backend.c model/backend_reg.c \
+        model/devmem.c model/cpu/backend_cpu.c model/cpu/backend_cpu_kernels.c \
+        model/cpu/backend_cpu_pool.c common/base/status.c common/base/alloc.c common/base/log.c \
+        model/dtype.c model/model.c model/kv_pool.c model/sampling.c \
         tests/kernels/test_backend_cuda.c tests/kernels/bench_gpu.c \
         tests/kernels/compat/cblas_naive.c; do
         o="$BUILD/obj/$(echo "$f" | tr / _).o"
@@ -319,7 +321,7 @@ fi
 
 # ---- greedy text: --device cuda vs cpu on a tiny random model (full build only) ----
 # Both with the same KV pool type (auto differs: the model's dtype on cuda, float32 on cpu), so
-# only the kernels differ: float32, then fp8_e4m3 (both backends round K/V with common/fp8.h).
+# only the kernels differ: float32, then fp8_e4m3 (both backends round K/V with model/fp8.h).
 if stage generate && [ $FULL = 1 ]; then
     M="$BUILD/models/tiny-gpu-run"
     "$BUILD/tools/pdserve-mkmodel" --out "$M" >"$OUTDIR/generate.txt" 2>&1

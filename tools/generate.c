@@ -13,11 +13,11 @@
 #include "common/base/alloc.h"
 #include "common/server_args.h"
 #include "common/base/log.h"
-#include "common/model.h"
-#include "common/sampling.h"
+#include "model/model.h"
+#include "model/sampling.h"
 #include "common/base/status.h"
 #include "model/tokenizer/tokenizer.h"
-#include "common/tp_group.h"
+#include "model/tp_group.h"
 
 #include <errno.h>
 #include <math.h>

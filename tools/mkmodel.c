@@ -4,7 +4,7 @@
  * runs and is tested without downloads. Only flags live here; the writer is
  * tools/mkmodel/mkmodel.c. Exit status: 0 done (or --help), 2 bad flags, 1 the write failed.
  */
-#include "common/dtype.h"
+#include "model/dtype.h"
 #include "common/base/flags.h"
 #include "common/base/log.h"
 #include "tools/mkmodel/mkmodel.h"

@@ -1,4 +1,4 @@
-/* libFuzzer target: config.json and generation_config.json of a model dir (common/model_config.c).
+/* libFuzzer target: config.json and generation_config.json of a model dir (model/model_config.c).
  * The dir is the operator's, but a bad file must be an error message, not a crash. A config that
  * parses must print back (pd_model_config_to_json) to text that parses to the same config (its
  * documented promise), and is turned into its tensor list, as the loader does next. */
@@ -8,7 +8,7 @@
 #include <string.h>
 
 #include "common/base/alloc.h"
-#include "common/model_config.h"
+#include "model/model_config.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

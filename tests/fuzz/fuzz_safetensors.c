@@ -1,4 +1,4 @@
-/* libFuzzer target: a model dir's safetensors files (common/safetensors.c): the JSON header and
+/* libFuzzer target: a model dir's safetensors files (model/safetensors.c): the JSON header and
  * its offsets against the file's size, and the sharded index (model.safetensors.index.json).
  * Operator input, but a bad file must be an error, not a crash or a read past the mapping.
  * Byte 0 even: the rest is model.safetensors. Odd: "<index json>\0<shard bytes>", the shard
@@ -11,7 +11,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "common/safetensors.h"
+#include "model/safetensors.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 int LLVMFuzzerInitialize(int *argc, char ***argv);

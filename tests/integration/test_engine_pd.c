@@ -22,7 +22,7 @@
 #include "prefill/engine_prefill.h"
 #include "common/base/log.h"
 #include "tools/mkmodel/mkmodel.h"
-#include "common/model.h"
+#include "model/model.h"
 #include "common/sched_common.h"
 #include "common/xfer.h"
 #include "pd_test.h"

@@ -19,7 +19,7 @@
 #include <uv.h>
 
 #include "common/base/alloc.h"
-#include "common/devmem.h"
+#include "model/devmem.h"
 #include "common/base/log.h"
 #include "common/xfer.h"
 #include "common/xfer_plan.h"

@@ -5,12 +5,12 @@
  * Hopper's dense tensor cores) next to two rates measured in the same run — a device-to-device
  * copy (the practical HBM limit) and a large cuBLAS bf16 GEMM (the practical matrix limit).
  * Then a whole-model decode step and prefill for a qwen2.5-1.5b-shaped random model through
- * common/model.c on the cuda backend (graphs on). Times are CUDA events over repeated launches
+ * model/model.c on the cuda backend (graphs on). Times are CUDA events over repeated launches
  * after a warm-up; model steps are wall-clock including the logits download.
  */
 #include "common/base/alloc.h"
-#include "common/backend.h"
-#include "common/model.h"
+#include "model/backend.h"
+#include "model/model.h"
 #include "kernels/backend_cuda.h"
 #include "common/base/status.h"
 #include "kernels/kernels.h"

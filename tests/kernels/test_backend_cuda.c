@@ -1,6 +1,6 @@
 /*
  * test_backend_cuda.c — the cuda backend against the cpu backend (STYLE.md rule 10), op by op
- * through common/backend.h with the same inputs on both: RMSNorm (alone and fused with the
+ * through model/backend.h with the same inputs on both: RMSNorm (alone and fused with the
  * residual add), matmul (bf16/f16/f32 weights, with and without bias), product groups (q/k/v
  * with biases and gate/up + SwiGLU over packed weights, the few-row and the cuBLAS path), RoPE
  * at large positions, SwiGLU, add, embedding, row gather, KV store + paged attention (extend chunks
@@ -19,9 +19,9 @@
 #include "pd_test.h"
 
 #include "common/base/alloc.h"
-#include "common/backend.h"
-#include "common/sampling.h"
-#include "common/model.h"
+#include "model/backend.h"
+#include "model/sampling.h"
+#include "model/model.h"
 #include "kernels/backend_cuda.h"
 #include "kernels/kernels.h"
 
@@ -540,7 +540,7 @@ static void test_attention(void) {
         {2, 4, 64, 16, 1, {129}, {0}},
         {1, 8, 128, 16, 2, {2, 61}, {127, 67}},
     };
-    /* every KV pool type: both backends convert with common/fp8.h, so even an fp8 pool holds
+    /* every KV pool type: both backends convert with model/fp8.h, so even an fp8 pool holds
      * the same bytes on both (checked in run_attn_case) */
     static const enum pd_dtype kv_dtypes[] = {PD_DTYPE_F32, PD_DTYPE_BF16, PD_DTYPE_F16,
                                               PD_DTYPE_F8E4M3, PD_DTYPE_F8E5M2};
@@ -1046,7 +1046,7 @@ static int by_key_desc(const void *a, const void *b) {
 }
 
 /* p[t] = the probability pd_sampling_choose draws token t with from logits l (penalties
- * already applied) under q: common/sampling.c's draw() as a distribution instead of a draw.
+ * already applied) under q: model/sampling.c's draw() as a distribution instead of a draw.
  * *min_kept (if not NULL): the smallest scaled logit (l / T) kept. */
 static void ref_dist(const struct pd_sample_row *q, const float *l, int V, double *p,
                      float *min_kept) {

@@ -5,16 +5,18 @@
  * greedy ids of a few decode steps. With one GPU, a one-rank NCCL group checks the dlopen, the
  * communicator and the all-reduce's ordering on the backend stream, then the test skips (77)
  * saying so; it also skips without NCCL in the build or without libnccl to open (set
- * PDSERVE_NCCL_LIBRARY). A build that found nccl.h but lacks tp_nccl.o fails, GPU or not.
+ * PDSERVE_NCCL_LIBRARY). A build that found nccl.h but whose registry (model/backend_reg.c) has
+ * no NCCL in its cuda entry fails, GPU or not.
  */
 #include "pd_compare.h"
 #include "pd_test.h"
 #include "pd_tp_fixture.h"
 
 #include "common/base/alloc.h"
-#include "common/backend.h"
-#include "common/tp.h"
-#include "common/tp_group.h"
+#include "model/backend.h"
+#include "model/backend_reg.h"
+#include "model/tp.h"
+#include "model/tp_group.h"
 
 #include <cuda_runtime_api.h>
 #include <math.h>
@@ -23,6 +25,7 @@
 #define STEPS 6
 
 static char model_dir[512];
+static const struct pd_backend_reg *cuda; /* the registry's cuda entry: its NCCL functions */
 
 struct run {
     int vocab;
@@ -94,7 +97,7 @@ static void test_tp2_equals_tp1(void) {
 static int test_one_rank_nccl(void) {
     int devs[1] = {0};
     struct pd_tp_nccl *g = NULL;
-    int rc = pd_tp_nccl_new(1, devs, &g);
+    int rc = cuda->tp_nccl_new(1, devs, &g);
     if (rc == PD_EUNSUPPORTED && strstr(pd_error_msg(), "cannot open NCCL")) {
         printf("SKIP: %s\n", pd_error_msg());
         return 77;
@@ -102,8 +105,8 @@ static int test_one_rank_nccl(void) {
     CHECK_OK(rc);
     if (rc)
         return 1;
-    const struct pd_tp_comm *c = pd_tp_nccl_comm(g, 0);
-    CHECK(c && c->size == 1 && c->rank == 0 && !pd_tp_nccl_comm(g, 1));
+    const struct pd_tp_comm *c = cuda->tp_nccl_comm(g, 0);
+    CHECK(c && c->size == 1 && c->rank == 0 && !cuda->tp_nccl_comm(g, 1));
     struct pd_backend_opts bo = {.kind = PD_BACKEND_CUDA, .device_index = 0};
     struct pd_backend *be = NULL;
     CHECK_OK(pd_backend_new(&bo, &be));
@@ -139,16 +142,21 @@ static int test_one_rank_nccl(void) {
     pd_backend_release(be, buf);
     pd_backend_release(be, one);
     pd_backend_free(be);
-    pd_tp_nccl_free(g);
+    cuda->tp_nccl_free(g);
     return 0;
 }
 
 int main(void) {
+    cuda = pd_backend_reg_find(PD_BACKEND_CUDA);
+    if (!cuda) {
+        printf("FAIL: a CUDA build whose backend registry has no cuda entry\n");
+        return 1;
+    }
 #ifdef PD_HAVE_NCCL
-    /* the build found nccl.h: tp_nccl.o must be in the binary (kernels/CMakeLists.txt forces it
-     * in with --undefined; a weak reference alone never pulls it from the archive) */
-    if (!pd_tp_nccl_new) {
-        printf("FAIL: built with nccl.h but pd_tp_nccl_new is not linked in\n");
+    /* the build found nccl.h: the registry must name tp_nccl.c's functions (model/CMakeLists.txt
+     * sets PD_HAVE_NCCL on it from the same find) */
+    if (!cuda->tp_nccl_new || !cuda->tp_nccl_free || !cuda->tp_nccl_comm) {
+        printf("FAIL: built with nccl.h but the registry's cuda entry has no NCCL\n");
         return 1;
     }
 #endif
@@ -157,7 +165,7 @@ int main(void) {
         printf("SKIP: no CUDA device\n");
         return 77;
     }
-    if (!pd_tp_nccl_new) {
+    if (!cuda->tp_nccl_new) {
         printf("SKIP: this build has no NCCL (kernels/CMakeLists.txt did not find it)\n");
         return 77;
     }

@@ -7,8 +7,8 @@
 #define PD_MODEL_FIXTURE_H
 
 #include "common/base/alloc.h"
-#include "common/dtype.h"
-#include "common/model.h"
+#include "model/dtype.h"
+#include "model/model.h"
 
 #include <stdio.h>
 #include <string.h>

@@ -9,10 +9,10 @@
 
 #include "pd_test.h"
 
-#include "common/backend.h"
+#include "model/backend.h"
 #include "tools/mkmodel/mkmodel.h"
-#include "common/model.h"
-#include "common/tp.h"
+#include "model/model.h"
+#include "model/tp.h"
 
 #include <stdio.h>
 

@@ -6,7 +6,7 @@
  */
 #include "pd_test.h"
 
-#include "common/backend_cpu.h"
+#include "model/cpu/backend_cpu.h"
 
 #include <stdatomic.h>
 

@@ -7,7 +7,7 @@
  */
 #include <string.h>
 
-#include "common/devmem.h"
+#include "model/devmem.h"
 #include "common/base/status.h"
 #include "pd_test.h"
 

@@ -10,7 +10,7 @@
  */
 #include "pd_test.h"
 
-#include "common/dtype.h"
+#include "model/dtype.h"
 
 #include <float.h>
 #include <math.h>

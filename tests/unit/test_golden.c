@@ -14,7 +14,7 @@
 #include "common/base/alloc.h"
 #include "common/base/log.h"
 #include "tools/mkmodel/mkmodel.h"
-#include "common/model.h"
+#include "model/model.h"
 
 #include <math.h>
 

@@ -5,7 +5,7 @@
 #include "pd_test.h"
 
 #include "common/base/alloc.h"
-#include "common/kv_pool.h"
+#include "model/kv_pool.h"
 
 static struct pd_kv_pool_opts opts(void) {
     return (struct pd_kv_pool_opts){.n_layers = 3,

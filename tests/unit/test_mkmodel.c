@@ -4,13 +4,13 @@
 #include "pd_test.h"
 
 #include "common/base/alloc.h"
-#include "common/dtype.h"
+#include "model/dtype.h"
 #include "common/base/file.h"
 #include "common/base/log.h"
 #include "tools/mkmodel/mkmodel.h"
-#include "common/model_config.h"
-#include "common/safetensors.h"
-#include "common/safetensors_index.h"
+#include "model/model_config.h"
+#include "model/safetensors.h"
+#include "model/safetensors_index.h"
 
 #include <cjson/cJSON.h>
 #include <dirent.h>

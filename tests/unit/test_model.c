@@ -13,7 +13,7 @@
 #include "pd_test.h"
 
 #include "common/base/alloc.h"
-#include "common/model.h"
+#include "model/model.h"
 
 #include <math.h>
 

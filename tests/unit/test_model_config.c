@@ -7,7 +7,7 @@
 #include "pd_test.h"
 
 #include "common/base/alloc.h"
-#include "common/model_config.h"
+#include "model/model_config.h"
 
 #include <sys/stat.h>
 #include <unistd.h>

@@ -10,8 +10,8 @@
 
 #include "common/base/alloc.h"
 #include "common/base/file.h"
-#include "common/model_config.h"
-#include "common/safetensors.h"
+#include "model/model_config.h"
+#include "model/safetensors.h"
 
 #include <cjson/cJSON.h>
 #include <dirent.h>

@@ -10,8 +10,8 @@
  */
 #include "pd_test.h"
 
-#include "common/backend.h"
-#include "common/sampling.h"
+#include "model/backend.h"
+#include "model/sampling.h"
 
 #include <math.h>
 

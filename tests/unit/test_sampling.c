@@ -7,7 +7,7 @@
  */
 #include "pd_test.h"
 
-#include "common/sampling.h"
+#include "model/sampling.h"
 
 #include <math.h>
 

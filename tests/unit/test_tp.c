@@ -1,6 +1,6 @@
 /*
  * test_tp.c — tensor parallelism on the cpu backend: a model split over 2 and 4 ranks (threads of
- * this process, summing through the in-process group of common/tp.h) computes what the whole
+ * this process, summing through the in-process group of model/tp.h) computes what the whole
  * model computes. Each family feature is covered (Llama with an o_proj bias, which only rank 0
  * may add; Qwen2's q/k/v bias, sliced with its rows; Qwen3's per-head q/k norm), f32 and bf16
  * weights, a batch of requests with prefixes, chunks and decode steps. All ranks must end with
@@ -13,8 +13,8 @@
 #include "pd_tp_fixture.h"
 
 #include "common/base/alloc.h"
-#include "common/model.h"
-#include "common/tp.h"
+#include "model/model.h"
+#include "model/tp.h"
 
 #include <math.h>
 #include <pthread.h>

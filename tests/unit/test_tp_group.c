@@ -1,5 +1,5 @@
 /*
- * test_tp_group.c — common/tp_group.h on the cpu backend: a group of 2 and 4 ranks (worker
+ * test_tp_group.c — model/tp_group.h on the cpu backend: a group of 2 and 4 ranks (worker
  * threads in lockstep with this one) runs every entry point the engine uses — extend (last and
  * all positions), decode, decode_greedy, decode_sample — with tp 1's results: greedy and sampled
  * ids equal, logits equal up to the float reassociation of the split sums. The pools: the same
@@ -13,9 +13,9 @@
 #include "pd_tp_fixture.h"
 
 #include "common/base/alloc.h"
-#include "common/sampling.h"
-#include "common/tp.h"
-#include "common/tp_group.h"
+#include "model/sampling.h"
+#include "model/tp.h"
+#include "model/tp_group.h"
 
 #include <math.h>
 #include <pthread.h>

@@ -21,8 +21,8 @@
 #include "common/base/file.h"
 #include "common/base/log.h"
 #include "common/base/rng.h"
-#include "common/safetensors.h"
-#include "common/safetensors_index.h"
+#include "model/safetensors.h"
+#include "model/safetensors_index.h"
 #include "common/base/status.h"
 #include "tools/mkmodel/tokgen.h"
 

@@ -15,8 +15,8 @@
 
 #include <stdint.h>
 
-#include "common/dtype.h"
-#include "common/model_config.h"
+#include "model/dtype.h"
+#include "model/model_config.h"
 
 enum pd_mkmodel_family {
     PD_MKMODEL_LLAMA = 0,   /* Llama-3 style: byte-level tokenizer, rope_scaling llama3 */

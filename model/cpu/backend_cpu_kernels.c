@@ -6,7 +6,7 @@
  * a portable loop — and all sum in f32. The prefill GEMM exists only for AVX-512 (callers ask
  * pd__cpu_gemm_panel_ok and use sgemm otherwise). No state, no allocation.
  */
-#include "common/backend_cpu.h"
+#include "model/cpu/backend_cpu.h"
 #include "common/base/status.h"
 
 #include <math.h>
@@ -597,7 +597,7 @@ void pd__cpu_axpy(float a, const float *x, float *y, int64_t n) {
 }
 
 /* fp8 (KV only) widens through a table of the 256 values of each format: one load an element
- * instead of common/fp8.h's branches, the same values (the table is made from them). */
+ * instead of model/fp8.h's branches, the same values (the table is made from them). */
 static float fp8_table[2][256];
 static pthread_once_t fp8_table_once = PTHREAD_ONCE_INIT;
 

@@ -1,10 +1,11 @@
 /*
- * devmem.c — dispatch of devmem.h, and its host implementation: "device" memory is host memory,
- * copies are memcpy. In deferred mode a copy is only queued, and every other event query runs
- * the queue up to that event, so the transfer's consumers are tested against copies that complete
- * late (a reader that does not wait for its event sees the old bytes).
+ * devmem.c — dispatch of devmem.h (pd_devmem_new is the registry's, model/backend_reg.c), and its
+ * host implementation: "device" memory is host memory, copies are memcpy. In deferred mode a copy
+ * is only queued, and every other event query runs the queue up to that event, so the transfer's
+ * consumers are tested against copies that complete late (a reader that does not wait for its
+ * event sees the old bytes).
  */
-#include "common/devmem.h"
+#include "model/devmem.h"
 
 #include <stdint.h>
 #include <stdio.h>
@@ -14,19 +15,6 @@
 
 #include "common/base/alloc.h"
 #include "common/base/status.h"
-
-int pd_devmem_new(const struct pd_devmem_opts *o, struct pd_devmem **out) {
-    *out = NULL;
-    switch (o->kind) {
-    case PD_DEVMEM_HOST: return pd__devmem_host_new(o, out);
-    case PD_DEVMEM_CUDA:
-        if (!pd__devmem_cuda_new)
-            return pd_errorf(PD_EUNSUPPORTED, "GPU page transfer: the CUDA code is not in this "
-                                              "build (configure with PD_CUDA=ON)");
-        return pd__devmem_cuda_new(o, out);
-    }
-    return pd_errorf(PD_EINVAL, "unknown device memory kind %d", (int)o->kind);
-}
 
 void pd_devmem_free(struct pd_devmem *d) {
     if (d)

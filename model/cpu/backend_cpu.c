@@ -14,9 +14,9 @@
  * Per-step metadata and all scratch are sized once by reserve; ops never allocate.
  */
 #include "common/base/alloc.h"
-#include "common/backend_cpu.h"
-#include "common/backend_impl.h"
-#include "common/sampling.h"
+#include "model/cpu/backend_cpu.h"
+#include "model/backend_impl.h"
+#include "model/sampling.h"
 #include "common/base/status.h"
 
 #include <cblas.h>
@@ -344,7 +344,7 @@ static void cpu_gather_out_rows(struct pd_backend *be, const float *src, int wid
                 (size_t)width * sizeof(float));
 }
 
-/* The host sampler's greedy choice and logprob, computed the same way (common/sampling.c), so
+/* The host sampler's greedy choice and logprob, computed the same way (model/sampling.c), so
  * the fast path gives the same tokens and logprobs on this backend. */
 static int cpu_argmax(struct pd_backend *be, const float *x, int rows, int cols, int32_t *ids,
                       float *logprobs) {

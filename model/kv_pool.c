@@ -2,7 +2,7 @@
  * kv_pool.c — sizing and allocation of the page-major KV cache; page-list bounds checks.
  * Holds no per-request state; allocation happens once, at init.
  */
-#include "common/kv_pool.h"
+#include "model/kv_pool.h"
 #include "common/base/status.h"
 
 #include <string.h>

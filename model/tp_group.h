@@ -1,5 +1,5 @@
 /*
- * tp_group.h — a model run over tensor-parallel ranks (common/tp.h), driven as one: the engine
+ * tp_group.h — a model run over tensor-parallel ranks (model/tp.h), driven as one: the engine
  * and pdserve-generate call pd_tp_group_extend / _decode* where they would call pd_model_*.
  *
  * Rank r has its own backend (cpu: a share of the threads, at least one; cuda: GPU
@@ -22,10 +22,10 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "common/backend.h"
-#include "common/kv_pool.h"
-#include "common/model.h"
-#include "common/tp.h"
+#include "model/backend.h"
+#include "model/kv_pool.h"
+#include "model/model.h"
+#include "model/tp.h"
 
 struct pd_tp_group_opts {
     int size; /* ranks, 1..PD_TP_MAX */

@@ -13,7 +13,7 @@
  * default/llama3) is refused with PD_EUNSUPPORTED instead of producing wrong tokens later.
  * Parsing fills a local struct and copies it out only on success.
  */
-#include "common/model_config.h"
+#include "model/model_config.h"
 #include "common/base/alloc.h"
 #include "common/base/file.h"
 #include "common/base/status.h"

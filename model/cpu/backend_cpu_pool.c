@@ -13,7 +13,7 @@
  * idle workers do not burn a core.
  * Threads are created at init and joined at free; nothing is allocated per task.
  */
-#include "common/backend_cpu.h"
+#include "model/cpu/backend_cpu.h"
 #include "common/base/alloc.h"
 #include "common/base/status.h"
 

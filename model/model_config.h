@@ -15,7 +15,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "common/dtype.h"
+#include "model/dtype.h"
 
 enum pd_arch {
     PD_ARCH_LLAMA = 0,   /* LlamaForCausalLM, model_type "llama" */

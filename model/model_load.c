@@ -5,7 +5,7 @@
  * cpu weights alias it) and unmaps it when freed. Kept apart from model.c so the forward pass
  * links without the file readers.
  */
-#include "common/model.h"
+#include "model/model.h"
 #include "common/base/status.h"
 
 static const struct pd_tensor_view *find_in_checkpoint(void *ctx, const char *name) {

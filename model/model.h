@@ -22,11 +22,11 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "common/backend.h"
-#include "common/kv_pool.h"
-#include "common/model_config.h"
-#include "common/safetensors.h"
-#include "common/tp.h"
+#include "model/backend.h"
+#include "model/kv_pool.h"
+#include "model/model_config.h"
+#include "model/safetensors.h"
+#include "model/tp.h"
 
 struct pd_model_opts {
     int max_tokens;     /* tokens in one step (the chunked-prefill budget); default 2048 */
@@ -34,7 +34,7 @@ struct pd_model_opts {
     int max_logit_rows; /* rows of logits one step may return; default max(max_reqs, 256) */
     int context_length; /* longest request; 0 = max_position_embeddings */
     int page_size;      /* KV page size the pool will use; default 16 */
-    /* Tensor parallelism (common/tp.h): this rank's share of the heads and the MLP, summed
+    /* Tensor parallelism (model/tp.h): this rank's share of the heads and the MLP, summed
      * with the other ranks through tp. NULL = the whole model on this backend. */
     const struct pd_tp_comm *tp;
 };
@@ -90,7 +90,7 @@ int pd_model_decode_greedy(struct pd_model *m, struct pd_kv_pool *kv,
                            float *logprobs);
 struct pd_sample_row;
 /* pd_model_decode choosing on the device: request r's token is chosen with rows[r]
- * (common/sampling.h: temperature, top-k/p, min-p, its u, and penalties from its penalty slot
+ * (model/sampling.h: temperature, top-k/p, min-p, its u, and penalties from its penalty slot
  * and top-n, as pd_backend_sample says), as pd_sampler_next would on the host; ids and
  * logprobs (host [n_seqs]) come back, and the rows' top-n where asked. */
 int pd_model_decode_sample(struct pd_model *m, struct pd_kv_pool *kv,

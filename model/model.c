@@ -9,14 +9,14 @@
  * RMSNorm in f32, q/k norm before RoPE, half-split RoPE, softmax(q·kᵀ / sqrt(head_dim)), SwiGLU.
  * Nothing here knows which backend runs it.
  *
- * Tensor parallelism (common/tp.h): with opts.tp of size S, this model holds rank r's share —
+ * Tensor parallelism (model/tp.h): with opts.tp of size S, this model holds rank r's share —
  * heads/S query heads, kv_heads/S kv heads (one, replicated, when S > kv_heads), intermediate/S
  * MLP columns — and sums the output
  * and down projections with the other ranks before each residual add. Column-parallel weights
  * are row ranges of the checkpoint tensors (aliased where the backend can); row-parallel ones
  * (o_proj, down_proj) are column ranges, gathered into host copies the model owns.
  */
-#include "common/model.h"
+#include "model/model.h"
 #include "common/base/alloc.h"
 #include "common/base/status.h"
 

@@ -1,6 +1,6 @@
 /*
  * dtype.c — element sizes, names and the f32 <-> f16/bf16 scalar conversions (fp8's are
- * common/fp8.h's, shared with the CUDA kernels; the array conversions here dispatch to them),
+ * model/fp8.h's, shared with the CUDA kernels; the array conversions here dispatch to them),
  * and --kv-cache-dtype's spellings (here, not in flags.c, so the GPU perf mode's minimal build
  * in scripts/gpu-run.sh, which compiles dtype.c but not the flag parser, has them too).
  *
@@ -10,7 +10,7 @@
  * on weight loading and in the CPU backend, so they avoid branches on the common (normal) path
  * where that is free, but correctness wins over speed here.
  */
-#include "common/dtype.h"
+#include "model/dtype.h"
 #include "common/base/status.h"
 
 #include <string.h>

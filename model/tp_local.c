@@ -10,9 +10,9 @@
  * broken: a rank that fails a step (fail) wakes every rank waiting in it and makes every later
  * wait return at once, until reset, so no rank waits forever for one that left the step.
  */
-#include "common/tp.h"
+#include "model/tp.h"
 #include "common/base/alloc.h"
-#include "common/backend.h"
+#include "model/backend.h"
 #include "common/base/status.h"
 
 #include <pthread.h>

@@ -1,7 +1,8 @@
 /*
  * backend_cpu.h — internals shared by the cpu backend's files: the thread pool
  * (backend_cpu_pool.c) and the vectorised inner loops (backend_cpu_kernels.c) that
- * backend_cpu.c builds its ops from. Not for use outside the cpu backend.
+ * backend_cpu.c builds its ops from, and the backend's constructor. Not for use outside the cpu
+ * backend but by the registry (model/backend_reg.c), which names the constructor.
  *
  * The pool runs one task at a time as nth parts claimed by whichever of its threads (the caller
  * included) gets there first; a task splits its work by (part, nth) itself and may use the
@@ -14,7 +15,11 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "common/dtype.h"
+#include "model/backend.h"
+#include "model/dtype.h"
+
+/* The cpu backend (backend.h's PD_BACKEND_CPU); the registry's pd_backend_new calls it. */
+int pd__backend_cpu_new(const struct pd_backend_opts *opts, struct pd_backend **out);
 
 struct pd__cpu_pool;
 typedef void (*pd__cpu_task)(void *ctx, int tid, int nth);

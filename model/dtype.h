@@ -2,7 +2,7 @@
  * dtype.h — element types of checkpoints and tensors (safetensors names: F32, F16, BF16) and the
  * scalar conversions between them. Conversions round to nearest even, keep NaN a NaN and are
  * exact where the target can represent the value. The two fp8 types exist for the KV cache only
- * (--kv-cache-dtype fp8_e4m3 / fp8_e5m2; common/fp8.h has their formats and overflow rules):
+ * (--kv-cache-dtype fp8_e4m3 / fp8_e5m2; model/fp8.h has their formats and overflow rules):
  * weights are never fp8, so the checkpoint parsers do not accept them.
  */
 #ifndef PD_DTYPE_H
@@ -13,7 +13,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "common/fp8.h"
+#include "model/fp8.h"
 
 enum pd_dtype {
     PD_DTYPE_F32 = 0,

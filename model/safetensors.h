@@ -17,8 +17,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "common/dtype.h"
-#include "common/model_config.h"
+#include "model/dtype.h"
+#include "model/model_config.h"
 
 #define PD_TENSOR_MAX_DIMS 4
 

@@ -16,7 +16,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "common/backend.h"
+#include "model/backend.h"
 
 struct pd_kv_pool_opts {
     int n_layers, kv_heads, head_dim;

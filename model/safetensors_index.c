@@ -3,7 +3,7 @@
  * The index text is assembled in memory and written in one call, so a failure never leaves half
  * an index behind that a reader could mistake for a checkpoint.
  */
-#include "common/safetensors_index.h"
+#include "model/safetensors_index.h"
 #include "common/base/alloc.h"
 #include "common/base/file.h"
 #include "common/base/status.h"

@@ -7,7 +7,7 @@
  * top_k_top_p_min_p_sampling_from_probs: a token is kept by top-p when the mass strictly before
  * it is <= top_p; min-p compares with the most likely token.
  */
-#include "common/sampling.h"
+#include "model/sampling.h"
 #include "common/base/alloc.h"
 #include "common/base/rng.h"
 #include "common/base/status.h"

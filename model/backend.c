@@ -1,27 +1,15 @@
 /*
- * backend.c — picks a backend and forwards every call through its op table. Argument checks
+ * backend.c — forwards every call of backend.h through the backend's op table. Argument checks
  * that apply to every backend live here so each backend need not repeat them; the only state
  * of its own is the penalty slots' geometry and the stamps that refuse two rows of one sample
- * call sharing a slot (struct pd_backend).
+ * call sharing a slot (struct pd_backend). Which backend a kind makes is the registry's
+ * (model/backend_reg.c: pd_backend_new), so nothing here names one.
  */
-#include "common/backend.h"
-#include "common/sampling.h"
-#include "common/backend_impl.h"
+#include "model/backend.h"
+#include "model/sampling.h"
+#include "model/backend_impl.h"
 #include "common/base/status.h"
 #include "common/base/alloc.h"
-
-int pd_backend_new(const struct pd_backend_opts *opts, struct pd_backend **out) {
-    *out = NULL;
-    switch (opts->kind) {
-    case PD_BACKEND_CPU: return pd__backend_cpu_new(opts, out);
-    case PD_BACKEND_CUDA:
-        if (!pd__backend_cuda_new)
-            return pd_errorf(PD_EUNSUPPORTED,
-                             "the cuda backend is not in this build (configure with PD_CUDA=ON)");
-        return pd__backend_cuda_new(opts, out);
-    }
-    return pd_errorf(PD_EINVAL, "unknown backend kind %d", (int)opts->kind);
-}
 
 void pd_backend_free(struct pd_backend *be) {
     if (!be)

@@ -2,9 +2,10 @@
  * devmem.h — the device-memory operations the KV transfer needs when the pool lives on a GPU
  * and UCX cannot touch GPU memory (DESIGN.md §3, §6): copies on one dedicated transfer stream,
  * events that say when the copies enqueued before them are done, and pinned host memory for the
- * staging ring. common/ stays free of CUDA headers: kernels/devmem_cuda.c implements this with
- * the CUDA runtime (joined like the backend, through a weak reference), and devmem_host.c with
- * plain host memory, so the transfer's ordering logic runs and is tested on machines with no GPU.
+ * staging ring. model/ and common/ stay free of CUDA headers: kernels/devmem_cuda.c implements
+ * this with the CUDA runtime (named, like the backend, by the registry: model/backend_reg.c), and
+ * devmem.c with plain host memory, so the transfer's ordering logic runs and is tested on
+ * machines with no GPU.
  *
  * Invariants: copy_async calls execute in the order they were enqueued; an event recorded after
  * a copy is done only once that copy (and every earlier one) is complete. All calls come from
@@ -37,7 +38,8 @@ struct pd_devmem_opts {
 struct pd_devmem;
 struct pd_devmem_event;
 
-/* PD_EUNSUPPORTED for cuda when the CUDA build is absent or no device is usable. */
+/* PD_EUNSUPPORTED for cuda when the CUDA build is absent or no device is usable. Defined by the
+ * registry (model/backend_reg.c), which knows the implementations of this build. */
 int pd_devmem_new(const struct pd_devmem_opts *o, struct pd_devmem **out);
 void pd_devmem_free(struct pd_devmem *d); /* waits for enqueued copies; accepts NULL */
 const char *pd_devmem_name(const struct pd_devmem *d);
@@ -78,7 +80,7 @@ int pd_devmem_host_stall(struct pd_devmem *d, bool stall);
 int pd_devmem_host_alloc(struct pd_devmem *d, size_t bytes, void **out);
 void pd_devmem_host_free(struct pd_devmem *d, void *p);
 
-/* ---- the implementation table (devmem.c dispatches; devmem_host.c, kernels/devmem_cuda.c) ---- */
+/* ---- the implementation table (devmem.c dispatches; its host one, kernels/devmem_cuda.c) ---- */
 struct pd_devmem_ops {
     void (*free)(struct pd_devmem *d);
     int (*copy_async)(struct pd_devmem *d, void *dst, const void *src, size_t bytes);
@@ -101,9 +103,7 @@ struct pd_devmem {
     char name[64];
 };
 
+/* The host implementation (devmem.c); the cuda one is kernels/backend_cuda.h's. */
 int pd__devmem_host_new(const struct pd_devmem_opts *o, struct pd_devmem **out);
-/* Defined by kernels/devmem_cuda.c when the CUDA build is linked in. */
-int pd__devmem_cuda_new(const struct pd_devmem_opts *o, struct pd_devmem **out)
-    __attribute__((weak));
 
 #endif

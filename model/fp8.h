@@ -1,6 +1,6 @@
 /*
  * fp8.h — the two 8-bit float formats of an fp8 KV cache, as bit conversions from and to the
- * bits of an f32, shared by the host (common/dtype.c, the CPU backend) and the CUDA kernels
+ * bits of an f32, shared by the host (model/dtype.c, the CPU backend) and the CUDA kernels
  * (kernels/kcommon.cuh), so both backends write and read identical bytes: an fp8 pool moved
  * from a CPU prefill to a GPU decode (or compared in a test) means the same values.
  *

@@ -1,8 +1,8 @@
 /*
  * backend.h — the compute interface the model runs on (DESIGN.md §4): a device with its own
  * memory, a stream that executes ops in the order they were enqueued, and the handful of ops a
- * Llama-family forward needs. Two backends implement it: cpu (common/backend_cpu*.c) and cuda
- * (kernels/, linked in when built); common/model* only ever calls what is declared here.
+ * Llama-family forward needs. Two backends implement it: cpu (model/cpu/backend_cpu*.c) and cuda
+ * (kernels/, linked in when built); model/model* only ever calls what is declared here.
  *
  * Invariants:
  *  - Every pointer an op takes is a device pointer (from pd_backend_alloc or a weight tensor),
@@ -23,7 +23,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "common/dtype.h"
+#include "model/dtype.h"
 
 enum pd_backend_kind {
     PD_BACKEND_CPU = 0,
@@ -83,7 +83,9 @@ struct pd_backend_limits {
 
 struct pd_backend;
 
-/* Creates a backend. kind cuda without the CUDA backend linked in is PD_EUNSUPPORTED. */
+/* Creates a backend. kind cuda without the CUDA backend linked in is PD_EUNSUPPORTED. Defined by
+ * the registry (model/backend_reg.c, library pdbackends), which names the backends of the build;
+ * the rest of this interface is backend.c's (library pdmodel). */
 int pd_backend_new(const struct pd_backend_opts *opts, struct pd_backend **out);
 void pd_backend_free(struct pd_backend *be);
 enum pd_backend_kind pd_backend_kind_of(const struct pd_backend *be);
@@ -181,12 +183,12 @@ struct pd_sample_row;
  *  - penalized rows: the logits go through pd_sampling_penalize with row[r].slot's state (as
  *    pd_sampler_next applies them; cols must be the reserved penalty vocab, and no two rows of
  *    a call may share a slot), and afterwards the chosen token is counted in that state;
- *  - ids[r] = the token common/sampling.c's pd_sampling_choose picks from them with the row's
+ *  - ids[r] = the token model/sampling.c's pd_sampling_choose picks from them with the row's
  *    temperature, top-k, top-p, min-p and u (greedy: the argmax);
  *  - logprobs[r] = its log-softmax under the raw x[r] (the model's distribution);
  *  - rows with n_logprobs > 0: row[r].top gets the raw row's top-n (pd_sampling_logprobs).
  * x itself is not modified. The cuda backend does all of it on the device: 8 bytes a row, plus
- * 8 per top-n entry, come back; the cpu backend calls common/sampling.c's own functions.
+ * 8 per top-n entry, come back; the cpu backend calls model/sampling.c's own functions.
  * PD_EINVAL names the row whose parameters are out of range. */
 int pd_backend_sample(struct pd_backend *be, const float *x, int rows, int cols,
                       const struct pd_sample_row *row, int32_t *ids, float *logprobs);

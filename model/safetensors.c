@@ -13,8 +13,8 @@
  * huggingface_hub's shard planning as used by transformers' save_pretrained. A failed write
  * removes the partial file.
  */
-#include "common/safetensors.h"
-#include "common/safetensors_index.h"
+#include "model/safetensors.h"
+#include "model/safetensors_index.h"
 #include "common/base/alloc.h"
 #include "common/base/file.h"
 #include "common/base/status.h"

@@ -12,8 +12,9 @@
  * give up; the step fails everywhere and the error reported is the first failing rank's. Before
  * the next step the carrier is reset (the local one recovers; NCCL's refuses).
  */
-#include "common/tp_group.h"
+#include "model/tp_group.h"
 
+#include "model/backend_reg.h"
 #include "common/base/alloc.h"
 #include "common/base/status.h"
 
@@ -67,6 +68,7 @@ struct pd_tp_group {
     int size;
     struct pd_tp_local *local;
     struct pd_tp_nccl *nccl;
+    const struct pd_backend_reg *nccl_reg;     /* whose tp_nccl_free frees nccl */
     const struct pd_tp_comm *comms[PD_TP_MAX]; /* NULL with size 1 */
     struct rank ranks[PD_TP_MAX];
     size_t page_bytes;
@@ -287,7 +289,8 @@ static int make_carrier(struct pd_tp_group *g) {
             g->comms[r] = pd_tp_local_comm(g->local, r);
         return PD_OK;
     }
-    if (!pd_tp_nccl_new)
+    const struct pd_backend_reg *reg = pd_backend_reg_find(g->o.backend.kind);
+    if (!reg || !reg->tp_nccl_new)
         return pd_errorf(PD_EUNSUPPORTED,
                          "--tp-size %d with --device cuda needs NCCL, not in this build (it "
                          "looks for nccl.h and libnccl.so in the CUDA toolkit); use --tp-size 1 "
@@ -296,10 +299,11 @@ static int make_carrier(struct pd_tp_group *g) {
     int devs[PD_TP_MAX];
     for (int r = 0; r < S; r++)
         devs[r] = g->o.backend.device_index + r;
-    if ((rc = pd_tp_nccl_new(S, devs, &g->nccl)) != PD_OK)
+    if ((rc = reg->tp_nccl_new(S, devs, &g->nccl)) != PD_OK)
         return rc;
+    g->nccl_reg = reg;
     for (int r = 0; r < S; r++)
-        g->comms[r] = pd_tp_nccl_comm(g->nccl, r);
+        g->comms[r] = reg->tp_nccl_comm(g->nccl, r);
     return PD_OK;
 }
 
@@ -395,7 +399,7 @@ void pd_tp_group_free(struct pd_tp_group *g) {
     rank_free(&g->ranks[0]);
     pd_tp_local_free(g->local);
     if (g->nccl)
-        pd_tp_nccl_free(g->nccl);
+        g->nccl_reg->tp_nccl_free(g->nccl);
     pthread_mutex_destroy(&g->mu);
     pthread_cond_destroy(&g->cv_go);
     pthread_cond_destroy(&g->cv_done);

@@ -1,15 +1,15 @@
 /*
- * backend_impl.h — what a backend implements: the op table behind common/backend.h. Internal to
+ * backend_impl.h — what a backend implements: the op table behind model/backend.h. Internal to
  * backends (cpu here, cuda in kernels/); the model never includes it.
  *
- * A backend's state struct starts with struct pd_backend, whose ops point at its table. The cuda
- * backend joins by defining pd__backend_cuda_new (referenced weakly in backend.c), so linking
- * kernels/ is all it takes; common/ needs no change for it.
+ * A backend's state struct starts with struct pd_backend, whose ops point at its table. A backend
+ * joins the build by one line in the registry (model/backend_reg.c), which names its constructor
+ * (pd__backend_<name>_new, declared in the backend's own header); nothing here names a backend.
  */
 #ifndef PD_BACKEND_IMPL_H
 #define PD_BACKEND_IMPL_H
 
-#include "common/backend.h"
+#include "model/backend.h"
 
 struct pd__backend_ops {
     void (*free)(struct pd_backend *be);
@@ -43,7 +43,7 @@ struct pd__backend_ops {
                   float *logprobs);
     int (*sample)(struct pd_backend *be, const float *x, int rows, int cols,
                   const struct pd_sample_row *row, int32_t *ids, float *logprobs);
-    /* arguments checked by backend.c (common/backend.h) before these are called */
+    /* arguments checked by backend.c (model/backend.h) before these are called */
     int (*penalty_reserve)(struct pd_backend *be, int slots, int vocab, int max_ids);
     int (*penalty_set)(struct pd_backend *be, int slot, const int32_t *prompt, int n_prompt,
                        const int32_t *out, int n_out);
@@ -65,10 +65,5 @@ struct pd_backend {
  * offsets that cover the batch, per-request token and cache counts, output rows inside it.
  * PD_OK, or PD_ERANGE / PD_EINVAL with the error set. */
 int pd__batch_plan_check(const struct pd_batch_plan *p, const struct pd_backend_limits *lim);
-
-int pd__backend_cpu_new(const struct pd_backend_opts *opts, struct pd_backend **out);
-/* Defined by kernels/ when the CUDA backend is linked in. */
-int pd__backend_cuda_new(const struct pd_backend_opts *opts, struct pd_backend **out)
-    __attribute__((weak));
 
 #endif

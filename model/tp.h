@@ -46,16 +46,17 @@ void pd_tp_local_free(struct pd_tp_local *g);
 /* Rank r's communicator (valid while g lives). */
 const struct pd_tp_comm *pd_tp_local_comm(struct pd_tp_local *g, int rank);
 
-/* NCCL (kernels/tp_nccl.c, present when pdserve was built with CUDA and NCCL; these are weak
- * references, NULL otherwise): size ranks, rank r on GPU devices[r], one communicator each
+/* NCCL (kernels/tp_nccl.c, present when pdserve was built with CUDA and found nccl.h; reach it
+ * through the registry, model/backend_reg.h, whose cuda entry names these functions then and has
+ * NULL for them otherwise): size ranks, rank r on GPU devices[r], one communicator each
  * (ncclCommInitAll: one process, one thread per rank). The all-reduce is ncclAllReduce in place
  * on the rank backend's stream, after the ops the backend has queued. After a rank fails, the
  * communicators are aborted (that is what unblocks the peers) and the group refuses every
  * later step: restart the process. */
 struct pd_tp_nccl;
 
-int pd_tp_nccl_new(int size, const int *devices, struct pd_tp_nccl **out) __attribute__((weak));
-void pd_tp_nccl_free(struct pd_tp_nccl *g) __attribute__((weak));
-const struct pd_tp_comm *pd_tp_nccl_comm(struct pd_tp_nccl *g, int rank) __attribute__((weak));
+int pd_tp_nccl_new(int size, const int *devices, struct pd_tp_nccl **out);
+void pd_tp_nccl_free(struct pd_tp_nccl *g);
+const struct pd_tp_comm *pd_tp_nccl_comm(struct pd_tp_nccl *g, int rank);
 
 #endif
