@@ -1,13 +1,13 @@
 /*
- * daemon.c — pdserve-prefill and pdserve-decode: the loop thread of DESIGN.md §2a. It owns the
- * HTTP server, the transfer engine, the bootstrap server/clients and the request table; the
- * compute thread (common/engine.c) owns the model and the scheduler. A daemon request (struct
- * dreq) lives from its HTTP body until the engine's END (or its refusal before ADD); the HTTP
- * side may go earlier (client gone). Nothing here blocks or computes beyond tokenizing a prompt
- * and detokenizing tokens. In colocated mode (pdserve-decode --disaggregation-mode null) the
- * transfer engine and bootstrap are never started. The generation endpoints are here with the
- * request life they start; the other endpoints are daemon_http.c's (state shared through
- * daemon_internal.h).
+ * daemon.c — the body of pdserve-prefill and pdserve-decode: the loop thread of DESIGN.md §2a.
+ * It owns the HTTP server, the transfer engine and the request table; the compute thread
+ * (common/engine.c) owns the model and the scheduler. A daemon request (struct pd_daemon_req)
+ * lives from its HTTP body until the engine's END (or its refusal before ADD); the HTTP side may
+ * go earlier (client gone). Nothing here blocks or computes beyond tokenizing a prompt and
+ * detokenizing tokens. What differs by role (the bootstrap server or clients, what an engine
+ * event means, the role's flags and queues) is the role's, reached through struct pd_role
+ * (daemon_internal.h): prefill/role.c, decode/role.c. The generation endpoints are here with the
+ * request life they start; the other endpoints are daemon_http.c's.
  */
 #include "common/daemon.h"
 #include "common/daemon_internal.h"
@@ -48,21 +48,21 @@ static const char *role_name(void) {
 
 /* ---- request table ---- */
 
-struct dreq *pd__daemon_find_room(uint64_t room) {
+struct pd_daemon_req *pd__daemon_find_room(uint64_t room) {
     int32_t s = pd_room_table_get(&D.slots, room);
     return s >= 0 ? D.reqs[s] : NULL;
 }
 
-struct dreq *pd__daemon_find_rid(const char *rid) {
+struct pd_daemon_req *pd__daemon_find_rid(const char *rid) {
     for (int32_t i = 0; i < D.cap; i++)
         if (D.reqs[i] && strcmp(D.reqs[i]->rid, rid) == 0)
             return D.reqs[i];
     return NULL;
 }
 
-static void group_free(struct dgroup *g);
+static void group_free(struct pd_daemon_group *g);
 
-static void dreq_free(struct dreq *r) {
+static void req_free(struct pd_daemon_req *r) {
     if (!r)
         return;
     if (r->grp) {
@@ -91,7 +91,7 @@ static void fill_error(struct pd_api_error *e, int status, const char *msg) {
 
 /* ---- decode output ---- */
 
-int pd__daemon_append_text(struct dreq *r, const char *s, size_t n) {
+int pd__daemon_append_text(struct pd_daemon_req *r, const char *s, size_t n) {
     if (pd_array_grow((void **)&r->text, &r->text_cap, r->text_len + n + 1, 1))
         return PD_ENOMEM;
     memcpy(r->text + r->text_len, s, n);
@@ -112,7 +112,8 @@ static size_t token_text(void *ud, int32_t id, char *buf, size_t cap) {
     return n;
 }
 
-static void fill_result(struct dreq *r, struct pd_api_result *res, const char *text, size_t len) {
+static void fill_result(struct pd_daemon_req *r, struct pd_api_result *res, const char *text,
+                        size_t len) {
     memset(res, 0, sizeof(*res));
     res->id = r->id;
     res->model = D.args.served_model_name;
@@ -146,7 +147,7 @@ static void fill_result(struct dreq *r, struct pd_api_result *res, const char *t
 }
 
 /* Renders one body of r's kind: final (stream false) or one stream chunk. */
-static char *render(struct dreq *r, const struct pd_api_result *res, bool chunk) {
+static char *render(struct pd_daemon_req *r, const struct pd_api_result *res, bool chunk) {
     char *out = NULL;
     int rc;
     if (r->api.kind == PD_API_GENERATE)
@@ -161,7 +162,7 @@ static char *render(struct dreq *r, const struct pd_api_result *res, bool chunk)
 }
 
 /* Streams what became final (held back: a tail that may still grow into a stop string). */
-static void stream_progress(struct dreq *r, bool final) {
+static void stream_progress(struct pd_daemon_req *r, bool final) {
     if (!r->http || !r->streaming)
         return;
     size_t hold = 0;
@@ -204,12 +205,12 @@ static void stream_progress(struct dreq *r, bool final) {
     r->sent_len = upto;
 }
 
-static void group_finish(struct dgroup *g);
-static void group_fail(struct dgroup *g, int status, const char *msg);
+static void group_finish(struct pd_daemon_group *g);
+static void group_fail(struct pd_daemon_group *g, int status, const char *msg);
 
 /* A sub-request of a group answered: its body is kept (streams: its last chunk went out). */
-static void group_sub_ok(struct dreq *r) {
-    struct dgroup *g = r->grp;
+static void group_sub_ok(struct pd_daemon_req *r) {
+    struct pd_daemon_group *g = r->grp;
     if (r->streaming) {
         stream_progress(r, true);
         g->completion_tokens += r->n_out;
@@ -231,7 +232,7 @@ static void group_sub_ok(struct dreq *r) {
         group_finish(g);
 }
 
-static void finish_http_ok(struct dreq *r) {
+static void finish_http_ok(struct pd_daemon_req *r) {
     struct pd_http_req *h = r->http;
     if (!h)
         return;
@@ -261,7 +262,7 @@ static void finish_http_ok(struct dreq *r) {
     pd__daemon_respond_json(h, 200, render(r, &res, false));
 }
 
-static void finish_http_error(struct dreq *r, int status, const char *msg) {
+static void finish_http_error(struct pd_daemon_req *r, int status, const char *msg) {
     struct pd_http_req *h = r->http;
     if (!h)
         return;
@@ -282,8 +283,8 @@ static void finish_http_error(struct dreq *r, int status, const char *msg) {
 
 /* Decode: one more output token (index = its position in the output); smp: the engine's
  * record with top logprobs (for the first token: rebuilt from the done notice), or NULL. */
-void pd__daemon_take_token(struct dreq *r, int32_t token, int index, int finish, float logprob,
-                           const struct pd_sample *smp) {
+void pd__daemon_take_token(struct pd_daemon_req *r, int32_t token, int index, int finish,
+                           float logprob, const struct pd_sample *smp) {
     if (r->stopped_here || index != r->n_out)
         return;            /* after a stop string, or the first token seen twice */
     r->in_lp_ready = true; /* colocated: the engine scored the prompt before this token */
@@ -343,7 +344,7 @@ void pd__daemon_take_token(struct dreq *r, int32_t token, int index, int finish,
 
 /* The request's end in the counters and the e2e / queue-time histograms. Prompt and output
  * tokens count for requests answered with a usage (done, or aborted by the user). */
-static void count_end(struct dreq *r, int reason, const struct pd_engine_event *ev) {
+static void count_end(struct pd_daemon_req *r, int reason, const struct pd_engine_event *ev) {
     struct pd_serve_metrics *sm = D.sm;
     double now = now_s();
     pd_metric_add(sm->num_requests, 1);
@@ -370,7 +371,7 @@ static void count_end(struct dreq *r, int reason, const struct pd_engine_event *
         pd_metric_add(sm->transfer_failed, 1);
 }
 
-static void end_request(struct dreq *r, const struct pd_engine_event *ev) {
+static void end_request(struct pd_daemon_req *r, const struct pd_engine_event *ev) {
     r->ereq = ev->req; /* ours again */
     r->ending = true;
     int reason = ev->reason;
@@ -407,12 +408,12 @@ static void end_request(struct dreq *r, const struct pd_engine_event *ev) {
         }
         finish_http_error(r, status, msg);
     }
-    dreq_free(r);
+    req_free(r);
 }
 
 static void on_engine_event(void *ctx, const struct pd_engine_event *ev) {
     (void)ctx;
-    struct dreq *r = pd__daemon_find_room(ev->room);
+    struct pd_daemon_req *r = pd__daemon_find_room(ev->room);
     if (r && ev->req && ev->req->user != r)
         r = NULL; /* a stale event of an earlier request on this room */
     switch (ev->kind) {
@@ -449,7 +450,7 @@ static void on_engine_event(void *ctx, const struct pd_engine_event *ev) {
 /* ---- transfer engine + bootstrap ---- */
 
 /* A room of a live request ended: its transfer's latency and size, or its failure. */
-static void room_metrics(struct dreq *r, int status, const struct pd_xfer_notice *n) {
+static void room_metrics(struct pd_daemon_req *r, int status, const struct pd_xfer_notice *n) {
     if (!r || r->ending)
         return; /* an early room (no request), or one end_request closes itself */
     int st = n ? n->status : status;
@@ -465,7 +466,7 @@ static void on_room_end(void *ctx, uint64_t room, void *user, int status,
                         const struct pd_xfer_notice *n) {
     (void)ctx;
     (void)user;
-    struct dreq *r = pd__daemon_find_room(room);
+    struct pd_daemon_req *r = pd__daemon_find_room(room);
     room_metrics(r, status, n);
     if (D.role->room_end)
         D.role->room_end(&D, r, room, status, n);
@@ -495,7 +496,7 @@ void pd__daemon_host_port(char *out, size_t size, const char *host, int port) {
 
 /* ---- generation requests ---- */
 
-void pd__daemon_abort(struct dreq *r, bool user) {
+void pd__daemon_abort(struct pd_daemon_req *r, bool user) {
     if (user)
         r->aborted = true;
     if (D.role->aborting)
@@ -505,7 +506,7 @@ void pd__daemon_abort(struct dreq *r, bool user) {
 
 static void on_client_gone(struct pd_http_req *h, void *user) {
     (void)h;
-    struct dreq *r = user;
+    struct pd_daemon_req *r = user;
     r->http = NULL;
     pd_info("room=%" PRIu64 " rid=%s client went away: aborting", r->room, r->rid);
     pd__daemon_abort(r, true);
@@ -524,8 +525,8 @@ static void set_error(struct pd_api_error *e, int status, const char *param, con
                      NULL, "%s", msg);
 }
 
-static struct dreq *dreq_new(void) {
-    struct dreq *r = pd_calloc(1, sizeof(*r));
+static struct pd_daemon_req *req_new(void) {
+    struct pd_daemon_req *r = pd_calloc(1, sizeof(*r));
     if (!r)
         return NULL;
     r->slot = -1;
@@ -539,8 +540,8 @@ static struct dreq *dreq_new(void) {
 
 /* Parses body (one prompt, one sample) into r, tokenizes it and builds its engine request; on
  * failure e says why and r is the caller's to free. Nothing is registered yet. */
-static int prepare_req(struct dreq *r, enum pd_api_kind kind, const char *body, size_t blen,
-                       struct pd_api_error *e) {
+static int prepare_req(struct pd_daemon_req *r, enum pd_api_kind kind, const char *body,
+                       size_t blen, struct pd_api_error *e) {
     struct pd_api_config ac = {.served_model_name = D.args.served_model_name,
                                .model_path = D.args.model_path,
                                .disaggregated = D.role->disaggregated,
@@ -628,7 +629,7 @@ static int prepare_req(struct dreq *r, enum pd_api_kind kind, const char *body, 
     return D.role->prepare ? D.role->prepare(&D, r, e) : PD_OK;
 }
 
-int pd__daemon_prepare_input_logprobs(struct dreq *r, struct pd_api_error *e) {
+int pd__daemon_prepare_input_logprobs(struct pd_daemon_req *r, struct pd_api_error *e) {
     if (!pd_api_wants_input_logprobs(&r->api, r->n_prompt))
         return PD_OK;
     /* scored where the prompt is prefilled; in PD mode the router merges the prefill's
@@ -646,7 +647,7 @@ int pd__daemon_prepare_input_logprobs(struct dreq *r, struct pd_api_error *e) {
 
 /* Registers a prepared r and hands it to the engine; h is the connection its answer goes to.
  * On failure r is freed and e says why (503). */
-static int submit_req(struct dreq *r, struct pd_http_req *h, struct pd_api_error *e) {
+static int submit_req(struct pd_daemon_req *r, struct pd_http_req *h, struct pd_api_error *e) {
     int rc = pd_room_table_take(&D.slots, r->room, &r->slot);
     PD_ASSERT(rc == PD_OK); /* the caller saw a free slot; prepare_req a vacant room */
     D.reqs[r->slot] = r;
@@ -655,7 +656,7 @@ static int submit_req(struct dreq *r, struct pd_http_req *h, struct pd_api_error
     struct pd_engine_req *er = r->ereq;
     if (pd_engine_submit(D.eng, &(struct pd_engine_cmd){.kind = PD_ENGINE_CMD_ADD, .req = er})) {
         set_error(e, 503, NULL, "%s", pd_error_msg());
-        dreq_free(r);
+        req_free(r);
         return PD_EFULL;
     }
     r->ereq = NULL; /* the engine's now */
@@ -693,21 +694,21 @@ static void handle_generate(struct pd_http_req *h, enum pd_api_kind kind) {
         pd_api_split_free(&split);
         return;
     }
-    struct dreq *r = dreq_new();
+    struct pd_daemon_req *r = req_new();
     if (!r) {
         pd__daemon_respond_error(h, 500, "server_error", NULL, "out of memory");
         return;
     }
     if (prepare_req(r, kind, body, blen, &e) != PD_OK) {
         pd_http_respond_error(h, &e);
-        dreq_free(r);
+        req_free(r);
         return;
     }
     if (D.slots.n_free == 0) {
         pd__daemon_respond_error(h, 503, "server_error", NULL,
                                  "too many requests queued (--max-queued-requests %d)",
                                  D.args.max_queued_requests);
-        dreq_free(r);
+        req_free(r);
         return;
     }
     if (submit_req(r, h, &e) != PD_OK) {
@@ -721,7 +722,7 @@ static void handle_generate(struct pd_http_req *h, enum pd_api_kind kind) {
 
 /* ---- fan-out groups (batch /generate, prompt lists, n > 1) ---- */
 
-static void group_free(struct dgroup *g) {
+static void group_free(struct pd_daemon_group *g) {
     for (int k = 0; g->bodies && k < g->count; k++)
         pd_free(g->bodies[k]);
     pd_free(g->bodies);
@@ -731,10 +732,10 @@ static void group_free(struct dgroup *g) {
 
 /* Detaches every sub-request from the client (they answer nobody from now on); abort: also
  * abort the ones still running. */
-static void group_detach(struct dgroup *g, bool abort, bool user) {
+static void group_detach(struct pd_daemon_group *g, bool abort, bool user) {
     g->http = NULL;
     for (int k = 0; k < g->count; k++) {
-        struct dreq *s = g->subs[k];
+        struct pd_daemon_req *s = g->subs[k];
         if (!s || !s->http)
             continue;
         s->http = NULL;
@@ -745,13 +746,13 @@ static void group_detach(struct dgroup *g, bool abort, bool user) {
 
 static void on_group_gone(struct pd_http_req *h, void *user) {
     (void)h;
-    struct dgroup *g = user;
+    struct pd_daemon_group *g = user;
     pd_info("id=%s rid=%s client of a %d-way request went away: aborting", g->id, g->rid, g->count);
     group_detach(g, true, true);
 }
 
 /* A sub-request failed: the whole request fails (as SGLang's batch does), the others stop. */
-static void group_fail(struct dgroup *g, int status, const char *msg) {
+static void group_fail(struct pd_daemon_group *g, int status, const char *msg) {
     struct pd_http_req *h = g->http;
     if (!h)
         return;
@@ -765,7 +766,7 @@ static void group_fail(struct dgroup *g, int status, const char *msg) {
 }
 
 /* Every sub-request answered: the merged body, or the stream's usage chunk and [DONE]. */
-static void group_finish(struct dgroup *g) {
+static void group_finish(struct pd_daemon_group *g) {
     struct pd_http_req *h = g->http;
     group_detach(g, false, false);
     if (g->streaming) {
@@ -804,7 +805,7 @@ static void handle_group(struct pd_http_req *h, enum pd_api_kind kind, struct pd
             sp->count, D.slots.n_free, D.args.max_queued_requests);
         return;
     }
-    struct dgroup *g = pd_calloc(1, sizeof(*g));
+    struct pd_daemon_group *g = pd_calloc(1, sizeof(*g));
     if (g) {
         g->subs = pd_calloc((size_t)sp->count, sizeof(*g->subs));
         g->bodies = pd_calloc((size_t)sp->count, sizeof(*g->bodies));
@@ -824,7 +825,7 @@ static void handle_group(struct pd_http_req *h, enum pd_api_kind kind, struct pd
                      pd_splitmix64(&D.room_seq), ++D.id_seq);
     /* every sub-request parsed and tokenized before any runs: a bad one fails the request */
     for (int k = 0; k < g->count; k++) {
-        struct dreq *r = dreq_new();
+        struct pd_daemon_req *r = req_new();
         if (!r) {
             pd__daemon_respond_error(h, 500, "server_error", NULL, "out of memory");
             goto fail;
@@ -855,9 +856,9 @@ static void handle_group(struct pd_http_req *h, enum pd_api_kind kind, struct pd
         pd_http_sse_start(h);
     g->refs++; /* the loop's: a failed submit may free every sub-request */
     for (int k = 0; k < g->count; k++) {
-        struct dreq *r = g->subs[k];
+        struct pd_daemon_req *r = g->subs[k];
         if (!g->http) { /* an earlier one could not be queued: the rest never run */
-            dreq_free(r);
+            req_free(r);
             continue;
         }
         if (submit_req(r, h, &e) != PD_OK) /* freed it */
@@ -870,7 +871,7 @@ fail:
     for (int k = 0; k < g->count; k++)
         if (g->subs[k]) {
             g->subs[k]->grp = NULL;
-            dreq_free(g->subs[k]);
+            req_free(g->subs[k]);
         }
     group_free(g);
 }
@@ -1173,7 +1174,7 @@ int pd_daemon_main(const struct pd_role *role, int argc, char **argv) {
     uv_run(&D.loop, UV_RUN_DEFAULT);
     uv_loop_close(&D.loop);
     for (int32_t i = 0; D.reqs && i < D.cap; i++)
-        dreq_free(D.reqs[i]);
+        req_free(D.reqs[i]);
     pd_http_server_free(D.http);
     pd_engine_free(D.eng);
     pd_serve_metrics_free(D.sm);

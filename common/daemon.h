@@ -4,7 +4,7 @@
  * (common/base/http_server.h, common/api.h), the UCX transfer engine registered on the KV pool, and
  * the gRPC bootstrap (prefill: server on --disaggregation-bootstrap-port; decode: one client per
  * prefill it is sent to), all on one libuv loop. The two roles share everything but their request
- * life:
+ * life, which each role's struct pd_role and engine ops (prefill/, decode/) carry:
  *
  *  prefill: HTTP body → tokens → engine ADD (bootstrap queue); decode's Transfer for the room
  *           (before or after the body) → BOOTSTRAPPED; engine SENDs → room_send, the last with

@@ -153,11 +153,11 @@ static void h_abort(struct pd_http_req *h, void *ud) {
                                  "body must be {\"rid\": string}");
         return;
     }
-    struct dreq *r = pd__daemon_find_rid(rid->valuestring);
+    struct pd_daemon_req *r = pd__daemon_find_rid(rid->valuestring);
     if (r)
         pd__daemon_abort(r, true);
     for (int32_t i = 0; i < d->cap; i++) { /* a fanned-out request by its client's rid */
-        struct dreq *s = d->reqs[i];
+        struct pd_daemon_req *s = d->reqs[i];
         if (s && s != r && s->grp && s->grp->rid[0] && !s->ending &&
             strcmp(s->grp->rid, rid->valuestring) == 0) {
             pd__daemon_abort(s, true);

@@ -30,13 +30,14 @@
 #define MAX_PROBES 16        /* /health_generate calls waiting for the compute thread */
 #define PROBE_TIMEOUT_S 20.0 /* ... before they answer 503 (SGLang waits 20 s too) */
 
-struct dgroup;
+struct pd_daemon_group;
 
-struct dreq {
+struct pd_daemon_req {
     uint64_t room;
     int32_t slot;
-    struct dgroup *grp; /* fan-out (batch / n > 1): the group answering the client; else NULL */
-    int sub;            /* index in grp: prompt * n + sample */
+    struct pd_daemon_group
+        *grp; /* fan-out (batch / n > 1): the group answering the client; else NULL */
+    int sub;  /* index in grp: prompt * n + sample */
     char rid[96];
     char id[64]; /* response id: "chatcmpl-…" / "cmpl-…" / rid */
     struct pd_http_req *http;
@@ -85,19 +86,19 @@ struct dreq {
     bool aborted; /* by the user (abort_request) */
 };
 
-/* One client request cut into sub-requests (pd_api_split): each sub-request is a dreq of its
- * own (room, rid, engine request) whose http is the group's while the group answers; the group
+/* One client request cut into sub-requests (pd_api_split): each sub-request is a pd_daemon_req of
+ * its own (room, rid, engine request) whose http is the group's while the group answers; the group
  * renders the merged answer once every sub-request answered, or fails the whole request at the
  * first failure (the others are aborted). Freed when its last sub-request is. */
-struct dgroup {
+struct pd_daemon_group {
     struct pd_http_req *http; /* NULL once answered or the client left */
     enum pd_api_kind kind;
     int count, n;
     int refs;     /* sub-requests not yet freed */
     int answered; /* sub-requests whose answer is in */
     bool batch, streaming, include_usage;
-    struct dreq **subs; /* [count]; an entry is NULL once that dreq is freed */
-    char **bodies;      /* [count] non-streamed answers */
+    struct pd_daemon_req **subs; /* [count]; an entry is NULL once that request is freed */
+    char **bodies;               /* [count] non-streamed answers */
     int prompt_tokens, completion_tokens, cached_tokens; /* streamed usage */
     char rid[96]; /* the client's rid (abort_request), "" if none */
     char id[64];
@@ -138,8 +139,8 @@ struct pd_daemon_state {
     char node_id[64];
     char transport[128];
 
-    struct pd_room_table slots; /* room → slot of reqs */
-    struct dreq **reqs;         /* [cap] */
+    struct pd_room_table slots;  /* room → slot of reqs */
+    struct pd_daemon_req **reqs; /* [cap] */
     int32_t cap, n_live;
     struct probe probes[MAX_PROBES];
     uint64_t probe_seq;
@@ -178,22 +179,25 @@ struct pd_role {
     /* a request: room: its room (NULL: the body's bootstrap_room); prepare: the role's part of
      * it once its engine request exists (e says why not); submitted: the engine has it;
      * aborting: the daemon aborts it (user, client gone, shutdown) */
-    uint64_t (*room)(struct pd_daemon_state *d, struct dreq *r);
-    int (*prepare)(struct pd_daemon_state *d, struct dreq *r, struct pd_api_error *e);
-    void (*submitted)(struct pd_daemon_state *d, struct dreq *r);
-    void (*aborting)(struct pd_daemon_state *d, struct dreq *r);
+    uint64_t (*room)(struct pd_daemon_state *d, struct pd_daemon_req *r);
+    int (*prepare)(struct pd_daemon_state *d, struct pd_daemon_req *r, struct pd_api_error *e);
+    void (*submitted)(struct pd_daemon_state *d, struct pd_daemon_req *r);
+    void (*aborting)(struct pd_daemon_state *d, struct pd_daemon_req *r);
 
     /* engine events (r NULL: no live request of the event's): SEND, ADMIT, QUIESCE; ending:
      * the END of r with its final reason, before it is counted and answered */
-    void (*on_send)(struct pd_daemon_state *d, struct dreq *r, const struct pd_engine_event *ev);
-    void (*on_admit)(struct pd_daemon_state *d, struct dreq *r, const struct pd_engine_event *ev);
-    void (*on_quiesce)(struct pd_daemon_state *d, struct dreq *r, const struct pd_engine_event *ev);
-    void (*ending)(struct pd_daemon_state *d, struct dreq *r, const struct pd_engine_event *ev,
-                   int reason);
+    void (*on_send)(struct pd_daemon_state *d, struct pd_daemon_req *r,
+                    const struct pd_engine_event *ev);
+    void (*on_admit)(struct pd_daemon_state *d, struct pd_daemon_req *r,
+                     const struct pd_engine_event *ev);
+    void (*on_quiesce)(struct pd_daemon_state *d, struct pd_daemon_req *r,
+                       const struct pd_engine_event *ev);
+    void (*ending)(struct pd_daemon_state *d, struct pd_daemon_req *r,
+                   const struct pd_engine_event *ev, int reason);
 
     /* transfer engine events: a room ended (r: its live request or NULL; n: the done notice,
      * decode side only), a peer's endpoint closed */
-    void (*room_end)(struct pd_daemon_state *d, struct dreq *r, uint64_t room, int status,
+    void (*room_end)(struct pd_daemon_state *d, struct pd_daemon_req *r, uint64_t room, int status,
                      const struct pd_xfer_notice *n);
     void (*peer_closed)(struct pd_daemon_state *d, pd_xfer_peer_t *p);
 
@@ -211,18 +215,18 @@ static inline double now_s(void) {
 
 /* daemon.c: the live request of a client's rid or of a room (NULL: none); its abort (user: by
  * the client). */
-struct dreq *pd__daemon_find_rid(const char *rid);
-struct dreq *pd__daemon_find_room(uint64_t room);
-void pd__daemon_abort(struct dreq *r, bool user);
+struct pd_daemon_req *pd__daemon_find_rid(const char *rid);
+struct pd_daemon_req *pd__daemon_find_room(uint64_t room);
+void pd__daemon_abort(struct pd_daemon_req *r, bool user);
 /* daemon.c: one more output token of r (decode and colocated; index: its output position);
  * smp: the engine's record with top logprobs, or NULL. */
-void pd__daemon_take_token(struct dreq *r, int32_t token, int index, int finish, float logprob,
-                           const struct pd_sample *smp);
+void pd__daemon_take_token(struct pd_daemon_req *r, int32_t token, int index, int finish,
+                           float logprob, const struct pd_sample *smp);
 /* daemon.c: s[0..n) appended to r's answer text. PD_ENOMEM. */
-int pd__daemon_append_text(struct dreq *r, const char *s, size_t n);
+int pd__daemon_append_text(struct pd_daemon_req *r, const char *s, size_t n);
 /* daemon.c: prompt logprobs for r when its body asks for them (prefill, colocated: where the
  * prompt is prefilled); e says why not. */
-int pd__daemon_prepare_input_logprobs(struct dreq *r, struct pd_api_error *e);
+int pd__daemon_prepare_input_logprobs(struct pd_daemon_req *r, struct pd_api_error *e);
 /* daemon.c: "host:port" for gRPC (an IPv6 host in brackets). */
 void pd__daemon_host_port(char *out, size_t size, const char *host, int port);
 /* daemon.c: the transfer engine on the KV pool and the layout both sides must agree on

@@ -44,7 +44,7 @@ static struct {
 static void on_room_rejected(void *ctx, uint64_t room, void *user, int status, const char *msg) {
     struct pd_daemon_state *d = ctx;
     (void)user;
-    struct dreq *r = pd__daemon_find_room(room);
+    struct pd_daemon_req *r = pd__daemon_find_room(room);
     if (!r)
         return;
     r->xfer_live = false;
@@ -86,7 +86,7 @@ static pd_bootstrap_client_t *client_for(struct pd_daemon_state *d, const char *
 }
 
 /* ADMIT: the prompt's pages are reserved; the Transfer asks the request's prefill to fill them. */
-static void decode_admit(struct pd_daemon_state *d, struct dreq *r,
+static void decode_admit(struct pd_daemon_state *d, struct pd_daemon_req *r,
                          const struct pd_engine_event *ev) {
     pd_bootstrap_client_t *c = client_for(d, r->api.bootstrap_host, r->api.bootstrap_port);
     int rc =
@@ -111,8 +111,8 @@ static void decode_admit(struct pd_daemon_state *d, struct dreq *r,
 
 /* The room ended: the done notice streams the first token now, or the failure is kept for the
  * answer; the engine hears it as XFER_END. */
-static void decode_room_end(struct pd_daemon_state *d, struct dreq *r, uint64_t room, int status,
-                            const struct pd_xfer_notice *n) {
+static void decode_room_end(struct pd_daemon_state *d, struct pd_daemon_req *r, uint64_t room,
+                            int status, const struct pd_xfer_notice *n) {
     if (!r)
         return;
     struct pd_engine_cmd c = {.kind = PD_ENGINE_CMD_XFER_END, .room = room, .status = status};
@@ -142,7 +142,7 @@ static void decode_room_end(struct pd_daemon_state *d, struct dreq *r, uint64_t 
 
 /* QUIESCE (timed out waiting for its KV, or aborted in transfer): the room is given up with the
  * prefill; without a live transfer, the engine hears the end at once. */
-static void decode_quiesce(struct pd_daemon_state *d, struct dreq *r,
+static void decode_quiesce(struct pd_daemon_state *d, struct pd_daemon_req *r,
                            const struct pd_engine_event *ev) {
     if (r && r->xfer_live && r->client) {
         pd_bootstrap_client_abort(r->client, ev->room, r->aborted ? "aborted" : "timed out");
@@ -174,7 +174,8 @@ static void decode_ready(struct pd_daemon_state *d) {
 }
 
 /* What generating needs: the detokenizer, the echoed prompt, output logprobs. */
-static int decode_prepare(struct pd_daemon_state *d, struct dreq *r, struct pd_api_error *e) {
+static int decode_prepare(struct pd_daemon_state *d, struct pd_daemon_req *r,
+                          struct pd_api_error *e) {
     if (pd_detok_new(d->tok, r->api.skip_special_tokens, &r->detok) != PD_OK) {
         pd_api_error_set(e, 500, "server_error", NULL, NULL, "%s", pd_error_msg());
         return PD_ENOMEM;
@@ -261,7 +262,7 @@ const struct pd_serve_metrics_role pd_decode_metrics = {
 
 /* Colocated: a fresh room in [0, 2^63) no live request has (bootstrap_room in a body is not
  * ours to trust: two clients could send the same one). */
-static uint64_t coloc_room(struct pd_daemon_state *d, struct dreq *r) {
+static uint64_t coloc_room(struct pd_daemon_state *d, struct pd_daemon_req *r) {
     uint64_t room;
     do
         room = pd_splitmix64(&d->room_seq) >> 1;
@@ -269,12 +270,13 @@ static uint64_t coloc_room(struct pd_daemon_state *d, struct dreq *r) {
     return room;
 }
 
-static int coloc_prepare(struct pd_daemon_state *d, struct dreq *r, struct pd_api_error *e) {
+static int coloc_prepare(struct pd_daemon_state *d, struct pd_daemon_req *r,
+                         struct pd_api_error *e) {
     int rc = decode_prepare(d, r, e);
     return rc ? rc : pd__daemon_prepare_input_logprobs(r, e);
 }
 
-static void coloc_ending(struct pd_daemon_state *d, struct dreq *r,
+static void coloc_ending(struct pd_daemon_state *d, struct pd_daemon_req *r,
                          const struct pd_engine_event *ev, int reason) {
     r->cached_tokens = ev->cached_tokens; /* prefilled here: the engine knows the hit */
 }

@@ -36,7 +36,7 @@ static struct {
 
 /* SEND: the chunk's finished pages go to the decode's reserved ones; the last chunk's event
  * also finishes the room with the done notice (first token, its top logprobs, cache hit). */
-static void prefill_send(struct pd_daemon_state *d, struct dreq *r,
+static void prefill_send(struct pd_daemon_state *d, struct pd_daemon_req *r,
                          const struct pd_engine_event *ev) {
     if (!pd_xfer_room_live(d->x, ev->room))
         return; /* the room already ended (aborted/failed): the engine hears it */
@@ -87,7 +87,7 @@ static void on_bootstrap_room(void *ctx, uint64_t room, const char *decode_id, u
                               uint32_t prompt_len) {
     struct pd_daemon_state *d = ctx;
     (void)prompt_len;
-    struct dreq *r = pd__daemon_find_room(room);
+    struct pd_daemon_req *r = pd__daemon_find_room(room);
     pd_debug("room=%" PRIu64 " transfer from %s (%u pages)", room, decode_id, n_pages);
     if (r && !r->bootstrapped) {
         r->bootstrapped = true;
@@ -106,7 +106,7 @@ static void on_bootstrap_room(void *ctx, uint64_t room, const char *decode_id, u
 static void on_bootstrap_abort(void *ctx, uint64_t room, bool found, const char *reason) {
     struct pd_daemon_state *d = ctx;
     (void)found;
-    struct dreq *r = pd__daemon_find_room(room);
+    struct pd_daemon_req *r = pd__daemon_find_room(room);
     pd_info("room=%" PRIu64 " decode aborted it: %s", room, reason ? reason : "");
     if (r)
         pd_engine_submit(d->eng,
@@ -114,7 +114,7 @@ static void on_bootstrap_abort(void *ctx, uint64_t room, bool found, const char 
 }
 
 /* A request the engine took: its Transfer may have come first. */
-static void prefill_submitted(struct pd_daemon_state *d, struct dreq *r) {
+static void prefill_submitted(struct pd_daemon_state *d, struct pd_daemon_req *r) {
     for (int i = 0; i < P.n_early; i++)
         if (P.early[i].room == r->room) {
             P.early[i] = P.early[--P.n_early];
@@ -142,19 +142,19 @@ static void prefill_tick(struct pd_daemon_state *d, double now) {
     }
 }
 
-static void prefill_aborting(struct pd_daemon_state *d, struct dreq *r) {
+static void prefill_aborting(struct pd_daemon_state *d, struct pd_daemon_req *r) {
     if (pd_xfer_room_live(d->x, r->room))
         pd_xfer_room_abort(d->x, r->room, PD_ECANCELED, "the prefill request was aborted");
 }
 
 /* QUIESCE: sent pages may still be read: the room is aborted, whose end releases them. */
-static void prefill_quiesce(struct pd_daemon_state *d, struct dreq *r,
+static void prefill_quiesce(struct pd_daemon_state *d, struct pd_daemon_req *r,
                             const struct pd_engine_event *ev) {
     if (pd_xfer_room_live(d->x, ev->room))
         pd_xfer_room_abort(d->x, ev->room, PD_ECANCELED, "prefill aborted the request");
 }
 
-static void prefill_ending(struct pd_daemon_state *d, struct dreq *r,
+static void prefill_ending(struct pd_daemon_state *d, struct pd_daemon_req *r,
                            const struct pd_engine_event *ev, int reason) {
     if (pd_xfer_room_live(d->x, r->room))
         pd_xfer_room_abort(d->x, r->room, PD_ECANCELED, "prefill request ended");
@@ -165,8 +165,8 @@ static void prefill_ending(struct pd_daemon_state *d, struct dreq *r,
         r->bootstrap_failed = true; /* no decode sent the Transfer */
 }
 
-static void prefill_room_end(struct pd_daemon_state *d, struct dreq *r, uint64_t room, int status,
-                             const struct pd_xfer_notice *n) {
+static void prefill_room_end(struct pd_daemon_state *d, struct pd_daemon_req *r, uint64_t room,
+                             int status, const struct pd_xfer_notice *n) {
     if (!r) {
         for (int i = 0; i < P.n_early; i++) /* a Transfer whose body never came */
             if (P.early[i].room == room)
@@ -214,7 +214,8 @@ static void prefill_ready(struct pd_daemon_state *d) {
            d->transport);
 }
 
-static int prefill_prepare(struct pd_daemon_state *d, struct dreq *r, struct pd_api_error *e) {
+static int prefill_prepare(struct pd_daemon_state *d, struct pd_daemon_req *r,
+                           struct pd_api_error *e) {
     return pd__daemon_prepare_input_logprobs(r, e);
 }
 
