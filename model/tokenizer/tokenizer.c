@@ -634,6 +634,30 @@ static int load_added_tokens(const struct load *ld, struct pd_tokenizer *t, cons
 
 /* ---------------------------------------------------------------- normalizer */
 
+typedef int (*load_fn)(const struct load *ld, struct pd_tokenizer *t, const cJSON *n,
+                       const char *path);
+
+/* A "Sequence" normalizer or pre-tokenizer: each entry of its array `key`, loaded in order. */
+static int load_sequence(const struct load *ld, struct pd_tokenizer *t, const cJSON *n,
+                         const char *path, const char *key, load_fn load) {
+    const cJSON *list = cJSON_GetObjectItemCaseSensitive(n, key);
+    if (!cJSON_IsArray(list)) {
+        char what[64];
+        snprintf(what, sizeof(what), "Sequence needs a \"%s\" array", key);
+        return bad(ld, path, what);
+    }
+    int i = 0;
+    const cJSON *it;
+    cJSON_ArrayForEach(it, list) {
+        char p[128];
+        snprintf(p, sizeof(p), "%s.%s[%d]", path, key, i++);
+        int rc = load(ld, t, it, p);
+        if (rc != PD_OK)
+            return rc;
+    }
+    return PD_OK;
+}
+
 static int load_normalizer(const struct load *ld, struct pd_tokenizer *t, const cJSON *n,
                            const char *path) {
     if (!n || cJSON_IsNull(n))
@@ -641,21 +665,8 @@ static int load_normalizer(const struct load *ld, struct pd_tokenizer *t, const 
     const char *type = get_str(n, "type");
     if (!type)
         return bad(ld, path, "needs a \"type\"");
-    if (!strcmp(type, "Sequence")) {
-        const cJSON *list = cJSON_GetObjectItemCaseSensitive(n, "normalizers");
-        if (!cJSON_IsArray(list))
-            return bad(ld, path, "Sequence needs a \"normalizers\" array");
-        int i = 0;
-        const cJSON *it;
-        cJSON_ArrayForEach(it, list) {
-            char p[128];
-            snprintf(p, sizeof(p), "%s.normalizers[%d]", path, i++);
-            int rc = load_normalizer(ld, t, it, p);
-            if (rc != PD_OK)
-                return rc;
-        }
-        return PD_OK;
-    }
+    if (!strcmp(type, "Sequence"))
+        return load_sequence(ld, t, n, path, "normalizers", load_normalizer);
     if (t->n_norm == PD__MAX_NORM)
         return unsupported(ld, path, "a normalizer sequence this long");
     struct pd__norm *m = &t->norm[t->n_norm];
@@ -741,21 +752,8 @@ static int load_pre(const struct load *ld, struct pd_tokenizer *t, const cJSON *
     const char *type = get_str(n, "type");
     if (!type)
         return bad(ld, path, "needs a \"type\"");
-    if (!strcmp(type, "Sequence")) {
-        const cJSON *list = cJSON_GetObjectItemCaseSensitive(n, "pretokenizers");
-        if (!cJSON_IsArray(list))
-            return bad(ld, path, "Sequence needs a \"pretokenizers\" array");
-        int i = 0;
-        const cJSON *it;
-        cJSON_ArrayForEach(it, list) {
-            char p[128];
-            snprintf(p, sizeof(p), "%s.pretokenizers[%d]", path, i++);
-            int rc = load_pre(ld, t, it, p);
-            if (rc != PD_OK)
-                return rc;
-        }
-        return PD_OK;
-    }
+    if (!strcmp(type, "Sequence"))
+        return load_sequence(ld, t, n, path, "pretokenizers", load_pre);
     if (t->n_pre == PD__MAX_PRE)
         return unsupported(ld, path, "a pre-tokenizer sequence this long");
     if (t->n_pre > 0 && t->pre[t->n_pre - 1].kind == PD__PRE_BYTELEVEL)
