@@ -41,15 +41,21 @@ build-fuzz: setup
 	    -DPD_SANITIZE=address,undefined -DPD_FUZZ=ON $(CMAKE_ARGS)
 	cmake --build $(FUZZ) -j$(JOBS) --target pd_fuzz
 
+# After each ctest of `test`: a test that did not run (skipped, exit 77) fails the run unless
+# it has the gpu label or tests/skip-allowlist.txt names it with the reason.
+NO_SKIPS = --output-junit $$PWD/ctest-junit.xml && \
+	    python3 $(CURDIR)/tests/check_skips.py . $$PWD/ctest-junit.xml
+
 # Everything CI checks: formatting, a -Werror release build with all tests (gpu ones skip
 # without a GPU), the same without CUDA (-DPD_CUDA=OFF), the unit tests again under ASan+UBSan,
-# and each fuzz target for a few seconds.
+# and each fuzz target for a few seconds; nothing else may skip.
 test: format-check build build-cpu build-asan build-fuzz
-	cd $(BUILD) && ctest --output-on-failure -j$(JOBS) -LE flaky
-	cd $(CPU) && ctest --output-on-failure -j$(JOBS) -LE flaky
+	cd $(BUILD) && ctest --output-on-failure -j$(JOBS) -LE flaky $(NO_SKIPS)
+	cd $(CPU) && ctest --output-on-failure -j$(JOBS) -LE flaky $(NO_SKIPS)
 	cd $(ASAN) && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
-	    UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 ctest --output-on-failure -j$(JOBS) -L unit
-	cd $(FUZZ) && ctest --output-on-failure -j$(JOBS) -L fuzz
+	    UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 ctest --output-on-failure -j$(JOBS) -L unit \
+	    $(NO_SKIPS)
+	cd $(FUZZ) && ctest --output-on-failure -j$(JOBS) -L fuzz $(NO_SKIPS)
 
 test-fuzz: build-fuzz
 	cd $(FUZZ) && ctest --output-on-failure -j$(JOBS) -L fuzz

@@ -7,6 +7,13 @@ find_package(Threads REQUIRED)
 pkg_check_modules(CJSON REQUIRED IMPORTED_TARGET libcjson)
 find_library(PD_LIBM m REQUIRED)
 
+# The Python tests run with .venv-tools/bin/python when scripts/setup.sh made it: a venv over
+# Debian's python3 (--system-site-packages) that adds the pinned test packages (safetensors,
+# transformers, openai, ...). Another python3 first on PATH (pyenv, conda) would lack them and the
+# tests would skip. -DPython3_EXECUTABLE=... still chooses.
+if(NOT DEFINED CACHE{Python3_EXECUTABLE} AND EXISTS ${PROJECT_SOURCE_DIR}/.venv-tools/bin/python)
+    set(Python3_EXECUTABLE ${PROJECT_SOURCE_DIR}/.venv-tools/bin/python)
+endif()
 find_package(Python3 COMPONENTS Interpreter)
 # The cpu backend's large matrix products (model/cpu/backend_cpu.c).
 pkg_check_modules(OPENBLAS REQUIRED IMPORTED_TARGET openblas)

@@ -2,9 +2,11 @@
 # Installs the Debian packages pdserve builds against (DESIGN.md §6) when they are missing.
 # Idempotent and quiet when everything is there; prints every action it takes. Called by the
 # Makefile before any build, so a fresh Debian 12 machine needs nothing but this repository.
-# It installs nothing from outside Debian's archive but two pinned test tools from PyPI into the
+# It installs nothing from outside Debian's archive but pinned test tools from PyPI into the
 # ignored .venv-tools/ (kubernetes-validate for the chart tests, sglang-router for the
-# compatibility test with SGLang's own router) and, where nvcc is present, FlashInfer's CUDA
+# compatibility test with SGLang's own router, the Hugging Face libraries and the openai client
+# for the interop tests; CMake runs the Python tests with that venv) and, where nvcc is present,
+# FlashInfer's CUDA
 # headers from its pinned PyPI wheel into the ignored .deps/ (kernels/flashinfer/ builds on them,
 # DESIGN.md §6); the CUDA toolkit is optional (PD_CUDA).
 set -euo pipefail
@@ -39,13 +41,22 @@ if [ "$build_only" != 1 ]; then
     packages+=("${tool_packages[@]}")
 fi
 
-# Test tooling from PyPI, pinned, into the ignored .venv-tools/ of the repository; nothing
-# pdserve builds or runs uses them, and without network the tests that need them skip (77):
+# Test tooling from PyPI, pinned, into the ignored .venv-tools/ of the repository (a venv over
+# Debian's python3, which brings python3-numpy); nothing pdserve builds or runs uses them, and
+# without network the tests that need them skip (77), which `make test` counts as a failure
+# (tests/check_skips.py):
 #  - kubernetes-validate: the Kubernetes OpenAPI schemas, for tests/helm;
 #  - sglang-router: SGLang's own router (a Rust binary in the wheel), which
-#    tests/integration/test_sglang_router.py puts in front of pdserve's daemons.
+#    tests/integration/test_sglang_router.py puts in front of pdserve's daemons;
+#  - safetensors, tokenizers, transformers (+ jinja2 for its chat templates): what pdserve-mkmodel
+#    writes read by the Hugging Face libraries (tests/python/test_mkmodel_hf.py). transformers
+#    runs there without torch (AutoConfig, AutoTokenizer); no test needs torch;
+#  - openai: the official client against the router (tests/integration/test_openai_client.py).
+# Their own dependencies are left to pip (about 210 MB and 15 s for these four with theirs).
 KUBERNETES_VALIDATE=kubernetes-validate==1.34.1
 SGLANG_ROUTER=sglang-router==0.3.2
+HF_PINS=(safetensors==0.8.0 tokenizers==0.23.3 transformers==5.24.0 jinja2==3.1.6)
+OPENAI=openai==3.57.0
 venv_tools() {
     [ "$build_only" != 1 ] || return 0
     local root venv py want=()
@@ -62,12 +73,23 @@ venv_tools() {
     fi
     "$venv/bin/python" -c 'import kubernetes_validate' 2>/dev/null || want+=("$KUBERNETES_VALIDATE")
     "$venv/bin/python" -c 'import sglang_router.launch_router' 2>/dev/null || want+=("$SGLANG_ROUTER")
+    # the Hugging Face set at exactly its pins (installed together: tokenizers must suit
+    # transformers), the system's numpy or pip's
+    "$venv/bin/python" - "${HF_PINS[@]}" 2>/dev/null <<'PY' || want+=("${HF_PINS[*]}")
+import sys
+from importlib.metadata import version
+import numpy, safetensors.numpy, tokenizers, transformers, jinja2  # noqa: F401
+sys.exit(any(version(p.split("==")[0]) != p.split("==")[1] for p in sys.argv[1:]))
+PY
+    "$venv/bin/python" -c 'import openai, sys; sys.exit(openai.__version__ != sys.argv[1])' \
+        "${OPENAI#*==}" 2>/dev/null || want+=("$OPENAI")
     local pkg
     for pkg in "${want[@]}"; do
         echo "setup: installing $pkg into $venv (test tooling)"
-        "$venv/bin/pip" install -q --disable-pip-version-check "$pkg" ||
+        # shellcheck disable=SC2086 # HF_PINS travels as one word, split here on purpose
+        "$venv/bin/pip" install -q --disable-pip-version-check $pkg ||
             echo "setup: warning: could not install $pkg into $venv; the tests that need it" \
-                "skip" >&2
+                "skip, and make test fails on that skip" >&2
     done
 }
 

@@ -17,8 +17,11 @@ check decode "$(printf 'Hello world\n' | "$bin" --model-path "$d/llama2" --no-sp
     "$bin" --model-path "$d/llama2" --decode)" 'Hello world'
 check jsonl "$(printf '"a\\nb"\n' | "$bin" --model-path "$d/qwen2" --jsonl |
     "$bin" --model-path "$d/qwen2" --decode --jsonl)" '"a\nb"'
-printf '[{"role": "user", "content": "Hi"}]' >"${TMPDIR:-/tmp}/pd_tool_chat.json"
-check chat "$("$bin" --model-path "$d/llama3" --chat "${TMPDIR:-/tmp}/pd_tool_chat.json" --jsonl)" \
+# this run's own file: another build's tool_tokenize may run at the same time
+chat=$(mktemp "${PD_TEST_TMPDIR:-${TMPDIR:-/tmp}}/pd_tool_chat.XXXXXX")
+trap 'rm -f "$chat"' EXIT
+printf '[{"role": "user", "content": "Hi"}]' >"$chat"
+check chat "$("$bin" --model-path "$d/llama3" --chat "$chat" --jsonl)" \
     '"<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n"'
 if printf 'bad \303(\n' | "$bin" --model-path "$d/qwen2" 2>/dev/null; then
     echo "FAIL invalid UTF-8 accepted" >&2

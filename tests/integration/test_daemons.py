@@ -418,12 +418,11 @@ def case_failures(model, tmp):
     done = [None] * n
 
     def waiter(i):
-        t0 = time.time()
         b = {"text": "waiting %d" % i, "sampling_params": {"max_new_tokens": 4},
              "bootstrap_host": "127.0.0.1", "bootstrap_port": pf.bport,
              "bootstrap_room": room + 100 + i}
         st, out = dc.post("/generate", b, 30)
-        done[i] = (st, time.time() - t0)
+        done[i] = (st, time.time())  # when the answer came, on the clock t_kill is read from
 
     ws = [threading.Thread(target=waiter, args=(i,)) for i in range(n)]
     for w in ws:
@@ -434,11 +433,12 @@ def case_failures(model, tmp):
     pf.p.wait()
     for w in ws:
         w.join(20)
+    # each request failed because of the kill: answered with an error after it, not before
+    # (a request refused for another cause would end early), and within 12 s of it
     for i, d in enumerate(done):
-        check(d is not None and d[0] >= 500 and d[1] - (t_kill - 0) < 60,
-              "waiting request %d after prefill SIGKILL: %r" % (i, d))
-        if d:
-            check(time.time() - t_kill < 12, "failed within 10 s of the kill")
+        check(d is not None and d[0] >= 500 and t_kill <= d[1] < t_kill + 12,
+              "waiting request %d: an error between the prefill SIGKILL and 12 s after it: %r"
+              % (i, d and (d[0], round(d[1] - t_kill, 2))))
     check(dc.pool_full(5), "decode pages recovered after prefill SIGKILL")
     dc.p.send_signal(signal.SIGTERM)
     check(dc.p.wait(20) == 0, "decode SIGTERM exit 0")

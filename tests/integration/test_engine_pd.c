@@ -488,14 +488,16 @@ static void test_failures(void) {
 int main(void) {
     pd_log_set_level(PD_LOG_WARNING);
     setenv("PD_ENGINE_CHECK", "1", 1);
-    const char *tmp = getenv("PD_TEST_TMPDIR");
-    snprintf(model_dir, sizeof(model_dir), "%s/engine_pd_model", tmp ? tmp : "/tmp");
+    /* this process's own directory: the tcp and shm entries of one binary run at once */
+    if (pd_test_scratch_dir(model_dir, sizeof(model_dir), "engine_pd_model") != PD_OK)
+        return 1;
     struct pd_mkmodel_opts mo;
     pd_mkmodel_opts_defaults(&mo);
     mo.dtype = PD_DTYPE_F32;
     mo.threads = 1;
     if (pd_mkmodel_write(&mo, model_dir) != PD_OK) {
         fprintf(stderr, "mkmodel: %s\n", pd_error_msg());
+        pd_test_scratch_remove(model_dir);
         return 1;
     }
     struct pd_model_config cfg;
@@ -506,6 +508,7 @@ int main(void) {
     test_retraction();
     test_failures();
     uv_loop_close(&loop);
+    pd_test_scratch_remove(model_dir);
     printf("%d checks, %d failures\n", pd_test_checks, pd_test_failures);
     return pd_test_failures ? 1 : 0;
 }

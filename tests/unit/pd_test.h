@@ -6,10 +6,13 @@
 #ifndef PD_TEST_H
 #define PD_TEST_H
 
+#include <errno.h>
+#include <ftw.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "common/base/status.h"
 
@@ -94,6 +97,28 @@ struct pd_test_case {
 static inline const char *pd_test_tmpdir(void) {
     const char *d = getenv("PD_TEST_TMPDIR");
     return d && *d ? d : "/tmp";
+}
+
+/* A fresh directory <tmpdir>/<name>.XXXXXX of this process alone: CTest entries running the
+ * same binary at once (ctest -j) never write, or mmap, each other's files. PD_OK or PD_EIO. */
+static inline int pd_test_scratch_dir(char *buf, size_t cap, const char *name) {
+    int n = snprintf(buf, cap, "%s/%s.XXXXXX", pd_test_tmpdir(), name);
+    if (n < 0 || (size_t)n >= cap || !mkdtemp(buf)) {
+        fprintf(stderr, "scratch dir %s/%s.XXXXXX: %s\n", pd_test_tmpdir(), name, strerror(errno));
+        return PD_EIO;
+    }
+    return PD_OK;
+}
+
+static inline int pd_test_rm_entry_(const char *path, const struct stat *st, int flag,
+                                    struct FTW *ftw) {
+    (void)st, (void)flag, (void)ftw;
+    return remove(path);
+}
+
+/* Removes what pd_test_scratch_dir made, with everything in it. */
+static inline void pd_test_scratch_remove(const char *dir) {
+    nftw(dir, pd_test_rm_entry_, 16, FTW_DEPTH | FTW_PHYS);
 }
 
 static inline int pd_test_run(const char *prog, const struct pd_test_case *cases, size_t n) {
