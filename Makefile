@@ -46,15 +46,26 @@ build-fuzz: setup
 NO_SKIPS = --output-junit $$PWD/ctest-junit.xml && \
 	    python3 $(CURDIR)/tests/check_skips.py . $$PWD/ctest-junit.xml
 
+# The integration tests that run again on the ASan+UBSan build: the daemons (disaggregated and
+# colocated), the router, the HTTP server, the API contract, fan-out, logprobs and metrics, with
+# every process they start under the sanitizers (a report in any process log fails the test:
+# tests/integration/pd_cluster.py).
+ASAN_INTEGRATION = ^(daemon_|integration_router|integration_http_server|pd_router_|coloc_daemon|api_fanout_|api_contract|input_logprobs_|metrics_)
+
 # Everything CI checks: formatting, a -Werror release build with all tests (gpu ones skip
-# without a GPU), the same without CUDA (-DPD_CUDA=OFF), the unit tests again under ASan+UBSan,
-# and each fuzz target for a few seconds; nothing else may skip.
+# without a GPU), the same without CUDA (-DPD_CUDA=OFF), the unit tests and the daemons' and
+# router's integration tests again under ASan+UBSan, and each fuzz target for a few seconds;
+# nothing else may skip.
 test: format-check build build-cpu build-asan build-fuzz
 	cd $(BUILD) && ctest --output-on-failure -j$(JOBS) -LE flaky $(NO_SKIPS)
 	cd $(CPU) && ctest --output-on-failure -j$(JOBS) -LE flaky $(NO_SKIPS)
 	cd $(ASAN) && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
 	    UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 ctest --output-on-failure -j$(JOBS) -L unit \
 	    $(NO_SKIPS)
+	cd $(ASAN) && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
+	    UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+	    LSAN_OPTIONS=suppressions=$(CURDIR)/tests/lsan.supp:print_suppressions=0 \
+	    ctest --output-on-failure -j$(JOBS) -L integration -R '$(ASAN_INTEGRATION)' $(NO_SKIPS)
 	cd $(FUZZ) && ctest --output-on-failure -j$(JOBS) -L fuzz $(NO_SKIPS)
 
 test-fuzz: build-fuzz

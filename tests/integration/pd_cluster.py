@@ -551,10 +551,31 @@ def dump_logs(tmp, tail=4000):
                 print(fh.read()[-tail:])
 
 
+# What a sanitizer prints about a bug (binaries built with -DPD_SANITIZE=address,undefined):
+# ASan/LSan's ERROR and SUMMARY lines, UBSan's "runtime error:".
+SANITIZER_REPORT = ("ERROR: AddressSanitizer", "ERROR: LeakSanitizer", "runtime error: ",
+                    "SUMMARY: UndefinedBehaviorSanitizer")
+
+
+def sanitizer_reports(tmp):
+    """(log, line) of every sanitizer report in tmp's process logs: a daemon that hit one may
+    still have answered every request (a leak found at exit, UBSan without halt)."""
+    found = []
+    for f in sorted(os.listdir(tmp)):
+        if not f.endswith(".log"):
+            continue
+        with open(os.path.join(tmp, f), errors="replace") as fh:
+            for line in fh:
+                if any(m in line for m in SANITIZER_REPORT):
+                    found.append((f, line.strip()[:300]))
+    return found
+
+
 def run_test(name, body, tmp, log_tail=4000):
     """Runs body() (the test's cases): an exception is one more failure, with its traceback;
-    every process started here is killed whatever happens. Then the verdict: the failures and
-    the process logs of tmp, exit 1; or '<name>: PASS'."""
+    every process started here is killed whatever happens. A sanitizer report in a process log
+    is a failure too. Then the verdict: the failures and the process logs of tmp, exit 1; or
+    '<name>: PASS'."""
     try:
         body()
     except Exception as e:  # noqa: BLE001 - a failure like any other, reported below
@@ -562,6 +583,8 @@ def run_test(name, body, tmp, log_tail=4000):
         FAILS.append("exception: %r" % e)
     finally:
         kill_all()
+    for log, line in sanitizer_reports(tmp):
+        FAILS.append("sanitizer report in %s: %s" % (log, line))
     if FAILS:
         print("%s: %d failures (%.1f s); logs in %s" % (name, len(FAILS), time.time() - T0, tmp))
         for f in FAILS:

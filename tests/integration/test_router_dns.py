@@ -356,7 +356,8 @@ def main():
               "--dns-family ipv6 keeps only the ::1 addresses: %s" % list(w3))
         check(rt3.terminate(30) == 0, "IPv6 router exits 0")
     else:
-        step("no IPv6 loopback here: IPv6 phase skipped")
+        check(False, "the IPv6 phase needs an IPv6 loopback (::1), which this machine lacks: the "
+              "test does not pass with a phase left out")
 
     # a name whose lookups never answer held a pool thread all along without stalling the
     # loop (everything above was served); it is listed as failed and costs no worker
