@@ -45,6 +45,10 @@ int pd_tp_local_new(int size, struct pd_tp_local **out);
 void pd_tp_local_free(struct pd_tp_local *g);
 /* Rank r's communicator (valid while g lives). */
 const struct pd_tp_comm *pd_tp_local_comm(struct pd_tp_local *g, int rank);
+/* Ranks that reached the all-reduce's current barrier and wait there for the others (a test
+ * sees with it that ranks block on a peer; any thread). After a rank gave the step up it stays
+ * as it was until reset. */
+int pd_tp_local_waiting(struct pd_tp_local *g);
 
 /* NCCL (kernels/tp_nccl.c, present when pdserve was built with CUDA and found nccl.h; reach it
  * through the registry, model/backend_reg.h, whose cuda entry names these functions then and has

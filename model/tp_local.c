@@ -161,3 +161,10 @@ void pd_tp_local_free(struct pd_tp_local *g) {
 const struct pd_tp_comm *pd_tp_local_comm(struct pd_tp_local *g, int rank) {
     return rank >= 0 && rank < g->size ? &g->comms[rank] : NULL;
 }
+
+int pd_tp_local_waiting(struct pd_tp_local *g) {
+    pthread_mutex_lock(&g->mu);
+    int n = g->arrived; /* under mu: each of them is inside pthread_cond_wait */
+    pthread_mutex_unlock(&g->mu);
+    return n;
+}

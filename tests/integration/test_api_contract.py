@@ -675,7 +675,12 @@ def run(model, tmp):
     step("not ready: a router whose workers are down")
     dead = pc.Router(BUILD, [(pc.free_port(), pc.free_port())], [pc.free_port()], tmp,
                      wait_ready=False)
-    time.sleep(1.0)
+    # up (it answers at all) and has tried its workers: none is healthy
+    check(pc.wait_until(lambda: dead.get("/health", timeout=5)[0], 30),
+          "the router without workers answers /health")
+    check(pc.wait_until(lambda: all(not w["healthy"] and w.get("last_error")
+                                    for w in json.loads(dead.get("/workers")[1])["workers"]),
+                        30), "the router without workers has found each one down")
     st, raw = dead.get("/health")
     error_shape(st, raw, 503, "router /health without workers")
     st, raw = dead.post("/v1/completions", {"prompt": "x", "max_tokens": 1})

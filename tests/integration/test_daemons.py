@@ -32,6 +32,9 @@ from pd_cluster import check, text_of  # noqa: E402
 
 BUILD = os.path.abspath(sys.argv[1])
 CASE = sys.argv[2] if len(sys.argv) > 2 else "tokens"
+# failures' prefill --bootstrap-timeout (s): how long a body with no decode keeps its room, so
+# also the bound on seeing that room queued and sending a duplicate of it
+BOOTSTRAP_TIMEOUT = 5.0
 
 
 def Daemon(role, model, tmp, extra=(), env=None):
@@ -336,7 +339,7 @@ def stream_some(dc, body, n_events, path="/generate"):
 
 
 def case_failures(model, tmp):
-    pf = Daemon("prefill", model, tmp, ["--bootstrap-timeout", "1.5"])
+    pf = Daemon("prefill", model, tmp, ["--bootstrap-timeout", str(BOOTSTRAP_TIMEOUT)])
     dc = Daemon("decode", model, tmp, ["--waiting-timeout", "20"])
     long_sp = {"max_new_tokens": 1500, "temperature": 0, "ignore_eos": True}
 
@@ -375,26 +378,35 @@ def case_failures(model, tmp):
     pt.join(10)
     check(dc.pool_full(5) and pf.pool_full(5), "pools full after abort and disconnect")
 
-    # 3. bootstrap timeout: prefill gets a body, no decode ever asks
+    # 3. bootstrap timeout: prefill gets a body, no decode ever asks; 4. while that request
+    # waits in prefill's bootstrap queue (seen there), a second body with its room is refused
     print('step 3: bootstrap timeout: prefill gets a body, no decode ever asks', flush=True)
     room += 1
-    t0 = time.time()
-    st, out = pf.post("/generate", {"text": "lonely", "bootstrap_host": "127.0.0.1",
-                                    "bootstrap_port": pf.bport, "bootstrap_room": room})
-    check(st >= 500 and b"bootstrap" in out and time.time() - t0 < 6,
-          "bootstrap timeout: %d %r in %.1fs" % (st, out[:160], time.time() - t0))
+    lonely_body = {"text": "lonely", "bootstrap_host": "127.0.0.1", "bootstrap_port": pf.bport,
+                   "bootstrap_room": room}
+    lonely = {}
 
-    # 4. duplicate room on one daemon
+    def lonely_post():
+        t = time.time()
+        lonely["r"] = pf.post("/generate", lonely_body)
+        lonely["took"] = time.time() - t
+
+    holder = threading.Thread(target=lonely_post)
+    holder.start()
+    queued = pc.wait_until(lambda: pf.server_info()["queues"]["bootstrap"] >= 1, 30)
+    check(queued, "the lonely request waits in prefill's bootstrap queue")
     print('step 4: duplicate room on one daemon', flush=True)
-    room += 1
     dup = {"text": "dup", "sampling_params": long_sp, "bootstrap_host": "127.0.0.1",
            "bootstrap_port": pf.bport, "bootstrap_room": room}
-    holder = threading.Thread(target=lambda: pf.post("/generate", dup))
-    holder.start()
-    time.sleep(0.3)
     st, out = pf.post("/generate", dup)
-    check(st in (400, 409), "duplicate room -> %d" % st)
-    holder.join(10)
+    check(st in (400, 409), "duplicate room -> %d %r" % (st, out[:160]))
+    holder.join(60)
+    st, out = lonely.get("r", (0, b"no answer"))
+    # the prefill starts its clock when the body arrives, after ours: never earlier than it
+    took = lonely.get("took", 0)
+    check(st >= 500 and b"bootstrap" in out and took >= BOOTSTRAP_TIMEOUT,
+          "bootstrap timeout: %d %r after %.1f s (--bootstrap-timeout %g)" %
+          (st, out[:160], took, BOOTSTRAP_TIMEOUT))
 
     # 5. SIGKILL decode mid-stream: prefill recovers its pages, keeps serving
     print('step 5: SIGKILL decode mid-stream: prefill recovers its pages, keeps serving', flush=True)
@@ -427,7 +439,10 @@ def case_failures(model, tmp):
     ws = [threading.Thread(target=waiter, args=(i,)) for i in range(n)]
     for w in ws:
         w.start()
-    time.sleep(1.0)  # paired, Transfers sent; no prefill body ever comes
+    # every one paired with prefill and waiting for its KV (no prefill body ever comes)
+    check(pc.wait_until(lambda: dc.server_info()["queues"]["transfer"] == n, 30),
+          "the %d requests wait in decode's transfer queue: %r" %
+          (n, dc.server_info()["queues"]))
     t_kill = time.time()
     pf.p.kill()
     pf.p.wait()

@@ -504,14 +504,17 @@ def case_startup(model, tmp):
     up = pc.wait_until(lambda: rt.get("/health", timeout=5)[0], 30, 0.05)
     check(up == 503, "router /health with no worker up: %r" % up)
     t0 = time.time()
-    st, raw = rt.post("/generate", {"text": "hi"}, 30)
-    check(st == 503 and b"error" in raw and time.time() - t0 < 10,
+    st, raw = rt.post("/generate", {"text": "hi"}, 30)  # 30 s: the failure bound
+    check(st == 503 and b"error" in raw,
           "request with no worker up: %d %r in %.1f s" % (st, raw[:160], time.time() - t0))
     st, raw = rt.post("/v1/completions", {"prompt": "hi", "stream": True}, 30)
     check(st == 503 and b"error" in raw, "streamed request with no worker up: %d %r" %
           (st, raw[:160]))
     pf = pc.Daemon(BUILD, "prefill", model, tmp, port=pport, bport=bport)
-    time.sleep(1.0)  # a few health-check periods: still not ready without a decode
+    # once the router has seen the prefill healthy, it is still not ready without a decode
+    check(pc.wait_until(lambda: [w["healthy"] for w in json.loads(rt.get("/workers")[1])[
+        "workers"] if w["worker_type"] == "prefill"] == [True], 30),
+          "the router sees the prefill healthy")
     check(rt.get("/health")[0] == 503, "router /health with only the prefill up")
     st, raw = rt.post("/generate", {"text": "hi"}, 30)
     check(st == 503 and b"decode" in raw, "request with only the prefill up: %d %r" %

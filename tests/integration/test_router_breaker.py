@@ -15,7 +15,7 @@ gate listens on nothing (connection refused) and cuts the connections it forward
             exactly those bootstrap failures. B's gate opens: after --cb-timeout-duration-secs it
             is half-open, serves again, closes after --cb-success-threshold successes. Both
             gates closed: the first request exhausts its attempts, then every request gets a
-            503 naming the prefill role and the open breakers within a second.
+            503 naming the prefill role and the open breakers at once (no worker tried).
   disabled  the same broken B with --disable-circuit-breaker: every request succeeds (retried)
             and B keeps getting its round-robin share, as before the breaker existed.
   dedupe    prefill A given statically (with a trailing slash) and found again by DNS (a
@@ -228,9 +228,13 @@ def case_breaker(model, tmp, refs):
           "decode's breaker is not charged for B's failures")
     check(metric(m, "sgl_router_retries_total") == 2, "two requests were retried on A (%s)" %
           metric(m, "sgl_router_retries_total"))
+    t_asked = time.monotonic()
     wb = worker(rt, b)
     check(wb and wb["circuit_breaker"]["state"] == "open" and not wb["available"]
           and wb["healthy"], "/workers: B healthy but its circuit open: %s" % wb)
+    remaining = (wb or {}).get("circuit_breaker", {}).get("open_remaining_secs", -1)
+    check(0 < remaining <= 3, "B's circuit opens for at most --cb-timeout-duration-secs 3: %s"
+          % remaining)
     dm = metrics(dc)
     check(metric(dm, "sglang:num_bootstrap_failed_reqs_total") == 2,
           "decode counted the 2 bootstrap failures (%s)" %
@@ -238,8 +242,13 @@ def case_breaker(model, tmp, refs):
 
     step("B's bootstrap port is back: half-open after the timeout, then closed")
     gates[1].open()
-    check(pc.wait_until(lambda: worker(rt, b)["circuit_breaker"]["state"] == "half_open", 6),
-          "B half-open after --cb-timeout-duration-secs")
+    # the router's clock said `remaining` at t_asked or later: half-open is seen no sooner
+    # (a bound load cannot break); 60 s is only the failure bound of the wait
+    half = pc.wait_until(lambda: worker(rt, b)["circuit_breaker"]["state"] == "half_open", 60)
+    waited = time.monotonic() - t_asked
+    check(half and waited >= remaining - 0.01,
+          "B half-open once its %.2f s left of --cb-timeout-duration-secs ran out (seen after "
+          "%.2f s)" % (remaining, waited))
     run_requests(rt, refs, 12, 8, "B recovered")
     m = metrics(rt)
     nb2 = metric(m, "sgl_router_pd_prefill_requests_total", worker=b)
@@ -263,14 +272,23 @@ def case_breaker(model, tmp, refs):
             break
     check(len(seen) <= 2 and all(st >= 500 for st, _ in seen) and seen[-1][0] == 503,
           "both circuits open within two requests: %r" % seen)
+    # answered at once means without trying a worker: no prefill request, no retry counted
+    m = metrics(rt)
+    tried = (metric(m, "sgl_router_pd_prefill_requests_total"),
+             metric(m, "sgl_router_retries_total"))
     for i in range(3):
         t = time.time()
         st, raw = rt.post("/v1/completions", {"prompt": "x", "max_tokens": 2})
         dt = time.time() - t
         msg = json.loads(raw)["error"]["message"] if st == 503 else raw[:300]
-        check(st == 503 and "prefill" in msg and "circuit breaker" in msg and dt < 1.0,
-              "all prefills open: 503 naming the role within 1 s (%d, %.2f s, %r)" %
+        check(st == 503 and "prefill" in msg and "circuit breaker" in msg,
+              "all prefills open: 503 naming the role and the breakers (%d, %.2f s, %r)" %
               (st, dt, msg))
+    m = metrics(rt)
+    now = (metric(m, "sgl_router_pd_prefill_requests_total"),
+           metric(m, "sgl_router_retries_total"))
+    check(now == tried, "all prefills open: no prefill tried, no retry (prefill requests, "
+          "retries %s, were %s)" % (now, tried))
     states = [w["circuit_breaker"]["state"] for w in workers(rt)["workers"]
               if w["worker_type"] == "prefill"]
     check(states == ["open", "open"], "/workers: both prefills open: %s" % states)

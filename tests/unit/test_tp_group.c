@@ -19,6 +19,8 @@
 
 #include <math.h>
 #include <pthread.h>
+#include <stdlib.h>
+#include <time.h>
 #include <unistd.h>
 
 #define NREQ TP_BATCH_NREQ
@@ -187,11 +189,21 @@ static void test_fail_wakes_peers(void) {
             .c = pd_tp_local_comm(g, r), .buf = {1, 2, 3, 4}, .count = 4, .rc = 1};
         pthread_create(&th[r], NULL, tp_reduce_main, &w[r]);
     }
-    usleep(20000); /* ranks 0 and 1 are (most likely) waiting for rank 2 now */
+    /* ranks 0 and 1 are inside the all-reduce, waiting for rank 2, before rank 2 gives up */
+    for (int i = 0; i < 10000 && pd_tp_local_waiting(g) < 2; i++)
+        usleep(1000);
+    CHECK_INT(pd_tp_local_waiting(g), 2);
     const struct pd_tp_comm *c2 = pd_tp_local_comm(g, 2);
     c2->fail(c2);
+    struct timespec deadline; /* a failure bound: a rank nobody wakes waits forever */
+    clock_gettime(CLOCK_REALTIME, &deadline);
+    deadline.tv_sec += 30;
     for (int r = 0; r < 2; r++) {
-        pthread_join(th[r], NULL);
+        if (pthread_timedjoin_np(th[r], NULL, &deadline) != 0) {
+            fprintf(stderr, "rank %d still waits in the all-reduce 30 s after rank 2 failed\n", r);
+            CHECK(!"the failed rank woke its peers");
+            exit(1); /* its thread cannot be joined or freed */
+        }
         CHECK_INT(w[r].rc, PD_EPEER);
     }
     CHECK_OK(c2->reset(c2));
