@@ -88,6 +88,7 @@ static void handle_workers(struct pd_router *rt, struct pd_http_req *hr) {
         cJSON_AddStringToObject(d, "worker_type", e->is_prefill ? "prefill" : "decode");
         cJSON_AddNumberToObject(d, "port", e->spec->port);
         cJSON_AddStringToObject(d, "state", states[e->state]);
+        cJSON_AddNumberToObject(d, "lookups", (double)e->lookups);
         if (e->last_error[0])
             cJSON_AddStringToObject(d, "last_error", e->last_error);
         cJSON_AddItemToArray(names, d);

@@ -92,6 +92,7 @@ struct dns_entry {
     struct pd_router_resolve *pending;
     enum dns_state state;
     char last_error[200];
+    int64_t lookups; /* lookups that ended (answered, empty or failed): /workers shows them */
 };
 
 enum rreq_kind { RREQ_GENERATE, RREQ_PROXY };

@@ -479,6 +479,7 @@ static void on_dns_resolved(void *ud, const struct pd_router_resolve_result *r) 
     e->pending = NULL;
     if (rt->shutting_down)
         return;
+    e->lookups++;
     int held = 0;
     const struct registry *g = registry_of(rt, e->is_prefill);
     for (int i = 0; i < g->n; i++)

@@ -293,8 +293,16 @@ def main():
           "::1, where nothing listens, never took a request: %s" % w[url_v6])
 
     # ---- failures: SERVFAIL keeps the set, logged once; NXDOMAIN drains; return restores
+    def lookups(name):
+        st, raw = rt.get("/workers")
+        return {d["name"]: d for d in json.loads(raw)["dns"]}[name]["lookups"]
+
+    # three refreshes that all fail (the first may have started before the failure)
     dns.fail("pf.test")
-    time.sleep(3.5)
+    n0 = lookups("pf.test")
+    pc.wait_until(lambda: lookups("pf.test") >= n0 + 4, 30)
+    check(lookups("pf.test") >= n0 + 4, "pf.test: four more lookups within 30 s (%d -> %d)" %
+          (n0, lookups("pf.test")))
     w = workers(rt)
     check(url_pb in w and w[url_pb]["state"] == "healthy", "SERVFAIL keeps the workers")
     check(log_count(rt, "dns pf.test (--prefill-dns): lookup failed") == 1,
