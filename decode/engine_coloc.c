@@ -17,15 +17,6 @@
 
 #include <inttypes.h>
 
-/* A step's rows: its admitted requests (prefilling + running); its tokens the chunk budget or
- * one per running request, whichever is more. */
-static int32_t coloc_step_rows(const struct pd_engine_config *cfg, int32_t budget,
-                               int32_t *max_tokens) {
-    if (*max_tokens < cfg->max_running_requests)
-        *max_tokens = cfg->max_running_requests;
-    return cfg->max_running_requests;
-}
-
 static int coloc_sched_new(struct pd_engine *e) {
     const struct pd_engine_config *cfg = &e->cfg;
     int rc;
@@ -208,7 +199,7 @@ static void coloc_discard_ended(struct pd_engine *e) {
 
 const struct pd_engine_ops pd_engine_coloc_ops = {
     .name = "colocated",
-    .step_rows = coloc_step_rows,
+    .step_rows = pd__engine_running_rows, /* admitted: prefilling + running */
     .sched_new = coloc_sched_new,
     .sched_free = coloc_sched_free,
     .add = coloc_add,

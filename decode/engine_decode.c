@@ -187,8 +187,7 @@ static void decode_drain_ends(struct pd_engine *e, double now) {
     }
 }
 
-/* A step's rows: one token for each running request. */
-static int32_t decode_step_rows(const struct pd_engine_config *cfg, int32_t budget,
+int32_t pd__engine_running_rows(const struct pd_engine_config *cfg, int32_t budget,
                                 int32_t *max_tokens) {
     if (*max_tokens < cfg->max_running_requests)
         *max_tokens = cfg->max_running_requests;
@@ -247,7 +246,7 @@ static void decode_discard_ended(struct pd_engine *e) {
 
 const struct pd_engine_ops pd_engine_decode_ops = {
     .name = "decode",
-    .step_rows = decode_step_rows,
+    .step_rows = pd__engine_running_rows,
     .sched_new = decode_sched_new,
     .sched_free = decode_sched_free,
     .add = decode_add,

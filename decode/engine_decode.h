@@ -12,4 +12,9 @@
 extern const struct pd_engine_ops pd_engine_decode_ops;
 extern const struct pd_engine_ops pd_engine_coloc_ops;
 
+/* Internal to decode/: the step_rows of both roles (engine_internal.h) — a row per running
+ * request (colocated: per admitted one), and the step's tokens at least one per row. */
+int32_t pd__engine_running_rows(const struct pd_engine_config *cfg, int32_t budget,
+                                int32_t *max_tokens);
+
 #endif

@@ -9,6 +9,7 @@
  * <= max_running, and a final drain ends everything and gives the whole pool back.
  * PD_SIM_STEPS sets the steps per configuration (default 100k, 20k under ASan). */
 #include "pd_test.h"
+#include "pd_test_rng.h"
 
 #include "common/page_alloc.h"
 #include "common/radix_cache.h"
@@ -410,18 +411,6 @@ static void test_bad_input(void) {
             bad++;                                                                                 \
         }                                                                                          \
     } while (0)
-
-static uint64_t rng_state;
-static uint64_t rnd(void) {
-    rng_state ^= rng_state >> 12, rng_state ^= rng_state << 25, rng_state ^= rng_state >> 27;
-    return rng_state * 0x2545F4914F6CDD1Dull;
-}
-static int32_t rint_(int32_t n) {
-    return (int32_t)(rnd() % (uint64_t)n);
-}
-static bool chance(double p) {
-    return (double)(rnd() >> 11) / 9007199254740992.0 < p;
-}
 
 enum { LIVE = 40, MAXTOK = 400 };
 enum { S_NONE, S_WAIT, S_PREF, S_RUN };

@@ -10,6 +10,7 @@
  *   lost ones; a final drain must end all and give the whole pool back).
  * PD_SIM_STEPS sets the steps per scheduler configuration (default 250k, 50k under ASan). */
 #include "pd_test.h"
+#include "pd_test_rng.h"
 
 #include "common/page_alloc.h"
 #include "common/radix_cache.h"
@@ -28,18 +29,6 @@
 #ifndef SIM_DEFAULT_STEPS
 #define SIM_DEFAULT_STEPS 250000
 #endif
-
-static uint64_t rng_state;
-static uint64_t rnd(void) {
-    rng_state ^= rng_state >> 12, rng_state ^= rng_state << 25, rng_state ^= rng_state >> 27;
-    return rng_state * 0x2545F4914F6CDD1Dull;
-}
-static int32_t rint_(int32_t n) { /* [0, n) */
-    return (int32_t)(rnd() % (uint64_t)n);
-}
-static bool chance(double p) {
-    return (double)(rnd() >> 11) / 9007199254740992.0 < p;
-}
 
 static long sim_steps(void) {
     const char *e = getenv("PD_SIM_STEPS");

@@ -19,6 +19,7 @@
  * Regenerate the golden that way ONLY for a change that is meant to alter scheduler decisions,
  * and say so in its commit. */
 #include "pd_test.h"
+#include "pd_test_rng.h"
 
 #include "common/page_alloc.h"
 #include "common/radix_cache.h"
@@ -71,18 +72,6 @@ static void fold_end(const struct pd_sched_end *e) {
 }
 
 /* ---------------------------------------------------------------- traffic */
-
-static uint64_t rng_state;
-static uint64_t rnd(void) {
-    rng_state ^= rng_state >> 12, rng_state ^= rng_state << 25, rng_state ^= rng_state >> 27;
-    return rng_state * 0x2545F4914F6CDD1Dull;
-}
-static int32_t rint_(int32_t n) { /* [0, n) */
-    return (int32_t)(rnd() % (uint64_t)n);
-}
-static bool chance(double p) {
-    return (double)(rnd() >> 11) / 9007199254740992.0 < p;
-}
 
 enum { LIVE = 64, MAXTOK = 720 };
 enum { R_NONE, R_BOOT, R_WAIT, R_XFER, R_RUN, R_INFL, R_DRAIN, R_GONE };
