@@ -30,6 +30,7 @@ struct pd_upstream {
     bool in_curl;
     bool settling, dirty; /* see settle() */
     bool closing;
+    bool timer_closed;              /* freed once this and every poll have closed */
     int n_polls;                    /* open socket polls */
     int n_active;                   /* calls neither done nor cancelled */
     struct pd_upstream_call *calls; /* every call not yet freed, doubly linked */
@@ -188,11 +189,19 @@ static void socket_action(struct pd_upstream *up, curl_socket_t fd, int flags) {
     settle(up);
 }
 
+/* libuv runs close callbacks newest first, so the timer's may come before the
+ * polls' that curl closed while cleaning up: the last of them frees the client. */
+static void free_if_closed(struct pd_upstream *up) {
+    if (up->closing && up->timer_closed && up->n_polls == 0)
+        pd_free(up);
+}
+
 static void on_poll_closed(uv_handle_t *h) {
     struct poll_ctx *p = h->data;
     struct pd_upstream *up = p->up;
     pd_free(p);
     up->n_polls--;
+    free_if_closed(up);
 }
 
 static void on_poll(uv_poll_t *h, int status, int events) {
@@ -316,7 +325,9 @@ int pd_upstream_new(uv_loop_t *loop, struct pd_upstream **out) {
 }
 
 static void on_timer_closed(uv_handle_t *h) {
-    pd_free(h->data);
+    struct pd_upstream *up = h->data;
+    up->timer_closed = true;
+    free_if_closed(up);
 }
 
 void pd_upstream_free(struct pd_upstream *up) {
