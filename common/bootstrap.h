@@ -6,9 +6,12 @@
  * Server (prefill, prefill/bootstrap_server.h). Every call's cluster key is checked first (wrong or
  * missing → PERMISSION_DENIED, a log line, no state change); requests are parsed with protobuf-c
  * (malformed → INVALID_ARGUMENT); Pair checks the layout (FAILED_PRECONDITION naming the field)
- * and connects an endpoint to the decode's pool; Transfer adds the room to the engine, which
- * checks every destination page (OUT_OF_RANGE / INVALID_ARGUMENT) and that the room id is new
- * (ALREADY_EXISTS); Abort aborts the room in the engine (its failed notice follows over UCX).
+ * and connects an endpoint to the decode's pool (a decode already paired pairs again only when it
+ * holds no endpoint to us any more: ours is closed and replaced); Transfer from a decode that is
+ * not paired is NOT_FOUND (the decode closes its endpoint and pairs again), else it adds the room
+ * to the engine, which checks every destination page (OUT_OF_RANGE / INVALID_ARGUMENT) and that
+ * the room id is new (ALREADY_EXISTS); Abort aborts the room in the engine (its failed notice
+ * follows over UCX).
  *
  * Client (decode, decode/bootstrap_client.h). Pairs on first use (queueing rooms meanwhile) and
  * connects back to the prefill's worker so that a dead prefill fails the rooms; a room enters the

@@ -77,8 +77,9 @@ struct pd_daemon_req {
     bool streaming, first_chunk_sent;
     bool stopped_here; /* a stop string ended it: the engine's END is a formality */
     /* transfer */
-    bool bootstrapped;                  /* prefill: Transfer arrived */
-    bool xfer_live;                     /* decode: room handed to the bootstrap client, not ended */
+    bool bootstrapped; /* prefill: Transfer arrived */
+    bool xfer_live;    /* decode: room handed to the bootstrap client, not ended */
+    bool given_up; /* decode: the engine gave the room up (QUIESCE): its transfer's end is moot */
     struct pd_bootstrap_client *client; /* decode: the client of the room's prefill */
     int cached_tokens;
     int fail_status;

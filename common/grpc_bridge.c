@@ -28,6 +28,11 @@
 /* How long one connection attempt may take (see pd_grpc_channel_new): as long as a bootstrap
  * RPC's default deadline (PD_BOOTSTRAP_DEADLINE_MS). */
 #define PD_GRPC_CONNECT_TIMEOUT_MS 5000
+/* A channel pings its server after this long without reading from it, and drops the connection
+ * when the ping is not answered within the timeout (see pd_grpc_channel_new). The timeout is
+ * generous: a loaded machine (sanitizers, 2 cores) must not drop a healthy connection. */
+#define PD_GRPC_KEEPALIVE_TIME_MS 2000
+#define PD_GRPC_KEEPALIVE_TIMEOUT_MS 5000
 
 struct tag {
     void (*fn)(struct tag *t, bool ok);
@@ -425,11 +430,21 @@ int pd_grpc_server_new(pd_grpc_bridge_t *b, const char *addr, pd_grpc_handler_fn
     s->ctx = ctx;
     s->shutdown_tag.fn = on_server_shutdown;
     snprintf(s->addr, sizeof(s->addr), "%s", addr);
+    /* the decodes' keepalive pings (pd_grpc_channel_new) are welcome at any rate, calls or not */
     grpc_arg args[] = {
         {.type = GRPC_ARG_INTEGER, .key = (char *)GRPC_ARG_ALLOW_REUSEPORT, .value.integer = 0},
         {.type = GRPC_ARG_INTEGER,
          .key = (char *)GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH,
          .value.integer = 1 << 20},
+        {.type = GRPC_ARG_INTEGER,
+         .key = (char *)GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS,
+         .value.integer = 1},
+        {.type = GRPC_ARG_INTEGER,
+         .key = (char *)GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS,
+         .value.integer = PD_GRPC_KEEPALIVE_TIME_MS / 2},
+        {.type = GRPC_ARG_INTEGER,
+         .key = (char *)GRPC_ARG_HTTP2_MAX_PING_STRIKES,
+         .value.integer = 0},
     };
     grpc_channel_args ca = {.num_args = PD_ARRAY_LEN(args), .args = args};
     s->srv = grpc_server_create(&ca, NULL);
@@ -552,8 +567,25 @@ int pd_grpc_channel_new(pd_grpc_bridge_t *b, const char *target, pd_grpc_channel
      * backoff" as the least time one connection attempt (TCP connect and HTTP/2 handshake) may
      * take, not as a delay: at 100 ms a loaded machine failed Pair calls with "tcp handshaker
      * shutdown" (xfer_pair_aborts_tcp under ctest -j2); an attempt now has as long as a
-     * bootstrap RPC's deadline, and a refused connect still fails (and is retried) at once. */
+     * bootstrap RPC's deadline, and a refused connect still fails (and is retried) at once.
+     * Keepalive pings, with or without calls: a connection whose peer stops answering (a link
+     * down, a host gone) is dropped after PD_GRPC_KEEPALIVE_TIME_MS + _TIMEOUT_MS and the next
+     * call connects anew. Without them the connection outlives a network outage stuck in TCP's
+     * retransmission backoff, and calls made after the link is back wait up to as long again
+     * (tests/integration/test_netfault.py saw Pair time out 6 s after the link returned). */
     grpc_arg args[] = {
+        {.type = GRPC_ARG_INTEGER,
+         .key = (char *)GRPC_ARG_KEEPALIVE_TIME_MS,
+         .value.integer = PD_GRPC_KEEPALIVE_TIME_MS},
+        {.type = GRPC_ARG_INTEGER,
+         .key = (char *)GRPC_ARG_KEEPALIVE_TIMEOUT_MS,
+         .value.integer = PD_GRPC_KEEPALIVE_TIMEOUT_MS},
+        {.type = GRPC_ARG_INTEGER,
+         .key = (char *)GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS,
+         .value.integer = 1},
+        {.type = GRPC_ARG_INTEGER,
+         .key = (char *)GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA,
+         .value.integer = 0},
         {.type = GRPC_ARG_INTEGER, .key = (char *)GRPC_ARG_ENABLE_RETRIES, .value.integer = 0},
         {.type = GRPC_ARG_INTEGER,
          .key = (char *)GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS,

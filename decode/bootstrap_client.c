@@ -137,6 +137,21 @@ static void send_abort(pd_bootstrap_client_t *c, uint64_t room, const char *reas
     }
 }
 
+/* The prefill answered that it does not know our pairing (NOT_FOUND): it closed its endpoint
+ * to us (it saw the link fail, or a newer Pair of ours replaced it) while ours stayed open.
+ * Every room sent through ours is lost, so close it; the next room pairs again. */
+static void forget_pairing(pd_bootstrap_client_t *c) {
+    if (c->state != PAIRED || !c->peer)
+        return;
+    pd_warn("bootstrap: prefill %s no longer knows our pairing; closing our endpoint and "
+            "pairing again",
+            c->target);
+    pd_xfer_peer_t *p = c->peer;
+    c->peer = NULL; /* its on_peer_closed finds nothing to undo */
+    c->state = UNPAIRED;
+    pd_xfer_peer_close(p, PD_EPEER);
+}
+
 static void on_transfer_reply(void *ctx, int status, const uint8_t *reply, size_t len) {
     struct croom *r = ctx;
     pd_bootstrap_client_t *c = r->c;
@@ -157,6 +172,8 @@ static void on_transfer_reply(void *ctx, int status, const uint8_t *reply, size_
             /* A definite refusal: the prefill never took the room, nothing can land. */
             pd_warn("bootstrap: room %" PRIu64 ": refused: %s", r->room, pd_error_msg());
             pd_xfer_room_release(c->x, r->room, status);
+            if (status == PD_ENOENT)
+                forget_pairing(c);
         }
     }
     croom_free(r);

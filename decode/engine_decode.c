@@ -36,6 +36,13 @@ static void decode_xfer_end(struct pd_engine *e, const struct pd_engine_cmd *c, 
     struct pd_engine_req *r = pd__engine_find(e, c->room);
     if (!r)
         return;
+    if (pd_sched_decode_given_up(e->sched, c->room)) {
+        /* Timed out or aborted while its KV was on the way, and the transfer ended since (even
+         * with the whole KV and the first token: a link that came back just after the timeout):
+         * no write can land any more, so it ends now, as what it was given up for. */
+        (void)pd_sched_decode_release(e->sched, c->room);
+        return;
+    }
     if (c->status == PD_OK && !r->aborted && r->n_out == 0) {
         if (c->first_token < 0 || c->first_token >= e->vocab) {
             pd_warn("room=%" PRIu64 " done notice carries token %d outside the vocabulary", r->room,

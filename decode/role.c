@@ -110,7 +110,7 @@ static void decode_admit(struct pd_daemon_state *d, struct pd_daemon_req *r,
 }
 
 /* The room ended: the done notice streams the first token now, or the failure is kept for the
- * answer; the engine hears it as XFER_END. */
+ * answer; the engine hears it as XFER_END (and ends a room it gave up meanwhile as given up). */
 static void decode_room_end(struct pd_daemon_state *d, struct pd_daemon_req *r, uint64_t room,
                             int status, const struct pd_xfer_notice *n) {
     if (!r)
@@ -121,7 +121,7 @@ static void decode_room_end(struct pd_daemon_state *d, struct pd_daemon_req *r, 
         c.status = n->status;
         c.first_token = n->first_token;
         c.first_logprob = n->first_logprob;
-        if (n->status == PD_OK) {
+        if (n->status == PD_OK && !r->given_up) {
             r->cached_tokens = (int)n->cached_tokens;
             /* stream the first token now; the engine's TOKEN 0 is then ignored */
             struct pd_sample s = {.token = n->first_token, .logprob = n->first_logprob};
@@ -131,9 +131,10 @@ static void decode_room_end(struct pd_daemon_state *d, struct pd_daemon_req *r, 
                 s.n_top = (int)k + 1;
             }
             pd__daemon_take_token(r, n->first_token, 0, PD_FINISH_NONE, n->first_logprob, &s);
-        } else {
+        } else if (n->status != PD_OK) {
             snprintf(r->fail_msg, sizeof(r->fail_msg), "%s", n->error);
-        }
+        } /* else the whole KV came after the room was given up: it ends as what it was given
+             up for (the engine's END says which), and its first token is not streamed */
     } else if (status != PD_OK && !r->fail_msg[0]) {
         snprintf(r->fail_msg, sizeof(r->fail_msg), "%s", pd_status_str(status));
     }
@@ -144,6 +145,8 @@ static void decode_room_end(struct pd_daemon_state *d, struct pd_daemon_req *r, 
  * prefill; without a live transfer, the engine hears the end at once. */
 static void decode_quiesce(struct pd_daemon_state *d, struct pd_daemon_req *r,
                            const struct pd_engine_event *ev) {
+    if (r)
+        r->given_up = true;
     if (r && r->xfer_live && r->client) {
         pd_bootstrap_client_abort(r->client, ev->room, r->aborted ? "aborted" : "timed out");
         return;

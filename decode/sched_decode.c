@@ -266,6 +266,11 @@ int pd_sched_decode_abort(struct pd_sched_decode *s, uint64_t room, bool *quiesc
     return PD_OK;
 }
 
+bool pd_sched_decode_given_up(const struct pd_sched_decode *s, uint64_t room) {
+    int32_t slot;
+    return pd__sched_table_find(&s->t, room, &slot) == PD_OK && s->reqs[slot].state == ST_DRAINING;
+}
+
 int pd_sched_decode_release(struct pd_sched_decode *s, uint64_t room) {
     int32_t slot;
     int rc = pd__sched_table_find(&s->t, room, &slot);

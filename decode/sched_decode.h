@@ -97,6 +97,9 @@ int pd_sched_decode_batch_done(struct pd_sched_decode *s, const struct pd_decode
 /* Abort at any point; *quiesce when the prefill may still write its pages (transfer queue):
  * the request drains until release. In the running step it ends at batch_done. */
 int pd_sched_decode_abort(struct pd_sched_decode *s, uint64_t room, bool *quiesce);
+/* The room was given up (timed out waiting for its KV, or aborted) and drains: whatever its
+ * transfer brings now, it ends with the reason it was given up for, at release. */
+bool pd_sched_decode_given_up(const struct pd_sched_decode *s, uint64_t room);
 /* No write can land any more: a draining request ends, its pages go back. */
 int pd_sched_decode_release(struct pd_sched_decode *s, uint64_t room);
 /* Oldest end: PD_OK, or PD_EAGAIN when none. */

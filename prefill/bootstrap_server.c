@@ -181,10 +181,14 @@ static void serve_pair(pd_bootstrap_server_t *s, const char *peer, const uint8_t
     if (pair_peer_info(rq, &dl, &pi, a))
         goto out;
     struct spair *old = pair_find(s, rq->decode_id);
-    if (old && old->engine_id != rq->engine_id) {
-        /* The decode restarted: the old engine's rooms are dead; a new endpoint replaces it. */
-        pd_info("bootstrap: decode %s re-paired with a new engine; closing the old endpoint",
-                rq->decode_id);
+    if (old) {
+        /* A decode pairs only while it holds no endpoint to us: it restarted (a new engine), or
+         * it closed its endpoint (a peer that went quiet, a link that went down; the close may
+         * never have reached us), or its earlier Pair's answer never reached it. Either way the
+         * endpoint we hold is stale and its rooms are dead on the decode's side: writing into
+         * its pages through it would be writing to a decode that no longer waits for them. */
+        pd_info("bootstrap: decode %s paired again (%s); closing the old endpoint", rq->decode_id,
+                old->engine_id != rq->engine_id ? "a new engine" : "it closed its endpoint");
         pd_xfer_peer_close(old->peer, PD_EPEER);
         pair_remove(s, old);
         old = NULL;
@@ -240,9 +244,10 @@ static void serve_transfer(pd_bootstrap_server_t *s, const char *peer, const uin
         goto out;
     struct spair *p = pair_find(s, rq->decode_id);
     if (!p) {
-        answer_code(a, PD_GRPC_FAILED_PRECONDITION,
-                    "Transfer room %" PRIu64 ": decode '%s' has "
-                    "not paired",
+        /* NOT_FOUND, and no other answer uses it: the decode reads it as "pair again" */
+        pd_warn("bootstrap: Transfer room %" PRIu64 " from decode %s refused: not paired", rq->room,
+                rq->decode_id);
+        answer_code(a, PD_GRPC_NOT_FOUND, "Transfer room %" PRIu64 ": decode '%s' has not paired",
                     rq->room, rq->decode_id);
         goto out;
     }

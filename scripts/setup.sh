@@ -35,6 +35,7 @@ tool_packages=(
     python3-yaml python3-jsonschema yamllint python3-venv
     python3-numpy         # tests/python/test_sliding_window_ref.py: the numpy reference forward
     clang libclang-rt-14-dev # tests/fuzz: libFuzzer (-fsanitize=fuzzer) targets, build-fuzz
+    iproute2 util-linux   # tests/integration/netlink.py: ip (TUN devices, links), unshare, nsenter
 )
 build_only=${PD_SETUP_BUILD_ONLY:-0}
 if [ "$build_only" != 1 ]; then

@@ -530,8 +530,8 @@ static void probe_next(void) {
     case 12: {
         uint32_t p1[] = {202};
         pd_bootstrap_encode_transfer(A.key, A.key_len, 0x7005, "stranger", p1, 1, &body, &len);
-        probe_raw("Transfer from unpaired id", PD_EMISMATCH, PD_BOOTSTRAP_METHOD_TRANSFER, body,
-                  len);
+        /* NOT_FOUND: the one answer that tells a decode to pair again */
+        probe_raw("Transfer from unpaired id", PD_ENOENT, PD_BOOTSTRAP_METHOD_TRANSFER, body, len);
         pd_free(body);
         return;
     }

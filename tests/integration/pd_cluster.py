@@ -179,13 +179,14 @@ def text_of(kind, stream, raw):
 
 
 class Proc:
-    """A process with a log file; ready once GET /health answers 200 on its port."""
+    """A process with a log file; ready once GET /health answers 200 on its port. wrap: a
+    function of the command line that returns the one to run (e.g. an nsenter prefix)."""
 
     def __init__(self, name, args, port, tmp, env=None, ready_timeout=60, wait_ready=True,
-                 host="127.0.0.1"):
+                 host="127.0.0.1", wrap=None):
         self.name = name
         self.host = host
-        self.args = args
+        self.args = wrap(args) if wrap else args
         self.port = port
         self.tmp = tmp
         self.env = env
@@ -317,15 +318,16 @@ class Daemon(Proc):
 
 
 class Router(Proc):
-    def __init__(self, build, prefills, decodes, tmp, extra=(), port=None, **kw):
-        """prefills: [(url_port, bootstrap_port)], decodes: [url_port]."""
+    def __init__(self, build, prefills, decodes, tmp, extra=(), port=None,
+                 prefill_host="127.0.0.1", **kw):
+        """prefills: [(url_port, bootstrap_port)] on prefill_host, decodes: [url_port]."""
         port = port or free_port()
         args = [os.path.join(build, "router", "pdserve-router"), "--pd-disaggregation",
                 "--host", "127.0.0.1", "--port", str(port), "--policy", "round_robin",
                 "--health-check-interval-secs", "0.25", "--log-level",
                 os.environ.get("PD_TEST_LOG_LEVEL", "info")]
         for hp, bp in prefills:
-            args += ["--prefill", "http://127.0.0.1:%d" % hp, str(bp)]
+            args += ["--prefill", "http://%s:%d" % (prefill_host, hp), str(bp)]
         for dp in decodes:
             args += ["--decode", "http://127.0.0.1:%d" % dp]
         args += list(extra)

@@ -47,6 +47,7 @@ struct job {
     int p_reason, d_reason, d_finish, p_cached;
     bool abort_decode_after; /* abort on decode after 3 tokens */
     bool never_bootstrap;    /* the Transfer never comes */
+    bool late_kv;            /* never_bootstrap, and the whole KV arrives just after the timeout */
     bool aborted_sent;
     bool ignore_eos;
 };
@@ -140,6 +141,16 @@ static void on_decode_event(void *ctx, const struct pd_engine_event *ev) {
         }
         break;
     case PD_ENGINE_EV_QUIESCE:
+        if (j->late_kv) {
+            /* a link back just after the timeout: the done notice (first token and all) ends
+             * the transfer of a room the engine already gave up */
+            submit(&D, (struct pd_engine_cmd){.kind = PD_ENGINE_CMD_XFER_END,
+                                              .room = ev->room,
+                                              .status = PD_OK,
+                                              .first_token = 1,
+                                              .first_logprob = -0.5f});
+            break;
+        }
         /* give the room up with the prefill: a receiver abort ends once no write can land */
         if (pd_xfer_room_live(D.x, ev->room))
             pd_xfer_room_abort(D.x, ev->room, PD_ECANCELED, "decode gave the room up");
@@ -456,7 +467,8 @@ static void test_retraction(void) {
     stop_sides();
 }
 
-/* Aborts on either side, a bootstrap that never comes, an abort mid-decode. */
+/* Aborts on either side, a bootstrap that never comes, an abort mid-decode, a transfer that
+ * ends well after the decode gave its room up. */
 static void test_failures(void) {
     n_jobs = n_ended = 0;
     add_job(50, 250, NULL);
@@ -465,6 +477,8 @@ static void test_failures(void) {
     add_job(70, 10, NULL);
     jobs[1].never_bootstrap = true; /* prefill times out in bootstrap; decode in transfer */
     add_job(20, 10, NULL);
+    add_job(40, 10, NULL);
+    jobs[3].never_bootstrap = jobs[3].late_kv = true;
     for (int i = 1; i < n_jobs; i++)
         reference(&jobs[i]);
     start_side(&P, &pd_engine_prefill_ops, 128, 1.0);
@@ -480,6 +494,10 @@ static void test_failures(void) {
     CHECK(jobs[0].n_out >= 3 && jobs[0].n_out < 250);
     CHECK_INT(jobs[1].p_reason, PD_END_TIMEOUT);
     CHECK_INT(jobs[1].d_reason, PD_END_TIMEOUT);
+    /* its KV came after the timeout: it still ends timed out, and no token of it goes out */
+    CHECK_INT(jobs[3].p_reason, PD_END_TIMEOUT);
+    CHECK_INT(jobs[3].d_reason, PD_END_TIMEOUT);
+    CHECK_INT(jobs[3].n_out, 0);
     check_tokens(2, 3);
     CHECK(pools_full(3000));
     stop_sides();
