@@ -31,6 +31,9 @@ pkg_check_modules(IBVERBS REQUIRED IMPORTED_TARGET libibverbs)
 find_program(PD_PROTOC_C protoc-c REQUIRED)
 # HTTP user plane: h2o (libuv build; pkg-config `libh2o`, not `libh2o-evloop`) on libuv loops.
 pkg_check_modules(H2O REQUIRED IMPORTED_TARGET libh2o)
+# TLS on the HTTP listeners (h2o takes an OpenSSL SSL_CTX; common/base/tls.c builds it). h2o is
+# built against it anyway; named here because pdbase calls OpenSSL itself.
+pkg_check_modules(OPENSSL REQUIRED IMPORTED_TARGET openssl)
 # pdserve-router's upstream client (curl's multi interface on the router's libuv loop); the
 # HTTP server's integration test drives the server with it too.
 pkg_check_modules(CURL REQUIRED IMPORTED_TARGET libcurl)

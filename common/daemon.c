@@ -27,6 +27,7 @@
 #include "common/sched_common.h"
 #include "common/serve_metrics.h"
 #include "common/base/status.h"
+#include "common/base/tls.h"
 #include "model/tokenizer/tokenizer.h"
 #include "common/xfer.h"
 
@@ -1028,7 +1029,8 @@ static int start(void) {
         return rc;
     if ((rc = pd_engine_start(D.eng, &D.loop, on_engine_event, NULL)) != PD_OK)
         return rc;
-    struct pd_http_server_config hc = {.host = a->host, .port = a->port, .api_key = D.api_key};
+    struct pd_http_server_config hc = {
+        .host = a->host, .port = a->port, .api_key = D.api_key, .ssl_ctx = D.ssl_ctx};
     if ((rc = pd_http_server_new(&D.loop, &hc, &D.http)) != PD_OK || (rc = route_all()) != PD_OK)
         return rc;
     D.http_listening = true;
@@ -1140,6 +1142,13 @@ int pd_daemon_main(const struct pd_role *role, int argc, char **argv) {
     pd_flag_string(&fs, "--api-key", &D.api_key, "KEY",
                    "require Authorization: Bearer KEY on the API (not on /health, /metrics)");
     pd_flag_cluster_key(&fs, &D.cluster_key_path);
+    pd_tls_flags_register(
+        &fs, &D.tls,
+        "PEM certificate chain, this server's certificate first: with --ssl-keyfile the API is "
+        "served over HTTPS only (TLS 1.2 or newer), and a prefill's bootstrap port over TLS too",
+        "PEM CA certificates that decode checks the prefill's bootstrap certificate against "
+        "(default: the system's roots); with these or a certificate of its own, decode calls "
+        "bootstrap ports over TLS. The prefill and the colocated server call no peer");
     if (role->flags)
         role->flags(&fs, &D);
     if (pd_flags_parse(&fs, argc, argv) != PD_OK) {
@@ -1150,12 +1159,19 @@ int pd_daemon_main(const struct pd_role *role, int argc, char **argv) {
         pd_flags_usage(&fs, stdout);
         return 0;
     }
-    if (pd_server_args_finish(&D.args) != PD_OK) {
+    if (pd_server_args_finish(&D.args) != PD_OK || pd_tls_flags_check(&D.tls) != PD_OK) {
         fprintf(stderr, "%s: %s\n", prog, pd_error_msg());
         return 2;
     }
     if (!(D.role = role->configure(&D)))
         return 2;
+    /* the TLS files now, before the model loads: a wrong path fails in a moment */
+    if ((D.tls.ca_certs && pd_tls_ca_check(D.tls.ca_certs) != PD_OK) ||
+        (pd_tls_flags_serving(&D.tls) &&
+         pd_tls_server_ctx_new(D.tls.certfile, D.tls.keyfile, &D.ssl_ctx) != PD_OK)) {
+        fprintf(stderr, "%s: %s\n", prog, pd_error_msg());
+        return 2;
+    }
     pd_log_set_name(role_name());
     D.room_seq = (uint64_t)D.args.random_seed ^ ((uint64_t)getpid() << 32) ^ uv_hrtime();
     signal(SIGPIPE, SIG_IGN);
@@ -1176,6 +1192,7 @@ int pd_daemon_main(const struct pd_role *role, int argc, char **argv) {
     for (int32_t i = 0; D.reqs && i < D.cap; i++)
         req_free(D.reqs[i]);
     pd_http_server_free(D.http);
+    pd_tls_ctx_free(D.ssl_ctx);
     pd_engine_free(D.eng);
     pd_serve_metrics_free(D.sm);
     pd_chat_template_free(D.chat);

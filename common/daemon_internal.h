@@ -16,6 +16,7 @@
 #include "common/api.h"
 #include "common/base/http_server.h"
 #include "common/base/room_table.h"
+#include "common/base/tls.h"
 #include "common/bootstrap.h"
 #include "model/devmem.h"
 #include "common/engine.h"
@@ -124,6 +125,10 @@ struct pd_daemon_state {
     const char *cluster_key_path, *api_key;
     uint8_t key[PD_CLUSTER_KEY_MAX];
     size_t key_len;
+    /* --ssl-*: the HTTP API over TLS with ssl_ctx (made at start, before the model loads, so a
+     * bad file fails at once); prefill's bootstrap port and decode's calls to it (their roles) */
+    struct pd_tls_flags tls;
+    struct ssl_ctx_st *ssl_ctx; /* NULL: plain HTTP */
 
     uv_loop_t loop;
     uv_signal_t sigterm, sigint;

@@ -16,6 +16,7 @@
 #include <grpc/grpc_security.h>
 #include <grpc/slice.h>
 #include <grpc/support/alloc.h>
+#include <grpc/support/log.h>
 #include <grpc/support/time.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -189,12 +190,91 @@ static void bridge_release(pd_grpc_bridge_t *b) {
     }
 }
 
+/* gRPC's log lines as ours (from any thread: pd_log writes each line at once). Its errors are
+ * about a peer or a connection, so they are warnings here. A failed TLS handshake (a peer without
+ * TLS, or one that does not trust the certificate) is said in those words; gRPC retries a failed
+ * connection every second or so, so one call site logs at most once per GRPC_LOG_QUIET_NS, the
+ * next line counting what it left out. gRPC's C API names no peer for a failed handshake: the
+ * other side's own log names this one. */
+#define GRPC_LOG_QUIET_NS (30ull * 1000000000ull)
+#define GRPC_LOG_SITES 16
+
+static struct {
+    pthread_mutex_t mu;
+    struct {
+        const char *file; /* gRPC's static strings */
+        int line;
+        uint64_t last_ns;
+        unsigned quiet; /* lines left out since */
+    } site[GRPC_LOG_SITES];
+} grpc_log_state = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+/* True when the site may log now; *left_out: the lines it did not log since the last. */
+static bool grpc_log_site_may(const char *file, int line, unsigned *left_out) {
+    uint64_t now = uv_hrtime();
+    bool may = true;
+    *left_out = 0;
+    pthread_mutex_lock(&grpc_log_state.mu);
+    int slot = -1, oldest = 0;
+    for (int i = 0; i < GRPC_LOG_SITES; i++) {
+        if (grpc_log_state.site[i].file == file && grpc_log_state.site[i].line == line) {
+            slot = i;
+            break;
+        }
+        if (grpc_log_state.site[i].last_ns < grpc_log_state.site[oldest].last_ns)
+            oldest = i;
+    }
+    if (slot < 0) {
+        slot = oldest;
+        grpc_log_state.site[slot].file = file;
+        grpc_log_state.site[slot].line = line;
+        grpc_log_state.site[slot].last_ns = 0;
+        grpc_log_state.site[slot].quiet = 0;
+    }
+    if (grpc_log_state.site[slot].last_ns &&
+        now - grpc_log_state.site[slot].last_ns < GRPC_LOG_QUIET_NS) {
+        grpc_log_state.site[slot].quiet++;
+        may = false;
+    } else {
+        *left_out = grpc_log_state.site[slot].quiet;
+        grpc_log_state.site[slot].quiet = 0;
+        grpc_log_state.site[slot].last_ns = now;
+    }
+    pthread_mutex_unlock(&grpc_log_state.mu);
+    return may;
+}
+
+static void grpc_log(gpr_log_func_args *a) {
+    const char *file = a->file ? strrchr(a->file, '/') : NULL;
+    file = file ? file + 1 : a->file ? a->file : "?";
+    if (a->severity != GPR_LOG_SEVERITY_ERROR) {
+        enum pd_log_level lv = a->severity == GPR_LOG_SEVERITY_INFO ? PD_LOG_INFO : PD_LOG_DEBUG;
+        if (lv >= pd_log_get_level())
+            pd_log(lv, "grpc: %s (%s:%d)", a->message, file, a->line);
+        return;
+    }
+    unsigned left_out;
+    if (!grpc_log_site_may(a->file, a->line, &left_out))
+        return;
+    char more[64] = "";
+    if (left_out)
+        snprintf(more, sizeof(more), "; %u more such lines in the last %llu s", left_out,
+                 GRPC_LOG_QUIET_NS / 1000000000ull);
+    bool handshake = strstr(a->message, "Handshake failed") != NULL;
+    pd_warn("grpc: %s%s (%s:%d%s)",
+            handshake ? "TLS handshake failed (a peer without TLS, or "
+                        "one that does not trust the certificate): "
+                      : "",
+            a->message, file, a->line, more);
+}
+
 int pd_grpc_bridge_new(uv_loop_t *loop, pd_grpc_bridge_t **out) {
     int rc;
     *out = NULL;
     pd_grpc_bridge_t *b = pd_calloc(1, sizeof(*b));
     if (!b)
         return pd_error_wrap(PD_ENOMEM, "creating the gRPC bridge");
+    gpr_set_log_function(grpc_log);
     grpc_init();
     b->loop = loop;
     b->cq = grpc_completion_queue_create_for_next(NULL);
@@ -418,8 +498,8 @@ static void on_server_shutdown(struct tag *t, bool ok) {
     server_maybe_done(s);
 }
 
-int pd_grpc_server_new(pd_grpc_bridge_t *b, const char *addr, pd_grpc_handler_fn fn, void *ctx,
-                       pd_grpc_server_t **out) {
+int pd_grpc_server_new(pd_grpc_bridge_t *b, const char *addr, const struct pd_grpc_tls *tls,
+                       pd_grpc_handler_fn fn, void *ctx, pd_grpc_server_t **out) {
     int rc;
     *out = NULL;
     pd_grpc_server_t *s = pd_calloc(1, sizeof(*s));
@@ -449,11 +529,21 @@ int pd_grpc_server_new(pd_grpc_bridge_t *b, const char *addr, pd_grpc_handler_fn
     grpc_channel_args ca = {.num_args = PD_ARRAY_LEN(args), .args = args};
     s->srv = grpc_server_create(&ca, NULL);
     grpc_server_register_completion_queue(s->srv, b->cq, NULL);
-    grpc_server_credentials *creds = grpc_insecure_server_credentials_create();
-    int port = grpc_server_add_http2_port(s->srv, addr, creds);
-    grpc_server_credentials_release(creds);
+    grpc_server_credentials *creds;
+    if (tls) {
+        grpc_ssl_pem_key_cert_pair pair = {.private_key = tls->private_key,
+                                           .cert_chain = tls->cert_chain};
+        creds = grpc_ssl_server_credentials_create_ex(
+            NULL, &pair, 1, GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE, NULL);
+    } else {
+        creds = grpc_insecure_server_credentials_create();
+    }
+    int port = creds ? grpc_server_add_http2_port(s->srv, addr, creds) : 0;
+    if (creds)
+        grpc_server_credentials_release(creds);
     if (port == 0) {
-        rc = pd_errorf(PD_EIO, "gRPC server: cannot listen on %s (port in use?)", addr);
+        rc = pd_errorf(PD_EIO, "gRPC server: cannot listen on %s (port in use%s?)", addr,
+                       tls ? ", or a certificate gRPC refuses" : "");
         goto fail_srv;
     }
     grpc_server_start(s->srv);
@@ -463,7 +553,7 @@ int pd_grpc_server_new(pd_grpc_bridge_t *b, const char *addr, pd_grpc_handler_fn
         pd_grpc_server_free(s);
         return rc;
     }
-    pd_info("grpc: serving on %s", addr);
+    pd_info("grpc: serving on %s%s", addr, tls ? " (TLS)" : "");
     *out = s;
     return PD_OK;
 
@@ -554,7 +644,8 @@ static void on_client_call(struct tag *t, bool ok) {
     bridge_release(b);
 }
 
-int pd_grpc_channel_new(pd_grpc_bridge_t *b, const char *target, pd_grpc_channel_t **out) {
+int pd_grpc_channel_new(pd_grpc_bridge_t *b, const char *target, const struct pd_grpc_tls *tls,
+                        pd_grpc_channel_t **out) {
     *out = NULL;
     pd_grpc_channel_t *c = pd_calloc(1, sizeof(*c));
     if (!c)
@@ -598,9 +689,16 @@ int pd_grpc_channel_new(pd_grpc_bridge_t *b, const char *target, pd_grpc_channel
          .value.integer = 1000},
     };
     grpc_channel_args ca = {.num_args = PD_ARRAY_LEN(args), .args = args};
-    grpc_channel_credentials *creds = grpc_insecure_credentials_create();
-    c->ch = grpc_channel_create(target, creds, &ca);
-    grpc_channel_credentials_release(creds);
+    grpc_channel_credentials *creds =
+        tls ? grpc_ssl_credentials_create(tls->root_certs, NULL, NULL, NULL)
+            : grpc_insecure_credentials_create();
+    c->ch = creds ? grpc_channel_create(target, creds, &ca) : NULL;
+    if (creds)
+        grpc_channel_credentials_release(creds);
+    if (!c->ch) {
+        pd_free(c);
+        return pd_errorf(PD_EINVAL, "creating a gRPC channel to %s%s", target, tls ? " (TLS)" : "");
+    }
     b->live++;
     *out = c;
     return PD_OK;

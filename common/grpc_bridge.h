@@ -7,6 +7,10 @@
  * unary server whose handlers run synchronously on the loop, both exchanging raw bytes (callers
  * serialize with protobuf-c). Every client call has a deadline.
  *
+ * TLS (pd_grpc_tls): a server with a certificate refuses connections that do not complete a
+ * TLS handshake; gRPC's own log lines (a failed handshake among them) reach pdserve's log as
+ * "grpc: ..." lines, its errors at warning.
+ *
  * Foreign codes: grpc_call_error and grpc_status_code are translated here and nowhere else.
  * Lifetime: servers are freed before the bridge; pd_grpc_bridge_free waits (on the loop) for
  * every call to finish, then stops the thread and releases the handle in its close callback.
@@ -68,16 +72,28 @@ struct pd_grpc_answer {
 typedef void (*pd_grpc_handler_fn)(void *ctx, const char *method, const char *peer,
                                    const uint8_t *req, size_t req_len, struct pd_grpc_answer *ans);
 
-/* Listens on "host:port" (insecure; SO_REUSEPORT off, so a busy port fails here). */
-int pd_grpc_server_new(pd_grpc_bridge_t *b, const char *addr, pd_grpc_handler_fn fn, void *ctx,
-                       pd_grpc_server_t **out);
+/* TLS of a server or a channel: PEM text (not file names), copied by gRPC. */
+struct pd_grpc_tls {
+    const char *cert_chain;  /* server: its certificate chain; client: NULL (no client cert) */
+    const char *private_key; /* server: the chain's key */
+    const char *root_certs;  /* client: the CAs the server's certificate must chain to; NULL =
+                                gRPC's default roots */
+};
+
+/* Listens on "host:port" (SO_REUSEPORT off, so a busy port fails here); tls NULL = plaintext,
+ * else TLS with tls->cert_chain and tls->private_key (no client certificate asked for). */
+int pd_grpc_server_new(pd_grpc_bridge_t *b, const char *addr, const struct pd_grpc_tls *tls,
+                       pd_grpc_handler_fn fn, void *ctx, pd_grpc_server_t **out);
 /* Cancels calls in flight, shuts down; memory goes when gRPC confirms. The handler is never
  * called after this returns, so its ctx may be freed right away. Accepts NULL. */
 void pd_grpc_server_free(pd_grpc_server_t *s);
 
 /* ---- client ---- */
 
-int pd_grpc_channel_new(pd_grpc_bridge_t *b, const char *target, pd_grpc_channel_t **out);
+/* tls NULL = plaintext; else TLS, the server's certificate checked against tls->root_certs and
+ * the target's host name (or address). */
+int pd_grpc_channel_new(pd_grpc_bridge_t *b, const char *target, const struct pd_grpc_tls *tls,
+                        pd_grpc_channel_t **out);
 void pd_grpc_channel_free(pd_grpc_channel_t *c); /* calls in flight are cancelled */
 
 /* status: PD_OK, or the translated failure (pd_error_msg() holds the message during the call).

@@ -353,7 +353,8 @@ int pd_bootstrap_client_new(pd_grpc_bridge_t *b, pd_xfer_t *x,
     c->cfg.key = c->key;
     snprintf(c->decode_id, sizeof(c->decode_id), "%s", cfg->decode_id ? cfg->decode_id : "decode");
     snprintf(c->target, sizeof(c->target), "%s", cfg->target);
-    int rc = pd_grpc_channel_new(b, cfg->target, &c->ch);
+    int rc = pd_grpc_channel_new(b, cfg->target, cfg->tls, &c->ch);
+    c->cfg.tls = NULL; /* gRPC copied what it needs */
     if (rc) {
         pd_free(c);
         return rc;

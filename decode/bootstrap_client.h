@@ -15,7 +15,8 @@ struct pd_bootstrap_client_config {
     size_t key_len;
     struct pd_bootstrap_layout layout;
     const char *decode_id;
-    int deadline_ms; /* per RPC; 0 = PD_BOOTSTRAP_DEADLINE_MS */
+    int deadline_ms;               /* per RPC; 0 = PD_BOOTSTRAP_DEADLINE_MS */
+    const struct pd_grpc_tls *tls; /* NULL: plaintext; else TLS (root_certs; copied) */
 };
 
 struct pd_bootstrap_client_callbacks {

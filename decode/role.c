@@ -32,11 +32,14 @@ struct client_slot {
     pd_bootstrap_client_t *c;
 };
 
-/* The decode role's own state (the loop thread's): one bootstrap client per prefill, and the
+/* The decode role's own state (the loop thread's): one bootstrap client per prefill, whether
+ * they speak TLS (--ssl-ca-certs or a certificate of our own) with the CAs' PEM text, and the
  * mixed-chunk flags as given (colocated only). */
 static struct {
     struct client_slot clients[MAX_CLIENTS];
     int n;
+    bool tls;
+    char *ca_pem; /* NULL: gRPC's default roots */
     struct pd_flag *f_mixed, *f_unmixed;
 } C;
 
@@ -75,6 +78,9 @@ static pd_bootstrap_client_t *client_for(struct pd_daemon_state *d, const char *
                                             .key_len = d->key_len,
                                             .layout = d->layout,
                                             .decode_id = d->node_id};
+    struct pd_grpc_tls tls = {.root_certs = C.ca_pem};
+    if (C.tls)
+        cc.tls = &tls;
     struct pd_bootstrap_client_callbacks cb = {.ctx = d, .on_room_rejected = on_room_rejected};
     pd_bootstrap_client_t *c;
     if (pd_bootstrap_client_new(d->bridge, d->x, &cc, &cb, &c) != PD_OK)
@@ -162,6 +168,15 @@ static void decode_peer_closed(struct pd_daemon_state *d, pd_xfer_peer_t *p) {
 }
 
 static int decode_start(struct pd_daemon_state *d) {
+    C.tls = d->tls.ca_certs || pd_tls_flags_serving(&d->tls);
+    if (d->tls.ca_certs) {
+        int rc = pd_tls_pem_read("--ssl-ca-certs", d->tls.ca_certs, &C.ca_pem);
+        if (rc)
+            return rc;
+    }
+    if (C.tls)
+        pd_info("bootstrap: calling prefills over TLS (their certificates checked against %s)",
+                d->tls.ca_certs ? d->tls.ca_certs : "the system's roots");
     return pd__daemon_start_transfer(d);
 }
 
@@ -169,6 +184,8 @@ static void decode_stop(struct pd_daemon_state *d) {
     for (int i = 0; i < C.n; i++)
         pd_bootstrap_client_free(C.clients[i].c);
     C.n = 0;
+    pd_free(C.ca_pem);
+    C.ca_pem = NULL;
 }
 
 static void decode_ready(struct pd_daemon_state *d) {

@@ -360,7 +360,8 @@ int pd_bootstrap_server_new(pd_grpc_bridge_t *b, pd_xfer_t *x,
     snprintf(s->prefill_id, sizeof(s->prefill_id), "%s",
              cfg->prefill_id ? cfg->prefill_id : "prefill");
     s->cfg.prefill_id = s->prefill_id;
-    int rc = pd_grpc_server_new(b, cfg->addr, serve, s, &s->srv);
+    s->cfg.tls = NULL; /* gRPC copied what it needs */
+    int rc = pd_grpc_server_new(b, cfg->addr, cfg->tls, serve, s, &s->srv);
     if (rc) {
         pd_free(s);
         return pd_error_wrap(rc, "bootstrap server");

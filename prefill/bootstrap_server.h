@@ -14,7 +14,8 @@ struct pd_bootstrap_server_config {
     const uint8_t *key;
     size_t key_len;
     struct pd_bootstrap_layout layout;
-    const char *prefill_id; /* for logs and Health */
+    const char *prefill_id;        /* for logs and Health */
+    const struct pd_grpc_tls *tls; /* NULL: plaintext; else TLS (the PEM text is copied) */
 };
 
 struct pd_bootstrap_server_callbacks {

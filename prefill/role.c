@@ -196,9 +196,22 @@ static int prefill_start(struct pd_daemon_state *d) {
                                             .prefill_id = d->node_id};
     struct pd_bootstrap_server_callbacks scb = {
         .ctx = d, .on_room = on_bootstrap_room, .on_abort = on_bootstrap_abort};
+    /* with a certificate the bootstrap port is TLS too (the files were checked at start) */
+    struct pd_grpc_tls tls = {0};
+    char *cert = NULL, *key = NULL;
+    if (pd_tls_flags_serving(&d->tls)) {
+        if ((rc = pd_tls_pem_read("--ssl-certfile", d->tls.certfile, &cert)) ||
+            (rc = pd_tls_pem_read("--ssl-keyfile", d->tls.keyfile, &key)))
+            goto out;
+        tls = (struct pd_grpc_tls){.cert_chain = cert, .private_key = key};
+        sc.tls = &tls;
+    }
     if ((rc = pd_bootstrap_server_new(d->bridge, d->x, &sc, &scb, &P.server)) != PD_OK)
-        return pd_error_wrap(rc, "bootstrap server on %s", addr);
-    return PD_OK;
+        pd_error_wrap(rc, "bootstrap server on %s", addr);
+out:
+    pd_free(key); /* gRPC keeps copies of its own */
+    pd_free(cert);
+    return rc;
 }
 
 static void prefill_stop(struct pd_daemon_state *d) {

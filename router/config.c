@@ -41,12 +41,19 @@ static int role_policy(const char *flag, const char *v, int *out) {
                      v);
 }
 
+/* The length of url's "http://" or "https://" (any case); 0 for another scheme. */
+static size_t scheme_len(const char *url, bool *https) {
+    *https = strncasecmp(url, "https://", 8) == 0;
+    return *https ? 8 : strncasecmp(url, "http://", 7) == 0 ? 7 : 0;
+}
+
 int pd_router_url_parse(const char *url, struct pd_router_worker_spec *out) {
     memset(out, 0, sizeof(*out));
-    static const char scheme[] = "http://";
-    if (strncmp(url, scheme, sizeof(scheme) - 1) != 0)
-        return pd_errorf(PD_EINVAL, "worker URL '%s' must start with http://", url);
-    const char *h = url + sizeof(scheme) - 1;
+    bool https;
+    size_t sl = scheme_len(url, &https);
+    if (!sl || strncmp(url, https ? "https://" : "http://", sl) != 0)
+        return pd_errorf(PD_EINVAL, "worker URL '%s' must start with http:// or https://", url);
+    const char *h = url + sl;
     const char *host_end, *rest;
     const char *host = h;
     if (*h == '[') { /* [v6]:port */
@@ -61,7 +68,7 @@ int pd_router_url_parse(const char *url, struct pd_router_worker_spec *out) {
     }
     if (host_end == host)
         return pd_errorf(PD_EINVAL, "worker URL '%s' has no host", url);
-    long port = 80;
+    long port = https ? 443 : 80;
     if (*rest == ':') {
         char *end;
         errno = 0;
@@ -73,9 +80,10 @@ int pd_router_url_parse(const char *url, struct pd_router_worker_spec *out) {
     if (*rest == '/')
         rest++;
     if (*rest)
-        return pd_errorf(PD_EINVAL, "worker URL '%s' must be http://host:port with no path", url);
+        return pd_errorf(PD_EINVAL, "worker URL '%s' must be %s://host:port with no path", url,
+                         https ? "https" : "http");
     size_t url_len = strlen(url);
-    while (url_len > sizeof(scheme) && url[url_len - 1] == '/')
+    while (url_len > sl + 1 && url[url_len - 1] == '/')
         url_len--;
     out->url = pd_strndup(url, url_len);
     out->host = pd_strndup(host, (size_t)(host_end - host));
@@ -91,11 +99,13 @@ int pd_router_url_parse(const char *url, struct pd_router_worker_spec *out) {
 }
 
 int pd_router_url_normalize(const char *url, char *buf, size_t size) {
-    static const char scheme[] = "http://";
-    if (strncasecmp(url, scheme, sizeof(scheme) - 1) != 0)
-        return pd_errorf(PD_EINVAL, "worker URL '%s' must start with http://", url);
+    bool https;
+    size_t sl = scheme_len(url, &https);
+    if (!sl)
+        return pd_errorf(PD_EINVAL, "worker URL '%s' must start with http:// or https://", url);
+    const char *scheme = https ? "https" : "http";
     char copy[600];
-    if (snprintf(copy, sizeof(copy), "http://%s", url + sizeof(scheme) - 1) >= (int)sizeof(copy))
+    if (snprintf(copy, sizeof(copy), "%s://%s", scheme, url + sl) >= (int)sizeof(copy))
         return pd_errorf(PD_ERANGE, "worker URL '%.64s...' is too long", url);
     struct pd_router_worker_spec spec;
     int rc = pd_router_url_parse(copy, &spec);
@@ -111,7 +121,7 @@ int pd_router_url_normalize(const char *url, char *buf, size_t size) {
         for (char *p = host; *p; p++)
             *p = (char)tolower((unsigned char)*p);
     }
-    int n = snprintf(buf, size, v6 ? "http://[%s]:%d" : "http://%s:%d", host, spec.port);
+    int n = snprintf(buf, size, v6 ? "%s://[%s]:%d" : "%s://%s:%d", scheme, host, spec.port);
     pd_free(spec.url);
     pd_free(spec.host);
     if (n < 0 || (size_t)n >= size)
@@ -249,7 +259,8 @@ static void register_flags(struct pd_router_config *cfg) {
                  "prefill/decode disaggregated routing (the only mode; accepted for "
                  "sglang-router compatibility)");
     pd_flag_string(fs, "--prefill", &doc_only, "URL [BOOTSTRAP_PORT]",
-                   "a prefill worker, e.g. http://10.0.0.1:30000 8998; repeatable; "
+                   "a prefill worker, e.g. http://10.0.0.1:30000 8998 (https:// for a worker "
+                   "serving TLS, see --ssl-ca-certs); repeatable; "
                    "BOOTSTRAP_PORT 'none' or absent = null in the body (the worker's default, "
                    "8998)");
     pd_flag_string(fs, "--decode", &doc_only, "URL",
@@ -317,6 +328,13 @@ static void register_flags(struct pd_router_config *cfg) {
                    "header is forwarded to the workers, and the router's own calls to them "
                    "(/health, /get_load, /abort_request) send the same key, so workers can "
                    "run with --api-key KEY too");
+    pd_tls_flags_register(
+        fs, &cfg->tls,
+        "PEM certificate chain, the router's certificate first: with --ssl-keyfile the router "
+        "is served over HTTPS only (TLS 1.2 or newer); sglang-router's --tls-cert-path",
+        "PEM CA certificates that https:// workers' certificates must chain to (their host "
+        "name or address checked too); default: the system's roots. sglang-router's "
+        "--ca-cert-paths");
     pd_flag_int(fs, "--request-timeout-secs", &cfg->request_timeout_secs, "S", 1, 86400 * 7,
                 "whole-request deadline for each upstream request");
     pd_flag_int(fs, "--max-concurrent-requests", &cfg->max_concurrent_requests, "N", 0, 1e7,
@@ -422,6 +440,8 @@ int pd_router_config_parse(struct pd_router_config *cfg, int argc, char **argv) 
         return rc;
     if (cfg->api_key && !*cfg->api_key)
         cfg->api_key = NULL;
+    if ((rc = pd_tls_flags_check(&cfg->tls)))
+        return rc;
     if (cfg->backoff.max_ms < cfg->backoff.initial_ms)
         return pd_errorf(PD_EINVAL,
                          "--retry-max-backoff-ms %g is below --retry-initial-backoff-ms %g",

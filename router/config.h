@@ -15,6 +15,7 @@
 #include <stdio.h>
 
 #include "common/base/flags.h"
+#include "common/base/tls.h"
 #include "router/breaker.h"
 #include "router/policy.h"
 
@@ -34,7 +35,7 @@ const char *pd_router_policy_name(int policy);
 #define PD_ROUTER_BOOTSTRAP_PORT_NULL (-1) /* "none": the body carries null = the default */
 
 struct pd_router_worker_spec {
-    char *url;          /* "http://host:port", no trailing slash; owned */
+    char *url;          /* "http[s]://host:port", no trailing slash; owned */
     char *host;         /* "host" without brackets; owned */
     int port;           /* HTTP port */
     int bootstrap_port; /* prefill only; PD_ROUTER_BOOTSTRAP_PORT_NULL when not given */
@@ -81,6 +82,9 @@ struct pd_router_config {
     const char *host;
     int port;
     const char *api_key; /* NULL = no check */
+    /* --ssl-certfile/--ssl-keyfile: the router's own listener over HTTPS; --ssl-ca-certs: what
+     * https:// workers' certificates must chain to (NULL: the system's roots) */
+    struct pd_tls_flags tls;
     int request_timeout_secs;
     int max_concurrent_requests;
     double health_check_interval_secs; /* /health and /get_load poll period */
@@ -103,14 +107,15 @@ int pd_router_config_parse(struct pd_router_config *cfg, int argc, char **argv);
 void pd_router_config_usage(const struct pd_router_config *cfg, FILE *out);
 void pd_router_config_free(struct pd_router_config *cfg);
 
-/* "http://host:port[/]" → spec fields (url, host, port). Only http:// is accepted. */
+/* "http://host:port[/]" or "https://host:port[/]" → spec fields (url, host, port; 80 or 443
+ * when absent). Other schemes, paths and queries are refused. */
 int pd_router_url_parse(const char *url, struct pd_router_worker_spec *out);
 
 /* The form two URLs of one worker share: scheme and host in lower case, an IP address in its
- * canonical text (inet_ntop), the port always written (80 when absent), no trailing slash —
- * "http://LOCALHOST:80/" and "http://localhost" give "http://localhost:80", "http://[::0:1]:8000"
- * and "http://[::1]:8000/" give "http://[::1]:8000". PD_EINVAL when url does not parse,
- * PD_ERANGE when buf is too small. Names are not resolved. */
+ * canonical text (inet_ntop), the port always written (80, or 443 for https, when absent), no
+ * trailing slash — "http://LOCALHOST:80/" and "http://localhost" give "http://localhost:80",
+ * "http://[::0:1]:8000" and "http://[::1]:8000/" give "http://[::1]:8000". PD_EINVAL when url
+ * does not parse, PD_ERANGE when buf is too small. Names are not resolved. */
 int pd_router_url_normalize(const char *url, char *buf, size_t size);
 
 #endif

@@ -53,10 +53,11 @@ int main(int argc, char **argv) {
         pd_error("starting: %s", pd_error_msg());
         return 1; /* the router holds loop handles; the process ends here */
     }
-    pd_info("listening on http://%s:%d (%d prefill, %d decode workers, %d prefill and %d decode "
+    pd_info("listening on %s://%s:%d (%d prefill, %d decode workers, %d prefill and %d decode "
             "DNS names, policy %s, prefill %s, decode %s)",
-            g_cfg.host, pd_router_port(g_router), g_cfg.n_prefill, g_cfg.n_decode,
-            g_cfg.n_prefill_dns, g_cfg.n_decode_dns, pd_router_policy_names[g_cfg.policy],
+            pd_tls_flags_serving(&g_cfg.tls) ? "https" : "http", g_cfg.host,
+            pd_router_port(g_router), g_cfg.n_prefill, g_cfg.n_decode, g_cfg.n_prefill_dns,
+            g_cfg.n_decode_dns, pd_router_policy_names[g_cfg.policy],
             pd_router_policy_name(g_cfg.prefill_policy),
             pd_router_policy_name(g_cfg.decode_policy));
     uv_signal_init(loop, &g_sigint);

@@ -1104,7 +1104,12 @@ static int start_http(struct pd_router *rt) {
      * 401 body */
     struct pd_http_server_config hc = {
         .host = cfg->host, .port = cfg->port, .max_body_bytes = MAX_BODY_BYTES};
-    int rc = pd_http_server_new(rt->loop, &hc, &rt->http);
+    int rc = pd_tls_flags_serving(&cfg->tls)
+                 ? pd_tls_server_ctx_new(cfg->tls.certfile, cfg->tls.keyfile, &hc.ssl_ctx)
+                 : PD_OK;
+    if (rc == PD_OK)
+        rc = pd_http_server_new(rt->loop, &hc, &rt->http);
+    pd_tls_ctx_free(hc.ssl_ctx); /* the server keeps its own reference */
     if (rc)
         return rc;
     for (size_t i = 0; i < N_ENDPOINTS; i++) {
@@ -1149,6 +1154,8 @@ int pd_router_new(uv_loop_t *loop, const struct pd_router_config *cfg, struct pd
     *out = rt; /* on failure too: see router.h */
     if ((rc = pd_router_rng_seed(&rt->rng)))
         return rc;
+    if (cfg->tls.ca_certs && (rc = pd_tls_ca_check(cfg->tls.ca_certs)))
+        return rc;
     if (cfg->api_key) {
         size_t n = strlen(cfg->api_key) + sizeof("Authorization: Bearer ");
         if (!(rt->worker_auth = pd_malloc(n)))
@@ -1165,7 +1172,7 @@ int pd_router_new(uv_loop_t *loop, const struct pd_router_config *cfg, struct pd
         return rc;
     if ((rc = init_workers(rt)))
         return rc;
-    if ((rc = pd_upstream_new(loop, &rt->up)))
+    if ((rc = pd_upstream_new(loop, cfg->tls.ca_certs, &rt->up)))
         return rc;
     if ((rc = start_http(rt)))
         return rc;

@@ -25,6 +25,7 @@
 
 struct pd_upstream {
     uv_loop_t *loop;
+    const char *ca_certs; /* NULL: curl's default (the system's roots) */
     CURLM *multi;
     uv_timer_t timer;
     bool in_curl;
@@ -298,7 +299,7 @@ static size_t on_write(char *buf, size_t size, size_t n, void *userp) {
     return size * n;
 }
 
-int pd_upstream_new(uv_loop_t *loop, struct pd_upstream **out) {
+int pd_upstream_new(uv_loop_t *loop, const char *ca_certs, struct pd_upstream **out) {
     static bool global_done;
     if (!global_done) {
         if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK)
@@ -309,6 +310,7 @@ int pd_upstream_new(uv_loop_t *loop, struct pd_upstream **out) {
     if (!up)
         return pd_errorf(PD_ENOMEM, "upstream client");
     up->loop = loop;
+    up->ca_certs = ca_certs;
     up->multi = curl_multi_init();
     if (!up->multi) {
         pd_free(up);
@@ -376,7 +378,9 @@ int pd_upstream_call_start(struct pd_upstream *up, const struct pd_upstream_req 
     curl_easy_setopt(e, CURLOPT_ERRORBUFFER, c->errbuf);
     curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
     curl_easy_setopt(e, CURLOPT_TCP_NODELAY, 1L);
-    curl_easy_setopt(e, CURLOPT_PROTOCOLS_STR, "http");
+    curl_easy_setopt(e, CURLOPT_PROTOCOLS_STR, "http,https");
+    if (up->ca_certs)
+        curl_easy_setopt(e, CURLOPT_CAINFO, up->ca_certs);
     /* decode's SSE must flow as it comes: no decompression buffering, no proxies from env */
     curl_easy_setopt(e, CURLOPT_PROXY, "");
     if (req->timeout_ms > 0)

@@ -1,7 +1,8 @@
 /*
  * upstream.h — the router's HTTP client: libcurl's multi interface driven by the router's libuv
  * loop (CURLMOPT_SOCKETFUNCTION → uv_poll_t per socket, CURLMOPT_TIMERFUNCTION → one uv_timer_t),
- * so hundreds of upstream requests run on the loop thread without blocking it.
+ * so hundreds of upstream requests run on the loop thread without blocking it. URLs are http://
+ * or https:// (curl's OpenSSL; the worker's certificate is always verified).
  *
  * A call delivers its response body as it arrives (on_data: an SSE stream passes through chunk
  * by chunk) and ends with exactly one on_done, unless it is cancelled first: after
@@ -46,7 +47,9 @@ struct pd_upstream_req {
     long connect_timeout_ms; /* 0 = curl's default */
 };
 
-int pd_upstream_new(uv_loop_t *loop, struct pd_upstream **out);
+/* ca_certs: the PEM CA bundle https:// workers' certificates must chain to (their host names
+ * checked too); NULL = the system's roots. The string must outlive the upstream. */
+int pd_upstream_new(uv_loop_t *loop, const char *ca_certs, struct pd_upstream **out);
 /* Cancels every call (no callbacks) and frees the upstream once its libuv handles have closed
  * (run the loop afterwards). NULL is accepted. */
 void pd_upstream_free(struct pd_upstream *up);

@@ -19,6 +19,7 @@ packages=(
     libopenblas-dev       # CPU backend matrix products
     libuv1-dev            # daemon event loops
     libh2o-dev            # HTTP front (libuv build)
+    libssl-dev            # TLS of the HTTP listeners (--ssl-certfile; libh2o-dev pulls it too)
     libcurl4-openssl-dev  # router upstream client
     libucx-dev            # KV page transfer (ucp)
     libibverbs-dev librdmacm-dev
@@ -34,6 +35,7 @@ tool_packages=(
     golang-go golang-github-masterminds-sprig-dev golang-gopkg-yaml.v3-dev
     python3-yaml python3-jsonschema yamllint python3-venv
     python3-numpy         # tests/python/test_sliding_window_ref.py: the numpy reference forward
+    openssl               # tests/integration/test_tls.py makes its CA and certificates with it
     clang libclang-rt-14-dev # tests/fuzz: libFuzzer (-fsanitize=fuzzer) targets, build-fuzz
     iproute2 util-linux   # tests/integration/netlink.py: ip (TUN devices, links), unshare, nsenter
 )

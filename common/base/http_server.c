@@ -21,6 +21,14 @@
  * leaves the stream unwritable for libuv, which h2o does not expect (see conn_send_done). h2o's own
  * error responses (413 for a too large body, 400 for broken framing) are rewritten into OpenAI
  * error JSON by a filter on the host's fallback path, the only path such early errors go through.
+ *
+ * TLS: each accepted connection runs h2o's server handshake (h2o_socket_ssl_handshake) under the
+ * context's handshake timeout, then h2o's HTTP/1 on the TLS socket; we start the handshake
+ * ourselves rather than through the accept context so that a failed one is logged with its peer.
+ * Over TLS, h2o's socket reads decrypt into the same input buffer and its writes encrypt into a
+ * buffer of its own before the one uv_write, so the read watch and the refused-write repair work
+ * unchanged, with two differences handled where they arise: a TLS record may decrypt to nothing
+ * (on_watch_read) and closing a TLS socket would write (pd_http_server_new: quiet shutdown).
  */
 #include "common/base/http_server.h"
 
@@ -31,6 +39,8 @@
 
 #include <arpa/inet.h>
 #include <h2o.h>
+#include <openssl/err.h>
+#include <openssl/ssl.h>
 #include <stddef.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -51,7 +61,9 @@ struct conn {
     uv_tcp_t tcp; /* first: h2o's close callback gets this handle */
     struct pd_http_server *srv;
     h2o_socket_t *sock;
-    h2o_timeout_entry_t dead_write; /* in ctx.zero_timeout: see conn_send_done */
+    h2o_timeout_entry_t dead_write;  /* in ctx.zero_timeout: see conn_send_done */
+    h2o_timeout_entry_t handshake;   /* TLS: in ctx.handshake_timeout until the handshake ends */
+    char peer[INET6_ADDRSTRLEN + 8]; /* TLS: "ADDR:PORT", for the handshake's log lines */
     struct conn *prev, *next;
 };
 
@@ -99,7 +111,8 @@ struct pd_http_server {
     uv_loop_t *loop;
     h2o_globalconf_t globalconf;
     h2o_context_t ctx;
-    h2o_accept_ctx_t accept_ctx;
+    h2o_accept_ctx_t accept_ctx; /* without ssl_ctx: TLS handshakes are ours (on_accept) */
+    SSL_CTX *ssl_ctx;            /* NULL: plain HTTP; one reference of ours */
     bool ctx_inited;
     uv_tcp_t listener;
     uv_timer_t timer; /* shutdown deadline, then the deferred final close */
@@ -241,10 +254,15 @@ static void watch_stop(struct pd_http_req *r) {
  * load, when no write was in flight at the reset). So around each h2o_send of ours: if the stream
  * was already unwritable and h2o started a write, that write was refused, and it is completed
  * here with an error from the next loop iteration, as libuv would have done; h2o then closes the
- * connection. (Without TLS, h2o's write completion is only this callback.) */
+ * connection. Over TLS, h2o's own completion would also drop the encrypted copy of what it wrote;
+ * calling the callback directly leaves that copy to be freed with the socket, which the callback
+ * closes (HTTP/1 closes a connection whose write failed). A write the callback starts on the
+ * still unwritable stream is refused in turn and completed the same way, one iteration later. */
 static bool conn_unwritable(const struct conn *c) {
     return c && !uv_is_writable((const uv_stream_t *)&c->tcp);
 }
+
+static void conn_send_done(struct conn *c, bool was_unwritable);
 
 static void on_dead_write(h2o_timeout_entry_t *e) {
     struct conn *c = container_of(e, struct conn, dead_write);
@@ -254,6 +272,7 @@ static void on_dead_write(h2o_timeout_entry_t *e) {
     c->sock->_cb.write = NULL;
     pd_debug("http: completing a write refused on a reset connection");
     cb(c->sock, h2o_socket_error_io);
+    conn_send_done(c, true);
 }
 
 static void conn_send_done(struct conn *c, bool was_unwritable) {
@@ -364,6 +383,10 @@ static void req_handle_gone(struct pd_http_req *r) {
 }
 
 static void on_watch_read(h2o_socket_t *sock, const char *err) {
+    /* nothing new to read (over TLS, a record that decrypts to no data: the close_notify a client
+     * sends before its FIN): keep watching, or the FIN that follows would go unseen */
+    if (!err && sock->bytes_read == 0)
+        return;
     /* h2o's HTTP/1 connection object (sock->data) begins with its h2o_conn_t */
     h2o_conn_t *hconn = sock->data;
     struct pd_http_server *s = container_of(hconn->ctx, struct pd_http_server, ctx);
@@ -868,9 +891,63 @@ static void on_conn_closed(uv_handle_t *h) {
         c->next->prev = c->prev;
     if (h2o_timeout_is_linked(&c->dead_write))
         h2o_timeout_unlink(&c->dead_write);
+    if (h2o_timeout_is_linked(&c->handshake))
+        h2o_timeout_unlink(&c->handshake);
     s->n_conns--;
     pd_free(c);
     srv_check_drained(s);
+}
+
+/* "ADDR:PORT" of the connection's peer, "?:0" when unknown (read at accept: a peer that has
+ * closed has no address any more). */
+static void conn_peer(struct conn *c, char *buf, size_t n) {
+    struct sockaddr_storage sa;
+    int len = sizeof(sa);
+    char host[INET6_ADDRSTRLEN] = "?";
+    int port = 0;
+    if (uv_tcp_getpeername(&c->tcp, (struct sockaddr *)&sa, &len) == 0) {
+        if (sa.ss_family == AF_INET6) {
+            struct sockaddr_in6 *a = (struct sockaddr_in6 *)&sa;
+            uv_ip6_name(a, host, sizeof(host));
+            port = ntohs(a->sin6_port);
+        } else {
+            struct sockaddr_in *a = (struct sockaddr_in *)&sa;
+            uv_ip4_name(a, host, sizeof(host));
+            port = ntohs(a->sin_port);
+        }
+    }
+    snprintf(buf, n, strchr(host, ':') ? "[%s]:%d" : "%s:%d", host, port);
+}
+
+static void on_handshake_timeout(h2o_timeout_entry_t *e) {
+    struct conn *c = container_of(e, struct conn, handshake);
+    pd_debug("http: TLS handshake with %s timed out", c->peer);
+    h2o_socket_close(c->sock);
+}
+
+static void on_handshake(h2o_socket_t *sock, const char *err) {
+    struct conn *c = sock->data;
+    struct pd_http_server *s = c->srv;
+    if (h2o_timeout_is_linked(&c->handshake))
+        h2o_timeout_unlink(&c->handshake);
+    if (!err) {
+        /* without an ssl_ctx in the accept context, h2o's HTTP/1 takes the TLS socket as it is */
+        h2o_accept(&s->accept_ctx, sock);
+        return;
+    }
+    if (err == h2o_socket_error_io) { /* the peer left before finishing (a TCP probe) */
+        pd_debug("http: TLS handshake with %s: the peer closed the connection", c->peer);
+    } else {
+        /* OpenSSL's reason is still queued from the failed SSL_accept */
+        unsigned long e = ERR_peek_error();
+        const char *why = e ? ERR_reason_error_string(e) : NULL;
+        pd_warn("http: TLS handshake with %s failed: %s%s", c->peer, why ? why : err,
+                e && ERR_GET_REASON(e) == SSL_R_HTTP_REQUEST
+                    ? " (a plain HTTP request on this HTTPS port)"
+                    : "");
+    }
+    ERR_clear_error();
+    h2o_socket_close(sock);
 }
 
 static void on_accept(uv_stream_t *listener, int status) {
@@ -883,6 +960,7 @@ static void on_accept(uv_stream_t *listener, int status) {
     uv_tcp_init(s->loop, &c->tcp);
     c->srv = s;
     c->dead_write.cb = on_dead_write;
+    c->handshake.cb = on_handshake_timeout;
     c->next = s->conns;
     if (s->conns)
         s->conns->prev = c;
@@ -894,7 +972,14 @@ static void on_accept(uv_stream_t *listener, int status) {
     }
     uv_tcp_nodelay(&c->tcp, 1);
     c->sock = h2o_uv_socket_create((uv_stream_t *)&c->tcp, on_conn_closed);
-    h2o_accept(&s->accept_ctx, c->sock);
+    if (!s->ssl_ctx) {
+        h2o_accept(&s->accept_ctx, c->sock);
+        return;
+    }
+    conn_peer(c, c->peer, sizeof(c->peer));
+    c->sock->data = c; /* until on_handshake hands the socket to h2o's HTTP/1 */
+    h2o_timeout_link(s->loop, &s->ctx.handshake_timeout, &c->handshake);
+    h2o_socket_ssl_handshake(c->sock, s->ssl_ctx, NULL, on_handshake);
 }
 
 /* EOF for h2o's reader: an idle keep-alive connection closes itself, cleanly. */
@@ -927,6 +1012,16 @@ int pd_http_server_new(uv_loop_t *loop, const struct pd_http_server_config *c,
         goto fail;
     if (c->api_key && c->api_key[0] && !(s->api_key = pd_strdup(c->api_key)))
         goto fail;
+    if (c->ssl_ctx) {
+        SSL_CTX_up_ref(c->ssl_ctx);
+        s->ssl_ctx = c->ssl_ctx;
+        /* Closing a TLS socket, h2o 2.2 writes a close_notify and waits for that write's
+         * completion before it lets the socket go. On a connection libuv has marked unwritable (a
+         * reset seen by a read) that write is refused and never completes: the connection would
+         * never close, nor a draining server finish. Without the alert h2o closes at once, as
+         * without TLS; HTTP/1.1 responses are framed, so a client still tells a cut answer. */
+        SSL_CTX_set_quiet_shutdown(s->ssl_ctx, 1);
+    }
 
     h2o_config_init(&s->globalconf);
     s->globalconf.max_request_entity_size = s->max_body;
@@ -993,7 +1088,7 @@ int pd_http_server_listen(struct pd_http_server *s) {
     if (uv_tcp_getsockname(&s->listener, (struct sockaddr *)&bound, &len) == 0)
         s->port = ntohs(bound.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&bound)->sin6_port
                                                     : ((struct sockaddr_in *)&bound)->sin_port);
-    pd_info("http: listening on %s:%d", s->host, s->port);
+    pd_info("http: listening on %s:%d%s", s->host, s->port, s->ssl_ctx ? " (TLS)" : "");
     return PD_OK;
 }
 
@@ -1073,5 +1168,6 @@ void pd_http_server_free(struct pd_http_server *s) {
     pd_free(s->routes);
     pd_free(s->api_key);
     pd_free(s->host);
+    SSL_CTX_free(s->ssl_ctx);
     pd_free(s);
 }

@@ -16,6 +16,11 @@
  * that disconnects is noticed while its request waits for an answer (any method, with or without a
  * body) and while it streams, not only at the next write.
  *
+ * TLS: with a context in the config every connection is HTTP/1.1 over TLS and all of the above
+ * holds the same. A failed handshake (a plain HTTP client, a client that does not trust the
+ * certificate) closes the connection and is logged at warning with the peer's address; a peer
+ * that closes before finishing one (a TCP health probe) only at debug.
+ *
  * Streams: pd_http_stream_* send raw bytes with any status and content type (a proxy passes an
  * already framed SSE body through byte for byte); pd_http_sse_* frame events on top of them.
  * Whatever the client has not read yet is the request's backlog, held in our memory: past
@@ -35,6 +40,7 @@
 struct pd_api_error;
 struct pd_http_server;
 struct pd_http_req;
+struct ssl_ctx_st; /* OpenSSL's SSL_CTX (common/base/tls.h makes one) */
 
 #define PD_HTTP_DEFAULT_MAX_BODY (8u << 20) /* bytes */
 
@@ -46,12 +52,14 @@ typedef void (*pd_http_closed_fn)(struct pd_http_server *s, void *ud);
 typedef void (*pd_http_drain_fn)(struct pd_http_req *req, void *user);
 
 struct pd_http_server_config {
-    const char *host;          /* "127.0.0.1", "0.0.0.0", "::"; NULL = "127.0.0.1" */
-    int port;                  /* 0 = ephemeral: see pd_http_server_port */
-    size_t max_body_bytes;     /* 0 = PD_HTTP_DEFAULT_MAX_BODY */
-    const char *api_key;       /* NULL or "": no check; else "Authorization: Bearer <key>" */
-    size_t max_stream_backlog; /* bytes queued for a slow stream client before it counts as gone;
-                                  0 = 16 MiB */
+    const char *host;           /* "127.0.0.1", "0.0.0.0", "::"; NULL = "127.0.0.1" */
+    int port;                   /* 0 = ephemeral: see pd_http_server_port */
+    size_t max_body_bytes;      /* 0 = PD_HTTP_DEFAULT_MAX_BODY */
+    const char *api_key;        /* NULL or "": no check; else "Authorization: Bearer <key>" */
+    size_t max_stream_backlog;  /* bytes queued for a slow stream client before it counts as gone;
+                                   0 = 16 MiB */
+    struct ssl_ctx_st *ssl_ctx; /* NULL: plain HTTP; else HTTPS (HTTP/1.1 over TLS) with this
+                                   context; the server keeps a reference of its own */
 };
 
 /* Route flags. */

@@ -6,19 +6,33 @@
  * on_gone fires and the compute side stops), raw streams (any status and content type, bytes as
  * they are), backpressure (a producer that waits on pd_http_stream_on_drain keeps a slow
  * client's backlog bounded), a client that resets its connection (RST) mid-stream or before
- * the answer (the connection still closes), and a graceful shutdown that finishes a running stream,
- * cuts a stuck request at the deadline and closes every handle (uv_loop_close succeeds). */
+ * the answer (the connection still closes), an idle keep-alive connection reset by its client
+ * (it closes), and a graceful shutdown that finishes a running stream, cuts a stuck request at the
+ * deadline and closes every handle (uv_loop_close succeeds).
+ * With --tls the same cases run over HTTPS (a self-signed certificate made here with OpenSSL in a
+ * scratch directory; the clients trust it), plus: the context's errors name the flag and file
+ * (missing file, no PEM, a key of another certificate, one of the two flags alone, a CA bundle
+ * without certificates), a plain HTTP client and a client that does not trust the certificate
+ * fail cleanly and the server serves on, and a client that closes with a TLS close_notify before
+ * its FIN is still seen leaving. */
 #include "pd_test.h"
 
 #include "common/base/alloc.h"
 #include "common/api.h"
 #include "common/base/http_server.h"
 #include "common/base/log.h"
+#include "common/base/status.h"
+#include "common/base/tls.h"
 
 #include <cjson/cJSON.h>
 #include <curl/curl.h>
 #include <pthread.h>
 #include <netinet/in.h>
+#include <signal.h>
+#include <openssl/err.h>
+#include <openssl/pem.h>
+#include <openssl/ssl.h>
+#include <openssl/x509v3.h>
 #include <stdatomic.h>
 #include <sys/socket.h>
 #include <time.h>
@@ -400,6 +414,14 @@ static size_t on_header(char *p, size_t sz, size_t n, void *ud) {
 }
 
 static char url_base[64];
+static char tls_cert[512];  /* --tls: the server's self-signed certificate, which clients trust */
+static SSL_CTX *client_ctx; /* --tls: raw_open's TLS client */
+
+/* A curl handle trusts the server's certificate (after curl_easy_init/reset). */
+static void client_tls(CURL *c) {
+    if (tls_cert[0])
+        curl_easy_setopt(c, CURLOPT_CAINFO, tls_cert);
+}
 
 /* body NULL = GET; extra: NULL-terminated headers (an Authorization one replaces the key) */
 static CURLcode http(CURL *c, const char *method, const char *path, const char *body, size_t len,
@@ -416,6 +438,7 @@ static CURLcode http(CURL *c, const char *method, const char *path, const char *
         h = curl_slist_append(h, "Authorization: Bearer " API_KEY);
     h = curl_slist_append(h, "Content-Type: application/json");
     curl_easy_reset(c);
+    client_tls(c);
     curl_easy_setopt(c, CURLOPT_URL, url);
     curl_easy_setopt(c, CURLOPT_HTTPHEADER, h);
     curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, method);
@@ -555,6 +578,7 @@ static void test_api_key(void) {
     char url[256];
     snprintf(url, sizeof(url), "%s/echo", url_base);
     /* no Authorization header at all */
+    client_tls(c);
     curl_easy_setopt(c, CURLOPT_URL, url);
     curl_easy_setopt(c, CURLOPT_POSTFIELDS, "{}");
     curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_body);
@@ -574,6 +598,7 @@ static void test_api_key(void) {
     resp_free(&r);
     /* /health is public */
     curl_easy_reset(c);
+    client_tls(c);
     snprintf(url, sizeof(url), "%s/health", url_base);
     curl_easy_setopt(c, CURLOPT_URL, url);
     curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_body);
@@ -629,6 +654,7 @@ static void test_body_limit(void) {
     struct curl_slist *h = curl_slist_append(NULL, "Transfer-Encoding: chunked");
     h = curl_slist_append(h, "Authorization: Bearer " API_KEY);
     curl_easy_reset(c);
+    client_tls(c);
     curl_easy_setopt(c, CURLOPT_URL, url);
     curl_easy_setopt(c, CURLOPT_POST, 1L);
     curl_easy_setopt(c, CURLOPT_HTTPHEADER, h);
@@ -849,6 +875,7 @@ static void test_backpressure(void) {
     char url[256];
     snprintf(url, sizeof(url), "%s/flood", url_base);
     struct curl_slist *h = curl_slist_append(NULL, "Authorization: Bearer " API_KEY);
+    client_tls(c);
     curl_easy_setopt(c, CURLOPT_URL, url);
     curl_easy_setopt(c, CURLOPT_HTTPHEADER, h);
     curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, slow_read);
@@ -871,51 +898,101 @@ static void test_backpressure(void) {
     curl_easy_cleanup(c);
 }
 
+/* ---- a raw client connection (TLS under --tls), for what curl will not do: resets, half-reads */
+
+struct raw {
+    int fd;
+    SSL *ssl; /* --tls */
+};
+
+static bool raw_open(struct raw *c) {
+    c->ssl = NULL;
+    c->fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET,
+                            .sin_port = htons(pd_http_server_port(srv)),
+                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    if (connect(c->fd, (struct sockaddr *)&a, sizeof(a)) != 0)
+        return false;
+    struct timeval tv = {.tv_sec = 5};
+    setsockopt(c->fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    if (!client_ctx)
+        return true;
+    c->ssl = SSL_new(client_ctx);
+    SSL_set_fd(c->ssl, c->fd);
+    return SSL_connect(c->ssl) == 1;
+}
+
+static bool raw_send(struct raw *c, const char *p, size_t n) {
+    return c->ssl ? SSL_write(c->ssl, p, (int)n) == (int)n : send(c->fd, p, n, 0) == (ssize_t)n;
+}
+
+static ssize_t raw_recv(struct raw *c, char *p, size_t n) {
+    return c->ssl ? SSL_read(c->ssl, p, (int)n) : recv(c->fd, p, n, 0);
+}
+
+/* Reads into got (NUL-terminated) until `until` arrived, EOF or 5 s; true when it arrived. */
+static bool raw_recv_until(struct raw *c, char *got, size_t cap, const char *until) {
+    size_t len = strlen(got);
+    while (!strstr(got, until) && len < cap - 1) {
+        ssize_t k = raw_recv(c, got + len, cap - 1 - len);
+        if (k <= 0)
+            break;
+        len += (size_t)k;
+        got[len] = '\0';
+    }
+    return strstr(got, until) != NULL;
+}
+
+/* Ends the connection: reset (SO_LINGER 0: RST, not FIN), or an orderly close (over TLS a
+ * close_notify first, as a client library closing its connection sends, on its own for a moment
+ * so that the server reads it apart from the FIN). */
+static void raw_close(struct raw *c, bool reset) {
+    if (reset) {
+        struct linger lg = {.l_onoff = 1, .l_linger = 0};
+        setsockopt(c->fd, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg));
+    } else if (c->ssl) {
+        SSL_shutdown(c->ssl);
+        usleep(200000);
+    }
+    SSL_free(c->ssl);
+    close(c->fd);
+}
+
 /* A raw client that sends `path` with `body`, reads until `until` arrived (NULL: until /slow's
  * handler has the request), then
  * resets the connection (SO_LINGER 0: RST, not FIN). The server sees the reset through its
  * watch read, which leaves the stream unwritable for libuv; the answer h2o then writes must not
  * wait forever for a write callback: the connection has to close (it did not: a draining router
  * hung at SIGTERM). */
-static void reset_client(const char *path, const char *body, const char *until) {
+static void leave_client(const char *path, const char *body, const char *until, bool reset) {
     int before_gone = atomic_load(&gone_count);
     size_t before = server_connections();
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET,
-                            .sin_port = htons(pd_http_server_port(srv)),
-                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    CHECK_INT(connect(fd, (struct sockaddr *)&a, sizeof(a)), 0);
+    struct raw c;
+    CHECK(raw_open(&c));
     char req[1024];
     int n = snprintf(req, sizeof(req),
                      "POST %s HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " API_KEY
                      "\r\nContent-Type: application/json\r\nContent-Length: %zu\r\n\r\n%s",
                      path, strlen(body), body);
-    CHECK_INT(send(fd, req, (size_t)n, 0), n);
+    CHECK(raw_send(&c, req, (size_t)n));
     char got[8192] = "";
-    size_t len = 0;
-    struct timeval tv = {.tv_sec = 5};
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-    while (until && !strstr(got, until) && len < sizeof(got) - 1) {
-        ssize_t k = recv(fd, got + len, sizeof(got) - 1 - len, 0);
-        if (k <= 0)
-            break;
-        len += (size_t)k;
-        got[len] = '\0';
-    }
-    CHECK(!until || strstr(got, until));
+    CHECK(!until || raw_recv_until(&c, got, sizeof(got), until));
     for (int i = 0; !until && !stuck_req && i < 500; i++) /* /slow reached its handler */
         usleep(10000);
     CHECK(until || stuck_req);
-    struct linger lg = {.l_onoff = 1, .l_linger = 0};
-    setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg));
-    close(fd);
+    raw_close(&c, reset);
     CHECK(wait_for(&gone_count, before_gone + 1, 3000)); /* on_gone: the daemon stops */
     size_t now = before + 1;
     for (int i = 0; i < 300 && (now = server_connections()) > before; i++)
         usleep(10000);
     if (now > before)
-        fprintf(stderr, "%s: the reset connection is still open (%zu > %zu)\n", path, now, before);
+        fprintf(stderr, "%s: the client's connection is still open (%zu > %zu)\n", path, now,
+                before);
     CHECK(now <= before);
+}
+
+static void reset_client(const char *path, const char *body, const char *until) {
+    leave_client(path, body, until, true);
 }
 
 static void test_reset_mid_stream(void) {
@@ -927,6 +1004,149 @@ static void test_reset_mid_stream(void) {
 
 static void test_reset_before_response(void) {
     reset_client("/slow", "{\"x\":1}", NULL);
+}
+
+/* A keep-alive connection that served a request and sits idle is reset by its client: h2o's own
+ * read sees the reset (no request is open, so no watch of ours), and the connection must close.
+ * (Over TLS the close used to write a close_notify that libuv refused: it never closed.) */
+static void test_reset_idle(void) {
+    size_t before = server_connections();
+    struct raw c;
+    CHECK(raw_open(&c));
+    const char req[] = "GET /health HTTP/1.1\r\nHost: x\r\n\r\n";
+    CHECK(raw_send(&c, req, sizeof(req) - 1));
+    char got[1024] = "";
+    CHECK(raw_recv_until(&c, got, sizeof(got), "{\"status\":\"ok\"}"));
+    CHECK(server_connections() == before + 1);
+    raw_close(&c, true);
+    size_t now = before + 1;
+    for (int i = 0; i < 300 && (now = server_connections()) > before; i++)
+        usleep(10000);
+    CHECK(now <= before);
+}
+
+/* ---- --tls only */
+
+/* Writes a fresh P-256 key and a self-signed certificate for 127.0.0.1 / localhost. */
+static bool make_cert(const char *cert_path, const char *key_path) {
+    EVP_PKEY *pk = EVP_EC_gen("P-256");
+    X509 *x = X509_new();
+    bool ok = pk && x;
+    if (ok) {
+        X509_set_version(x, 2);
+        ASN1_INTEGER_set(X509_get_serialNumber(x), 1);
+        X509_gmtime_adj(X509_getm_notBefore(x), -60);
+        X509_gmtime_adj(X509_getm_notAfter(x), 86400);
+        X509_set_pubkey(x, pk);
+        X509_NAME *nm = X509_get_subject_name(x);
+        X509_NAME_add_entry_by_txt(nm, "CN", MBSTRING_ASC, (const unsigned char *)"pdserve test",
+                                   -1, -1, 0);
+        X509_set_issuer_name(x, nm);
+        X509V3_CTX v3;
+        X509V3_set_ctx_nodb(&v3);
+        X509V3_set_ctx(&v3, x, x, NULL, NULL, 0);
+        X509_EXTENSION *ext =
+            X509V3_EXT_conf_nid(NULL, &v3, NID_subject_alt_name, "IP:127.0.0.1,DNS:localhost");
+        ok = ext && X509_add_ext(x, ext, -1) && X509_sign(x, pk, EVP_sha256());
+        X509_EXTENSION_free(ext);
+    }
+    FILE *fc = ok ? fopen(cert_path, "w") : NULL, *fk = ok ? fopen(key_path, "w") : NULL;
+    ok = fc && fk && PEM_write_X509(fc, x) &&
+         PEM_write_PrivateKey(fk, pk, NULL, NULL, 0, NULL, NULL);
+    if (fc)
+        fclose(fc);
+    if (fk)
+        fclose(fk);
+    X509_free(x);
+    EVP_PKEY_free(pk);
+    return ok;
+}
+
+static char tls_dir[512];
+
+static bool has(const char *msg, const char *a, const char *b) {
+    bool ok = strstr(msg, a) && (!b || strstr(msg, b));
+    if (!ok)
+        fprintf(stderr, "message lacks '%s'/'%s': %s\n", a, b ? b : "", msg);
+    return ok;
+}
+
+static void test_tls_ctx_errors(void) {
+    char key[600], other_cert[600], other_key[600], junk[600];
+    snprintf(key, sizeof(key), "%s/key.pem", tls_dir);
+    snprintf(other_cert, sizeof(other_cert), "%s/other-cert.pem", tls_dir);
+    snprintf(other_key, sizeof(other_key), "%s/other-key.pem", tls_dir);
+    snprintf(junk, sizeof(junk), "%s/junk.pem", tls_dir);
+    CHECK(make_cert(other_cert, other_key));
+    FILE *f = fopen(junk, "w");
+    fputs("not a certificate\n", f);
+    fclose(f);
+    struct ssl_ctx_st *ctx = NULL;
+    CHECK_INT(pd_tls_server_ctx_new("/nonexistent/cert.pem", key, &ctx), PD_ENOENT);
+    CHECK(has(pd_error_msg(), "--ssl-certfile", "/nonexistent/cert.pem"));
+    CHECK_INT(pd_tls_server_ctx_new(tls_cert, "/nonexistent/key.pem", &ctx), PD_ENOENT);
+    CHECK(has(pd_error_msg(), "--ssl-keyfile", "/nonexistent/key.pem"));
+    CHECK_INT(pd_tls_server_ctx_new(junk, key, &ctx), PD_EFORMAT);
+    CHECK(has(pd_error_msg(), "--ssl-certfile", junk));
+    CHECK_INT(pd_tls_server_ctx_new(tls_cert, junk, &ctx), PD_EFORMAT);
+    CHECK(has(pd_error_msg(), "--ssl-keyfile", junk));
+    CHECK_INT(pd_tls_server_ctx_new(tls_cert, other_key, &ctx), PD_EMISMATCH);
+    CHECK(has(pd_error_msg(), other_key, "is not the private key"));
+    CHECK(ctx == NULL);
+    CHECK_OK(pd_tls_server_ctx_new(other_cert, other_key, &ctx));
+    pd_tls_ctx_free(ctx);
+    struct pd_tls_flags only_cert = {.certfile = tls_cert}, only_key = {.keyfile = key};
+    CHECK_INT(pd_tls_flags_check(&only_cert), PD_EINVAL);
+    CHECK(has(pd_error_msg(), "--ssl-keyfile", NULL));
+    CHECK_INT(pd_tls_flags_check(&only_key), PD_EINVAL);
+    CHECK(has(pd_error_msg(), "--ssl-certfile", NULL));
+    CHECK_OK(pd_tls_ca_check(tls_cert));
+    CHECK_INT(pd_tls_ca_check(junk), PD_EFORMAT);
+    CHECK(has(pd_error_msg(), "--ssl-ca-certs", junk));
+    CHECK_INT(pd_tls_ca_check("/nonexistent/ca.pem"), PD_ENOENT);
+}
+
+/* curl on url (its own handle); the result, after which the connection is gone. */
+static CURLcode get_once(const char *url, bool trust) {
+    CURL *c = curl_easy_init();
+    struct resp r = {0};
+    if (trust)
+        client_tls(c);
+    curl_easy_setopt(c, CURLOPT_URL, url);
+    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_body);
+    curl_easy_setopt(c, CURLOPT_WRITEDATA, &r);
+    curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, 5000L);
+    CURLcode rc = curl_easy_perform(c);
+    curl_easy_cleanup(c);
+    resp_free(&r);
+    return rc;
+}
+
+/* Plain HTTP on the HTTPS port, and a client that does not trust the certificate: both fail at
+ * once (no hang, no answer), their connections close, and the server serves on. */
+static void test_tls_refusals(void) {
+    size_t before = server_connections();
+    char url[128];
+    snprintf(url, sizeof(url), "http://127.0.0.1:%d/health", pd_http_server_port(srv));
+    int64_t t0 = now_ms();
+    CURLcode rc = get_once(url, false);
+    fprintf(stderr, "note: plain HTTP on the HTTPS port: curl %s after %lld ms\n",
+            curl_easy_strerror(rc), (long long)(now_ms() - t0));
+    CHECK(rc == CURLE_GOT_NOTHING || rc == CURLE_RECV_ERROR || rc == CURLE_SEND_ERROR);
+    snprintf(url, sizeof(url), "%s/health", url_base);
+    rc = get_once(url, false); /* the system's roots only */
+    CHECK(rc == CURLE_PEER_FAILED_VERIFICATION || rc == CURLE_SSL_CACERT_BADFILE);
+    size_t now = before + 1;
+    for (int i = 0; i < 300 && (now = server_connections()) > before; i++)
+        usleep(10000);
+    CHECK(now <= before);
+    CHECK_INT(get_once(url, true), CURLE_OK);
+}
+
+/* A client that closes the TLS way (close_notify, then FIN) while its request waits: the record
+ * decrypts to no data, and the FIN after it must still be seen. */
+static void test_tls_close_notify_before_response(void) {
+    leave_client("/slow", "{\"x\":1}", NULL, false);
 }
 
 static void *slow_client_main(void *p) {
@@ -988,7 +1208,8 @@ static void test_graceful_shutdown(void) {
 }
 
 int main(int argc, char **argv) {
-    (void)argc;
+    bool tls = argc > 1 && strcmp(argv[1], "--tls") == 0;
+    signal(SIGPIPE, SIG_IGN); /* as the daemons and the router: a write to a gone peer fails */
     pd_log_set_level(PD_LOG_WARNING);
     curl_global_init(CURL_GLOBAL_DEFAULT);
     CHECK_INT(uv_loop_init(&loop), 0);
@@ -996,7 +1217,20 @@ int main(int argc, char **argv) {
     uv_async_init(&loop, &ctl_async, on_ctl);
     uv_async_init(&loop, &stats_async, on_stats);
     struct pd_http_server_config cfg = {.host = "127.0.0.1", .port = 0, .api_key = API_KEY};
+    if (tls) {
+        char key[600];
+        if (pd_test_scratch_dir(tls_dir, sizeof(tls_dir), "http_server_tls") != PD_OK)
+            return 1;
+        snprintf(tls_cert, sizeof(tls_cert), "%s/cert.pem", tls_dir);
+        snprintf(key, sizeof(key), "%s/key.pem", tls_dir);
+        CHECK(make_cert(tls_cert, key));
+        CHECK_OK(pd_tls_server_ctx_new(tls_cert, key, &cfg.ssl_ctx));
+        client_ctx = SSL_CTX_new(TLS_client_method());
+        SSL_CTX_load_verify_locations(client_ctx, tls_cert, NULL);
+        SSL_CTX_set_verify(client_ctx, SSL_VERIFY_PEER, NULL);
+    }
     CHECK_OK(pd_http_server_new(&loop, &cfg, &srv));
+    pd_tls_ctx_free(cfg.ssl_ctx); /* the server keeps its own reference */
     CHECK_OK(pd_http_server_route(srv, "GET", "/health", PD_HTTP_PUBLIC, h_health, NULL));
     CHECK_OK(pd_http_server_route(srv, "POST", "/echo", 0, h_echo, NULL));
     CHECK_OK(pd_http_server_route(srv, "POST", "/slow", 0, h_slow, NULL));
@@ -1006,7 +1240,8 @@ int main(int argc, char **argv) {
     CHECK_OK(pd_http_server_route(srv, "POST", "/v1/chat/completions", 0, h_chat, NULL));
     CHECK_OK(pd_http_server_listen(srv));
     CHECK(pd_http_server_port(srv) > 0);
-    snprintf(url_base, sizeof(url_base), "http://127.0.0.1:%d", pd_http_server_port(srv));
+    snprintf(url_base, sizeof(url_base), "%s://127.0.0.1:%d", tls ? "https" : "http",
+             pd_http_server_port(srv));
 
     pthread_t loop_thread, compute_thread;
     pthread_create(&compute_thread, NULL, compute_main, NULL);
@@ -1028,9 +1263,16 @@ int main(int argc, char **argv) {
         PD_TEST(test_backpressure),
         PD_TEST(test_reset_mid_stream),
         PD_TEST(test_reset_before_response),
+        PD_TEST(test_reset_idle),
         PD_TEST(test_graceful_shutdown),
     };
-    int rc = pd_test_run(argv[0], cases, PD_ARRAY_LEN(cases));
+    static const struct pd_test_case tls_cases[] = {
+        PD_TEST(test_tls_ctx_errors),
+        PD_TEST(test_tls_refusals),
+        PD_TEST(test_tls_close_notify_before_response),
+    };
+    int rc = tls ? pd_test_run(argv[0], tls_cases, PD_ARRAY_LEN(tls_cases)) : 0;
+    rc |= pd_test_run(argv[0], cases, PD_ARRAY_LEN(cases));
 
     pthread_join(loop_thread, NULL); /* returns once every handle is closed */
     atomic_store(&compute_stop, 1);
@@ -1059,6 +1301,9 @@ int main(int argc, char **argv) {
 
     curl_easy_cleanup(keepalive);
     curl_global_cleanup();
+    SSL_CTX_free(client_ctx);
+    if (tls_dir[0])
+        pd_test_scratch_remove(tls_dir);
     for (int i = 0; i < MAX_JOBS; i++)
         pd_api_request_free(&streams[i].api);
     return rc;

@@ -13,6 +13,7 @@ import http.client
 import json
 import os
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -127,9 +128,12 @@ def pool_map(fn, n, workers=2):
     return out
 
 
-def http_call(port, method, path, body=None, timeout=60, headers=None, host="127.0.0.1"):
-    """One request on a fresh connection: (status, body bytes); raises OSError on failure."""
-    c = http.client.HTTPConnection(host, port, timeout=timeout)
+def http_call(port, method, path, body=None, timeout=60, headers=None, host="127.0.0.1",
+              ssl_ctx=None):
+    """One request on a fresh connection (HTTPS when ssl_ctx, an ssl.SSLContext, is given):
+    (status, body bytes); raises OSError on failure."""
+    c = (http.client.HTTPSConnection(host, port, timeout=timeout, context=ssl_ctx) if ssl_ctx
+         else http.client.HTTPConnection(host, port, timeout=timeout))
     try:
         data = None
         h = dict(headers or {})
@@ -179,13 +183,15 @@ def text_of(kind, stream, raw):
 
 
 class Proc:
-    """A process with a log file; ready once GET /health answers 200 on its port. wrap: a
-    function of the command line that returns the one to run (e.g. an nsenter prefix)."""
+    """A process with a log file; ready once GET /health answers 200 on its port (over HTTPS
+    when ssl_ctx, an ssl.SSLContext trusting its certificate, is given). wrap: a function of the
+    command line that returns the one to run (e.g. an nsenter prefix)."""
 
     def __init__(self, name, args, port, tmp, env=None, ready_timeout=60, wait_ready=True,
-                 host="127.0.0.1", wrap=None):
+                 host="127.0.0.1", ssl_ctx=None, wrap=None):
         self.name = name
         self.host = host
+        self.ssl_ctx = ssl_ctx
         self.args = wrap(args) if wrap else args
         self.port = port
         self.tmp = tmp
@@ -221,15 +227,18 @@ class Proc:
 
     def conn(self, timeout=60):
         """An HTTP connection to the process, for a test that reads a stream piece by piece."""
+        if self.ssl_ctx:
+            return http.client.HTTPSConnection(self.host, self.port, timeout=timeout,
+                                               context=self.ssl_ctx)
         return http.client.HTTPConnection(self.host, self.port, timeout=timeout)
 
     def get(self, path, timeout=10, headers=None):
         return http_call(self.port, "GET", path, None, timeout,
-                         self.auth if headers is None else headers, self.host)
+                         self.auth if headers is None else headers, self.host, self.ssl_ctx)
 
     def post(self, path, body, timeout=60, headers=None):
         return http_call(self.port, "POST", path, body, timeout,
-                         self.auth if headers is None else headers, self.host)
+                         self.auth if headers is None else headers, self.host, self.ssl_ctx)
 
     def kill(self):
         if self.p.poll() is None:
@@ -318,18 +327,19 @@ class Daemon(Proc):
 
 
 class Router(Proc):
-    def __init__(self, build, prefills, decodes, tmp, extra=(), port=None,
+    def __init__(self, build, prefills, decodes, tmp, extra=(), port=None, scheme="http",
                  prefill_host="127.0.0.1", **kw):
-        """prefills: [(url_port, bootstrap_port)] on prefill_host, decodes: [url_port]."""
+        """prefills: [(url_port, bootstrap_port)] on prefill_host, decodes: [url_port] on
+        127.0.0.1, reached at scheme://host:port."""
         port = port or free_port()
         args = [os.path.join(build, "router", "pdserve-router"), "--pd-disaggregation",
                 "--host", "127.0.0.1", "--port", str(port), "--policy", "round_robin",
                 "--health-check-interval-secs", "0.25", "--log-level",
                 os.environ.get("PD_TEST_LOG_LEVEL", "info")]
         for hp, bp in prefills:
-            args += ["--prefill", "http://%s:%d" % (prefill_host, hp), str(bp)]
+            args += ["--prefill", "%s://%s:%d" % (scheme, prefill_host, hp), str(bp)]
         for dp in decodes:
-            args += ["--decode", "http://127.0.0.1:%d" % dp]
+            args += ["--decode", "%s://127.0.0.1:%d" % (scheme, dp)]
         args += list(extra)
         super().__init__("router", args, port, tmp, **kw)
 
@@ -349,6 +359,38 @@ class Coloc(Daemon):
         if "--max-total-tokens" not in extra:
             args += ["--max-total-tokens", "16384"]
         Proc.__init__(self, "colocated", args, port, tmp, **kw)
+
+
+def make_tls_certs(tmp):
+    """A CA and a server certificate it signed, for 127.0.0.1 and localhost, made with the
+    openssl CLI in tmp/tls: {"ca", "cert", "key"} paths (PEM; the key unencrypted), and "ctx",
+    an ssl.SSLContext that trusts the CA (for http_call and Proc)."""
+    d = os.path.join(tmp, "tls")
+    os.makedirs(d, exist_ok=True)
+    p = {k: os.path.join(d, f) for k, f in (("ca", "ca.pem"), ("ca_key", "ca.key"),
+                                            ("cert", "server.pem"), ("key", "server.key"),
+                                            ("csr", "server.csr"), ("ext", "server.ext"))}
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes"]
+
+    def run(args):
+        r = subprocess.run(["openssl"] + args, capture_output=True, text=True, timeout=60)
+        if r.returncode != 0:
+            raise RuntimeError("openssl %s: %s" % (args[0], r.stderr))
+
+    run(["req", "-x509"] + ec + ["-days", "2", "-subj", "/CN=pdserve test CA",
+                                 "-keyout", p["ca_key"], "-out", p["ca"],
+                                 "-addext", "basicConstraints=critical,CA:TRUE",
+                                 "-addext", "keyUsage=critical,keyCertSign,cRLSign"])
+    with open(p["ext"], "w") as f:
+        f.write("subjectAltName=IP:127.0.0.1,DNS:localhost\n"
+                "basicConstraints=critical,CA:FALSE\n"
+                "keyUsage=critical,digitalSignature,keyEncipherment\n"
+                "extendedKeyUsage=serverAuth\n")
+    run(["req"] + ec + ["-subj", "/CN=localhost", "-keyout", p["key"], "-out", p["csr"]])
+    run(["x509", "-req", "-in", p["csr"], "-CA", p["ca"], "-CAkey", p["ca_key"],
+         "-CAcreateserial", "-days", "2", "-out", p["cert"], "-extfile", p["ext"]])
+    p["ctx"] = ssl.create_default_context(cafile=p["ca"])
+    return p
 
 
 def make_model(build, tmp, extra=(), name="model"):

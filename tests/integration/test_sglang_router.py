@@ -14,7 +14,11 @@ is) and one pdserve-decode, 2 workers of each role for the concurrent part:
     same text as pdserve-generate on the same prompt ids; /v1/models lists the model;
   * seeded sampling (temperature, top-p, top-k): pdserve-generate's text for the same seed;
   * 12 concurrent requests over 2 prefills and 2 decodes: every answer equals the reference,
-    and every daemon's KV pool is full again afterwards (nothing leaked).
+    and every daemon's KV pool is full again afterwards (nothing leaked);
+  * TLS: the daemons serve HTTPS (--ssl-certfile/--ssl-keyfile; the prefill's bootstrap port
+    TLS, decode trusting it with --ssl-ca-certs), sglang-router reaches them at https:// URLs
+    (its --ca-cert-paths) and serves HTTPS itself (--tls-cert-path/--tls-key-path): /generate
+    and /v1/completions, streamed and not, give pdserve-generate's text.
 Usage: test_sglang_router.py BUILD_DIR
 """
 import json
@@ -46,17 +50,24 @@ def sglang_router_python():
 
 
 class SglangRouter(pc.Proc):
-    def __init__(self, py, prefills, decodes, tmp):
+    def __init__(self, py, prefills, decodes, tmp, tls=None):
+        """tls: pc.make_tls_certs's files: https:// workers checked against its CA, and the
+        router's own port HTTPS with its certificate."""
         port = pc.free_port()
         args = [py, "-m", "sglang_router.launch_router", "--pd-disaggregation", "--host",
                 "127.0.0.1", "--port", str(port), "--policy", "round_robin",
                 "--prometheus-host", "127.0.0.1", "--prometheus-port", str(pc.free_port()),
                 "--log-level", "warn"]
+        scheme = "https" if tls else "http"
         for pf in prefills:
-            args += ["--prefill", "http://127.0.0.1:%d" % pf.port, str(pf.bport)]
+            args += ["--prefill", "%s://127.0.0.1:%d" % (scheme, pf.port), str(pf.bport)]
         for dc in decodes:
-            args += ["--decode", "http://127.0.0.1:%d" % dc.port]
-        super().__init__("sglang-router", args, port, tmp, ready_timeout=60)
+            args += ["--decode", "%s://127.0.0.1:%d" % (scheme, dc.port)]
+        if tls:
+            args += ["--ca-cert-paths", tls["ca"], "--tls-cert-path", tls["cert"],
+                     "--tls-key-path", tls["key"]]
+        super().__init__("sglang-router", args, port, tmp, ready_timeout=60,
+                         ssl_ctx=tls["ctx"] if tls else None)
         # /health answers before the workers are registered (a workflow of their own):
         # ready once a generation goes through
         body = {"text": "hi", "sampling_params": {"max_new_tokens": 1}}
@@ -149,6 +160,33 @@ def two_pairs(py, model, tmp, texts, ref):
     check(all(n > 0 for n in served), "every worker served requests: %r" % served)
 
 
+def tls_pair(py, model, tmp, texts, ref):
+    step("one prefill + one decode over TLS behind sglang-router over TLS")
+    t = pc.make_tls_certs(tmp)
+    serve = ["--ssl-certfile", t["cert"], "--ssl-keyfile", t["key"]]
+    pf = pc.Daemon(BUILD, "prefill", model, tmp, serve, ssl_ctx=t["ctx"])
+    dc = pc.Daemon(BUILD, "decode", model, tmp, serve + ["--ssl-ca-certs", t["ca"]],
+                   ssl_ctx=t["ctx"])
+    rt = SglangRouter(py, [pf], [dc], tmp, tls=t)
+    for i in (0, 3, 5):
+        for stream in (False, True):
+            st, raw = rt.post("/generate", gen_body(texts[i], stream), 60)
+            if check(st == 200, "TLS /generate %d stream=%s: %d %r" % (i, stream, st, raw[:300])):
+                got = pc.text_of("generate", stream, raw)
+                check(got == ref[i], "TLS /generate %d stream=%s: %r != %r" %
+                      (i, stream, got, ref[i]))
+        body = {"model": model, "prompt": texts[i], "max_tokens": MAX_NEW, "temperature": 0,
+                "ignore_eos": True, "stream": True}
+        st, raw = rt.post("/v1/completions", body, 60)
+        if check(st == 200, "TLS completions %d: %d %r" % (i, st, raw[:300])):
+            got = pc.text_of("completions", True, raw)
+            check(got == ref[i], "TLS completions %d: %r != %r" % (i, got, ref[i]))
+    for d in (pf, dc):
+        check(d.pool_full(), "TLS: %s pool full after the requests" % d.role)
+    for p in (rt, dc, pf):
+        p.kill()
+
+
 def main():
     py = sglang_router_python()
     if not py:
@@ -164,6 +202,7 @@ def main():
                                                 ["--ignore-eos"]), len(texts))
         single_pair(py, model, tmp, texts, ref)
         two_pairs(py, model, tmp, texts, ref)
+        tls_pair(py, model, tmp, texts, ref)
 
     pc.run_test("sglang-router", body, tmp)
     return 0

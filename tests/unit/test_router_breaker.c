@@ -179,7 +179,12 @@ static void test_url_normalize(void) {
     CHECK_STR(a, "http://[::1]:30000");
     CHECK_OK(pd_router_url_normalize("http://[::1]:30000/", b, sizeof(b)));
     CHECK_STR(a, b);
-    CHECK_ERR(pd_router_url_normalize("https://x:1", a, sizeof(a)), PD_EINVAL, "http://");
+    /* https: its own scheme (a worker on both is two workers) and default port */
+    CHECK_OK(pd_router_url_normalize("HTTPS://X:1/", a, sizeof(a)));
+    CHECK_STR(a, "https://x:1");
+    CHECK_OK(pd_router_url_normalize("https://[::1]", a, sizeof(a)));
+    CHECK_STR(a, "https://[::1]:443");
+    CHECK_ERR(pd_router_url_normalize("ftp://x:1", a, sizeof(a)), PD_EINVAL, "https://");
     CHECK_ERR(pd_router_url_normalize("http://x:1/v1", a, sizeof(a)), PD_EINVAL, "no path");
     CHECK_ERR(pd_router_url_normalize("http://127.0.0.1:8000", a, 10), PD_ERANGE, "fit");
 }

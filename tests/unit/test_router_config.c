@@ -65,9 +65,20 @@ static void test_bootstrap_port_forms(void) {
     pd_router_config_free(&c);
     CHECK_OK(parse(&c, "--decode", "http://c:3", "--prefill", "http://a:1", "8999", NULL));
     CHECK_INT(c.prefill[0].bootstrap_port, 8999);
-    CHECK_INT(c.policy, PD_ROUTER_POLICY_ROUND_ROBIN); /* defaults */
+    CHECK(c.tls.certfile == NULL && c.tls.ca_certs == NULL); /* no TLS unless asked */
+    CHECK_INT(c.policy, PD_ROUTER_POLICY_ROUND_ROBIN);       /* defaults */
     CHECK_INT(c.port, 30000);
     CHECK(c.api_key == NULL);
+    pd_router_config_free(&c);
+    /* https:// workers: the URL as given (curl speaks TLS to it), 443 when no port */
+    CHECK_OK(parse(&c, "--prefill", "https://a", "--decode", "https://b:8443/", "--ssl-ca-certs",
+                   "/ca.pem", NULL));
+    CHECK_STR(c.prefill[0].url, "https://a");
+    CHECK_STR(c.prefill[0].host, "a");
+    CHECK_INT(c.prefill[0].port, 443);
+    CHECK_STR(c.decode[0].url, "https://b:8443");
+    CHECK_INT(c.decode[0].port, 8443);
+    CHECK_STR(c.tls.ca_certs, "/ca.pem");
     pd_router_config_free(&c);
 }
 
@@ -79,8 +90,20 @@ static void test_errors(void) {
     CHECK_ERR(parse(&c, "--prefill", "--decode", "http://c:3", NULL), PD_EINVAL,
               "--prefill needs a URL");
     pd_router_config_free(&c);
-    CHECK_ERR(parse(&c, "--prefill", "https://a:1", "--decode", "http://c:3", NULL), PD_EINVAL,
-              "must start with http://");
+    CHECK_ERR(parse(&c, "--prefill", "ftp://a:1", "--decode", "http://c:3", NULL), PD_EINVAL,
+              "must start with http:// or https://");
+    pd_router_config_free(&c);
+    CHECK_ERR(parse(&c, "--prefill", "https://a:1/v1", "--decode", "http://c:3", NULL), PD_EINVAL,
+              "https://host:port with no path");
+    pd_router_config_free(&c);
+    /* TLS: one of the certificate and its key alone is refused, naming the other */
+    CHECK_ERR(parse(&c, "--prefill", "http://a:1", "--decode", "http://c:3", "--ssl-certfile",
+                    "/x.pem", NULL),
+              PD_EINVAL, "needs --ssl-keyfile");
+    pd_router_config_free(&c);
+    CHECK_ERR(parse(&c, "--prefill", "http://a:1", "--decode", "http://c:3", "--ssl-keyfile",
+                    "/x.key", NULL),
+              PD_EINVAL, "needs --ssl-certfile");
     pd_router_config_free(&c);
     CHECK_ERR(parse(&c, "--prefill", "http://a:1/v1", "--decode", "http://c:3", NULL), PD_EINVAL,
               "no path");

@@ -98,7 +98,7 @@ static void test_whole_response(void) {
     struct peer p;
     CHECK_INT(peer_open(&p), 0);
     struct pd_upstream *up = NULL;
-    CHECK_OK(pd_upstream_new(&loop, &up));
+    CHECK_OK(pd_upstream_new(&loop, NULL, &up));
     struct seen s = {0};
     struct pd_upstream_req req = {.method = "GET", .url = p.url, .timeout_ms = 20000};
     struct pd_upstream_call *call = NULL;
@@ -138,7 +138,7 @@ static void test_free_while_waiting(void) {
     CHECK_INT(peer_open(&p[0]), 0);
     CHECK_INT(peer_open(&p[1]), 0);
     struct pd_upstream *up = NULL;
-    CHECK_OK(pd_upstream_new(&loop, &up));
+    CHECK_OK(pd_upstream_new(&loop, NULL, &up));
     struct seen s[2] = {{0}};
     for (int i = 0; i < 2; i++) {
         struct pd_upstream_req req = {
