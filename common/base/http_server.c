@@ -26,6 +26,7 @@
 
 #include "common/base/alloc.h"
 #include "common/api.h"
+#include "common/base/ct.h"
 #include "common/base/log.h"
 #include "common/base/status.h"
 
@@ -709,13 +710,9 @@ static bool auth_ok(struct pd_http_server *s, h2o_req_t *hreq) {
     if (i < 0)
         return false;
     h2o_iovec_t v = hreq->headers.entries[i].value;
-    size_t kl = strlen(s->api_key);
-    if (v.len != 7 + kl || strncasecmp(v.base, "Bearer ", 7) != 0)
+    if (v.len < 7 || strncasecmp(v.base, "Bearer ", 7) != 0)
         return false;
-    unsigned char diff = 0; /* constant time in the key's length */
-    for (size_t k = 0; k < kl; k++)
-        diff |= (unsigned char)(v.base[7 + k] ^ s->api_key[k]);
-    return diff == 0;
+    return pd_ct_equal(v.base + 7, v.len - 7, s->api_key, strlen(s->api_key));
 }
 
 static void respond_status(struct pd_http_req *r, int status, const char *code,
