@@ -140,6 +140,9 @@ static void handle_server_info(struct pd_router *rt, struct pd_http_req *hr) {
     cJSON_AddBoolToObject(o, "api_key_required", cfg->api_key != NULL);
     cJSON_AddNumberToObject(o, "request_timeout_secs", cfg->request_timeout_secs);
     cJSON_AddNumberToObject(o, "max_concurrent_requests", cfg->max_concurrent_requests);
+    cJSON_AddNumberToObject(o, "max_concurrent_requests_per_client",
+                            cfg->max_concurrent_requests_per_client);
+    cJSON_AddNumberToObject(o, "max_n", cfg->max_n);
     cJSON_AddNumberToObject(o, "health_check_interval_secs", cfg->health_check_interval_secs);
     cJSON_AddNumberToObject(o, "shutdown_timeout_secs", cfg->shutdown_timeout_secs);
     cJSON_AddNumberToObject(o, "dns_refresh_secs", cfg->dns_refresh_secs);
