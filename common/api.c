@@ -976,10 +976,15 @@ static const cJSON *batch_list(enum pd_api_kind kind, const cJSON *root, const c
     return NULL;
 }
 
-/* n of an object (absent or null: 1); 400 outside [1, PD_API_MAX_N]. */
-static int samples_of(const cJSON *obj, const char *param, int *n, struct pd_api_error *e) {
+/* n of an object (absent or null: 1); 400 outside [1, max_n], naming the flag that sets it. */
+static int samples_of(const cJSON *obj, const char *param, int max_n, int *n,
+                      struct pd_api_error *e) {
     *n = 1;
-    return get_int(obj, "n", param, 1, PD_API_MAX_N, n, NULL, e);
+    int rc = get_int(obj, "n", param, -INFINITY, INFINITY, n, NULL, e);
+    if (rc == PD_OK && (*n < 1 || *n > max_n))
+        rc = bad(e, param, "'%s' is %d: must be in [1, %d] (at most --max-n samples per prompt)",
+                 param, *n, max_n);
+    return rc;
 }
 
 /* Per-prompt generate fields SGLang accepts as lists (one entry per prompt). */
@@ -1051,17 +1056,18 @@ int pd_api_split(enum pd_api_kind kind, const char *body, size_t len,
         goto done;
     }
     int n = 1;
+    int max_n = cfg && cfg->max_n > 0 ? cfg->max_n : PD_API_MAX_N;
     const cJSON *sp = cJSON_GetObjectItemCaseSensitive(root, "sampling_params");
     if (kind != PD_API_GENERATE) {
-        rc = samples_of(root, "n", &n, e);
+        rc = samples_of(root, "n", max_n, &n, e);
     } else if (cJSON_IsObject(sp)) {
-        rc = samples_of(sp, "sampling_params.n", &n, e);
+        rc = samples_of(sp, "sampling_params.n", max_n, &n, e);
     } else if (cJSON_IsArray(sp)) { /* one per prompt: n must agree */
         const cJSON *it;
         int i = 0;
         cJSON_ArrayForEach(it, sp) {
             int ni = 1;
-            if (cJSON_IsObject(it) && (rc = samples_of(it, "sampling_params.n", &ni, e)))
+            if (cJSON_IsObject(it) && (rc = samples_of(it, "sampling_params.n", max_n, &ni, e)))
                 break;
             if (i++ == 0)
                 n = ni;
@@ -1328,7 +1334,7 @@ int pd_api_check_length(struct pd_api_request *r, int n_prompt_tokens, int conte
     if (n_prompt_tokens >= context_length)
         return pd_api_error_set(e, 400, "invalid_request_error", param, "context_length_exceeded",
                                 "The input (%d tokens) is longer than the model's context length "
-                                "(%d tokens).",
+                                "(%d tokens, --context-length).",
                                 n_prompt_tokens, context_length);
     if (!r->max_tokens_given && r->kind == PD_API_CHAT) {
         r->sampling.max_new_tokens = context_length - n_prompt_tokens;
@@ -1340,9 +1346,10 @@ int pd_api_check_length(struct pd_api_request *r, int n_prompt_tokens, int conte
             r->kind == PD_API_GENERATE ? "sampling_params.max_new_tokens" : "max_tokens";
         return pd_api_error_set(e, 400, "invalid_request_error", mp, "context_length_exceeded",
                                 "Requested token count exceeds the model's maximum context length "
-                                "of %d tokens. You requested a total of %lld tokens: %d tokens "
-                                "from the input and %d tokens for the completion. Please reduce "
-                                "the input or the completion to fit within the limit.",
+                                "of %d tokens (--context-length). You requested a total of %lld "
+                                "tokens: %d tokens from the input and %d tokens for the "
+                                "completion. Please reduce the input or the completion to fit "
+                                "within the limit.",
                                 context_length, total, n_prompt_tokens, r->sampling.max_new_tokens);
     }
     return PD_OK;

@@ -46,6 +46,7 @@ struct pd_api_config {
     const char *model_path;        /* also accepted as a model name; may be NULL */
     bool disaggregated;            /* prefill/decode mode: bootstrap_room is required */
     int context_length;            /* tokens; 0 = unknown (no default from it) */
+    int max_n;                     /* samples per prompt at most (--max-n); 0 = PD_API_MAX_N */
 };
 
 struct pd_api_request {
@@ -110,7 +111,7 @@ int pd_api_find_stop(const struct pd_api_request *r, const char *text, size_t le
  * "<rid>_<sample>"), as SGLang names parallel samples. */
 struct pd_api_split {
     int count;     /* sub-requests: n_prompts * n */
-    int n;         /* samples per prompt, [1, PD_API_MAX_N] */
+    int n;         /* samples per prompt, [1, max_n] */
     int n_prompts; /* 1 unless batch */
     bool batch;    /* the prompt was a list: /generate answers a JSON list */
     char **bodies; /* [count] heap JSON; NULL when count is 1 and !batch: use the body as is */
@@ -118,9 +119,9 @@ struct pd_api_split {
 };
 /* Cuts body for kind. A body pd_api_parse would refuse anyway (bad JSON, wrong types) comes back
  * as count 1 and no bodies, so that its error is pd_api_parse's. 400 for n outside
- * [1, PD_API_MAX_N], more than PD_API_MAX_FANOUT sub-requests, an empty prompt list, per-prompt
- * lists of the wrong length, or (cfg->disaggregated) a bootstrap_room that is not a list of count
- * rooms when count > 1. */
+ * [1, cfg->max_n] (cfg NULL or max_n 0: PD_API_MAX_N), more than PD_API_MAX_FANOUT sub-requests, an
+ * empty prompt list, per-prompt lists of the wrong length, or (cfg->disaggregated) a bootstrap_room
+ * that is not a list of count rooms when count > 1. */
 int pd_api_split(enum pd_api_kind kind, const char *body, size_t len,
                  const struct pd_api_config *cfg, struct pd_api_split *out, struct pd_api_error *e);
 void pd_api_split_free(struct pd_api_split *s);

@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "common/base/alloc.h"
+#include "common/base/ct.h"
 #include "common/base/flags.h"
 #include "common/base/log.h"
 #include "common/base/status.h"
@@ -130,14 +131,9 @@ int pd_cluster_key_load(const char *path, uint8_t key[PD_CLUSTER_KEY_MAX], size_
     return PD_OK;
 }
 
-/* Constant time in the key's content: a refusal says nothing about how much was right. */
+/* In time that says nothing about the key (ct.h): neither how much was right nor its length. */
 bool pd__bootstrap_key_ok(const uint8_t *want, size_t want_len, ProtobufCBinaryData got) {
-    if (got.len != want_len)
-        return false;
-    unsigned diff = 0;
-    for (size_t i = 0; i < want_len; i++)
-        diff |= want[i] ^ got.data[i];
-    return diff == 0;
+    return pd_ct_equal(got.data, got.len, want, want_len);
 }
 
 int pd_bootstrap_encode_transfer(const uint8_t *key, size_t key_len, uint64_t room,

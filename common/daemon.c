@@ -546,7 +546,8 @@ static int prepare_req(struct pd_daemon_req *r, enum pd_api_kind kind, const cha
     struct pd_api_config ac = {.served_model_name = D.args.served_model_name,
                                .model_path = D.args.model_path,
                                .disaggregated = D.role->disaggregated,
-                               .context_length = D.info.context_length};
+                               .context_length = D.info.context_length,
+                               .max_n = D.max_n};
     if (pd_api_parse(kind, body, blen, &ac, &r->api, e) != PD_OK)
         return PD_EINVAL;
     /* the prompt's ids */
@@ -684,7 +685,8 @@ static void handle_generate(struct pd_http_req *h, enum pd_api_kind kind) {
     struct pd_api_config ac = {.served_model_name = D.args.served_model_name,
                                .model_path = D.args.model_path,
                                .disaggregated = D.role->disaggregated,
-                               .context_length = D.info.context_length};
+                               .context_length = D.info.context_length,
+                               .max_n = D.max_n};
     struct pd_api_split split;
     if (pd_api_split(kind, body, blen, &ac, &split, &e) != PD_OK) {
         pd_http_respond_error(h, &e);
@@ -966,7 +968,8 @@ static int route_all(void) {
         {"/v1/chat/completions", h_chat},
     };
     for (size_t i = 0; i < PD_ARRAY_LEN(routes); i++) {
-        int rc = pd_http_server_route(D.http, "POST", routes[i].p, 0, routes[i].fn, NULL);
+        int rc = pd_http_server_route(D.http, "POST", routes[i].p, PD_HTTP_PER_CLIENT, routes[i].fn,
+                                      NULL);
         if (rc)
             return rc;
     }
@@ -1029,8 +1032,11 @@ static int start(void) {
         return rc;
     if ((rc = pd_engine_start(D.eng, &D.loop, on_engine_event, NULL)) != PD_OK)
         return rc;
-    struct pd_http_server_config hc = {
-        .host = a->host, .port = a->port, .api_key = D.api_key, .ssl_ctx = D.ssl_ctx};
+    struct pd_http_server_config hc = {.host = a->host,
+                                       .port = a->port,
+                                       .api_key = D.api_key,
+                                       .ssl_ctx = D.ssl_ctx,
+                                       .max_requests_per_client = D.max_per_client};
     if ((rc = pd_http_server_new(&D.loop, &hc, &D.http)) != PD_OK || (rc = route_all()) != PD_OK)
         return rc;
     D.http_listening = true;
@@ -1127,6 +1133,7 @@ int pd_daemon_main(const struct pd_role *role, int argc, char **argv) {
     D.waiting_timeout = 300;
     D.shutdown_timeout = 30;
     D.conservativeness = 1.0;
+    D.max_n = PD_API_MAX_N;
     pd_server_args_defaults(&D.args);
     D.args.disaggregation_mode = role->disaggregation_mode;
     const char *prog = role->prog;
@@ -1149,6 +1156,14 @@ int pd_daemon_main(const struct pd_role *role, int argc, char **argv) {
         "PEM CA certificates that decode checks the prefill's bootstrap certificate against "
         "(default: the system's roots); with these or a certificate of its own, decode calls "
         "bootstrap ports over TLS. The prefill and the colocated server call no peer");
+    pd_flag_int(&fs, "--max-n", &D.max_n, "N", 1, PD_API_MAX_FANOUT,
+                "most samples per prompt a request may ask for (n, sampling_params.n); more is "
+                "refused with 400");
+    pd_flag_int(&fs, PD_HTTP_PER_CLIENT_FLAG, &D.max_per_client, "N", 0, 10000000,
+                "generation requests in flight from one client IP address before that address "
+                "gets 429 (with Retry-After: 1); 0 = unlimited. Behind pdserve-router every "
+                "request comes from the router's address: leave it 0 there and set it on the "
+                "router");
     if (role->flags)
         role->flags(&fs, &D);
     if (pd_flags_parse(&fs, argc, argv) != PD_OK) {

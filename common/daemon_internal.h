@@ -123,6 +123,8 @@ struct pd_daemon_state {
     struct pd_server_args args;
     double bootstrap_timeout, waiting_timeout, shutdown_timeout;
     const char *cluster_key_path, *api_key;
+    int max_n;          /* --max-n: samples per prompt at most */
+    int max_per_client; /* --max-concurrent-requests-per-client; 0 = unlimited */
     uint8_t key[PD_CLUSTER_KEY_MAX];
     size_t key_len;
     /* --ssl-*: the HTTP API over TLS with ssl_ctx (made at start, before the model loads, so a

@@ -94,7 +94,7 @@ static int batch_size(int route, const cJSON *root) {
 
 /* n (parallel samples per prompt): generate's sampling_params.n (an object, or a list with one
  * per prompt whose first entry speaks for all: the daemons check they agree), OpenAI's n. */
-static int samples_n(int route, const cJSON *root, int *n) {
+static int samples_n(int route, const cJSON *root, int max_n, int *n) {
     const cJSON *item = NULL;
     *n = 1;
     if (route == PD_ROUTER_ROUTE_GENERATE) {
@@ -109,8 +109,10 @@ static int samples_n(int route, const cJSON *root, int *n) {
         return PD_OK;
     double v = cJSON_GetNumberValue(item);
     /* range first: (int) of a double outside int (1e400 parses as inf) is undefined */
-    if (!cJSON_IsNumber(item) || !(v >= 1 && v <= PD_API_MAX_N) || v != (double)(int)v)
-        return pd_errorf(PD_EINVAL, "'n' must be an integer in [1, %d]", PD_API_MAX_N);
+    if (!cJSON_IsNumber(item) || !(v >= 1 && v <= max_n) || v != (double)(int)v)
+        return pd_errorf(PD_EINVAL,
+                         "'n' must be an integer in [1, %d] (at most --max-n samples per prompt)",
+                         max_n);
     *n = (int)v;
     return PD_OK;
 }
@@ -230,9 +232,10 @@ static bool wants_input_logprobs(int route, const cJSON *root) {
     return any_rl && any_st;
 }
 
-int pd_router_body_rewrite(int route, const char *body, size_t len, const char *bootstrap_host,
-                           int bootstrap_port, struct pd_router_rng *rng, char **out,
-                           size_t *out_len, struct pd_router_body_info *info) {
+int pd_router_body_rewrite(int route, int max_n, const char *body, size_t len,
+                           const char *bootstrap_host, int bootstrap_port,
+                           struct pd_router_rng *rng, char **out, size_t *out_len,
+                           struct pd_router_body_info *info) {
     int rc;
     char *printed = NULL;
     struct sbuf b = {0};
@@ -247,7 +250,7 @@ int pd_router_body_rewrite(int route, const char *body, size_t len, const char *
         goto fail;
     }
     int n_samples;
-    if ((rc = samples_n(route, root, &n_samples)))
+    if ((rc = samples_n(route, root, max_n > 0 ? max_n : PD_API_MAX_N, &n_samples)))
         goto fail;
     int bs = batch_size(route, root);
     if (bs < 0) {

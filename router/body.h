@@ -6,8 +6,8 @@
  * `input_ids` list of lists, /v1/completions `prompt` list of strings or of token lists) every
  * field is an array with one entry per prompt. With `n` > 1 (and a batch) the daemons fan the body
  * out into prompts x n sub-requests (common/api.h pd_api_split), so the arrays get one entry per
- * sub-request, prompt-major (SGLang's bootstrap_room list convention); n outside [1, 128] or more
- * than 1024 sub-requests is refused.
+ * sub-request, prompt-major (SGLang's bootstrap_room list convention); n outside [1, max_n]
+ * (--max-n) or more than 1024 sub-requests is refused.
  *
  * The client's bytes are kept: the fields are spliced in after the opening brace, so numbers the
  * router never reads (a 64-bit seed, say) are not rounded through a double. Only when the client
@@ -43,11 +43,13 @@ struct pd_router_body_info {
 
 /* Rewrites body (len bytes, any JSON) for the prefill at bootstrap_host:bootstrap_port
  * (PD_ROUTER_BOOTSTRAP_PORT_NULL → null). *out (*out_len bytes, NUL-terminated) and info are
- * owned by the caller (pd_free, pd_router_body_info_free). Errors: PD_EINVAL (not a JSON object,
- * rid of the wrong type or length, empty batch, n out of range), message for a 400. */
-int pd_router_body_rewrite(int route, const char *body, size_t len, const char *bootstrap_host,
-                           int bootstrap_port, struct pd_router_rng *rng, char **out,
-                           size_t *out_len, struct pd_router_body_info *info);
+ * owned by the caller (pd_free, pd_router_body_info_free). max_n: the most samples per prompt
+ * (0 = PD_API_MAX_N). Errors: PD_EINVAL (not a JSON object, rid of the wrong type or length,
+ * empty batch, n out of range), message for a 400. */
+int pd_router_body_rewrite(int route, int max_n, const char *body, size_t len,
+                           const char *bootstrap_host, int bootstrap_port,
+                           struct pd_router_rng *rng, char **out, size_t *out_len,
+                           struct pd_router_body_info *info);
 void pd_router_body_info_free(struct pd_router_body_info *info);
 
 /* {"rid":"..."} for /abort_request; caller pd_frees. NULL on allocation failure. */

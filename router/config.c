@@ -11,6 +11,8 @@
 #include "router/discovery.h"
 
 #include "common/base/alloc.h"
+#include "common/base/api_wire.h"
+#include "common/base/http_server.h"
 #include "common/base/log.h"
 #include "common/base/status.h"
 
@@ -339,6 +341,13 @@ static void register_flags(struct pd_router_config *cfg) {
                 "whole-request deadline for each upstream request");
     pd_flag_int(fs, "--max-concurrent-requests", &cfg->max_concurrent_requests, "N", 0, 1e7,
                 "generation requests in flight before 429; 0 = unlimited");
+    pd_flag_int(fs, PD_HTTP_PER_CLIENT_FLAG, &cfg->max_concurrent_requests_per_client, "N", 0, 1e7,
+                "generation requests in flight from one client IP address before that address "
+                "gets 429 (with Retry-After: 1); 0 = unlimited. Keyed by the TCP peer: clients "
+                "behind one NAT, proxy or gateway share one budget, so the default is off");
+    pd_flag_int(fs, "--max-n", &cfg->max_n, "N", 1, PD_API_MAX_FANOUT,
+                "most samples per prompt a request may ask for (n, sampling_params.n); more is "
+                "refused with 400. Give the workers the same --max-n");
     pd_flag_double(fs, "--health-check-interval-secs", &cfg->health_check_interval_secs, "S", 0.05,
                    3600, "period of the /health and /get_load polls of every worker");
     pd_flag_int(fs, "--shutdown-timeout", &cfg->shutdown_timeout_secs, "S", 0, 86400,
@@ -398,6 +407,7 @@ int pd_router_config_parse(struct pd_router_config *cfg, int argc, char **argv) 
     cfg->port = 30000;
     cfg->request_timeout_secs = 1800;
     cfg->max_concurrent_requests = 256;
+    cfg->max_n = PD_API_MAX_N;
     cfg->health_check_interval_secs = 5;
     cfg->shutdown_timeout_secs = 30;
     cfg->stream_buffer_bytes = 256 << 10;

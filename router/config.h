@@ -97,6 +97,12 @@ struct pd_router_config {
     bool disable_retries;
     struct pd_router_backoff backoff;
     int log_level;
+
+    /* limits: generation requests in flight per client IP address (0 = unlimited), samples per
+     * prompt (n) */
+    int max_concurrent_requests_per_client;
+    int max_n;
+
     bool help; /* --help given: print pd_router_config_usage, exit 0 */
     struct pd_flagset fs;
 };

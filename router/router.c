@@ -264,16 +264,18 @@ static void drop_dcall(struct rreq *rq) {
 }
 
 /* Ends the client's answer with an error: a status + JSON before anything was sent, else one
- * SSE error event and [DONE] (API.md: never a silent stop). */
-static void finish_error(struct rreq *rq, int status, const char *msg) {
+ * SSE error event and [DONE] (API.md: never a silent stop). The log line says log_msg: a
+ * worker's answer quoted in msg may echo the request, which stays out of the logs. */
+static void finish_error_logged(struct rreq *rq, int status, const char *msg, const char *log_msg) {
     if (rq->finished)
         return;
     mark_finished(rq);
     rq->rt->n_failed++;
     if (rq->info.n)
-        pd_warn("room=%" PRIu64 " rid=%s: %d %s", rq->info.rooms[0], rq->info.rids[0], status, msg);
+        pd_warn("room=%" PRIu64 " rid=%s: %d %s", rq->info.rooms[0], rq->info.rids[0], status,
+                log_msg);
     else
-        pd_warn("%s: %d %s", rq->path, status, msg);
+        pd_warn("%s: %d %s", rq->path, status, log_msg);
     struct pd_http_req *hr = rq->hr;
     rq->hr = NULL;
     PD_ASSERT(hr != NULL);
@@ -292,6 +294,10 @@ static void finish_error(struct rreq *rq, int status, const char *msg) {
         pd_http_stream_end(hr);
     pd_free(ev.p);
     cJSON_free(j);
+}
+
+static void finish_error(struct rreq *rq, int status, const char *msg) {
+    finish_error_logged(rq, status, msg, msg);
 }
 
 static void on_client_gone(struct pd_http_req *hr, void *ud) {
@@ -524,7 +530,11 @@ static void on_prefill_done(void *ud, struct pd_upstream_call *call,
     else
         snprintf(msg, sizeof(msg), "prefill worker %s answered %ld: %.*s", pw->spec.url,
                  r->http_status, (int)rq->perr.len, rq->perr.p ? rq->perr.p : "");
-    finish_error(rq, r->status == PD_ETIMEDOUT ? 504 : 502, msg);
+    char log_msg[400];
+    snprintf(log_msg, sizeof(log_msg), "prefill worker %s answered %ld (its body is in the answer)",
+             pw->spec.url, r->http_status);
+    finish_error_logged(rq, r->status == PD_ETIMEDOUT ? 504 : 502, msg,
+                        r->status == PD_OK ? log_msg : msg);
     rreq_maybe_free(rq);
 }
 
@@ -856,8 +866,9 @@ static int start_attempt(struct rreq *rq) {
     size_t len;
     const char *body = pd_http_req_body(rq->hr, &len);
     /* the bootstrap host is the prefill's own address: a DNS-found one's resolved address */
-    int rc = pd_router_body_rewrite(rq->route, body, len, pw->spec.host, pw->spec.bootstrap_port,
-                                    &rt->rng, &rq->sent, &rq->sent_len, &rq->info);
+    int rc = pd_router_body_rewrite(rq->route, rt->cfg->max_n, body, len, pw->spec.host,
+                                    pw->spec.bootstrap_port, &rt->rng, &rq->sent, &rq->sent_len,
+                                    &rq->info);
     if (rc) {
         finish_error(rq, rc == PD_ENOMEM ? 500 : 400, pd_error_msg());
         return rc;
@@ -949,6 +960,7 @@ void pd__router_handle_generate(struct pd_router *rt, struct pd_http_req *fr, in
         snprintf(msg, sizeof(msg), "too many concurrent requests (--max-concurrent-requests %d)",
                  cfg->max_concurrent_requests);
         pd_warn("%s: 429 %s", pd_http_req_path(fr), msg);
+        pd_http_req_add_header(fr, "retry-after", "1");
         pd__router_respond_error(fr, 429, msg);
         return;
     }
@@ -1102,8 +1114,11 @@ static int start_http(struct pd_router *rt) {
     const struct pd_router_config *cfg = rt->cfg;
     /* no api_key here: the router checks it (pd__router_on_request, router_endpoints.c) to keep its
      * 401 body */
-    struct pd_http_server_config hc = {
-        .host = cfg->host, .port = cfg->port, .max_body_bytes = MAX_BODY_BYTES};
+    struct pd_http_server_config hc = {.host = cfg->host,
+                                       .port = cfg->port,
+                                       .max_body_bytes = MAX_BODY_BYTES,
+                                       .max_requests_per_client =
+                                           cfg->max_concurrent_requests_per_client};
     int rc = pd_tls_flags_serving(&cfg->tls)
                  ? pd_tls_server_ctx_new(cfg->tls.certfile, cfg->tls.keyfile, &hc.ssl_ctx)
                  : PD_OK;
@@ -1115,8 +1130,11 @@ static int start_http(struct pd_router *rt) {
     for (size_t i = 0; i < N_ENDPOINTS; i++) {
         rt->endpoints[i] = (struct endpoint){
             .rt = rt, .kind = endpoint_table[i].kind, .route = endpoint_table[i].route};
-        rc = pd_http_server_route(rt->http, endpoint_table[i].method, endpoint_table[i].path,
-                                  PD_HTTP_PUBLIC, pd__router_on_request, &rt->endpoints[i]);
+        unsigned flags = PD_HTTP_PUBLIC; /* the key is checked in pd__router_on_request */
+        if (endpoint_table[i].kind == EP_GENERATE)
+            flags |= PD_HTTP_PER_CLIENT;
+        rc = pd_http_server_route(rt->http, endpoint_table[i].method, endpoint_table[i].path, flags,
+                                  pd__router_on_request, &rt->endpoints[i]);
         if (rc)
             return rc;
     }

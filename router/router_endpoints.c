@@ -5,6 +5,8 @@
  */
 #include "router/router_internal.h"
 
+#include "common/base/ct.h"
+
 /* ---------------------------------------------------------------- router's own endpoints */
 
 static const char *worker_state(const struct worker *w) {
@@ -138,6 +140,9 @@ static void handle_server_info(struct pd_router *rt, struct pd_http_req *hr) {
     cJSON_AddBoolToObject(o, "api_key_required", cfg->api_key != NULL);
     cJSON_AddNumberToObject(o, "request_timeout_secs", cfg->request_timeout_secs);
     cJSON_AddNumberToObject(o, "max_concurrent_requests", cfg->max_concurrent_requests);
+    cJSON_AddNumberToObject(o, "max_concurrent_requests_per_client",
+                            cfg->max_concurrent_requests_per_client);
+    cJSON_AddNumberToObject(o, "max_n", cfg->max_n);
     cJSON_AddNumberToObject(o, "health_check_interval_secs", cfg->health_check_interval_secs);
     cJSON_AddNumberToObject(o, "shutdown_timeout_secs", cfg->shutdown_timeout_secs);
     cJSON_AddNumberToObject(o, "dns_refresh_secs", cfg->dns_refresh_secs);
@@ -261,19 +266,16 @@ static void handle_flush_cache(struct pd_router *rt, struct pd_http_req *hr) {
     pd_http_respond(hr, 200, "text/plain", msg, strlen(msg));
 }
 
-/* "Authorization: Bearer <key>", compared in time independent of where it differs. */
+/* "Authorization: Bearer <key>", compared in time that says nothing about the key (ct.h). */
 static bool authorized(const struct pd_router *rt, struct pd_http_req *hr) {
     const char *key = rt->cfg->api_key;
     if (!key)
         return true;
     size_t alen, klen = strlen(key);
     const char *a = pd_http_req_header(hr, "authorization", &alen);
-    if (!a || alen != 7 + klen || strncmp(a, "Bearer ", 7) != 0)
+    if (!a || alen < 7 || strncmp(a, "Bearer ", 7) != 0)
         return false;
-    unsigned char diff = 0;
-    for (size_t i = 0; i < klen; i++)
-        diff |= (unsigned char)(a[7 + i] ^ key[i]);
-    return diff == 0;
+    return pd_ct_equal(a + 7, alen - 7, key, klen);
 }
 
 void pd__router_on_request(struct pd_http_req *hr, void *ud) {

@@ -6,7 +6,7 @@
 #ifndef PD_API_WIRE_H
 #define PD_API_WIRE_H
 
-#define PD_API_MAX_N 128       /* n (parallel samples) per prompt */
+#define PD_API_MAX_N 128       /* n (parallel samples) per prompt: --max-n's default */
 #define PD_API_MAX_FANOUT 1024 /* sub-requests per body: prompts x n */
 
 struct pd_api_error {

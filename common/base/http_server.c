@@ -29,11 +29,14 @@
  * buffer of its own before the one uv_write, so the read watch and the refused-write repair work
  * unchanged, with two differences handled where they arise: a TLS record may decrypt to nothing
  * (on_watch_read) and closing a TLS socket would write (pd_http_server_new: quiet shutdown).
+ * Our own limits (431 for too many header bytes, 429 per client address) are checked in on_req
+ * before the route's handler runs.
  */
 #include "common/base/http_server.h"
 
 #include "common/base/alloc.h"
 #include "common/api.h"
+#include "common/base/ct.h"
 #include "common/base/log.h"
 #include "common/base/status.h"
 
@@ -105,6 +108,9 @@ struct pd_http_req {
     bool user_done; /* the daemon let go */
     int in_call;    /* our frames on the stack that use this record */
     struct buf pending, sending;
+
+    bool per_client;        /* counts against max_requests_per_client while not user_done/gone */
+    unsigned char peer[16]; /* per_client: the client's IP address (IPv4 as ::ffff:a.b.c.d) */
 };
 
 struct pd_http_server {
@@ -120,6 +126,8 @@ struct pd_http_server {
     char *host;
     int port;
     size_t max_body;
+    size_t max_header;  /* bytes */
+    int max_per_client; /* 0: unlimited */
     size_t max_backlog;
     size_t backlog_peak; /* bytes */
     uint64_t n_slow_cut;
@@ -165,6 +173,7 @@ static const char *status_reason(int status) {
     case 408: return "Request Timeout";
     case 413: return "Payload Too Large";
     case 429: return "Too Many Requests";
+    case 431: return "Request Header Fields Too Large";
     case 499: return "Client Closed Request";
     case 500: return "Internal Server Error";
     case 502: return "Bad Gateway";
@@ -732,13 +741,9 @@ static bool auth_ok(struct pd_http_server *s, h2o_req_t *hreq) {
     if (i < 0)
         return false;
     h2o_iovec_t v = hreq->headers.entries[i].value;
-    size_t kl = strlen(s->api_key);
-    if (v.len != 7 + kl || strncasecmp(v.base, "Bearer ", 7) != 0)
+    if (v.len < 7 || strncasecmp(v.base, "Bearer ", 7) != 0)
         return false;
-    unsigned char diff = 0; /* constant time in the key's length */
-    for (size_t k = 0; k < kl; k++)
-        diff |= (unsigned char)(v.base[7 + k] ^ s->api_key[k]);
-    return diff == 0;
+    return pd_ct_equal(v.base + 7, v.len - 7, s->api_key, strlen(s->api_key));
 }
 
 static void respond_status(struct pd_http_req *r, int status, const char *code,
@@ -746,6 +751,63 @@ static void respond_status(struct pd_http_req *r, int status, const char *code,
     struct pd_api_error e;
     pd_api_error_set(&e, status, "invalid_request_error", NULL, code, "%s", message);
     pd_http_respond_error(r, &e);
+}
+
+/* ---------------------------------------------------------------- limits */
+
+/* The request line and headers as they came on the wire (HTTP/1: h2o keeps Host apart). */
+static size_t header_bytes(const h2o_req_t *hreq) {
+    size_t n = hreq->method.len + 1 + hreq->path.len + sizeof(" HTTP/1.1\r\n") - 1;
+    n += sizeof("host: \r\n") - 1 + hreq->authority.len;
+    for (size_t i = 0; i < hreq->headers.size; i++)
+        n += hreq->headers.entries[i].name->len + 2 + hreq->headers.entries[i].value.len + 2;
+    return n + 2;
+}
+
+/* The client's address into r->peer (IPv4 as IPv4-mapped IPv6); false when unknown. */
+static bool peer_of(h2o_req_t *hreq, struct pd_http_req *r) {
+    struct sockaddr_storage sa;
+    if (!hreq->conn->callbacks->get_peername ||
+        !hreq->conn->callbacks->get_peername(hreq->conn, (struct sockaddr *)&sa))
+        return false;
+    if (sa.ss_family == AF_INET) {
+        memset(r->peer, 0, 10);
+        r->peer[10] = r->peer[11] = 0xff;
+        memcpy(r->peer + 12, &((struct sockaddr_in *)&sa)->sin_addr, 4);
+        return true;
+    }
+    if (sa.ss_family == AF_INET6) {
+        memcpy(r->peer, &((struct sockaddr_in6 *)&sa)->sin6_addr, 16);
+        return true;
+    }
+    return false;
+}
+
+/* max_requests_per_client: admits r (it counts from now on while open) or answers 429. The
+ * count is a walk over the open requests, only when the limit is set. */
+static bool client_admit(struct pd_http_server *s, struct pd_http_req *r, h2o_req_t *hreq) {
+    if (!peer_of(hreq, r))
+        return true; /* not a TCP peer (nothing to key on) */
+    int open = 0;
+    for (const struct pd_http_req *o = s->reqs; o; o = o->next)
+        open += o->per_client && !o->user_done && !o->gone && memcmp(o->peer, r->peer, 16) == 0;
+    if (open < s->max_per_client) {
+        r->per_client = true;
+        return true;
+    }
+    char addr[INET6_ADDRSTRLEN] = "?";
+    static const unsigned char v4[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+    bool is_v4 = memcmp(r->peer, v4, 12) == 0;
+    inet_ntop(is_v4 ? AF_INET : AF_INET6, is_v4 ? r->peer + 12 : r->peer, addr, sizeof(addr));
+    pd_debug("http: %s %s from %s: 429, %d requests in flight", r->method, r->path, addr, open);
+    struct pd_api_error e;
+    pd_api_error_set(&e, 429, "rate_limit_error", NULL, "rate_limit_exceeded",
+                     "Too many concurrent requests from %s: %d in flight, the limit is %d per "
+                     "client address (" PD_HTTP_PER_CLIENT_FLAG "). Retry once one has finished.",
+                     addr, open, s->max_per_client);
+    pd_http_req_add_header(r, "retry-after", "1");
+    pd_http_respond_error(r, &e);
+    return false;
 }
 
 static int on_req(h2o_handler_t *self, h2o_req_t *hreq) {
@@ -805,7 +867,15 @@ static int on_req(h2o_handler_t *self, h2o_req_t *hreq) {
             break;
         }
     }
-    if (!rt) {
+    size_t hbytes = header_bytes(hreq);
+    if (hbytes > s->max_header) {
+        struct pd_api_error e;
+        pd_api_error_set(&e, 431, "invalid_request_error", NULL, "request_header_fields_too_large",
+                         "Request header fields too large: the request line and headers are %zu "
+                         "bytes, more than the limit of %zu bytes.",
+                         hbytes, s->max_header);
+        pd_http_respond_error(r, &e);
+    } else if (!rt) {
         char msg[300];
         if (path_known)
             snprintf(msg, sizeof(msg), "%s is not allowed on %.200s", r->method, r->path);
@@ -816,6 +886,9 @@ static int on_req(h2o_handler_t *self, h2o_req_t *hreq) {
     } else if (s->api_key && !(rt->flags & PD_HTTP_PUBLIC) && !auth_ok(s, hreq)) {
         respond_status(r, 401, "invalid_api_key",
                        "Incorrect or missing API key: send 'Authorization: Bearer <key>'.");
+    } else if ((rt->flags & PD_HTTP_PER_CLIENT) && s->max_per_client > 0 &&
+               !client_admit(s, r, hreq)) {
+        /* answered 429 */
     } else {
         rt->fn(r, rt->ud);
         /* still open: watch the socket for the client leaving (see the top comment) */
@@ -850,9 +923,11 @@ static void error_filter_setup(h2o_filter_t *self, h2o_req_t *hreq, h2o_ostream_
     struct pd_http_server *s = ((struct error_filter *)self)->srv;
     if (hreq->res.status >= 400) {
         struct pd_api_error e;
+        /* (h2o keeps Content-Length out of hreq->headers: the body's size is not known here) */
         if (hreq->res.status == 413)
             pd_api_error_set(&e, 413, "invalid_request_error", NULL, "request_too_large",
-                             "The request body is too large: the limit is %zu bytes.", s->max_body);
+                             "The request body is larger than the limit of %zu bytes.",
+                             s->max_body);
         else
             pd_api_error_set(&e, hreq->res.status, "invalid_request_error", NULL, NULL,
                              "Malformed HTTP request (%s).",
@@ -1007,6 +1082,8 @@ int pd_http_server_new(uv_loop_t *loop, const struct pd_http_server_config *c,
     s->loop = loop;
     s->port = c->port;
     s->max_body = c->max_body_bytes ? c->max_body_bytes : PD_HTTP_DEFAULT_MAX_BODY;
+    s->max_header = c->max_header_bytes ? c->max_header_bytes : PD_HTTP_DEFAULT_MAX_HEADER;
+    s->max_per_client = c->max_requests_per_client;
     s->max_backlog = c->max_stream_backlog ? c->max_stream_backlog : (16u << 20);
     if (!(s->host = pd_strdup(c->host ? c->host : "127.0.0.1")))
         goto fail;

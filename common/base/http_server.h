@@ -12,7 +12,12 @@
  * registered pd_http_req_on_gone, until that callback returns (the daemon must not touch it after).
  * Without an on_gone callback a gone request stays valid and its calls return PD_ECANCELED until
  * the daemon finishes it. Bodies over the limit get 413 with an OpenAI error JSON before the body
- * is read (h2o refuses by Content-Length, or as soon as a chunked body passes the limit). A client
+ * is read (h2o refuses by Content-Length, or as soon as a chunked body passes the limit). A request
+ * line and headers over max_header_bytes get 431 (past h2o's own bound, H2O_MAX_REQLEN, about
+ * 408 KiB, or past 100 header fields, h2o itself answers a plain-text 400 and closes). A client
+ * address with max_requests_per_client requests of PD_HTTP_PER_CLIENT routes in flight gets 429
+ * with Retry-After for the next one; a request stops counting the moment it ends in any way
+ * (answered, stream ended, client gone, shutdown cut). A client
  * that disconnects is noticed while its request waits for an answer (any method, with or without a
  * body) and while it streams, not only at the next write.
  *
@@ -44,6 +49,10 @@ struct ssl_ctx_st; /* OpenSSL's SSL_CTX (common/base/tls.h makes one) */
 
 #define PD_HTTP_DEFAULT_MAX_BODY (8u << 20) /* bytes */
 
+#define PD_HTTP_DEFAULT_MAX_HEADER (64u << 10) /* bytes: request line + headers */
+/* The flag every binary sets max_requests_per_client with; the 429 names it. */
+#define PD_HTTP_PER_CLIENT_FLAG "--max-concurrent-requests-per-client"
+
 typedef void (*pd_http_handler_fn)(struct pd_http_req *req, void *ud);
 /* The client disconnected (or the shutdown deadline passed) before the response finished. */
 typedef void (*pd_http_gone_fn)(struct pd_http_req *req, void *user);
@@ -60,11 +69,19 @@ struct pd_http_server_config {
                                    0 = 16 MiB */
     struct ssl_ctx_st *ssl_ctx; /* NULL: plain HTTP; else HTTPS (HTTP/1.1 over TLS) with this
                                    context; the server keeps a reference of its own */
+
+    /* Limits beyond the body's. */
+    size_t max_header_bytes; /* request line + headers; 0 = PD_HTTP_DEFAULT_MAX_HEADER */
+    /* PD_HTTP_PER_CLIENT requests in flight per client IP address (the TCP peer: behind a proxy,
+     * the proxy's); 0 = unlimited */
+    int max_requests_per_client;
 };
 
 /* Route flags. */
 enum {
     PD_HTTP_PUBLIC = 1, /* no API key needed (health probes, metrics) */
+
+    PD_HTTP_PER_CLIENT = 2, /* counts against max_requests_per_client (generation) */
 };
 
 int pd_http_server_new(uv_loop_t *loop, const struct pd_http_server_config *c,

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 
 #include "common/base/alloc.h"
+#include "common/base/api_wire.h"
 #include "router/body.h"
 #include "router/breaker.h"
 #include "router/config.h"
@@ -29,13 +30,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     char *out = NULL;
     size_t out_len = 0;
     struct pd_router_body_info info;
-    if (pd_router_body_rewrite(route, body, len, "10.0.0.1", port, &rng, &out, &out_len, &info) ==
-        0) {
+    if (pd_router_body_rewrite(route, PD_API_MAX_N, body, len, "10.0.0.1", port, &rng, &out,
+                               &out_len, &info) == 0) {
         char *again = NULL;
         size_t again_len = 0;
         struct pd_router_body_info info2;
-        if (pd_router_body_rewrite(route, out, out_len, "10.0.0.2", 1, &rng, &again, &again_len,
-                                   &info2) != 0)
+        if (pd_router_body_rewrite(route, PD_API_MAX_N, out, out_len, "10.0.0.2", 1, &rng, &again,
+                                   &again_len, &info2) != 0)
             abort(); /* the router's own output is a request it must accept again */
         pd_free(again);
         pd_router_body_info_free(&info2);

@@ -14,7 +14,9 @@
  * (missing file, no PEM, a key of another certificate, one of the two flags alone, a CA bundle
  * without certificates), a plain HTTP client and a client that does not trust the certificate
  * fail cleanly and the server serves on, and a client that closes with a TLS close_notify before
- * its FIN is still seen leaving. */
+ * its FIN is still seen leaving.
+ * Limits: 413 and 431 messages with the sizes, and a second server's per-client limit (429 with
+ * Retry-After, per address, released when a request is answered or its client leaves). */
 #include "pd_test.h"
 
 #include "common/base/alloc.h"
@@ -375,6 +377,64 @@ static void *loop_main(void *arg) {
     return NULL;
 }
 
+/* ---------------------------------------------------------------- a server with a per-client limit
+ */
+
+/* srv2: max_requests_per_client PER_CLIENT; POST /hold (PD_HTTP_PER_CLIENT) is answered when the
+ * test says so, POST /quick (PD_HTTP_PER_CLIENT) at once, GET /health (not counted) at once. */
+#define PER_CLIENT 2
+#define MAX_HELD 8
+static struct pd_http_server *srv2;
+static char url2[64];
+static struct pd_http_req *held2[MAX_HELD]; /* loop thread only */
+static atomic_int n_held2;                  /* /hold requests the handler took, ever */
+static atomic_int gone2;
+static atomic_int answer2[MAX_HELD]; /* set by the test: on_answer2 answers held2[i] */
+static uv_async_t answer2_async, ctl2_async;
+static atomic_int closed2;
+
+static void held2_gone(struct pd_http_req *r, void *ud) {
+    (void)r;
+    held2[(intptr_t)ud] = NULL;
+    atomic_fetch_add(&gone2, 1);
+}
+
+static void h_hold2(struct pd_http_req *r, void *ud) {
+    (void)ud;
+    int i = atomic_load(&n_held2);
+    CHECK(i < MAX_HELD);
+    held2[i] = r;
+    pd_http_req_on_gone(r, held2_gone, (void *)(intptr_t)i);
+    atomic_store(&n_held2, i + 1);
+}
+
+static void h_quick2(struct pd_http_req *r, void *ud) {
+    (void)ud;
+    pd_http_respond_json(r, 200, "{\"ok\":true}");
+}
+
+static void on_answer2(uv_async_t *a) {
+    (void)a;
+    for (int i = 0; i < MAX_HELD; i++)
+        if (atomic_exchange(&answer2[i], 0) && held2[i]) {
+            pd_http_respond_json(held2[i], 200, "{\"held\":true}");
+            held2[i] = NULL;
+        }
+}
+
+static void on_closed2(struct pd_http_server *s, void *ud) {
+    (void)s;
+    (void)ud;
+    uv_close((uv_handle_t *)&answer2_async, NULL);
+    uv_close((uv_handle_t *)&ctl2_async, NULL);
+    atomic_store(&closed2, 1);
+}
+
+static void on_ctl2(uv_async_t *a) {
+    (void)a;
+    pd_http_server_shutdown(srv2, 1000, on_closed2, NULL);
+}
+
 /* ---------------------------------------------------------------- client helpers */
 
 struct resp {
@@ -382,7 +442,12 @@ struct resp {
     char *body;
     size_t len;
     char ctype[128];
+    char retry_after[16];
     int abort_after_events; /* > 0: drop the connection after this many SSE events */
+    /* set before the call (resp_free keeps none of them): */
+    const char *base;       /* another server's http://host:port; NULL = url_base */
+    const char *local_addr; /* the client's own address (127.0.0.2: another client) */
+    atomic_int *cancel;     /* set: the client drops the connection (within ~100 ms) */
 };
 
 static size_t on_body(char *p, size_t sz, size_t n, void *ud) {
@@ -410,7 +475,15 @@ static size_t on_header(char *p, size_t sz, size_t n, void *ud) {
     size_t k = sz * n;
     if (k > 14 && strncasecmp(p, "content-type: ", 14) == 0)
         snprintf(r->ctype, sizeof(r->ctype), "%.*s", (int)(k - 16), p + 14);
+    if (k > 13 && strncasecmp(p, "retry-after: ", 13) == 0)
+        snprintf(r->retry_after, sizeof(r->retry_after), "%.*s", (int)(k - 15), p + 13);
     return k;
+}
+
+static int on_progress(void *ud, curl_off_t dt, curl_off_t dn, curl_off_t ut, curl_off_t un) {
+    (void)dt, (void)dn, (void)ut, (void)un;
+    struct resp *r = ud;
+    return r->cancel && atomic_load(r->cancel) ? 1 : 0; /* nonzero: curl aborts */
 }
 
 static char url_base[64];
@@ -427,7 +500,7 @@ static void client_tls(CURL *c) {
 static CURLcode http(CURL *c, const char *method, const char *path, const char *body, size_t len,
                      const char *const *extra, long timeout_ms, struct resp *out) {
     char url[256];
-    snprintf(url, sizeof(url), "%s%s", url_base, path);
+    snprintf(url, sizeof(url), "%s%s", out->base ? out->base : url_base, path);
     struct curl_slist *h = NULL;
     bool own_auth = false;
     for (int i = 0; extra && extra[i]; i++) {
@@ -452,6 +525,13 @@ static CURLcode http(CURL *c, const char *method, const char *path, const char *
     curl_easy_setopt(c, CURLOPT_HEADERDATA, out);
     curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, timeout_ms);
     curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
+    if (out->local_addr)
+        curl_easy_setopt(c, CURLOPT_INTERFACE, out->local_addr);
+    if (out->cancel) {
+        curl_easy_setopt(c, CURLOPT_XFERINFOFUNCTION, on_progress);
+        curl_easy_setopt(c, CURLOPT_XFERINFODATA, out);
+        curl_easy_setopt(c, CURLOPT_NOPROGRESS, 0L);
+    }
     CURLcode rc = curl_easy_perform(c);
     curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &out->status);
     curl_slist_free_all(h);
@@ -631,6 +711,8 @@ static void test_body_limit(void) {
     CHECK_INT(http(c, "POST", "/v1/chat/completions", body, big, NULL, 10000, &r), CURLE_OK);
     CHECK_INT(r.status, 413);
     check_error_json(&r, "request_too_large");
+    CHECK(r.body && strstr(r.body, "\"The request body is larger than the limit of 8388608 "
+                                   "bytes.\"") != NULL);
     resp_free(&r);
     /* without Expect: the client is already sending; it still gets the 413 */
     const char *noexpect[] = {"Expect:", NULL};
@@ -670,6 +752,8 @@ static void test_body_limit(void) {
     if (rc == CURLE_OK) {
         CHECK_INT(r.status, 413);
         check_error_json(&r, "request_too_large");
+        CHECK(r.body && strstr(r.body, "\"The request body is larger than the limit of 8388608 "
+                                       "bytes.\"") != NULL);
     } else {
         fprintf(stderr, "note: chunked 413: curl %s (status %ld)\n", curl_easy_strerror(rc),
                 r.status);
@@ -691,6 +775,154 @@ static void test_body_limit(void) {
     CHECK_INT(http(keepalive, "GET", "/health", NULL, 0, NULL, 5000, &r), CURLE_OK);
     CHECK_INT(r.status, 200);
     resp_free(&r);
+}
+
+/* 431 past PD_HTTP_DEFAULT_MAX_HEADER (request line + headers, counted as sent), the exact
+ * count in the message; just under it is served, and so is the connection's next request. */
+static void test_header_limit(void) {
+    CURL *c = curl_easy_init();
+    struct resp r = {0};
+    /* curl sends: "GET /health HTTP/1.1\r\n" "Host: 127.0.0.1:PORT\r\n" "Accept: * / *\r\n"
+     * (no spaces) "Authorization: Bearer sk-test\r\n" "Content-Type: application/json\r\n"
+     * "X-Pad: <pad>\r\n" "\r\n" */
+    char host[64];
+    snprintf(host, sizeof(host), "Host: %s\r\n", url_base + strlen("http://"));
+    size_t fixed = strlen("GET /health HTTP/1.1\r\n") + strlen(host) + strlen("Accept: */*\r\n") +
+                   strlen("Authorization: Bearer " API_KEY "\r\n") +
+                   strlen("Content-Type: application/json\r\n") + strlen("X-Pad: \r\n") + 2;
+    size_t limit = PD_HTTP_DEFAULT_MAX_HEADER;
+    for (int over = 0; over <= 1; over++) {
+        size_t pad = limit - fixed + (size_t)over; /* exactly the limit, then one byte more */
+        char *hdr = malloc(pad + 16);
+        memcpy(hdr, "X-Pad: ", 7);
+        memset(hdr + 7, 'p', pad);
+        hdr[7 + pad] = '\0';
+        const char *extra[] = {hdr, NULL};
+        CHECK_INT(http(c, "GET", "/health", NULL, 0, extra, 5000, &r), CURLE_OK);
+        if (!over) {
+            CHECK_INT(r.status, 200);
+        } else {
+            CHECK_INT(r.status, 431);
+            check_error_json(&r, "request_header_fields_too_large");
+            char want[256];
+            snprintf(want, sizeof(want),
+                     "Request header fields too large: the request line and headers are %zu "
+                     "bytes, more than the limit of %zu bytes.",
+                     limit + 1, limit);
+            cJSON *j = cJSON_Parse(r.body ? r.body : "");
+            const cJSON *m = cJSON_GetObjectItem(cJSON_GetObjectItem(j, "error"), "message");
+            CHECK(cJSON_IsString(m) && strcmp(m->valuestring, want) == 0);
+            if (!cJSON_IsString(m) || strcmp(m->valuestring, want) != 0)
+                fprintf(stderr, "431 message: %s\nwant: %s\n", r.body, want);
+            cJSON_Delete(j);
+        }
+        resp_free(&r);
+        free(hdr);
+        /* the connection (curl keeps it) serves the next request */
+        CHECK_INT(http(c, "GET", "/health", NULL, 0, NULL, 5000, &r), CURLE_OK);
+        CHECK_INT(r.status, 200);
+        resp_free(&r);
+    }
+    curl_easy_cleanup(c);
+}
+
+struct holder {
+    pthread_t t;
+    struct resp r;
+    CURLcode rc;
+    atomic_int cancel;
+};
+
+static void *holder_main(void *p) {
+    struct holder *h = p;
+    CURL *c = curl_easy_init();
+    h->r.base = url2;
+    h->r.cancel = &h->cancel;
+    h->rc = http(c, "POST", "/hold", "{}", 2, NULL, 20000, &h->r);
+    curl_easy_cleanup(c);
+    return NULL;
+}
+
+/* A /hold request from 127.0.0.1 that the server has taken. */
+static void hold(struct holder *h) {
+    int before = atomic_load(&n_held2);
+    pthread_create(&h->t, NULL, holder_main, h);
+    CHECK(wait_for(&n_held2, before + 1, 5000));
+}
+
+/* POST /quick on srv2 from local_addr: its status (429: also its Retry-After and message). */
+static long quick(const char *local_addr, char *msg, size_t cap) {
+    CURL *c = curl_easy_init();
+    struct resp r = {.base = url2, .local_addr = local_addr};
+    CHECK_INT(http(c, "POST", "/quick", "{}", 2, NULL, 5000, &r), CURLE_OK);
+    long st = r.status;
+    if (st == 429) {
+        check_error_json(&r, "rate_limit_exceeded");
+        CHECK_STR(r.retry_after, "1");
+        cJSON *j = cJSON_Parse(r.body ? r.body : "");
+        const cJSON *m = cJSON_GetObjectItem(cJSON_GetObjectItem(j, "error"), "message");
+        snprintf(msg, cap, "%s", cJSON_IsString(m) ? m->valuestring : "");
+        cJSON_Delete(j);
+    }
+    resp_free(&r);
+    curl_easy_cleanup(c);
+    return st;
+}
+
+/* max_requests_per_client: the third request of an address with two in flight gets 429 (with
+ * Retry-After and a message naming the numbers and the flag) on any counted route, while an
+ * uncounted route and another address are served; a slot comes back when a request is
+ * answered and when its client goes away. */
+static void test_per_client_limit(void) {
+    char msg[512];
+    struct holder a = {0}, b = {0}, d = {0};
+    hold(&a);
+    hold(&b);
+    CHECK_INT(quick(NULL, msg, sizeof(msg)), 429);
+    CHECK_STR(msg, "Too many concurrent requests from 127.0.0.1: 2 in flight, the limit is 2 per "
+                   "client address (--max-concurrent-requests-per-client). Retry once one has "
+                   "finished.");
+    /* /hold is counted too: refused, never reaches its handler */
+    {
+        CURL *c = curl_easy_init();
+        struct resp r = {.base = url2};
+        CHECK_INT(http(c, "POST", "/hold", "{}", 2, NULL, 5000, &r), CURLE_OK);
+        CHECK_INT(r.status, 429);
+        CHECK_INT(atomic_load(&n_held2), 2);
+        resp_free(&r);
+        /* an uncounted route is served */
+        r.base = url2;
+        CHECK_INT(http(c, "GET", "/health", NULL, 0, NULL, 5000, &r), CURLE_OK);
+        CHECK_INT(r.status, 200);
+        resp_free(&r);
+        curl_easy_cleanup(c);
+    }
+    /* another client address has its own budget */
+    CHECK_INT(quick("127.0.0.2", msg, sizeof(msg)), 200);
+    /* a request answered gives its slot back */
+    atomic_store(&answer2[0], 1);
+    uv_async_send(&answer2_async);
+    pthread_join(a.t, NULL);
+    CHECK_INT(a.rc, CURLE_OK);
+    CHECK_INT(a.r.status, 200);
+    CHECK_INT(quick(NULL, msg, sizeof(msg)), 200);
+    hold(&d); /* two in flight again (b, d) */
+    CHECK_INT(quick(NULL, msg, sizeof(msg)), 429);
+    /* a client that goes away gives its slot back */
+    int gone_before = atomic_load(&gone2);
+    atomic_store(&b.cancel, 1);
+    pthread_join(b.t, NULL);
+    CHECK_INT(b.rc, CURLE_ABORTED_BY_CALLBACK);
+    CHECK(wait_for(&gone2, gone_before + 1, 5000));
+    CHECK_INT(quick(NULL, msg, sizeof(msg)), 200);
+    atomic_store(&d.cancel, 1);
+    pthread_join(d.t, NULL);
+    CHECK(wait_for(&gone2, gone_before + 2, 5000));
+    resp_free(&a.r);
+    resp_free(&b.r);
+    resp_free(&d.r);
+    uv_async_send(&ctl2_async);
+    CHECK(wait_for(&closed2, 1, 10000));
 }
 
 static void test_bad_requests(void) {
@@ -1242,6 +1474,16 @@ int main(int argc, char **argv) {
     CHECK(pd_http_server_port(srv) > 0);
     snprintf(url_base, sizeof(url_base), "%s://127.0.0.1:%d", tls ? "https" : "http",
              pd_http_server_port(srv));
+    uv_async_init(&loop, &answer2_async, on_answer2);
+    uv_async_init(&loop, &ctl2_async, on_ctl2);
+    struct pd_http_server_config cfg2 = {
+        .host = "0.0.0.0", .port = 0, .max_requests_per_client = PER_CLIENT};
+    CHECK_OK(pd_http_server_new(&loop, &cfg2, &srv2));
+    CHECK_OK(pd_http_server_route(srv2, "POST", "/hold", PD_HTTP_PER_CLIENT, h_hold2, NULL));
+    CHECK_OK(pd_http_server_route(srv2, "POST", "/quick", PD_HTTP_PER_CLIENT, h_quick2, NULL));
+    CHECK_OK(pd_http_server_route(srv2, "GET", "/health", PD_HTTP_PUBLIC, h_health, NULL));
+    CHECK_OK(pd_http_server_listen(srv2));
+    snprintf(url2, sizeof(url2), "http://127.0.0.1:%d", pd_http_server_port(srv2));
 
     pthread_t loop_thread, compute_thread;
     pthread_create(&compute_thread, NULL, compute_main, NULL);
@@ -1252,6 +1494,8 @@ int main(int argc, char **argv) {
         PD_TEST(test_routes),
         PD_TEST(test_api_key),
         PD_TEST(test_body_limit),
+        PD_TEST(test_header_limit),
+        PD_TEST(test_per_client_limit),
         PD_TEST(test_bad_requests),
         PD_TEST(test_stream),
         PD_TEST(test_stream_error),
@@ -1278,6 +1522,7 @@ int main(int argc, char **argv) {
     atomic_store(&compute_stop, 1);
     pthread_join(compute_thread, NULL);
     pd_http_server_free(srv);
+    pd_http_server_free(srv2);
     int lc = uv_loop_close(&loop);
     if (lc != 0) {
         fprintf(stderr, "uv_loop_close: %s\n", uv_strerror(lc));

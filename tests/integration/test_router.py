@@ -6,7 +6,9 @@ Checks what a user or operator would notice: routing and SSE pass-through byte f
 bootstrap fields identical in the prefill and decode copies, prefill failure -> decode aborted +
 502, client disconnect -> both aborted, unreachable worker -> retried once on another pair and
 out of rotation, health recovery, timeout -> 504, 429 over --max-concurrent-requests, 401 without
-the API key, clean SIGTERM exit without sanitizer reports; backpressure (a client that stops
+the API key, clean SIGTERM exit without sanitizer reports; limits: 429 with Retry-After over
+--max-concurrent-requests-per-client (per client address, the slot back when a client leaves),
+400 over --max-n, 431 for 70 kB of headers, 413 for a body over 8 MiB; backpressure (a client that stops
 reading: the router pauses decode and holds at most --stream-buffer-bytes, then every byte
 arrives); graceful SIGTERM (no new connections, a stream in flight completes, exit 0 as soon as
 it did) and its deadline (what is still running gets an error event and is aborted on both
@@ -349,8 +351,9 @@ def test_failures(router, p, d, auth):
     for t in ts:
         t.start()
     wait_for(lambda: router.info(h)["num_running_reqs"] == 2)
-    st, _, data = router.request("POST", "/generate", {"text": "x"}, headers=h)
-    check(st == 429 and json.loads(data)["error"]["code"] == 429, "third request: 429")
+    st, hdrs, data = call_from(router.port, "POST", "/generate", {"text": "x"}, headers=h)
+    check(st == 429 and json.loads(data)["error"]["code"] == 429 and
+          hdrs.get("retry-after") == "1", "third request: 429 with Retry-After: 1")
     d.config(hang=False)
     for t in ts:
         t.join(10)
@@ -365,6 +368,127 @@ def test_failures(router, p, d, auth):
     check(router.wait_healthy(200), "decode /health 200 again: back in rotation")
     st, _, _ = router.request("POST", "/generate", {"text": "x"}, headers=h)
     check(st == 200, "serving again after recovery")
+
+
+def call_from(port, method, path, body=None, headers=None, src="127.0.0.1", timeout=15):
+    """One request from source address src: (status, headers {lowercase: value}, body)."""
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout, source_address=(src, 0))
+    try:
+        h = {"Content-Type": "application/json"}
+        h.update(headers or {})
+        c.request(method, path, body=json.dumps(body) if isinstance(body, dict) else body,
+                  headers=h)
+        r = c.getresponse()
+        return r.status, {k.lower(): v for k, v in r.getheaders()}, r.read()
+    finally:
+        c.close()
+
+
+def error_of(data):
+    try:
+        return json.loads(data)["error"]
+    except (ValueError, KeyError, TypeError):
+        return {}
+
+
+def test_limits(p, d):
+    """--max-concurrent-requests-per-client 2, --max-n 4, the header and body limits."""
+    r = Router(["--prefill", p.url, "--decode", d.url, "--health-check-interval-secs", "3600",
+                "--max-concurrent-requests-per-client", "2", "--max-n", "4"])
+    check(r.wait_healthy(), "limits router healthy")
+    info = r.info()
+    check(info.get("max_concurrent_requests_per_client") == 2 and info.get("max_n") == 4,
+          "/server_info shows the limits: %r" % {k: info.get(k) for k in (
+              "max_concurrent_requests_per_client", "max_n")})
+    d.config(hang=True)
+    held = {}
+
+    def bg(rid, src):
+        held[rid] = call_from(r.port, "POST", "/generate", {"text": "x", "rid": rid}, src=src,
+                              timeout=30)[0]
+
+    def reached_decode(rid):
+        return wait_for(lambda: any(q["body"].get("rid") == rid for q in d.log()["requests"]))
+
+    ts = [threading.Thread(target=bg, args=("pc%d" % i, "127.0.0.1")) for i in range(2)]
+    for t in ts:
+        t.start()
+    check(reached_decode("pc0") and reached_decode("pc1"), "two requests from 127.0.0.1 held")
+    st, hdrs, data = call_from(r.port, "POST", "/v1/completions", {"prompt": "x", "rid": "pc2"})
+    e = error_of(data)
+    check(st == 429 and hdrs.get("retry-after") == "1" and e.get("code") == "rate_limit_exceeded"
+          and e.get("message", "").startswith(
+              "Too many concurrent requests from 127.0.0.1: 2 in flight, the limit is 2 per "
+              "client address (--max-concurrent-requests-per-client)"),
+          "third request from 127.0.0.1: 429 with Retry-After naming the limit: %d %r %r" %
+          (st, hdrs.get("retry-after"), data[:300]))
+    check(not any(q["body"].get("rid") == "pc2" for q in d.log()["requests"]),
+          "the refused request never reached a worker")
+    for path in ("/health", "/server_info", "/v1/models"):
+        st = call_from(r.port, "GET", path)[0]
+        check(st in (200, 404) and st != 429, "%s is not counted per client: %d" % (path, st))
+    # another client address has a budget of its own
+    t2 = threading.Thread(target=bg, args=("pc3", "127.0.0.2"))
+    t2.start()
+    check(reached_decode("pc3"), "a request from 127.0.0.2 is admitted meanwhile")
+    # answered requests free their slots
+    d.config(hang=False)
+    for t in ts + [t2]:
+        t.join(30)
+    check(held == {"pc0": 200, "pc1": 200, "pc3": 200}, "the admitted requests finish: %r" % held)
+    # a client that leaves frees its slot at once (the router aborts its request)
+    d.config(hang=True)
+    s = socket.create_connection(("127.0.0.1", r.port), source_address=("127.0.0.1", 0))
+    body = json.dumps({"text": "x", "stream": True, "rid": "pc4"})
+    s.sendall(("POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+               "Content-Length: %d\r\n\r\n%s" % (len(body), body)).encode())
+    t3 = threading.Thread(target=bg, args=("pc5", "127.0.0.1"))
+    t3.start()
+    check(reached_decode("pc4") and reached_decode("pc5"), "two held again")
+    st = call_from(r.port, "POST", "/generate", {"text": "x", "rid": "pc6"})[0]
+    check(st == 429, "at the limit again: %d" % st)
+    s.close()
+    check(wait_for(lambda: "pc4" in d.log()["aborts"]), "the client that left was aborted")
+    t4 = threading.Thread(target=bg, args=("pc7", "127.0.0.1"))
+    t4.start()
+    check(reached_decode("pc7"), "its slot is free again: the next request is admitted")
+    d.config(hang=False)
+    for t in (t3, t4):
+        t.join(30)
+    check(held.get("pc5") == 200 and held.get("pc7") == 200, "all finish: %r" % held)
+
+    # --max-n 4
+    st, _, data = r.request("POST", "/generate", {"text": "x", "sampling_params": {"n": 5}})
+    msg = error_of(data).get("message", "")
+    check(st == 400 and "[1, 4]" in msg and "--max-n" in msg,
+          "n 5 over --max-n 4: 400 naming the limit: %d %r" % (st, data[:300]))
+    st, _, data = r.request("POST", "/v1/completions", {"prompt": "x", "n": 4})
+    check(st == 200, "n 4 (= --max-n) is routed: %d %r" % (st, data[:200]))
+
+    # request line + headers over 64 KiB: 431 naming both sizes
+    st, hdrs, data = call_from(r.port, "POST", "/generate", {"text": "x"},
+                               headers={"X-Pad": "p" * 70000})
+    msg = error_of(data).get("message", "")
+    sizes = [int(x) for x in re.findall(r"\d+", msg)]
+    check(st == 431 and error_of(data).get("code") == "request_header_fields_too_large" and
+          65536 in sizes and any(70000 < x < 71000 for x in sizes),
+          "70 kB of headers: 431 naming the sizes: %d %r" % (st, data[:300]))
+    # a body over the router's limit (8 MiB less its room for the bootstrap fields): 413
+    # (announced with Expect: 100-continue, as curl does, so the answer comes before the body)
+    s = socket.create_connection(("127.0.0.1", r.port), timeout=15)
+    s.sendall(b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              b"Expect: 100-continue\r\nContent-Length: %d\r\n\r\n" % ((8 << 20) + 12))
+    raw = b""
+    while b"}}" not in raw:
+        piece = s.recv(65536)
+        if not piece:
+            break
+        raw += piece
+    s.close()
+    head, _, data = raw.partition(b"\r\n\r\n")
+    check(head.startswith(b"HTTP/1.1 413") and "larger than the limit of 8384512 bytes" in
+          error_of(data).get("message", ""), "8 MiB body: 413 naming the limit: %r" % raw[:400])
+    r.stop()
 
 
 def send_stream_request(port, body, rcvbuf=None):
@@ -604,6 +728,7 @@ def main():
         check(r2.wait_healthy(), "router 2 healthy")
         test_failures(r2, p, d, "secret")
         r2.stop()
+        test_limits(p, d)
 
         limit = 64 << 10
         r3 = Router(["--prefill", p.url, "--decode", d.url, "--stream-buffer-bytes", str(limit),

@@ -474,7 +474,9 @@ static void test_length_and_ids(void) {
     CHECK_OK(parse(PD_API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}]}", &r, &e));
     CHECK_INT(pd_api_check_length(&r, 100, 100, &e), PD_EINVAL);
     CHECK_INT(e.status, 400);
-    CHECK(strstr(e.message, "100 tokens") && strstr(e.message, "context length (100 tokens)"));
+    CHECK_STR(e.message, "The input (100 tokens) is longer than the model's context length (100 "
+                         "tokens, --context-length).");
+    CHECK_STR(e.code, "context_length_exceeded");
     CHECK_STR(e.param, "messages");
     CHECK_INT(pd_api_check_length(&r, 250, 100, &e), PD_EINVAL);
     CHECK(strstr(e.message, "250 tokens") && strstr(e.message, "100 tokens"));
@@ -508,8 +510,12 @@ static void test_length_and_ids(void) {
     CHECK_OK(pd_api_check_length(&r, 40, 100, &e));
     CHECK_INT(pd_api_check_length(&r, 41, 100, &e), PD_EINVAL);
     CHECK_STR(e.param, "max_tokens");
-    CHECK(strstr(e.message, "101 tokens") && strstr(e.message, "41 tokens") &&
-          strstr(e.message, "60 tokens"));
+    CHECK_STR(e.code, "context_length_exceeded");
+    CHECK_STR(e.message,
+              "Requested token count exceeds the model's maximum context length of 100 tokens "
+              "(--context-length). You requested a total of 101 tokens: 41 tokens from the input "
+              "and 60 tokens for the completion. Please reduce the input or the completion to fit "
+              "within the limit.");
     CHECK_OK(pd_api_check_length(&r, 41, 0, &e)); /* unknown context: no check */
     CHECK_OK(pd_api_check_token_ids(&r, 100, &e));
     CHECK_INT(pd_api_check_token_ids(&r, 99, &e), PD_EINVAL);
@@ -1062,7 +1068,24 @@ static void test_split(void) {
         CHECK(sp.bodies == NULL);                                                                  \
     } while (0)
     SPLIT_BAD(PD_API_COMPLETIONS, &cfg, "{\"prompt\":\"a\",\"n\":0}", "n", "[1, 128]");
-    SPLIT_BAD(PD_API_COMPLETIONS, &cfg, "{\"prompt\":\"a\",\"n\":129}", "n", "[1, 128]");
+    SPLIT_BAD(PD_API_COMPLETIONS, &cfg, "{\"prompt\":\"a\",\"n\":129}", "n",
+              "'n' is 129: must be in [1, 128] (at most --max-n samples per prompt)");
+    SPLIT_BAD(PD_API_COMPLETIONS, NULL, "{\"prompt\":\"a\",\"n\":129}", "n", "[1, 128]");
+    /* --max-n: the configured cap, whatever side of the default */
+    static const struct pd_api_config cfg4 = {.context_length = 100, .max_n = 4};
+    static const struct pd_api_config cfg200 = {.context_length = 100, .max_n = 200};
+    SPLIT_BAD(PD_API_CHAT, &cfg4, "{\"messages\":[],\"n\":5}", "n",
+              "'n' is 5: must be in [1, 4] (at most --max-n samples per prompt)");
+    SPLIT_BAD(PD_API_GENERATE, &cfg4, "{\"text\":\"a\",\"sampling_params\":{\"n\":9}}",
+              "sampling_params.n", "'sampling_params.n' is 9: must be in [1, 4]");
+    b = "{\"prompt\":\"a\",\"n\":4}";
+    CHECK_OK(pd_api_split(PD_API_COMPLETIONS, b, strlen(b), &cfg4, &sp, &e));
+    CHECK_INT(sp.count, 4);
+    pd_api_split_free(&sp);
+    b = "{\"prompt\":\"a\",\"n\":200}";
+    CHECK_OK(pd_api_split(PD_API_COMPLETIONS, b, strlen(b), &cfg200, &sp, &e));
+    CHECK_INT(sp.count, 200);
+    pd_api_split_free(&sp);
     SPLIT_BAD(PD_API_CHAT, &cfg, "{\"messages\":[],\"n\":2.5}", "n", "fractional");
     SPLIT_BAD(PD_API_GENERATE, &cfg, "{\"text\":\"a\",\"sampling_params\":{\"n\":-1}}",
               "sampling_params.n", "[1, 128]");

@@ -4,6 +4,7 @@
 #include "pd_test.h"
 
 #include "common/base/alloc.h"
+#include "common/base/api_wire.h"
 #include "router/body.h"
 #include "router/config.h"
 
@@ -15,7 +16,8 @@ static struct pd_router_rng rng;
 static cJSON *rewrite(int route, const char *body, const char *host, int port,
                       struct pd_router_body_info *info, char **text) {
     size_t len = 0;
-    int rc = pd_router_body_rewrite(route, body, strlen(body), host, port, &rng, text, &len, info);
+    int rc = pd_router_body_rewrite(route, PD_API_MAX_N, body, strlen(body), host, port, &rng, text,
+                                    &len, info);
     CHECK_OK(rc);
     if (rc)
         return NULL;
@@ -143,7 +145,8 @@ static void test_refusals(void) {
     char *text;
     size_t len;
 #define REFUSE(route, body, code, needle)                                                          \
-    CHECK_ERR(pd_router_body_rewrite(route, body, strlen(body), "h", 1, &rng, &text, &len, &info), \
+    CHECK_ERR(pd_router_body_rewrite(route, PD_API_MAX_N, body, strlen(body), "h", 1, &rng, &text, \
+                                     &len, &info),                                                 \
               code, needle)
     REFUSE(PD_ROUTER_ROUTE_GENERATE, "{\"text\":", PD_EINVAL, "not valid JSON");
     REFUSE(PD_ROUTER_ROUTE_GENERATE, "[1]", PD_EINVAL, "JSON object");
@@ -158,6 +161,22 @@ static void test_refusals(void) {
     REFUSE(PD_ROUTER_ROUTE_COMPLETIONS,
            "{\"prompt\":[\"a\",\"b\",\"c\",\"d\",\"e\",\"f\",\"g\",\"h\",\"i\"],\"n\":128}",
            PD_EINVAL, "at most 1024");
+    REFUSE(PD_ROUTER_ROUTE_CHAT, "{\"messages\":[],\"n\":129}", PD_EINVAL,
+           "'n' must be an integer in [1, 128] (at most --max-n samples per prompt)");
+    /* --max-n: the router's own cap, below and above the default */
+    CHECK_ERR(pd_router_body_rewrite(PD_ROUTER_ROUTE_CHAT, 4, "{\"n\":5}", 7, "h", 1, &rng, &text,
+                                     &len, &info),
+              PD_EINVAL, "[1, 4] (at most --max-n");
+    CHECK_OK(pd_router_body_rewrite(PD_ROUTER_ROUTE_CHAT, 4, "{\"n\":4}", 7, "h", 1, &rng, &text,
+                                    &len, &info));
+    CHECK_INT(info.n, 4);
+    pd_free(text);
+    pd_router_body_info_free(&info);
+    CHECK_OK(pd_router_body_rewrite(PD_ROUTER_ROUTE_CHAT, 200, "{\"n\":200}", 9, "h", 1, &rng,
+                                    &text, &len, &info));
+    CHECK_INT(info.n, 200);
+    pd_free(text);
+    pd_router_body_info_free(&info);
     REFUSE(PD_ROUTER_ROUTE_GENERATE, "{\"text\":[]}", PD_EINVAL, "empty");
     REFUSE(PD_ROUTER_ROUTE_GENERATE, "{\"text\":\"a\",\"rid\":5}", PD_EINVAL, "'rid' must be");
     REFUSE(PD_ROUTER_ROUTE_GENERATE, "{\"text\":[\"a\",\"b\"],\"rid\":[\"x\"]}", PD_EINVAL,
@@ -177,8 +196,8 @@ static void test_alloc_failures_leak_nothing(void) {
         size_t len;
         const char *body = "{\"text\":[\"a\",\"b\"],\"bootstrap_port\":3}";
         pd_alloc_fail_after(k);
-        int rc = pd_router_body_rewrite(PD_ROUTER_ROUTE_GENERATE, body, strlen(body), "h", 1, &rng,
-                                        &text, &len, &info);
+        int rc = pd_router_body_rewrite(PD_ROUTER_ROUTE_GENERATE, PD_API_MAX_N, body, strlen(body),
+                                        "h", 1, &rng, &text, &len, &info);
         pd_alloc_fail_after(-1);
         CHECK(rc == PD_OK || rc == PD_ENOMEM);
         pd_free(text);

@@ -5,6 +5,7 @@
 #include "pd_test.h"
 
 #include "common/base/alloc.h"
+#include "common/base/api_wire.h"
 #include "router/body.h"
 #include "router/config.h"
 #include "router/lpmerge.h"
@@ -201,8 +202,8 @@ static void test_body_flag(void) {
         struct pd_router_body_info info;
         char *out = NULL;
         size_t len = 0;
-        CHECK_OK(pd_router_body_rewrite(cases[i].route, cases[i].body, strlen(cases[i].body), "h",
-                                        1, &rng, &out, &len, &info));
+        CHECK_OK(pd_router_body_rewrite(cases[i].route, PD_API_MAX_N, cases[i].body,
+                                        strlen(cases[i].body), "h", 1, &rng, &out, &len, &info));
         CHECK(info.input_logprobs == cases[i].want);
         pd_free(out);
         pd_router_body_info_free(&info);
