@@ -786,7 +786,7 @@ static void test_header_limit(void) {
      * (no spaces) "Authorization: Bearer sk-test\r\n" "Content-Type: application/json\r\n"
      * "X-Pad: <pad>\r\n" "\r\n" */
     char host[64];
-    snprintf(host, sizeof(host), "Host: %s\r\n", url_base + strlen("http://"));
+    snprintf(host, sizeof(host), "Host: %s\r\n", strstr(url_base, "://") + 3); /* http, https */
     size_t fixed = strlen("GET /health HTTP/1.1\r\n") + strlen(host) + strlen("Accept: */*\r\n") +
                    strlen("Authorization: Bearer " API_KEY "\r\n") +
                    strlen("Content-Type: application/json\r\n") + strlen("X-Pad: \r\n") + 2;
