@@ -147,6 +147,24 @@ def http_call(port, method, path, body=None, timeout=60, headers=None, host="127
         c.close()
 
 
+def oversized_body_answer(port, path, length):
+    """POSTs headers announcing a body of length bytes with Expect: 100-continue (as curl does,
+    so a server that refuses the size answers before any of the body): (head, body) of what
+    came back, read until the end of the JSON error or the connection."""
+    s = socket.create_connection(("127.0.0.1", port), timeout=15)
+    s.sendall(b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              b"Expect: 100-continue\r\nContent-Length: %d\r\n\r\n" % (path.encode(), length))
+    raw = b""
+    while b"}}" not in raw:
+        piece = s.recv(65536)
+        if not piece:
+            break
+        raw += piece
+    s.close()
+    head, _, body = raw.partition(b"\r\n\r\n")
+    return head, body
+
+
 def sse_events(raw):
     """The data payloads of an SSE body, in order."""
     out = []

@@ -196,17 +196,8 @@ def http_limits(srv, what):
     check(st == 431 and e.get("code") == "request_header_fields_too_large" and
           sizes[-1:] == [65536] and len(sizes) == 2 and 70000 < sizes[0] < 70300,
           "%s: 70 kB of headers: 431 naming both sizes: %d %r" % (what, st, raw[:300]))
-    s = socket.create_connection(("127.0.0.1", srv.port), timeout=15)
-    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-              b"Expect: 100-continue\r\nContent-Length: %d\r\n\r\n" % ((8 << 20) + 1))
-    raw = b""
-    while b"}}" not in raw:
-        piece = s.recv(65536)
-        if not piece:
-            break
-        raw += piece
-    s.close()
-    head, _, body = raw.partition(b"\r\n\r\n")
+    head, body = pc.oversized_body_answer(srv.port, "/v1/completions", (8 << 20) + 1)
+    raw = head + b"\r\n\r\n" + body
     check(head.startswith(b"HTTP/1.1 413") and error_of(body).get("message") ==
           "The request body is larger than the limit of 8388608 bytes.",
           "%s: a body over 8 MiB: 413 naming the limit: %r" % (what, raw[:400]))

@@ -27,6 +27,9 @@ import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import pd_cluster as pc  # noqa: E402  (its request helpers only; this test has its own checks)
+
 ROUTER = sys.argv[1]
 FAILURES = []
 PROCS = []
@@ -475,17 +478,8 @@ def test_limits(p, d):
           "70 kB of headers: 431 naming the sizes: %d %r" % (st, data[:300]))
     # a body over the router's limit (8 MiB less its room for the bootstrap fields): 413
     # (announced with Expect: 100-continue, as curl does, so the answer comes before the body)
-    s = socket.create_connection(("127.0.0.1", r.port), timeout=15)
-    s.sendall(b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-              b"Expect: 100-continue\r\nContent-Length: %d\r\n\r\n" % ((8 << 20) + 12))
-    raw = b""
-    while b"}}" not in raw:
-        piece = s.recv(65536)
-        if not piece:
-            break
-        raw += piece
-    s.close()
-    head, _, data = raw.partition(b"\r\n\r\n")
+    head, data = pc.oversized_body_answer(r.port, "/generate", (8 << 20) + 12)
+    raw = head + b"\r\n\r\n" + data
     check(head.startswith(b"HTTP/1.1 413") and "larger than the limit of 8384512 bytes" in
           error_of(data).get("message", ""), "8 MiB body: 413 naming the limit: %r" % raw[:400])
     r.stop()
