@@ -1,6 +1,6 @@
 /*
  * xfer_test.c — pdserve-xfer-test: the KV transfer path end to end between two processes on
- * 127.0.0.1, with the real control plane (gRPC bootstrap) and data plane (UCX).
+ * 127.0.0.1 (or --host), with the real control plane (gRPC bootstrap) and data plane (UCX).
  *
  *   --role sender    prefill's side: bootstrap server + engine; writes each room's pages (content
  *                    a function of the room) when its Transfer arrives. Runs until SIGTERM/SIGINT,
@@ -14,6 +14,14 @@
  *
  * --shards N gives both sides' pools N shards (tensor-parallel ranks, layout tp_size N): each
  * shard's part of a page has its own content and is checked on its own.
+ *
+ * --room-timeout S (receiver) is the lossy-link mode (tests/integration/test_netfault.py runs the
+ * two sides in two network namespaces, --host naming the sender's address): a room not ended S
+ * seconds after it was issued is aborted, as decode's --waiting-timeout does; a room that ends
+ * without its data (timed out, its endpoint failed, refused) counts as lost and the receiver goes
+ * on (the next room pairs again). The pages of a lost room are filled with a marker and held for
+ * --watch-lost seconds before reuse: a byte that changed meanwhile was written after its room
+ * ended (late_writes, which fails the run), the corruption a reused page must never see.
  *
  * Prints one "xfer-test: key=value ..." summary line and exits 0 when everything held, 1 when not.
  * tests/integration/xfer_pair.c drives it (including SIGKILL of either side).
@@ -39,6 +47,7 @@
 #define SLOT_PAGES 4096 /* the largest room */
 #define MAX_WINDOW 64
 #define PROBE_GOOD_ROOM 0x7000u
+#define LOST_MARK 0x5A /* the bytes of a lost room's pages while they are watched */
 
 enum role { ROLE_SENDER, ROLE_RECEIVER, ROLE_PROBE };
 static const char *const role_names[] = {"sender", "receiver", "probe", NULL};
@@ -56,6 +65,9 @@ struct opts {
     int64_t seed;
     int log_level;
     int max_pages;
+    const char *host;
+    double room_timeout_s;
+    double watch_lost_s;
 };
 
 struct slot {
@@ -64,6 +76,9 @@ struct slot {
     uint32_t n;
     uint32_t dst[SLOT_PAGES];
     bool aborted;
+    uint64_t t_issued;    /* ms */
+    bool timeout_sent;    /* --room-timeout: its abort went out */
+    uint64_t watch_until; /* ms; nonzero: a lost room's pages, watched for late writes */
 };
 
 struct app {
@@ -85,6 +100,7 @@ struct app {
     struct slot slots[MAX_WINDOW];
     uint64_t next_seq;
     int issued, ended, ok, canceled, peer_failed, bad_pages, bad_sums, other_fail;
+    int lost, timed_out, late_writes; /* --room-timeout */
     long pages_moved;
     uint64_t t_start, t_end, t_fail;
     bool stopping, peer_dead;
@@ -205,17 +221,20 @@ static void receiver_finish_if_done(void) {
         return;
     A.t_end = now_ms();
     double secs = (double)(A.t_end - A.t_start) / 1000.0;
-    int bad = A.bad_pages + A.bad_sums + A.other_fail;
-    if (A.o.expect_peer_death)
-        bad += !A.peer_dead;
+    int bad = A.bad_pages + A.bad_sums + A.late_writes;
+    if (A.o.room_timeout_s > 0) /* lossy link: rooms may be lost, never corrupted */
+        bad += A.ok == 0;
+    else if (A.o.expect_peer_death)
+        bad += A.other_fail + !A.peer_dead;
     else
-        bad += A.peer_failed;
-    if (!A.o.abort_every && !A.o.expect_peer_death)
+        bad += A.other_fail + A.peer_failed;
+    if (!A.o.abort_every && !A.o.expect_peer_death && A.o.room_timeout_s <= 0)
         bad += A.canceled;
     printf("xfer-test: role=receiver rooms=%d ok=%d canceled=%d peer_failed=%d other_failed=%d "
-           "bad_pages=%d bad_checksums=%d pages=%ld seconds=%.2f pages_in_use=0 result=%s\n",
-           A.ended, A.ok, A.canceled, A.peer_failed, A.other_fail, A.bad_pages, A.bad_sums,
-           A.pages_moved, secs, bad ? "FAIL" : "PASS");
+           "bad_pages=%d bad_checksums=%d lost=%d timed_out=%d late_writes=%d pages=%ld "
+           "seconds=%.2f pages_in_use=0 result=%s\n",
+           A.ended, A.ok, A.canceled, A.peer_failed, A.other_fail, A.bad_pages, A.bad_sums, A.lost,
+           A.timed_out, A.late_writes, A.pages_moved, secs, bad ? "FAIL" : "PASS");
     fflush(stdout);
     A.exit_code = bad ? 1 : 0;
     shutdown_all();
@@ -251,13 +270,24 @@ static void receiver_room_done(int slot_i, int status, const struct pd_xfer_noti
         A.canceled++;
     } else if (status == PD_EPEER || status == PD_ETIMEDOUT) {
         A.peer_failed++;
-        A.peer_dead = true;
+        A.peer_dead = A.o.room_timeout_s <= 0; /* a lossy link: the next room pairs again */
+    } else if (A.o.room_timeout_s > 0) {
+        A.other_fail++; /* a refusal (not paired, ...): lost too */
     } else {
         pd_error("xfer-test: room %" PRIu64 " failed: %s (%s)", s->room, pd_status_str(status),
                  n ? n->error : "");
         A.other_fail++;
     }
-    s->busy = false; /* its pages are free again */
+    if (status != PD_OK && A.o.room_timeout_s > 0) {
+        /* no write may land any more: mark its pages and watch them before reuse (on_tick) */
+        A.lost++;
+        for (uint32_t i = 0; i < s->n; i++)
+            for (int k = 0; k < A.o.shards; k++)
+                memset(page_at(k, s->dst[i]), LOST_MARK, A.shard_bytes);
+        s->watch_until = now_ms() + (uint64_t)(A.o.watch_lost_s * 1000.0);
+    } else {
+        s->busy = false; /* its pages are free again */
+    }
     if (A.ended % 500 == 0 || A.ended == 50) {
         printf("xfer-test: progress rooms=%d\n", A.ended);
         fflush(stdout);
@@ -286,6 +316,9 @@ static void receiver_fill(void) {
                 memset(page_at(j, s->dst[k]), 0xA5, A.shard_bytes);
         s->busy = true;
         s->aborted = false;
+        s->timeout_sent = false;
+        s->watch_until = 0;
+        s->t_issued = now_ms();
         A.issued++;
         rc = pd_bootstrap_client_transfer(A.client, s->room, s->dst, s->n, s->n * 16,
                                           (void *)(intptr_t)i);
@@ -308,14 +341,49 @@ static void on_rejected(void *ctx, uint64_t room, void *user, int status, const 
     receiver_room_done((int)(intptr_t)user, status, NULL);
 }
 
+/* A lost room's pages after the watch: any byte off the mark was written after the room ended. */
+static void watch_done(struct slot *s) {
+    for (uint32_t i = 0; i < s->n; i++) {
+        for (int k = 0; k < A.o.shards; k++) {
+            const uint8_t *b = page_at(k, s->dst[i]);
+            for (size_t j = 0; j < A.shard_bytes; j++) {
+                if (b[j] != LOST_MARK) {
+                    pd_error("xfer-test: room %" PRIu64 ": page %u (pool %u) shard %d written "
+                             "at byte %zu after the room ended",
+                             s->room, i, s->dst[i], k, j);
+                    A.late_writes++;
+                    break;
+                }
+            }
+        }
+    }
+    s->watch_until = 0;
+    s->busy = false;
+}
+
 static void on_tick(uv_timer_t *t) {
     (void)t;
-    for (int i = 0; i < A.o.window; i++) {
+    uint64_t now = now_ms();
+    bool freed = false;
+    for (int i = 0; i < A.o.window && !A.stopping; i++) {
         struct slot *s = &A.slots[i];
         if (s->busy && s->aborted) {
             s->aborted = false;
             pd_bootstrap_client_abort(A.client, s->room, "client disconnected");
         }
+        if (s->busy && s->watch_until && now >= s->watch_until) {
+            watch_done(s);
+            freed = true;
+        } else if (s->busy && !s->watch_until && !s->timeout_sent && A.o.room_timeout_s > 0 &&
+                   (double)(now - s->t_issued) >= A.o.room_timeout_s * 1000.0) {
+            s->timeout_sent = true; /* as decode's --waiting-timeout: give it up */
+            A.timed_out++;
+            pd_bootstrap_client_abort(A.client, s->room, "timed out");
+        }
+    }
+    if (freed) {
+        receiver_fill();
+        receiver_finish_if_done();
     }
 }
 
@@ -439,7 +507,7 @@ static void probe_next(void) {
                                                 .layout = A.layout,
                                                 .decode_id = "probe-wrong-key"};
         char target[64];
-        snprintf(target, sizeof(target), "127.0.0.1:%d", A.o.port);
+        snprintf(target, sizeof(target), "%s:%d", A.o.host, A.o.port);
         cc.target = target;
         struct pd_bootstrap_client_callbacks cb = {.on_paired = on_probe_paired,
                                                    .on_room_rejected = on_probe_rejected};
@@ -454,7 +522,7 @@ static void probe_next(void) {
         struct pd_bootstrap_client_config cc = {
             .key = A.key, .key_len = A.key_len, .layout = A.layout, .decode_id = "probe-layout"};
         char target[64];
-        snprintf(target, sizeof(target), "127.0.0.1:%d", A.o.port);
+        snprintf(target, sizeof(target), "%s:%d", A.o.host, A.o.port);
         cc.target = target;
         cc.layout.kv_heads += 2;
         struct pd_bootstrap_client_callbacks cb = {.on_paired = on_probe_paired,
@@ -544,7 +612,7 @@ static void probe_next(void) {
         struct pd_bootstrap_client_config cc = {
             .key = A.key, .key_len = A.key_len, .layout = A.layout, .decode_id = "probe-tp"};
         char target[64];
-        snprintf(target, sizeof(target), "127.0.0.1:%d", A.o.port);
+        snprintf(target, sizeof(target), "%s:%d", A.o.host, A.o.port);
         cc.target = target;
         cc.layout.tp_size = A.layout.tp_size == 1 ? 2 : 1;
         cc.layout.page_bytes = A.layout.page_bytes / A.layout.tp_size * cc.layout.tp_size;
@@ -632,7 +700,8 @@ static void layout_from_opts(const struct opts *o, struct pd_bootstrap_layout *l
 int main(int argc, char **argv) {
     struct opts *o = &A.o;
     const char *key_path = NULL;
-    *o = (struct opts){.port = 8998,
+    *o = (struct opts){.host = "127.0.0.1",
+                       .port = 8998,
                        .rooms = 2000,
                        .window = 4,
                        .layers = 1,
@@ -642,14 +711,18 @@ int main(int argc, char **argv) {
                        .shards = 1,
                        .seed = 1,
                        .log_level = PD_LOG_WARNING,
-                       .max_pages = SLOT_PAGES};
+                       .max_pages = SLOT_PAGES,
+                       .watch_lost_s = 4};
     struct pd_flagset fs;
     pd_flagset_init(&fs, "pdserve-xfer-test",
-                    "Two-process KV transfer test over 127.0.0.1: a sender (prefill side) and a "
-                    "receiver (decode side) through the gRPC bootstrap and UCX.");
+                    "Two-process KV transfer test (on 127.0.0.1 unless --host says otherwise): a "
+                    "sender (prefill side) and a receiver (decode side) through the gRPC "
+                    "bootstrap and UCX.");
     pd_flag_choice(&fs, "--role", &o->role, role_names, "which side this process plays")->required =
         true;
-    pd_flag_int(&fs, "--port", &o->port, "PORT", 1, 65535, "bootstrap port on 127.0.0.1");
+    pd_flag_string(&fs, "--host", &o->host, "ADDR",
+                   "bootstrap address: the sender listens on it, the receiver and probe call it");
+    pd_flag_int(&fs, "--port", &o->port, "PORT", 1, 65535, "bootstrap port");
     pd_flag_cluster_key(&fs, &key_path);
     pd_flag_int(&fs, "--rooms", &o->rooms, "N", 1, 1e7, "receiver: rooms to transfer");
     pd_flag_int(&fs, "--window", &o->window, "N", 1, MAX_WINDOW, "receiver: rooms in flight");
@@ -666,6 +739,13 @@ int main(int argc, char **argv) {
     pd_flag_bool(&fs, "--expect-peer-death", &o->expect_peer_death,
                  "succeed when the peer dies and every room has ended within bounds");
     pd_flag_int64(&fs, "--seed", &o->seed, "N", 0, 9e18, "receiver: page-set seed");
+    pd_flag_double(&fs, "--room-timeout", &o->room_timeout_s, "SECONDS", 0, 86400,
+                   "receiver, lossy-link mode: abort a room not ended this long after it was "
+                   "issued, count rooms ended without their data as lost and go on, and check "
+                   "that no page of a lost room is written after it ended (0 = off)");
+    pd_flag_double(&fs, "--watch-lost", &o->watch_lost_s, "SECONDS", 0.1, 86400,
+                   "receiver, lossy-link mode: how long a lost room's pages are watched for late "
+                   "writes before they serve another room (longer than a link outage)");
     pd_flag_log_level(&fs, &o->log_level);
     if (pd_flags_parse(&fs, argc, argv)) {
         fprintf(stderr, "pdserve-xfer-test: %s\n", pd_error_msg());
@@ -707,7 +787,7 @@ int main(int argc, char **argv) {
                                     .on_peer_failed = on_peer_failed,
                                     .on_peer_closed = on_peer_closed};
     char addr[64];
-    snprintf(addr, sizeof(addr), "127.0.0.1:%d", o->port);
+    snprintf(addr, sizeof(addr), "%s:%d", o->host, o->port);
     int rc = pd_grpc_bridge_new(&A.loop, &A.bridge);
     if (!rc)
         rc = pd_xfer_new(&A.loop, &xc, &xcb, &A.x);
@@ -740,6 +820,8 @@ int main(int argc, char **argv) {
             receiver_fill();
             if (o->abort_every)
                 uv_timer_start(&A.tick, on_tick, 2, 2);
+            else if (o->room_timeout_s > 0)
+                uv_timer_start(&A.tick, on_tick, 50, 50);
         } else if (!rc) {
             probe_next();
         }
