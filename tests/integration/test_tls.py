@@ -122,12 +122,27 @@ def openai_over_tls(rt, model, t):
     return ref
 
 
+def grpc_tls_env():
+    """The environment of a decode that calls bootstrap ports over TLS: under LeakSanitizer, the
+    suppressions of tests/lsan-grpc-tls.supp (gRPC's threads' OpenSSL error state, left when
+    they outlive OpenSSL's exit cleanup) instead of tests/lsan.supp's."""
+    env = dict(os.environ)
+    lsan = env.get("LSAN_OPTIONS")
+    if lsan:
+        supp = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                            "lsan-grpc-tls.supp")
+        env["LSAN_OPTIONS"] = ":".join(
+            o for o in lsan.split(":") if not o.startswith("suppressions=")) + \
+            ":suppressions=" + supp
+    return env
+
+
 def refused_bootstrap(pf, model, tmp, t, extra, what, want_reply, want_log, key_text=None):
     """A decode started with extra flags gets one request for pf's bootstrap port: it fails,
     the reply says want_reply, pf's log gets want_log at warning; the decode's pages come
     back."""
     dc = pc.Daemon(BUILD, "decode", model, tmp, extra, ssl_ctx=t["ctx"] if "--ssl-certfile"
-                   in extra else None)
+                   in extra else None, env=grpc_tls_env())
     mark = log_size(pf)
     body = {"text": PROMPT, "sampling_params": {"max_new_tokens": 4},
             "bootstrap_host": "127.0.0.1", "bootstrap_port": pf.bport,
@@ -154,7 +169,8 @@ def cluster_cases(model, tmp, t):
     common = ["--cluster-key", key]
     step("prefill + decode + router, all HTTPS; bootstrap over TLS")
     pf = pc.Daemon(BUILD, "prefill", model, tmp, common + tls_args(t, ca=False), ssl_ctx=t["ctx"])
-    dc = pc.Daemon(BUILD, "decode", model, tmp, common + tls_args(t), ssl_ctx=t["ctx"])
+    dc = pc.Daemon(BUILD, "decode", model, tmp, common + tls_args(t), ssl_ctx=t["ctx"],
+                   env=grpc_tls_env())
     rt = pc.Router(BUILD, [(pf.port, pf.bport)], [dc.port], tmp, tls_args(t), scheme="https",
                    ssl_ctx=t["ctx"])
     check("grpc: serving on" in log_lines(pf) and "(TLS)" in log_lines(pf),
