@@ -133,6 +133,8 @@ static void decode_room_end(struct pd_daemon_state *d, struct pd_daemon_req *r, 
             pd__daemon_take_token(r, n->first_token, 0, PD_FINISH_NONE, n->first_logprob, &s);
         } else {
             snprintf(r->fail_msg, sizeof(r->fail_msg), "%s", n->error);
+            /* the prefill sends ECANCELED only for its user's abort (prefill/role.c) */
+            r->peer_aborted = n->status == PD_ECANCELED;
         }
     } else if (status != PD_OK && !r->fail_msg[0]) {
         snprintf(r->fail_msg, sizeof(r->fail_msg), "%s", pd_status_str(status));
