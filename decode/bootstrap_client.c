@@ -29,6 +29,7 @@ struct croom {
     uint32_t *pages;
     uint32_t n;
     uint32_t prompt_len;
+    pd_xfer_peer_t *peer; /* the pairing its Transfer went out under */
     bool transfer_inflight;
     bool abort_pending;
     char reason[128];
@@ -157,6 +158,18 @@ static void on_transfer_reply(void *ctx, int status, const uint8_t *reply, size_
             /* A definite refusal: the prefill never took the room, nothing can land. */
             pd_warn("bootstrap: room %" PRIu64 ": refused: %s", r->room, pd_error_msg());
             pd_xfer_room_release(c->x, r->room, status);
+            if (status == PD_ENOENT && c->peer && c->peer == r->peer) {
+                /* The prefill does not know this pairing: a restart on the same address, faster
+                 * than UCX told us the old one died. Every Transfer under it would be refused
+                 * too: drop it now, the next room pairs again. The old process cannot write. */
+                pd_warn("bootstrap: prefill %s does not know this decode (restarted?); pairing "
+                        "again",
+                        c->target);
+                pd_xfer_peer_t *old = c->peer;
+                c->peer = NULL;
+                c->state = UNPAIRED;
+                pd_xfer_peer_close(old, PD_EPEER);
+            }
         }
     }
     croom_free(r);
@@ -187,6 +200,7 @@ static void send_transfer(pd_bootstrap_client_t *c, struct croom *r) {
         return;
     }
     r->transfer_inflight = true;
+    r->peer = c->peer;
     r->next = c->inflight;
     c->inflight = r;
 }

@@ -239,10 +239,10 @@ static void serve_transfer(pd_bootstrap_server_t *s, const char *peer, const uin
     if (refuse_key(s, "Transfer", peer, rq->cluster_key, a))
         goto out;
     struct spair *p = pair_find(s, rq->decode_id);
-    if (!p) {
-        answer_code(a, PD_GRPC_FAILED_PRECONDITION,
+    if (!p) { /* NOT_FOUND tells the decode to pair again: this prefill may be a restarted one */
+        answer_code(a, PD_GRPC_NOT_FOUND,
                     "Transfer room %" PRIu64 ": decode '%s' has "
-                    "not paired",
+                    "not paired with this prefill",
                     rq->room, rq->decode_id);
         goto out;
     }
