@@ -60,9 +60,9 @@ def start_load(tmp, rt, tag, seconds):
     """pdserve-bench against the router for about seconds of Poisson arrivals."""
     path = os.path.join(tmp, "req-%s.jsonl" % tag)
     n = max(4, int(RATE * seconds))
-    args = [BENCH, "--backend", "sglang", "--base-url", "http://127.0.0.1:%d" % rt.port,
+    args = [BENCH, "--backend", "openai", "--base-url", "http://127.0.0.1:%d" % rt.port,
             "--dataset-name", "sharegpt-synthetic", "--random-input-len", "96",
-            "--random-output-len", "256", "--num-prompts", str(n), "--request-rate", str(RATE),
+            "--random-output-len", "128", "--num-prompts", str(n), "--request-rate", str(RATE),
             "--seed", str(zlib.crc32(tag.encode()) % 100000), "--warmup-requests", "0",
             "--abort-fraction", "0.05", "--disconnect-fraction", "0.05",
             "--disconnect-window-ms", "300", "--request-timeout", str(TIMEOUT_S),
