@@ -434,7 +434,7 @@ def cmd_report(args):
 
     # ---- router's and daemons' own counts over the load
     def delta(col):
-        a, _ = sample_at(rows, col, load_start) if load_start else (None, None)
+        a, _ = sample_at(rows, col, load_start, before=True) if load_start else (None, None)
         b, _ = sample_at(rows, col, ev.get("pages_full", ev.get("load_end", (0,)))[0] + 1,
                          before=True) if load_start else (None, None)
         return None if a is None or b is None else b - a

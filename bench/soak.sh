@@ -5,7 +5,7 @@
 #
 # It writes a small random model (pdserve-mkmodel), starts the three processes on 127.0.0.1 (KV
 # over UCX shared memory), measures the saturation rate (a closed-loop ramp of pdserve-bench
-# --max-concurrency 2, 4, 8, ... until throughput stops growing by 5 %), then runs MINUTES of
+# --max-concurrency 2, 4, 8, ... until two steps add under 5 % to it), then runs MINUTES of
 # open-loop Poisson load at LOAD_FRACTION of it with ShareGPT-like lengths (pdserve-bench
 # --dataset-name sharegpt-synthetic), ABORT_FRACTION of the clients closing the stream after a few
 # tokens and DISCONNECT_FRACTION dropping the connection (reset) before or while the answer
@@ -21,8 +21,9 @@
 # [python3], LOAD_FRACTION [0.8], RATE [measured: LOAD_FRACTION x saturation], INPUT_LEN [128]
 # and OUTPUT_LEN [96] (mean tokens), ABORT_FRACTION [0.05], DISCONNECT_FRACTION [0.05],
 # DISCONNECT_WINDOW_MS [the ramp's median E2E at concurrency 2], SAMPLE_S [5], RAMP_STEP_S [8],
-# PAGE_RETURN_S [10], JUDGE_LATENCY_MIN [10], REQUEST_TIMEOUT_S [120], MODEL_DIR [a new random
-# model in OUTDIR], MAX_TOTAL_TOKENS [8192], LOG_LEVEL [info], SEED [1].
+# RAMP_MAX [64] (the ramp's last concurrency), PAGE_RETURN_S [10], JUDGE_LATENCY_MIN [10],
+# REQUEST_TIMEOUT_S [120], MODEL_DIR [a new random model in OUTDIR], MAX_TOTAL_TOKENS [8192],
+# LOG_LEVEL [info], SEED [1].
 set -euo pipefail
 
 if [ $# -lt 1 ] || ! [[ $1 =~ ^[0-9]+([.][0-9]+)?$ ]]; then
@@ -42,6 +43,7 @@ abort_fraction=${ABORT_FRACTION:-0.05}
 disconnect_fraction=${DISCONNECT_FRACTION:-0.05}
 sample_s=${SAMPLE_S:-5}
 ramp_step_s=${RAMP_STEP_S:-8}
+ramp_max=${RAMP_MAX:-64}
 page_return_s=${PAGE_RETURN_S:-10}
 judge_latency_min=${JUDGE_LATENCY_MIN:-10}
 request_timeout_s=${REQUEST_TIMEOUT_S:-120}
@@ -133,19 +135,23 @@ dataset=(--backend openai --base-url "$url" --dataset-name sharegpt-synthetic
 conf dataset_desc "sharegpt-synthetic lengths (log-normal, sigma 1), means $input_len prompt / \
 $output_len output tokens, /v1/completions streamed, ignore_eos"
 
-# ---- saturation: closed loop, doubling the concurrency until requests/s stop growing by 5 %
+# ---- saturation: closed loop, doubling the concurrency until two steps in a row add less than
+# 5 % to the best requests/s (one noisy step does not end the ramp; each step runs at least 12
+# requests and RAMP_STEP_S seconds' worth at the last step's rate)
 median_e2e_ms=1000
 if [ -n "${RATE:-}" ]; then
     rate=$RATE
     conf saturation_rps "(not measured: RATE given)"
 else
-    best=0 ramp="" prev_rps=0 warm=1
-    for conc in 2 4 8 16 32 64; do
-        n=$("$py" -c "import math; print(max(3*$conc, $conc + math.ceil($prev_rps*$ramp_step_s)))")
+    best=0 ramp="" prev_rps=0 warm=1 flat=0
+    for conc in 2 4 8 16 32 64 128; do
+        if [ "$conc" -gt "$ramp_max" ]; then break; fi
+        n=$("$py" -c "import math
+print(max(12, 3 * $conc, $conc + math.ceil($prev_rps * $ramp_step_s)))")
         "$bench" "${dataset[@]}" --request-rate inf --max-concurrency "$conc" --num-prompts "$n" \
-            --seed "$((seed + conc))" --warmup-requests "$warm" --request-timeout "$request_timeout_s" \
-            --output-file "$out/ramp-$conc.jsonl" --output-requests "$out/ramp-$conc-requests.jsonl" \
-            >>"$out/ramp.log" 2>&1 || {
+            --seed "$((seed + conc))" --warmup-requests "$warm" \
+            --request-timeout "$request_timeout_s" --output-file "$out/ramp-$conc.jsonl" \
+            --output-requests "$out/ramp-$conc-requests.jsonl" >>"$out/ramp.log" 2>&1 || {
             echo "soak: the saturation ramp failed at concurrency $conc (ramp.log):" >&2
             tail -n 20 "$out/ramp.log" >&2
             exit 1
@@ -162,8 +168,13 @@ else
         if [ "$conc" = 2 ]; then # the answer's time at light load: the disconnects' window
             median_e2e_ms=$("${tool[@]}" field "$out/ramp-$conc.jsonl" median_e2e_latency_ms)
         fi
+        if "$py" -c "import sys; sys.exit(0 if $rps >= 1.05 * $best else 1)"; then
+            flat=0
+        else
+            flat=$((flat + 1))
+        fi
         if "$py" -c "import sys; sys.exit(0 if $rps > $best else 1)"; then best=$rps; fi
-        if "$py" -c "import sys; sys.exit(0 if $rps < 1.05 * $prev_rps else 1)"; then break; fi
+        if [ "$flat" -ge 2 ]; then break; fi
         prev_rps=$rps
     done
     rate=$("$py" -c "print('%.3f' % ($best * $load_fraction))")
