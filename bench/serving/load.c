@@ -403,7 +403,9 @@ static void write_request(const struct pd_bench_load *l, const struct req *q, do
         cJSON_AddNumberToObject(o, "ttft", r->ttft);
     else
         cJSON_AddNullToObject(o, "ttft");
-    cJSON_AddItemToObject(o, "itl", cJSON_CreateDoubleArray(r->itl, (int)r->n_itl));
+    /* cJSON makes no array of 0 numbers from NULL: the key would go missing */
+    cJSON_AddItemToObject(
+        o, "itl", r->n_itl ? cJSON_CreateDoubleArray(r->itl, (int)r->n_itl) : cJSON_CreateArray());
     if (r->error)
         cJSON_AddStringToObject(o, "error", r->error);
     else

@@ -168,7 +168,9 @@ int pd_bench_json_line(const struct pd_bench_run_info *info, const struct pd_ben
             cJSON_AddItemToArray(a_ttft, cJSON_CreateNumber(q->ok ? q->ttft : 0));
             cJSON_AddItemToArray(a_e2e, cJSON_CreateNumber(q->ok ? q->e2e : 0));
             cJSON_AddItemToArray(a_start, cJSON_CreateNumber(q->start));
-            cJSON_AddItemToArray(a_itl, cJSON_CreateDoubleArray(q->itl, (int)q->n_itl));
+            /* cJSON makes no array of 0 numbers from NULL: the entry would go missing */
+            cJSON_AddItemToArray(a_itl, q->n_itl ? cJSON_CreateDoubleArray(q->itl, (int)q->n_itl)
+                                                 : cJSON_CreateArray());
             cJSON_AddItemToArray(a_err, cJSON_CreateString(q->error ? q->error : ""));
         }
     }

@@ -259,6 +259,8 @@ def case_fates(tmp, model):
           {"%s/%s" % k: len(v) for k, v in sorted(by.items())}))
     check(len(reqs) == n and sorted(q["index"] for q in reqs) == list(range(n)),
           "fates: --output-requests has one line per request (%d)" % len(reqs))
+    check(all(isinstance(q.get("itl"), list) for q in reqs),
+          "fates: every line has its itl list, also an empty one (no token gap)")
     aborted, gone = by.get(("abort", "cut"), []), by.get(("disconnect", "cut"), [])
     check(set(by) == {("read", "completed"), ("abort", "cut"), ("disconnect", "cut")},
           "fates: every request ended as its fate says: %s" % sorted(by))
@@ -303,6 +305,8 @@ def case_fates(tmp, model):
         ins, outs = r["input_lens"], sorted(x["n"] for x in fake.log())
         check(r["completed"] == k and len(outs) == k, "sharegpt-synthetic: %s of %d completed" %
               (r["completed"], k))
+        check(len(r["itls"]) == k, "--output-details: %d itls lists for %d requests" %
+              (len(r["itls"]), k))
         for name, xs, mean in (("prompt", sorted(ins), m_in), ("output", outs, m_out)):
             got = statistics.mean(xs)
             p50, p90 = xs[len(xs) // 2], xs[len(xs) * 9 // 10]
