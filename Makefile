@@ -55,10 +55,11 @@ ASAN_INTEGRATION = ^(daemon_|integration_router|integration_http_server|pd_route
 # Everything CI checks: formatting, a -Werror release build with all tests (gpu ones skip
 # without a GPU), the same without CUDA (-DPD_CUDA=OFF), the unit tests and the daemons' and
 # router's integration tests again under ASan+UBSan, and each fuzz target for a few seconds;
-# nothing else may skip.
+# nothing else may skip. Label soak (the 10-minute soak, five rounds of faults under load) is
+# left out: `ctest -L soak` runs it; its short versions are in.
 test: format-check build build-cpu build-asan build-fuzz
-	cd $(BUILD) && ctest --output-on-failure -j$(JOBS) -LE flaky $(NO_SKIPS)
-	cd $(CPU) && ctest --output-on-failure -j$(JOBS) -LE flaky $(NO_SKIPS)
+	cd $(BUILD) && ctest --output-on-failure -j$(JOBS) -LE 'flaky|soak' $(NO_SKIPS)
+	cd $(CPU) && ctest --output-on-failure -j$(JOBS) -LE 'flaky|soak' $(NO_SKIPS)
 	cd $(ASAN) && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
 	    UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 ctest --output-on-failure -j$(JOBS) -L unit \
 	    $(NO_SKIPS)

@@ -378,6 +378,12 @@ static void end_request(struct pd_daemon_req *r, const struct pd_engine_event *e
     int reason = ev->reason;
     if (r->stopped_here)
         reason = PD_END_DONE;
+    else if (reason == PD_END_FAILED && (r->aborted || r->peer_aborted))
+        /* A user's abort (or a client gone) ended it, whichever reached this daemon first: the
+         * router aborts on both workers at once, and prefill's abort often lands here as a
+         * failed transfer before decode's own. Counted as aborted, not as a failure; a client
+         * that did not ask for it still gets the error below. */
+        reason = PD_END_ABORTED;
     pd_info("room=%" PRIu64 " rid=%s end=%s tokens=%d", r->room, r->rid,
             pd_sched_end_reason_str(reason), r->n_out);
     if (D.role->ending)

@@ -85,7 +85,8 @@ struct pd_daemon_req {
     int cached_tokens;
     int fail_status;
     char fail_msg[256];
-    bool aborted; /* by the user (abort_request) */
+    bool aborted;      /* by the user (abort_request, or the client went away) */
+    bool peer_aborted; /* decode: the prefill's user aborted the pair's request (its notice) */
 };
 
 /* One client request cut into sub-requests (pd_api_split): each sub-request is a pd_daemon_req of

@@ -29,6 +29,7 @@ struct croom {
     uint32_t *pages;
     uint32_t n;
     uint32_t prompt_len;
+    pd_xfer_peer_t *peer; /* the pairing its Transfer went out under */
     bool transfer_inflight;
     bool abort_pending;
     char reason[128];
@@ -172,7 +173,8 @@ static void on_transfer_reply(void *ctx, int status, const uint8_t *reply, size_
             /* A definite refusal: the prefill never took the room, nothing can land. */
             pd_warn("bootstrap: room %" PRIu64 ": refused: %s", r->room, pd_error_msg());
             pd_xfer_room_release(c->x, r->room, status);
-            if (status == PD_ENOENT)
+            /* a stale reply (a Transfer sent under an older pairing) changes nothing */
+            if (status == PD_ENOENT && c->peer && c->peer == r->peer)
                 forget_pairing(c);
         }
     }
@@ -204,6 +206,7 @@ static void send_transfer(pd_bootstrap_client_t *c, struct croom *r) {
         return;
     }
     r->transfer_inflight = true;
+    r->peer = c->peer;
     r->next = c->inflight;
     c->inflight = r;
 }

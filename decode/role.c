@@ -139,6 +139,8 @@ static void decode_room_end(struct pd_daemon_state *d, struct pd_daemon_req *r, 
             pd__daemon_take_token(r, n->first_token, 0, PD_FINISH_NONE, n->first_logprob, &s);
         } else if (n->status != PD_OK) {
             snprintf(r->fail_msg, sizeof(r->fail_msg), "%s", n->error);
+            /* the prefill sends ECANCELED only for its user's abort (prefill/role.c) */
+            r->peer_aborted = n->status == PD_ECANCELED;
         } /* else the whole KV came after the room was given up: it ends as what it was given
              up for (the engine's END says which), and its first token is not streamed */
     } else if (status != PD_OK && !r->fail_msg[0]) {

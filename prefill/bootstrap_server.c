@@ -244,10 +244,12 @@ static void serve_transfer(pd_bootstrap_server_t *s, const char *peer, const uin
         goto out;
     struct spair *p = pair_find(s, rq->decode_id);
     if (!p) {
-        /* NOT_FOUND, and no other answer uses it: the decode reads it as "pair again" */
+        /* NOT_FOUND, and no other answer uses it: the decode reads it as "pair again" (it
+         * closed its endpoint to us, or this prefill is a restarted one on the same address) */
         pd_warn("bootstrap: Transfer room %" PRIu64 " from decode %s refused: not paired", rq->room,
                 rq->decode_id);
-        answer_code(a, PD_GRPC_NOT_FOUND, "Transfer room %" PRIu64 ": decode '%s' has not paired",
+        answer_code(a, PD_GRPC_NOT_FOUND,
+                    "Transfer room %" PRIu64 ": decode '%s' has not paired with this prefill",
                     rq->room, rq->decode_id);
         goto out;
     }

@@ -142,22 +142,32 @@ static void prefill_tick(struct pd_daemon_state *d, double now) {
     }
 }
 
+/* The status a room's abort sends decode in its notice: PD_ECANCELED only when the request's
+ * user aborted it (decode then counts its half as aborted, not failed); a prefill that gives a
+ * request up for its own reasons sends a failure. */
+static int abort_status(const struct pd_daemon_req *r) {
+    return r && r->aborted ? PD_ECANCELED : PD_EPEER;
+}
+
 static void prefill_aborting(struct pd_daemon_state *d, struct pd_daemon_req *r) {
     if (pd_xfer_room_live(d->x, r->room))
-        pd_xfer_room_abort(d->x, r->room, PD_ECANCELED, "the prefill request was aborted");
+        pd_xfer_room_abort(d->x, r->room, abort_status(r),
+                           r->aborted ? "the prefill request was aborted"
+                                      : "the prefill request was given up");
 }
 
 /* QUIESCE: sent pages may still be read: the room is aborted, whose end releases them. */
 static void prefill_quiesce(struct pd_daemon_state *d, struct pd_daemon_req *r,
                             const struct pd_engine_event *ev) {
     if (pd_xfer_room_live(d->x, ev->room))
-        pd_xfer_room_abort(d->x, ev->room, PD_ECANCELED, "prefill aborted the request");
+        pd_xfer_room_abort(d->x, ev->room, abort_status(r), "prefill aborted the request");
 }
 
 static void prefill_ending(struct pd_daemon_state *d, struct pd_daemon_req *r,
                            const struct pd_engine_event *ev, int reason) {
     if (pd_xfer_room_live(d->x, r->room))
-        pd_xfer_room_abort(d->x, r->room, PD_ECANCELED, "prefill request ended");
+        pd_xfer_room_abort(d->x, r->room, reason == PD_END_TIMEOUT ? PD_ETIMEDOUT : abort_status(r),
+                           "prefill request ended");
     r->cached_tokens = ev->cached_tokens;
     if (reason == PD_END_DONE)
         r->finish = PD_API_FINISH_LENGTH; /* the prefill's answer: its one token */

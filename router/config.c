@@ -350,6 +350,12 @@ static void register_flags(struct pd_router_config *cfg) {
                 "refused with 400. Give the workers the same --max-n");
     pd_flag_double(fs, "--health-check-interval-secs", &cfg->health_check_interval_secs, "S", 0.05,
                    3600, "period of the /health and /get_load polls of every worker");
+    pd_flag_double(fs, "--worker-unresponsive-secs", &cfg->worker_unresponsive_secs, "S", 0, 86400,
+                   "a worker whose /health has gone unanswered (timed out or refused) for S "
+                   "seconds is given up: the router's requests on it are aborted on both workers, "
+                   "retried on another pair when the client has no byte yet, else ended with an "
+                   "error event (a stopped or wedged worker would hold them until "
+                   "--request-timeout-secs); 0 = never");
     pd_flag_int(fs, "--shutdown-timeout", &cfg->shutdown_timeout_secs, "S", 0, 86400,
                 "on SIGTERM/SIGINT: stop accepting, let in-flight requests finish for up to S "
                 "seconds, then abort the rest on their workers (clients get an error) and exit 0; "
@@ -409,6 +415,7 @@ int pd_router_config_parse(struct pd_router_config *cfg, int argc, char **argv) 
     cfg->max_concurrent_requests = 256;
     cfg->max_n = PD_API_MAX_N;
     cfg->health_check_interval_secs = 5;
+    cfg->worker_unresponsive_secs = 10;
     cfg->shutdown_timeout_secs = 30;
     cfg->stream_buffer_bytes = 256 << 10;
     cfg->log_level = PD_LOG_INFO;

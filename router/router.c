@@ -1289,6 +1289,38 @@ static void on_http_closed(struct pd_http_server *s, void *ud) {
     uv_timer_start(&rt->drain_timer, on_final_poll, 0, FINAL_POLL_MS);
 }
 
+/* A worker stopped answering (router_workers.c: check_silence): each request with a call on it
+ * ends that attempt as a failed call would: aborted on both workers, retried on another pair
+ * when its client has no byte yet, else ended with an error (502, or an SSE error event). */
+void pd__router_give_up_worker(struct pd_router *rt, struct worker *w, const char *why) {
+    int n = 0;
+    char msg[400];
+    snprintf(msg, sizeof(msg), "%s worker %s stopped answering: %s", pd__router_role(w),
+             w->spec.url, why);
+    for (struct rreq *rq = rt->reqs, *next; rq; rq = next) {
+        next = rq->next;
+        if (rq->finished || rq->kind != RREQ_GENERATE)
+            continue;
+        bool on_p = rq->pcall && rq->pw == w, on_d = rq->dcall && rq->dw == w;
+        if (!on_p && !on_d)
+            continue;
+        n++;
+        judge(rq, on_p, false);
+        abort_all_rids(rq, rq->pw);
+        abort_all_rids(rq, rq->dw);
+        drop_pcall(rq);
+        drop_dcall(rq);
+        if (can_retry(rq)) {
+            schedule_retry(rq, msg);
+        } else {
+            retries_exhausted(rq);
+            finish_error(rq, 502, msg);
+        }
+        rreq_maybe_free(rq);
+    }
+    pd_warn("%s; %d request%s given up", msg, n, n == 1 ? "" : "s");
+}
+
 /* The drain deadline: abort what is still in flight; each client gets an error. */
 static void abort_inflight(struct pd_router *rt) {
     rt->draining_done = true;

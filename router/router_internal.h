@@ -70,6 +70,9 @@ struct worker {
     char key[320];          /* normalized URL (pd_router_url_normalize): one entry per key */
     bool dns_shadowed;      /* a DNS name also answers this (static) worker: logged once */
     struct pd_upstream_call *health_call, *load_call;
+    double health_sent_s;  /* when the last /health call went out (pd__router_now_s) */
+    double silent_since_s; /* the first unanswered /health of the current silence; 0: answers */
+    bool given_up;         /* its requests were given up in this silence */
     struct sbuf load_body;
     char last_error[160];
 };
@@ -227,6 +230,7 @@ void pd__router_send_abort(struct pd_router *rt, struct rreq *rq, const struct w
 void pd__router_send_worker_post(struct pd_router *rt, struct rreq *rq, const struct worker *w,
                                  const char *path, const char *body, const char *what,
                                  const char *auth_line);
+void pd__router_give_up_worker(struct pd_router *rt, struct worker *w, const char *why);
 
 /* router_workers.c */
 bool pd__router_cb_allows(struct worker *w);

@@ -63,6 +63,12 @@ static void on_health_done(void *ud, struct pd_upstream_call *call,
                            const struct pd_upstream_result *r) {
     struct worker *w = ud;
     w->health_call = NULL;
+    if (r->status == PD_OK) { /* it answers: alive, whatever it says */
+        w->silent_since_s = 0;
+        w->given_up = false;
+    } else if (w->silent_since_s == 0) {
+        w->silent_since_s = w->health_sent_s;
+    }
     if (r->status == PD_OK && r->http_status == 200) {
         pd__router_set_healthy(w, true, "");
         return;
@@ -134,6 +140,7 @@ static void poll_worker(struct pd_router *rt, struct worker *w) {
     if (!w->health_call) {
         snprintf(url, sizeof(url), "%s/health", w->spec.url);
         struct pd_upstream_cbs cbs = {.on_done = on_health_done};
+        w->health_sent_s = pd__router_now_s();
         if (pd_upstream_call_start(rt->up, &req, &cbs, w, &w->health_call))
             w->health_call = NULL;
     }
@@ -146,12 +153,40 @@ static void poll_worker(struct pd_router *rt, struct worker *w) {
     }
 }
 
+/* A worker silent past --worker-unresponsive-secs (its /health unanswered: timed out, refused,
+ * or still pending that long) loses the router's requests on it, once per silence: a stopped,
+ * wedged or cut-off process would otherwise hold each of them until --request-timeout-secs,
+ * since nothing else in the pair notices (a stopped process keeps its sockets, and the UCX
+ * keepalive sees it alive). A worker that answers anything is alive: slow compute never
+ * delays /health, which the loop thread answers. */
+static void check_silence(struct pd_router *rt, struct worker *w, double now) {
+    double limit = rt->cfg->worker_unresponsive_secs;
+    if (limit <= 0 || w->given_up || w->draining)
+        return;
+    double since = w->silent_since_s;
+    if (since == 0 && w->health_call && now - w->health_sent_s >= limit)
+        since = w->health_sent_s; /* still waiting for this one */
+    if (since == 0 || now - since < limit)
+        return;
+    w->given_up = true;
+    char why[200];
+    snprintf(why, sizeof(why), "its /health has not answered for %.1f s (%s)", now - since,
+             w->last_error[0] ? w->last_error : "pending");
+    pd__router_set_healthy(w, false, why); /* the retries go elsewhere */
+    pd__router_give_up_worker(rt, w, why);
+}
+
 void pd__router_on_health_tick(uv_timer_t *t) {
     struct pd_router *rt = t->data;
-    for (int i = 0; i < rt->prefill.n; i++)
+    double now = pd__router_now_s();
+    for (int i = 0; i < rt->prefill.n; i++) {
+        check_silence(rt, rt->prefill.w[i], now);
         poll_worker(rt, rt->prefill.w[i]);
-    for (int i = 0; i < rt->decode.n; i++)
+    }
+    for (int i = 0; i < rt->decode.n; i++) {
+        check_silence(rt, rt->decode.w[i], now);
         poll_worker(rt, rt->decode.w[i]);
+    }
 }
 
 void pd__router_stop_polls(struct worker *w) {

@@ -6,7 +6,13 @@
  *             vocabulary, special tokens left out (an EOS in a prompt would be noise), sent as
  *             ids where the API takes ids (exact lengths) or decoded to text for chat;
  *   sharegpt  a ShareGPT JSON file: first turn the prompt, second turn's token count the output
- *             length; shuffled; too short (< 2 tokens) or too long (> context) pairs skipped.
+ *             length; shuffled; too short (< 2 tokens) or too long (> context) pairs skipped;
+ *   sharegpt-synthetic  no file: the random dataset's prompts with ShareGPT's long-tailed
+ *             lengths (log-normal), for soaks and loads that want that shape without the file.
+ *             ShareGPT's lengths span two orders of magnitude around a few hundred tokens
+ *             (vLLM's paper reports means of 161 prompt and 338 output tokens); sigma 1 gives
+ *             that spread (a 16:1 ratio between the 5th and 95th percentiles), the means are
+ *             the flags', so the shape scales to a small test model.
  * A malformed file is an error naming the file and where it is wrong (line for JSON syntax, the
  * JSON path for structure); entries with fewer than two turns are skipped as bench_serving does.
  */
@@ -19,6 +25,7 @@
 #include "model/tokenizer/tokenizer.h"
 
 #include <cjson/cJSON.h>
+#include <math.h>
 #include <string.h>
 
 struct rng {
@@ -49,6 +56,104 @@ void pd_bench_dataset_free(struct pd_bench_dataset *d) {
     d->n = 0;
 }
 
+/* Uniform in [0, 1). */
+static double rng_unit(struct rng *r) {
+    return (double)(pd_xoshiro256ss(r->s) >> 11) * 0x1.0p-53;
+}
+
+/* A standard normal draw (Box-Muller). */
+static double rng_normal(struct rng *r) {
+    double u = 1.0 - rng_unit(r), v = rng_unit(r); /* u in (0, 1] */
+    return sqrt(-2.0 * log(u)) * cos(2.0 * M_PI * v);
+}
+
+/* A log-normal length of the given mean: mean * exp(sigma Z - sigma^2 / 2), in [2, max_x mean]. */
+static int lognormal_len(struct rng *r, int mean) {
+    double sigma = PD_BENCH_SHAREGPT_SIGMA;
+    double v = (double)mean * exp(sigma * rng_normal(r) - sigma * sigma / 2);
+    double hi = (double)mean * PD_BENCH_SHAREGPT_MAX_X;
+    v = v > hi ? hi : v;
+    int len = (int)lround(v);
+    return len < 2 ? 2 : len;
+}
+
+/* The random prompt of every p->prompt_len in out (lengths already set): ids from the
+ * non-special vocabulary, decoded to text when as_text. */
+static int fill_random_prompts(const char *what, bool as_text, struct rng *r,
+                               const struct pd_tokenizer *tok, struct pd_bench_dataset *out) {
+    int32_t vocab = pd_tokenizer_vocab_size(tok);
+    int32_t *pool = pd_calloc((size_t)vocab, sizeof(int32_t));
+    if (!pool)
+        return pd_errorf(PD_ENOMEM, "%s dataset: vocabulary of %d ids", what, vocab);
+    int32_t n_pool = 0;
+    for (int32_t id = 0; id < vocab; id++)
+        if (!pd_tokenizer_is_special(tok, id) && pd_tokenizer_id_to_token(tok, id))
+            pool[n_pool++] = id;
+    if (n_pool == 0) {
+        pd_free(pool);
+        return pd_errorf(PD_EINVAL, "%s dataset: the tokenizer has no non-special tokens", what);
+    }
+    int rc = PD_OK;
+    for (size_t i = 0; i < out->n && !rc; i++) {
+        struct pd_bench_prompt *p = &out->p[i];
+        p->ids = pd_malloc((size_t)p->prompt_len * sizeof(int32_t));
+        if (!p->ids) {
+            rc = pd_errorf(PD_ENOMEM, "%s dataset: prompt of %d tokens", what, p->prompt_len);
+            break;
+        }
+        for (int j = 0; j < p->prompt_len; j++)
+            p->ids[j] = pool[rng_int(r, 0, n_pool - 1)];
+        if (as_text) {
+            size_t len;
+            rc = pd_tokenizer_decode(tok, p->ids, (size_t)p->prompt_len, false, &p->text, &len);
+            pd_free(p->ids);
+            p->ids = NULL;
+            if (rc)
+                pd_error_wrap(rc, "%s dataset: decoding prompt %zu", what, i);
+        }
+    }
+    pd_free(pool);
+    return rc;
+}
+
+int pd_bench_dataset_sharegpt_synthetic(const struct pd_bench_random_spec *spec, size_t n,
+                                        uint64_t seed, int context_len,
+                                        const struct pd_tokenizer *tok,
+                                        struct pd_bench_dataset *out) {
+    if (spec->input_len < 2 || spec->output_len < 2)
+        return pd_errorf(PD_EINVAL,
+                         "sharegpt-synthetic dataset: the mean input and output lengths "
+                         "(--random-input-len, --random-output-len) must be >= 2 (got %d and %d)",
+                         spec->input_len, spec->output_len);
+    if (context_len > 0 && context_len < 4)
+        return pd_errorf(PD_EINVAL,
+                         "sharegpt-synthetic dataset: a context of %d tokens is too "
+                         "short",
+                         context_len);
+    struct rng r;
+    rng_seed(&r, seed);
+    out->p = pd_calloc(n ? n : 1, sizeof(*out->p));
+    out->n = n;
+    if (!out->p) {
+        out->n = 0;
+        return pd_errorf(PD_ENOMEM, "sharegpt-synthetic dataset: %zu prompts", n);
+    }
+    for (size_t i = 0; i < n; i++) {
+        struct pd_bench_prompt *p = &out->p[i];
+        p->prompt_len = lognormal_len(&r, spec->input_len);
+        p->output_len = lognormal_len(&r, spec->output_len);
+        if (context_len > 0 && p->prompt_len + p->output_len > context_len) {
+            if (p->prompt_len > context_len - 2)
+                p->prompt_len = context_len - 2;
+            p->output_len = context_len - p->prompt_len;
+        }
+    }
+    int rc = fill_random_prompts("sharegpt-synthetic", spec->as_text, &r, tok, out);
+    if (rc)
+        pd_bench_dataset_free(out);
+    return rc;
+}
+
 int pd_bench_dataset_random(const struct pd_bench_random_spec *spec, size_t n, uint64_t seed,
                             const struct pd_tokenizer *tok, struct pd_bench_dataset *out) {
     if (spec->input_len < 1 || spec->output_len < 1)
@@ -58,56 +163,23 @@ int pd_bench_dataset_random(const struct pd_bench_random_spec *spec, size_t n, u
                          spec->input_len, spec->output_len);
     if (!(spec->range_ratio >= 0 && spec->range_ratio <= 1))
         return pd_errorf(PD_EINVAL, "random dataset: --random-range-ratio must be in [0, 1]");
-    int32_t vocab = pd_tokenizer_vocab_size(tok);
-    /* The ids a prompt may use: every non-special one. */
-    int32_t *pool = pd_calloc((size_t)vocab, sizeof(int32_t));
-    if (!pool)
-        return pd_errorf(PD_ENOMEM, "random dataset: vocabulary of %d ids", vocab);
-    int32_t n_pool = 0;
-    for (int32_t id = 0; id < vocab; id++)
-        if (!pd_tokenizer_is_special(tok, id) && pd_tokenizer_id_to_token(tok, id))
-            pool[n_pool++] = id;
-    if (n_pool == 0) {
-        pd_free(pool);
-        return pd_errorf(PD_EINVAL, "random dataset: the tokenizer has no non-special tokens");
-    }
     struct rng r;
     rng_seed(&r, seed);
     out->p = pd_calloc(n ? n : 1, sizeof(*out->p));
-    out->n = 0;
+    out->n = n;
     if (!out->p) {
-        pd_free(pool);
+        out->n = 0;
         return pd_errorf(PD_ENOMEM, "random dataset: %zu prompts", n);
     }
     int in_lo = (int)(spec->input_len * spec->range_ratio);
     in_lo = in_lo < 1 ? 1 : in_lo;
     int out_lo = (int)(spec->output_len * spec->range_ratio);
     out_lo = out_lo < 1 ? 1 : out_lo;
-    int rc = PD_OK;
     for (size_t i = 0; i < n; i++) {
-        struct pd_bench_prompt *p = &out->p[i];
-        p->prompt_len = rng_int(&r, in_lo, spec->input_len);
-        p->output_len = rng_int(&r, out_lo, spec->output_len);
-        p->ids = pd_malloc((size_t)p->prompt_len * sizeof(int32_t));
-        out->n = i + 1;
-        if (!p->ids) {
-            rc = pd_errorf(PD_ENOMEM, "random dataset: prompt of %d tokens", p->prompt_len);
-            break;
-        }
-        for (int j = 0; j < p->prompt_len; j++)
-            p->ids[j] = pool[rng_int(&r, 0, n_pool - 1)];
-        if (spec->as_text) {
-            size_t len;
-            rc = pd_tokenizer_decode(tok, p->ids, (size_t)p->prompt_len, false, &p->text, &len);
-            pd_free(p->ids);
-            p->ids = NULL;
-            if (rc) {
-                pd_error_wrap(rc, "random dataset: decoding prompt %zu", i);
-                break;
-            }
-        }
+        out->p[i].prompt_len = rng_int(&r, in_lo, spec->input_len);
+        out->p[i].output_len = rng_int(&r, out_lo, spec->output_len);
     }
-    pd_free(pool);
+    int rc = fill_random_prompts("random", spec->as_text, &r, tok, out);
     if (rc)
         pd_bench_dataset_free(out);
     return rc;

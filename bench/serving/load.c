@@ -12,6 +12,13 @@
  * A request fails on a transport error, an HTTP status other than 200, an error event in the
  * stream, a stream with no token, or a stream that ends without `data: [DONE]` (truncated);
  * the failure keeps a one-line reason for the report.
+ *
+ * Client misbehaviour, drawn per request from the seed before the load starts: an aborting
+ * client stops reading once it has its few tokens (the write callback refuses the next bytes,
+ * curl closes the connection: a FIN after a partial answer); a disconnecting client has its
+ * connection of its own (never reused, SO_LINGER 0) and drops it at its drawn time, whatever has
+ * arrived, so the server sees a reset before or while it answers. Either ends the request as
+ * "cut", which is neither completed nor failed; an error seen before the cut is a failure.
  */
 #include "bench/serving/serving.h"
 
@@ -23,6 +30,7 @@
 #include <curl/curl.h>
 #include <math.h>
 #include <stdarg.h>
+#include <sys/socket.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -42,10 +50,17 @@ struct req {
     long status; /* HTTP status, read at the first byte */
     bool got_first, done_marker;
     double t_start, t_last, t_end;
-    int tokens_seen;  /* sum of new tokens over chunks */
-    int server_count; /* usage.completion_tokens / meta_info.completion_tokens, -1 = none */
+    int tokens_seen;         /* sum of new tokens over chunks */
+    int server_count;        /* usage.completion_tokens / meta_info.completion_tokens, -1 = none */
+    int fate;                /* enum pd_bench_fate */
+    int abort_after;         /* PD_BENCH_FATE_ABORT: tokens read before the stream is closed */
+    double disconnect_after; /* PD_BENCH_FATE_DISCONNECT: s after the send */
+    bool cut;                /* the client ended it as its fate says */
+    size_t index;            /* in the load */
     char errbuf[CURL_ERROR_SIZE];
 };
+
+const char *const pd_bench_fate_names[] = {"read", "abort", "disconnect"};
 
 double pd_bench_now(void) {
     struct timespec ts;
@@ -92,6 +107,8 @@ static void token_event(struct req *q, int k, double t) {
     }
     q->t_last = t;
     q->tokens_seen += k;
+    if (q->fate == PD_BENCH_FATE_ABORT && q->tokens_seen >= q->abort_after && !q->res->error)
+        q->cut = true; /* on_write refuses what follows: curl closes the connection */
 }
 
 static void sse_event(struct req *q, const char *data, double t) {
@@ -146,6 +163,8 @@ static size_t on_write(char *ptr, size_t size, size_t nmemb, void *userp) {
     struct req *q = userp;
     size_t n = size * nmemb;
     double t = pd_bench_now();
+    if (q->cut)
+        return 0;
     if (q->status == 0)
         curl_easy_getinfo(q->easy, CURLINFO_RESPONSE_CODE, &q->status);
     size_t room = q->status == 200 ? n : (q->len < ERRBODY_MAX ? ERRBODY_MAX - q->len : 0);
@@ -159,7 +178,7 @@ static size_t on_write(char *ptr, size_t size, size_t nmemb, void *userp) {
         return n; /* kept for the error message */
     /* Cut complete lines; a `data:` line is one event (servers send one JSON per line). */
     size_t pos = 0;
-    for (;;) {
+    while (!q->cut) {
         char *nl = memchr(q->buf + pos, '\n', q->len - pos);
         if (!nl)
             break;
@@ -176,6 +195,8 @@ static size_t on_write(char *ptr, size_t size, size_t nmemb, void *userp) {
             sse_event(q, d, t);
         }
     }
+    if (q->cut)
+        return 0; /* the aborting client stops reading here */
     memmove(q->buf, q->buf + pos, q->len - pos);
     q->len -= pos;
     q->buf[q->len] = '\0';
@@ -235,11 +256,17 @@ static void req_free(struct req *q) {
     memset(q, 0, sizeof(*q));
 }
 
-/* Fills res from how the transfer ended. */
-static void finish(struct req *q, CURLcode code) {
+/* Fills res from how the transfer ended, at t (s since the load began). */
+static void finish(struct req *q, CURLcode code, double t) {
     struct pd_bench_result *r = q->res;
+    r->end = t;
+    r->tokens = q->tokens_seen;
     if (q->status == 0)
         curl_easy_getinfo(q->easy, CURLINFO_RESPONSE_CODE, &q->status);
+    if (q->cut && !r->error) {
+        r->cut = true; /* whatever curl says: the client closed it */
+        return;
+    }
     if (code != CURLE_OK) {
         fail(q, "transport: %s", q->errbuf[0] ? q->errbuf : curl_easy_strerror(code));
     } else if (q->status != 200) {
@@ -265,6 +292,15 @@ static void finish(struct req *q, CURLcode code) {
     }
 }
 
+/* A disconnecting client's socket: close() sends a reset, not an orderly FIN. */
+static int sockopt_reset(void *clientp, curl_socket_t fd, curlsocktype purpose) {
+    (void)clientp;
+    (void)purpose;
+    struct linger lg = {.l_onoff = 1, .l_linger = 0};
+    setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg));
+    return CURL_SOCKOPT_OK;
+}
+
 static int req_start(struct req *q, CURLM *multi, size_t i, double t0) {
     q->easy = curl_easy_init();
     if (!q->easy)
@@ -284,6 +320,11 @@ static int req_start(struct req *q, CURLM *multi, size_t i, double t0) {
         curl_easy_setopt(e, CURLOPT_VERBOSE, 1L);
     if (q->l->timeout_s > 0)
         curl_easy_setopt(e, CURLOPT_TIMEOUT_MS, (long)(q->l->timeout_s * 1e3));
+    if (q->fate == PD_BENCH_FATE_DISCONNECT) { /* a connection of its own, reset when dropped */
+        curl_easy_setopt(e, CURLOPT_FRESH_CONNECT, 1L);
+        curl_easy_setopt(e, CURLOPT_FORBID_REUSE, 1L);
+        curl_easy_setopt(e, CURLOPT_SOCKOPTFUNCTION, sockopt_reset);
+    }
     q->t_start = pd_bench_now();
     q->res->start = q->t_start - t0;
     CURLMcode mc = curl_multi_add_handle(multi, e);
@@ -306,6 +347,76 @@ static void progress(const struct pd_bench_load *l, bool tty, size_t done, size_
                 done, n, failed, elapsed);
     }
     fflush(stderr);
+}
+
+/* Each request's fate, from a stream of its own (seeded apart from the arrivals, so adding
+ * misbehaviour leaves the arrival times as they were). An aborting client reads 1..8 tokens,
+ * always fewer than its output when that has two or more. */
+static void draw_fates(const struct pd_bench_load *l, const struct pd_bench_prompt *prompts,
+                       size_t n, int max_output, struct req *qs) {
+    uint64_t x = l->seed ^ 0xfa7ef00du, s[4];
+    for (int i = 0; i < 4; i++)
+        s[i] = pd_splitmix64(&x);
+    for (size_t i = 0; i < n; i++) {
+        double u = (double)(pd_xoshiro256ss(s) >> 11) * 0x1.0p-53;
+        double v = (double)(pd_xoshiro256ss(s) >> 11) * 0x1.0p-53;
+        int out_len = prompts[i].output_len;
+        if (max_output > 0 && out_len > max_output)
+            out_len = max_output;
+        struct req *q = &qs[i];
+        if (u < l->abort_fraction) {
+            int most = out_len - 1 < 8 ? out_len - 1 : 8;
+            most = most < 1 ? 1 : most;
+            q->fate = PD_BENCH_FATE_ABORT;
+            q->abort_after = 1 + (int)(v * most);
+        } else if (u < l->abort_fraction + l->disconnect_fraction) {
+            q->fate = PD_BENCH_FATE_DISCONNECT;
+            q->disconnect_after = v * l->disconnect_window_s;
+        }
+        q->res->fate = q->fate;
+    }
+}
+
+/* --output-requests: one line per request as it ends; times also as Unix seconds, so a test or
+ * a soak can put them beside its own clock. */
+static void write_request(const struct pd_bench_load *l, const struct req *q, double t0_unix) {
+    if (!l->requests_out)
+        return;
+    const struct pd_bench_result *r = q->res;
+    cJSON *o = cJSON_CreateObject();
+    if (!o)
+        return;
+    if (isinf(l->request_rate))
+        cJSON_AddStringToObject(o, "request_rate", "inf");
+    else
+        cJSON_AddNumberToObject(o, "request_rate", l->request_rate);
+    cJSON_AddNumberToObject(o, "index", (double)q->index);
+    cJSON_AddStringToObject(o, "fate", pd_bench_fate_names[q->fate]);
+    cJSON_AddStringToObject(o, "outcome", r->ok ? "completed" : r->cut ? "cut" : "failed");
+    cJSON_AddNumberToObject(o, "start", r->start);
+    cJSON_AddNumberToObject(o, "end", r->end);
+    cJSON_AddNumberToObject(o, "start_unix", t0_unix + r->start);
+    cJSON_AddNumberToObject(o, "end_unix", t0_unix + r->end);
+    cJSON_AddNumberToObject(o, "prompt_len", r->prompt_len);
+    cJSON_AddNumberToObject(o, "tokens", r->tokens);
+    if (q->got_first)
+        cJSON_AddNumberToObject(o, "ttft", r->ttft);
+    else
+        cJSON_AddNullToObject(o, "ttft");
+    /* cJSON makes no array of 0 numbers from NULL: the key would go missing */
+    cJSON_AddItemToObject(
+        o, "itl", r->n_itl ? cJSON_CreateDoubleArray(r->itl, (int)r->n_itl) : cJSON_CreateArray());
+    if (r->error)
+        cJSON_AddStringToObject(o, "error", r->error);
+    else
+        cJSON_AddNullToObject(o, "error");
+    char *line = cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
+    if (line) {
+        fprintf(l->requests_out, "%s\n", line);
+        fflush(l->requests_out);
+        cJSON_free(line);
+    }
 }
 
 int pd_bench_load_run(const struct pd_bench_load *l, const struct pd_bench_prompt *prompts,
@@ -333,6 +444,7 @@ int pd_bench_load_run(const struct pd_bench_load *l, const struct pd_bench_promp
     for (size_t i = 0; i < n; i++) {
         struct req *q = &qs[i];
         q->l = l;
+        q->index = i;
         q->res = &out[i];
         q->server_count = -1;
         q->res->prompt_len = prompts[i].prompt_len;
@@ -362,11 +474,15 @@ int pd_bench_load_run(const struct pd_bench_load *l, const struct pd_bench_promp
         }
         arrival[i] = arrival[i - 1] + gap;
     }
+    draw_fates(l, prompts, n, max_output, qs);
 
     bool tty = isatty(STDERR_FILENO);
-    size_t next = 0, done_n = 0;
+    size_t next = 0, done_n = 0, oldest = 0; /* no request below oldest is in flight */
     int active = 0, failed = 0;
     double t0 = pd_bench_now(), last_progress = t0;
+    struct timespec rt;
+    clock_gettime(CLOCK_REALTIME, &rt);
+    double t0_unix = (double)rt.tv_sec + (double)rt.tv_nsec * 1e-9;
     while (done_n < n) {
         double now = pd_bench_now();
         while (next < n && arrival[next] <= now - t0 &&
@@ -391,9 +507,32 @@ int pd_bench_load_run(const struct pd_bench_load *l, const struct pd_bench_promp
             curl_easy_getinfo(msg->easy_handle, CURLINFO_PRIVATE, (char **)&q);
             CURLcode code = msg->data.result;
             curl_multi_remove_handle(multi, q->easy);
-            finish(q, code);
-            if (!q->res->ok)
-                failed++;
+            finish(q, code, pd_bench_now() - t0);
+            failed += !q->res->ok && !q->res->cut;
+            write_request(l, q, t0_unix);
+            req_free(q);
+            active--;
+            done_n++;
+        }
+        /* Disconnecting clients whose time has come drop their connections. */
+        double next_drop = INFINITY;
+        now = pd_bench_now();
+        while (oldest < next && !qs[oldest].easy)
+            oldest++;
+        for (size_t i = oldest; i < next; i++) {
+            struct req *q = &qs[i];
+            if (!q->easy || q->fate != PD_BENCH_FATE_DISCONNECT)
+                continue;
+            double at = q->t_start + q->disconnect_after;
+            if (at > now) {
+                next_drop = at < next_drop ? at : next_drop;
+                continue;
+            }
+            curl_multi_remove_handle(multi, q->easy);   /* closes the socket: a reset */
+            q->cut = !q->res->error && !q->done_marker; /* a finished answer is not cut */
+            finish(q, CURLE_OK, now - t0);
+            failed += !q->res->ok && !q->res->cut;
+            write_request(l, q, t0_unix);
             req_free(q);
             active--;
             done_n++;
@@ -411,6 +550,8 @@ int pd_bench_load_run(const struct pd_bench_load *l, const struct pd_bench_promp
             double until = arrival[next] - (now - t0);
             wait = until < wait ? until : wait;
         }
+        if (next_drop - now < wait)
+            wait = next_drop - now;
         int wait_ms = wait <= 0 ? 0 : (int)ceil(wait * 1e3);
         if (wait_ms > 0 || active > 0) {
             mc = curl_multi_poll(multi, NULL, 0, wait_ms, NULL);

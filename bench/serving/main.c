@@ -36,15 +36,18 @@ static const char *const backend_choices[] = {"sglang",        "openai",     "op
 static const enum pd_bench_backend backend_of_choice[] = {
     PD_BENCH_SGLANG, PD_BENCH_OPENAI,      PD_BENCH_OPENAI_CHAT, PD_BENCH_SGLANG,
     PD_BENCH_OPENAI, PD_BENCH_OPENAI_CHAT, PD_BENCH_OPENAI,      PD_BENCH_OPENAI_CHAT};
-static const char *const dataset_choices[] = {"random", "sharegpt", NULL};
+static const char *const dataset_choices[] = {"random", "sharegpt", "sharegpt-synthetic", NULL};
+enum { DATASET_RANDOM, DATASET_SHAREGPT, DATASET_SHAREGPT_SYNTHETIC };
 
 struct args {
     int backend, dataset, port, num_prompts, random_input_len, random_output_len;
     int sharegpt_output_len, sharegpt_context_len, max_concurrency, warmup_requests;
     int64_t seed;
     double random_range_ratio, slo_ttft_ms, slo_tpot_ms, request_timeout;
+    double abort_fraction, disconnect_fraction, disconnect_window_ms;
     const char *base_url, *host, *model, *tokenizer, *dataset_path, *request_rate, *sweep;
     const char *output_file, *output_csv, *plot, *plot_from, *plot_label, *extra_body, *api_key;
+    const char *output_requests;
     bool output_details, disable_ignore_eos, disable_progress;
 };
 
@@ -126,7 +129,10 @@ static void register_flags(struct pd_flagset *fs, struct args *a) {
                    "the model id when it is a local directory)");
     pd_flag_choice(fs, "--dataset-name", &a->dataset, dataset_choices,
                    "random = random token ids of the lengths below; sharegpt = a ShareGPT JSON "
-                   "file (--dataset-path)");
+                   "file (--dataset-path); sharegpt-synthetic = random token ids with "
+                   "ShareGPT's long-tailed lengths: log-normal (sigma 1) prompt and output "
+                   "lengths whose means are --random-input-len and --random-output-len, each "
+                   "at most 8x its mean, cut to --sharegpt-context-len");
     pd_flag_string(fs, "--dataset-path", &a->dataset_path, "FILE",
                    "ShareGPT JSON: [{\"conversations\": [{\"from\": \"human\", \"value\": ...}, "
                    "{\"from\": \"gpt\", \"value\": ...}]}, ...]");
@@ -168,6 +174,20 @@ static void register_flags(struct pd_flagset *fs, struct args *a) {
                    "sent as Authorization: Bearer KEY (default: $OPENAI_API_KEY when set)");
     pd_flag_double(fs, "--request-timeout", &a->request_timeout, "S", 0, 1e7,
                    "a request still running after S seconds fails (0 = never)");
+    pd_flag_double(fs, "--abort-fraction", &a->abort_fraction, "F", 0, 1,
+                   "share of requests whose client closes the stream after reading 1..8 tokens "
+                   "(fewer than its output); counted as aborted, not as failed");
+    pd_flag_double(fs, "--disconnect-fraction", &a->disconnect_fraction, "F", 0, 1,
+                   "share of requests whose client drops its connection (a TCP reset) at a "
+                   "time uniform in [0, --disconnect-window-ms] after sending, before or while "
+                   "the answer streams; counted as disconnected, not as failed");
+    pd_flag_double(fs, "--disconnect-window-ms", &a->disconnect_window_ms, "MS", 0, 1e9,
+                   "the window of --disconnect-fraction's drops");
+    pd_flag_string(fs, "--output-requests", &a->output_requests, "FILE",
+                   "write one JSON line per request as it ends (flushed; every rate of a "
+                   "sweep): request_rate, index, fate (read/abort/disconnect), outcome "
+                   "(completed/cut/failed), start/end (s since the load began) and "
+                   "start_unix/end_unix, prompt_len, tokens received, ttft (s), itl (s), error");
     pd_flag_string(fs, "--output-file", &a->output_file, "FILE",
                    "write results as JSON Lines, one object per request rate with "
                    "bench_serving's field names (overwritten)");
@@ -253,7 +273,7 @@ static void print_errors(const struct pd_bench_result *r, size_t n, int failed) 
     fprintf(stderr, "pdserve-bench: %d of %zu requests failed; the first errors:\n", failed, n);
     int shown = 0;
     for (size_t i = 0; i < n && shown < 5; i++) {
-        if (!r[i].ok) {
+        if (!r[i].ok && !r[i].cut) {
             fprintf(stderr, "  request %zu: %s\n", i, r[i].error ? r[i].error : "(no reason)");
             shown++;
         }
@@ -280,6 +300,7 @@ int main(int argc, char **argv) {
         .warmup_requests = 1,
         .seed = 1,
         .request_timeout = 3600,
+        .disconnect_window_ms = 1000,
         .host = "127.0.0.1",
         .request_rate = "inf",
     };
@@ -334,12 +355,17 @@ int main(int argc, char **argv) {
             return die("--extra-request-body: not a JSON object");
         }
     }
-    if (a.dataset == 1 && !a.dataset_path) {
+    if (a.dataset == DATASET_SHAREGPT && !a.dataset_path) {
         pd_free(rates);
         return die("--dataset-name sharegpt needs --dataset-path FILE");
     }
-    if (a.dataset == 0 && a.dataset_path)
-        fprintf(stderr, "pdserve-bench: --dataset-path is ignored by --dataset-name random\n");
+    if (a.dataset != DATASET_SHAREGPT && a.dataset_path)
+        fprintf(stderr, "pdserve-bench: --dataset-path is ignored by --dataset-name %s\n",
+                dataset_choices[a.dataset]);
+    if (a.abort_fraction + a.disconnect_fraction > 1) {
+        pd_free(rates);
+        return die("--abort-fraction plus --disconnect-fraction must be at most 1");
+    }
     if (a.max_concurrency == 0) {
         for (int i = 0; i < fs.n; i++)
             if (!strcmp(fs.flags[i].name, "--max-concurrency") && fs.flags[i].seen) {
@@ -360,7 +386,7 @@ int main(int argc, char **argv) {
     }
 
     int exit_code = 1;
-    FILE *json = NULL, *csv = NULL;
+    FILE *json = NULL, *csv = NULL, *reqs = NULL;
     char *model_id = NULL;
     struct pd_tokenizer *tok = NULL;
     struct pd_bench_dataset ds = {0};
@@ -392,6 +418,10 @@ int main(int argc, char **argv) {
         fatal("output");
         goto out;
     }
+    if (a.output_requests && !(reqs = open_out(a.output_requests, "--output-requests"))) {
+        fatal("output");
+        goto out;
+    }
 
     int max_model_len = 0;
     if (pd_bench_probe(base, a.api_key, &model_id, &max_model_len)) {
@@ -407,12 +437,19 @@ int main(int argc, char **argv) {
         fatal("tokenizer");
         goto out;
     }
-    if (a.dataset == 0) {
-        struct pd_bench_random_spec spec = {.input_len = a.random_input_len,
-                                            .output_len = a.random_output_len,
-                                            .range_ratio = a.random_range_ratio,
-                                            .as_text = backend == PD_BENCH_OPENAI_CHAT};
+    struct pd_bench_random_spec spec = {.input_len = a.random_input_len,
+                                        .output_len = a.random_output_len,
+                                        .range_ratio = a.random_range_ratio,
+                                        .as_text = backend == PD_BENCH_OPENAI_CHAT};
+    if (a.dataset == DATASET_RANDOM) {
         if (pd_bench_dataset_random(&spec, (size_t)a.num_prompts, (uint64_t)a.seed, tok, &ds)) {
+            fatal("dataset");
+            goto out;
+        }
+    } else if (a.dataset == DATASET_SHAREGPT_SYNTHETIC) {
+        int ctx = a.sharegpt_context_len ? a.sharegpt_context_len : max_model_len;
+        if (pd_bench_dataset_sharegpt_synthetic(&spec, (size_t)a.num_prompts, (uint64_t)a.seed, ctx,
+                                                tok, &ds)) {
             fatal("dataset");
             goto out;
         }
@@ -515,6 +552,10 @@ int main(int argc, char **argv) {
         load.progress = !a.disable_progress;
         load.label = label;
         load.seed = (uint64_t)a.seed + k;
+        load.abort_fraction = a.abort_fraction;
+        load.disconnect_fraction = a.disconnect_fraction;
+        load.disconnect_window_s = a.disconnect_window_ms * 1e-3;
+        load.requests_out = reqs;
         double duration = 0;
         if (pd_bench_load_run(&load, ds.p, ds.n, 0, res, &duration)) {
             exit_code = fatal("load");
@@ -574,6 +615,8 @@ out:
         exit_code = fatal("--output-file: close");
     if (csv && fclose(csv) != 0 && exit_code == 0)
         exit_code = fatal("--output-csv: close");
+    if (reqs && fclose(reqs) != 0 && exit_code == 0)
+        exit_code = fatal("--output-requests: close");
     pd_bench_dataset_free(&ds);
     pd_tokenizer_free(tok);
     pd_free(model_id);

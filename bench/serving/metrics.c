@@ -10,7 +10,8 @@
  *   the sum of E2E over the wall time.
  * Goodput: completed requests whose TTFT and TPOT are both within the SLOs given (an unset SLO
  * always holds; a one-token request has no TPOT and meets any TPOT SLO), per second.
- * Only successful requests enter latencies and token counts.
+ * Only successful requests enter latencies and token counts; requests the client cut on
+ * purpose (aborted, disconnected) are counted apart and enter nothing else.
  */
 #include "bench/serving/serving.h"
 
@@ -84,15 +85,19 @@ int pd_bench_summarize(const struct pd_bench_result *r, size_t n, double duratio
     double e2e_sum = 0;
     for (size_t i = 0; i < n; i++) {
         const struct pd_bench_result *q = &r[i];
+        if (q->cut) {
+            s->aborted += q->fate == PD_BENCH_FATE_ABORT;
+            s->disconnected += q->fate == PD_BENCH_FATE_DISCONNECT;
+            continue;
+        }
         if (!q->ok) {
             s->failed++;
             continue;
         }
-        s->completed++;
+        ttft[nt++] = q->ttft;
+        e2e[s->completed++] = q->e2e;
         s->total_input_tokens += q->prompt_len;
         s->total_output_tokens += q->output_len;
-        ttft[nt++] = q->ttft;
-        e2e[i - (size_t)s->failed] = q->e2e;
         e2e_sum += q->e2e;
         double tp = -1;
         if (q->output_len > 1) {

@@ -60,6 +60,10 @@ void pd_bench_print_table(FILE *f, const struct pd_bench_run_info *info,
         row_s(f, "Max request concurrency:", "not set");
     row_i(f, "Successful requests:", s->completed);
     row_i(f, "Failed requests:", s->failed);
+    if (s->aborted || s->disconnected) {
+        row_i(f, "Aborted by the client (on purpose):", s->aborted);
+        row_i(f, "Disconnected by the client (on purpose):", s->disconnected);
+    }
     row_d(f, "Benchmark duration (s):", s->duration);
     row_i(f, "Total input tokens:", s->total_input_tokens);
     row_i(f, "Total generated tokens:", s->total_output_tokens);
@@ -130,6 +134,8 @@ int pd_bench_json_line(const struct pd_bench_run_info *info, const struct pd_ben
     cJSON_AddNumberToObject(o, "duration", s->duration);
     cJSON_AddNumberToObject(o, "completed", s->completed);
     cJSON_AddNumberToObject(o, "failed", s->failed);
+    cJSON_AddNumberToObject(o, "aborted", s->aborted);
+    cJSON_AddNumberToObject(o, "disconnected", s->disconnected);
     cJSON_AddNumberToObject(o, "total_input_tokens", (double)s->total_input_tokens);
     cJSON_AddNumberToObject(o, "total_output_tokens", (double)s->total_output_tokens);
     cJSON_AddNumberToObject(o, "request_throughput", s->request_throughput);
@@ -162,7 +168,9 @@ int pd_bench_json_line(const struct pd_bench_run_info *info, const struct pd_ben
             cJSON_AddItemToArray(a_ttft, cJSON_CreateNumber(q->ok ? q->ttft : 0));
             cJSON_AddItemToArray(a_e2e, cJSON_CreateNumber(q->ok ? q->e2e : 0));
             cJSON_AddItemToArray(a_start, cJSON_CreateNumber(q->start));
-            cJSON_AddItemToArray(a_itl, cJSON_CreateDoubleArray(q->itl, (int)q->n_itl));
+            /* cJSON makes no array of 0 numbers from NULL: the entry would go missing */
+            cJSON_AddItemToArray(a_itl, q->n_itl ? cJSON_CreateDoubleArray(q->itl, (int)q->n_itl)
+                                                 : cJSON_CreateArray());
             cJSON_AddItemToArray(a_err, cJSON_CreateString(q->error ? q->error : ""));
         }
     }
@@ -177,7 +185,7 @@ int pd_bench_json_line(const struct pd_bench_run_info *info, const struct pd_ben
 
 void pd_bench_csv_header(FILE *f) {
     fputs("request_rate,index,start_s,success,prompt_len,output_len,ttft_ms,tpot_ms,e2e_ms,"
-          "mean_itl_ms,error\n",
+          "mean_itl_ms,error,outcome\n",
           f);
 }
 
@@ -204,7 +212,7 @@ void pd_bench_csv_rows(FILE *f, const struct pd_bench_summary *s, const struct p
                 fputc('"', f); /* CSV doubles quotes */
             fputc(*c == '\n' ? ' ' : *c, f);
         }
-        fputs("\"\n", f);
+        fprintf(f, "\",%s\n", q->ok ? "completed" : q->cut ? "cut" : "failed");
     }
 }
 

@@ -9,8 +9,12 @@
  * records to the summary, report.c prints the table and writes JSON Lines / CSV, plot.c draws a
  * sweep with gnuplot, main.c holds the flags and runs one load per request rate.
  *
- * Times are seconds (double) on CLOCK_MONOTONIC unless a name says _ms. Nothing here is shared
- * between threads: the whole benchmark runs on one thread.
+ * Times are seconds (double) on CLOCK_MONOTONIC unless a name says _ms or _unix. Nothing here is
+ * shared between threads: the whole benchmark runs on one thread.
+ *
+ * Besides measuring, a load can misbehave as real clients do (--abort-fraction,
+ * --disconnect-fraction): those requests are ended by the client on purpose and counted apart
+ * from the completed and the failed ones, so a soak can tell a deliberate cut from a server error.
  */
 #ifndef PD_BENCH_SERVING_H
 #define PD_BENCH_SERVING_H
@@ -62,10 +66,35 @@ int pd_bench_dataset_sharegpt(const char *path, size_t n, uint64_t seed, int fix
                               struct pd_bench_dataset *out);
 void pd_bench_dataset_free(struct pd_bench_dataset *d);
 
+/* Synthetic ShareGPT-like dataset (--dataset-name sharegpt-synthetic): random non-special token
+ * ids as the random dataset makes them, with ShareGPT's long-tailed lengths: prompt and output
+ * lengths log-normal with sigma PD_BENCH_SHAREGPT_SIGMA and means input_len / output_len, each
+ * at least 2 and at most PD_BENCH_SHAREGPT_MAX_X times its mean; a pair longer than context_len
+ * (when > 0) has its output cut to fit (and its prompt, when that alone does not fit). */
+#define PD_BENCH_SHAREGPT_SIGMA 1.0
+#define PD_BENCH_SHAREGPT_MAX_X 8
+int pd_bench_dataset_sharegpt_synthetic(const struct pd_bench_random_spec *spec, size_t n,
+                                        uint64_t seed, int context_len,
+                                        const struct pd_tokenizer *tok,
+                                        struct pd_bench_dataset *out);
+
+/* What the client does with a request. */
+enum pd_bench_fate {
+    PD_BENCH_FATE_READ = 0,       /* reads the whole answer */
+    PD_BENCH_FATE_ABORT = 1,      /* closes the stream (FIN) once it has read a few tokens */
+    PD_BENCH_FATE_DISCONNECT = 2, /* drops the connection (RST) at a time drawn in advance,
+                                   * whatever has arrived: before the answer or while it streams */
+};
+extern const char *const pd_bench_fate_names[]; /* "read", "abort", "disconnect" */
+
 /* What one request measured. */
 struct pd_bench_result {
-    bool ok;
+    bool ok;      /* completed: the whole answer arrived */
+    bool cut;     /* ended by the client as its fate said (not ok, not failed) */
+    int fate;     /* enum pd_bench_fate */
+    int tokens;   /* tokens received (also for cut and failed requests) */
     double start; /* s since the load began: when the request was handed to curl */
+    double end;   /* s since the load began: when it ended, however it ended */
     double ttft;  /* s, first token (first chunk with text / new tokens) */
     double e2e;   /* s, until the end of the stream */
     double *itl;  /* [n_itl] s between chunks (a chunk of k tokens gives k gaps of 1/k) */
@@ -90,6 +119,11 @@ struct pd_bench_load {
     bool progress;     /* progress bar / lines on stderr */
     const char *label; /* for progress lines */
     double timeout_s;  /* per request, 0 = none */
+    /* Client misbehaviour, drawn per request from seed: a share abort_fraction aborts after 1..8
+     * tokens (fewer than the output length), a share disconnect_fraction drops its connection
+     * uniformly within disconnect_window_s of being sent. */
+    double abort_fraction, disconnect_fraction, disconnect_window_s;
+    FILE *requests_out; /* one JSON line per request as it ends (flushed), or NULL */
 };
 
 /* Sends prompts[0..n) (each with output_len capped at max_output when > 0) as the load says and
@@ -110,6 +144,7 @@ struct pd_bench_summary {
     int max_concurrency;
     double duration; /* s */
     int completed, failed;
+    int aborted, disconnected; /* cut by the client on purpose (--abort/--disconnect-fraction) */
     long total_input_tokens, total_output_tokens;
     double request_throughput, input_throughput, output_throughput, total_throughput;
     double concurrency; /* sum of e2e / duration */

@@ -10,6 +10,10 @@ times are time.monotonic() (CLOCK_MONOTONIC, the clock pdserve-bench uses too) t
 the body was read, after the first chunk was flushed, and after the last ([DONE]) was flushed;
 "inflight" is how many requests were being served when this one arrived (itself included).
 
+A client that goes away mid-answer is logged with "gone": "fin" (it closed: an orderly end of
+its stream) or "reset" (its connection was reset), and "n" is the tokens written before that was
+seen; the server looks before every token.
+
 --fail-every K answers every K-th generation request (1-based count) with HTTP 400 and an
 OpenAI error body; --no-usage leaves out usage / meta_info token counts (the client must count
 chunks). GET /v1/models names --model-id; GET /health is 200. Prints "port N" once listening.
@@ -17,6 +21,8 @@ Stdlib only.
 """
 import argparse
 import json
+import select
+import socket
 import socketserver
 import sys
 import threading
@@ -93,6 +99,10 @@ class Handler(BaseHTTPRequestHandler):
         for k in range(1, n + 1):
             if k > 1:
                 time.sleep(ARGS.itl_ms / 1e3)
+            gone = self.client_gone()
+            if gone:
+                self.log(path, recv, first, time.monotonic(), k - 1, inflight, gone=gone)
+                return
             piece = "t%d " % k
             text += piece
             if path == "/generate":
@@ -114,11 +124,24 @@ class Handler(BaseHTTPRequestHandler):
         self.event("[DONE]")
         self.log(path, recv, first, time.monotonic(), n, inflight)
 
-    def log(self, path, recv, first, last, n, inflight, failed=False):
+    def client_gone(self):
+        """'fin' when the client closed its end, 'reset' when it reset the connection, else
+        None (nothing to read: a streaming client sends nothing after its request)."""
+        try:
+            if not select.select([self.connection], [], [], 0)[0]:
+                return None
+            return "fin" if self.connection.recv(1, socket.MSG_PEEK) == b"" else None
+        except ConnectionResetError:
+            return "reset"
+        except OSError:
+            return "reset"
+
+    def log(self, path, recv, first, last, n, inflight, failed=False, gone=None):
         with LOCK:
             with open(ARGS.log, "a") as f:
                 f.write(json.dumps({"path": path, "recv": recv, "first": first, "last": last,
-                                    "n": n, "inflight": inflight, "failed": failed}) + "\n")
+                                    "n": n, "inflight": inflight, "failed": failed,
+                                    "gone": gone}) + "\n")
 
 
 def main():

@@ -62,28 +62,6 @@ def client(rt, i, it, out):
 HEALTH_S = 5.0  # prefill's /health answers within this many seconds of the decode SIGKILL
 
 
-def health_by(pf, deadline):
-    """True when pf's GET /health answers 200 before deadline (a time.time()); each try may
-    take only what is left, so a late 200 does not count."""
-    while True:
-        left = deadline - time.time()
-        if left <= 0:
-            return False
-        try:
-            if pf.get("/health", timeout=left)[0] == 200 and time.time() <= deadline:
-                return True
-        except OSError:
-            pass
-        time.sleep(min(0.05, max(0.0, deadline - time.time())))
-
-
-def one_ok(rt):
-    st, raw = rt.post("/generate", {"text": "the river runs to the sea",
-                                    "sampling_params": {"max_new_tokens": 8, "temperature": 0}},
-                      20)
-    return st == 200 and b'"text"' in raw
-
-
 def main():
     tls = os.environ.get("UCX_TLS", "(UCX default)")
     tmp = pc.tmpdir()
@@ -114,7 +92,7 @@ def main():
             dc.kill()
             # the prefill answers /health while its peer's death is being handled, within
             # HEALTH_S of the kill (the clients may still be ending meanwhile)
-            alive = health_by(pf, t_kill + HEALTH_S)
+            alive = pf.health_by(t_kill + HEALTH_S)
             t_health = time.time()
             if not alive:
                 fails.append("iteration %d: prefill did not answer /health within %g s of the "
@@ -138,7 +116,7 @@ def main():
             healthy = pc.wait_until(lambda: rt.get("/health", timeout=5)[0] == 200, 30, 0.1)
             t_healthy = time.time()
             tries = []
-            served = healthy and pc.wait_until(lambda: tries.append(1) or one_ok(rt), 20, 0.1)
+            served = healthy and pc.wait_until(lambda: tries.append(1) or pc.serves(rt), 20, 0.1)
             if not served:
                 fails.append("iteration %d: not served after the decode restart "
                              "(router healthy: %s)" % (it, bool(healthy)))

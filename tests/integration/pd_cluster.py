@@ -12,6 +12,7 @@ import ctypes
 import http.client
 import json
 import os
+import signal
 import socket
 import ssl
 import subprocess
@@ -263,6 +264,28 @@ class Proc:
             self.p.kill()
         self.p.wait(10)
 
+    def pause(self):
+        """SIGSTOP: the process stays, its sockets stay open, nothing it owns moves (a stuck
+        or swapped-out server, as its peers see it)."""
+        os.kill(self.p.pid, signal.SIGSTOP)
+
+    def resume(self):
+        os.kill(self.p.pid, signal.SIGCONT)
+
+    def health_by(self, deadline):
+        """True when GET /health answers 200 before deadline (a time.time()); each try may take
+        only what is left, so a late 200 does not count."""
+        while True:
+            left = deadline - time.time()
+            if left <= 0:
+                return False
+            try:
+                if self.get("/health", timeout=left)[0] == 200 and time.time() <= deadline:
+                    return True
+            except OSError:
+                pass
+            time.sleep(min(0.05, max(0.0, deadline - time.time())))
+
     def terminate(self, timeout=30):
         """SIGTERM, then the exit code (or 'hung' after timeout, and a SIGKILL)."""
         if self.p.poll() is not None:
@@ -409,6 +432,29 @@ def make_tls_certs(tmp):
          "-CAcreateserial", "-days", "2", "-out", p["cert"], "-extfile", p["ext"]])
     p["ctx"] = ssl.create_default_context(cafile=p["ca"])
     return p
+
+
+def serves(rt, timeout=20):
+    """True when one short greedy /generate through rt answers 200 with a text."""
+    try:
+        st, raw = rt.post("/generate", {"text": "the river runs to the sea", "sampling_params": {
+            "max_new_tokens": 8, "temperature": 0}}, timeout)
+    except OSError:
+        return False
+    return st == 200 and b'"text"' in raw
+
+
+def served_within(rt, seconds, step=0.1):
+    """Seconds until rt serves a request (serves(), each try bounded by what is left), or None
+    when it does not within seconds."""
+    t0 = time.time()
+    while True:
+        left = t0 + seconds - time.time()
+        if left <= 0:
+            return None
+        if serves(rt, max(0.5, left)) and time.time() - t0 <= seconds:
+            return time.time() - t0
+        time.sleep(min(step, max(0.0, t0 + seconds - time.time())))
 
 
 def make_model(build, tmp, extra=(), name="model"):

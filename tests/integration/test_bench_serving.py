@@ -15,6 +15,12 @@
             the first ones printed; a ShareGPT file that is fine is used.
   plot      --plot draws a PNG for a sweep and --plot-from for two result files (skips, 77,
             without gnuplot).
+  fates     misbehaving clients (--abort-fraction, --disconnect-fraction): the fake server sees
+            each aborting client close its stream (FIN) after its 1..8 tokens and each
+            disconnecting one reset its connection before the first token; the counts of the
+            summary, of --output-requests and of the server agree, none is a failure; then
+            --dataset-name sharegpt-synthetic: the lengths the server is asked for have the
+            flags' means and a log-normal spread.
   pd        the real thing: pdserve-router + prefill + decode with a small model; the bench
             talks to the router through a Python TCP proxy that times every request itself
             (first byte in, first SSE event out, end of stream); medians agree; counts exact
@@ -227,6 +233,96 @@ def case_arrivals(tmp, model):
     fake.p.kill()
 
 
+# ------------------------------------------------------------------ fates
+
+def case_fates(tmp, model):
+    n, out_len = 80, 12
+    fake = Fake(tmp, model, "--first-ms", "150", "--itl-ms", "30")
+    step("%d requests, a quarter aborting after a few tokens, a quarter disconnecting within "
+         "100 ms (before the first token, 150 ms)" % n)
+    jpath, rpath = os.path.join(tmp, "f.jsonl"), os.path.join(tmp, "req.jsonl")
+    rc, out, err = bench("--base-url", fake.url, "--backend", "sglang", "--random-input-len", 8,
+                         "--random-output-len", out_len, "--random-range-ratio", 1,
+                         "--num-prompts", n, "--request-rate", 100, "--seed", 5,
+                         "--abort-fraction", 0.25, "--disconnect-fraction", 0.25,
+                         "--disconnect-window-ms", 100, "--warmup-requests", 0,
+                         "--output-file", jpath, "--output-requests", rpath)
+    if not check(rc == 0, "fates: exit %d: %s" % (rc, err[-2000:])):
+        return
+    r = results(jpath)[0]
+    reqs = results(rpath)
+    by = {}
+    for q in reqs:
+        by.setdefault((q["fate"], q["outcome"]), []).append(q)
+    step("summary: completed %s, aborted %s, disconnected %s, failed %s; per request: %s" %
+         (r["completed"], r["aborted"], r["disconnected"], r["failed"],
+          {"%s/%s" % k: len(v) for k, v in sorted(by.items())}))
+    check(len(reqs) == n and sorted(q["index"] for q in reqs) == list(range(n)),
+          "fates: --output-requests has one line per request (%d)" % len(reqs))
+    check(all(isinstance(q.get("itl"), list) for q in reqs),
+          "fates: every line has its itl list, also an empty one (no token gap)")
+    aborted, gone = by.get(("abort", "cut"), []), by.get(("disconnect", "cut"), [])
+    check(set(by) == {("read", "completed"), ("abort", "cut"), ("disconnect", "cut")},
+          "fates: every request ended as its fate says: %s" % sorted(by))
+    check(r["failed"] == 0 and r["aborted"] == len(aborted) and r["disconnected"] == len(gone)
+          and r["completed"] == len(by.get(("read", "completed"), [])),
+          "fates: the summary's counts equal the per-request outcomes")
+    # 80 draws at a quarter each: 20 +- 3.9 expected; 8..32 is three standard deviations
+    check(8 <= len(aborted) <= 32 and 8 <= len(gone) <= 32,
+          "fates: %d aborted and %d disconnected of %d at a quarter each" %
+          (len(aborted), len(gone), n))
+    check(all(1 <= q["tokens"] <= 8 and q["tokens"] < out_len and q["ttft"] is not None
+              for q in aborted), "fates: aborting clients read 1..8 tokens: %s" %
+          sorted(q["tokens"] for q in aborted))
+    check(all(q["tokens"] == 0 and q["ttft"] is None and q["end"] - q["start"] < 0.140
+              for q in gone), "fates: disconnecting clients left within 100 ms, no token: %s" %
+          sorted((q["tokens"], round(q["end"] - q["start"], 3)) for q in gone))
+    check(all(q["tokens"] == out_len and q["error"] is None
+              for q in by.get(("read", "completed"), [])), "fates: the others read everything")
+    check("Aborted by the client (on purpose):" in out, "fates: the table shows the aborts")
+    log = pc.wait_until(lambda: (lambda x: x if len(x) == n else None)(fake.log()), 10)
+    log = log or fake.log()
+    fins = sorted(x["n"] for x in log if x.get("gone") == "fin")
+    resets = [x for x in log if x.get("gone") == "reset"]
+    step("server: %d ended, %d closed by the client after %s tokens, %d reset" %
+         (len(log), len(fins), fins, len(resets)))
+    check(len(fins) == len(aborted) and len(resets) == len(gone),
+          "fates: the server saw %d FINs and %d resets, want %d and %d" %
+          (len(fins), len(resets), len(aborted), len(gone)))
+    check(all(x["n"] == 0 for x in resets), "fates: every reset came before the first token")
+    fake.p.kill()
+
+    m_in, m_out, k = 64, 32, 400
+    fake = Fake(tmp, model, "--first-ms", "1", "--itl-ms", "0")
+    step("--dataset-name sharegpt-synthetic, means %d in / %d out, %d prompts" % (m_in, m_out, k))
+    jpath = os.path.join(tmp, "s.jsonl")
+    rc, out, err = bench("--base-url", fake.url, "--backend", "sglang", "--dataset-name",
+                         "sharegpt-synthetic", "--random-input-len", m_in, "--random-output-len",
+                         m_out, "--num-prompts", k, "--request-rate", 400, "--seed", 9,
+                         "--warmup-requests", 0, "--output-file", jpath, "--output-details")
+    if check(rc == 0, "sharegpt-synthetic: exit %d: %s" % (rc, err[-2000:])):
+        r = results(jpath)[0]
+        ins, outs = r["input_lens"], sorted(x["n"] for x in fake.log())
+        check(r["completed"] == k and len(outs) == k, "sharegpt-synthetic: %s of %d completed" %
+              (r["completed"], k))
+        check(len(r["itls"]) == k, "--output-details: %d itls lists for %d requests" %
+              (len(r["itls"]), k))
+        for name, xs, mean in (("prompt", sorted(ins), m_in), ("output", outs, m_out)):
+            got = statistics.mean(xs)
+            p50, p90 = xs[len(xs) // 2], xs[len(xs) * 9 // 10]
+            step("%s lengths: mean %.1f (want %d), median %d, p90 %d, min %d, max %d" %
+                 (name, got, mean, p50, p90, xs[0], xs[-1]))
+            # a log-normal of sigma 1 has a standard deviation of 1.31 x its mean: the mean of
+            # 400 draws is within 20 % (three standard errors); p90 / median is e^1.28 = 3.6
+            check(abs(got - mean) <= 0.2 * mean, "sharegpt-synthetic: %s mean %.1f, want %d +- "
+                  "20 %%" % (name, got, mean))
+            check(2.5 <= p90 / p50 <= 5.0, "sharegpt-synthetic: %s p90 / median %.2f, want a "
+                  "log-normal tail (3.6)" % (name, p90 / p50))
+            check(xs[0] >= 2 and xs[-1] <= 8 * mean, "sharegpt-synthetic: %s lengths in [2, %d]"
+                  % (name, 8 * mean))
+    fake.p.kill()
+
+
 # ------------------------------------------------------------------ errors
 
 def write(tmp, name, text):
@@ -267,6 +363,10 @@ def case_errors(tmp, model):
     expect_fail("--random-range-ratio 1.5", base + ["--random-range-ratio", 1.5],
                 "--random-range-ratio")
     expect_fail("--max-concurrency 0", base + ["--max-concurrency", 0], "--max-concurrency")
+    expect_fail("aborts and disconnects over 1", base + ["--abort-fraction", 0.6,
+                                                         "--disconnect-fraction", 0.5],
+                "--abort-fraction plus --disconnect-fraction must be at most 1")
+    expect_fail("--abort-fraction 2", base + ["--abort-fraction", 2], "--abort-fraction")
     expect_fail("--num-prompts 0", base + ["--num-prompts", 0], "--num-prompts")
     sg = ["--dataset-name", "sharegpt", "--dataset-path"]
     bad = write(tmp, "syntax.json", '[\n  {"conversations": [\n    {"from": "human" "value": "x"}'
@@ -555,7 +655,7 @@ def main():
     def cases():
         model = pc.make_model(BUILD, tmp)
         {"fake": case_fake, "arrivals": case_arrivals, "errors": case_errors,
-         "plot": case_plot, "pd": case_pd}[CASE](tmp, model)
+         "plot": case_plot, "pd": case_pd, "fates": case_fates}[CASE](tmp, model)
 
     pc.run_test("bench_serving %s" % CASE, cases, tmp)
     return 0

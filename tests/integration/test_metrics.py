@@ -19,7 +19,10 @@ escapes, cumulative buckets ending in +Inf, _count equal to the +Inf bucket.
            them; pages back, token_usage 0.
   router   outcomes per worker: N ok, one client gone mid-stream (decode: client_gone), one bad
            request (a prompt over the context: 400 from a worker); each role's outcomes sum to
-           the calls sent; sgl_router_pd_*_requests_total equal them too.
+           the calls sent; sgl_router_pd_*_requests_total equal them too. Then clients gone
+           while their KV pages move: both daemons count every one as aborted, none as failed
+           (the router aborts on both, and prefill's abort used to reach decode first as a
+           failed transfer).
 
 Stdlib only. Usage: test_metrics.py BUILD_DIR CASE. Each case takes well under 60 s.
 """
@@ -585,6 +588,30 @@ def case_router(model, tmp):
     check(d.get("sglang:num_aborted_requests_total") == 1,
           "decode: the abandoned stream counts as aborted (got %s)" %
           d.get("sglang:num_aborted_requests_total"))
+
+    k = 8
+    step("%d clients gone while their KV pages move" % k)
+    before = {p.role: scrape(p) for p in (pf, dc)}
+    seen = 0
+    for i in range(k):
+        body = {"input_ids": [(j * 7 + i) % 900 + 1 for j in range(1800)], "stream": True,
+                "sampling_params": {"max_new_tokens": 100, "ignore_eos": True}}
+        c = rt.conn(30)
+        c.request("POST", "/generate", json.dumps(body), {"Content-Type": "application/json"})
+        seen += bool(pc.wait_until(lambda: dc.server_info()["queues"]["transfer"] >= 1, 20,
+                                   0.002))
+        c.close()
+        check(pc.wait_until(lambda: pf.server_info()["live_requests"] == 0
+                            and dc.server_info()["live_requests"] == 0, 20),
+              "the abandoned request %d ended on both daemons" % i)
+    check(seen == k, "every client left while decode waited for its KV (%d of %d)" % (seen, k))
+    for p in (pf, dc):
+        m = scrape(p)
+        for name, want in (("pdserve:num_failed_requests_total", 0),
+                           ("sglang:num_aborted_requests_total", k)):
+            got = m.sum(name) - before[p.role].sum(name)
+            check(got == want, "%s: %s grew by %s, want %d" % (p.role, name, got, want))
+        check(p.pool_full(), "%s: pool full after the abandoned transfers" % p.role)
 
 
 def main():

@@ -16,6 +16,12 @@ and pdserve-decode on 127.0.0.1 (UCX over shared memory), a tiny model from pdse
             recovered; decode restarts on its port and serves (kill_loop.py repeats this).
   startup   workers unreachable when the router starts: /health is not 200 and requests get a
             quick 503 until both are up; then they are served.
+  restart_prefill  SIGKILL of prefill and a restart on its ports before decode learns the old
+            one died (decode's UCX keepalive set to 60 s): the new prefill refuses the first
+            Transfer under the old pairing (NOT_FOUND), decode pairs again at once, and every
+            later request is served (router retries off, so no failure hides); before, every
+            Transfer was refused until UCX noticed, and the router's breaker opened on the
+            prefill for 30 s.
   extras    daemon gaps: /health_generate runs a real 1-token generation; logprobs through the
             router (sum equals pdserve-generate's); 503 past --max-queued-requests; --api-key
             (401) on daemons and through the router.
@@ -712,11 +718,33 @@ def case_extras(model, tmp):
         check(rc == 0, "%s SIGTERM exit %s" % (proc.name, rc))
 
 
+def case_restart_prefill(model, tmp):
+    slow_ka = dict(os.environ, UCX_KEEPALIVE_INTERVAL="60s")  # the old prefill's death unseen
+    pf = pc.Daemon(BUILD, "prefill", model, tmp)
+    dc = pc.Daemon(BUILD, "decode", model, tmp, env=slow_ka)
+    rt = pc.Router(BUILD, [(pf.port, pf.bport)], [dc.port], tmp, ["--disable-retries"])
+    check(one_ok(rt), "served before the restart (decode paired)")
+    step("SIGKILL of prefill, restarted on its ports at once")
+    pf.kill()
+    pf.start(60)
+    check(router_healthy(rt), "router healthy once the prefill is back")
+    outcomes = [one_ok(rt, timeout=20) for _ in range(6)]
+    step("   requests after the restart, in order: %s" % outcomes)
+    check(all(outcomes[1:]), "every request after the first is served (decode paired again "
+          "after one refusal): %s" % outcomes)
+    with open(dc.log_path, errors="replace") as f:
+        log = f.read()
+    check(not outcomes[0] or "pairing again" not in log,
+          "the first request failed only if decode had to pair again")
+    check(pf.pool_full(10) and dc.pool_full(10), "pools full at the end")
+
+
 def main():
     tmp = pc.tmpdir()
     model = pc.make_model(BUILD, tmp)
     cases = {"tokens": case_tokens, "failures": case_failures, "kill_decode": case_kill_decode,
-             "startup": case_startup, "extras": case_extras}
+             "startup": case_startup, "extras": case_extras,
+             "restart_prefill": case_restart_prefill}
     pc.run_test("pd_router %s" % CASE, lambda: cases[CASE](model, tmp), tmp)
 
 
