@@ -192,32 +192,26 @@ window_ms=${DISCONNECT_WINDOW_MS:-$(printf %.0f "$median_e2e_ms")}
 # Prompts of 512 tokens, 1.25 pools' worth at once: decode admits what fits and retracts.
 n_fill=$("$py" -c "import math; print(math.ceil(1.25 * $max_total_tokens / 528))")
 t_fill=$(date +%s.%N)
-"$bench" --backend sglang --base-url "$url" --dataset-name random --random-input-len 512 \
-    --random-output-len 16 --random-range-ratio 1 --num-prompts "$n_fill" --request-rate inf \
-    --warmup-requests 0 --seed "$seed" --request-timeout "$request_timeout_s" \
-    --output-file "$out/fill.jsonl" --disable-progress >"$out/fill.log" 2>&1 || {
-    echo "soak: filling the pools failed (fill.log):" >&2
-    tail -n 20 "$out/fill.log" >&2
-    exit 1
+# warm WHAT INPUT_LEN OUTPUT_LEN N OUTPUT: N prompts at once; any failure stops the soak
+warm() {
+    "$bench" --backend sglang --base-url "$url" --dataset-name random --random-input-len "$2" \
+        --random-output-len "$3" --random-range-ratio 1 --num-prompts "$4" --request-rate inf \
+        --warmup-requests 0 --seed "$seed" --request-timeout "$request_timeout_s" \
+        --output-file "$out/$5" --disable-progress >>"$out/fill.log" 2>&1 || {
+        echo "soak: $1 failed (fill.log):" >&2
+        tail -n 20 "$out/fill.log" >&2
+        exit 1
+    }
+    if [ "$("${tool[@]}" field "$out/$5" failed)" != "0" ]; then
+        echo "soak: requests failed in $1 (fill.log)" >&2
+        exit 1
+    fi
 }
-if [ "$("${tool[@]}" field "$out/fill.jsonl" failed)" != "0" ]; then
-    echo "soak: requests failed while filling the pools (fill.log)" >&2
-    exit 1
-fi
+: >"$out/fill.log"
+warm "filling the pools" 512 16 "$n_fill" fill.jsonl
 # and 64 short streams at once: the processes' heaps reach the high-water mark of a burst now,
 # so a burst during the load does not read as growth
-"$bench" --backend sglang --base-url "$url" --dataset-name random --random-input-len 16 \
-    --random-output-len 64 --random-range-ratio 1 --num-prompts 64 --request-rate inf \
-    --warmup-requests 0 --seed "$seed" --request-timeout "$request_timeout_s" \
-    --output-file "$out/burst.jsonl" --disable-progress >>"$out/fill.log" 2>&1 || {
-    echo "soak: the burst of 64 streams failed (fill.log):" >&2
-    tail -n 20 "$out/fill.log" >&2
-    exit 1
-}
-if [ "$("${tool[@]}" field "$out/burst.jsonl" failed)" != "0" ]; then
-    echo "soak: requests failed in the burst of 64 streams (fill.log)" >&2
-    exit 1
-fi
+warm "the burst of 64 streams" 16 64 64 burst.jsonl
 echo "soak: filled the KV pools with $n_fill prompts of 512 tokens, then 64 streams at once, in" \
     "$("$py" -c "import time; print('%.1f' % (time.time() - $t_fill))") s"
 conf fill "$n_fill prompts of 512 tokens at once (every KV page written once), then 64 short \

@@ -116,6 +116,13 @@ static int fill_random_prompts(const char *what, bool as_text, struct rng *r,
     return rc;
 }
 
+/* n zeroed prompts in out; PD_ENOMEM naming the dataset when that fails. */
+static int alloc_prompts(const char *what, size_t n, struct pd_bench_dataset *out) {
+    out->p = pd_calloc(n ? n : 1, sizeof(*out->p));
+    out->n = out->p ? n : 0;
+    return out->p ? PD_OK : pd_errorf(PD_ENOMEM, "%s dataset: %zu prompts", what, n);
+}
+
 int pd_bench_dataset_sharegpt_synthetic(const struct pd_bench_random_spec *spec, size_t n,
                                         uint64_t seed, int context_len,
                                         const struct pd_tokenizer *tok,
@@ -132,12 +139,8 @@ int pd_bench_dataset_sharegpt_synthetic(const struct pd_bench_random_spec *spec,
                          context_len);
     struct rng r;
     rng_seed(&r, seed);
-    out->p = pd_calloc(n ? n : 1, sizeof(*out->p));
-    out->n = n;
-    if (!out->p) {
-        out->n = 0;
-        return pd_errorf(PD_ENOMEM, "sharegpt-synthetic dataset: %zu prompts", n);
-    }
+    if (alloc_prompts("sharegpt-synthetic", n, out))
+        return PD_ENOMEM;
     for (size_t i = 0; i < n; i++) {
         struct pd_bench_prompt *p = &out->p[i];
         p->prompt_len = lognormal_len(&r, spec->input_len);
@@ -165,12 +168,8 @@ int pd_bench_dataset_random(const struct pd_bench_random_spec *spec, size_t n, u
         return pd_errorf(PD_EINVAL, "random dataset: --random-range-ratio must be in [0, 1]");
     struct rng r;
     rng_seed(&r, seed);
-    out->p = pd_calloc(n ? n : 1, sizeof(*out->p));
-    out->n = n;
-    if (!out->p) {
-        out->n = 0;
-        return pd_errorf(PD_ENOMEM, "random dataset: %zu prompts", n);
-    }
+    if (alloc_prompts("random", n, out))
+        return PD_ENOMEM;
     int in_lo = (int)(spec->input_len * spec->range_ratio);
     in_lo = in_lo < 1 ? 1 : in_lo;
     int out_lo = (int)(spec->output_len * spec->range_ratio);
