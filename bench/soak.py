@@ -29,8 +29,8 @@ is printed and not judged:
   pages_return_s     seconds from the end of the load until prefill's and decode's KV pools hold
                      no token and no request, at most PAGE_RETURN_S (config)
   unexpected_errors  requests that failed, other than those the client cut on purpose: 0
-  server_failed      requests the daemons counted as failed over the load (pdserve:
-                     num_failed_requests_total): 0 (a client's abort is counted as aborted)
+  server_failed      requests the daemons counted as failed over the load
+                     (pdserve_num_failed_requests_total): 0 (a client's abort counts as aborted)
   itl_p99_ratio      p99 ITL of the last 5 minutes / of the first 5 (thirds when shorter than 15
                      minutes), at most 1.2; judged only when the load runs JUDGE_LATENCY_MIN
                      minutes or more (config), INFO otherwise: on a shared 2-core machine a window
@@ -127,12 +127,12 @@ def daemon_row(metrics):
             metric_sum(metrics, "sglang:max_total_num_tokens"),
             metric_sum(metrics, "sglang:num_running_reqs"),
             metric_sum(metrics, "sglang:num_queue_reqs"),
-            metric_sum(metrics, "pdserve:num_failed_requests_total"),
+            metric_sum(metrics, "pdserve_num_failed_requests_total"),
             metric_sum(metrics, "sglang:num_aborted_requests_total")]
 
 
 def router_row(metrics):
-    return [metric_sum(metrics, "pdserve_router:requests_total", role="decode", outcome=o)
+    return [metric_sum(metrics, "pdserve_router_requests_total", role="decode", outcome=o)
             for o in ROUTER_OUTCOMES]
 
 

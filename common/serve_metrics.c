@@ -81,9 +81,9 @@ static int add_all(struct pd_serve_metrics *sm, int32_t n_pages) {
         "Maximum total number of tokens in the KV cache pool.");
     ADD(cache_hit_rate, PD_METRIC_GAUGE, "sglang:cache_hit_rate",
         "The prefix cache hit rate: cached prompt tokens / prompt tokens of finished requests.");
-    ADD(prefix_cache_tokens, PD_METRIC_GAUGE, "pdserve:prefix_cache_tokens",
+    ADD(prefix_cache_tokens, PD_METRIC_GAUGE, "pdserve_prefix_cache_tokens",
         "Tokens of KV pool pages held by the prefix cache alone (evictable).");
-    ADD(num_draining, PD_METRIC_GAUGE, "pdserve:num_draining_reqs",
+    ADD(num_draining, PD_METRIC_GAUGE, "pdserve_num_draining_reqs",
         "Requests ended whose pages wait until no KV write can still land in them.");
     if (!rc) {
         char ps[24], np[24];
@@ -105,7 +105,7 @@ static int add_all(struct pd_serve_metrics *sm, int32_t n_pages) {
             pd_metric_set(sm->cache_config, 1);
     }
     /* prefill's chunked-prefill queue; on decode, the colocated mode's (0 in PD decode) */
-    ADD(q_waiting, PD_METRIC_GAUGE, "pdserve:num_waiting_queue_reqs",
+    ADD(q_waiting, PD_METRIC_GAUGE, "pdserve_num_waiting_queue_reqs",
         "Requests in the chunked-prefill scheduler's waiting queue (prefill, or colocated).");
     for (int i = 0; !rc && i < role->n_series; i++) {
         const struct pd_serve_metrics_series *x = &role->series[i];
@@ -123,7 +123,7 @@ static int add_all(struct pd_serve_metrics *sm, int32_t n_pages) {
         "Number of requests processed (ended here, however they ended).");
     ADD(num_aborted, PD_METRIC_COUNTER, "sglang:num_aborted_requests_total",
         "Number of requests aborted.");
-    ADD(num_failed, PD_METRIC_COUNTER, "pdserve:num_failed_requests_total",
+    ADD(num_failed, PD_METRIC_COUNTER, "pdserve_num_failed_requests_total",
         "Number of requests that ended with an error.");
     ADD(bootstrap_failed, PD_METRIC_COUNTER, "sglang:num_bootstrap_failed_reqs_total",
         "The number of bootstrap failed requests.");
@@ -138,11 +138,11 @@ static int add_all(struct pd_serve_metrics *sm, int32_t n_pages) {
              "Histogram of End-to-end request latency in seconds", E2E_BOUNDS);
     ADD_HIST(queue_time, "sglang:queue_time_seconds", "Histogram of queueing time in seconds.",
              QUEUE_BOUNDS);
-    ADD(kv_bytes, PD_METRIC_COUNTER, "pdserve:kv_transfer_bytes_total", role->kv_bytes_help);
-    ADD_HIST(kv_latency, "pdserve:kv_transfer_latency_seconds", role->kv_latency_help,
+    ADD(kv_bytes, PD_METRIC_COUNTER, "pdserve_kv_transfer_bytes_total", role->kv_bytes_help);
+    ADD_HIST(kv_latency, "pdserve_kv_transfer_latency_seconds", role->kv_latency_help,
              KV_LATENCY_BOUNDS);
     if (!rc)
-        rc = add_labelled(sm, PD_METRIC_COUNTER, "pdserve:kv_transfer_failures_total",
+        rc = add_labelled(sm, PD_METRIC_COUNTER, "pdserve_kv_transfer_failures_total",
                           "KV transfers that failed, by reason.", "reason", KV_FAIL_NAMES,
                           PD_KV_FAIL_N, sm->kv_fail);
     ADD(kv_last_speed_gb_s, PD_METRIC_GAUGE, "sglang:kv_transfer_speed_gb_s",
@@ -153,7 +153,7 @@ static int add_all(struct pd_serve_metrics *sm, int32_t n_pages) {
         "The size of the last KV transfer in MB.");
     if (!rc) {
         const char *results[] = {"ok", "busy", "failed"};
-        rc = add_labelled(sm, PD_METRIC_COUNTER, "pdserve:health_generate_total",
+        rc = add_labelled(sm, PD_METRIC_COUNTER, "pdserve_health_generate_total",
                           "/health_generate probes by result.", "result", results, 3, sm->health);
     }
     return rc;

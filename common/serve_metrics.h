@@ -1,6 +1,6 @@
 /*
  * serve_metrics.h — the series a prefill or decode daemon exports on /metrics (API.md "Metrics"),
- * under SGLang's names where SGLang has the series and pdserve:… where it has not. Every series
+ * under SGLang's names where SGLang has the series and pdserve_… where it has not. Every series
  * carries model_name (--served-model-name). The daemon's loop thread updates the event series
  * where the event happens (common/daemon.c); the gauges that mirror the engine's published
  * counters are set at scrape time (pd_serve_metrics_scrape).
@@ -30,7 +30,7 @@
 #include "common/engine.h"
 #include "common/base/metrics.h"
 
-/* Why a KV transfer failed: the label of pdserve:kv_transfer_failures_total. */
+/* Why a KV transfer failed: the label of pdserve_kv_transfer_failures_total. */
 enum pd_kv_fail_reason {
     PD_KV_FAIL_TIMEOUT,  /* no notice in time */
     PD_KV_FAIL_PEER,     /* the peer died or the network broke */

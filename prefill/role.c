@@ -264,9 +264,9 @@ static double q_inflight(const struct pd_engine_stats *s) {
 
 static const struct pd_serve_metrics_series prefill_series[] = {
     {PD_METRIC_GAUGE, "sglang:num_prefill_prealloc_queue_reqs",
-     "The number of requests in the prefill prealloc queue (pdserve: the bootstrap queue).",
+     "The number of requests in the prefill prealloc queue (in pdserve, the bootstrap queue).",
      q_bootstrap},
-    {PD_METRIC_GAUGE, "pdserve:num_bootstrap_queue_reqs",
+    {PD_METRIC_GAUGE, "pdserve_num_bootstrap_queue_reqs",
      "Prefill requests waiting for their decode's Transfer (destination pages).", q_bootstrap},
     {PD_METRIC_GAUGE, "sglang:num_prefill_inflight_queue_reqs",
      "The number of requests in the prefill inflight queue (KV transfers posted).", q_inflight},

@@ -72,7 +72,7 @@ int pd_router_metrics_new(struct pd_router_metrics **out) {
                  "Request duration in seconds by route (arrival to the answer's end).", 1, L_ROUTE,
                  DURATION_BOUNDS, (int)PD_ARRAY_LEN(DURATION_BOUNDS), &rm->duration);
     if (!rc)
-        rc = fam(rm, C, "pdserve_router:requests_total",
+        rc = fam(rm, C, "pdserve_router_requests_total",
                  "Calls to workers by worker, role (prefill|decode) and outcome.", 3, L_CALL, NULL,
                  0, &rm->calls);
     if (!rc)
@@ -137,14 +137,14 @@ int pd_router_metrics_new(struct pd_router_metrics **out) {
         rc = pd_metrics_single(
             rm->reg,
             &(struct pd_metric_desc){.kind = H,
-                                     .name = "pdserve_router:time_to_first_token_seconds",
+                                     .name = "pdserve_router_time_to_first_token_seconds",
                                      .help = "Time to first token of streamed answers as the "
                                              "router sees it, in seconds.",
                                      .n_bounds = (int)PD_ARRAY_LEN(TTFT_BOUNDS),
                                      .bounds = TTFT_BOUNDS},
             &rm->ttft);
     if (!rc)
-        rc = fam(rm, C, "pdserve_router:cache_aware_decisions_total",
+        rc = fam(rm, C, "pdserve_router_cache_aware_decisions_total",
                  "cache_aware prefill choices by worker and deciding rule (match: best prefix "
                  "match; balance: least loaded under imbalance; smallest: smallest tree).",
                  2, L_DECISION, NULL, 0, &rm->ca_decisions);

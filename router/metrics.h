@@ -1,6 +1,6 @@
 /*
  * metrics.h — pdserve-router's /metrics (common/base/metrics.h underneath), under sglang-router's
- * sgl_router_* names where it has the series and pdserve_router:… where it has not.
+ * sgl_router_* names where it has the series and pdserve_router_… where it has not.
  *
  * Per-worker series are keyed by the worker's URL (and role), not by its place in the router's
  * worker arrays, so they survive workers coming and going: counters of a worker that left stay
@@ -19,7 +19,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* How one call to a worker ended: the outcome label of pdserve_router:requests_total. */
+/* How one call to a worker ended: the outcome label of pdserve_router_requests_total. */
 enum pd_router_outcome {
     PD_ROUTER_OUTCOME_OK,          /* answered 2xx */
     PD_ROUTER_OUTCOME_ERROR,       /* answered non-2xx, or the transport failed */
@@ -53,7 +53,7 @@ void pd_router_metrics_call_end(struct pd_router_metrics *rm, const char *url, b
                                 int outcome);
 
 /* cache_aware chose worker url by decision (enum pd_router_ca_decision, policy.h): counts
- * pdserve_router:cache_aware_decisions_total{worker,decision} and sglang-router's
+ * pdserve_router_cache_aware_decisions_total{worker,decision} and sglang-router's
  * sgl_router_cache_hits_total (match), sgl_router_cache_misses_total (smallest tree) and
  * sgl_router_load_balancing_events_total (balance). */
 void pd_router_metrics_cache_aware(struct pd_router_metrics *rm, const char *url, int decision);

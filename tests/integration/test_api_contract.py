@@ -547,8 +547,8 @@ def metrics_checks(srv, what, decode_side):
     want += (["sglang:num_decode_prealloc_queue_reqs", "sglang:num_decode_transfer_queue_reqs"]
              if decode_side else
              ["sglang:num_prefill_prealloc_queue_reqs", "sglang:num_prefill_inflight_queue_reqs",
-              "pdserve:num_bootstrap_queue_reqs"])
-    want.append("pdserve:num_waiting_queue_reqs")  # pdserve's own queues (API.md)
+              "pdserve_num_bootstrap_queue_reqs"])
+    want.append("pdserve_num_waiting_queue_reqs")  # pdserve's own queues (API.md)
     missing = [n for n in want if n not in names]
     check(not missing, "%s /metrics lacks %s" % (what, missing))
     unlabelled = [ln for ln in series if ln.startswith("sglang:") and 'model_name="' not in ln]

@@ -403,11 +403,11 @@ def case_load(model, tmp):
                                                           m.get("sglang:cached_tokens_total")))
         check(abs(m.get("sglang:cache_hit_rate") - sum_cached / sum_prompt) < 1e-9,
               "%s: cache_hit_rate == cached / prompt tokens" % name)
-        for c in ("sglang:num_aborted_requests_total", "pdserve:num_failed_requests_total",
+        for c in ("sglang:num_aborted_requests_total", "pdserve_num_failed_requests_total",
                   "sglang:num_bootstrap_failed_reqs_total", "sglang:num_transfer_failed_reqs_total"):
             check(m.get(c) == 0, "%s: %s == 0" % (name, c))
-        check(m.sum("pdserve:kv_transfer_failures_total") == 0, "%s: no KV failures" % name)
-        check(m.get("pdserve:kv_transfer_latency_seconds_count") == n,
+        check(m.sum("pdserve_kv_transfer_failures_total") == 0, "%s: no KV failures" % name)
+        check(m.get("pdserve_kv_transfer_latency_seconds_count") == n,
               "%s: one KV transfer latency per request" % name)
     check(d.get("sglang:generation_tokens_total") == sum_out,
           "decode: generation_tokens_total == %d (got %s)" %
@@ -416,23 +416,23 @@ def case_load(model, tmp):
     itl = d.get("sglang:inter_token_latency_seconds_count")
     check(itl == sum_out - n, "decode: ITL count == sum(tokens - 1) == %d (got %s)" %
           (sum_out - n, itl))
-    check(p.get("pdserve:prefix_cache_tokens") > 0, "prefill: the prefix cache keeps pages "
+    check(p.get("pdserve_prefix_cache_tokens") > 0, "prefill: the prefix cache keeps pages "
           "(they do not count in token_usage)")
     pages = sum((x["prompt_tokens"] + 15) // 16 for x in metas)
-    sent, recv = p.get("pdserve:kv_transfer_bytes_total"), d.get("pdserve:kv_transfer_bytes_total")
+    sent, recv = p.get("pdserve_kv_transfer_bytes_total"), d.get("pdserve_kv_transfer_bytes_total")
     check(sent == recv and sent > 0 and sent % pages == 0,
           "KV bytes: prefill sent %s, decode received %s, %d prompt pages" % (sent, recv, pages))
-    for q in ("sglang:num_prefill_prealloc_queue_reqs", "pdserve:num_bootstrap_queue_reqs",
-              "pdserve:num_waiting_queue_reqs", "sglang:num_prefill_inflight_queue_reqs"):
+    for q in ("sglang:num_prefill_prealloc_queue_reqs", "pdserve_num_bootstrap_queue_reqs",
+              "pdserve_num_waiting_queue_reqs", "sglang:num_prefill_inflight_queue_reqs"):
         check(p.get(q) == 0, "prefill: %s == 0 after the load" % q)
     for q in ("sglang:num_decode_prealloc_queue_reqs", "sglang:num_decode_transfer_queue_reqs"):
         check(d.get(q) == 0, "decode: %s == 0 after the load" % q)
 
     pu, du = "http://127.0.0.1:%d" % pf.port, "http://127.0.0.1:%d" % dc.port
     for url, role in ((pu, "prefill"), (du, "decode")):
-        ok = r.get("pdserve_router:requests_total", worker=url, role=role, outcome="ok")
+        ok = r.get("pdserve_router_requests_total", worker=url, role=role, outcome="ok")
         check(ok == n, "router: %s ok calls == %d (got %s)" % (role, n, ok))
-        check(r.sum("pdserve_router:requests_total", worker=url) == n,
+        check(r.sum("pdserve_router_requests_total", worker=url) == n,
               "router: %s has no other outcomes" % role)
         check(r.get("sgl_router_pd_%s_requests_total" % role, worker=url) == n,
               "router: sgl_router_pd_%s_requests_total == %d" % (role, n))
@@ -443,11 +443,11 @@ def case_load(model, tmp):
     check(r.get("sgl_router_requests_total", route="/generate") == n, "router: requests_total")
     check(r.get("sgl_router_request_duration_seconds_count", route="/generate") == n,
           "router: one duration per request")
-    check(r.get("pdserve_router:time_to_first_token_seconds_count") == n,
+    check(r.get("pdserve_router_time_to_first_token_seconds_count") == n,
           "router: one TTFT per stream")
     check(r.get("sgl_router_active_workers") == 2, "router: 2 active workers")
     # TTFT as the router sees it cannot be shorter than decode's own
-    check(r.get("pdserve_router:time_to_first_token_seconds_sum") >=
+    check(r.get("pdserve_router_time_to_first_token_seconds_sum") >=
           d.get("sglang:time_to_first_token_seconds_sum"), "router TTFT sum >= decode TTFT sum")
 
     # the gauges of a running request, scraped while one is known to run (12000 tokens of the
@@ -484,8 +484,9 @@ def case_queues(model, tmp):
     ts = [threading.Thread(target=post, args=(pf, body(1000 + i, pf.bport))) for i in range(k)]
     for t in ts:
         t.start()
-    m = wait_metric(pf, lambda m: m.get("pdserve:num_bootstrap_queue_reqs") == k, 5)
-    check(m.get("pdserve:num_bootstrap_queue_reqs") == k, "prefill: bootstrap queue gauge == %d" % k)
+    m = wait_metric(pf, lambda m: m.get("pdserve_num_bootstrap_queue_reqs") == k, 5)
+    check(m.get("pdserve_num_bootstrap_queue_reqs") == k,
+          "prefill: bootstrap queue gauge == %d" % k)
     check(m.get("sglang:num_prefill_prealloc_queue_reqs") == k,
           "prefill: sglang:num_prefill_prealloc_queue_reqs == %d" % k)
     check(m.get("sglang:num_queue_reqs") == k, "prefill: num_queue_reqs == %d" % k)
@@ -493,8 +494,8 @@ def case_queues(model, tmp):
         t.join()
     check(answers.count(500) == k, "prefill: every request failed at its bootstrap timeout: %s" %
           answers)
-    m = wait_metric(pf, lambda m: m.get("pdserve:num_bootstrap_queue_reqs") == 0, 5)
-    check(m.get("pdserve:num_bootstrap_queue_reqs") == 0, "prefill: bootstrap gauge back to 0")
+    m = wait_metric(pf, lambda m: m.get("pdserve_num_bootstrap_queue_reqs") == 0, 5)
+    check(m.get("pdserve_num_bootstrap_queue_reqs") == 0, "prefill: bootstrap gauge back to 0")
     check(m.get("sglang:num_bootstrap_failed_reqs_total") == k,
           "prefill: num_bootstrap_failed_reqs_total == %d (got %s)" %
           (k, m.get("sglang:num_bootstrap_failed_reqs_total")))
@@ -526,11 +527,11 @@ def case_queues(model, tmp):
           "decode: num_transfer_failed_reqs_total == %d (got %s)" %
           (k, m.get("sglang:num_transfer_failed_reqs_total")))
     check(m.get("sglang:num_bootstrap_failed_reqs_total") == 0, "decode: no bootstrap failures")
-    fails = m.sum("pdserve:kv_transfer_failures_total")
+    fails = m.sum("pdserve_kv_transfer_failures_total")
     check(fails == k, "decode: kv_transfer_failures_total sums to %d (got %s)" % (k, fails))
     check(m.get("sglang:queue_time_seconds_count") == k, "decode: queue time once admitted")
     check(m.get("sglang:time_to_first_token_seconds_count") == 0, "decode: no first token")
-    check(m.get("pdserve:kv_transfer_bytes_total") == 0, "decode: no KV bytes")
+    check(m.get("pdserve_kv_transfer_bytes_total") == 0, "decode: no KV bytes")
 
     step("a Transfer the prefill refuses: bootstrap failure on decode")
     answers.clear()
@@ -559,31 +560,31 @@ def case_router(model, tmp):
     check(st == 400, "an over-long prompt gets 400 (got %s)" % st)
     pu, du = "http://127.0.0.1:%d" % pf.port, "http://127.0.0.1:%d" % dc.port
     r = wait_metric(rt, lambda m: m.sum("sgl_router_running_requests") == 0
-                    and m.sum("pdserve_router:requests_total") == 2 * (n + 2), 10)
+                    and m.sum("pdserve_router_requests_total") == 2 * (n + 2), 10)
     check(r.sum("sgl_router_running_requests") == 0, "router: nothing in flight at the end")
     for url, role in ((pu, "prefill"), (du, "decode")):
-        total = r.sum("pdserve_router:requests_total", worker=url, role=role)
+        total = r.sum("pdserve_router_requests_total", worker=url, role=role)
         check(total == n + 2, "router: %s outcomes sum to the %d calls sent (got %s)" %
               (role, n + 2, total))
         check(r.get("sgl_router_pd_%s_requests_total" % role, worker=url) == n + 2,
               "router: sgl_router_pd_%s_requests_total == %d" % (role, n + 2))
-        ok = r.get("pdserve_router:requests_total", worker=url, role=role, outcome="ok")
+        ok = r.get("pdserve_router_requests_total", worker=url, role=role, outcome="ok")
         check(ok >= n, "router: %s ok >= %d (got %s)" % (role, n, ok))
-    gone = r.get("pdserve_router:requests_total", worker=du, role="decode", outcome="client_gone")
+    gone = r.get("pdserve_router_requests_total", worker=du, role="decode", outcome="client_gone")
     check(gone == 1, "router: decode client_gone == 1 (got %s)" % gone)
-    bad = (r.sum("pdserve_router:requests_total", outcome="error")
-           + r.sum("pdserve_router:requests_total", outcome="aborted"))
+    bad = (r.sum("pdserve_router_requests_total", outcome="error")
+           + r.sum("pdserve_router_requests_total", outcome="aborted"))
     check(bad >= 1 and bad <= 2, "router: the over-long prompt ended 1-2 calls as error/aborted "
           "(got %s)" % bad)
     errs = r.sum("sgl_router_pd_prefill_errors_total") + r.sum("sgl_router_pd_decode_errors_total")
-    check(errs == r.sum("pdserve_router:requests_total", outcome="error"),
+    check(errs == r.sum("pdserve_router_requests_total", outcome="error"),
           "router: sgl_router_pd_*_errors_total equal the error outcomes")
     check(r.get("sgl_router_requests_total", route="/generate") == n + 2, "router: requests_total")
     check(r.get("sgl_router_request_duration_seconds_count", route="/generate") == n + 2,
           "router: a duration per request, also the failed and the abandoned one")
-    check(r.get("pdserve_router:time_to_first_token_seconds_count") == n + 1,
+    check(r.get("pdserve_router_time_to_first_token_seconds_count") == n + 1,
           "router: a TTFT per stream that sent a byte (got %s)" %
-          r.get("pdserve_router:time_to_first_token_seconds_count"))
+          r.get("pdserve_router_time_to_first_token_seconds_count"))
     d = scrape(dc)
     check(d.get("sglang:num_aborted_requests_total") == 1,
           "decode: the abandoned stream counts as aborted (got %s)" %
@@ -607,7 +608,7 @@ def case_router(model, tmp):
     check(seen == k, "every client left while decode waited for its KV (%d of %d)" % (seen, k))
     for p in (pf, dc):
         m = scrape(p)
-        for name, want in (("pdserve:num_failed_requests_total", 0),
+        for name, want in (("pdserve_num_failed_requests_total", 0),
                            ("sglang:num_aborted_requests_total", k)):
             got = m.sum(name) - before[p.role].sum(name)
             check(got == want, "%s: %s grew by %s, want %d" % (p.role, name, got, want))

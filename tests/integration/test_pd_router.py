@@ -567,7 +567,7 @@ def case_extras(model, tmp):
     pf, dc, rt = pc.start_cluster(BUILD, tmp, model)
     def probes_ok(d):
         for line in d.get("/metrics")[1].decode().split("\n"):
-            if line.startswith("pdserve:health_generate_total") and 'result="ok"' in line:
+            if line.startswith("pdserve_health_generate_total") and 'result="ok"' in line:
                 return int(float(line.split()[-1]))
         return None
 

@@ -158,7 +158,7 @@ def case_affinity(model, tmp):
           "each prefill served whole chats, at least 2 of 8: %s" % counts)
     hits = metric(rt, "sgl_router_cache_hits_total")
     misses = metric(rt, "sgl_router_cache_misses_total")
-    dec = {d: metric(rt, "pdserve_router:cache_aware_decisions_total", decision=d)
+    dec = {d: metric(rt, "pdserve_router_cache_aware_decisions_total", decision=d)
            for d in ("match", "smallest", "balance")}
     check(dec["match"] == hits == 24 and dec["smallest"] == misses == 8 and dec["balance"] == 0,
           "decisions: turns 2-4 by match (24), first turns by smallest tree (8): %s hits %s "
@@ -241,7 +241,7 @@ def case_imbalance(model, tmp):
             threads.append(th)
             pc.wait_until(lambda: metric(rt, "sgl_router_running_requests",
                                          worker="http://127.0.0.1:%d" % pfs[p].port) >= k + 1, 10)
-        check(metric(rt, "pdserve_router:cache_aware_decisions_total", decision="match") == 3,
+        check(metric(rt, "pdserve_router_cache_aware_decisions_total", decision="match") == 3,
               "the three went to the stopped prefill by match")
         # one at a time, so the counts stay 3 vs 0 for each: every one is a balance decision
         # (sent together, the second would see 3 vs 1 — not imbalanced — and go by match)
@@ -258,7 +258,7 @@ def case_imbalance(model, tmp):
             check(isinstance(results.get(k), tuple),
                   "follow-up %d completed while prefill %d is stopped: %r" % (k, p,
                                                                              results.get(k)))
-        bal = metric(rt, "pdserve_router:cache_aware_decisions_total", decision="balance",
+        bal = metric(rt, "pdserve_router_cache_aware_decisions_total", decision="balance",
                      worker="http://127.0.0.1:%d" % pfs[q].port)
         check(bal == 3, "three balance decisions for prefill %d (got %s)" % (q, bal))
         check(metric(rt, "sgl_router_load_balancing_events_total") == 3,

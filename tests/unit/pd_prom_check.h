@@ -3,6 +3,9 @@
  * common/metrics and its users: HELP/TYPE before samples, names, label syntax and escapes,
  * numbers, histogram buckets increasing and cumulative ending in +Inf with _count equal to it.
  * check_exposition returns the number of samples, or -1 with chk_err saying what is wrong.
+ * check_naming holds pdserve's series to Prometheus naming (promtool check metrics' main rules,
+ * for machines without promtool): no colon outside SGLang's own sglang:… names, counters and
+ * only counters end in _total, every family has a HELP text.
  */
 #ifndef PD_PROM_CHECK_H
 #define PD_PROM_CHECK_H
@@ -209,6 +212,55 @@ static int check_exposition(const char *text) {
     if (h.open)
         return chk_fail(line, "histogram without _count at the end");
     return samples;
+}
+
+/* The names of text's families follow Prometheus naming (see the top): 0, or -1 with chk_err. */
+static inline int check_naming(const char *text) {
+    char helped[128][128];
+    int n_helped = 0, line = 0;
+    for (const char *p = text; *p; p = strchr(p, '\n') + 1) {
+        line++;
+        const char *eol = strchr(p, '\n');
+        if (!eol)
+            return chk_fail(line, "no newline at the end");
+        bool help = !strncmp(p, "# HELP ", 7), type = !strncmp(p, "# TYPE ", 7);
+        if (!help && !type)
+            continue;
+        const char *n = p + 7, *sp = memchr(n, ' ', (size_t)(eol - n));
+        if (!sp)
+            return chk_fail(line, "no space after the name");
+        char name[128];
+        snprintf(name, sizeof(name), "%.*s", (int)(sp - n), n);
+        if (help) {
+            if (sp + 1 >= eol)
+                return chk_fail(line, "empty HELP text");
+            if (n_helped < 128)
+                snprintf(helped[n_helped++], sizeof(helped[0]), "%s", name);
+            continue;
+        }
+        bool found = false;
+        for (int i = 0; i < n_helped && !found; i++)
+            found = !strcmp(helped[i], name);
+        if (!found)
+            return chk_fail(line, "a family without HELP");
+        if (strchr(name, ':') && strncmp(name, "sglang:", 7) != 0)
+            return chk_fail(line, "a colon in a name that is not SGLang's (sglang:...)");
+        size_t nl = strlen(name);
+        bool total = nl > 6 && !strcmp(name + nl - 6, "_total");
+        bool counter = (size_t)(eol - sp - 1) == 7 && !strncmp(sp + 1, "counter", 7);
+        if (counter != total)
+            return chk_fail(line, counter ? "a counter without _total"
+                                          : "_total on a family that is not a counter");
+    }
+    return 0;
+}
+
+/* check_naming's verdict, printing what is wrong. */
+static inline bool naming_ok(const char *text) {
+    if (check_naming(text) == 0)
+        return true;
+    fprintf(stderr, "metric naming: %s\n", chk_err);
+    return false;
 }
 
 #endif

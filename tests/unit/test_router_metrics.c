@@ -13,6 +13,7 @@ static char *render(struct pd_router_metrics *rm) {
     size_t len;
     CHECK_OK(pd_router_metrics_render(rm, &txt, &len));
     CHECK(txt && check_exposition(txt) > 0);
+    CHECK(txt && naming_ok(txt));
     return txt;
 }
 
@@ -49,13 +50,13 @@ static void test_calls_and_workers(void) {
                    "0\n"));
     CHECK(has(txt, "\nsgl_router_request_duration_seconds_bucket{route=\"/generate\",le=\"0.5\"} "
                    "3\n"));
-    CHECK(has(txt, "\npdserve_router:requests_total{worker=\"http://10.0.0.1:30001\",role=\"prefill"
+    CHECK(has(txt, "\npdserve_router_requests_total{worker=\"http://10.0.0.1:30001\",role=\"prefill"
                    "\",outcome=\"ok\"} 3\n"));
     CHECK(has(txt,
-              "\npdserve_router:requests_total{worker=\"http://10.0.0.2:30002\",role=\"decode\","
+              "\npdserve_router_requests_total{worker=\"http://10.0.0.2:30002\",role=\"decode\","
               "outcome=\"ok\"} 2\n"));
     CHECK(has(txt,
-              "\npdserve_router:requests_total{worker=\"http://10.0.0.2:30002\",role=\"decode\","
+              "\npdserve_router_requests_total{worker=\"http://10.0.0.2:30002\",role=\"decode\","
               "outcome=\"timeout\"} 1\n"));
     CHECK(has(txt, "\nsgl_router_pd_decode_errors_total{worker=\"http://10.0.0.2:30002\"} 1\n"));
     CHECK(!has(txt, "sgl_router_pd_prefill_errors_total{"));
@@ -65,7 +66,7 @@ static void test_calls_and_workers(void) {
     CHECK(has(txt, "\nsgl_router_worker_health{worker=\"http://10.0.0.2:30002\"} 0\n"));
     CHECK(has(txt, "\nsgl_router_active_workers 1\n"));
     CHECK(has(txt, "\nsgl_router_retries_total 1\n"));
-    CHECK(has(txt, "\npdserve_router:time_to_first_token_seconds_count 1\n"));
+    CHECK(has(txt, "\npdserve_router_time_to_first_token_seconds_count 1\n"));
     CHECK(has(txt, "\nsgl_router_retries_exhausted_total 1\n"));
     CHECK(has(txt, "\nsgl_router_cb_state{worker=\"http://10.0.0.1:30001\"} 1\n"));
     CHECK(has(txt, "\nsgl_router_cb_state{worker=\"http://10.0.0.2:30002\"} 0\n"));
@@ -90,9 +91,9 @@ static void test_calls_and_workers(void) {
     CHECK(has(txt, "\nsgl_router_cb_state{worker=\"http://10.0.0.1:30001\"} 0\n"));
     CHECK(has(txt, "\nsgl_router_cb_state{worker=\"http://10.0.0.3:30001\"} 2\n"));
     CHECK(has(txt, "\nsgl_router_active_workers 2\n"));
-    CHECK(has(txt, "\npdserve_router:requests_total{worker=\"http://10.0.0.1:30001\",role=\"prefill"
+    CHECK(has(txt, "\npdserve_router_requests_total{worker=\"http://10.0.0.1:30001\",role=\"prefill"
                    "\",outcome=\"ok\"} 3\n")); /* counters of a worker that left stay */
-    CHECK(has(txt, "\npdserve_router:requests_total{worker=\"http://10.0.0.3:30001\",role=\"prefill"
+    CHECK(has(txt, "\npdserve_router_requests_total{worker=\"http://10.0.0.3:30001\",role=\"prefill"
                    "\",outcome=\"client_gone\"} 1\n"));
     pd_free(txt);
     pd_router_metrics_free(rm);

@@ -1,7 +1,8 @@
 /* The daemons' metric set: both roles register every series once; a scrape turns the engine's
  * counters into gauges (token_usage = held / total pages, queues per role, cache hit rate from
  * the counters) and renders text a strict reader accepts, every sample with model_name; KV
- * transfer helpers; allocation failures while registering are clean errors. */
+ * transfer helpers; names follow Prometheus naming (pd_prom_check.h's check_naming); allocation
+ * failures while registering are clean errors. */
 #include "pd_test.h"
 
 #include "common/base/alloc.h"
@@ -39,31 +40,32 @@ static void test_prefill_scrape(void) {
     size_t len;
     CHECK_OK(pd_serve_metrics_scrape(sm, &s, health, &txt, &len));
     CHECK(check_exposition(txt) > 50);
+    CHECK(naming_ok(txt));
     const char *ml = "{model_name=\"m\\\"1\"} ";
     char k[160];
 #define V(name) (snprintf(k, sizeof(k), "\n%s%s", name, ml), value_of(txt, k))
     CHECK_DBL(V("sglang:token_usage"), 0.25, 1e-12);
     CHECK_DBL(V("sglang:num_used_tokens"), 400, 0);
     CHECK_DBL(V("sglang:max_total_num_tokens"), 1600, 0);
-    CHECK_DBL(V("pdserve:prefix_cache_tokens"), 240, 0);
+    CHECK_DBL(V("pdserve_prefix_cache_tokens"), 240, 0);
     CHECK_DBL(V("sglang:num_queue_reqs"), 7, 0);
     CHECK_DBL(V("sglang:num_running_reqs"), 2, 0);
-    CHECK_DBL(V("pdserve:num_bootstrap_queue_reqs"), 3, 0);
+    CHECK_DBL(V("pdserve_num_bootstrap_queue_reqs"), 3, 0);
     CHECK_DBL(V("sglang:num_prefill_prealloc_queue_reqs"), 3, 0);
-    CHECK_DBL(V("pdserve:num_waiting_queue_reqs"), 4, 0);
+    CHECK_DBL(V("pdserve_num_waiting_queue_reqs"), 4, 0);
     CHECK_DBL(V("sglang:num_prefill_inflight_queue_reqs"), 2, 0);
     CHECK_DBL(V("sglang:cache_hit_rate"), 0.25, 1e-12);
-    CHECK_DBL(V("pdserve:kv_transfer_bytes_total"), 2e6, 0);
+    CHECK_DBL(V("pdserve_kv_transfer_bytes_total"), 2e6, 0);
     CHECK_DBL(V("sglang:kv_transfer_speed_gb_s"), 0.004, 1e-12);
     CHECK_DBL(V("sglang:kv_transfer_latency_ms"), 500, 1e-9);
     CHECK_DBL(V("sglang:kv_transfer_total_mb"), 2, 1e-12);
-    CHECK_DBL(V("pdserve:kv_transfer_latency_seconds_count"), 1, 0);
+    CHECK_DBL(V("pdserve_kv_transfer_latency_seconds_count"), 1, 0);
 #undef V
     CHECK(strstr(txt, "sglang:cache_config_info{model_name=\"m\\\"1\",page_size=\"16\","
                       "num_pages=\"100\"} 1\n") != NULL);
-    CHECK(strstr(txt, "pdserve:kv_transfer_failures_total{model_name=\"m\\\"1\",reason=\"peer\"} "
+    CHECK(strstr(txt, "pdserve_kv_transfer_failures_total{model_name=\"m\\\"1\",reason=\"peer\"} "
                       "1\n") != NULL);
-    CHECK(strstr(txt, "pdserve:health_generate_total{model_name=\"m\\\"1\",result=\"busy\"} 1\n") !=
+    CHECK(strstr(txt, "pdserve_health_generate_total{model_name=\"m\\\"1\",result=\"busy\"} 1\n") !=
           NULL);
     /* decode-only series are absent on prefill */
     CHECK(strstr(txt, "inter_token_latency") == NULL);
@@ -92,6 +94,7 @@ static void test_decode_scrape(void) {
     size_t len;
     CHECK_OK(pd_serve_metrics_scrape(sm, &s, health, &txt, &len));
     CHECK(check_exposition(txt) > 50);
+    CHECK(naming_ok(txt));
     CHECK_DBL(value_of(txt, "\nsglang:num_queue_reqs{model_name=\"d\"} "), 6, 0);
     CHECK_DBL(value_of(txt, "\nsglang:num_running_reqs{model_name=\"d\"} "), 9, 0);
     CHECK_DBL(value_of(txt, "\nsglang:num_decode_prealloc_queue_reqs{model_name=\"d\"} "), 1, 0);
@@ -114,6 +117,18 @@ static void test_kv_reasons(void) {
     CHECK_INT(pd_serve_metrics_kv_reason(PD_EINVAL), PD_KV_FAIL_ERROR);
 }
 
+/* check_naming (which the scrapes above pass) refuses what promtool check metrics would flag. */
+static void test_naming_rules(void) {
+    CHECK_INT(check_naming("# HELP sglang:a_total x\n# TYPE sglang:a_total counter\n"
+                           "# HELP pdserve_b y\n# TYPE pdserve_b gauge\n"),
+              0);
+    CHECK_INT(check_naming("# HELP pdserve:b y\n# TYPE pdserve:b gauge\n"), -1);
+    CHECK_INT(check_naming("# HELP pdserve_c y\n# TYPE pdserve_c counter\n"), -1);
+    CHECK_INT(check_naming("# HELP pdserve_d_total y\n# TYPE pdserve_d_total gauge\n"), -1);
+    CHECK_INT(check_naming("# TYPE pdserve_e gauge\n"), -1);
+    CHECK_INT(check_naming("# HELP pdserve_f \n# TYPE pdserve_f gauge\n"), -1);
+}
+
 static void test_alloc_failures(void) {
     int failed = 0;
     for (long k = 0; k < 400; k++) {
@@ -131,4 +146,4 @@ static void test_alloc_failures(void) {
 }
 
 PD_TEST_MAIN(PD_TEST(test_prefill_scrape), PD_TEST(test_decode_scrape), PD_TEST(test_kv_reasons),
-             PD_TEST(test_alloc_failures))
+             PD_TEST(test_naming_rules), PD_TEST(test_alloc_failures))
