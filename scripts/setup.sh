@@ -38,6 +38,7 @@ tool_packages=(
     openssl               # tests/integration/test_tls.py makes its CA and certificates with it
     clang libclang-rt-14-dev # tests/fuzz: libFuzzer (-fsanitize=fuzzer) targets, build-fuzz
     iproute2 util-linux   # tests/integration/netlink.py: ip (TUN devices, links), unshare, nsenter
+    prometheus            # promtool check metrics: test_metrics.py promtool (the server is unused)
 )
 build_only=${PD_SETUP_BUILD_ONLY:-0}
 if [ "$build_only" != 1 ]; then

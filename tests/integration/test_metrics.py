@@ -23,8 +23,14 @@ escapes, cumulative buckets ending in +Inf, _count equal to the +Inf bucket.
            while their KV pages move: both daemons count every one as aborted, none as failed
            (the router aborts on both, and prefill's abort used to reach decode first as a
            failed transfer).
+  promtool every scrape of prefill, decode and router after a few requests (so histograms hold
+           samples) piped into `promtool check metrics` (Debian package prometheus; missing, the
+           case fails): every finding fails it except the few allowed on SGLang's own sglang:
+           names (PROMTOOL_ALLOWED, each with its reason); the classifier is first shown to
+           refuse a pdserve name with a colon and a counter without _total.
 
-Stdlib only. Usage: test_metrics.py BUILD_DIR CASE. Each case takes well under 60 s.
+Stdlib only (and promtool). Usage: test_metrics.py BUILD_DIR CASE. Each case takes well under
+60 s.
 """
 import http.client
 import json
@@ -32,6 +38,7 @@ import math
 import os
 import re
 import shutil
+import subprocess
 import sys
 import threading
 import time
@@ -615,13 +622,133 @@ def case_router(model, tmp):
         check(p.pool_full(), "%s: pool full after the abandoned transfers" % p.role)
 
 
+# ---------------------------------------------------------------- promtool
+
+def busy_cluster(model, tmp):
+    """Prefill, decode and router after a few requests through the router (streamed and not,
+    so every histogram of the three holds samples); their /metrics texts by role."""
+    pf, dc, rt = pc.start_cluster(BUILD, tmp, model)
+    for i in range(4):
+        meta = stream_generate(rt.port, {"text": "the metrics of request %d" % i, "stream": True,
+                                         "sampling_params": {"max_new_tokens": 8}})
+        check(meta is not None, "stream %d answered" % i)
+    st, _ = rt.post("/generate", {"text": "one plain answer",
+                                  "sampling_params": {"max_new_tokens": 4}})
+    check(st == 200, "a plain /generate answered 200 (got %s)" % st)
+    wait_metric(rt, lambda m: m.sum("sgl_router_running_requests") == 0, 10)
+    texts = {}
+    for p in (pf, dc, rt):
+        st, body = p.get("/metrics")
+        check(st == 200, "%s /metrics answered %s" % (p.name, st))
+        texts[p.name] = body.decode()
+        Metrics(texts[p.name])  # the strict parser accepts it
+    for role, h in (("decode", "sglang:inter_token_latency_seconds_count"),
+                    ("prefill", "pdserve_kv_transfer_latency_seconds_count"),
+                    ("router", "pdserve_router_time_to_first_token_seconds_count")):
+        check(Metrics(texts[role]).get(h) > 0, "%s: %s > 0 (histograms hold samples)" % (role, h))
+    return texts
+
+
+# Findings of `promtool check metrics` allowed on SGLang's own names: (name pattern, the finding,
+# why). Only sglang: names may be listed; a finding on any other name fails the test.
+PROMTOOL_ALLOWED = [
+    (r"sglang:\w+", "metric names should not contain ':'",
+     "SGLang spells its series with a colon, and dashboards and the Kubernetes inference "
+     "gateway read them by those names (API.md \"Metrics\")"),
+    (r"sglang:kv_transfer_(speed_gb_s|latency_ms|total_mb)",
+     "metric names should not contain abbreviated units",
+     "SGLang's last-transfer gauges under SGLang's names; pdserve_kv_transfer_bytes_total and "
+     "pdserve_kv_transfer_latency_seconds carry the same in base units"),
+]
+assert all(pat.startswith("sglang:") for pat, _, _ in PROMTOOL_ALLOWED)
+
+
+def promtool_path():
+    """promtool ($PD_PROMTOOL, else on PATH), or None and a failure saying how to install it:
+    the case fails without it rather than skip."""
+    path = os.environ.get("PD_PROMTOOL") or shutil.which("promtool")
+    check(path is not None, "promtool not found: install Debian's package prometheus "
+          "(scripts/setup.sh does)")
+    return path
+
+
+def promtool_findings(promtool, text):
+    """(exit code, [(metric, finding)], [lines promtool printed that are not findings])."""
+    r = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True,
+                       text=True, timeout=60)
+    found, other = [], []
+    for line in (r.stdout + r.stderr).splitlines():
+        if not line.strip():
+            continue
+        m = re.fullmatch("(" + NAME + r") (.+)", line.strip())
+        if m:
+            found.append((m.group(1), m.group(2)))
+        else:
+            other.append(line)
+    return r.returncode, found, other
+
+
+def promtool_verdict(what, promtool, text, quiet=False):
+    """Runs promtool over text: (the findings not allowed, every one unless PROMTOOL_ALLOWED
+    excuses it, as 'what: metric finding' lines; {index in PROMTOOL_ALLOWED: [names]} of the
+    allowed ones, which are printed with their reasons unless quiet)."""
+    rc, found, other = promtool_findings(promtool, text)
+    bad, allowed = [], {}
+    for name, finding in sorted(set(found)):
+        rule = next((i for i, (pat, f, _) in enumerate(PROMTOOL_ALLOWED)
+                     if re.fullmatch(pat, name) and f in finding), None)
+        if rule is None:
+            bad.append("%s: %s %s" % (what, name, finding))
+        else:
+            allowed.setdefault(rule, []).append(name)
+    bad += ["%s: promtool printed %r" % (what, line) for line in other]
+    if rc not in (0, 3) or (rc == 3) != bool(found):
+        bad.append("%s: promtool exited %d with %d findings" % (what, rc, len(found)))
+    if not quiet:
+        for rule, names in sorted(allowed.items()):
+            _, finding, why = PROMTOOL_ALLOWED[rule]
+            print("  %s: allowed \"%s\" on %d SGLang names (%s): %s" %
+                  (what, finding, len(names), why, " ".join(names)))
+    return bad, allowed
+
+
+def case_promtool(model, tmp):
+    promtool = promtool_path()
+    if not promtool:
+        return
+    ver = subprocess.run([promtool, "--version"], capture_output=True, text=True, timeout=30)
+    step("%s" % ((ver.stdout + ver.stderr).strip().splitlines() or ["promtool ?"])[0])
+    # the classifier can fail: a pdserve name with a colon, a counter without _total; an sglang:
+    # name's colon alone passes
+    bad, _ = promtool_verdict("control", promtool,
+                              "# HELP pdserve:bad_requests a control\n"
+                              "# TYPE pdserve:bad_requests counter\npdserve:bad_requests 1\n",
+                              quiet=True)
+    check(any("pdserve:bad_requests" in b and "':'" in b for b in bad) and
+          any("pdserve:bad_requests" in b and "_total" in b for b in bad),
+          "promtool findings on a pdserve name fail the test (got %s)" % bad)
+    bad, allowed = promtool_verdict("control", promtool,
+                                    "# HELP sglang:ok_reqs a control\n"
+                                    "# TYPE sglang:ok_reqs gauge\nsglang:ok_reqs 1\n", quiet=True)
+    check(not bad and allowed == {0: ["sglang:ok_reqs"]}, "an sglang: name's colon alone is "
+          "allowed (bad %s, allowed %s)" % (bad, allowed))
+
+    texts = busy_cluster(model, tmp)
+    for role, text in texts.items():
+        step("promtool check metrics on %s's /metrics (%d lines)" % (role, text.count("\n")))
+        bad, _ = promtool_verdict(role, promtool, text)
+        for b in bad:
+            check(False, b)
+
+
 def main():
     parser_refuses()
     tmp = pc.tmpdir()
 
     def cases():
         model = pc.make_model(BUILD, tmp)
-        {"load": case_load, "queues": case_queues, "router": case_router}[CASE](model, tmp)
+        {"load": case_load, "queues": case_queues, "router": case_router,
+         "promtool": case_promtool}[CASE](model, tmp)
 
     pc.run_test("metrics %s" % CASE, cases, tmp, log_tail=3000)
 
