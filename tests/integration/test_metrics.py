@@ -28,6 +28,12 @@ escapes, cumulative buckets ending in +Inf, _count equal to the +Inf bucket.
            case fails): every finding fails it except the few allowed on SGLang's own sglang:
            names (PROMTOOL_ALLOWED, each with its reason); the classifier is first shown to
            refuse a pdserve name with a colon and a counter without _total.
+  dashboard every metric name the Grafana dashboard deploy/grafana/pdserve.json queries (panel
+           expressions and template variables, PromQL functions, labels, ranges and Grafana
+           variables stripped, _bucket/_sum/_count read as their histogram) is exported by the
+           live router, prefill or decode; every query parses (promtool check rules); the
+           dashboard is Grafana JSON on a ${datasource} Prometheus variable; an unknown name is
+           first shown to be caught.
 
 Stdlib only (and promtool). Usage: test_metrics.py BUILD_DIR CASE. Each case takes well under
 60 s.
@@ -49,6 +55,8 @@ from pd_cluster import check, step  # noqa: E402
 
 BUILD = os.path.abspath(sys.argv[1])
 CASE = sys.argv[2] if len(sys.argv) > 2 else "load"
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+DASHBOARD = os.path.join(ROOT, "deploy", "grafana", "pdserve.json")
 
 
 # ---------------------------------------------------------------- the text format
@@ -622,7 +630,7 @@ def case_router(model, tmp):
         check(p.pool_full(), "%s: pool full after the abandoned transfers" % p.role)
 
 
-# ---------------------------------------------------------------- promtool
+# ---------------------------------------------------------------- promtool and the dashboard
 
 def busy_cluster(model, tmp):
     """Prefill, decode and router after a few requests through the router (streamed and not,
@@ -665,7 +673,7 @@ assert all(pat.startswith("sglang:") for pat, _, _ in PROMTOOL_ALLOWED)
 
 def promtool_path():
     """promtool ($PD_PROMTOOL, else on PATH), or None and a failure saying how to install it:
-    the case fails without it rather than skip."""
+    these cases fail without it rather than skip."""
     path = os.environ.get("PD_PROMTOOL") or shutil.which("promtool")
     check(path is not None, "promtool not found: install Debian's package prometheus "
           "(scripts/setup.sh does)")
@@ -741,6 +749,150 @@ def case_promtool(model, tmp):
             check(False, b)
 
 
+PROMQL_WORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "bool", "and",
+                "or", "unless", "offset", "inf", "nan", "Inf", "NaN"}
+
+
+def promql_names(expr):
+    """The metric names a PromQL expression selects: strings, label matchers, ranges, groupings
+    and Grafana variables removed, functions and keywords left out."""
+    e = re.sub(r'"(?:[^"\\]|\\.)*"' + r"|'(?:[^'\\]|\\.)*'", '""', expr)
+    e = re.sub(r"\$\{[^}]*\}|\$\w+", "", e)
+    e = re.sub(r"\{[^{}]*\}", "", e)
+    e = re.sub(r"\[[^\]]*\]", "", e)
+    e = re.sub(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^()]*\)", "", e)
+    names = set()
+    for m in re.finditer(NAME, e):
+        before = e[m.start() - 1] if m.start() else " "
+        if before.isdigit() or before == ".":
+            continue  # the exponent of a number (1e9)
+        if e[m.end():].lstrip().startswith("(") or m.group(0) in PROMQL_WORDS:
+            continue  # a function or aggregation; a keyword
+        names.add(m.group(0))
+    return names
+
+
+def dashboard_queries(dash):
+    """(where, PromQL) of every panel target and query variable of a Grafana dashboard."""
+    out = []
+
+    def panels(ps):
+        for p in ps or []:
+            for t in p.get("targets") or []:
+                if t.get("expr"):
+                    out.append(("panel %r" % p.get("title"), t["expr"]))
+            panels(p.get("panels"))
+
+    panels(dash.get("panels"))
+    for v in (dash.get("templating") or {}).get("list") or []:
+        if v.get("type") != "query":
+            continue
+        q = v.get("query")
+        q = q.get("query") if isinstance(q, dict) else q
+        m = re.fullmatch(r"\s*label_values\((.*),\s*\w+\)\s*", q or "")
+        out.append(("variable %r" % v.get("name"), m.group(1) if m else q))
+    return out
+
+
+def missing_names(queries, scrapes):
+    """(where, name) of every name queries select that no scrape exports: a family in a TYPE
+    line or a sample; X_bucket, X_sum and X_count need X to be a histogram."""
+    types = {}
+    samples = set()
+    for m in scrapes:
+        types.update(m.types)
+        samples |= m.names()
+    out = []
+    for where, q in queries:
+        for n in sorted(promql_names(q)):
+            base = re.sub(r"_(bucket|sum|count)$", "", n)
+            ok = n in types or n in samples or (base != n and types.get(base) == "histogram")
+            if not ok:
+                out.append((where, n))
+    return out
+
+
+def promql_parses(queries, tmp):
+    """Every query is valid PromQL: written (Grafana's variables replaced) as recording rules
+    that `promtool check rules` parses."""
+    promtool = promtool_path()
+    if not promtool:
+        return
+    rules = []
+    for i, (_, q) in enumerate(queries):
+        q = re.sub(r"\$__\w+|\$\{__\w+\}", "5m", q)
+        q = re.sub(r"\$\{?\w+\}?", ".*", q)
+        rules.append({"record": "dashboard:query_%d" % i, "expr": q})
+    path = os.path.join(tmp, "dashboard-rules.json")
+    with open(path, "w") as f:
+        json.dump({"groups": [{"name": "dashboard", "rules": rules}]}, f, indent=1)
+    r = subprocess.run([promtool, "check", "rules", path], capture_output=True, text=True,
+                       timeout=60)
+    check(r.returncode == 0 and "SUCCESS: %d rules found" % len(rules) in r.stdout,
+          "the dashboard's PromQL parses (promtool check rules %s): rc %d %s %s" %
+          (path, r.returncode, r.stdout[-1500:], r.stderr[-1500:]))
+
+
+def case_dashboard(model, tmp):
+    with open(DASHBOARD) as f:
+        dash = json.load(f)
+    # the extraction itself
+    ttft = ("histogram_quantile(0.99, sum by (le) (rate(sglang:time_to_first_token_seconds_bucket"
+            "{model_name=~\"$model\"}[$__rate_interval])))")
+    want = [(ttft, {"sglang:time_to_first_token_seconds_bucket"}),
+            ("sum(rate(pdserve_kv_transfer_bytes_total[5m])) / 1e9",
+             {"pdserve_kv_transfer_bytes_total"}),
+            ("sum without (le) (a_b) / on (x) group_left c{l=\"d e\"} > bool 0", {"a_b", "c"})]
+    for q, names in want:
+        check(promql_names(q) == names, "promql_names(%r) = %s, want %s" %
+              (q, promql_names(q), names))
+    check(dash.get("schemaVersion", 0) >= 36, "dashboard schemaVersion %s (Grafana 9+)" %
+          dash.get("schemaVersion"))
+    check(dash.get("uid") and dash.get("title"), "the dashboard has a uid and a title")
+    ds = [v for v in dash.get("templating", {}).get("list", []) if v.get("type") == "datasource"]
+    check(len(ds) == 1 and ds[0].get("name") == "datasource" and ds[0].get("query") ==
+          "prometheus", "one Prometheus datasource variable named datasource: %s" % ds)
+
+    def all_panels(ps):
+        for p in ps or []:
+            yield p
+            yield from all_panels(p.get("panels"))
+
+    ids = []
+    for p in all_panels(dash.get("panels")):
+        ids.append(p.get("id"))
+        if p.get("type") == "row":
+            continue
+        check(p.get("datasource") == {"type": "prometheus", "uid": "${datasource}"},
+              "panel %r reads ${datasource}: %s" % (p.get("title"), p.get("datasource")))
+        check(p.get("targets"), "panel %r has queries" % p.get("title"))
+    check(len(ids) == len(set(ids)) and None not in ids, "panel ids unique: %s" % ids)
+    queries = dashboard_queries(dash)
+    names = set().union(*(promql_names(q) for _, q in queries)) if queries else set()
+    step("the dashboard: %d queries over %d names" % (len(queries), len(names)))
+    for n in ("sglang:time_to_first_token_seconds_bucket",
+              "sglang:inter_token_latency_seconds_bucket", "pdserve_kv_transfer_bytes_total",
+              "pdserve_kv_transfer_latency_seconds_bucket",
+              "sglang:num_prefill_prealloc_queue_reqs", "pdserve_num_bootstrap_queue_reqs",
+              "pdserve_num_waiting_queue_reqs", "sglang:num_prefill_inflight_queue_reqs",
+              "sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:token_usage",
+              "sglang:num_requests_total", "pdserve_num_failed_requests_total",
+              "pdserve_router_requests_total"):
+        check(n in names, "the dashboard queries %s" % n)
+
+    promql_parses(queries, tmp)
+
+    texts = busy_cluster(model, tmp)
+    scrapes = [Metrics(t) for t in texts.values()]
+    control = missing_names([("control", "rate(pdserve_no_such_series_total[5m])"),
+                             ("control", "sglang:num_running_reqs_bucket")], scrapes)
+    check(control == [("control", "pdserve_no_such_series_total"),
+                      ("control", "sglang:num_running_reqs_bucket")],
+          "an unknown name and _bucket of a gauge are caught: %s" % control)
+    for where, n in missing_names(queries, scrapes):
+        check(False, "the dashboard's %s queries %s, which no process exports" % (where, n))
+
+
 def main():
     parser_refuses()
     tmp = pc.tmpdir()
@@ -748,7 +900,7 @@ def main():
     def cases():
         model = pc.make_model(BUILD, tmp)
         {"load": case_load, "queues": case_queues, "router": case_router,
-         "promtool": case_promtool}[CASE](model, tmp)
+         "promtool": case_promtool, "dashboard": case_dashboard}[CASE](model, tmp)
 
     pc.run_test("metrics %s" % CASE, cases, tmp, log_tail=3000)
 
