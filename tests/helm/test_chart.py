@@ -9,6 +9,8 @@ For every values file in deploy/helm/pdserve/ci/:
     strict: unknown fields fail) — the Prometheus Operator's PodMonitor/ServiceMonitor are not
     in that schema and get structural checks here instead;
   * the rendered output passes yamllint (deploy/helm/.yamllint);
+  * the Grafana dashboard ConfigMap exists exactly when grafana.dashboard.enabled, carries the
+    sidecar's label, and holds deploy/grafana/pdserve.json byte for byte;
   * the wiring holds: ports agree between Services, containers, probes and flags; the router's
     --prefill-dns/--decode-dns name the headless Services' FQDNs and ports; selectors (Services,
     PDBs, NetworkPolicies, monitors) pick exactly the intended pods; the NetworkPolicies let only
@@ -545,6 +547,39 @@ def check_monitors(tag, values, objs, all_pods):
               "%s: ServiceMonitor endpoint %s" % (tag, ep))
 
 
+DASHBOARD = os.path.join(ROOT, "deploy", "grafana", "pdserve.json")
+
+
+def check_dashboard(tag, values, objs):
+    """grafana.dashboard.enabled: one ConfigMap with the sidecar's labels whose pdserve.json is
+    deploy/grafana/pdserve.json byte for byte; off: none."""
+    g = values["grafana"]["dashboard"]
+    cms = [o for o in by_kind(objs, "ConfigMap") if "pdserve.json" in (o.get("data") or {})]
+    if not g["enabled"]:
+        check(not cms, "%s: a dashboard ConfigMap rendered while grafana.dashboard is off" % tag)
+        return
+    if not check(len(cms) == 1, "%s: %d dashboard ConfigMaps" % (tag, len(cms))):
+        return
+    cm = cms[0]
+    meta = cm["metadata"]
+    for k, v in g["labels"].items():
+        check(meta["labels"].get(k) == v, "%s: dashboard ConfigMap label %s=%r, want %r"
+              % (tag, k, meta["labels"].get(k), v))
+    check(meta["labels"].get("app.kubernetes.io/instance") == RELEASE,
+          "%s: dashboard ConfigMap lacks the chart's labels: %s" % (tag, meta["labels"]))
+    check((meta.get("annotations") or {}) == g["annotations"],
+          "%s: dashboard ConfigMap annotations %s" % (tag, meta.get("annotations")))
+    check(meta.get("namespace") == (g["namespace"] or None),
+          "%s: dashboard ConfigMap namespace %s" % (tag, meta.get("namespace")))
+    with open(DASHBOARD) as f:
+        want = f.read()
+    got = cm["data"]["pdserve.json"]
+    check(got == want, "%s: the ConfigMap's pdserve.json differs from deploy/grafana/pdserve.json "
+          "(%d vs %d bytes)" % (tag, len(got), len(want)))
+    check(json.loads(got).get("uid") == "pdserve", "%s: the ConfigMap's dashboard is not JSON "
+          "with uid pdserve" % tag)
+
+
 # ---- schema and tool checks ----
 
 def k8s_validate(tag, objs):
@@ -632,6 +667,7 @@ def main():
         if lint:
             check(lint[0] == 0, "%s: yamllint:\n%s" % (tag, lint[1]))
         check_wiring(tag, values, objs, build)
+        check_dashboard(tag, values, objs)
 
     # helm lint (only where helm is installed)
     if r.helm:
@@ -681,6 +717,21 @@ def main():
           flag(deps["router"], "--request-timeout-secs") == "1000000",
           "large integer flags rendered as %s / %s" % (flag(deps["decode"], "--max-total-tokens"),
                                                       flag(deps["router"], "--request-timeout-secs")))
+
+    # the dashboard ConfigMap in the sidecar's namespace; a bad namespace refused by the schema
+    sets = ["grafana.dashboard.enabled=true", "grafana.dashboard.namespace=monitoring"]
+    values = merged_values(extra={"grafana": {"dashboard": {"enabled": True,
+                                                            "namespace": "monitoring"}}})
+    check(not schema_errors(values), "grafana.dashboard.namespace=monitoring refused: %s"
+          % schema_errors(values))
+    text, objs = r.objects(sets=sets)
+    check_dashboard("--set %s" % " ".join(sets), values, objs)
+    lint = yamllint("dashboard", text)
+    if lint:
+        check(lint[0] == 0, "dashboard render: yamllint:\n%s" % lint[1])
+    errs = schema_errors(merged_values(extra={"grafana": {"dashboard": {"enabled": "yes"}}}))
+    check(any("grafana.dashboard.enabled" in e for e in errs),
+          "schema accepted grafana.dashboard.enabled: \"yes\" (%s)" % errs)
 
     # NOTES.txt renders and says how to reach the router (the Go renderer: --notes)
     if not r.helm:

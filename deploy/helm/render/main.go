@@ -9,9 +9,11 @@
 // include, tpl, required, toYaml, fromYaml, toJson, fromJson, lookup (always empty, as in
 // `helm template`); the Sprig functions Helm keeps (env and expandenv removed); every template
 // of templates/ parsed into one set so _helpers.tpl defines are shared; files starting with "_"
-// render nothing; "<no value>" printed as "" (missingkey=zero); NOTES.txt only with --notes.
-// Not implemented: subcharts, .Files, schema validation (the tests run the chart's
-// values.schema.json through python3-jsonschema), hooks, --set-string/--set-file.
+// render nothing; "<no value>" printed as "" (missingkey=zero); NOTES.txt only with --notes;
+// .Files.Get (the chart's other files, links followed; "" for a missing one, for templates/,
+// Chart.yaml, values.yaml and values.schema.json, as Helm keeps those out of .Files).
+// Not implemented: subcharts, the other .Files methods, schema validation (the tests run the
+// chart's values.schema.json through python3-jsonschema), hooks, --set-string/--set-file.
 //
 // Build (Debian packages golang-go, golang-github-masterminds-sprig-dev, golang-gopkg-yaml.v3-dev,
 // nothing downloaded):
@@ -253,6 +255,26 @@ func (v versionSet) Has(s string) bool {
 	return false
 }
 
+// chartFiles is .Files: Get reads a file of the chart by its path relative to the chart.
+type chartFiles struct{ dir string }
+
+func (f chartFiles) Get(name string) string {
+	rel := filepath.Clean(filepath.FromSlash(name))
+	if filepath.IsAbs(rel) || rel == ".." || strings.HasPrefix(rel, ".."+string(filepath.Separator)) {
+		return ""
+	}
+	first := strings.SplitN(filepath.ToSlash(rel), "/", 2)[0]
+	switch first {
+	case "templates", "charts", "Chart.yaml", "values.yaml", "values.schema.json":
+		return ""
+	}
+	b, err := os.ReadFile(filepath.Join(f.dir, rel))
+	if err != nil {
+		return ""
+	}
+	return string(b)
+}
+
 type kubeVersion struct{ Version, Major, Minor, GitVersion string }
 
 func (k kubeVersion) String() string { return k.Version }
@@ -376,6 +398,7 @@ func main() {
 	data := map[string]interface{}{
 		"Values": values,
 		"Chart":  chart,
+		"Files":  chartFiles{o.chart},
 		"Release": map[string]interface{}{"Name": o.name, "Namespace": o.namespace,
 			"Service": "Helm", "IsInstall": true, "IsUpgrade": false, "Revision": 1},
 		"Capabilities": map[string]interface{}{
