@@ -920,6 +920,7 @@ static void on_tick(uv_timer_t *t) {
     if (D.role->tick)
         D.role->tick(&D, now);
     pd__daemon_probes_expire(&D, now, false);
+    pd__daemon_xfer_watch(&D, now);
     if (D.stopping && now >= D.stop_deadline && D.n_live > 0) {
         /* out of time: fail what is left */
         for (int32_t i = 0; i < D.cap; i++)
@@ -1138,6 +1139,7 @@ int pd_daemon_main(const struct pd_role *role, int argc, char **argv) {
     D.bootstrap_timeout = 300;
     D.waiting_timeout = 300;
     D.shutdown_timeout = 30;
+    D.xfer_stall_timeout = 30;
     D.conservativeness = 1.0;
     D.max_n = PD_API_MAX_N;
     pd_server_args_defaults(&D.args);
@@ -1152,6 +1154,10 @@ int pd_daemon_main(const struct pd_role *role, int argc, char **argv) {
                    "decode: a request whose KV cache never arrives fails after this");
     pd_flag_double(&fs, "--shutdown-timeout", &D.shutdown_timeout, "SECONDS", 0, 86400,
                    "SIGTERM: requests still running after this are failed, then exit");
+    pd_flag_double(&fs, "--transfer-stall-timeout", &D.xfer_stall_timeout, "SECONDS", 0, 86400,
+                   "/health answers 503 while the KV transfer engine holds operations and none "
+                   "has completed for this long (a wedged engine; 200 again once it moves); 0: "
+                   "never");
     pd_flag_string(&fs, "--api-key", &D.api_key, "KEY",
                    "require Authorization: Bearer KEY on the API (not on /health, /metrics)");
     pd_flag_cluster_key(&fs, &D.cluster_key_path);

@@ -98,6 +98,7 @@ static struct room *op_done(struct op *op) {
         r->pending--;
         x->outstanding--;
     }
+    x->progress++;
     pd__xfer_op_free(op);
     return r;
 }
@@ -176,6 +177,7 @@ void pd__xfer_on_notice_sent(void *req, ucs_status_t st, void *user_data) {
 static void on_ep_closed(void *req, ucs_status_t st, void *user_data) {
     struct pd_xfer_peer *p = user_data;
     p->x->outstanding--;
+    p->x->progress++;
     p->close_pending = false;
     p->state = PEER_CLOSED;
     (void)st; /* a forced close reports nothing we can act on */
@@ -734,6 +736,8 @@ void pd_xfer_get_info(const pd_xfer_t *x, struct pd_xfer_info *out) {
     out->rdma = x->rdma;
     out->live_rooms = x->n_rooms;
     out->live_peers = x->n_peers;
+    out->outstanding = x->outstanding > 0 ? (uint32_t)x->outstanding : 0;
+    out->progress = x->progress;
     out->pool_pages = x->n_pages;
     out->page_bytes = x->page_bytes;
     out->n_shards = x->n_shards;

@@ -139,9 +139,13 @@ struct pd_xfer_info {
     bool rdma;               /* an RDMA device is in use */
     uint32_t live_rooms;
     uint32_t live_peers;
-    uint32_t pool_pages; /* registered pool; 0 before pd_xfer_register_pool */
-    size_t page_bytes;   /* one logical page: n_shards * shard_page_bytes */
-    int n_shards;        /* 0 before the pool is registered */
+    uint32_t outstanding; /* operations UCX holds now (puts, messages, flushes, closes) */
+    uint64_t progress;    /* operations completed and page messages received since start: a
+                             count that stands still while operations are outstanding means the
+                             engine is stuck (the daemons' /health, --transfer-stall-timeout) */
+    uint32_t pool_pages;  /* registered pool; 0 before pd_xfer_register_pool */
+    size_t page_bytes;    /* one logical page: n_shards * shard_page_bytes */
+    int n_shards;         /* 0 before the pool is registered */
     size_t shard_page_bytes;
     uint64_t dropped_writes; /* receiver: page data refused (room not live, wrong peer, outside
                                 the room's pages) */

@@ -220,6 +220,7 @@ struct pd_xfer {
     uint32_t n_rooms;
     uint32_t n_unflushed; /* sender rooms with puts posted but not flushed */
     int outstanding;      /* ops of live rooms and endpoint closes UCX holds */
+    uint64_t progress;    /* ops completed and messages received: /health's stall check */
     uint64_t next_serial;
     struct op *ops; /* held by UCX */
     struct op *free_ops;
