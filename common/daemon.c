@@ -1063,6 +1063,27 @@ static int start(void) {
  * parallelism the pool is one shard per rank, registered as such (xfer.h). */
 _Static_assert(PD_TP_MAX <= PD_XFER_SHARDS_MAX, "every rank's pool is a transfer shard");
 
+/* The transfer engine's self-check (xfer.h pd_xfer_doctor_run), in the log and /server_info:
+ * what an operator needs when the first transfers are slow or never arrive. */
+static void log_doctor(const struct pd_xfer_info *xi) {
+    struct pd_xfer_doctor *dr = &D.doctor;
+    pd_xfer_doctor_run(D.x, 0, dr);
+    pd_info("transfer self-test: UCX %s, UCX_TLS=%s, UCX_NET_DEVICES=%s, RDMA %s; lanes %s "
+            "(pages as %s); one page (%zu bytes) %.2f GB/s, one room (%zu bytes) %.2f GB/s; "
+            "%s%s%.0f ms",
+            dr->ucx_version, xi->transports, xi->net_devices, xi->rdma ? "in use" : "none",
+            dr->lanes[0] ? dr->lanes : "unknown", dr->path, dr->page_bytes, dr->page_gbps,
+            dr->room_bytes, dr->room_gbps,
+            D.info.pool_on_device ? (xi->staged ? "GPU pool staged through pinned host memory, "
+                                                : "GPU pool put directly (CUDA-aware UCX), ")
+                                  : "",
+            xi->cuda_memory ? "UCX takes CUDA memory, " : "", dr->ms);
+    if (dr->error[0])
+        pd_warn("transfer self-test did not finish: %s", dr->error);
+    if (dr->warning[0])
+        pd_warn("transfer self-test: %s", dr->warning);
+}
+
 int pd__daemon_start_transfer(struct pd_daemon_state *d) {
     PD_ASSERT(d == &D);
     int rc;
@@ -1111,6 +1132,7 @@ int pd__daemon_start_transfer(struct pd_daemon_state *d) {
         return rc;
     }
     pd_xfer_get_info(D.x, &xi);
+    log_doctor(&xi);
     snprintf(D.transport, sizeof(D.transport), "ucx:%s%s%s", xi.transports ? xi.transports : "all",
              xi.rdma ? "+rdma" : "",
              xi.staged               ? "+staged"

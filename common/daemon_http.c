@@ -254,6 +254,24 @@ static void h_server_info(struct pd_http_req *h, void *ud) {
         cJSON_AddNumberToObject(t, "outstanding_ops", xi.outstanding);
         cJSON_AddBoolToObject(t, "stuck", d->xfer_stalled_ops > 0);
         cJSON_AddNumberToObject(t, "stall_timeout", d->xfer_stall_timeout);
+        const struct pd_xfer_doctor *dr = &d->doctor;
+        cJSON *sd = cJSON_AddObjectToObject(t, "self_test");
+        cJSON_AddStringToObject(sd, "ucx_version", dr->ucx_version);
+        cJSON_AddStringToObject(sd, "transports", xi.transports ? xi.transports : "");
+        cJSON_AddStringToObject(sd, "net_devices", xi.net_devices ? xi.net_devices : "");
+        cJSON_AddStringToObject(sd, "lanes", dr->lanes);
+        cJSON_AddStringToObject(sd, "path", dr->path ? dr->path : "");
+        cJSON_AddNumberToObject(sd, "page_bytes", (double)dr->page_bytes);
+        cJSON_AddNumberToObject(sd, "page_gbps", dr->page_gbps);
+        cJSON_AddNumberToObject(sd, "room_bytes", (double)dr->room_bytes);
+        cJSON_AddNumberToObject(sd, "room_gbps", dr->room_gbps);
+        if (xi.rdma) {
+            cJSON_AddStringToObject(sd, "tcp_lanes", dr->tcp_lanes);
+            cJSON_AddNumberToObject(sd, "tcp_room_gbps", dr->tcp_room_gbps);
+        }
+        cJSON_AddNumberToObject(sd, "ms", dr->ms);
+        cJSON_AddStringToObject(sd, "error", dr->error);
+        cJSON_AddStringToObject(sd, "warning", dr->warning);
         cJSON_AddNumberToObject(t, "shards", xi.n_shards);
         cJSON_AddNumberToObject(t, "shard_page_bytes", (double)xi.shard_page_bytes);
         cJSON_AddNumberToObject(t, "page_bytes", (double)xi.page_bytes);

@@ -126,9 +126,10 @@ struct pd_daemon_state {
     /* --transfer-stall-timeout: the transfer engine counts as stuck (/health 503) while it has
      * operations outstanding and its progress count has not moved for this long (0: never) */
     double xfer_stall_timeout;
-    uint64_t xfer_progress;    /* the engine's progress count when last seen to move */
-    double xfer_progress_at;   /* when that was (or when the engine last had nothing held) */
-    uint32_t xfer_stalled_ops; /* > 0: stuck, with this many operations outstanding */
+    uint64_t xfer_progress;       /* the engine's progress count when last seen to move */
+    double xfer_progress_at;      /* when that was (or when the engine last had nothing held) */
+    uint32_t xfer_stalled_ops;    /* > 0: stuck, with this many operations outstanding */
+    struct pd_xfer_doctor doctor; /* the transfer engine's self-check at start */
     const char *cluster_key_path, *api_key;
     int max_n;          /* --max-n: samples per prompt at most */
     int max_per_client; /* --max-concurrent-requests-per-client; 0 = unlimited */

@@ -207,6 +207,27 @@ void pd_xfer_free(pd_xfer_t *x);
 uint64_t pd_xfer_id(const pd_xfer_t *x); /* random, per process start */
 void pd_xfer_get_info(const pd_xfer_t *x, struct pd_xfer_info *out);
 
+/* The self-check the daemons run at start (xfer_doctor.c): two workers of their own on the
+ * engine's UCX context, so UCX wires the transports it would between two processes of this
+ * host; a page and a room (64 pages, at most 16 MiB) from host memory to host memory, moved as
+ * the engine moves pages (puts on a hardware RMA lane, else active messages), medians of 5, every
+ * byte checked. With an RDMA device in use, the room over tcp too, and a warning when tcp is
+ * faster. Bounded: a move that does not complete within 2 s ends the check with an error. */
+struct pd_xfer_doctor {
+    char ucx_version[32];
+    char lanes[112];  /* the transports UCX picked, "posix/memory+cma/memory", "tcp/lo" */
+    const char *path; /* "put" or "am" */
+    size_t page_bytes, room_bytes;
+    double page_gbps, room_gbps; /* 0 when not measured */
+    char tcp_lanes[112];         /* RDMA in use: the tcp comparison */
+    double tcp_room_gbps;
+    double ms;         /* the whole check */
+    char error[200];   /* why it stopped, else "" */
+    char warning[200]; /* e.g. RDMA slower than tcp, else "" */
+};
+/* page_bytes 0: the registered pool's logical page. PD_OK, or the failure also in out->error. */
+int pd_xfer_doctor_run(pd_xfer_t *x, size_t page_bytes, struct pd_xfer_doctor *out);
+
 struct pd_devmem;
 
 /* Registers the KV pool (host memory): [base, base + page_bytes * n_pages). Once per engine.

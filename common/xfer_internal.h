@@ -286,6 +286,8 @@ void pd__xfer_on_flush_done(void *req, ucs_status_t st, void *user_data);
 void pd__xfer_on_notice_sent(void *req, ucs_status_t st, void *user_data);
 void pd__xfer_op_free(struct op *op);
 void pd__xfer_op_held(pd_xfer_t *x, struct room *r);
+size_t pd__xfer_ep_lanes(ucp_ep_h ep, char *names, size_t cap, size_t *eager_max, bool *hw_rma);
+size_t pd__xfer_am_chunk(const pd_xfer_t *x, size_t eager_max);
 struct op *pd__xfer_op_new(pd_xfer_t *x, struct room *r, enum op_kind kind);
 int pd__ucs_error(ucs_status_t s, const char *doing);
 void pd__xfer_peer_mark_failed(struct pd_xfer_peer *p, int status);

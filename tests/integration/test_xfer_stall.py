@@ -15,7 +15,10 @@ operations are outstanding and none completes. Checked:
   3. SIGCONT: /health 200 again within 10 s; the request ends with the right answer (the pages
      arrived whole: greedy output equal to pdserve-generate's); both pools full; the cluster
      serves a new request;
-  4. a prefill started with --transfer-stall-timeout 0 never reports a stall (the check is off).
+  4. a prefill started with --transfer-stall-timeout 0 never reports a stall (the check is off);
+  5. the transfer self-test each daemon runs at start (/server_info kv_transfer.self_test): the
+     lanes UCX picked name the transport in use (tcp here; posix/cma shared memory with
+     UCX_TLS=posix,cma), a page and a room moved at a measured rate, no error.
 
 Usage: test_xfer_stall.py BUILD_DIR
 """
@@ -40,6 +43,16 @@ def kv_transfer(d):
     return d.server_info()["kv_transfer"]
 
 
+def self_test_ok(d, transport, what):
+    """The daemon's start-up self-test found lanes of transport and measured both sizes."""
+    st = kv_transfer(d)["self_test"]
+    step("%s self-test: %s" % (what, st))
+    check(st["error"] == "" and transport in st["lanes"] and st["path"] in ("put", "am"),
+          "%s self-test ran over %s: %s" % (what, transport, st))
+    check(st["page_gbps"] > 0 and st["room_gbps"] > 0 and st["room_bytes"] >= st["page_bytes"] > 0,
+          "%s self-test measured a page and a room: %s" % (what, st))
+
+
 def one_stall(model, prompt, ref, stall_timeout, tmp):
     """Runs the scenario with prefill's --transfer-stall-timeout stall_timeout; returns whether
     /health answered 503 while the decode was stopped."""
@@ -53,6 +66,8 @@ def one_stall(model, prompt, ref, stall_timeout, tmp):
                    ["--worker-unresponsive-secs", "60"])
     check(pf.get("/health")[0] == 200, "prefill healthy before the request")
     check(kv_transfer(pf)["stuck"] is False, "prefill's engine not stuck before the request")
+    self_test_ok(pf, "tcp", "prefill")
+    self_test_ok(dc, "tcp", "decode")
 
     answer = {}
 
@@ -127,6 +142,12 @@ def main():
         step("stall check on (%g s)" % STALL_S)
         check(one_stall(model, prompt, ref[0], STALL_S, tmp),
               "prefill /health answered 503 while its engine was stuck")
+        step("self-test over shared memory")
+        shm = dict(os.environ, UCX_TLS="posix,cma", UCX_MM_ERROR_HANDLING="y",
+                   UCX_POSIX_ERROR_HANDLING="y")
+        d = pc.Daemon(BUILD, "decode", model, tmp, env=shm)
+        self_test_ok(d, "posix", "decode on shared memory")
+        d.kill()
         step("stall check off (0)")
         check(not one_stall(model, prompt, ref[0], 0, tmp),
               "with --transfer-stall-timeout 0 /health never answers 503 for a stall")
