@@ -920,6 +920,7 @@ static void on_tick(uv_timer_t *t) {
     if (D.role->tick)
         D.role->tick(&D, now);
     pd__daemon_probes_expire(&D, now, false);
+    pd__daemon_xfer_watch(&D, now);
     if (D.stopping && now >= D.stop_deadline && D.n_live > 0) {
         /* out of time: fail what is left */
         for (int32_t i = 0; i < D.cap; i++)
@@ -1062,6 +1063,27 @@ static int start(void) {
  * parallelism the pool is one shard per rank, registered as such (xfer.h). */
 _Static_assert(PD_TP_MAX <= PD_XFER_SHARDS_MAX, "every rank's pool is a transfer shard");
 
+/* The transfer engine's self-check (xfer.h pd_xfer_doctor_run), in the log and /server_info:
+ * what an operator needs when the first transfers are slow or never arrive. */
+static void log_doctor(const struct pd_xfer_info *xi) {
+    struct pd_xfer_doctor *dr = &D.doctor;
+    pd_xfer_doctor_run(D.x, 0, dr);
+    pd_info("transfer self-test: UCX %s, UCX_TLS=%s, UCX_NET_DEVICES=%s, RDMA %s; lanes %s "
+            "(pages as %s); one page (%zu bytes) %.2f GB/s, one room (%zu bytes) %.2f GB/s; "
+            "%s%s%.0f ms",
+            dr->ucx_version, xi->transports, xi->net_devices, xi->rdma ? "in use" : "none",
+            dr->lanes[0] ? dr->lanes : "unknown", dr->path, dr->page_bytes, dr->page_gbps,
+            dr->room_bytes, dr->room_gbps,
+            D.info.pool_on_device ? (xi->staged ? "GPU pool staged through pinned host memory, "
+                                                : "GPU pool put directly (CUDA-aware UCX), ")
+                                  : "",
+            xi->cuda_memory ? "UCX takes CUDA memory, " : "", dr->ms);
+    if (dr->error[0])
+        pd_warn("transfer self-test did not finish: %s", dr->error);
+    if (dr->warning[0])
+        pd_warn("transfer self-test: %s", dr->warning);
+}
+
 int pd__daemon_start_transfer(struct pd_daemon_state *d) {
     PD_ASSERT(d == &D);
     int rc;
@@ -1110,6 +1132,7 @@ int pd__daemon_start_transfer(struct pd_daemon_state *d) {
         return rc;
     }
     pd_xfer_get_info(D.x, &xi);
+    log_doctor(&xi);
     snprintf(D.transport, sizeof(D.transport), "ucx:%s%s%s", xi.transports ? xi.transports : "all",
              xi.rdma ? "+rdma" : "",
              xi.staged               ? "+staged"
@@ -1138,6 +1161,7 @@ int pd_daemon_main(const struct pd_role *role, int argc, char **argv) {
     D.bootstrap_timeout = 300;
     D.waiting_timeout = 300;
     D.shutdown_timeout = 30;
+    D.xfer_stall_timeout = 30;
     D.conservativeness = 1.0;
     D.max_n = PD_API_MAX_N;
     pd_server_args_defaults(&D.args);
@@ -1152,6 +1176,10 @@ int pd_daemon_main(const struct pd_role *role, int argc, char **argv) {
                    "decode: a request whose KV cache never arrives fails after this");
     pd_flag_double(&fs, "--shutdown-timeout", &D.shutdown_timeout, "SECONDS", 0, 86400,
                    "SIGTERM: requests still running after this are failed, then exit");
+    pd_flag_double(&fs, "--transfer-stall-timeout", &D.xfer_stall_timeout, "SECONDS", 0, 86400,
+                   "/health answers 503 while the KV transfer engine holds operations and none "
+                   "has completed for this long (a wedged engine; 200 again once it moves); 0: "
+                   "never");
     pd_flag_string(&fs, "--api-key", &D.api_key, "KEY",
                    "require Authorization: Bearer KEY on the API (not on /health, /metrics)");
     pd_flag_cluster_key(&fs, &D.cluster_key_path);

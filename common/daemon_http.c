@@ -41,12 +41,47 @@ void pd__daemon_respond_json(struct pd_http_req *h, int status, char *json) {
     pd_free(json);
 }
 
+/* A wedged transfer engine must not look healthy (a decode whose pages never arrive, a prefill
+ * whose writes never complete, while /health says 200 is what operators of the peers report):
+ * the engine counts completed operations and received messages; while it holds operations and
+ * that count stands still for --transfer-stall-timeout, /health answers 503 until it moves or
+ * nothing is held any more. Checked every tick and at each /health. */
+void pd__daemon_xfer_watch(struct pd_daemon_state *d, double now) {
+    if (!d->x || d->xfer_stall_timeout <= 0)
+        return;
+    struct pd_xfer_info xi;
+    pd_xfer_get_info(d->x, &xi);
+    if (xi.outstanding == 0 || xi.progress != d->xfer_progress) {
+        d->xfer_progress = xi.progress;
+        d->xfer_progress_at = now;
+        if (d->xfer_stalled_ops)
+            pd_info("transfer engine moving again (%u operations outstanding)", xi.outstanding);
+        d->xfer_stalled_ops = 0;
+        return;
+    }
+    if (!d->xfer_stalled_ops && now - d->xfer_progress_at >= d->xfer_stall_timeout) {
+        pd_warn("transfer engine stuck: %u operations outstanding and none completed for %.1f s "
+                "(--transfer-stall-timeout); /health answers 503 until it moves",
+                xi.outstanding, now - d->xfer_progress_at);
+        d->xfer_stalled_ops = xi.outstanding;
+    }
+    if (d->xfer_stalled_ops)
+        d->xfer_stalled_ops = xi.outstanding;
+}
+
 static void h_health(struct pd_http_req *h, void *ud) {
     struct pd_daemon_state *d = ud;
-    if (d->ready && !d->stopping)
-        pd_http_respond(h, 200, "text/plain", "", 0);
-    else
+    pd__daemon_xfer_watch(d, now_s());
+    if (!d->ready || d->stopping)
         pd__daemon_respond_error(h, 503, "server_error", NULL, "not ready");
+    else if (d->xfer_stalled_ops)
+        pd__daemon_respond_error(h, 503, "server_error", NULL,
+                                 "transfer engine stuck: %u operations outstanding and none "
+                                 "completed for %.1f s (--transfer-stall-timeout %g)",
+                                 d->xfer_stalled_ops, now_s() - d->xfer_progress_at,
+                                 d->xfer_stall_timeout);
+    else
+        pd_http_respond(h, 200, "text/plain", "", 0);
 }
 
 /* /health_generate (SGLang: a real 1-token generation, 200 only if it worked). A daemon in
@@ -216,6 +251,27 @@ static void h_server_info(struct pd_http_req *h, void *ud) {
         cJSON *t = cJSON_AddObjectToObject(extra, "kv_transfer");
         cJSON_AddNumberToObject(t, "live_rooms", xi.live_rooms);
         cJSON_AddNumberToObject(t, "live_peers", xi.live_peers);
+        cJSON_AddNumberToObject(t, "outstanding_ops", xi.outstanding);
+        cJSON_AddBoolToObject(t, "stuck", d->xfer_stalled_ops > 0);
+        cJSON_AddNumberToObject(t, "stall_timeout", d->xfer_stall_timeout);
+        const struct pd_xfer_doctor *dr = &d->doctor;
+        cJSON *sd = cJSON_AddObjectToObject(t, "self_test");
+        cJSON_AddStringToObject(sd, "ucx_version", dr->ucx_version);
+        cJSON_AddStringToObject(sd, "transports", xi.transports ? xi.transports : "");
+        cJSON_AddStringToObject(sd, "net_devices", xi.net_devices ? xi.net_devices : "");
+        cJSON_AddStringToObject(sd, "lanes", dr->lanes);
+        cJSON_AddStringToObject(sd, "path", dr->path ? dr->path : "");
+        cJSON_AddNumberToObject(sd, "page_bytes", (double)dr->page_bytes);
+        cJSON_AddNumberToObject(sd, "page_gbps", dr->page_gbps);
+        cJSON_AddNumberToObject(sd, "room_bytes", (double)dr->room_bytes);
+        cJSON_AddNumberToObject(sd, "room_gbps", dr->room_gbps);
+        if (xi.rdma) {
+            cJSON_AddStringToObject(sd, "tcp_lanes", dr->tcp_lanes);
+            cJSON_AddNumberToObject(sd, "tcp_room_gbps", dr->tcp_room_gbps);
+        }
+        cJSON_AddNumberToObject(sd, "ms", dr->ms);
+        cJSON_AddStringToObject(sd, "error", dr->error);
+        cJSON_AddStringToObject(sd, "warning", dr->warning);
         cJSON_AddNumberToObject(t, "shards", xi.n_shards);
         cJSON_AddNumberToObject(t, "shard_page_bytes", (double)xi.shard_page_bytes);
         cJSON_AddNumberToObject(t, "page_bytes", (double)xi.page_bytes);

@@ -123,6 +123,13 @@ struct pd_daemon_state {
     uint64_t room_seq;       /* colocated: rooms are drawn here */
     struct pd_server_args args;
     double bootstrap_timeout, waiting_timeout, shutdown_timeout;
+    /* --transfer-stall-timeout: the transfer engine counts as stuck (/health 503) while it has
+     * operations outstanding and its progress count has not moved for this long (0: never) */
+    double xfer_stall_timeout;
+    uint64_t xfer_progress;       /* the engine's progress count when last seen to move */
+    double xfer_progress_at;      /* when that was (or when the engine last had nothing held) */
+    uint32_t xfer_stalled_ops;    /* > 0: stuck, with this many operations outstanding */
+    struct pd_xfer_doctor doctor; /* the transfer engine's self-check at start */
     const char *cluster_key_path, *api_key;
     int max_n;          /* --max-n: samples per prompt at most */
     int max_per_client; /* --max-concurrent-requests-per-client; 0 = unlimited */
@@ -255,5 +262,7 @@ int pd__daemon_route(struct pd_daemon_state *d);
  * long (all: every probe, at shutdown). */
 void pd__daemon_probe_done(struct pd_daemon_state *d, uint64_t id, int status, int32_t token);
 void pd__daemon_probes_expire(struct pd_daemon_state *d, double now, bool all);
+/* Every tick: whether the transfer engine is stuck (see xfer_stall_timeout). */
+void pd__daemon_xfer_watch(struct pd_daemon_state *d, double now);
 
 #endif

@@ -98,6 +98,7 @@ static struct room *op_done(struct op *op) {
         r->pending--;
         x->outstanding--;
     }
+    x->progress++;
     pd__xfer_op_free(op);
     return r;
 }
@@ -176,6 +177,7 @@ void pd__xfer_on_notice_sent(void *req, ucs_status_t st, void *user_data) {
 static void on_ep_closed(void *req, ucs_status_t st, void *user_data) {
     struct pd_xfer_peer *p = user_data;
     p->x->outstanding--;
+    p->x->progress++;
     p->close_pending = false;
     p->state = PEER_CLOSED;
     (void)st; /* a forced close reports nothing we can act on */
@@ -734,6 +736,8 @@ void pd_xfer_get_info(const pd_xfer_t *x, struct pd_xfer_info *out) {
     out->rdma = x->rdma;
     out->live_rooms = x->n_rooms;
     out->live_peers = x->n_peers;
+    out->outstanding = x->outstanding > 0 ? (uint32_t)x->outstanding : 0;
+    out->progress = x->progress;
     out->pool_pages = x->n_pages;
     out->page_bytes = x->page_bytes;
     out->n_shards = x->n_shards;
@@ -892,18 +896,36 @@ void pd_xfer_local_peer_info(const pd_xfer_t *x, struct pd_xfer_peer_info *out) 
     out->ipc_handle_len = out->shards[0].ipc_handle_len;
 }
 
-/* Names the lanes UCX picked out of ucp_ep_print_info (1.13 has no endpoint transport query),
- * e.g. "rc_mlx5/mlx5_0:1", and decides how pages travel to a receiver: puts where a lane has
- * hardware RMA, else active messages ("tcp/lo (am)"), since UCX would only emulate the puts. */
-static void peer_find_transport(struct pd_xfer_peer *p) {
-    snprintf(p->transport, sizeof(p->transport), "unknown");
-    p->am_data = p->rkey[0] && p->x->cfg.data_path != PD_XFER_DATA_PUT; /* unless RMA lane */
+/* Page data per message: the configured size, else one eager fragment of the lane (eager_max)
+ * less room for UCX's and our headers (a larger message would be fragmented and reassembled by
+ * UCX: one more copy), 64-byte aligned. */
+size_t pd__xfer_am_chunk(const pd_xfer_t *x, size_t eager_max) {
+    size_t chunk = x->cfg.am_chunk_bytes;
+    if (eager_max > AM_MSG_MAX)
+        eager_max = AM_MSG_MAX;
+    if (chunk == 0)
+        chunk = eager_max > AM_CHUNK_MIN + 128 ? (eager_max - 128) & ~(size_t)63 : AM_CHUNK_MIN;
+    if (chunk > ((AM_MSG_MAX - 128) & ~(size_t)63))
+        chunk = (AM_MSG_MAX - 128) & ~(size_t)63; /* a configured one, too */
+    return chunk;
+}
+
+/* The lanes UCX picked for ep, out of ucp_ep_print_info (1.13 has no endpoint transport query):
+ * their transports joined by '+' ("rc_mlx5/mlx5_0:1", "posix/memory+cma/memory"), the largest
+ * active message that goes eager in one fragment, and whether a lane has hardware RMA. Returns
+ * the length written to names (0: UCX printed nothing we could read). */
+size_t pd__xfer_ep_lanes(ucp_ep_h ep, char *names, size_t cap, size_t *eager_max_out,
+                         bool *hw_rma_out) {
+    *eager_max_out = 0;
+    *hw_rma_out = false;
+    if (cap)
+        names[0] = '\0';
     char *buf = NULL;
     size_t len = 0;
     FILE *f = open_memstream(&buf, &len);
     if (!f)
-        return;
-    ucp_ep_print_info(p->ep, f);
+        return 0;
+    ucp_ep_print_info(ep, f);
     fclose(f);
     size_t used = 0, eager_max = 0;
     bool hw_rma = false;
@@ -929,22 +951,32 @@ static void peer_find_transport(struct pd_xfer_peer *p) {
             n -= 2;
         char *arrow = strstr(tl, "->");
         hw_rma |= arrow && (strstr(arrow, " rma") != NULL);
-        if (used + n + 2 < sizeof(p->transport))
-            used += (size_t)snprintf(p->transport + used, sizeof(p->transport) - used, "%s%.*s",
-                                     used ? "+" : "", (int)n, tl);
+        if (used + n + 2 < cap)
+            used +=
+                (size_t)snprintf(names + used, cap - used, "%s%.*s", used ? "+" : "", (int)n, tl);
     }
     free(buf); /* open_memstream's buffer comes from the C library */
+    *eager_max_out = eager_max;
+    *hw_rma_out = hw_rma;
+    return used;
+}
+
+/* Names the peer's lanes ("rc_mlx5/mlx5_0:1") and decides how pages travel to a receiver: puts
+ * where a lane has hardware RMA, else active messages ("tcp/lo (am)"), since UCX would only
+ * emulate the puts. */
+static void peer_find_transport(struct pd_xfer_peer *p) {
+    snprintf(p->transport, sizeof(p->transport), "unknown");
+    p->am_data = p->rkey[0] && p->x->cfg.data_path != PD_XFER_DATA_PUT; /* unless RMA lane */
+    size_t eager_max;
+    bool hw_rma;
+    char names[sizeof(p->transport)];
+    size_t used = pd__xfer_ep_lanes(p->ep, names, sizeof(names), &eager_max, &hw_rma);
+    if (used)
+        memcpy(p->transport, names, used + 1);
     /* Page data per message: the configured size, else one eager fragment of the lane less room
      * for UCX's and our headers (a larger message would be fragmented and reassembled by UCX:
      * one more copy). */
-    p->am_chunk = p->x->cfg.am_chunk_bytes;
-    if (eager_max > AM_MSG_MAX)
-        eager_max = AM_MSG_MAX;
-    if (p->am_chunk == 0)
-        p->am_chunk = eager_max > AM_CHUNK_MIN + 128 ? (eager_max - 128) & ~(size_t)63
-                                                     : AM_CHUNK_MIN; /* 64-byte aligned copies */
-    if (p->am_chunk > ((AM_MSG_MAX - 128) & ~(size_t)63))
-        p->am_chunk = (AM_MSG_MAX - 128) & ~(size_t)63; /* a configured one, too */
+    p->am_chunk = pd__xfer_am_chunk(p->x, eager_max);
     if (!p->rkey[0])
         return;
     enum pd_xfer_data_path dp = p->x->cfg.data_path;

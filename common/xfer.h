@@ -139,9 +139,13 @@ struct pd_xfer_info {
     bool rdma;               /* an RDMA device is in use */
     uint32_t live_rooms;
     uint32_t live_peers;
-    uint32_t pool_pages; /* registered pool; 0 before pd_xfer_register_pool */
-    size_t page_bytes;   /* one logical page: n_shards * shard_page_bytes */
-    int n_shards;        /* 0 before the pool is registered */
+    uint32_t outstanding; /* operations UCX holds now (puts, messages, flushes, closes) */
+    uint64_t progress;    /* operations completed and page messages received since start: a
+                             count that stands still while operations are outstanding means the
+                             engine is stuck (the daemons' /health, --transfer-stall-timeout) */
+    uint32_t pool_pages;  /* registered pool; 0 before pd_xfer_register_pool */
+    size_t page_bytes;    /* one logical page: n_shards * shard_page_bytes */
+    int n_shards;         /* 0 before the pool is registered */
     size_t shard_page_bytes;
     uint64_t dropped_writes; /* receiver: page data refused (room not live, wrong peer, outside
                                 the room's pages) */
@@ -202,6 +206,27 @@ void pd_xfer_free(pd_xfer_t *x);
 
 uint64_t pd_xfer_id(const pd_xfer_t *x); /* random, per process start */
 void pd_xfer_get_info(const pd_xfer_t *x, struct pd_xfer_info *out);
+
+/* The self-check the daemons run at start (xfer_doctor.c): two workers of their own on the
+ * engine's UCX context, so UCX wires the transports it would between two processes of this
+ * host; a page and a room (64 pages, at most 16 MiB) from host memory to host memory, moved as
+ * the engine moves pages (puts on a hardware RMA lane, else active messages), medians of 5, every
+ * byte checked. With an RDMA device in use, the room over tcp too, and a warning when tcp is
+ * faster. Bounded: a move that does not complete within 2 s ends the check with an error. */
+struct pd_xfer_doctor {
+    char ucx_version[32];
+    char lanes[112];  /* the transports UCX picked, "posix/memory+cma/memory", "tcp/lo" */
+    const char *path; /* "put" or "am" */
+    size_t page_bytes, room_bytes;
+    double page_gbps, room_gbps; /* 0 when not measured */
+    char tcp_lanes[112];         /* RDMA in use: the tcp comparison */
+    double tcp_room_gbps;
+    double ms;         /* the whole check */
+    char error[200];   /* why it stopped, else "" */
+    char warning[200]; /* e.g. RDMA slower than tcp, else "" */
+};
+/* page_bytes 0: the registered pool's logical page. PD_OK, or the failure also in out->error. */
+int pd_xfer_doctor_run(pd_xfer_t *x, size_t page_bytes, struct pd_xfer_doctor *out);
 
 struct pd_devmem;
 

@@ -220,6 +220,7 @@ struct pd_xfer {
     uint32_t n_rooms;
     uint32_t n_unflushed; /* sender rooms with puts posted but not flushed */
     int outstanding;      /* ops of live rooms and endpoint closes UCX holds */
+    uint64_t progress;    /* ops completed and messages received: /health's stall check */
     uint64_t next_serial;
     struct op *ops; /* held by UCX */
     struct op *free_ops;
@@ -285,6 +286,8 @@ void pd__xfer_on_flush_done(void *req, ucs_status_t st, void *user_data);
 void pd__xfer_on_notice_sent(void *req, ucs_status_t st, void *user_data);
 void pd__xfer_op_free(struct op *op);
 void pd__xfer_op_held(pd_xfer_t *x, struct room *r);
+size_t pd__xfer_ep_lanes(ucp_ep_h ep, char *names, size_t cap, size_t *eager_max, bool *hw_rma);
+size_t pd__xfer_am_chunk(const pd_xfer_t *x, size_t eager_max);
 struct op *pd__xfer_op_new(pd_xfer_t *x, struct room *r, enum op_kind kind);
 int pd__ucs_error(ucs_status_t s, const char *doing);
 void pd__xfer_peer_mark_failed(struct pd_xfer_peer *p, int status);

@@ -207,6 +207,7 @@ ucs_status_t pd__xfer_on_notice_am(void *arg, const void *header, size_t header_
     pd_xfer_t *x = arg;
     (void)header;
     (void)header_length;
+    x->progress++;
     if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) {
         pd_warn("xfer: dropped a %zu-byte rendezvous room notice (notices are small)", length);
         return UCS_OK;
@@ -256,6 +257,7 @@ bool pd_xfer_data_fits(const uint32_t *dst, uint32_t n_dst, int n_shards, uint64
 ucs_status_t pd__xfer_on_data_am(void *arg, const void *header, size_t header_length, void *data,
                                  size_t length, const ucp_am_recv_param_t *param) {
     pd_xfer_t *x = arg;
+    x->progress++;
     if ((param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) || header_length != DATA_HDR_LEN ||
         length == 0) {
         x->dropped_writes++;
