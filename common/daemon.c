@@ -300,9 +300,10 @@ void pd__daemon_take_token(struct pd_daemon_req *r, int32_t token, int index, in
         /* this token goes to the client's connection in this call (stream_progress below, or
          * held in the answer): TTFT / ITL end here */
         double now = now_s();
-        if (r->n_out == 0)
+        if (r->n_out == 0) {
             pd_metric_observe(D.sm->ttft, now - r->t_start);
-        else
+            pd__timeline_decode_first(&D, r, now);
+        } else
             pd_metric_observe(D.sm->itl, now - r->t_last_token);
         r->t_last_token = now;
         r->out_ids[r->n_out++] = token;

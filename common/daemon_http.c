@@ -286,6 +286,7 @@ static void h_server_info(struct pd_http_req *h, void *ud) {
         cJSON_AddNumberToObject(t, "recv_held", (double)xi.recv_held);
         cJSON_AddNumberToObject(t, "recv_waits", (double)xi.recv_waits);
     }
+    pd__timeline_server_info(d, extra);
     cJSON_AddNumberToObject(extra, "live_requests", d->n_live);
     cJSON_AddNumberToObject(extra, "bootstrap_timeout", d->bootstrap_timeout);
     cJSON_AddNumberToObject(extra, "waiting_timeout", d->waiting_timeout);

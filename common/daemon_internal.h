@@ -48,11 +48,13 @@ struct pd_daemon_req {
     double t_start;
     int64_t created;
     /* metrics (serve_metrics.h says what each timing measures) */
-    double t_last_token;   /* decode: the last output token reached the client's connection */
-    double t_waiting;      /* entered the scheduler's waiting queue (queue time counts from it):
-                              prefill when its Transfer arrived, decode and colocated on arrival */
-    double t_xfer;         /* prefill: first pages posted; decode: Transfer sent */
-    double xfer_bytes;     /* prefill: bytes posted */
+    double t_last_token; /* decode: the last output token reached the client's connection */
+    double t_waiting;    /* entered the scheduler's waiting queue (queue time counts from it):
+                            prefill when its Transfer arrived, decode and colocated on arrival */
+    double t_xfer;       /* prefill: first pages posted; decode: Transfer sent */
+    double xfer_bytes;   /* prefill: bytes posted */
+    double t_kv;         /* decode: the done notice and every page in (0: not yet) */
+    uint32_t sender_us[PD_XFER_NOTICE_STAGES]; /* decode: the prefill's spans (its notice) */
     bool ending;           /* end_request runs: room endings it causes are not failures */
     bool bootstrap_failed; /* decode: the Transfer could not be placed or was refused */
     bool xfer_failed;      /* the room ended with a failure */
@@ -249,6 +251,16 @@ void pd__daemon_host_port(char *out, size_t size, const char *host, int port);
  * (d->x, d->layout, d->node_id, d->key, d->transport): what disaggregation needs beyond the
  * engine, before the role's bootstrap side. */
 int pd__daemon_start_transfer(struct pd_daemon_state *d);
+
+/* daemon_timeline.c: the hand-over's stages (serve_metrics.h). Prefill, as its last pages and
+ * notice are posted: its spans into us (the notice's sender_us) and its histograms. Decode: the
+ * KV complete (its notice), then its first token to the client: its histograms and debug line. */
+void pd__timeline_prefill(struct pd_daemon_state *d, struct pd_daemon_req *r, double t_sched,
+                          double now, uint32_t us[PD_XFER_NOTICE_STAGES]);
+void pd__timeline_decode_kv(struct pd_daemon_req *r, const struct pd_xfer_notice *n, double now);
+void pd__timeline_decode_first(struct pd_daemon_state *d, struct pd_daemon_req *r, double now);
+/* /server_info's "handover": count and mean of each stage observed here */
+void pd__timeline_server_info(const struct pd_daemon_state *d, struct cJSON *extra);
 
 /* daemon_http.c */
 void pd__daemon_respond_error(struct pd_http_req *h, int status, const char *type,

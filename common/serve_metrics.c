@@ -23,6 +23,8 @@ static const double QUEUE_BOUNDS[] = {0,   0.1,  0.2,  0.5,  1,    2,    3,    4
                                       10,  15,   20,   30,   40,   50,   60,   70,   80,
                                       90,  100,  200,  300,  400,  500,  600,  700,  800,
                                       900, 1000, 1200, 1400, 1600, 1800, 2000, 2500, 3000};
+static const double HANDOVER_BOUNDS[] = {0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02,
+                                         0.05,   0.1,     0.25,   0.5,   1,     2.5,   5,    10};
 static const double KV_LATENCY_BOUNDS[] = {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025,
                                            0.05,   0.1,   0.25,   0.5,   1,    2.5,
                                            5,      10,    30,     60,    120,  300};
@@ -51,17 +53,25 @@ static const char *const KV_FAIL_NAMES[PD_KV_FAIL_N] = {"timeout", "peer", "abor
                                    &sm->field);                                                    \
     } while (0)
 
-/* A family with one label, and its series for each value. */
+const char *const pd_handover_stage_names[PD_HO_N] = {
+    "reserve",      "bootstrap_wait", "prefill_queue", "prefill_first_chunk",
+    "prefill_rest", "kv_other",       "first_token"};
+
+/* A family with one label, and its series for each value (a histogram: with bounds). */
 static int add_labelled(struct pd_serve_metrics *sm, int kind, const char *name, const char *help,
-                        const char *label, const char *const *values, int n,
-                        struct pd_metric **out) {
+                        const char *label, const char *const *values, int n, struct pd_metric **out,
+                        int n_bounds, const double *bounds) {
     struct pd_metric_family *f;
     const char *labels[1] = {label};
-    int rc = pd_metrics_family(
-        sm->reg,
-        &(struct pd_metric_desc){
-            .kind = kind, .name = name, .help = help, .n_labels = 1, .labels = labels},
-        &f);
+    int rc = pd_metrics_family(sm->reg,
+                               &(struct pd_metric_desc){.kind = kind,
+                                                        .name = name,
+                                                        .help = help,
+                                                        .n_labels = 1,
+                                                        .labels = labels,
+                                                        .n_bounds = n_bounds,
+                                                        .bounds = bounds},
+                               &f);
     for (int i = 0; !rc && i < n; i++)
         rc = pd_metrics_series(f, &values[i], &out[i]);
     return rc;
@@ -144,7 +154,14 @@ static int add_all(struct pd_serve_metrics *sm, int32_t n_pages) {
     if (!rc)
         rc = add_labelled(sm, PD_METRIC_COUNTER, "pdserve_kv_transfer_failures_total",
                           "KV transfers that failed, by reason.", "reason", KV_FAIL_NAMES,
-                          PD_KV_FAIL_N, sm->kv_fail);
+                          PD_KV_FAIL_N, sm->kv_fail, 0, NULL);
+    if (!rc)
+        rc = add_labelled(sm, PD_METRIC_HISTOGRAM, "pdserve_handover_seconds",
+                          "A PD request's hand-over by stage (decode: its stages add up to its "
+                          "time to first token; prefill: its own part).",
+                          "stage", pd_handover_stage_names, PD_HO_N, sm->handover,
+                          (int)(sizeof(HANDOVER_BOUNDS) / sizeof(HANDOVER_BOUNDS[0])),
+                          HANDOVER_BOUNDS);
     ADD(kv_last_speed_gb_s, PD_METRIC_GAUGE, "sglang:kv_transfer_speed_gb_s",
         "The transfer speed of the KV cache in GB/s (last transfer).");
     ADD(kv_last_latency_ms, PD_METRIC_GAUGE, "sglang:kv_transfer_latency_ms",
@@ -154,7 +171,8 @@ static int add_all(struct pd_serve_metrics *sm, int32_t n_pages) {
     if (!rc) {
         const char *results[] = {"ok", "busy", "failed"};
         rc = add_labelled(sm, PD_METRIC_COUNTER, "pdserve_health_generate_total",
-                          "/health_generate probes by result.", "result", results, 3, sm->health);
+                          "/health_generate probes by result.", "result", results, 3, sm->health, 0,
+                          NULL);
     }
     return rc;
 }

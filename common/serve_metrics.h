@@ -40,6 +40,24 @@ enum pd_kv_fail_reason {
     PD_KV_FAIL_N,
 };
 
+/* The hand-over of a PD request, stage by stage (pdserve_handover_seconds{stage}; daemon.c's
+ * timeline). Decode's stages partition its time to first token: reserve + prefill_queue +
+ * prefill_first_chunk + prefill_rest + kv_other + first_token = its TTFT (the prefill_* ones are
+ * the prefill's own clock, carried in the done notice). Prefill observes bootstrap_wait and its
+ * three prefill_* stages. */
+enum pd_handover_stage {
+    PD_HO_RESERVE,     /* decode: arrival → pages reserved and Transfer sent */
+    PD_HO_BOOTSTRAP,   /* prefill: arrival → its decode's Transfer here (both needed) */
+    PD_HO_QUEUE,       /* prefill: Transfer here → its first chunk's step began */
+    PD_HO_FIRST_CHUNK, /* prefill: that step → its pages posted */
+    PD_HO_REST,        /* prefill: → the last pages and the done notice posted */
+    PD_HO_KV_OTHER,    /* decode: Transfer sent → KV complete, less the three prefill stages
+                          (the Transfer call, the last pages' and the notice's way) */
+    PD_HO_FIRST_TOKEN, /* decode: KV complete → first token to the client's connection */
+    PD_HO_N,
+};
+extern const char *const pd_handover_stage_names[PD_HO_N];
+
 #define PD_SERVE_METRICS_ROLE_MAX 8
 
 /* One series a role adds (its queues): set from the engine's counters at every scrape. */
@@ -77,6 +95,7 @@ struct pd_serve_metrics {
     struct pd_metric *ttft, *itl, *e2e, *queue_time; /* itl: NULL unless role->itl */
     /* KV transfer */
     struct pd_metric *kv_bytes, *kv_latency, *kv_fail[PD_KV_FAIL_N];
+    struct pd_metric *handover[PD_HO_N]; /* pdserve_handover_seconds{stage} */
     struct pd_metric *kv_last_speed_gb_s, *kv_last_latency_ms, *kv_last_total_mb;
 };
 

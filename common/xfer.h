@@ -79,6 +79,7 @@
 #define PD_XFER_SHARDS_MAX 8      /* shards of one pool (tensor-parallel ranks, PD_TP_MAX) */
 
 typedef struct pd_xfer pd_xfer_t;
+#define PD_XFER_NOTICE_STAGES 3 /* pd_xfer_notice.sender_us */
 typedef struct pd_xfer_peer pd_xfer_peer_t;
 
 /* What a room's notice carries: "done" when status == PD_OK, else "failed" with a reason. */
@@ -95,6 +96,10 @@ struct pd_xfer_notice {
     float top_logprobs[PD_XFER_NOTICE_TOP_MAX];
     uint64_t data_bytes; /* set by the engine: page bytes sent as active messages before the
                             notice (0 when the data went by RMA) */
+    /* the sender's side of the hand-over, in microseconds (saturating), so the receiver can
+     * tell where its wait went: the room's Transfer arrived → its first chunk scheduled, → that
+     * chunk's pages posted, → the last pages posted with this notice (daemon.c's timeline) */
+    uint32_t sender_us[PD_XFER_NOTICE_STAGES];
     char error[PD_XFER_ERROR_TEXT_MAX + 1];
 };
 
@@ -315,7 +320,7 @@ bool pd_xfer_room_live(const pd_xfer_t *x, uint64_t room);
 /* Notice wire format (fixed, little-endian): exposed for tests of malformed notices. The top
  * logprobs follow the error text (n_top u8, then n_top x {id i32, logprob f32}); a notice
  * without them ends at the error text. */
-#define PD_XFER_NOTICE_WIRE_MIN 44 /* bytes before the error text */
+#define PD_XFER_NOTICE_WIRE_MIN 56 /* bytes before the error text */
 size_t pd_xfer_notice_encode(const struct pd_xfer_notice *n, uint64_t sender_id, uint8_t *buf,
                              size_t cap);
 int pd_xfer_notice_decode(const void *buf, size_t len, struct pd_xfer_notice *n,

@@ -35,9 +35,10 @@ uint64_t pd__xfer_get_u64(const uint8_t *p) {
 }
 
 /* Layout: magic u16 | sender_id u64 | room u64 | status i32 | first_token i32 | logprob f32 |
- * cached_tokens u32 | error_len u16 | data_bytes u64 | error bytes (no NUL) | when n_top > 0:
- * n_top u8 | n_top x (id i32 | logprob f32). */
-#define NOTICE_MAGIC 0x5044u
+ * cached_tokens u32 | error_len u16 | data_bytes u64 | sender_us 3 x u32 | error bytes (no NUL)
+ * | when n_top > 0: n_top u8 | n_top x (id i32 | logprob f32). The magic names the layout: a
+ * notice of another one (0x5044 had no sender_us) is refused, never misread. */
+#define NOTICE_MAGIC 0x5145u
 
 size_t pd_xfer_notice_encode(const struct pd_xfer_notice *n, uint64_t sender_id, uint8_t *buf,
                              size_t cap) {
@@ -57,6 +58,8 @@ size_t pd_xfer_notice_encode(const struct pd_xfer_notice *n, uint64_t sender_id,
     pd__xfer_put_u32(buf + 30, n->cached_tokens);
     put_u16(buf + 34, (uint16_t)elen);
     pd__xfer_put_u64(buf + 36, n->data_bytes);
+    for (int k = 0; k < PD_XFER_NOTICE_STAGES; k++)
+        pd__xfer_put_u32(buf + 44 + 4 * k, n->sender_us[k]);
     memcpy(buf + PD_XFER_NOTICE_WIRE_MIN, n->error, elen);
     uint8_t *t = buf + PD_XFER_NOTICE_WIRE_MIN + elen;
     if (n_top) {
@@ -98,6 +101,8 @@ int pd_xfer_notice_decode(const void *buf, size_t len, struct pd_xfer_notice *n,
     memcpy(&n->first_logprob, &lp, sizeof(lp));
     n->cached_tokens = pd__xfer_get_u32(p + 30);
     n->data_bytes = pd__xfer_get_u64(p + 36);
+    for (int k = 0; k < PD_XFER_NOTICE_STAGES; k++)
+        n->sender_us[k] = pd__xfer_get_u32(p + 44 + 4 * k);
     memcpy(n->error, p + PD_XFER_NOTICE_WIRE_MIN, elen);
     n->error[elen] = '\0';
     n->n_top = n_top;

@@ -129,6 +129,7 @@ static void decode_room_end(struct pd_daemon_state *d, struct pd_daemon_req *r, 
         c.first_logprob = n->first_logprob;
         if (n->status == PD_OK && !r->given_up) {
             r->cached_tokens = (int)n->cached_tokens;
+            pd__timeline_decode_kv(r, n, now_s());
             /* stream the first token now; the engine's TOKEN 0 is then ignored */
             struct pd_sample s = {.token = n->first_token, .logprob = n->first_logprob};
             for (uint32_t k = 0; k < n->n_top && k < PD_SAMPLING_MAX_LOGPROBS; k++) {

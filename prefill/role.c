@@ -63,6 +63,8 @@ static void prefill_send(struct pd_daemon_state *d, struct pd_daemon_req *r,
             n.top_logprobs[k] = f->top_logprobs[k];
             n.n_top = (uint32_t)k + 1;
         }
+        if (r)
+            pd__timeline_prefill(d, r, ev->req->t_scheduled, now_s(), n.sender_us);
         rc = pd_xfer_room_finish(d->x, ev->room, &n);
         if (r) {
             /* prefill's TTFT: the first token is sampled and handed to the transfer engine */

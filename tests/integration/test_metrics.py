@@ -35,6 +35,15 @@ escapes, cumulative buckets ending in +Inf, _count equal to the +Inf bucket.
            dashboard is Grafana JSON on a ${datasource} Prometheus variable; an unknown name is
            first shown to be caught.
 
+  handover every PD request's hand-over stages (pdserve_handover_seconds{stage}): 12 requests
+           (some concurrent, prompts of several chunks): decode observes reserve, the three
+           prefill stages (from prefill's done notice), kv_other and first_token once per request,
+           and their sums add up to decode's own sglang:time_to_first_token_seconds sum (within
+           1 %: the stages partition it); prefill observes bootstrap_wait and its three stages
+           once per request, and its spans equal the ones decode received; /server_info
+           summarizes each stage (count, mean); each stage's sum is non-negative, kv_other below
+           decode's TTFT.
+
 Stdlib only (and promtool). Usage: test_metrics.py BUILD_DIR CASE. Each case takes well under
 60 s.
 """
@@ -893,6 +902,66 @@ def case_dashboard(model, tmp):
         check(False, "the dashboard's %s queries %s, which no process exports" % (where, n))
 
 
+DECODE_STAGES = ("reserve", "prefill_queue", "prefill_first_chunk", "prefill_rest", "kv_other",
+                 "first_token")
+PREFILL_STAGES = ("bootstrap_wait", "prefill_queue", "prefill_first_chunk", "prefill_rest")
+
+
+def case_handover(model, tmp):
+    pf, dc, rt = pc.start_cluster(BUILD, tmp, model)
+    n = 12
+    prompts = ["the hand-over %d " % i + "of pages " * (5 + 20 * i) for i in range(n)]
+    errors = []
+
+    def one(i):
+        try:
+            stream_generate(rt.port, {"text": prompts[i], "stream": True, "sampling_params": {
+                "max_new_tokens": 6, "temperature": 0, "ignore_eos": True}})
+        except Exception as e:  # noqa: BLE001
+            errors.append("request %d: %r" % (i, e))
+
+    for i in range(4):  # alone
+        one(i)
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(4, n)]
+    for t in threads:  # together: queueing on both sides
+        t.start()
+    for t in threads:
+        t.join(120)
+    check(not errors, "every request answered: %s" % errors)
+    md = wait_metric(dc, lambda m: m.sum("sglang:num_requests_total") >= n, 10)
+    mp = wait_metric(pf, lambda m: m.sum("sglang:num_requests_total") >= n, 10)
+    name = "pdserve_handover_seconds"
+    for st in DECODE_STAGES:
+        check(md.get(name + "_count", stage=st) == n,
+              "decode observed %s once per request: %s" % (st, md.get(name + "_count", stage=st)))
+        check(md.get(name + "_sum", stage=st) >= 0, "decode's %s sum >= 0" % st)
+    for st in ("bootstrap_wait",):
+        check(md.get(name + "_count", stage=st) == 0, "decode has no %s" % st)
+    for st in PREFILL_STAGES:
+        check(mp.get(name + "_count", stage=st) == n,
+              "prefill observed %s once per request: %s" % (st, mp.get(name + "_count", stage=st)))
+    for st in ("reserve", "kv_other", "first_token"):
+        check(mp.get(name + "_count", stage=st) == 0, "prefill has no %s" % st)
+    ttft = md.get("sglang:time_to_first_token_seconds_sum")
+    parts = {st: md.get(name + "_sum", stage=st) for st in DECODE_STAGES}
+    total = sum(parts.values())
+    step("decode TTFT sum %.2f ms; stages %s = %.2f ms" % (
+        ttft * 1e3, {k: round(v * 1e3, 2) for k, v in parts.items()}, total * 1e3))
+    check(abs(total - ttft) <= 0.01 * ttft + 1e-4,
+          "decode's stages add up to its TTFT: %.3f vs %.3f ms" % (total * 1e3, ttft * 1e3))
+    check(parts["kv_other"] < ttft, "kv_other is part of the TTFT, not all of it")
+    # the prefill spans decode got in the notices are the ones prefill measured (µs rounding)
+    for st in ("prefill_queue", "prefill_first_chunk", "prefill_rest"):
+        a, b = md.get(name + "_sum", stage=st), mp.get(name + "_sum", stage=st)
+        check(abs(a - b) <= n * 1e-6 + 1e-9,
+              "%s: decode's sum %.6f s equals prefill's %.6f s" % (st, a, b))
+    info = dc.server_info().get("handover", {})
+    for st in DECODE_STAGES:
+        s = info.get(st, {})
+        check(s.get("count") == n and abs(s.get("mean_ms", -1) - parts[st] / n * 1e3) < 1e-6 + 1e-3 * parts[st] / n * 1e3,
+              "/server_info handover %s: %s" % (st, s))
+
+
 def main():
     parser_refuses()
     tmp = pc.tmpdir()
@@ -900,7 +969,8 @@ def main():
     def cases():
         model = pc.make_model(BUILD, tmp)
         {"load": case_load, "queues": case_queues, "router": case_router,
-         "promtool": case_promtool, "dashboard": case_dashboard}[CASE](model, tmp)
+         "promtool": case_promtool, "dashboard": case_dashboard,
+         "handover": case_handover}[CASE](model, tmp)
 
     pc.run_test("metrics %s" % CASE, cases, tmp, log_tail=3000)
 

@@ -12,6 +12,7 @@ static void test_round_trip_with_top(void) {
                                .first_logprob = -0.25f,
                                .cached_tokens = 48,
                                .data_bytes = 123456789,
+                               .sender_us = {17, 4000000, 0xffffffffu},
                                .n_top = 3,
                                .top_ids = {812, 7, 1023},
                                .top_logprobs = {-0.25f, -1.5f, -9.75f}};
@@ -28,6 +29,8 @@ static void test_round_trip_with_top(void) {
     CHECK(d.first_logprob == -0.25f);
     CHECK_INT(d.cached_tokens, 48);
     CHECK_INT(d.data_bytes, 123456789);
+    for (int k = 0; k < PD_XFER_NOTICE_STAGES; k++)
+        CHECK_INT(d.sender_us[k], n.sender_us[k]);
     CHECK_INT(d.n_top, 3);
     for (int k = 0; k < 3; k++) {
         CHECK_INT(d.top_ids[k], n.top_ids[k]);
@@ -53,6 +56,10 @@ static void test_failed_notice_without_top(void) {
     CHECK_INT(d.status, PD_ECANCELED);
     CHECK_INT(d.n_top, 0);
     CHECK_STR(d.error, "client went away");
+    /* a notice of the layout before sender_us (magic 0x5044) is refused, never misread */
+    buf[0] = 0x44;
+    buf[1] = 0x50;
+    CHECK_ERR(pd_xfer_notice_decode(buf, len, &d, &sender), PD_EFORMAT, "magic");
 }
 
 PD_TEST_MAIN(PD_TEST(test_round_trip_with_top), PD_TEST(test_failed_notice_without_top))
