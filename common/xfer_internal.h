@@ -153,6 +153,15 @@ struct recv_held {
 
 enum peer_state { PEER_UP, PEER_CLOSING, PEER_CLOSED };
 
+/* One 2-D copy of a run regrouped for a peer that splits the kv heads otherwise (xfer.h): the
+ * heads [src_off, src_off + width) of each row of our shard src go to [dst_off, ...) of each row
+ * of its shard dst (bytes within a row). */
+struct regroup_copy {
+    uint8_t src, dst;
+    uint32_t src_off, dst_off, width;
+};
+#define REGROUP_COPIES_MAX (2 * PD_XFER_SHARDS_MAX * PD_XFER_SHARDS_MAX)
+
 struct pd_xfer_peer {
     pd_xfer_t *x;
     struct pd_xfer_peer *prev, *next;
@@ -175,9 +184,17 @@ struct pd_xfer_peer {
     /* the receiver's pool mapped here, per shard (CUDA IPC): pages are device copies; all or
      * none of the shards are mapped */
     void *ipc_base[PD_XFER_SHARDS_MAX];
+    /* it splits the kv heads otherwise than we do: every run goes through the staging ring,
+     * regrouped into its shards' layout by these copies */
+    bool regroup;
+    int n_shards;              /* its pool's shards */
+    uint64_t shard_page_bytes; /* one page of one of its shards */
+    uint32_t dst_pitch;        /* bytes of one row of one of its shards */
+    int n_copies;
+    struct regroup_copy copies[REGROUP_COPIES_MAX];
     struct room *rooms;
     uint32_t n_rooms;
-    char transport[112];
+    char transport[160];
 };
 
 struct pd_xfer {
@@ -214,6 +231,7 @@ struct pd_xfer {
     size_t shard_page_bytes;
     size_t page_bytes;
     uint32_t n_pages;
+    struct pd_xfer_heads heads; /* rows_per_page 0: not described (pd_xfer_register_heads) */
 
     struct room **buckets;
     size_t n_buckets; /* power of two */
@@ -237,7 +255,10 @@ struct pd_xfer {
     /* device pool (pd_xfer_register_device_pool) */
     struct pd_devmem *dm; /* NULL: the pool is host memory */
     bool staged;          /* device pool that UCX cannot read: through the ring */
-    void *ring;           /* pinned host; memh[0]/rkey_buf[0] above are the ring's */
+    /* The ring also carries the runs of regrouping peers (xfer_heads.c); a host pool's ring is
+     * then copied into by own_dm, a host devmem of the engine's (copies done at once) */
+    struct pd_devmem *own_dm;
+    void *ring; /* pinned host; staged: memh[0]/rkey_buf[0] above are the ring's, else unmapped */
     size_t slot_bytes;
     int n_slots;
     struct stage_slot *slots;
@@ -317,6 +338,15 @@ ucs_status_t pd__xfer_on_notice_am(void *arg, const void *header, size_t header_
 bool pd__xfer_recv_complete(pd_xfer_t *x, bool wait);
 void pd__xfer_recv_ring_free(pd_xfer_t *x);
 bool pd__xfer_run_recv(pd_xfer_t *x);
+
+/* xfer_heads.c */
+int pd__xfer_peer_regroup(pd_xfer_t *x, const struct pd_xfer_peer_info *info, int ns, uint64_t spb,
+                          struct pd_xfer_peer *p);
+void pd__xfer_ring_free(pd_xfer_t *x);
+/* The devmem the staging ring's copies and events run on. */
+static inline struct pd_devmem *pd__xfer_ring_dm(const pd_xfer_t *x) {
+    return x->dm ? x->dm : x->own_dm;
+}
 
 /* xfer_notice.c */
 uint32_t pd__xfer_get_u32(const uint8_t *p);
