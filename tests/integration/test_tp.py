@@ -13,9 +13,9 @@ each on 2 ranks). What a user would notice:
     /health_generate answers, SIGTERM exits 0.
   * pdserve-prefill --tp-size 2 and pdserve-decode --tp-size 2 behind the router (each rank's
     pool is one shard of the transferred page) serve 8 concurrent /generate requests with tp 1's
-    ids; both pools are full again afterwards. A tp 2 prefill with a tp 1 decode is refused at
-    pairing with an error naming tp_size, and the decode keeps serving. Every binary's --help
-    documents --tp-size.
+    ids; both pools are full again afterwards; so does a tp 2 prefill with a tp 1 decode (the
+    prefill regroups the kv heads into the decode's one rank; test_tp_hetero.py has every pair).
+    Every binary's --help documents --tp-size.
 
 Stdlib only. Usage: test_tp.py BUILD_DIR. Every process is killed (by PID) on exit.
 """
@@ -125,8 +125,14 @@ def disagg_checks(tmp, model):
             check(ids is None or ids == want,
                   "pd tp 2 request %d: ids %r != tp 1's %r" % (i, ids, want))
         check(pf.pool_full() and dc.pool_full(), "pd tp 2: pools full after the requests")
-    step("prefill --tp-size 2 with a decode --tp-size 1: refused at pairing, naming tp_size")
-    pc.pairing_refused(BUILD, tmp, model, tp2, [], ["tp_size"], "tp 2 prefill / tp 1 decode")
+    step("prefill --tp-size 2 with a decode --tp-size 1: pages regrouped into its one rank")
+    with pc.cluster(BUILD, tmp, model, tp2, []) as (pf, dc, rt):
+        got = pc.concurrent_generate(rt.port, prompts, lens, "pd tp 2 -> 1")
+        for i, ids in enumerate(got):
+            want = ref_ids[i % len(PROMPTS)][:lens[i]] if ref_ids else None
+            check(ids is None or ids == want,
+                  "pd tp 2 -> 1 request %d: ids %r != tp 1's %r" % (i, ids, want))
+        check(pf.pool_full() and dc.pool_full(), "pd tp 2 -> 1: pools full after the requests")
     pc.help_documents(BUILD, "--tp-size", ["ranks"])
 
 
