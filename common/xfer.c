@@ -674,14 +674,15 @@ static void on_handle_closed(uv_handle_t *h) {
         ucp_am_data_release(x->worker, x->held[(x->held_head + k) % RECV_HELD].data);
     ucp_worker_destroy(x->worker); /* no callback can come after this */
     pd__xfer_recv_ring_free(x);
-    pd__xfer_ring_free(x); /* x->dm outlives the engine (xfer.h); own_dm goes below */
+    pd__xfer_ring_free(x); /* x->dm outlives the engine (xfer.h) */
+    if (x->regroup_dt)
+        ucp_dt_destroy(x->regroup_dt);
     for (size_t k = 0; k < x->n_ipc; k++)
         pd_devmem_event_free(x->dm, x->ipc_waits[(x->ipc_head + k) % x->ipc_cap].ev);
     for (size_t k = 0; k < x->n_free_evs; k++)
         pd_devmem_event_free(x->dm, x->free_evs[k]);
     pd_free(x->ipc_waits);
     pd_free(x->free_evs);
-    pd_devmem_free(x->own_dm);
     ucp_cleanup(x->ctx);
     for (struct op *op = x->ops, *next; op; op = next) {
         next = op->next;

@@ -57,11 +57,13 @@
  * Each destination head is taken from the first of our shards that holds it, so every byte is
  * written once. Such a peer is accepted at connect when every head of its shards is in one of
  * ours and rows_per_page, head_bytes and the model's kv heads are equal (else PD_EMISMATCH naming
- * what differs); its runs go through the staging ring (allocated at the first such peer for a
- * host pool), each slot filled by those 2-D copies with the run already in the DESTINATION's
- * layout, shard after shard, and sent as that shard's active messages: the receiver cannot tell
- * them from a homogeneous sender's and checks them as always. Peers that split alike keep their
- * puts, IPC copies and direct messages.
+ * what differs). Its runs go as that peer's shards' active messages, already in the
+ * DESTINATION's layout, so the receiver cannot tell them from a homogeneous sender's and checks
+ * them as always: from a host pool each message is packed by UCX through a generic datatype
+ * whose callback gathers those pieces straight from our shards into UCX's send buffer (no copy
+ * of ours); from a device pool the run is 2-D copied into a slot of the staging ring (made at the
+ * first such peer when the pool has none), shard after shard, and sent from there. Peers that
+ * split alike keep their puts, IPC copies and direct messages.
  *
  * GPU pools (pd_xfer_register_device_pool): registered with UCX directly when it takes CUDA
  * memory, else staged through a pinned host ring (see there); received page data goes host→device

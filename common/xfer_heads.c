@@ -1,8 +1,10 @@
 /*
  * xfer_heads.c — heterogeneous tensor parallelism in the transfer engine (xfer.h): how our pool's
- * shards split the model's kv heads, the check of a peer that splits them otherwise, the plan of
- * 2-D copies that regroups a run of our pages into its shards' layout, and the staging ring such
- * peers' runs go through (allocated at the first of them when the pool has none).
+ * shards split the model's kv heads, the check of a peer that splits them otherwise, and the plan
+ * of 2-D copies that regroups a run of our pages into its shards' layout. A host pool's messages
+ * are packed by UCX through a generic datatype whose pack callback gathers the pieces straight
+ * from our shards into UCX's send buffer (no copy of ours in between); a device pool's runs are
+ * 2-D copied into the staging ring (allocated at the first such peer when the pool has none).
  *
  * Everything about a peer's heads comes from the network (Pair): each field is range-checked
  * against ours before any product of them is formed, so no size below can overflow, and a peer
@@ -52,7 +54,7 @@ int pd_xfer_register_heads(pd_xfer_t *x, const struct pd_xfer_heads *h) {
 }
 
 void pd__xfer_ring_free(pd_xfer_t *x) {
-    struct pd_devmem *dm = pd__xfer_ring_dm(x);
+    struct pd_devmem *dm = x->dm;
     for (int i = 0; x->slots && i < x->n_slots; i++)
         pd_devmem_event_free(dm, x->slots[i].ev);
     if (x->ring)
@@ -66,8 +68,8 @@ void pd__xfer_ring_free(pd_xfer_t *x) {
 }
 
 /* The staging ring with slots of at least min_slot bytes: the pool's own (staged device pool),
- * or one made now for a host pool or a pool UCX maps directly. Not mapped with UCX: its messages
- * are eager copies. */
+ * or one made now for a device pool UCX maps directly. Not mapped with UCX: its messages are
+ * eager copies. */
 static int ring_ensure(pd_xfer_t *x, const struct pd_xfer_peer_info *info, size_t min_slot) {
     if (x->slots) {
         if (x->slot_bytes >= min_slot)
@@ -78,12 +80,7 @@ static int ring_ensure(pd_xfer_t *x, const struct pd_xfer_peer_info *info, size_
                          info->remote_id, min_slot, x->slot_bytes);
     }
     int rc;
-    if (!x->dm && !x->own_dm) {
-        struct pd_devmem_opts o = {.kind = PD_DEVMEM_HOST};
-        if ((rc = pd_devmem_new(&o, &x->own_dm)) != PD_OK)
-            return rc;
-    }
-    struct pd_devmem *dm = pd__xfer_ring_dm(x);
+    struct pd_devmem *dm = x->dm;
     size_t want = x->cfg.stage_slot_bytes ? x->cfg.stage_slot_bytes : (size_t)4 << 20;
     x->slot_bytes = want < min_slot ? min_slot : want;
     x->n_slots = x->cfg.stage_slots > 0 ? x->cfg.stage_slots : 4;
@@ -118,6 +115,7 @@ static int plan_copies(const pd_xfer_t *x, const struct pd_xfer_peer_info *info,
     const uint32_t hb = mh->head_bytes;
     p->n_copies = 0;
     for (int j = 0; j < ns; j++) {
+        p->first_copy[j] = p->n_copies;
         const uint32_t b = ph->start[j], end = b + ph->count;
         for (uint32_t h = b; h < end;) {
             int i = first_holder(mh, x->n_shards, h);
@@ -143,8 +141,115 @@ static int plan_copies(const pd_xfer_t *x, const struct pd_xfer_peer_info *info,
             };
             h = e;
         }
+        if (p->n_copies - p->first_copy[j] > REGROUP_PIECES_MAX)
+            return pd_errorf(PD_EMISMATCH,
+                             "connecting peer %016" PRIx64 ": its shard %d's kv heads are in more "
+                             "than %d pieces of ours",
+                             info->remote_id, j, REGROUP_PIECES_MAX);
+    }
+    p->first_copy[ns] = p->n_copies;
+    return PD_OK;
+}
+
+/* ---- a host pool's regrouped messages, packed by UCX (the generic datatype) ---- */
+
+/* Gathers bytes [pos, pos + n) of the destination shard's part of the run into dest: row by
+ * row, piece by piece, each piece one memcpy from the shard of ours holding its heads. */
+static void regroup_gather(const struct regroup_msg *m, uint64_t pos, char *dest, size_t n) {
+    const pd_xfer_t *x = m->x;
+    const size_t spb = x->shard_page_bytes;
+    uint64_t row = pos / m->dst_pitch;
+    uint32_t col = (uint32_t)(pos % m->dst_pitch);
+    int k = 0;
+    while (n) {
+        while (col >= m->pieces[k].dst_off + m->pieces[k].width) /* pieces cover the row */
+            k++;
+        const struct regroup_copy *c = &m->pieces[k];
+        uint32_t take32 = c->dst_off + c->width - col;
+        size_t take = n < take32 ? n : take32;
+        const uint64_t page = m->src_page + row / m->rows_per_page, r = row % m->rows_per_page;
+        memcpy(dest,
+               (const char *)x->pool_bases[c->src] + page * spb + r * m->src_pitch + c->src_off +
+                   (col - c->dst_off),
+               take);
+        dest += take;
+        n -= take;
+        col += (uint32_t)take;
+        if (col == m->dst_pitch) {
+            col = 0;
+            row++;
+            k = 0;
+        }
+    }
+}
+
+static void *regroup_start_pack(void *context, const void *buffer, size_t count) {
+    (void)context;
+    (void)count;
+    return (void *)buffer; /* the op's regroup_msg: lives until the send completes */
+}
+
+static void *regroup_start_unpack(void *context, void *buffer, size_t count) {
+    (void)context;
+    (void)count;
+    return buffer; /* never: the datatype only sends */
+}
+
+static size_t regroup_packed_size(void *state) {
+    return ((const struct regroup_msg *)state)->len;
+}
+
+static size_t regroup_pack(void *state, size_t offset, void *dest, size_t max_length) {
+    const struct regroup_msg *m = state;
+    size_t n = offset >= m->len ? 0 : m->len - offset;
+    n = n < max_length ? n : max_length;
+    regroup_gather(m, m->off + offset, dest, n);
+    return n;
+}
+
+static ucs_status_t regroup_unpack(void *state, size_t offset, const void *src, size_t length) {
+    (void)state;
+    (void)offset;
+    (void)src;
+    (void)length;
+    return UCS_ERR_UNSUPPORTED;
+}
+
+static void regroup_finish(void *state) {
+    (void)state;
+}
+
+static int regroup_dt_ensure(pd_xfer_t *x) {
+    static const ucp_generic_dt_ops_t ops = {
+        .start_pack = regroup_start_pack,
+        .start_unpack = regroup_start_unpack,
+        .packed_size = regroup_packed_size,
+        .pack = regroup_pack,
+        .unpack = regroup_unpack,
+        .finish = regroup_finish,
+    };
+    if (x->regroup_dt)
+        return PD_OK;
+    ucs_status_t st = ucp_dt_create_generic(&ops, NULL, &x->regroup_dt);
+    if (st != UCS_OK) {
+        x->regroup_dt = 0;
+        return pd__ucs_error(st, "creating the datatype of regrouped pages");
     }
     return PD_OK;
+}
+
+void pd__xfer_regroup_msg(const pd_xfer_t *x, const struct pd_xfer_peer *p, uint32_t dst,
+                          uint32_t src_page, uint64_t off, size_t len, struct regroup_msg *m) {
+    const int a = p->first_copy[dst], b = p->first_copy[dst + 1];
+    m->x = x;
+    m->src_page = src_page;
+    m->rows_per_page = x->heads.rows_per_page;
+    m->src_pitch = x->heads.count * x->heads.head_bytes;
+    m->dst_pitch = p->dst_pitch;
+    m->off = off;
+    m->len = len;
+    m->n_pieces = b - a;
+    memcpy(m->pieces, p->copies + a, (size_t)(b - a) * sizeof(*m->pieces));
 }
 
 int pd__xfer_peer_regroup(pd_xfer_t *x, const struct pd_xfer_peer_info *info, int ns, uint64_t spb,
@@ -204,7 +309,7 @@ int pd__xfer_peer_regroup(pd_xfer_t *x, const struct pd_xfer_peer_info *info, in
                          info->remote_id);
     int rc = plan_copies(x, info, ns, p);
     if (!rc)
-        rc = ring_ensure(x, info, (size_t)spb * (size_t)ns);
+        rc = x->dm ? ring_ensure(x, info, (size_t)spb * (size_t)ns) : regroup_dt_ensure(x);
     if (rc)
         return rc;
     p->regroup = true;

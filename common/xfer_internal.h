@@ -36,6 +36,30 @@ enum op_kind { OP_DATA, OP_FLUSH, OP_NOTICE };
 #define NOTICE_WIRE_MAX                                                                            \
     (PD_XFER_NOTICE_WIRE_MIN + PD_XFER_ERROR_TEXT_MAX + 1 + 8 * PD_XFER_NOTICE_TOP_MAX)
 
+/* One 2-D copy of a run regrouped for a peer that splits the kv heads otherwise (xfer.h): the
+ * heads [src_off, src_off + width) of each row of our shard src go to [dst_off, ...) of each row
+ * of its shard dst (bytes within a row). */
+struct regroup_copy {
+    uint8_t src, dst;
+    uint32_t src_off, dst_off, width;
+};
+#define REGROUP_COPIES_MAX (2 * PD_XFER_SHARDS_MAX * PD_XFER_SHARDS_MAX)
+#define REGROUP_PIECES_MAX (2 * PD_XFER_SHARDS_MAX) /* of one destination shard's row */
+
+/* A page-data message of a regrouped run from a host pool, packed by UCX's generic datatype
+ * straight from our shards into its send buffer (xfer_heads.c): bytes [off, off + len) of the
+ * destination shard's part of the run, whose row r is in page src_page + r / rows_per_page of
+ * our pool. Self-contained (no pointer to the peer): UCX may pack it until it completes. */
+struct regroup_msg {
+    const pd_xfer_t *x;
+    uint32_t src_page;
+    uint32_t rows_per_page, src_pitch, dst_pitch; /* pitches: bytes of a row */
+    uint64_t off;
+    size_t len;
+    int n_pieces;
+    struct regroup_copy pieces[REGROUP_PIECES_MAX]; /* of the destination shard, by dst_off */
+};
+
 /* One UCX request of ours. Lives until UCX completes the request (after a forced close maybe
  * never: then until the engine is freed); names its room by id + serial, never by pointer. */
 struct op {
@@ -47,6 +71,7 @@ struct op {
     int slot;          /* staging-ring slot whose bytes UCX reads (AM data), or -1 */
     uint32_t slot_gen; /* that slot's generation: a late completion never frees a reused slot */
     uint8_t buf[NOTICE_WIRE_MAX]; /* AM data header or notice wire: UCX may read it until done */
+    struct regroup_msg rg;        /* a regrouped message's source (UCX packs it until done) */
 };
 
 enum room_state {
@@ -153,15 +178,6 @@ struct recv_held {
 
 enum peer_state { PEER_UP, PEER_CLOSING, PEER_CLOSED };
 
-/* One 2-D copy of a run regrouped for a peer that splits the kv heads otherwise (xfer.h): the
- * heads [src_off, src_off + width) of each row of our shard src go to [dst_off, ...) of each row
- * of its shard dst (bytes within a row). */
-struct regroup_copy {
-    uint8_t src, dst;
-    uint32_t src_off, dst_off, width;
-};
-#define REGROUP_COPIES_MAX (2 * PD_XFER_SHARDS_MAX * PD_XFER_SHARDS_MAX)
-
 struct pd_xfer_peer {
     pd_xfer_t *x;
     struct pd_xfer_peer *prev, *next;
@@ -190,8 +206,9 @@ struct pd_xfer_peer {
     int n_shards;              /* its pool's shards */
     uint64_t shard_page_bytes; /* one page of one of its shards */
     uint32_t dst_pitch;        /* bytes of one row of one of its shards */
-    int n_copies;
+    int n_copies;              /* by destination shard, then dst_off */
     struct regroup_copy copies[REGROUP_COPIES_MAX];
+    int first_copy[PD_XFER_SHARDS_MAX + 1]; /* its shard j's are [first_copy[j], [j + 1]) */
     struct room *rooms;
     uint32_t n_rooms;
     char transport[160];
@@ -255,9 +272,9 @@ struct pd_xfer {
     /* device pool (pd_xfer_register_device_pool) */
     struct pd_devmem *dm; /* NULL: the pool is host memory */
     bool staged;          /* device pool that UCX cannot read: through the ring */
-    /* The ring also carries the runs of regrouping peers (xfer_heads.c); a host pool's ring is
-     * then copied into by own_dm, a host devmem of the engine's (copies done at once) */
-    struct pd_devmem *own_dm;
+    /* host pool: runs regrouped for a peer are packed by this UCX generic datatype straight
+     * from the pool (xfer_heads.c); a device pool's go through the staging ring; 0: none yet */
+    ucp_datatype_t regroup_dt;
     void *ring; /* pinned host; staged: memh[0]/rkey_buf[0] above are the ring's, else unmapped */
     size_t slot_bytes;
     int n_slots;
@@ -343,10 +360,9 @@ bool pd__xfer_run_recv(pd_xfer_t *x);
 int pd__xfer_peer_regroup(pd_xfer_t *x, const struct pd_xfer_peer_info *info, int ns, uint64_t spb,
                           struct pd_xfer_peer *p);
 void pd__xfer_ring_free(pd_xfer_t *x);
-/* The devmem the staging ring's copies and events run on. */
-static inline struct pd_devmem *pd__xfer_ring_dm(const pd_xfer_t *x) {
-    return x->dm ? x->dm : x->own_dm;
-}
+/* Fills m for bytes [off, off + len) of p's shard dst's part of a run from our page src_page. */
+void pd__xfer_regroup_msg(const pd_xfer_t *x, const struct pd_xfer_peer *p, uint32_t dst,
+                          uint32_t src_page, uint64_t off, size_t len, struct regroup_msg *m);
 
 /* xfer_notice.c */
 uint32_t pd__xfer_get_u32(const uint8_t *p);

@@ -105,7 +105,7 @@ static void slot_parts(const pd_xfer_t *x, const struct pd_xfer_peer *p, uint32_
  * layout: one 2-D copy per planned piece, n * rows_per_page rows of the piece's heads. */
 static int stage_copy(pd_xfer_t *x, const struct pd_xfer_peer *p, const struct stage_job *j,
                       char *buf) {
-    struct pd_devmem *dm = pd__xfer_ring_dm(x);
+    struct pd_devmem *dm = x->dm;
     const size_t spb = x->shard_page_bytes;
     int parts, rc = PD_OK;
     size_t part;
@@ -136,7 +136,7 @@ bool pd__xfer_run_stage(pd_xfer_t *x) {
         struct stage_slot *sl = &x->slots[i];
         if (sl->state != SLOT_COPYING)
             continue;
-        int q = pd_devmem_event_query(pd__xfer_ring_dm(x), sl->ev);
+        int q = pd_devmem_event_query(x->dm, sl->ev);
         if (q == 0)
             continue;
         changed = true;
@@ -182,7 +182,7 @@ bool pd__xfer_run_stage(pd_xfer_t *x) {
             }
             int rc = stage_copy(x, r->peer, &j, sl->buf);
             if (!rc)
-                rc = pd_devmem_event_record(pd__xfer_ring_dm(x), sl->ev);
+                rc = pd_devmem_event_record(x->dm, sl->ev);
             if (rc) {
                 pd_warn("xfer: room %" PRIu64 ": %s", r->id, pd_error_msg());
                 pd__xfer_peer_mark_failed(r->peer, PD_EINTERNAL);
@@ -362,11 +362,56 @@ static int send_run_am(pd_xfer_t *x, struct room *r, uint32_t index, uint32_t sh
     return PD_OK;
 }
 
+/* A run for a peer that splits the kv heads otherwise, from a host pool: every one of its shards'
+ * part as eager active messages (as send_run_am), each packed by UCX straight from our shards in
+ * the peer's layout through the regroup datatype, so no byte is copied twice on our side. */
+static int send_run_regroup(pd_xfer_t *x, struct room *r, uint32_t index, uint32_t src_page,
+                            uint32_t len) {
+    struct pd_xfer_peer *p = r->peer;
+    const size_t chunk = p->am_chunk, part = (size_t)len * p->shard_page_bytes;
+    for (int j = 0; j < p->n_shards; j++) {
+        for (size_t off = 0; off < part; off += chunk) {
+            size_t n = part - off < chunk ? part - off : chunk;
+            struct op *op = pd__xfer_op_new(x, r, OP_DATA);
+            if (!op)
+                return pd_error_wrap(PD_ENOMEM, "room %" PRIu64 ": sending pages", r->id);
+            pd__xfer_put_u64(op->buf, x->id);
+            pd__xfer_put_u64(op->buf + 8, r->id);
+            pd__xfer_put_u32(op->buf + 16, index);
+            pd__xfer_put_u32(op->buf + 20, (uint32_t)j);
+            pd__xfer_put_u64(op->buf + 24, off);
+            pd__xfer_regroup_msg(x, p, (uint32_t)j, src_page, off, n, &op->rg);
+            ucp_request_param_t prm = {
+                .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
+                                UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FIELD_DATATYPE,
+                .flags = UCP_AM_SEND_FLAG_EAGER,
+                .cb.send = pd__xfer_on_data_sent,
+                .user_data = op,
+                .datatype = x->regroup_dt,
+            };
+            ucs_status_ptr_t req =
+                ucp_am_send_nbx(p->ep, PD_XFER_AM_DATA, op->buf, DATA_HDR_LEN, &op->rg, 1, &prm);
+            if (UCS_PTR_IS_ERR(req)) {
+                pd__xfer_op_free(op);
+                return pd__ucs_error(UCS_PTR_STATUS(req), "sending regrouped pages");
+            }
+            if (req)
+                pd__xfer_op_held(x, r);
+            else
+                pd__xfer_op_free(op);
+            r->data_bytes += n;
+        }
+    }
+    return PD_OK;
+}
+
 /* One run of len pages, src_page.. → dst_page.. at room position index, every shard of it. */
 static int send_run(pd_xfer_t *x, struct room *r, uint32_t index, uint32_t src_page,
                     uint32_t dst_page, uint32_t len) {
     struct pd_xfer_peer *p = r->peer;
     const size_t spb = x->shard_page_bytes, part = (size_t)len * spb;
+    if (p->regroup && !x->dm)
+        return send_run_regroup(x, r, index, src_page, len);
     if (p->regroup || (x->staged && !p->ipc_base[0]))
         return stage_queue(x, r, index, src_page, len);
     int rc = PD_OK;
@@ -408,7 +453,7 @@ int pd_xfer_room_send(pd_xfer_t *x, uint64_t room, uint32_t first, const uint32_
     /* Very long runs are split: puts of a few MiB (each shard's) pipeline better on the
      * transports measured; staged runs are at most one ring slot (every shard of them, in the
      * peer's layout when regrouped: its pages may be larger than ours under replication). */
-    const bool to_ring = p->regroup || (x->staged && !p->ipc_base[0]);
+    const bool to_ring = (p->regroup && x->dm) || (x->staged && !p->ipc_base[0]);
     size_t max_bytes = p->ipc_base[0] ? SIZE_MAX : to_ring ? x->slot_bytes : x->cfg.max_put_bytes;
     size_t unit = p->regroup ? (size_t)p->page_bytes
                   : to_ring  ? x->page_bytes
