@@ -53,20 +53,6 @@ int pd_xfer_register_heads(pd_xfer_t *x, const struct pd_xfer_heads *h) {
     return PD_OK;
 }
 
-void pd__xfer_ring_free(pd_xfer_t *x) {
-    struct pd_devmem *dm = x->dm;
-    for (int i = 0; x->slots && i < x->n_slots; i++)
-        pd_devmem_event_free(dm, x->slots[i].ev);
-    if (x->ring)
-        pd_devmem_host_free(dm, x->ring);
-    pd_free(x->slots);
-    pd_free(x->jobs);
-    x->slots = NULL;
-    x->jobs = NULL;
-    x->ring = NULL;
-    x->n_slots = 0;
-}
-
 /* The staging ring with slots of at least min_slot bytes: the pool's own (staged device pool),
  * or one made now for a device pool UCX maps directly. Not mapped with UCX: its messages are
  * eager copies. */
@@ -79,31 +65,11 @@ static int ring_ensure(pd_xfer_t *x, const struct pd_xfer_peer_info *info, size_
                          "staging slot of %zu bytes",
                          info->remote_id, min_slot, x->slot_bytes);
     }
-    int rc;
-    struct pd_devmem *dm = x->dm;
     size_t want = x->cfg.stage_slot_bytes ? x->cfg.stage_slot_bytes : (size_t)4 << 20;
-    x->slot_bytes = want < min_slot ? min_slot : want;
-    x->n_slots = x->cfg.stage_slots > 0 ? x->cfg.stage_slots : 4;
-    x->jobs_cap = 1024;
-    x->jobs_head = x->n_jobs = 0;
-    x->slots = pd_calloc((size_t)x->n_slots, sizeof(*x->slots));
-    x->jobs = pd_malloc(x->jobs_cap * sizeof(*x->jobs));
-    if (!x->slots || !x->jobs) {
-        rc = pd_error_wrap(PD_ENOMEM, "the staging ring");
-        goto fail;
-    }
-    for (int i = 0; i < x->n_slots; i++)
-        if ((rc = pd_devmem_event_new(dm, &x->slots[i].ev)) != PD_OK)
-            goto fail;
-    if ((rc = pd_devmem_host_alloc(dm, x->slot_bytes * (size_t)x->n_slots, &x->ring)) != PD_OK)
-        goto fail;
-    for (int i = 0; i < x->n_slots; i++)
-        x->slots[i].buf = (char *)x->ring + x->slot_bytes * (size_t)i;
-    pd_info("xfer: staging ring of %d x %zu bytes for peers that split the kv heads otherwise",
-            x->n_slots, x->slot_bytes);
-    return PD_OK;
-fail:
-    pd__xfer_ring_free(x);
+    int rc = pd__xfer_ring_new(x, want < min_slot ? min_slot : want);
+    if (rc == PD_OK)
+        pd_info("xfer: staging ring of %d x %zu bytes for peers that split the kv heads otherwise",
+                x->n_slots, x->slot_bytes);
     return rc;
 }
 

@@ -340,6 +340,10 @@ int pd__xfer_room_get(const pd_xfer_t *x, uint64_t room, struct room **out);
 void pd__xfer_room_unlink_and_free(pd_xfer_t *x, struct room *r);
 
 /* xfer_send.c */
+/* The staging ring: stage_slots slots of slot_bytes of x->dm's pinned memory, their events and
+ * the job queue; all or nothing. Not mapped with UCX (a staged pool maps it itself). */
+int pd__xfer_ring_new(pd_xfer_t *x, size_t slot_bytes);
+void pd__xfer_ring_free(pd_xfer_t *x); /* with x->dm; accepts none */
 int pd__xfer_ipc_wait_push(pd_xfer_t *x, struct room *r);
 void pd__xfer_post_flush(pd_xfer_t *x, struct room *r);
 void pd__xfer_post_notice(pd_xfer_t *x, struct room *r);
@@ -359,7 +363,6 @@ bool pd__xfer_run_recv(pd_xfer_t *x);
 /* xfer_heads.c */
 int pd__xfer_peer_regroup(pd_xfer_t *x, const struct pd_xfer_peer_info *info, int ns, uint64_t spb,
                           struct pd_xfer_peer *p);
-void pd__xfer_ring_free(pd_xfer_t *x);
 /* Fills m for bytes [off, off + len) of p's shard dst's part of a run from our page src_page. */
 void pd__xfer_regroup_msg(const pd_xfer_t *x, const struct pd_xfer_peer *p, uint32_t dst,
                           uint32_t src_page, uint64_t off, size_t len, struct regroup_msg *m);

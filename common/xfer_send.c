@@ -92,6 +92,44 @@ static void stage_job_done(pd_xfer_t *x, const struct stage_job *j) {
     }
 }
 
+int pd__xfer_ring_new(pd_xfer_t *x, size_t slot_bytes) {
+    int rc;
+    x->slot_bytes = slot_bytes;
+    x->n_slots = x->cfg.stage_slots > 0 ? x->cfg.stage_slots : 4;
+    x->jobs_cap = 1024;
+    x->jobs_head = x->n_jobs = 0;
+    x->slots = pd_calloc((size_t)x->n_slots, sizeof(*x->slots));
+    x->jobs = pd_malloc(x->jobs_cap * sizeof(*x->jobs));
+    if (!x->slots || !x->jobs) {
+        rc = pd_error_wrap(PD_ENOMEM, "the staging ring");
+        goto fail;
+    }
+    for (int i = 0; i < x->n_slots; i++)
+        if ((rc = pd_devmem_event_new(x->dm, &x->slots[i].ev)) != PD_OK)
+            goto fail;
+    if ((rc = pd_devmem_host_alloc(x->dm, x->slot_bytes * (size_t)x->n_slots, &x->ring)) != PD_OK)
+        goto fail;
+    for (int i = 0; i < x->n_slots; i++)
+        x->slots[i].buf = (char *)x->ring + x->slot_bytes * (size_t)i;
+    return PD_OK;
+fail:
+    pd__xfer_ring_free(x);
+    return rc;
+}
+
+void pd__xfer_ring_free(pd_xfer_t *x) {
+    for (int i = 0; x->slots && i < x->n_slots; i++)
+        pd_devmem_event_free(x->dm, x->slots[i].ev);
+    if (x->ring)
+        pd_devmem_host_free(x->dm, x->ring);
+    pd_free(x->slots);
+    pd_free(x->jobs);
+    x->slots = NULL;
+    x->jobs = NULL;
+    x->ring = NULL;
+    x->n_slots = 0;
+}
+
 /* How a run of n pages for peer p lies in a slot: parts shards of part bytes, one after another
  * (our shards, or the peer's when its runs are regrouped). */
 static void slot_parts(const pd_xfer_t *x, const struct pd_xfer_peer *p, uint32_t n, int *parts,
