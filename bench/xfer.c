@@ -25,6 +25,14 @@
  * --shards N splits the same page bytes over N pool shards (tensor-parallel ranks, xfer.h): a
  * run then moves as N puts or N streams of messages of a shard's part, so this measures what
  * tensor parallelism costs the transfer at equal bytes.
+ *
+ * --send-shards A --recv-shards B (A != B) measures heterogeneous tensor parallelism: the pools
+ * split the model's 2 kv heads over A and B ranks as model.c does (replicated past 2), and the
+ * sender regroups every page into the receiver's shards through its staging ring. The same
+ * sender serves, in the same run, a receiver of its own split (A -> A, the homogeneous figure,
+ * shard to shard on the lane's own path); the two alternate within each measurement, and the
+ * judged figure is the ratio of the hetero room rate (pages/s) to the homogeneous one (target
+ * >= 85%). No ucx_perftest then: the homogeneous pair is the reference.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -57,6 +65,7 @@ struct opts {
     const char *perftest;
     int port;
     int shards;
+    int send_shards, recv_shards; /* 0: --shards */
     int log_level;
 };
 
@@ -127,15 +136,26 @@ static void *recv_blob(int fd, size_t *n) {
     return p;
 }
 
+/* A receiver as the sender sees it: its child process, socket and peer handle. */
+struct conn {
+    pid_t pid;
+    int sock;
+    uv_poll_t poll;
+    pd_xfer_peer_t *peer;
+    void *addr, *rkeys[PD_XFER_SHARDS_MAX];
+    int n_shards;
+    size_t page_bytes; /* its logical page */
+};
+
 struct side {
     uv_loop_t loop;
     pd_xfer_t *x;
-    uint8_t *pool[PD_XFER_SHARDS_MAX]; /* [n_pages][page_bytes / n_shards] each */
+    uint8_t *pool[PD_XFER_SHARDS_MAX]; /* [n_pages][shard bytes] each */
     uint32_t n_pages;
-    pd_xfer_peer_t *peer;
+    pd_xfer_peer_t *peer; /* receiver: the sender */
     int ended, failed;
-    int acked; /* sender: rooms the receiver reported ended */
-    int sock;
+    int acked; /* sender: rooms a receiver reported ended */
+    int sock;  /* receiver: to the sender */
     uv_poll_t sock_poll;
     bool quit;
 };
@@ -157,12 +177,13 @@ static void on_end(void *ctx, uint64_t room, void *user, int status,
 }
 
 /* Receiver: 'e' room u64 n u32 dst[n] = expect a room; 'q' = quit. Sender: 'd'/'f' = the
- * receiver's room ended (ok / failed). */
+ * receiver's room ended (ok / failed). The handle's data is its socket. */
 static void on_sock(uv_poll_t *h, int status, int events) {
     (void)status;
     (void)events;
+    const int fd = (int)(intptr_t)h->data;
     char c;
-    ssize_t got = read(S.sock, &c, 1);
+    ssize_t got = read(fd, &c, 1);
     if (got < 0 && (errno == EAGAIN || errno == EINTR))
         return;
     if (got <= 0 || c == 'q') {
@@ -175,35 +196,58 @@ static void on_sock(uv_poll_t *h, int status, int events) {
     } else if (c == 'e') {
         uint64_t room;
         uint32_t n;
-        xread(S.sock, &room, sizeof(room));
-        xread(S.sock, &n, sizeof(n));
+        xread(fd, &room, sizeof(room));
+        xread(fd, &n, sizeof(n));
         uint32_t *dst = pd_malloc((n ? n : 1) * sizeof(*dst));
         PD_ASSERT(dst);
-        xread(S.sock, dst, n * sizeof(*dst));
+        xread(fd, dst, n * sizeof(*dst));
         if (pd_xfer_room_expect(S.x, S.peer, room, dst, n, NULL)) {
             fprintf(stderr, "bench: %s\n", pd_error_msg());
             exit(1);
         }
         pd_free(dst);
-        xwrite(S.sock, "e", 1); /* expected: the sender may start */
+        xwrite(fd, "e", 1); /* expected: the sender may start */
     }
 }
 
 static size_t am_chunk;  /* --am-chunk, for both halves */
-static int n_shards = 1; /* --shards, for both halves */
+static int n_shards = 1; /* this process's pool shards */
+/* --send-shards != --recv-shards: the pools split the model's kv heads as model.c does */
+static bool use_heads;
+
+/* qwen2.5-1.5b's 2 kv heads over n ranks (replicated on n / 2 ranks each past 2) */
+static struct pd_xfer_heads model_heads(int n) {
+    struct pd_xfer_heads h = {.rows_per_page = 28 * 2 * 16,
+                              .head_bytes = 128 * 2,
+                              .total = 2,
+                              .count = n <= 2 ? (uint32_t)(2 / n) : 1};
+    for (int r = 0; r < n; r++)
+        h.start[r] = n <= 2 ? (uint32_t)r * h.count : (uint32_t)(r / (n / 2));
+    return h;
+}
+
+/* One page of one shard of a pool of n shards. */
+static size_t shard_bytes(int n) {
+    if (!use_heads)
+        return page_bytes() / (size_t)n; /* the same bytes split n ways */
+    struct pd_xfer_heads h = model_heads(n);
+    return (size_t)h.rows_per_page * h.count * h.head_bytes;
+}
 
 static void engine_up(struct side *s, uint32_t n_pages) {
     struct pd_xfer_config cfg = {.am_chunk_bytes = am_chunk}; /* as the daemons run it */
     struct pd_xfer_callbacks cb = {.on_room_end = on_end};
     uv_loop_init(&s->loop);
     s->n_pages = n_pages;
-    const size_t spb = page_bytes() / (size_t)n_shards;
+    const size_t spb = shard_bytes(n_shards);
     for (int k = 0; k < n_shards; k++) {
         s->pool[k] = pd_calloc(n_pages, spb);
         PD_ASSERT(s->pool[k]);
     }
+    struct pd_xfer_heads h = model_heads(n_shards);
     if (pd_xfer_new(&s->loop, &cfg, &cb, &s->x) ||
-        pd_xfer_register_pool_shards(s->x, (void *const *)s->pool, n_shards, spb, n_pages)) {
+        pd_xfer_register_pool_shards(s->x, (void *const *)s->pool, n_shards, spb, n_pages) ||
+        (use_heads && pd_xfer_register_heads(s->x, &h))) {
         fprintf(stderr, "bench: %s\n", pd_error_msg());
         exit(1);
     }
@@ -225,7 +269,9 @@ static int receiver_main(int sock, uint32_t n_pages) {
     pd_xfer_local_peer_info(S.x, &me);
     xwrite(sock, &me.remote_id, sizeof(me.remote_id));
     send_blob(sock, me.worker_addr, me.worker_addr_len);
-    for (int k = 0; k < n_shards; k++) { /* every shard: base, rkey */
+    xwrite(sock, &me.n_shards, sizeof(me.n_shards));
+    xwrite(sock, &me.heads, sizeof(me.heads)); /* one binary on both ends */
+    for (int k = 0; k < n_shards; k++) {       /* every shard: base, rkey */
         xwrite(sock, &me.shards[k].base, sizeof(me.shards[k].base));
         send_blob(sock, me.shards[k].rkey, me.shards[k].rkey_len);
     }
@@ -238,6 +284,7 @@ static int receiver_main(int sock, uint32_t n_pages) {
         exit(1);
     }
     uv_poll_init(&S.loop, &S.sock_poll, sock);
+    S.sock_poll.data = (void *)(intptr_t)sock;
     uv_poll_start(&S.sock_poll, UV_READABLE, on_sock);
     while (!S.quit)
         uv_run(&S.loop, UV_RUN_DEFAULT);
@@ -256,18 +303,19 @@ static void on_prepare(uv_prepare_t *p) {
 
 /* Tells the receiver to expect the room and waits until it does (not timed: decode expects a
  * room before prefill hears of it). */
-static void expect_room(uint64_t room, const uint32_t *dst, uint32_t n) {
-    xwrite(S.sock, "e", 1);
-    xwrite(S.sock, &room, sizeof(room));
-    xwrite(S.sock, &n, sizeof(n));
-    xwrite(S.sock, dst, n * sizeof(*dst));
+static void expect_room(int sock, uint64_t room, const uint32_t *dst, uint32_t n) {
+    xwrite(sock, "e", 1);
+    xwrite(sock, &room, sizeof(room));
+    xwrite(sock, &n, sizeof(n));
+    xwrite(sock, dst, n * sizeof(*dst));
     char c;
-    xread(S.sock, &c, 1);
+    xread(sock, &c, 1);
     PD_ASSERT(c == 'e');
 }
 
-/* Sends `reps` rooms of the given page set one after another; returns seconds. */
-static double run_set(const uint32_t *src, const uint32_t *dst, uint32_t n, int reps) {
+/* Sends `reps` rooms of the given page set to receiver c one after another; returns seconds. */
+static double run_set(struct conn *c, const uint32_t *src, const uint32_t *dst, uint32_t n,
+                      int reps) {
     uv_prepare_t prep;
     int want = 0;
     uv_prepare_init(&S.loop, &prep);
@@ -277,10 +325,10 @@ static double run_set(const uint32_t *src, const uint32_t *dst, uint32_t n, int 
     for (int r = 0; r < reps; r++) {
         uint64_t room = (uint64_t)r + 1 + (uint64_t)S.ended * 1000;
         struct pd_xfer_notice done = {.first_token = 1};
-        expect_room(room, dst, n);
+        expect_room(c->sock, room, dst, n);
         double t0 = now_s();
         want_acked = S.acked + 1;
-        if (pd_xfer_room_add(S.x, S.peer, room, dst, n, NULL) ||
+        if (pd_xfer_room_add(S.x, c->peer, room, dst, n, NULL) ||
             pd_xfer_room_send(S.x, room, 0, src, n) || pd_xfer_room_finish(S.x, room, &done)) {
             fprintf(stderr, "bench: %s\n", pd_error_msg());
             exit(1);
@@ -376,9 +424,77 @@ struct set {
     const char *name;
     uint32_t *src, *dst;
     double gbs[MAX_REPEATS];
-    double target; /* share of the reference */
+    double pps[2][MAX_REPEATS]; /* pages/s to receiver 0 (homogeneous) and 1 (hetero) */
+    double target;              /* share of the reference */
     uint32_t runs, single;
 };
+
+/* Forks a receiver of `shards` shards (before the sender's engine exists: the child must not
+ * inherit UCX state). */
+static void spawn_receiver(struct conn *c, int shards, uint32_t n_pool) {
+    int sv[2];
+    if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv)) {
+        perror("socketpair");
+        exit(1);
+    }
+    c->pid = fork();
+    if (c->pid == 0) {
+        close(sv[0]);
+        n_shards = shards;
+        _exit(receiver_main(sv[1], n_pool));
+    }
+    close(sv[1]);
+    c->sock = sv[0];
+}
+
+/* Learns the receiver's pool, connects to it and gives it our address. */
+static void connect_receiver(struct conn *c, uint32_t n_pool) {
+    struct pd_xfer_peer_info pi = {.n_pages = n_pool};
+    xread(c->sock, &pi.remote_id, sizeof(pi.remote_id));
+    c->addr = recv_blob(c->sock, &pi.worker_addr_len);
+    pi.worker_addr = c->addr;
+    xread(c->sock, &pi.n_shards, sizeof(pi.n_shards));
+    xread(c->sock, &pi.heads, sizeof(pi.heads));
+    PD_ASSERT(pi.n_shards >= 1 && pi.n_shards <= PD_XFER_SHARDS_MAX);
+    c->n_shards = pi.n_shards;
+    pi.shard_page_bytes = shard_bytes(pi.n_shards);
+    pi.page_bytes = pi.shard_page_bytes * (uint64_t)pi.n_shards;
+    c->page_bytes = pi.page_bytes;
+    for (int k = 0; k < pi.n_shards; k++) {
+        xread(c->sock, &pi.shards[k].base, sizeof(pi.shards[k].base));
+        c->rkeys[k] = recv_blob(c->sock, &pi.shards[k].rkey_len);
+        pi.shards[k].rkey = c->rkeys[k];
+    }
+    pi.rkey = pi.shards[0].rkey; /* one shard: the fields that predate shards */
+    pi.rkey_len = pi.shards[0].rkey_len;
+    pi.base = pi.shards[0].base;
+    if (pd_xfer_peer_connect(S.x, &pi, NULL, &c->peer)) {
+        fprintf(stderr, "bench: %s\n", pd_error_msg());
+        exit(1);
+    }
+    uint64_t my_id = pd_xfer_id(S.x);
+    const void *my_addr;
+    size_t my_addr_len;
+    pd_xfer_local_address(S.x, &my_addr, &my_addr_len);
+    xwrite(c->sock, &my_id, sizeof(my_id));
+    send_blob(c->sock, my_addr, my_addr_len);
+    uv_poll_init(&S.loop, &c->poll, c->sock);
+    c->poll.data = (void *)(intptr_t)c->sock;
+    uv_poll_start(&c->poll, UV_READABLE, on_sock);
+}
+
+static void close_receiver(struct conn *c) {
+    xwrite(c->sock, "q", 1);
+    waitpid(c->pid, NULL, 0);
+    uv_close((uv_handle_t *)&c->poll, NULL);
+}
+
+static void free_receiver(struct conn *c) {
+    close(c->sock);
+    pd_free(c->addr);
+    for (int k = 0; k < c->n_shards; k++)
+        pd_free(c->rkeys[k]);
+}
 
 int main(int argc, char **argv) {
     struct opts o = {.pages = 256,
@@ -396,7 +512,9 @@ int main(int argc, char **argv) {
                     "KV page transfer throughput between two processes (qwen2.5-1.5b pages, page "
                     "size 16) next to ucx_perftest -e ucp_put_bw with the same UCX_TLS, measured "
                     "in the same run; medians of --repeats measurements, PASS/FAIL against the "
-                    "targets (consecutive >= 85%, scattered >= 60% of the reference).");
+                    "targets (consecutive >= 85%, scattered >= 60% of the reference). With "
+                    "--send-shards != --recv-shards: heterogeneous tensor parallelism against "
+                    "the same run's homogeneous pair (target >= 85% of its room rate).");
     pd_flag_int(&fs, "--pages", &o.pages, "N", 1, 4096, "pages per room");
     pd_flag_int(&fs, "--reps", &o.reps, "N", 1, 100000, "rooms per page set and measurement");
     pd_flag_int(&fs, "--repeats", &o.repeats, "N", 1, MAX_REPEATS,
@@ -415,6 +533,11 @@ int main(int argc, char **argv) {
     pd_flag_int(&fs, "--shards", &o.shards, "N", 1, PD_XFER_SHARDS_MAX,
                 "KV pool shards (tensor-parallel ranks): the same bytes per page split into N "
                 "shards on both sides");
+    pd_flag_int(&fs, "--send-shards", &o.send_shards, "N", 0, PD_XFER_SHARDS_MAX,
+                "the sender's tensor-parallel ranks (0: --shards); with --recv-shards other "
+                "than it, the 2 kv heads split per rank and the pages regrouped");
+    pd_flag_int(&fs, "--recv-shards", &o.recv_shards, "N", 0, PD_XFER_SHARDS_MAX,
+                "the receiver's tensor-parallel ranks (0: --shards)");
     pd_flag_log_level(&fs, &o.log_level);
     if (pd_flags_parse(&fs, argc, argv)) {
         fprintf(stderr, "pdserve-bench-xfer: %s\n", pd_error_msg());
@@ -425,8 +548,22 @@ int main(int argc, char **argv) {
         return 0;
     }
     pd_log_set_level((enum pd_log_level)o.log_level);
-    bool have_ref = access(o.perftest, X_OK) == 0;
-    if (!have_ref)
+    const int ss = o.send_shards ? o.send_shards : o.shards;
+    const int rs = o.recv_shards ? o.recv_shards : o.shards;
+    const bool hetero = ss != rs;
+    use_heads = hetero;
+    if (!hetero && page_bytes() % (size_t)ss) {
+        fprintf(stderr, "pdserve-bench-xfer: --shards %d does not divide a page's %zu bytes\n", ss,
+                page_bytes());
+        return 2;
+    }
+    if (hetero && ((ss > 2 && ss % 2) || (rs > 2 && rs % 2))) {
+        fprintf(stderr, "pdserve-bench-xfer: %d and %d ranks cannot both split 2 kv heads\n", ss,
+                rs);
+        return 2;
+    }
+    bool have_ref = !hetero && access(o.perftest, X_OK) == 0;
+    if (!hetero && !have_ref)
         fprintf(stderr, "bench: %s not found (Debian package ucx-utils); no reference\n",
                 o.perftest);
     /* the engine's shared-memory segment size, for the engine and ucx_perftest alike */
@@ -434,66 +571,37 @@ int main(int argc, char **argv) {
     uint32_t n = (uint32_t)o.pages;
     uint32_t n_pool = 2 * n; /* room for a scattered set */
     am_chunk = (size_t)o.am_chunk;
-    n_shards = o.shards;
-    if (page_bytes() % (size_t)n_shards) {
-        fprintf(stderr, "pdserve-bench-xfer: --shards %d does not divide a page's %zu bytes\n",
-                n_shards, page_bytes());
-        return 2;
-    }
-    int sv[2];
-    if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv)) {
-        perror("socketpair");
-        return 1;
-    }
-    pid_t child = fork();
-    if (child == 0) {
-        close(sv[0]);
-        _exit(receiver_main(sv[1], n_pool));
-    }
-    close(sv[1]);
-    int sock = sv[0];
+    /* receiver 0 splits as we do; receiver 1 (hetero) as --recv-shards says */
+    const int n_conns = hetero ? 2 : 1;
+    struct conn conns[2] = {{0}};
+    spawn_receiver(&conns[0], ss, n_pool);
+    if (hetero)
+        spawn_receiver(&conns[1], rs, n_pool);
+    n_shards = ss;
     engine_up(&S, n_pool);
-    struct pd_xfer_peer_info pi = {.page_bytes = page_bytes(),
-                                   .n_pages = n_pool,
-                                   .n_shards = n_shards,
-                                   .shard_page_bytes = page_bytes() / (size_t)n_shards};
-    xread(sock, &pi.remote_id, sizeof(pi.remote_id));
-    void *addr = recv_blob(sock, &pi.worker_addr_len);
-    void *rkeys[PD_XFER_SHARDS_MAX];
-    for (int k = 0; k < n_shards; k++) {
-        xread(sock, &pi.shards[k].base, sizeof(pi.shards[k].base));
-        rkeys[k] = recv_blob(sock, &pi.shards[k].rkey_len);
-        pi.shards[k].rkey = rkeys[k];
-    }
-    pi.worker_addr = addr;
-    pi.rkey = pi.shards[0].rkey; /* one shard: the fields that predate shards */
-    pi.rkey_len = pi.shards[0].rkey_len;
-    pi.base = pi.shards[0].base;
-    if (pd_xfer_peer_connect(S.x, &pi, NULL, &S.peer)) {
-        fprintf(stderr, "bench: %s\n", pd_error_msg());
-        return 1;
-    }
-    uint64_t my_id = pd_xfer_id(S.x);
-    const void *my_addr;
-    size_t my_addr_len;
-    pd_xfer_local_address(S.x, &my_addr, &my_addr_len);
-    xwrite(sock, &my_id, sizeof(my_id));
-    send_blob(sock, my_addr, my_addr_len);
-    S.sock = sock;
-    uv_poll_init(&S.loop, &S.sock_poll, sock);
-    uv_poll_start(&S.sock_poll, UV_READABLE, on_sock);
+    for (int c = 0; c < n_conns; c++)
+        connect_receiver(&conns[c], n_pool);
     const char *tls = getenv("UCX_TLS");
     const size_t pb = page_bytes(), room_bytes = (size_t)n * pb;
-    printf("bench/xfer: UCX_TLS=%s UCX_MM_SEG_SIZE=%s, data lane %s; pages of %zu bytes "
-           "(qwen2.5-1.5b, page size 16) in %d shard(s), %u per room (%.1f MiB), %d rooms per "
-           "measurement, %d measurements\n",
-           tls ? tls : "all", getenv("UCX_MM_SEG_SIZE"), pd_xfer_peer_transport(S.peer), pb,
-           n_shards, n, (double)room_bytes / 1048576, o.reps, o.repeats);
+    if (!hetero)
+        printf("bench/xfer: UCX_TLS=%s UCX_MM_SEG_SIZE=%s, data lane %s; pages of %zu bytes "
+               "(qwen2.5-1.5b, page size 16) in %d shard(s), %u per room (%.1f MiB), %d rooms "
+               "per measurement, %d measurements\n",
+               tls ? tls : "all", getenv("UCX_MM_SEG_SIZE"), pd_xfer_peer_transport(conns[0].peer),
+               pb, ss, n, (double)room_bytes / 1048576, o.reps, o.repeats);
+    else
+        printf("bench/xfer: UCX_TLS=%s UCX_MM_SEG_SIZE=%s; qwen2.5-1.5b pages (2 kv heads, page "
+               "size 16), %u per room, %d rooms per measurement, %d measurements; homogeneous "
+               "%d -> %d shards (pages of %zu bytes), data lane %s; heterogeneous %d -> %d "
+               "(receiver pages of %zu bytes), data lane %s\n",
+               tls ? tls : "all", getenv("UCX_MM_SEG_SIZE"), n, o.reps, o.repeats, ss, ss,
+               conns[0].page_bytes, pd_xfer_peer_transport(conns[0].peer), ss, rs,
+               conns[1].page_bytes, pd_xfer_peer_transport(conns[1].peer));
 
     static char scat_name[32];
     snprintf(scat_name, sizeof(scat_name), "scattered-%.0f%%", 100 * o.scatter);
     struct set sets[2] = {{.name = "consecutive", .target = 0.85},
-                          {.name = scat_name, .target = 0.60}};
+                          {.name = scat_name, .target = hetero ? 0.85 : 0.60}};
     for (int k = 0; k < 2; k++) {
         sets[k].src = pd_malloc(n * sizeof(uint32_t));
         sets[k].dst = pd_malloc(n * sizeof(uint32_t));
@@ -509,20 +617,36 @@ int main(int argc, char **argv) {
         pd_xfer_plan_runs(sets[k].src, sets[k].dst, n, &sets[k].runs, &sets[k].single);
         printf("bench/xfer: %-15s %u runs, %u of %u pages single, mean run %.2f pages\n",
                sets[k].name, sets[k].runs, sets[k].single, n, (double)n / sets[k].runs);
-        run_set(sets[k].src, sets[k].dst, n, 1); /* warm-up: connection, first touch */
+        for (int c = 0; c < n_conns; c++) /* warm-up: connection, first touch */
+            run_set(&conns[c], sets[k].src, sets[k].dst, n, 1);
     }
     /* The references. ucx_perftest puts one buffer of the message size again and again, so a
      * message of one page (448 KiB) lives in the CPU cache while our pages come from a pool
      * larger than it: that one is shown, not judged. The judged reference puts the room's bytes
-     * as one message (the consecutive set's run), from a buffer the size of the room. */
+     * as one message (the consecutive set's run), from a buffer the size of the room. Hetero:
+     * the homogeneous pair of the same measurement, the two in alternating order. */
     double ref_room[MAX_REPEATS], ref_page[MAX_REPEATS];
     bool partial = false;
     for (int r = 0; r < o.repeats; r++) {
         printf("bench/xfer: measurement %d:", r + 1);
         for (int k = 0; k < 2; k++) {
-            double secs = run_set(sets[k].src, sets[k].dst, n, o.reps);
-            sets[k].gbs[r] = (double)room_bytes * o.reps / secs / 1e9;
-            printf(" %s %.3f GB/s;", sets[k].name, sets[k].gbs[r]);
+            for (int i = 0; i < n_conns; i++) {
+                int c = (r + k + i) % n_conns;
+                double secs = run_set(&conns[c], sets[k].src, sets[k].dst, n, o.reps);
+                sets[k].pps[c][r] = (double)n * o.reps / secs;
+                if (c == 0)
+                    sets[k].gbs[r] = (double)room_bytes * o.reps / secs / 1e9;
+                if (hetero)
+                    printf(" %s %s %.0f pages/s;", sets[k].name, c ? "hetero" : "homogeneous",
+                           sets[k].pps[c][r]);
+                else
+                    printf(" %s %.3f GB/s;", sets[k].name, sets[k].gbs[r]);
+            }
+        }
+        if (hetero) {
+            printf("\n");
+            fflush(stdout);
+            continue;
         }
         /* our engines sit idle meanwhile: both measure the same machine */
         bool pr = false, pp = false;
@@ -533,39 +657,55 @@ int main(int argc, char **argv) {
                pr ? " (partial)" : "", pb, ref_page[r], pp ? " (partial)" : "");
         fflush(stdout);
     }
-    xwrite(sock, "q", 1);
-    waitpid(child, NULL, 0);
-    uv_close((uv_handle_t *)&S.sock_poll, NULL);
-    close(sock);
+    for (int c = 0; c < n_conns; c++)
+        close_receiver(&conns[c]);
     engine_down(&S);
-    pd_free(addr);
-    for (int k = 0; k < n_shards; k++)
-        pd_free(rkeys[k]);
+    for (int c = 0; c < n_conns; c++)
+        free_receiver(&conns[c]);
 
-    double room_ref = median(ref_room, o.repeats), page_ref = median(ref_page, o.repeats);
     bool all_pass = true;
-    printf("bench/xfer: medians of %d; reference: ucx_perftest -e ucp_put_bw, same UCX_TLS\n",
-           o.repeats);
-    for (int k = 0; k < 2; k++) {
-        double gbs = median(sets[k].gbs, o.repeats);
-        double ratio = room_ref > 0 ? gbs / room_ref : 0;
-        bool pass = room_ref > 0 && ratio >= sets[k].target;
-        all_pass &= pass;
-        printf("bench/xfer: %-15s %7.3f GB/s %9.0f pages/s | -s %zu (%s): %7.3f GB/s | %4.0f%% "
-               "(target >= %.0f%%) %s\n",
-               sets[k].name, gbs, gbs * 1e9 / (double)pb, room_bytes,
-               k == 0 ? "the run" : "the room's bytes", room_ref, 100 * ratio, 100 * sets[k].target,
-               room_ref > 0 ? (pass ? "PASS" : "FAIL") : "NO REFERENCE");
+    if (hetero) {
+        printf("bench/xfer: medians of %d; reference: the same run's homogeneous pair %d -> %d "
+               "(page of %zu bytes), heterogeneous %d -> %d (receiver page of %zu bytes)\n",
+               o.repeats, ss, ss, conns[0].page_bytes, ss, rs, conns[1].page_bytes);
+        for (int k = 0; k < 2; k++) {
+            double homo = median(sets[k].pps[0], o.repeats);
+            double het = median(sets[k].pps[1], o.repeats);
+            double ratio = homo > 0 ? het / homo : 0;
+            bool pass = ratio >= sets[k].target;
+            all_pass &= pass;
+            printf("bench/xfer: %-15s homogeneous %7.0f pages/s %7.3f GB/s | hetero %7.0f "
+                   "pages/s %7.3f GB/s | %4.0f%% (target >= %.0f%%) %s\n",
+                   sets[k].name, homo, homo * (double)conns[0].page_bytes / 1e9, het,
+                   het * (double)conns[1].page_bytes / 1e9, 100 * ratio, 100 * sets[k].target,
+                   pass ? "PASS" : "FAIL");
+        }
+        printf("bench/xfer: %s\n", all_pass ? "PASS" : "FAIL");
+    } else {
+        double room_ref = median(ref_room, o.repeats), page_ref = median(ref_page, o.repeats);
+        printf("bench/xfer: medians of %d; reference: ucx_perftest -e ucp_put_bw, same UCX_TLS\n",
+               o.repeats);
+        for (int k = 0; k < 2; k++) {
+            double gbs = median(sets[k].gbs, o.repeats);
+            double ratio = room_ref > 0 ? gbs / room_ref : 0;
+            bool pass = room_ref > 0 && ratio >= sets[k].target;
+            all_pass &= pass;
+            printf("bench/xfer: %-15s %7.3f GB/s %9.0f pages/s | -s %zu (%s): %7.3f GB/s | "
+                   "%4.0f%% (target >= %.0f%%) %s\n",
+                   sets[k].name, gbs, gbs * 1e9 / (double)pb, room_bytes,
+                   k == 0 ? "the run" : "the room's bytes", room_ref, 100 * ratio,
+                   100 * sets[k].target, room_ref > 0 ? (pass ? "PASS" : "FAIL") : "NO REFERENCE");
+        }
+        if (page_ref > 0)
+            printf("bench/xfer: (not judged) ucx_perftest -s %zu (one page, its buffer stays in "
+                   "cache): %.3f GB/s; %s at %.0f%% of it\n",
+                   pb, page_ref, sets[1].name, 100 * median(sets[1].gbs, o.repeats) / page_ref);
+        if (partial)
+            printf("bench/xfer: some ucx_perftest runs hit --perftest-seconds (%d s): their "
+                   "figure (last report, or the bound their unfinished puts set) flatters them\n",
+                   o.perftest_seconds);
+        printf("bench/xfer: %s\n", !have_ref ? "no reference" : all_pass ? "PASS" : "FAIL");
     }
-    if (page_ref > 0)
-        printf("bench/xfer: (not judged) ucx_perftest -s %zu (one page, its buffer stays in "
-               "cache): %.3f GB/s; %s at %.0f%% of it\n",
-               pb, page_ref, sets[1].name, 100 * median(sets[1].gbs, o.repeats) / page_ref);
-    if (partial)
-        printf("bench/xfer: some ucx_perftest runs hit --perftest-seconds (%d s): their "
-               "figure (last report, or the bound their unfinished puts set) flatters them\n",
-               o.perftest_seconds);
-    printf("bench/xfer: %s\n", !have_ref ? "no reference" : all_pass ? "PASS" : "FAIL");
     for (int k = 0; k < 2; k++) {
         pd_free(sets[k].src);
         pd_free(sets[k].dst);

@@ -37,18 +37,19 @@ int pd_bootstrap_layout_check(const struct pd_bootstrap_layout *p,
     if (strcmp(p->field, d->field) != 0)                                                           \
         return pd_errorf(PD_EMISMATCH, "layout mismatch: " #field ": prefill '%s', decode '%s'",   \
                          p->field, d->field);
-    /* first: a tp mismatch also shows in the model fingerprint (kv heads per rank), kv_heads
-     * and page bytes, and the cause is the one to name */
-    if (p->tp_size != d->tp_size)
+    /* A peer that predates heterogeneous tp (no total kv heads) only pairs at our tp_size. */
+    const bool totals = p->kv_heads_total && d->kv_heads_total;
+    if (p->tp_size != d->tp_size && !totals)
         return pd_errorf(PD_EMISMATCH,
                          "layout mismatch: tp_size: prefill %" PRIu32 ", decode %" PRIu32
-                         " (both must run the same --tp-size: rank r's KV pool shard is written "
-                         "into rank r's)",
-                         p->tp_size, d->tp_size);
-    PD_CHECK_S(model)
-    PD_CHECK_U(tp_rank)
+                         " (the %s does not give its total kv heads, so both must run the same "
+                         "--tp-size)",
+                         p->tp_size, d->tp_size, p->kv_heads_total ? "decode" : "prefill");
+    /* the model-level geometry, each named; the fingerprint (which repeats some of it) after */
     PD_CHECK_U(layers)
-    PD_CHECK_U(kv_heads)
+    if (totals) {
+        PD_CHECK_U(kv_heads_total)
+    }
     PD_CHECK_U(head_dim)
     PD_CHECK_U(page_size)
     if (strcmp(p->dtype, d->dtype) != 0)
@@ -56,7 +57,12 @@ int pd_bootstrap_layout_check(const struct pd_bootstrap_layout *p,
                          "layout mismatch: dtype: prefill '%s', decode '%s' (both must run the "
                          "same --kv-cache-dtype: pages move between the pools as they are)",
                          p->dtype, d->dtype);
-    PD_CHECK_U(page_bytes)
+    PD_CHECK_S(model)
+    PD_CHECK_U(tp_rank)
+    if (p->tp_size == d->tp_size) { /* same split: same share per rank, same pages */
+        PD_CHECK_U(kv_heads)
+        PD_CHECK_U(page_bytes)
+    }
 #undef PD_CHECK_U
 #undef PD_CHECK_S
     return PD_OK;
@@ -73,6 +79,7 @@ void pd__bootstrap_layout_to_pb(const struct pd_bootstrap_layout *l, Pdserve__V1
     pb->tp_rank = l->tp_rank;
     pb->tp_size = l->tp_size;
     pb->page_bytes = l->page_bytes;
+    pb->kv_heads_total = l->kv_heads_total;
 }
 
 void pd__bootstrap_layout_from_pb(const Pdserve__V1__Layout *pb, struct pd_bootstrap_layout *l) {
@@ -88,6 +95,7 @@ void pd__bootstrap_layout_from_pb(const Pdserve__V1__Layout *pb, struct pd_boots
     l->tp_rank = pb->tp_rank;
     l->tp_size = pb->tp_size;
     l->page_bytes = pb->page_bytes;
+    l->kv_heads_total = pb->kv_heads_total;
 }
 
 struct pd_flag *pd_flag_cluster_key(struct pd_flagset *fs, const char **path) {

@@ -37,7 +37,7 @@ struct pd_flag;
 
 /* What both KV pools must agree on (bootstrap.proto Layout). */
 struct pd_bootstrap_layout {
-    char model[128]; /* fingerprint: model name + config hash */
+    char model[128]; /* fingerprint: architecture, vocab, layers, total kv heads, head dim */
     uint32_t layers;
     uint32_t kv_heads; /* per tp rank */
     uint32_t head_dim;
@@ -45,11 +45,15 @@ struct pd_bootstrap_layout {
     char dtype[16];
     uint32_t tp_rank;
     uint32_t tp_size;
-    uint64_t page_bytes; /* one page, all layers, K and V */
+    uint64_t page_bytes;     /* one page, all layers, K and V, every rank */
+    uint32_t kv_heads_total; /* the model's; 0: a peer that predates heterogeneous tp */
 };
 
-/* Compares two layouts; PD_EMISMATCH naming the first differing field ("kv_heads: prefill 2,
- * decode 4"). */
+/* Compares two layouts; PD_EMISMATCH naming the first differing field ("layout mismatch:
+ * head_dim: prefill 64, decode 128"). The model-level fields must agree (layers, total kv heads,
+ * head_dim, page_size, dtype, then the fingerprint); tp_size may differ when both sides give
+ * their total kv heads (the transfer regroups the heads, common/xfer.h), and with equal tp_size
+ * the per-rank kv_heads and page_bytes must agree too. */
 int pd_bootstrap_layout_check(const struct pd_bootstrap_layout *prefill,
                               const struct pd_bootstrap_layout *decode);
 

@@ -1139,15 +1139,28 @@ int pd__daemon_start_transfer(struct pd_daemon_state *d) {
              xi.staged               ? "+staged"
              : D.info.pool_on_device ? "+gpu-direct"
                                      : "");
+    /* how the ranks split the kv heads: a decode of another tp gets its pages regrouped */
+    struct pd_xfer_heads hd = {
+        .rows_per_page = (uint32_t)(D.info.n_layers * 2 * D.info.page_size),
+        .total = (uint32_t)D.info.kv_heads_total,
+        .count = (uint32_t)D.info.kv_heads,
+    };
+    hd.head_bytes = (uint32_t)(D.info.shard_page_bytes / hd.rows_per_page / hd.count);
+    for (int r = 0; r < D.info.tp_size; r++)
+        hd.start[r] = (uint32_t)D.info.kv_head_start[r];
+    if ((rc = pd_xfer_register_heads(D.x, &hd)) != PD_OK)
+        return rc;
     memset(&D.layout, 0, sizeof(D.layout));
+    /* the model, not this daemon's split of it: tp-independent (total kv heads) */
     snprintf(D.layout.model, sizeof(D.layout.model), "%s/v%d/l%d/kv%dx%d", D.info.architecture,
-             D.info.vocab_size, D.info.n_layers, D.info.kv_heads, D.info.head_dim);
+             D.info.vocab_size, D.info.n_layers, D.info.kv_heads_total, D.info.head_dim);
     D.layout.layers = (uint32_t)D.info.n_layers;
     D.layout.kv_heads = (uint32_t)D.info.kv_heads;
+    D.layout.kv_heads_total = (uint32_t)D.info.kv_heads_total;
     D.layout.head_dim = (uint32_t)D.info.head_dim;
     D.layout.page_size = (uint32_t)D.info.page_size;
     snprintf(D.layout.dtype, sizeof(D.layout.dtype), "%s", D.info.dtype);
-    D.layout.tp_size = (uint32_t)D.info.tp_size; /* one pool shard per rank, moved rank to rank */
+    D.layout.tp_size = (uint32_t)D.info.tp_size; /* one pool shard per rank */
     D.layout.page_bytes = D.info.page_bytes;
     snprintf(D.node_id, sizeof(D.node_id), "%s-%d-%016" PRIx64, role_name(), (int)getpid(),
              pd_xfer_id(D.x));

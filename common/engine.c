@@ -249,8 +249,13 @@ void pd_engine_get_info(const struct pd_engine *e, struct pd_engine_info *o) {
         .eos_ids = mc->eos_token_ids,
         .n_eos_ids = mc->n_eos_token_ids,
     };
-    for (int r = 0; r < o->tp_size; r++)
+    o->kv_heads_total = mc->num_key_value_heads;
+    for (int r = 0; r < o->tp_size; r++) {
         o->pool_bases[r] = pd_tp_group_kv(e->tp, r)->layout.base;
+        int count;
+        pd_model_kv_heads_of(pd_tp_group_model(e->tp, r), &o->kv_head_start[r], &count);
+        PD_ASSERT(count == o->kv_heads);
+    }
 }
 
 /* ---- events out ---- */

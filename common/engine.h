@@ -197,6 +197,8 @@ struct pd_engine_info {
     int vocab_size;
     int context_length;
     int n_layers, kv_heads, head_dim, page_size; /* kv_heads: per rank */
+    int kv_heads_total;                          /* the model's */
+    int kv_head_start[PD_TP_MAX];                /* rank r holds kv heads [this, this + kv_heads) */
     size_t page_bytes;                           /* one logical page: all ranks' */
     int32_t n_pages;
     void *pool_base;             /* the KV pool: host memory (cpu) or device memory (cuda) */

@@ -58,7 +58,8 @@ void pd_server_args_register(struct pd_flagset *fs, struct pd_server_args *a) {
         "tensor parallelism: the model's heads and MLP split over N ranks in this process "
         "(cpu: the --threads shared among them; cuda: GPUs --base-gpu-id .. +N-1, summed "
         "over NCCL, libnccl.so.2 or $PDSERVE_NCCL_LIBRARY opened at start); prefill and decode "
-        "must run the same N (each rank's KV pool is one shard of a transferred page)");
+        "may run different N (the prefill regroups each page's kv heads into the decode's "
+        "ranks)");
     pd_flag_int(fs, "--threads", &a->threads, "N", 0, 1024,
                 "CPU backend threads (all --tp-size ranks together), 0 = one per core");
     pd_flag_int(fs, "--page-size", &a->page_size, "TOKENS", 1, 1024, "tokens per KV-cache page");

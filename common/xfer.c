@@ -365,7 +365,7 @@ static void xfer_run(pd_xfer_t *x) {
                 pd__xfer_post_notice(x, r);
             changed = true;
         }
-        if (x->staged)
+        if (x->slots) /* staged pool, or peers whose runs are regrouped */
             changed |= pd__xfer_run_stage(x);
         if (x->n_ipc)
             changed |= pd__xfer_run_ipc(x);
@@ -676,12 +676,9 @@ static void on_handle_closed(uv_handle_t *h) {
         ucp_am_data_release(x->worker, x->held[(x->held_head + k) % RECV_HELD].data);
     ucp_worker_destroy(x->worker); /* no callback can come after this */
     pd__xfer_recv_ring_free(x);
-    for (int i = 0; x->slots && i < x->n_slots; i++)
-        pd_devmem_event_free(x->dm, x->slots[i].ev);
-    pd_free(x->slots);
-    pd_free(x->jobs);
-    if (x->ring)
-        pd_devmem_host_free(x->dm, x->ring); /* the devmem outlives the engine (xfer.h) */
+    pd__xfer_ring_free(x); /* x->dm outlives the engine (xfer.h) */
+    if (x->regroup_dt)
+        ucp_dt_destroy(x->regroup_dt);
     for (size_t k = 0; k < x->n_ipc; k++)
         pd_devmem_event_free(x->dm, x->ipc_waits[(x->ipc_head + k) % x->ipc_cap].ev);
     for (size_t k = 0; k < x->n_free_evs; k++)
@@ -879,6 +876,7 @@ void pd_xfer_local_peer_info(const pd_xfer_t *x, struct pd_xfer_peer_info *out) 
     out->n_shards = x->n_shards;
     out->shard_page_bytes = x->shard_page_bytes;
     out->am_only = x->staged; /* the rkeys below are the ring's: no put may use them */
+    out->heads = x->heads;
     for (int k = 0; k < x->n_shards; k++) {
         int m = x->staged ? 0 : k; /* a staged pool hands out the ring's rkey for every shard */
         out->shards[k] = (struct pd_xfer_shard){
@@ -981,7 +979,7 @@ static void peer_find_transport(struct pd_xfer_peer *p) {
         return;
     enum pd_xfer_data_path dp = p->x->cfg.data_path;
     p->am_data = dp == PD_XFER_DATA_AM || (dp == PD_XFER_DATA_AUTO && !(used && hw_rma));
-    if (p->x->staged || p->am_only) /* GPU pages through a pinned ring (ours or the peer's) */
+    if (p->x->staged || p->am_only || p->regroup) /* pages through a pinned ring */
         p->am_data = true;
     if (p->ipc_base[0]) /* device copies into the peer's mapped pool; UCX carries the notice */
         p->am_data = false;
@@ -993,10 +991,11 @@ static void peer_find_transport(struct pd_xfer_peer *p) {
     else
         snprintf(p->transport + used, sizeof(p->transport) - used, " (am of %zu bytes%s)",
                  p->am_chunk,
-                 p->x->staged ? "; GPU pages staged through pinned host memory"
-                 : p->am_only ? "; the peer stages its GPU pages through pinned host memory"
-                 : hw_rma     ? ""
-                              : "; UCX has only sw-rma here");
+                 p->regroup     ? "; kv heads regrouped for the peer's tensor parallelism"
+                 : p->x->staged ? "; GPU pages staged through pinned host memory"
+                 : p->am_only   ? "; the peer stages its GPU pages through pinned host memory"
+                 : hw_rma       ? ""
+                                : "; UCX has only sw-rma here");
 }
 
 /* The remote pool's shards as info describes them (one shard: the single-pool fields). */
@@ -1046,18 +1045,6 @@ int pd_xfer_peer_connect(pd_xfer_t *x, const struct pd_xfer_peer_info *info, voi
     const bool receiver = sh[0].rkey_len != 0;
     if (receiver && !x->n_memh)
         return pd_errorf(PD_EINVAL, "connecting a receiver peer before registering our pool");
-    if (receiver && info->page_bytes != x->page_bytes)
-        return pd_errorf(PD_EMISMATCH,
-                         "connecting peer %016" PRIx64 ": its pages are %" PRIu64
-                         " bytes, ours %zu",
-                         info->remote_id, info->page_bytes, x->page_bytes);
-    if (receiver && (ns != x->n_shards || spb != x->shard_page_bytes))
-        return pd_errorf(PD_EMISMATCH,
-                         "connecting peer %016" PRIx64 ": its KV pool has %d shard%s of %" PRIu64
-                         " bytes per page, ours %d of %zu (both sides must run the same tensor "
-                         "parallelism: rank r's shard goes to rank r's)",
-                         info->remote_id, ns, ns == 1 ? "" : "s", spb, x->n_shards,
-                         x->shard_page_bytes);
     if (receiver && info->am_only && x->cfg.data_path == PD_XFER_DATA_PUT)
         return pd_errorf(PD_EMISMATCH,
                          "connecting peer %016" PRIx64 ": its KV pool is GPU memory staged "
@@ -1068,6 +1055,9 @@ int pd_xfer_peer_connect(pd_xfer_t *x, const struct pd_xfer_peer_info *info, voi
     if (!p)
         return pd_error_wrap(PD_ENOMEM, "connecting peer %016" PRIx64, info->remote_id);
     p->x = x;
+    /* shard k to shard k, or (another split of the kv heads) regrouped through the ring */
+    if (receiver && (rc = pd__xfer_peer_regroup(x, info, ns, spb, p)) != PD_OK)
+        goto fail_alloc;
     p->am_only = receiver && info->am_only;
     p->user = peer_user;
     p->remote_id = info->remote_id;
@@ -1096,7 +1086,7 @@ int pd_xfer_peer_connect(pd_xfer_t *x, const struct pd_xfer_peer_info *info, voi
             goto fail_rkeys;
         }
     }
-    bool ipc_all = receiver && x->dm && !x->cfg.disable_ipc;
+    bool ipc_all = receiver && x->dm && !x->cfg.disable_ipc && !p->regroup;
     for (int k = 0; k < ns; k++)
         ipc_all &= sh[k].ipc_handle_len != 0;
     for (int k = 0; ipc_all && k < ns; k++) {
@@ -1116,9 +1106,10 @@ int pd_xfer_peer_connect(pd_xfer_t *x, const struct pd_xfer_peer_info *info, voi
         x->peers->prev = p;
     x->peers = p;
     x->n_peers++;
-    if (ns > 1)
-        pd_info("xfer: peer %016" PRIx64 " connected (receiver, %d shards): data lane %s",
-                p->remote_id, ns, p->transport);
+    if (ns > 1 || p->regroup)
+        pd_info("xfer: peer %016" PRIx64 " connected (receiver, %d shards%s): data lane %s",
+                p->remote_id, ns, p->regroup ? ", kv heads split otherwise than ours" : "",
+                p->transport);
     else
         pd_info("xfer: peer %016" PRIx64 " connected (%s): data lane %s", p->remote_id,
                 receiver ? "receiver" : "sender", p->transport);

@@ -43,13 +43,27 @@
  * Shards. Under tensor parallelism a daemon's KV pool is S pools, one per rank, each holding that
  * rank's share of the kv heads for the same pages: logical page p is page p of every shard, and a
  * page index anywhere in this API names the logical page. Each shard is registered (and its rkey
- * packed) on its own; the peer info carries every shard's rkey and base, and a sender and a
- * receiver must have the same shard count and shard page bytes (refused at connect), since
- * rank r's shard goes to rank r's (SGLang pairs prefill rank r with decode rank r; here one
- * engine moves all the shards of a page). A run of pages is one put per shard; as active
- * messages, each message carries its shard number and stays within that shard's run, and the
- * receiver bounds-checks it against that shard's pages of the room. One shard is exactly the
- * unsharded pool, on the wire too.
+ * packed) on its own; the peer info carries every shard's rkey and base. When both sides split
+ * the heads alike (same shard count, shard page bytes and head ranges), shard k goes to shard k:
+ * a run of pages is one put per shard; as active messages, each message carries its shard
+ * number and stays within that shard's run, and the receiver bounds-checks it against that
+ * shard's pages of the room. One shard is exactly the unsharded pool, on the wire too.
+ *
+ * Heterogeneous tensor parallelism (pd_xfer_register_heads): the sides may split the kv heads
+ * differently (prefill tp 2, decode tp 1; or heads replicated over tp / kv_heads ranks). A shard
+ * page is rows_per_page rows (layers x K,V x page_size tokens) of the shard's heads, so a run of
+ * n pages of one shard is n * rows_per_page equally strided rows, and the heads one destination
+ * shard takes from one source shard are one contiguous interval: one 2-D copy per such pair.
+ * Each destination head is taken from the first of our shards that holds it, so every byte is
+ * written once. Such a peer is accepted at connect when every head of its shards is in one of
+ * ours and rows_per_page, head_bytes and the model's kv heads are equal (else PD_EMISMATCH naming
+ * what differs). Its runs go as that peer's shards' active messages, already in the
+ * DESTINATION's layout, so the receiver cannot tell them from a homogeneous sender's and checks
+ * them as always: from a host pool each message is packed by UCX through a generic datatype
+ * whose callback gathers those pieces straight from our shards into UCX's send buffer (no copy
+ * of ours); from a device pool the run is 2-D copied into a slot of the staging ring (made at the
+ * first such peer when the pool has none), shard after shard, and sent from there. Peers that
+ * split alike keep their puts, IPC copies and direct messages.
  *
  * GPU pools (pd_xfer_register_device_pool): registered with UCX directly when it takes CUDA
  * memory, else staged through a pinned host ring (see there); received page data goes host→device
@@ -155,13 +169,26 @@ struct pd_xfer_info {
     uint64_t dropped_writes; /* receiver: page data refused (room not live, wrong peer, outside
                                 the room's pages) */
     bool staged;             /* GPU pool moved through the pinned staging ring */
-    uint64_t staged_bytes;   /* sender: page bytes that went through the ring */
+    uint64_t staged_bytes;   /* sender: page bytes that went through the ring (staged, or
+                                regrouped for a peer of another tensor parallelism) */
     uint64_t ipc_bytes;      /* sender: page bytes copied into peers' pools by CUDA IPC */
     /* receiver, device pool (the receive ring, see pd_xfer_register_device_pool) */
     uint64_t recv_staged_bytes;  /* page bytes whose host→device copies completed */
     uint64_t recv_copying_bytes; /* page bytes whose copies are in flight now */
     uint64_t recv_held;          /* messages kept by UCX while the ring was full (back-pressure) */
     uint64_t recv_waits;         /* ring full, message not keepable: waits for the oldest slot */
+};
+
+/* How a pool's shards split the model's kv heads (heterogeneous tensor parallelism, above).
+ * Shard k holds heads [start[k], start[k] + count) of total; each of its page is rows_per_page
+ * rows of count * head_bytes bytes: shard page bytes = rows_per_page * count * head_bytes. Every
+ * shard holds the same number of heads (one pool, one shard page size). */
+struct pd_xfer_heads {
+    uint32_t rows_per_page; /* layers * 2 (K, V) * page_size; 0: not described */
+    uint32_t head_bytes;    /* head_dim * element bytes */
+    uint32_t total;         /* the model's kv heads */
+    uint32_t count;         /* heads of each shard */
+    uint32_t start[PD_XFER_SHARDS_MAX];
 };
 
 /* One shard of a remote pool, as exchanged at Pair. */
@@ -200,6 +227,9 @@ struct pd_xfer_peer_info {
      * ring's, not the pool's, so nothing may be put into it; pages must come as active messages
      * (or by IPC copies). A sender configured for puts only (PD_XFER_DATA_PUT) is refused. */
     bool am_only;
+    /* how its shards split the kv heads (rows_per_page 0: not described; then only a peer that
+     * splits them as we do is accepted) */
+    struct pd_xfer_heads heads;
 };
 
 /* Engine. cb is copied. The engine lives until pd_xfer_free's close completes on the loop. */
@@ -267,6 +297,11 @@ int pd_xfer_register_device_pool(pd_xfer_t *x, void *base, size_t page_bytes, ui
 int pd_xfer_register_device_pool_shards(pd_xfer_t *x, void *const *bases, int n_shards,
                                         size_t shard_page_bytes, uint32_t n_pages,
                                         struct pd_devmem *dm, bool ucx_direct);
+/* Describes how the registered pool's shards split the model's kv heads (after the pool, once),
+ * so that peers splitting them otherwise can be served (heterogeneous tensor parallelism, above).
+ * PD_EINVAL when it does not fit the pool (shard count, shard page bytes, heads past total).
+ * Without it, only peers whose pool has our shard count and shard page bytes are accepted. */
+int pd_xfer_register_heads(pd_xfer_t *x, const struct pd_xfer_heads *h);
 /* Our worker address (always) and packed pool rkey (after register_pool; else NULL, 0): shard
  * 0's for a pool of shards. Valid for the engine's life. */
 void pd_xfer_local_address(const pd_xfer_t *x, const void **addr, size_t *len);
@@ -275,12 +310,15 @@ void pd_xfer_local_rkey(const pd_xfer_t *x, const void **rkey, size_t *len, uint
 void pd_xfer_local_ipc(const pd_xfer_t *x, const void **handle, size_t *len);
 /* Everything a peer needs to connect to us (what Pair carries): id, worker address and, after a
  * pool was registered, page_bytes, n_pages and every shard (n_shards, shards[]; shard 0 also in
- * rkey/base/ipc_handle). Pointers valid for the engine's life. */
+ * rkey/base/ipc_handle), and the heads after pd_xfer_register_heads. Pointers valid for the
+ * engine's life. */
 void pd_xfer_local_peer_info(const pd_xfer_t *x, struct pd_xfer_peer_info *out);
 
 /* One endpoint per peer, with UCP_ERR_HANDLING_MODE_PEER. A receiver peer (info has a pool)
- * whose page bytes, shard count or shard page bytes differ from ours is refused with
- * PD_EMISMATCH naming both. */
+ * whose shards split the kv heads otherwise than ours is served through the staging ring when
+ * both sides described their heads and every head of its shards is in ours (see "Heterogeneous
+ * tensor parallelism"); otherwise one whose page bytes, shard count or shard page bytes differ
+ * from ours is refused with PD_EMISMATCH naming both. */
 int pd_xfer_peer_connect(pd_xfer_t *x, const struct pd_xfer_peer_info *info, void *peer_user,
                          pd_xfer_peer_t **out);
 /* Force-closes the endpoint; its rooms end with `status`, then on_peer_closed. Idempotent. */

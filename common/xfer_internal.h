@@ -36,6 +36,30 @@ enum op_kind { OP_DATA, OP_FLUSH, OP_NOTICE };
 #define NOTICE_WIRE_MAX                                                                            \
     (PD_XFER_NOTICE_WIRE_MIN + PD_XFER_ERROR_TEXT_MAX + 1 + 8 * PD_XFER_NOTICE_TOP_MAX)
 
+/* One 2-D copy of a run regrouped for a peer that splits the kv heads otherwise (xfer.h): the
+ * heads [src_off, src_off + width) of each row of our shard src go to [dst_off, ...) of each row
+ * of its shard dst (bytes within a row). */
+struct regroup_copy {
+    uint8_t src, dst;
+    uint32_t src_off, dst_off, width;
+};
+#define REGROUP_COPIES_MAX (2 * PD_XFER_SHARDS_MAX * PD_XFER_SHARDS_MAX)
+#define REGROUP_PIECES_MAX (2 * PD_XFER_SHARDS_MAX) /* of one destination shard's row */
+
+/* A page-data message of a regrouped run from a host pool, packed by UCX's generic datatype
+ * straight from our shards into its send buffer (xfer_heads.c): bytes [off, off + len) of the
+ * destination shard's part of the run, whose row r is in page src_page + r / rows_per_page of
+ * our pool. Self-contained (no pointer to the peer): UCX may pack it until it completes. */
+struct regroup_msg {
+    const pd_xfer_t *x;
+    uint32_t src_page;
+    uint32_t rows_per_page, src_pitch, dst_pitch; /* pitches: bytes of a row */
+    uint64_t off;
+    size_t len;
+    int n_pieces;
+    struct regroup_copy pieces[REGROUP_PIECES_MAX]; /* of the destination shard, by dst_off */
+};
+
 /* One UCX request of ours. Lives until UCX completes the request (after a forced close maybe
  * never: then until the engine is freed); names its room by id + serial, never by pointer. */
 struct op {
@@ -47,6 +71,7 @@ struct op {
     int slot;          /* staging-ring slot whose bytes UCX reads (AM data), or -1 */
     uint32_t slot_gen; /* that slot's generation: a late completion never frees a reused slot */
     uint8_t buf[NOTICE_WIRE_MAX]; /* AM data header or notice wire: UCX may read it until done */
+    struct regroup_msg rg;        /* a regrouped message's source (UCX packs it until done) */
 };
 
 enum room_state {
@@ -175,9 +200,18 @@ struct pd_xfer_peer {
     /* the receiver's pool mapped here, per shard (CUDA IPC): pages are device copies; all or
      * none of the shards are mapped */
     void *ipc_base[PD_XFER_SHARDS_MAX];
+    /* it splits the kv heads otherwise than we do: every run goes through the staging ring,
+     * regrouped into its shards' layout by these copies */
+    bool regroup;
+    int n_shards;              /* its pool's shards */
+    uint64_t shard_page_bytes; /* one page of one of its shards */
+    uint32_t dst_pitch;        /* bytes of one row of one of its shards */
+    int n_copies;              /* by destination shard, then dst_off */
+    struct regroup_copy copies[REGROUP_COPIES_MAX];
+    int first_copy[PD_XFER_SHARDS_MAX + 1]; /* its shard j's are [first_copy[j], [j + 1]) */
     struct room *rooms;
     uint32_t n_rooms;
-    char transport[112];
+    char transport[160];
 };
 
 struct pd_xfer {
@@ -214,6 +248,7 @@ struct pd_xfer {
     size_t shard_page_bytes;
     size_t page_bytes;
     uint32_t n_pages;
+    struct pd_xfer_heads heads; /* rows_per_page 0: not described (pd_xfer_register_heads) */
 
     struct room **buckets;
     size_t n_buckets; /* power of two */
@@ -238,7 +273,10 @@ struct pd_xfer {
     /* device pool (pd_xfer_register_device_pool) */
     struct pd_devmem *dm; /* NULL: the pool is host memory */
     bool staged;          /* device pool that UCX cannot read: through the ring */
-    void *ring;           /* pinned host; memh[0]/rkey_buf[0] above are the ring's */
+    /* host pool: runs regrouped for a peer are packed by this UCX generic datatype straight
+     * from the pool (xfer_heads.c); a device pool's go through the staging ring; 0: none yet */
+    ucp_datatype_t regroup_dt;
+    void *ring; /* pinned host; staged: memh[0]/rkey_buf[0] above are the ring's, else unmapped */
     size_t slot_bytes;
     int n_slots;
     struct stage_slot *slots;
@@ -305,6 +343,10 @@ int pd__xfer_room_get(const pd_xfer_t *x, uint64_t room, struct room **out);
 void pd__xfer_room_unlink_and_free(pd_xfer_t *x, struct room *r);
 
 /* xfer_send.c */
+/* The staging ring: stage_slots slots of slot_bytes of x->dm's pinned memory, their events and
+ * the job queue; all or nothing. Not mapped with UCX (a staged pool maps it itself). */
+int pd__xfer_ring_new(pd_xfer_t *x, size_t slot_bytes);
+void pd__xfer_ring_free(pd_xfer_t *x); /* with x->dm; accepts none */
 int pd__xfer_ipc_wait_push(pd_xfer_t *x, struct room *r);
 void pd__xfer_post_flush(pd_xfer_t *x, struct room *r);
 void pd__xfer_post_notice(pd_xfer_t *x, struct room *r);
@@ -320,6 +362,13 @@ ucs_status_t pd__xfer_on_notice_am(void *arg, const void *header, size_t header_
 bool pd__xfer_recv_complete(pd_xfer_t *x, bool wait);
 void pd__xfer_recv_ring_free(pd_xfer_t *x);
 bool pd__xfer_run_recv(pd_xfer_t *x);
+
+/* xfer_heads.c */
+int pd__xfer_peer_regroup(pd_xfer_t *x, const struct pd_xfer_peer_info *info, int ns, uint64_t spb,
+                          struct pd_xfer_peer *p);
+/* Fills m for bytes [off, off + len) of p's shard dst's part of a run from our page src_page. */
+void pd__xfer_regroup_msg(const pd_xfer_t *x, const struct pd_xfer_peer *p, uint32_t dst,
+                          uint32_t src_page, uint64_t off, size_t len, struct regroup_msg *m);
 
 /* xfer_notice.c */
 uint32_t pd__xfer_get_u32(const uint8_t *p);

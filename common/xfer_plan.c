@@ -3,6 +3,7 @@
  * their arguments: no I/O, no global state, so both processes of a test compute the same thing.
  */
 #include "common/xfer_plan.h"
+#include "common/xfer.h"
 
 #include <math.h>
 #include <stdbool.h>
@@ -159,6 +160,53 @@ long pd_xfer_plan_check(uint64_t room, uint32_t pos, const void *page, size_t by
         }
     }
     return -1;
+}
+
+static uint64_t head_seed(uint64_t room, uint32_t pos, uint32_t row, uint32_t head) {
+    uint64_t st = room * 0x100000001b3ull ^ ((uint64_t)pos << 17) ^ ((uint64_t)row << 40) ^
+                  ((uint64_t)head * 0x9e3779b97f4a7c15ull);
+    return pd_xfer_plan_rand(&st);
+}
+
+void pd_xfer_plan_fill_heads(uint64_t room, uint32_t pos, const struct pd_xfer_heads *h, int shard,
+                             void *page) {
+    uint8_t *p = page;
+    for (uint32_t r = 0; r < h->rows_per_page; r++)
+        for (uint32_t c = 0; c < h->count; c++, p += h->head_bytes)
+            pd_xfer_plan_fill(head_seed(room, pos, r, h->start[shard] + c), 0, p, h->head_bytes);
+}
+
+long pd_xfer_plan_check_heads(uint64_t room, uint32_t pos, const struct pd_xfer_heads *h, int shard,
+                              const void *page) {
+    const uint8_t *p = page;
+    for (uint32_t r = 0; r < h->rows_per_page; r++)
+        for (uint32_t c = 0; c < h->count; c++, p += h->head_bytes) {
+            long off = pd_xfer_plan_check(head_seed(room, pos, r, h->start[shard] + c), 0, p,
+                                          h->head_bytes);
+            if (off >= 0)
+                return (long)(p - (const uint8_t *)page) + off;
+        }
+    return -1;
+}
+
+uint32_t pd_xfer_plan_checksum_heads(void *const *bases, int n_shards,
+                                     const struct pd_xfer_heads *h, const uint32_t *pages,
+                                     uint32_t n) {
+    const size_t row = (size_t)h->count * h->head_bytes, spb = row * h->rows_per_page;
+    uint32_t sum = 2166136261u;
+    for (uint32_t i = 0; i < n; i++)
+        for (uint32_t r = 0; r < h->rows_per_page; r++)
+            for (uint32_t head = 0; head < h->total; head++) {
+                int k = 0;
+                while (k < n_shards && !(head >= h->start[k] && head - h->start[k] < h->count))
+                    k++;
+                PD_ASSERT(k < n_shards); /* every head is in some shard */
+                const uint8_t *p = (const uint8_t *)bases[k] + (size_t)pages[i] * spb + r * row +
+                                   (size_t)(head - h->start[k]) * h->head_bytes;
+                for (uint32_t j = 0; j < h->head_bytes; j++)
+                    sum = (sum ^ p[j]) * 16777619u;
+            }
+    return sum;
 }
 
 uint32_t pd_xfer_plan_checksum(const void *base, size_t page_bytes, const uint32_t *pages,

@@ -40,4 +40,21 @@ long pd_xfer_plan_check(uint64_t room, uint32_t pos, const void *page, size_t by
 uint32_t pd_xfer_plan_checksum(const void *base, size_t page_bytes, const uint32_t *pages,
                                uint32_t n);
 
+/* Page contents that do not depend on how a pool's shards split the kv heads (heterogeneous
+ * tensor parallelism, xfer.h): the bytes of kv head `head` in row `row` of the room's page at
+ * `pos` are a function of (room, pos, row, head), so pools of any tp hold the same logical page
+ * and a receiver checks each of its shards against it. fill/check: shard `shard`'s part of one
+ * page (rows_per_page rows of h->count heads from h->start[shard]). */
+struct pd_xfer_heads;
+void pd_xfer_plan_fill_heads(uint64_t room, uint32_t pos, const struct pd_xfer_heads *h, int shard,
+                             void *page);
+long pd_xfer_plan_check_heads(uint64_t room, uint32_t pos, const struct pd_xfer_heads *h, int shard,
+                              const void *page);
+/* FNV-1a over the room's logical pages (n of them at pages[i] of shards bases[k], shard page
+ * bytes from h): row by row, every head of the model from the first shard holding it. The same on
+ * both sides whatever their tp. */
+uint32_t pd_xfer_plan_checksum_heads(void *const *bases, int n_shards,
+                                     const struct pd_xfer_heads *h, const uint32_t *pages,
+                                     uint32_t n);
+
 #endif

@@ -377,23 +377,10 @@ int pd_xfer_register_device_pool_shards(pd_xfer_t *x, void *const *bases, int n_
         /* the ring: enough slots that copies and sends overlap; a slot holds at least a logical
          * page (every shard of it) */
         size_t want = x->cfg.stage_slot_bytes ? x->cfg.stage_slot_bytes : (size_t)4 << 20;
-        x->slot_bytes = want < page_bytes ? page_bytes : want / page_bytes * page_bytes;
-        x->n_slots = x->cfg.stage_slots > 0 ? x->cfg.stage_slots : 4;
-        x->jobs_cap = 1024;
-        x->slots = pd_calloc((size_t)x->n_slots, sizeof(*x->slots));
-        x->jobs = pd_malloc(x->jobs_cap * sizeof(*x->jobs));
-        if (!x->slots || !x->jobs) {
-            rc = pd_error_wrap(PD_ENOMEM, "the staging ring");
+        x->dm = dm; /* the ring's copies and memory are the device's */
+        if ((rc = pd__xfer_ring_new(
+                 x, want < page_bytes ? page_bytes : want / page_bytes * page_bytes)) != PD_OK)
             goto fail_ring;
-        }
-        x->dm = dm; /* event_free below needs it */
-        for (int i = 0; i < x->n_slots; i++)
-            if ((rc = pd_devmem_event_new(dm, &x->slots[i].ev)) != PD_OK)
-                goto fail_ring;
-        if ((rc = pd_devmem_host_alloc(dm, x->slot_bytes * (size_t)x->n_slots, &x->ring)) != PD_OK)
-            goto fail_ring;
-        for (int i = 0; i < x->n_slots; i++)
-            x->slots[i].buf = (char *)x->ring + x->slot_bytes * (size_t)i;
         if ((rc = pd__xfer_map_regions(x, &x->ring, 1, x->slot_bytes * (size_t)x->n_slots, false,
                                        "the staging ring")) != PD_OK)
             goto fail_ring;
@@ -419,16 +406,7 @@ int pd_xfer_register_device_pool_shards(pd_xfer_t *x, void *const *bases, int n_
     return PD_OK;
 
 fail_ring:
-    for (int i = 0; x->slots && i < x->n_slots; i++)
-        pd_devmem_event_free(dm, x->slots[i].ev);
-    if (x->ring)
-        pd_devmem_host_free(dm, x->ring);
-    pd_free(x->slots);
-    pd_free(x->jobs);
-    x->slots = NULL;
-    x->jobs = NULL;
-    x->ring = NULL;
-    x->n_slots = 0;
+    pd__xfer_ring_free(x); /* x->dm is dm */
     pd__xfer_recv_ring_free(x);
     x->dm = NULL;
     return rc;

@@ -164,11 +164,11 @@ static int copy_pages(uint64_t room, const uint32_t *pages, uint32_t n, uint32_t
 static int room_open(pd_xfer_t *x, pd_xfer_peer_t *p, uint64_t room, enum room_role role,
                      const uint32_t *dst_pages, uint32_t n, uint32_t pool_pages, const char *whose,
                      void *room_user) {
-    uint32_t *dst;
+    uint32_t *dst = NULL;
     int rc = copy_pages(room, dst_pages, n, pool_pages, whose, &dst);
     if (rc)
         return rc;
-    struct room *r;
+    struct room *r = NULL;
     rc = room_new(x, p, room, role, room_user, &r);
     if (rc) {
         pd_free(dst);
@@ -181,6 +181,8 @@ static int room_open(pd_xfer_t *x, pd_xfer_peer_t *p, uint64_t room, enum room_r
 
 int pd_xfer_room_add(pd_xfer_t *x, pd_xfer_peer_t *p, uint64_t room, const uint32_t *dst_pages,
                      uint32_t n, void *room_user) {
+    if (!p)
+        return pd_errorf(PD_EINVAL, "room %" PRIu64 ": no peer", room);
     if (!p->rkey[0])
         return pd_errorf(PD_EINVAL, "room %" PRIu64 ": peer has no KV pool to write to", room);
     return room_open(x, p, room, ROOM_SENDER, dst_pages, n, p->n_pages, "the peer's", room_user);
@@ -196,6 +198,8 @@ int pd__xfer_room_get(const pd_xfer_t *x, uint64_t room, struct room **out) {
 
 int pd_xfer_room_expect(pd_xfer_t *x, pd_xfer_peer_t *p, uint64_t room, const uint32_t *dst_pages,
                         uint32_t n, void *room_user) {
+    if (!p)
+        return pd_errorf(PD_EINVAL, "room %" PRIu64 ": no peer", room);
     return room_open(x, p, room, ROOM_RECEIVER, dst_pages, n, x->n_pages, "our", room_user);
 }
 

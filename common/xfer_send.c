@@ -92,6 +92,81 @@ static void stage_job_done(pd_xfer_t *x, const struct stage_job *j) {
     }
 }
 
+int pd__xfer_ring_new(pd_xfer_t *x, size_t slot_bytes) {
+    int rc;
+    x->slot_bytes = slot_bytes;
+    x->n_slots = x->cfg.stage_slots > 0 ? x->cfg.stage_slots : 4;
+    x->jobs_cap = 1024;
+    x->jobs_head = x->n_jobs = 0;
+    x->slots = pd_calloc((size_t)x->n_slots, sizeof(*x->slots));
+    x->jobs = pd_malloc(x->jobs_cap * sizeof(*x->jobs));
+    if (!x->slots || !x->jobs) {
+        rc = pd_error_wrap(PD_ENOMEM, "the staging ring");
+        goto fail;
+    }
+    for (int i = 0; i < x->n_slots; i++)
+        if ((rc = pd_devmem_event_new(x->dm, &x->slots[i].ev)) != PD_OK)
+            goto fail;
+    if ((rc = pd_devmem_host_alloc(x->dm, x->slot_bytes * (size_t)x->n_slots, &x->ring)) != PD_OK)
+        goto fail;
+    for (int i = 0; i < x->n_slots; i++)
+        x->slots[i].buf = (char *)x->ring + x->slot_bytes * (size_t)i;
+    return PD_OK;
+fail:
+    pd__xfer_ring_free(x);
+    return rc;
+}
+
+void pd__xfer_ring_free(pd_xfer_t *x) {
+    for (int i = 0; x->slots && i < x->n_slots; i++)
+        pd_devmem_event_free(x->dm, x->slots[i].ev);
+    if (x->ring)
+        pd_devmem_host_free(x->dm, x->ring);
+    pd_free(x->slots);
+    pd_free(x->jobs);
+    x->slots = NULL;
+    x->jobs = NULL;
+    x->ring = NULL;
+    x->n_slots = 0;
+}
+
+/* How a run of n pages for peer p lies in a slot: parts shards of part bytes, one after another
+ * (our shards, or the peer's when its runs are regrouped). */
+static void slot_parts(const pd_xfer_t *x, const struct pd_xfer_peer *p, uint32_t n, int *parts,
+                       size_t *part) {
+    *parts = p->regroup ? p->n_shards : x->n_shards;
+    *part = (size_t)n * (p->regroup ? (size_t)p->shard_page_bytes : x->shard_page_bytes);
+}
+
+/* Enqueues the copies of job j into slot buf: each of our shards' part of the run (one copy
+ * each), or, for a peer that splits the kv heads otherwise, the run regrouped into its shards'
+ * layout: one 2-D copy per planned piece, n * rows_per_page rows of the piece's heads. */
+static int stage_copy(pd_xfer_t *x, const struct pd_xfer_peer *p, const struct stage_job *j,
+                      char *buf) {
+    struct pd_devmem *dm = x->dm;
+    const size_t spb = x->shard_page_bytes;
+    int parts, rc = PD_OK;
+    size_t part;
+    slot_parts(x, p, j->n, &parts, &part);
+    if (!p->regroup) {
+        for (int k = 0; k < parts && !rc; k++)
+            rc = pd_devmem_copy_async(dm, buf + (size_t)k * part,
+                                      (const char *)x->pool_bases[k] + (size_t)j->src_page * spb,
+                                      part);
+        return rc;
+    }
+    const size_t rows = (size_t)j->n * x->heads.rows_per_page;
+    const size_t src_pitch = (size_t)x->heads.count * x->heads.head_bytes;
+    for (int c = 0; c < p->n_copies && !rc; c++) {
+        const struct regroup_copy *cp = &p->copies[c];
+        rc = pd_devmem_copy2d_async(dm, buf + (size_t)cp->dst * part + cp->dst_off, p->dst_pitch,
+                                    (const char *)x->pool_bases[cp->src] +
+                                        (size_t)j->src_page * spb + cp->src_off,
+                                    src_pitch, cp->width, rows);
+    }
+    return rc;
+}
+
 /* The ring's step: copied slots are posted, free slots take the next queued runs. */
 bool pd__xfer_run_stage(pd_xfer_t *x) {
     bool changed = false;
@@ -112,17 +187,18 @@ bool pd__xfer_run_stage(pd_xfer_t *x) {
         } else if (r) {
             sl->state = SLOT_SENDING;
             sl->peer = r->peer;
-            /* the slot holds the run shard after shard (see below) */
-            size_t part = (size_t)sl->job.n * x->shard_page_bytes;
-            int rc = PD_OK;
-            for (int k = 0; k < x->n_shards && !rc; k++)
+            /* the slot holds the run shard after shard (see stage_copy) */
+            int parts, rc = PD_OK;
+            size_t part;
+            slot_parts(x, r->peer, sl->job.n, &parts, &part);
+            for (int k = 0; k < parts && !rc; k++)
                 rc = send_run_am(x, r, sl->job.index, (uint32_t)k, sl->buf + (size_t)k * part, part,
                                  i);
             if (rc) {
                 pd_warn("xfer: room %" PRIu64 ": %s", r->id, pd_error_msg());
                 pd__xfer_peer_mark_failed(r->peer, rc == PD_ENOMEM ? PD_ENOMEM : PD_EPEER);
             }
-            x->staged_bytes += part * (size_t)x->n_shards;
+            x->staged_bytes += part * (size_t)parts;
             if (sl->pending == 0) /* UCX took every message inline */
                 sl->state = SLOT_FREE;
         }
@@ -142,14 +218,7 @@ bool pd__xfer_run_stage(pd_xfer_t *x) {
                 stage_job_done(x, &j);
                 continue;
             }
-            /* one copy per shard: shard k's part of the run at slot + k * part */
-            size_t part = (size_t)j.n * x->shard_page_bytes;
-            int rc = PD_OK;
-            for (int k = 0; k < x->n_shards && !rc; k++)
-                rc = pd_devmem_copy_async(x->dm, sl->buf + (size_t)k * part,
-                                          (const char *)x->pool_bases[k] +
-                                              (size_t)j.src_page * x->shard_page_bytes,
-                                          part);
+            int rc = stage_copy(x, r->peer, &j, sl->buf);
             if (!rc)
                 rc = pd_devmem_event_record(x->dm, sl->ev);
             if (rc) {
@@ -289,7 +358,8 @@ static int send_run_put(pd_xfer_t *x, struct room *r, uint32_t shard, const char
 static int send_run_am(pd_xfer_t *x, struct room *r, uint32_t index, uint32_t shard,
                        const char *src, size_t bytes, int slot) {
     const size_t chunk = r->peer->am_chunk;
-    ucp_mem_h memh = x->staged ? x->memh[0] : x->memh[shard]; /* the ring, or the shard */
+    /* the staged pool's ring is mapped (memh[0]); a ring made for regrouping is not */
+    ucp_mem_h memh = slot < 0 ? x->memh[shard] : x->staged ? x->memh[0] : NULL;
     for (size_t off = 0; off < bytes; off += chunk) {
         size_t len = bytes - off < chunk ? bytes - off : chunk;
         struct op *op = pd__xfer_op_new(x, r, OP_DATA);
@@ -306,7 +376,7 @@ static int send_run_am(pd_xfer_t *x, struct room *r, uint32_t index, uint32_t sh
         pd__xfer_put_u64(op->buf + 24, off);
         ucp_request_param_t prm = {
             .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
-                            UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FIELD_MEMH,
+                            UCP_OP_ATTR_FIELD_FLAGS | (memh ? UCP_OP_ATTR_FIELD_MEMH : 0),
             .flags = UCP_AM_SEND_FLAG_EAGER,
             .cb.send = pd__xfer_on_data_sent,
             .user_data = op,
@@ -330,12 +400,57 @@ static int send_run_am(pd_xfer_t *x, struct room *r, uint32_t index, uint32_t sh
     return PD_OK;
 }
 
+/* A run for a peer that splits the kv heads otherwise, from a host pool: every one of its shards'
+ * part as eager active messages (as send_run_am), each packed by UCX straight from our shards in
+ * the peer's layout through the regroup datatype, so no byte is copied twice on our side. */
+static int send_run_regroup(pd_xfer_t *x, struct room *r, uint32_t index, uint32_t src_page,
+                            uint32_t len) {
+    struct pd_xfer_peer *p = r->peer;
+    const size_t chunk = p->am_chunk, part = (size_t)len * p->shard_page_bytes;
+    for (int j = 0; j < p->n_shards; j++) {
+        for (size_t off = 0; off < part; off += chunk) {
+            size_t n = part - off < chunk ? part - off : chunk;
+            struct op *op = pd__xfer_op_new(x, r, OP_DATA);
+            if (!op)
+                return pd_error_wrap(PD_ENOMEM, "room %" PRIu64 ": sending pages", r->id);
+            pd__xfer_put_u64(op->buf, x->id);
+            pd__xfer_put_u64(op->buf + 8, r->id);
+            pd__xfer_put_u32(op->buf + 16, index);
+            pd__xfer_put_u32(op->buf + 20, (uint32_t)j);
+            pd__xfer_put_u64(op->buf + 24, off);
+            pd__xfer_regroup_msg(x, p, (uint32_t)j, src_page, off, n, &op->rg);
+            ucp_request_param_t prm = {
+                .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
+                                UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FIELD_DATATYPE,
+                .flags = UCP_AM_SEND_FLAG_EAGER,
+                .cb.send = pd__xfer_on_data_sent,
+                .user_data = op,
+                .datatype = x->regroup_dt,
+            };
+            ucs_status_ptr_t req =
+                ucp_am_send_nbx(p->ep, PD_XFER_AM_DATA, op->buf, DATA_HDR_LEN, &op->rg, 1, &prm);
+            if (UCS_PTR_IS_ERR(req)) {
+                pd__xfer_op_free(op);
+                return pd__ucs_error(UCS_PTR_STATUS(req), "sending regrouped pages");
+            }
+            if (req)
+                pd__xfer_op_held(x, r);
+            else
+                pd__xfer_op_free(op);
+            r->data_bytes += n;
+        }
+    }
+    return PD_OK;
+}
+
 /* One run of len pages, src_page.. → dst_page.. at room position index, every shard of it. */
 static int send_run(pd_xfer_t *x, struct room *r, uint32_t index, uint32_t src_page,
                     uint32_t dst_page, uint32_t len) {
     struct pd_xfer_peer *p = r->peer;
     const size_t spb = x->shard_page_bytes, part = (size_t)len * spb;
-    if (x->staged && !p->ipc_base[0])
+    if (p->regroup && !x->dm)
+        return send_run_regroup(x, r, index, src_page, len);
+    if (p->regroup || (x->staged && !p->ipc_base[0]))
         return stage_queue(x, r, index, src_page, len);
     int rc = PD_OK;
     for (int k = 0; k < x->n_shards && !rc; k++) {
@@ -374,10 +489,13 @@ int pd_xfer_room_send(pd_xfer_t *x, uint64_t room, uint32_t first, const uint32_
         return pd_errorf(PD_EPEER, "room %" PRIu64 ": peer has failed", room);
     const uint32_t *dst = r->dst + first;
     /* Very long runs are split: puts of a few MiB (each shard's) pipeline better on the
-     * transports measured; staged runs are at most one ring slot (every shard of them). */
-    const bool to_ring = x->staged && !p->ipc_base[0];
+     * transports measured; staged runs are at most one ring slot (every shard of them, in the
+     * peer's layout when regrouped: its pages may be larger than ours under replication). */
+    const bool to_ring = (p->regroup && x->dm) || (x->staged && !p->ipc_base[0]);
     size_t max_bytes = p->ipc_base[0] ? SIZE_MAX : to_ring ? x->slot_bytes : x->cfg.max_put_bytes;
-    size_t unit = to_ring ? x->page_bytes : x->shard_page_bytes;
+    size_t unit = p->regroup ? (size_t)p->page_bytes
+                  : to_ring  ? x->page_bytes
+                             : x->shard_page_bytes;
     size_t fit = max_bytes / unit;
     uint32_t max_len = fit == 0 ? 1 : fit > UINT32_MAX ? UINT32_MAX : (uint32_t)fit;
     for (uint32_t i = 0; i < n;) {

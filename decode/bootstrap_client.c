@@ -327,6 +327,13 @@ static int start_pair(pd_bootstrap_client_t *c) {
     }
     rq.kv_pages = me.n_pages;
     rq.kv_am_only = me.am_only;
+    if (me.heads.rows_per_page) { /* how our shards split the kv heads (bootstrap.proto) */
+        rq.kv_rows_per_page = me.heads.rows_per_page;
+        rq.kv_head_bytes = me.heads.head_bytes;
+        rq.kv_shard_head_count = me.heads.count;
+        rq.n_kv_shard_head_starts = (size_t)me.n_shards;
+        rq.kv_shard_head_starts = me.heads.start;
+    }
     rq.layout = &lpb;
     rq.engine_id = me.remote_id;
     int rc = client_call(c, PD_BOOTSTRAP_METHOD_PAIR, &rq.base, on_pair_reply, c);

@@ -43,6 +43,18 @@ static int cd_copy_async(struct pd_devmem *d, void *dst, const void *src, size_t
                                 "enqueueing a KV transfer copy");
 }
 
+/* Pool (device) ↔ staging ring (pinned host), rows of a run regrouped by kv heads: one
+ * cudaMemcpy2DAsync; cudaMemcpyDefault lets unified addressing tell the direction, as above. */
+static int cd_copy2d_async(struct pd_devmem *d, void *dst, size_t dpitch, const void *src,
+                           size_t spitch, size_t width, size_t height) {
+    struct cuda_devmem *c = (struct cuda_devmem *)d;
+    int rc = select_dev(c);
+    return rc ? rc
+              : pd__cuda_status(cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, height,
+                                                  cudaMemcpyDefault, c->stream),
+                                "enqueueing a KV transfer copy (2-D, heads regrouped)");
+}
+
 static int cd_copy(struct pd_devmem *d, void *dst, const void *src, size_t bytes) {
     struct cuda_devmem *c = (struct cuda_devmem *)d;
     int rc = select_dev(c);
@@ -198,6 +210,7 @@ static void cd_ipc_close(struct pd_devmem *d, void *base) {
 static const struct pd_devmem_ops cuda_devmem_ops = {
     .free = cd_free,
     .copy_async = cd_copy_async,
+    .copy2d_async = cd_copy2d_async,
     .copy = cd_copy,
     .event_new = cd_event_new,
     .event_free = cd_event_free,

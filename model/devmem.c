@@ -29,6 +29,16 @@ int pd_devmem_copy_async(struct pd_devmem *d, void *dst, const void *src, size_t
     return bytes ? d->ops->copy_async(d, dst, src, bytes) : PD_OK;
 }
 
+int pd_devmem_copy2d_async(struct pd_devmem *d, void *dst, size_t dpitch, const void *src,
+                           size_t spitch, size_t width, size_t height) {
+    PD_ASSERT(width <= dpitch && width <= spitch);
+    if (!width || !height)
+        return PD_OK;
+    if (width == dpitch && width == spitch && height <= SIZE_MAX / width) /* contiguous */
+        return d->ops->copy_async(d, dst, src, width * height);
+    return d->ops->copy2d_async(d, dst, dpitch, src, spitch, width, height);
+}
+
 int pd_devmem_copy(struct pd_devmem *d, void *dst, const void *src, size_t bytes) {
     return bytes ? d->ops->copy(d, dst, src, bytes) : PD_OK;
 }
@@ -85,11 +95,19 @@ void pd_devmem_ipc_close(struct pd_devmem *d, void *base) {
 
 /* ---- host implementation ---- */
 
-struct host_copy {
+struct host_copy { /* height rows of bytes; a 1-D copy is one row */
     void *dst;
     const void *src;
     size_t bytes;
+    size_t dpitch, spitch, height;
 };
+
+static void host_copy_run(const struct host_copy *c) {
+    char *d = c->dst;
+    const char *s = c->src;
+    for (size_t i = 0; i < c->height; i++, d += c->dpitch, s += c->spitch)
+        memcpy(d, s, c->bytes);
+}
 
 struct host_devmem {
     struct pd_devmem base;
@@ -108,7 +126,7 @@ struct pd_devmem_event {
 
 static void host_run_one(struct host_devmem *h) {
     struct host_copy *c = &h->q[h->q_head++];
-    memcpy(c->dst, c->src, c->bytes);
+    host_copy_run(c);
     h->done++;
     if (h->q_head == h->q_len)
         h->q_head = h->q_len = 0;
@@ -122,11 +140,10 @@ static void host_free(struct pd_devmem *d) {
     pd_free(h);
 }
 
-static int host_copy_async(struct pd_devmem *d, void *dst, const void *src, size_t bytes) {
-    struct host_devmem *h = (struct host_devmem *)d;
+static int host_enqueue(struct host_devmem *h, const struct host_copy *c) {
     h->enqueued++;
     if (!h->deferred) {
-        memcpy(dst, src, bytes);
+        host_copy_run(c);
         h->done++;
         return PD_OK;
     }
@@ -140,8 +157,25 @@ static int host_copy_async(struct pd_devmem *d, void *dst, const void *src, size
         h->q = q;
         h->q_cap = cap;
     }
-    h->q[h->q_len++] = (struct host_copy){.dst = dst, .src = src, .bytes = bytes};
+    h->q[h->q_len++] = *c;
     return PD_OK;
+}
+
+static int host_copy_async(struct pd_devmem *d, void *dst, const void *src, size_t bytes) {
+    struct host_copy c = {
+        .dst = dst, .src = src, .bytes = bytes, .dpitch = bytes, .spitch = bytes, .height = 1};
+    return host_enqueue((struct host_devmem *)d, &c);
+}
+
+static int host_copy2d_async(struct pd_devmem *d, void *dst, size_t dpitch, const void *src,
+                             size_t spitch, size_t width, size_t height) {
+    struct host_copy c = {.dst = dst,
+                          .src = src,
+                          .bytes = width,
+                          .dpitch = dpitch,
+                          .spitch = spitch,
+                          .height = height};
+    return host_enqueue((struct host_devmem *)d, &c);
 }
 
 static int host_copy(struct pd_devmem *d, void *dst, const void *src, size_t bytes) {
@@ -174,8 +208,7 @@ static void host_run_reversed(struct host_devmem *h, uint64_t target) {
     if (target - h->done < n)
         n = (size_t)(target - h->done);
     for (size_t k = n; k-- > 0;) {
-        struct host_copy *c = &h->q[h->q_head + k];
-        memcpy(c->dst, c->src, c->bytes);
+        host_copy_run(&h->q[h->q_head + k]);
     }
     h->q_head += n;
     h->done += n;
@@ -259,6 +292,7 @@ static int host_stall(struct pd_devmem *d, bool stall) {
 static const struct pd_devmem_ops host_ops = {
     .free = host_free,
     .copy_async = host_copy_async,
+    .copy2d_async = host_copy2d_async,
     .copy = host_copy,
     .event_new = host_event_new,
     .event_free = host_event_free,

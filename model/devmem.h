@@ -47,6 +47,12 @@ const char *pd_devmem_name(const struct pd_devmem *d);
 /* Enqueues a copy of bytes (device↔host, device→device): dst and src stay valid and untouched
  * until an event recorded after it reports done. */
 int pd_devmem_copy_async(struct pd_devmem *d, void *dst, const void *src, size_t bytes);
+/* Enqueues a 2-D copy: height rows of width bytes, row i from src + i * spitch to
+ * dst + i * dpitch (width <= both pitches; pitches in bytes). As copy_async for the rest: one
+ * copy for the events' order. Moves a run of KV pages between pools whose shards hold different
+ * kv heads (heterogeneous tensor parallelism: xfer.h). */
+int pd_devmem_copy2d_async(struct pd_devmem *d, void *dst, size_t dpitch, const void *src,
+                           size_t spitch, size_t width, size_t height);
 /* Copies now and returns when the bytes are at dst (src may be reused right away). */
 int pd_devmem_copy(struct pd_devmem *d, void *dst, const void *src, size_t bytes);
 
@@ -84,6 +90,8 @@ void pd_devmem_host_free(struct pd_devmem *d, void *p);
 struct pd_devmem_ops {
     void (*free)(struct pd_devmem *d);
     int (*copy_async)(struct pd_devmem *d, void *dst, const void *src, size_t bytes);
+    int (*copy2d_async)(struct pd_devmem *d, void *dst, size_t dpitch, const void *src,
+                        size_t spitch, size_t width, size_t height);
     int (*copy)(struct pd_devmem *d, void *dst, const void *src, size_t bytes);
     int (*event_new)(struct pd_devmem *d, struct pd_devmem_event **out);
     void (*event_free)(struct pd_devmem *d, struct pd_devmem_event *e);

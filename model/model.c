@@ -447,6 +447,12 @@ struct pd_kv_pool_opts pd_model_kv_opts(const struct pd_model *m, enum pd_dtype 
     };
 }
 
+void pd_model_kv_heads_of(const struct pd_model *m, int *start, int *count) {
+    int kvh = m->cfg.num_key_value_heads, S = m->tp_size, r = m->tp_rank;
+    *count = m->kv_heads;
+    *start = S > kvh ? r / (S / kvh) : r * m->kv_heads; /* as shard_weight's KV split */
+}
+
 /* ---- a step ---- */
 
 /* Validates every request and builds the host plan; nothing is written before all pass. */

@@ -75,6 +75,10 @@ size_t pd_model_weight_bytes(const struct pd_model *m);
 /* KV pool options matching this model (n_pages and mem fraction left to the caller); with tp,
  * this rank's kv heads. */
 struct pd_kv_pool_opts pd_model_kv_opts(const struct pd_model *m, enum pd_dtype kv_dtype);
+/* This rank's kv heads in the config's numbering: [*start, *start + *count) (without tp, all of
+ * them; with more ranks than kv heads, the one head the rank replicates). The KV transfer maps
+ * pages between pools of different tp with it (common/xfer.h). */
+void pd_model_kv_heads_of(const struct pd_model *m, int *start, int *count);
 
 /* Runs seqs[0..n_seqs-1]. logits: host [n_out][vocab] f32 where n_out = n_seqs (last position
  * of each request) or, with all_logits, the total of n_new (every position, request-major). */

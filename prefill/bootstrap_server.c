@@ -100,8 +100,9 @@ static bool refuse_key(pd_bootstrap_server_t *s, const char *what, const char *p
 }
 
 /* The decode's pool as PairRequest describes it: shard 0 in the original fields, shards 1 .. S-1
- * in the repeated ones (bootstrap.proto). Refuses (INVALID_ARGUMENT, true) a request whose shard
- * lists disagree; the shard count and sizes are the engine's to check against ours. */
+ * in the repeated ones (bootstrap.proto), and how its shards split the kv heads. Refuses
+ * (INVALID_ARGUMENT, true) a request whose shard lists disagree; the shard count, sizes and head
+ * ranges are the engine's to check against ours. */
 static bool pair_peer_info(const Pdserve__V1__PairRequest *rq, const struct pd_bootstrap_layout *dl,
                            struct pd_xfer_peer_info *pi, struct pd_grpc_answer *a) {
     size_t more = rq->n_kv_shard_rkeys;
@@ -117,6 +118,12 @@ static bool pair_peer_info(const Pdserve__V1__PairRequest *rq, const struct pd_b
     if (more + 1 > PD_XFER_SHARDS_MAX) {
         answer_code(a, PD_GRPC_INVALID_ARGUMENT, "Pair: KV pool of %zu shards, at most %d",
                     more + 1, PD_XFER_SHARDS_MAX);
+        return true;
+    }
+    if (rq->kv_rows_per_page && rq->n_kv_shard_head_starts != more + 1) {
+        answer_code(a, PD_GRPC_INVALID_ARGUMENT,
+                    "Pair: KV pool of %zu shards with %zu kv head starts", more + 1,
+                    rq->n_kv_shard_head_starts);
         return true;
     }
     *pi = (struct pd_xfer_peer_info){
@@ -139,6 +146,14 @@ static bool pair_peer_info(const Pdserve__V1__PairRequest *rq, const struct pd_b
                                            .base = pi->base,
                                            .ipc_handle = pi->ipc_handle,
                                            .ipc_handle_len = pi->ipc_handle_len};
+    if (rq->kv_rows_per_page) { /* else not described: the engine accepts our split only */
+        pi->heads = (struct pd_xfer_heads){.rows_per_page = rq->kv_rows_per_page,
+                                           .head_bytes = rq->kv_head_bytes,
+                                           .total = dl->kv_heads_total,
+                                           .count = rq->kv_shard_head_count};
+        for (size_t k = 0; k <= more; k++)
+            pi->heads.start[k] = rq->kv_shard_head_starts[k];
+    }
     for (size_t k = 0; k < more; k++) {
         bool ipc = rq->n_kv_shard_ipc_handles != 0;
         pi->shards[k + 1] = (struct pd_xfer_shard){

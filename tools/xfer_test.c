@@ -12,8 +12,11 @@
  *                    protobuf, mismatched layout, out-of-range and duplicate pages, duplicate
  *                    room; each must be refused with its status, and the server must still serve.
  *
- * --shards N gives both sides' pools N shards (tensor-parallel ranks, layout tp_size N): each
- * shard's part of a page has its own content and is checked on its own.
+ * --shards N gives this side's pool N shards (tensor-parallel ranks, layout tp_size N), each
+ * holding its share of --model-kv-heads as model.c splits them (replicated past the head count).
+ * The two sides may give different --shards: the sender then regroups the kv heads of every page
+ * into the receiver's shards (heterogeneous tp, xfer.h). Page content is a function of (room,
+ * page, row, kv head) whatever the split, and the receiver checks every byte of every shard.
  *
  * --room-timeout S (receiver) is the lossy-link mode (tests/integration/test_netfault.py runs the
  * two sides in two network namespaces, --host naming the sender's address): a room not ended S
@@ -59,6 +62,7 @@ struct opts {
     int rooms;
     int window;
     int layers, kv_heads, head_dim, page_size;
+    int model_kv_heads; /* 0: kv_heads x shards */
     int shards;
     int abort_every;
     bool expect_peer_death;
@@ -93,6 +97,7 @@ struct app {
     uint8_t key[PD_CLUSTER_KEY_MAX];
     size_t key_len;
     struct pd_bootstrap_layout layout;
+    struct pd_xfer_heads heads;        /* how this side's shards split the kv heads */
     uint8_t *pool[PD_XFER_SHARDS_MAX]; /* [pool_pages][shard_bytes] each */
     size_t shard_bytes;                /* one page of one shard */
     uint32_t pool_pages;
@@ -119,21 +124,13 @@ static uint64_t now_ms(void) {
     return uv_now(&A.loop);
 }
 
-/* Shard k's part of a page has content of its own. */
-static uint64_t shard_room(uint64_t room, int k) {
-    return room ^ ((uint64_t)k << 48);
-}
-
 static uint8_t *page_at(int k, uint32_t page) {
     return A.pool[k] + (size_t)page * A.shard_bytes;
 }
 
-/* Over every shard of the pages. */
+/* Over the logical pages: the same on both sides whatever their shards. */
 static uint32_t pages_sum(const uint32_t *pages, uint32_t n) {
-    uint32_t h = 0;
-    for (int k = 0; k < A.o.shards; k++)
-        h = h * 31u ^ pd_xfer_plan_checksum(A.pool[k], A.shard_bytes, pages, n);
-    return h;
+    return pd_xfer_plan_checksum_heads((void *const *)A.pool, A.o.shards, &A.heads, pages, n);
 }
 
 static double room_scatter(uint64_t room) {
@@ -173,7 +170,7 @@ static void sender_on_room(void *ctx, uint64_t room, const char *decode_id, uint
     }
     for (uint32_t i = 0; i < n; i++)
         for (int k = 0; k < A.o.shards; k++)
-            pd_xfer_plan_fill(shard_room(room, k), i, page_at(k, src[i]), A.shard_bytes);
+            pd_xfer_plan_fill_heads(room, i, &A.heads, k, page_at(k, src[i]));
     /* in chunks, as chunked prefill sends them */
     uint32_t a = n / 3, b = 2 * n / 3;
     int rc = pd_xfer_room_send(A.x, room, 0, src, a);
@@ -246,8 +243,7 @@ static void receiver_room_done(int slot_i, int status, const struct pd_xfer_noti
     if (status == PD_OK) {
         for (uint32_t i = 0; i < s->n; i++) {
             for (int k = 0; k < A.o.shards; k++) {
-                long off = pd_xfer_plan_check(shard_room(s->room, k), i, page_at(k, s->dst[i]),
-                                              A.shard_bytes);
+                long off = pd_xfer_plan_check_heads(s->room, i, &A.heads, k, page_at(k, s->dst[i]));
                 if (off >= 0) {
                     if (A.bad_pages < 5)
                         pd_error("xfer-test: room %" PRIu64
@@ -608,23 +604,23 @@ static void probe_next(void) {
         probe_raw("Health still served", PD_OK, PD_BOOTSTRAP_METHOD_HEALTH, body, len);
         pd_free(body);
         return;
-    case 14: { /* a decode with another tensor parallelism: refused naming tp_size first */
+    case 14: { /* a decode of another head_dim (and tp): refused naming head_dim, not tp_size,
+                  which may differ */
         struct pd_bootstrap_client_config cc = {
-            .key = A.key, .key_len = A.key_len, .layout = A.layout, .decode_id = "probe-tp"};
+            .key = A.key, .key_len = A.key_len, .layout = A.layout, .decode_id = "probe-head-dim"};
         char target[64];
         snprintf(target, sizeof(target), "%s:%d", A.o.host, A.o.port);
         cc.target = target;
+        cc.layout.head_dim = A.layout.head_dim * 2;
         cc.layout.tp_size = A.layout.tp_size == 1 ? 2 : 1;
-        cc.layout.page_bytes = A.layout.page_bytes / A.layout.tp_size * cc.layout.tp_size;
         static char needle[96];
         snprintf(needle, sizeof(needle),
-                 "FAILED_PRECONDITION: layout mismatch: tp_size: prefill "
-                 "%u, decode %u",
-                 A.layout.tp_size, cc.layout.tp_size);
+                 "FAILED_PRECONDITION: layout mismatch: head_dim: prefill %u, decode %u",
+                 A.layout.head_dim, cc.layout.head_dim);
         struct pd_bootstrap_client_callbacks cb = {.on_paired = on_probe_paired,
                                                    .on_room_rejected = on_probe_rejected};
         pd_bootstrap_client_new(A.bridge, A.x, &cc, &cb, &probe_bad_client);
-        probe_cur = (struct expect){"Pair with other tp_size", PD_EMISMATCH};
+        probe_cur = (struct expect){"Pair with other head_dim", PD_EMISMATCH};
         probe_needle = needle;
         pd_bootstrap_client_transfer(probe_bad_client, 997, pages, 4, 64, NULL);
         return;
@@ -684,17 +680,30 @@ static void shutdown_all(void) {
     pd_grpc_bridge_free(A.bridge);
 }
 
-static void layout_from_opts(const struct opts *o, struct pd_bootstrap_layout *l) {
+/* The layout and head split of a model of --model-kv-heads bf16 heads over --shards ranks, as
+ * model.c splits them: tp divides the heads, or each head is replicated on tp / heads ranks. */
+static int layout_from_opts(const struct opts *o, struct pd_bootstrap_layout *l,
+                            struct pd_xfer_heads *h) {
+    const int S = o->shards, H = o->model_kv_heads ? o->model_kv_heads : o->kv_heads * S;
+    if (S <= H ? H % S != 0 : S % H != 0)
+        return pd_errorf(PD_EINVAL, "--shards %d cannot split %d kv heads", S, H);
+    *h = (struct pd_xfer_heads){.rows_per_page = (uint32_t)(o->layers * 2 * o->page_size),
+                                .head_bytes = (uint32_t)o->head_dim * 2,
+                                .total = (uint32_t)H,
+                                .count = (uint32_t)(H >= S ? H / S : 1)};
+    for (int r = 0; r < S; r++)
+        h->start[r] = (uint32_t)(H >= S ? r * (H / S) : r / (S / H));
     memset(l, 0, sizeof(*l));
     snprintf(l->model, sizeof(l->model), "xfer-test");
     l->layers = (uint32_t)o->layers;
-    l->kv_heads = (uint32_t)o->kv_heads;
+    l->kv_heads = h->count;
+    l->kv_heads_total = h->total;
     l->head_dim = (uint32_t)o->head_dim;
     l->page_size = (uint32_t)o->page_size;
     snprintf(l->dtype, sizeof(l->dtype), "bf16");
-    l->tp_size = (uint32_t)o->shards; /* kv_heads per rank; one pool shard per rank */
-    l->page_bytes =
-        (uint64_t)o->shards * l->layers * 2 * l->page_size * l->kv_heads * l->head_dim * 2;
+    l->tp_size = (uint32_t)S; /* kv_heads per rank; one pool shard per rank */
+    l->page_bytes = (uint64_t)S * h->rows_per_page * h->count * h->head_bytes;
+    return PD_OK;
 }
 
 int main(int argc, char **argv) {
@@ -727,11 +736,16 @@ int main(int argc, char **argv) {
     pd_flag_int(&fs, "--rooms", &o->rooms, "N", 1, 1e7, "receiver: rooms to transfer");
     pd_flag_int(&fs, "--window", &o->window, "N", 1, MAX_WINDOW, "receiver: rooms in flight");
     pd_flag_int(&fs, "--layers", &o->layers, "N", 1, 256, "layout: layers");
-    pd_flag_int(&fs, "--kv-heads", &o->kv_heads, "N", 1, 256, "layout: kv heads");
+    pd_flag_int(&fs, "--kv-heads", &o->kv_heads, "N", 1, 256,
+                "layout: kv heads per shard (without --model-kv-heads)");
+    pd_flag_int(&fs, "--model-kv-heads", &o->model_kv_heads, "N", 0, 256,
+                "layout: the model's kv heads, split over --shards as model.c splits them (0: "
+                "--kv-heads x --shards)");
     pd_flag_int(&fs, "--head-dim", &o->head_dim, "N", 1, 1024, "layout: head dim");
     pd_flag_int(&fs, "--page-size", &o->page_size, "TOKENS", 1, 1024, "layout: tokens per page");
     pd_flag_int(&fs, "--shards", &o->shards, "N", 1, PD_XFER_SHARDS_MAX,
-                "KV pool shards (tensor-parallel ranks, layout tp_size; --kv-heads is per rank)");
+                "KV pool shards of this side (tensor-parallel ranks, layout tp_size); the other "
+                "side may run another count");
     pd_flag_int(&fs, "--max-pages", &o->max_pages, "N", 1, SLOT_PAGES, "largest room, pages");
     pd_flag_int(&fs, "--abort-every", &o->abort_every, "K", 0, 1e6,
                 "abort every K-th room mid-transfer (receiver: by Abort RPC; sender: failed "
@@ -757,8 +771,8 @@ int main(int argc, char **argv) {
     }
     pd_log_set_name(role_names[o->role]);
     pd_log_set_level((enum pd_log_level)o->log_level);
-    layout_from_opts(o, &A.layout);
-    if (pd_cluster_key_load(key_path, A.key, &A.key_len)) {
+    if (layout_from_opts(o, &A.layout, &A.heads) ||
+        pd_cluster_key_load(key_path, A.key, &A.key_len)) {
         fprintf(stderr, "pdserve-xfer-test: %s\n", pd_error_msg());
         return 2;
     }
@@ -794,6 +808,8 @@ int main(int argc, char **argv) {
     if (!rc)
         rc = pd_xfer_register_pool_shards(A.x, (void *const *)A.pool, o->shards, A.shard_bytes,
                                           A.pool_pages);
+    if (!rc)
+        rc = pd_xfer_register_heads(A.x, &A.heads);
     if (!rc && o->role == ROLE_SENDER) {
         struct pd_bootstrap_server_config sc = {.addr = addr,
                                                 .key = A.key,

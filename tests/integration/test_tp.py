@@ -13,9 +13,9 @@ each on 2 ranks). What a user would notice:
     /health_generate answers, SIGTERM exits 0.
   * pdserve-prefill --tp-size 2 and pdserve-decode --tp-size 2 behind the router (each rank's
     pool is one shard of the transferred page) serve 8 concurrent /generate requests with tp 1's
-    ids; both pools are full again afterwards. A tp 2 prefill with a tp 1 decode is refused at
-    pairing with an error naming tp_size, and the decode keeps serving. Every binary's --help
-    documents --tp-size.
+    ids; both pools are full again afterwards; so does a tp 2 prefill with a tp 1 decode (the
+    prefill regroups the kv heads into the decode's one rank; test_tp_hetero.py has every pair).
+    Every binary's --help documents --tp-size.
 
 Stdlib only. Usage: test_tp.py BUILD_DIR. Every process is killed (by PID) on exit.
 """
@@ -111,22 +111,27 @@ def coloc_checks(tmp, model):
 
 
 def disagg_checks(tmp, model):
-    step("pdserve-prefill --tp-size 2 + pdserve-decode --tp-size 2 through the router")
     ref_ids = generate(model, 1, max_new=16)
     lens = [16 - (i % 3) * 4 for i in range(8)]
     prompts = [PROMPTS[i % len(PROMPTS)] for i in range(8)]
     tp2 = ["--tp-size", "2", "--threads", "2"]
-    with pc.cluster(BUILD, tmp, model, tp2, tp2) as (pf, dc, rt):
-        for d in (pf, dc):
-            check(d.server_info().get("tp_size") == 2, "%s /server_info tp_size" % d.role)
-        got = pc.concurrent_generate(rt.port, prompts, lens, "pd tp 2")
-        for i, ids in enumerate(got):
-            want = ref_ids[i % len(PROMPTS)][:lens[i]] if ref_ids else None
-            check(ids is None or ids == want,
-                  "pd tp 2 request %d: ids %r != tp 1's %r" % (i, ids, want))
-        check(pf.pool_full() and dc.pool_full(), "pd tp 2: pools full after the requests")
-    step("prefill --tp-size 2 with a decode --tp-size 1: refused at pairing, naming tp_size")
-    pc.pairing_refused(BUILD, tmp, model, tp2, [], ["tp_size"], "tp 2 prefill / tp 1 decode")
+
+    def serves(what, decode_extra, decode_tp):
+        """8 concurrent requests through the router: tp 1's ids, both pools full after."""
+        with pc.cluster(BUILD, tmp, model, tp2, decode_extra) as (pf, dc, rt):
+            for d, tp in ((pf, 2), (dc, decode_tp)):
+                check(d.server_info().get("tp_size") == tp, "%s /server_info tp_size" % d.role)
+            got = pc.concurrent_generate(rt.port, prompts, lens, what)
+            for i, ids in enumerate(got):
+                want = ref_ids[i % len(PROMPTS)][:lens[i]] if ref_ids else None
+                check(ids is None or ids == want,
+                      "%s request %d: ids %r != tp 1's %r" % (what, i, ids, want))
+            check(pf.pool_full() and dc.pool_full(), "%s: pools full after the requests" % what)
+
+    step("pdserve-prefill --tp-size 2 + pdserve-decode --tp-size 2 through the router")
+    serves("pd tp 2", tp2, 2)
+    step("prefill --tp-size 2 with a decode --tp-size 1: pages regrouped into its one rank")
+    serves("pd tp 2 -> 1", [], 1)
     pc.help_documents(BUILD, "--tp-size", ["ranks"])
 
 

@@ -523,10 +523,13 @@ static void test_abort_from_sender(void) {
     unpair();
 }
 
-/* Receiver aborts: acknowledged by the sender's failed notice; then one nobody acknowledges,
- * which force-closes the peer after the abort timeout and ends every room of it. */
+/* Receiver aborts: acknowledged by the sender's failed notice (an abort timeout no loaded machine
+ * reaches: under ctest -j the sender's notice once took longer than 300 ms, the peer was
+ * force-closed and the next step had no peer); then, on a new pair with a 300 ms timeout, one
+ * nobody acknowledges, which force-closes the peer after the timeout (never before it) and ends
+ * every room of it. */
 static void test_abort_from_receiver(void) {
-    pair_up(300);
+    pair_up(30000);
     uint32_t src[8], dst[8];
     CHECK_OK(pd_xfer_plan_pages(4, 8, 0.0, 0, 64, 0, 64, src, dst));
     CHECK_OK(pd_xfer_room_expect(rcv.x, rcv.peer, 21, dst, 8, NULL));
@@ -539,16 +542,19 @@ static void test_abort_from_receiver(void) {
     CHECK(run_until(&rcv.ended, 1, 5000));
     CHECK_INT(rcv.last_status, PD_ECANCELED);
     CHECK(run_until(&snd.ended, 1, 5000));
+    CHECK(rcv.peer != NULL && snd.peer != NULL); /* acknowledged: nothing was force-closed */
+    unpair();
 
+    pair_up(300);
     CHECK_OK(pd_xfer_room_expect(rcv.x, rcv.peer, 22, dst, 8, NULL));
     CHECK_OK(pd_xfer_room_expect(rcv.x, rcv.peer, 23, dst, 8, NULL));
     CHECK_OK(pd_xfer_room_abort(rcv.x, 22, PD_ECANCELED, "user abort"));
     uint64_t t0 = uv_now(&loop);
-    CHECK(run_until(&rcv.ended, 3, 3000));
+    CHECK(run_until(&rcv.ended, 2, 30000));
     uint64_t waited = uv_now(&loop) - t0;
-    CHECK(waited >= 250 && waited < 2000);
+    CHECK(waited >= 250); /* the deadline, not earlier; a loaded machine may run it late */
     CHECK_INT(rcv.last_status, PD_ETIMEDOUT);
-    CHECK(run_until(&rcv.closed, 1, 3000));
+    CHECK(run_until(&rcv.closed, 1, 30000));
     unpair();
 }
 

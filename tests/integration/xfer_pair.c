@@ -3,8 +3,10 @@
  * (prefill side) and a receiver (decode side) on 127.0.0.1, under whatever UCX_TLS CTest set,
  * and checks what a user of the daemons would notice: rooms arrive byte-exact (the receiver
  * checks every page and the done notice's checksum), aborts from either side release both,
- * a SIGKILLed peer fails every room of the survivor within 5 s with its pages back, and the
- * bootstrap port refuses bad calls and keeps serving. argv[1] is the pdserve-xfer-test binary.
+ * a SIGKILLed peer fails every room of the survivor within 5 s with its pages back, the
+ * bootstrap port refuses bad calls and keeps serving, and pools of different tensor parallelism
+ * (kv heads split or replicated otherwise) pair and get every byte of every shard right.
+ * argv[1] is the pdserve-xfer-test binary.
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -123,13 +125,20 @@ static int wait_exit(struct proc *p, int timeout_ms) {
     return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
 }
 
-static void start_sender(struct proc *s, const char *port, const char *extra1, const char *extra2) {
-    const char *args[] = {"--role", "sender", "--port", port, extra1, extra2, NULL};
+static void start_sender_args(struct proc *s, const char *port, const char *const *extra) {
+    const char *args[16] = {"--role", "sender", "--port", port};
+    for (int i = 0; extra && extra[i] && i < 11; i++)
+        args[4 + i] = extra[i];
     spawn(s, args);
     if (!wait_for(s, "READY", 15000)) {
         fprintf(stderr, "sender did not come up: %s\n", s->buf);
         CHECK(false);
     }
+}
+
+static void start_sender(struct proc *s, const char *port, const char *extra1, const char *extra2) {
+    const char *extra[] = {extra1, extra2, NULL};
+    start_sender_args(s, port, extra);
 }
 
 static void stop_sender(struct proc *s) {
@@ -169,9 +178,10 @@ static void test_bootstrap_rejections(void) {
     stop_sender(&s);
 }
 
-/* Pools of 2 shards (tp 2) on both sides: the probe's refusals hold (its tp 1 decode is refused
- * naming tp_size with both values), rooms arrive byte-exact in every shard, and a real tp 1
- * receiver is refused at Pair with FAILED_PRECONDITION before any room is taken. */
+/* Pools of 2 shards (tp 2) on both sides: the probe's refusals hold (its decode of another
+ * head_dim and tp is refused naming head_dim with both values), rooms arrive byte-exact in every
+ * shard, and a real receiver of another head_dim is refused at Pair with FAILED_PRECONDITION
+ * before any room is taken. */
 static void test_shards(void) {
     char port[16];
     snprintf(port, sizeof(port), "%d", free_port());
@@ -181,20 +191,83 @@ static void test_shards(void) {
     spawn(&p, pargs);
     CHECK_INT(wait_exit(&p, 30000), 0);
     CHECK(strstr(p.buf, "role=probe checks=15 wrong=0 result=PASS") != NULL);
-    CHECK(strstr(p.buf, "layout mismatch: tp_size: prefill 2, decode 1") != NULL);
+    CHECK(strstr(p.buf, "layout mismatch: head_dim: prefill 8, decode 16") != NULL);
     const char *rargs[] = {"--role", "receiver", "--port", port, "--rooms",
                            "300",    "--shards", "2",      NULL};
     spawn(&r, rargs);
     CHECK_INT(wait_exit(&r, 60000), 0);
     CHECK(strstr(r.buf, "ok=300 ") != NULL);
     CHECK(strstr(r.buf, "bad_pages=0 bad_checksums=0") != NULL);
-    const char *wargs[] = {"--role", "receiver", "--port", port, "--rooms", "1", NULL};
+    const char *wargs[] = {"--role",     "receiver", "--port",           port, "--rooms", "1",
+                           "--head-dim", "16",       "--model-kv-heads", "4",  NULL};
     spawn(&w, wargs);
     CHECK_INT(wait_exit(&w, 30000), 1);
     CHECK(strstr(w.buf, "rejected: ") != NULL);
-    CHECK(strstr(w.buf, "FAILED_PRECONDITION: layout mismatch: tp_size: prefill 2, decode 1") !=
+    CHECK(strstr(w.buf, "FAILED_PRECONDITION: layout mismatch: head_dim: prefill 8, decode 16") !=
           NULL);
     CHECK(strstr(w.buf, "ok=0 ") != NULL);
+    stop_sender(&s);
+    CHECK(strstr(s.buf, "live_rooms=0") != NULL);
+}
+
+/* Heterogeneous tensor parallelism: the sender's pool over one number of shards, the receiver's
+ * over another (tp 1, 2, 4; 4 kv heads split, 2 kv heads replicated at tp 4 on either side), with
+ * aborts from both sides in one of them: every room arrives with every byte of every receiver
+ * shard equal to the logical page (the content is a function of page, row and kv head), and the
+ * done notice's checksum over the logical pages agrees. One sender serves receivers of two other
+ * splits one after the other. */
+static void test_hetero(void) {
+    static const struct {
+        const char *heads, *snd, *rcv[2];
+    } pairs[] = {
+        {"4", "2", {"1", "4"}}, {"4", "1", {"2", "4"}}, {"4", "4", {"2", "1"}},
+        {"2", "1", {"4", "2"}}, {"2", "4", {"1", "2"}},
+    };
+    for (size_t i = 0; i < sizeof(pairs) / sizeof(pairs[0]); i++) {
+        char port[16];
+        snprintf(port, sizeof(port), "%d", free_port());
+        struct proc s, r;
+        const char *sx[] = {"--shards", pairs[i].snd, "--model-kv-heads", pairs[i].heads, NULL};
+        start_sender_args(&s, port, sx);
+        for (int j = 0; j < 2; j++) {
+            fprintf(stderr, "hetero: %s kv heads, sender %s shards, receiver %s\n", pairs[i].heads,
+                    pairs[i].snd, pairs[i].rcv[j]);
+            const char *rargs[] = {"--role",
+                                   "receiver",
+                                   "--port",
+                                   port,
+                                   "--rooms",
+                                   "100",
+                                   "--shards",
+                                   pairs[i].rcv[j],
+                                   "--model-kv-heads",
+                                   pairs[i].heads,
+                                   "--seed",
+                                   j ? "2" : "1",
+                                   NULL};
+            spawn(&r, rargs);
+            CHECK_INT(wait_exit(&r, 60000), 0);
+            CHECK(strstr(r.buf, "ok=100 ") != NULL);
+            CHECK(strstr(r.buf, "bad_pages=0 bad_checksums=0") != NULL);
+        }
+        stop_sender(&s);
+        CHECK(strstr(s.buf, "done=200 ") != NULL);
+        CHECK(strstr(s.buf, "live_rooms=0") != NULL);
+    }
+    /* aborts mid-transfer from both sides on a regrouped pair: nothing corrupt, all released */
+    char port[16];
+    snprintf(port, sizeof(port), "%d", free_port());
+    struct proc s, r;
+    const char *sx[] = {"--shards", "2", "--model-kv-heads", "4", "--abort-every", "5", NULL};
+    start_sender_args(&s, port, sx);
+    const char *rargs[] = {"--role",   "receiver", "--port",           port, "--rooms",       "300",
+                           "--shards", "1",        "--model-kv-heads", "4",  "--abort-every", "7",
+                           NULL};
+    spawn(&r, rargs);
+    CHECK_INT(wait_exit(&r, 60000), 0);
+    CHECK(strstr(r.buf, "rooms=300 ") != NULL);
+    CHECK(strstr(r.buf, "canceled=0 ") == NULL);
+    CHECK(strstr(r.buf, "peer_failed=0 other_failed=0 bad_pages=0") != NULL);
     stop_sender(&s);
     CHECK(strstr(s.buf, "live_rooms=0") != NULL);
 }
@@ -268,6 +341,7 @@ static void all(void) {
     run("rooms", test_rooms_byte_exact);
     run("rejections", test_bootstrap_rejections);
     run("shards", test_shards);
+    run("hetero", test_hetero);
     run("aborts", test_aborts_both_sides);
     run("kill_receiver", test_kill_receiver);
     run("kill_sender", test_kill_sender);

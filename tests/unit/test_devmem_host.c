@@ -3,7 +3,8 @@
  * deferred copies land only when an event is polled (never at the first look), reverse mode
  * really completes a batch out of order, and a stalled devmem holds its copies across any number
  * of polls until released (sync still runs them). Each is checked by what a reader of the
- * destination would see.
+ * destination would see. The 2-D copy (heads of KV rows regrouped between pools of different tp)
+ * moves exactly width bytes of every row between pitches, immediate and deferred.
  */
 #include <string.h>
 
@@ -77,4 +78,35 @@ static void test_stall(void) {
     pd_devmem_free(d);
 }
 
-PD_TEST_MAIN(PD_TEST(test_deferred_order), PD_TEST(test_stall))
+/* 5 rows of 3 bytes from a pitch of 7 at column 2 into a pitch of 4 at column 1: the rest of
+ * both buffers untouched; the contiguous case (width == both pitches) too. */
+static void copy2d(bool deferred) {
+    struct pd_devmem *d = host_new(deferred, false);
+    char src[35], dst[20];
+    for (int i = 0; i < 35; i++)
+        src[i] = (char)('A' + i);
+    memset(dst, '.', sizeof(dst));
+    struct pd_devmem_event *e = NULL;
+    CHECK_OK(pd_devmem_event_new(d, &e));
+    CHECK_OK(pd_devmem_copy2d_async(d, dst + 1, 4, src + 2, 7, 3, 5));
+    CHECK_OK(pd_devmem_copy2d_async(d, dst, 4, src, 7, 0, 5)); /* nothing */
+    CHECK_OK(pd_devmem_event_record(d, e));
+    while (pd_devmem_event_query(d, e) == 0) {
+    }
+    for (int r = 0; r < 5; r++)
+        for (int c = 0; c < 4; c++)
+            CHECK_INT(dst[r * 4 + c], c == 0 ? '.' : src[r * 7 + 2 + c - 1]);
+    char flat[12];
+    CHECK_OK(pd_devmem_copy2d_async(d, flat, 4, src, 4, 4, 3));
+    CHECK_OK(pd_devmem_sync(d));
+    CHECK(memcmp(flat, src, 12) == 0);
+    pd_devmem_event_free(d, e);
+    pd_devmem_free(d);
+}
+
+static void test_copy2d(void) {
+    copy2d(false);
+    copy2d(true);
+}
+
+PD_TEST_MAIN(PD_TEST(test_deferred_order), PD_TEST(test_stall), PD_TEST(test_copy2d))

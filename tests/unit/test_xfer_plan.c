@@ -2,12 +2,18 @@
  * test_xfer_plan.c — the page sets the transfer tests and bench/xfer draw (common/xfer_plan.h):
  * every index distinct and inside its span, and the scatter share is what the set really has —
  * a "50%-scattered" set has half its pages alone and the other half in runs, counted on the
- * (src, dst) pairs the engine coalesces, not on each side separately.
+ * (src, dst) pairs the engine coalesces, not on each side separately. Page contents by kv head
+ * are the same logical page whatever the split: pools of tp 1, 2 and 4 (4 heads divided, or 2
+ * heads replicated at tp 4) filled alike check clean against each other's content and have one
+ * checksum; one wrong byte is found at its offset.
  */
 #include <math.h>
 #include <stdbool.h>
 
+#include <string.h>
+
 #include "common/base/alloc.h"
+#include "common/xfer.h"
 #include "common/xfer_plan.h"
 #include "pd_test.h"
 
@@ -69,5 +75,53 @@ static void test_bad_input(void) {
     CHECK_ERR(pd_xfer_plan_pages(1, 8, 1.5, 0, 64, 0, 64, a, b), PD_EINVAL, "scatter");
 }
 
+static struct pd_xfer_heads split(int total, int n) {
+    struct pd_xfer_heads h = {.rows_per_page = 6,
+                              .head_bytes = 10,
+                              .total = (uint32_t)total,
+                              .count = (uint32_t)(total >= n ? total / n : 1)};
+    for (int r = 0; r < n; r++)
+        h.start[r] = (uint32_t)(total >= n ? r * (total / n) : r / (n / total));
+    return h;
+}
+
+/* Checksum of 3 pages (2, 5, 6 of pools of 8) filled for room 9 over n shards of total heads. */
+static uint32_t filled_sum(int total, int n) {
+    struct pd_xfer_heads h = split(total, n);
+    size_t spb = (size_t)h.rows_per_page * h.count * h.head_bytes;
+    void *bases[4];
+    uint32_t pages[3] = {2, 5, 6};
+    for (int k = 0; k < n; k++) {
+        bases[k] = pd_calloc(8, spb);
+        for (uint32_t i = 0; i < 3; i++)
+            pd_xfer_plan_fill_heads(9, i, &h, k, (char *)bases[k] + pages[i] * spb);
+    }
+    for (int k = 0; k < n; k++)
+        for (uint32_t i = 0; i < 3; i++)
+            CHECK_INT(pd_xfer_plan_check_heads(9, i, &h, k, (char *)bases[k] + pages[i] * spb), -1);
+    /* one byte off in the last shard's last head of the second page's row 4 */
+    char *b = (char *)bases[n - 1] + pages[1] * spb + 4 * h.count * h.head_bytes +
+              (h.count - 1) * h.head_bytes + 3;
+    *b ^= 1;
+    CHECK_INT(pd_xfer_plan_check_heads(9, 1, &h, n - 1, (char *)bases[n - 1] + pages[1] * spb),
+              (long)(4 * h.count * h.head_bytes + (h.count - 1) * h.head_bytes + 3));
+    *b ^= 1;
+    uint32_t sum = pd_xfer_plan_checksum_heads(bases, n, &h, pages, 3);
+    for (int k = 0; k < n; k++)
+        pd_free(bases[k]);
+    return sum;
+}
+
+static void test_heads_independent_of_split(void) {
+    uint32_t one = filled_sum(4, 1);
+    CHECK_INT(filled_sum(4, 2), one);
+    CHECK_INT(filled_sum(4, 4), one);
+    uint32_t two = filled_sum(2, 1);
+    CHECK_INT(filled_sum(2, 2), two);
+    CHECK_INT(filled_sum(2, 4), two); /* each head on 2 shards: counted once */
+    CHECK(two != one);
+}
+
 PD_TEST_MAIN(PD_TEST(test_scatter_shares), PD_TEST(test_full_span),
-             PD_TEST(test_same_seed_same_set), PD_TEST(test_bad_input))
+             PD_TEST(test_same_seed_same_set), PD_TEST(test_bad_input),
+             PD_TEST(test_heads_independent_of_split))
