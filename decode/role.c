@@ -95,6 +95,9 @@ static pd_bootstrap_client_t *client_for(struct pd_daemon_state *d, const char *
 static void decode_admit(struct pd_daemon_state *d, struct pd_daemon_req *r,
                          const struct pd_engine_event *ev) {
     pd_bootstrap_client_t *c = client_for(d, r->api.bootstrap_host, r->api.bootstrap_port);
+    /* before the call: the prefill may have it (and start its part of the hand-over) before
+     * this thread runs again, and its spans must fall inside Transfer sent → KV complete */
+    r->t_xfer = now_s();
     int rc =
         c ? pd_bootstrap_client_transfer(c, r->room, ev->req->pages, (uint32_t)ev->req->n_pages,
                                          (uint32_t)r->n_prompt, NULL)
@@ -109,7 +112,6 @@ static void decode_admit(struct pd_daemon_state *d, struct pd_daemon_req *r,
     }
     r->client = c;
     r->xfer_live = true;
-    r->t_xfer = now_s();
     /* what the transfer moves: every prompt page, whole (DESIGN §2) */
     r->xfer_bytes = (double)((r->n_prompt + d->info.page_size - 1) / d->info.page_size) *
                     (double)d->info.page_bytes;
