@@ -350,6 +350,10 @@ static void register_flags(struct pd_router_config *cfg) {
                 "refused with 400. Give the workers the same --max-n");
     pd_flag_double(fs, "--health-check-interval-secs", &cfg->health_check_interval_secs, "S", 0.05,
                    3600, "period of the /health and /get_load polls of every worker");
+    pd_flag_int(fs, "--health-failure-threshold", &cfg->health_failure_threshold, "N", 1, 1000,
+                "consecutive /health polls that time out before a worker leaves rotation (as "
+                "sglang-router's flag): one slow answer on a busy worker does not take it out; a "
+                "refused connection or an answer other than 200 takes it out at once");
     pd_flag_double(fs, "--worker-unresponsive-secs", &cfg->worker_unresponsive_secs, "S", 0, 86400,
                    "a worker whose /health has gone unanswered (timed out or refused) for S "
                    "seconds is given up: the router's requests on it are aborted on both workers, "
@@ -416,6 +420,7 @@ int pd_router_config_parse(struct pd_router_config *cfg, int argc, char **argv) 
     cfg->max_n = PD_API_MAX_N;
     cfg->health_check_interval_secs = 5;
     cfg->worker_unresponsive_secs = 10;
+    cfg->health_failure_threshold = 3;
     cfg->shutdown_timeout_secs = 30;
     cfg->stream_buffer_bytes = 256 << 10;
     cfg->log_level = PD_LOG_INFO;

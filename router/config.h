@@ -88,6 +88,8 @@ struct pd_router_config {
     int request_timeout_secs;
     int max_concurrent_requests;
     double health_check_interval_secs; /* /health and /get_load poll period */
+    int health_failure_threshold;      /* consecutive timed-out /health polls before a worker
+                                        * leaves rotation */
     double worker_unresponsive_secs;   /* /health silent this long: its requests are given up;
                                         * 0 = never */
     int shutdown_timeout_secs;         /* SIGTERM: how long in-flight requests may finish */

@@ -144,6 +144,7 @@ static void handle_server_info(struct pd_router *rt, struct pd_http_req *hr) {
                             cfg->max_concurrent_requests_per_client);
     cJSON_AddNumberToObject(o, "max_n", cfg->max_n);
     cJSON_AddNumberToObject(o, "health_check_interval_secs", cfg->health_check_interval_secs);
+    cJSON_AddNumberToObject(o, "health_failure_threshold", cfg->health_failure_threshold);
     cJSON_AddNumberToObject(o, "shutdown_timeout_secs", cfg->shutdown_timeout_secs);
     cJSON_AddNumberToObject(o, "dns_refresh_secs", cfg->dns_refresh_secs);
     cJSON_AddStringToObject(o, "dns_family", pd_router_dns_family_names[cfg->dns_family]);

@@ -72,6 +72,7 @@ struct worker {
     struct pd_upstream_call *health_call, *load_call;
     double health_sent_s;  /* when the last /health call went out (pd__router_now_s) */
     double silent_since_s; /* the first unanswered /health of the current silence; 0: answers */
+    int health_timeouts;   /* consecutive /health polls that timed out */
     bool given_up;         /* its requests were given up in this silence */
     struct sbuf load_body;
     char last_error[160];

@@ -70,9 +70,23 @@ static void on_health_done(void *ud, struct pd_upstream_call *call,
         w->silent_since_s = w->health_sent_s;
     }
     if (r->status == PD_OK && r->http_status == 200) {
+        w->health_timeouts = 0;
         pd__router_set_healthy(w, true, "");
         return;
     }
+    /* a slow answer on a busy machine is not a dead worker: only --health-failure-threshold
+     * timeouts in a row take it out (its requests still fail it at once, and a silence past
+     * --worker-unresponsive-secs gives them up); a refusal or a 503 is the worker's own word */
+    if (r->status == PD_ETIMEDOUT && ++w->health_timeouts < w->rt->cfg->health_failure_threshold) {
+        if (w->load.healthy)
+            pd_info("worker %s (%s): /health timed out (%d of %d in a row before it leaves "
+                    "rotation)",
+                    w->spec.url, pd__router_role(w), w->health_timeouts,
+                    w->rt->cfg->health_failure_threshold);
+        return;
+    }
+    if (r->status != PD_ETIMEDOUT)
+        w->health_timeouts = 0;
     char why[160];
     if (r->status != PD_OK)
         snprintf(why, sizeof(why), "/health failed: %s", r->error);
