@@ -15,7 +15,8 @@
  * The reference is ucx_perftest ucp_put_bw with -e: endpoints with error handling, as ours have
  * (UCP_ERR_HANDLING_MODE_PEER), so that UCX picks the same lanes for both (without it, shared
  * memory gets cma's zero-copy lane, which UCX 1.13 does not offer to error-handling endpoints),
- * and with the engine's UCX_MM_SEG_SIZE (PD_XFER_MM_SEG_SIZE) unless the environment sets one.
+ * and with the engine's UCX_MM_SEG_SIZE and UCX_TCP_TX_SEG_SIZE (PD_XFER_MM_SEG_SIZE,
+ * PD_XFER_TCP_SEG_SIZE) unless the environment sets them.
  * ucx_perftest puts one buffer of the message size over and over, so a page-sized message is
  * served from the CPU cache while our pages come from a pool larger than it: a reference at
  * the page size measures the cache, not memory. The judged reference is therefore one put of the
@@ -566,8 +567,9 @@ int main(int argc, char **argv) {
     if (!hetero && !have_ref)
         fprintf(stderr, "bench: %s not found (Debian package ucx-utils); no reference\n",
                 o.perftest);
-    /* the engine's shared-memory segment size, for the engine and ucx_perftest alike */
+    /* the engine's shared-memory and tcp segment sizes, for the engine and ucx_perftest alike */
     setenv("UCX_MM_SEG_SIZE", PD_XFER_MM_SEG_SIZE, 0);
+    setenv("UCX_TCP_TX_SEG_SIZE", PD_XFER_TCP_SEG_SIZE, 0);
     uint32_t n = (uint32_t)o.pages;
     uint32_t n_pool = 2 * n; /* room for a scattered set */
     am_chunk = (size_t)o.am_chunk;
@@ -584,19 +586,23 @@ int main(int argc, char **argv) {
     const char *tls = getenv("UCX_TLS");
     const size_t pb = page_bytes(), room_bytes = (size_t)n * pb;
     if (!hetero)
-        printf("bench/xfer: UCX_TLS=%s UCX_MM_SEG_SIZE=%s, data lane %s; pages of %zu bytes "
+        printf("bench/xfer: UCX_TLS=%s UCX_MM_SEG_SIZE=%s UCX_TCP_TX_SEG_SIZE=%s, data lane %s; "
+               "pages of %zu bytes "
                "(qwen2.5-1.5b, page size 16) in %d shard(s), %u per room (%.1f MiB), %d rooms "
                "per measurement, %d measurements\n",
-               tls ? tls : "all", getenv("UCX_MM_SEG_SIZE"), pd_xfer_peer_transport(conns[0].peer),
-               pb, ss, n, (double)room_bytes / 1048576, o.reps, o.repeats);
+               tls ? tls : "all", getenv("UCX_MM_SEG_SIZE"), getenv("UCX_TCP_TX_SEG_SIZE"),
+               pd_xfer_peer_transport(conns[0].peer), pb, ss, n, (double)room_bytes / 1048576,
+               o.reps, o.repeats);
     else
-        printf("bench/xfer: UCX_TLS=%s UCX_MM_SEG_SIZE=%s; qwen2.5-1.5b pages (2 kv heads, page "
+        printf("bench/xfer: UCX_TLS=%s UCX_MM_SEG_SIZE=%s UCX_TCP_TX_SEG_SIZE=%s; qwen2.5-1.5b "
+               "pages (2 kv heads, page "
                "size 16), %u per room, %d rooms per measurement, %d measurements; homogeneous "
                "%d -> %d shards (pages of %zu bytes), data lane %s; heterogeneous %d -> %d "
                "(receiver pages of %zu bytes), data lane %s\n",
-               tls ? tls : "all", getenv("UCX_MM_SEG_SIZE"), n, o.reps, o.repeats, ss, ss,
-               conns[0].page_bytes, pd_xfer_peer_transport(conns[0].peer), ss, rs,
-               conns[1].page_bytes, pd_xfer_peer_transport(conns[1].peer));
+               tls ? tls : "all", getenv("UCX_MM_SEG_SIZE"), getenv("UCX_TCP_TX_SEG_SIZE"), n,
+               o.reps, o.repeats, ss, ss, conns[0].page_bytes,
+               pd_xfer_peer_transport(conns[0].peer), ss, rs, conns[1].page_bytes,
+               pd_xfer_peer_transport(conns[1].peer));
 
     static char scat_name[32];
     snprintf(scat_name, sizeof(scat_name), "scattered-%.0f%%", 100 * o.scatter);

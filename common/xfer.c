@@ -495,12 +495,33 @@ static int check_ib_devices(pd_xfer_t *x, const char *want, char *net, size_t ne
     return rc;
 }
 
-static int config_set(ucp_config_t *c, const char *name, const char *value) {
+/* Whether UCX_TLS (NULL: unset) may let UCX pick transport tl: unset, "all", an exclusion list
+ * ("^...") that does not name it, or a list that names it. */
+static bool tls_may_pick(const char *tls, const char *tl) {
+    if (!tls || !*tls)
+        return true;
+    bool negated = tls[0] == '^';
+    bool named = false, all = false;
+    const size_t n = strlen(tl);
+    for (const char *t = tls + negated; *t;) {
+        size_t len = strcspn(t, ",");
+        size_t name_len = strcspn(t, ",:"); /* "tcp:aux" names tcp */
+        named |= name_len == n && !strncmp(t, tl, n);
+        all |= name_len == 3 && !strncmp(t, "all", 3);
+        t += len + (t[len] == ',');
+    }
+    return negated ? !named : named || all;
+}
+
+/* Sets UCX's `name` (UCX_<name> in the environment) to value unless the environment sets it.
+ * key: the name ucp_config_modify knows it by, when that differs (a transport's own field goes
+ * without the transport's prefix: "TX_SEG_SIZE" for UCX_TCP_TX_SEG_SIZE); else NULL. */
+static int config_set(ucp_config_t *c, const char *name, const char *key, const char *value) {
     char env[64];
     snprintf(env, sizeof(env), "UCX_%s", name);
     if (getenv(env))
         return PD_OK; /* the operator's environment wins */
-    ucs_status_t st = ucp_config_modify(c, name, value);
+    ucs_status_t st = ucp_config_modify(c, key ? key : name, value);
     if (st != UCS_OK)
         return pd__ucs_error(st, "setting UCX configuration");
     return PD_OK;
@@ -550,13 +571,16 @@ int pd_xfer_new(uv_loop_t *loop, const struct pd_xfer_config *cfg,
     }
     char ka[32];
     snprintf(ka, sizeof(ka), "%dms", x->cfg.keepalive_ms);
-    if ((rc = config_set(ucfg, "KEEPALIVE_INTERVAL", ka)) ||
-        (rc = config_set(ucfg, "MM_SEG_SIZE", PD_XFER_MM_SEG_SIZE)) ||
-        (net[0] && (rc = config_set(ucfg, "NET_DEVICES", net)))) {
+    const char *tls = getenv("UCX_TLS");
+    /* UCX warns of a setting no transport took: tcp's only where UCX_TLS may pick tcp */
+    if ((rc = config_set(ucfg, "KEEPALIVE_INTERVAL", NULL, ka)) ||
+        (rc = config_set(ucfg, "MM_SEG_SIZE", NULL, PD_XFER_MM_SEG_SIZE)) ||
+        (tls_may_pick(tls, "tcp") &&
+         (rc = config_set(ucfg, "TCP_TX_SEG_SIZE", "TX_SEG_SIZE", PD_XFER_TCP_SEG_SIZE))) ||
+        (net[0] && (rc = config_set(ucfg, "NET_DEVICES", NULL, net)))) {
         ucp_config_release(ucfg);
         goto fail_buckets;
     }
-    const char *tls = getenv("UCX_TLS");
     snprintf(x->tls, sizeof(x->tls), "%s", tls ? tls : "all");
     const char *nd = getenv("UCX_NET_DEVICES");
     snprintf(x->net_devices, sizeof(x->net_devices), "%s", nd ? nd : net[0] ? net : "all");

@@ -24,11 +24,11 @@
  * A write for a room that has ended is dropped, so it can never land in a reused page, and the
  * receiver never answers a data message (UCX 1.13's sw-rma acknowledges every put and aborts the
  * process when that acknowledgement meets a dead endpoint). Each message is one eager fragment
- * of the lane (64 KiB on shared memory, see PD_XFER_MM_SEG_SIZE), and the engine keeps polling
- * for a moment after progress instead of sleeping, so a stream is not paced by wake-ups. Not
- * cma's process_vm_writev, although it is zero-copy and works here: UCX 1.13 offers it no lane
- * with peer error handling, and a write the sender makes itself cannot be refused by the
- * receiver once the room has ended.
+ * of the lane (64 KiB on shared memory and tcp, see PD_XFER_MM_SEG_SIZE and PD_XFER_TCP_SEG_SIZE),
+ * and the engine keeps polling for a moment after progress instead of sleeping, so a stream is not
+ * paced by wake-ups. Not cma's process_vm_writev, although it is zero-copy and works here: UCX 1.13
+ * offers it no lane with peer error handling, and a write the sender makes itself cannot be refused
+ * by the receiver once the room has ended.
  *
  * Ending. on_room_end fires exactly once per room, when that side may reuse the room's pages:
  * sender — after the notice left (or the failed notice, after an abort); receiver — when the
@@ -89,6 +89,16 @@
  * larger: UCX 1.13's FIFO element keeps a message's length in 16 bits, and a longer message
  * (UCX's own software puts included) arrives truncated. bench/xfer gives ucx_perftest the same. */
 #define PD_XFER_MM_SEG_SIZE "65535"
+/* The engine's UCX_TCP_TX_SEG_SIZE unless the environment sets one (and only where UCX_TLS may
+ * pick tcp: UCX warns of a setting no transport took): tcp send buffers of 64 KiB rather than
+ * 8 KiB, so an active message of 64 KiB goes eager in one fragment (UCX's receive segment is
+ * 64 KiB by default). With 8 KiB, UCX sends a contiguous message of up to 20 KiB zero-copy but
+ * one it packs itself (the regroup datatype, xfer_heads.c) as 8 KiB fragments, each a send call,
+ * that the receiver reassembles with one more copy: regrouped pages ran at 30-60% of the
+ * homogeneous pair (bench/xfer, 2 cores). With 64 KiB a contiguous message is still one sendmsg
+ * straight from the pool (UCX copies only below UCX_TCP_SENDV_THRESH), now of 64 KiB: the
+ * homogeneous pair moved 4-4.7 GB/s instead of 2.1, the regrouped one 85-92% of that. */
+#define PD_XFER_TCP_SEG_SIZE "65536"
 #define PD_XFER_NOTICE_TOP_MAX 20 /* top logprobs of the first token a notice carries */
 #define PD_XFER_SHARDS_MAX 8      /* shards of one pool (tensor-parallel ranks, PD_TP_MAX) */
 
@@ -324,7 +334,7 @@ int pd_xfer_peer_connect(pd_xfer_t *x, const struct pd_xfer_peer_info *info, voi
 /* Force-closes the endpoint; its rooms end with `status`, then on_peer_closed. Idempotent. */
 void pd_xfer_peer_close(pd_xfer_peer_t *p, int status);
 /* The lanes UCX chose to this peer and how pages travel: "rc_mlx5/mlx5_0:1 (put)",
- * "tcp/lo (am of 20416 bytes; UCX has only sw-rma here)", ... */
+ * "tcp/lo (am of 65344 bytes; UCX has only sw-rma here)", ... */
 const char *pd_xfer_peer_transport(const pd_xfer_peer_t *p);
 uint64_t pd_xfer_peer_remote_id(const pd_xfer_peer_t *p);
 
