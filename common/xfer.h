@@ -97,7 +97,7 @@
  * that the receiver reassembles with one more copy: regrouped pages ran at 30-60% of the
  * homogeneous pair (bench/xfer, 2 cores). With 64 KiB a contiguous message is still one sendmsg
  * straight from the pool (UCX copies only below UCX_TCP_SENDV_THRESH), now of 64 KiB: the
- * homogeneous pair moved 4-4.7 GB/s instead of 2.1, the regrouped one 85-92% of that. */
+ * homogeneous pair moved 4-4.7 GB/s instead of 2.1, the regrouped one 82-97% of that. */
 #define PD_XFER_TCP_SEG_SIZE "65536"
 #define PD_XFER_NOTICE_TOP_MAX 20 /* top logprobs of the first token a notice carries */
 #define PD_XFER_SHARDS_MAX 8      /* shards of one pool (tensor-parallel ranks, PD_TP_MAX) */
