@@ -157,9 +157,11 @@ int pd_bench_json_line(const struct pd_bench_run_info *info, const struct pd_ben
         const struct pd_bench_timeline_result *t = s->timeline;
         cJSON *h = cJSON_AddObjectToObject(o, "handover");
         cJSON *st = cJSON_AddObjectToObject(h, "stages_ms");
+        cJSON *cnt = cJSON_AddObjectToObject(h, "stage_counts");
         cJSON *sm = cJSON_AddArrayToObject(h, "summed");
         for (int i = 0; i < t->n; i++) {
             cJSON_AddNumberToObject(st, t->stage[i].name, t->stage[i].mean_ms);
+            cJSON_AddNumberToObject(cnt, t->stage[i].name, (double)t->stage[i].count);
             if (t->stage[i].summed)
                 cJSON_AddItemToArray(sm, cJSON_CreateString(t->stage[i].name));
         }
