@@ -133,6 +133,12 @@ struct pd_bench_load {
 int pd_bench_load_run(const struct pd_bench_load *l, const struct pd_bench_prompt *prompts,
                       size_t n, int max_output, struct pd_bench_result *out, double *duration);
 
+/* GET url (Authorization: Bearer api_key when not NULL; 10 s): *body (caller frees; NULL for an
+ * empty answer) and the HTTP status, whatever it is. PD_EPEER naming the URL when it cannot be
+ * reached or answers more than max_bytes. */
+int pd_bench_http_get(const char *url, const char *api_key, size_t max_bytes, char **body,
+                      long *status);
+
 /* GET base_url/v1/models then /health: PD_OK when the server answers. *model_id (caller frees)
  * gets data[0].id when /v1/models gives one, *max_model_len its max_model_len (0 if absent). A
  * connection failure is PD_EPEER naming the URL and curl's error. */

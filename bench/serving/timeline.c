@@ -18,7 +18,6 @@
 #include "common/base/alloc.h"
 #include "common/base/status.h"
 
-#include <curl/curl.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -26,35 +25,6 @@
 
 static const char ROUTER_FAMILY[] = "pdserve_router_handover_seconds";
 static const char DAEMON_FAMILY[] = "pdserve_handover_seconds";
-
-struct body {
-    char *p;
-    size_t len, cap;
-    bool too_big;
-};
-
-static size_t on_write(char *ptr, size_t size, size_t nmemb, void *ud) {
-    struct body *b = ud;
-    size_t n = size * nmemb;
-    if (b->len + n + 1 > SCRAPE_MAX) {
-        b->too_big = true;
-        return 0;
-    }
-    if (b->len + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap * 2 : 65536;
-        while (cap < b->len + n + 1)
-            cap *= 2;
-        char *q = pd_realloc(b->p, cap);
-        if (!q)
-            return 0;
-        b->p = q;
-        b->cap = cap;
-    }
-    memcpy(b->p + b->len, ptr, n);
-    b->len += n;
-    b->p[b->len] = '\0';
-    return n;
-}
 
 static struct pd_bench_tl_stage *stage_of(struct pd_bench_timeline *t, const char *name) {
     for (int i = 0; i < t->n; i++)
@@ -119,64 +89,44 @@ static void take_line(struct pd_bench_timeline *t, const char *line, size_t len)
 static int scrape_one(const char *base, const char *api_key, struct pd_bench_timeline *t) {
     char url[1100];
     snprintf(url, sizeof(url), "%s/metrics", base);
-    CURL *e = curl_easy_init();
-    if (!e)
-        return pd_errorf(PD_ENOMEM, "curl_easy_init");
-    struct curl_slist *h = NULL;
-    char auth[600];
-    if (api_key) {
-        snprintf(auth, sizeof(auth), "Authorization: Bearer %s", api_key);
-        h = curl_slist_append(h, auth);
-    }
-    struct body b = {0};
-    char errbuf[CURL_ERROR_SIZE] = "";
-    curl_easy_setopt(e, CURLOPT_URL, url);
-    curl_easy_setopt(e, CURLOPT_HTTPHEADER, h);
-    curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, on_write);
-    curl_easy_setopt(e, CURLOPT_WRITEDATA, &b);
-    curl_easy_setopt(e, CURLOPT_ERRORBUFFER, errbuf);
-    curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
-    curl_easy_setopt(e, CURLOPT_TIMEOUT_MS, 10000L);
-    CURLcode code = curl_easy_perform(e);
-    long status = 0;
-    curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, &status);
-    curl_easy_cleanup(e);
-    curl_slist_free_all(h);
-    int rc = PD_OK;
-    if (code != CURLE_OK)
-        rc = pd_errorf(PD_EPEER, "--timeline-url: GET %s: %s", url,
-                       b.too_big   ? "answer larger than 4 MiB"
-                       : errbuf[0] ? errbuf
-                                   : curl_easy_strerror(code));
-    else if (status != 200)
-        rc = pd_errorf(PD_EPEER, "--timeline-url: GET %s answered %ld", url, status);
-    for (const char *p = b.p; rc == PD_OK && p && *p;) {
+    char *body;
+    long status;
+    int rc = pd_bench_http_get(url, api_key, SCRAPE_MAX, &body, &status);
+    if (rc)
+        return rc;
+    if (status != 200)
+        rc = pd_errorf(PD_EPEER, "GET %s answered %ld (not a pdserve server?)", url, status);
+    for (const char *p = body; rc == PD_OK && p && *p;) {
         const char *nl = strchr(p, '\n');
         size_t len = nl ? (size_t)(nl - p) : strlen(p);
         take_line(t, p, len);
         p += len + (nl != NULL);
     }
-    pd_free(b.p);
+    pd_free(body);
     return rc;
 }
 
 int pd_bench_timeline_scrape(const char *urls, const char *api_key, struct pd_bench_timeline *out) {
     memset(out, 0, sizeof(*out));
-    const char *p = urls;
-    while (*p) {
-        const char *comma = strchr(p, ',');
-        size_t len = comma ? (size_t)(comma - p) : strlen(p);
-        char base[1024];
-        if (len == 0 || len >= sizeof(base))
-            return pd_errorf(PD_EINVAL, "--timeline-url: bad URL in '%s'", urls);
-        memcpy(base, p, len);
-        base[len] = '\0';
-        while (len > 0 && base[len - 1] == '/')
-            base[--len] = '\0';
-        int rc = scrape_one(base, api_key, out);
-        if (rc)
-            return rc;
-        p = comma ? comma + 1 : p + strlen(p);
+    /* the list is checked whole before any server is asked */
+    for (int pass = 0; pass < 2; pass++) {
+        const char *p = urls;
+        do {
+            const char *comma = strchr(p, ',');
+            size_t len = comma ? (size_t)(comma - p) : strlen(p);
+            char base[1024];
+            if (len == 0 || len >= sizeof(base))
+                return pd_errorf(PD_EINVAL, "bad URL in '%s' (an empty item, or one too long)",
+                                 urls);
+            memcpy(base, p, len);
+            base[len] = '\0';
+            while (len > 0 && base[len - 1] == '/')
+                base[--len] = '\0';
+            int rc = pass ? scrape_one(base, api_key, out) : PD_OK;
+            if (rc)
+                return rc;
+            p = comma ? comma + 1 : p + strlen(p);
+        } while (*p || p[-1] == ',');
     }
     return PD_OK;
 }

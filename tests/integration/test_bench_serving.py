@@ -370,6 +370,14 @@ def case_errors(tmp, model):
                 "--abort-fraction plus --disconnect-fraction must be at most 1")
     expect_fail("--abort-fraction 2", base + ["--abort-fraction", 2], "--abort-fraction")
     expect_fail("--num-prompts 0", base + ["--num-prompts", 0], "--num-prompts")
+    expect_fail("--timeline-url unreachable", base + ["--timeline-url", url],
+                "--timeline-url", "cannot reach %s/metrics" % url)
+    expect_fail("--timeline-url without /metrics", base + ["--timeline-url", fake.url],
+                "--timeline-url", "/metrics answered 404")
+    expect_fail("--timeline-url with an empty item", base + ["--timeline-url", url + ",,"],
+                "--timeline-url", "bad URL in")
+    expect_fail("--timeline-url ending in a comma", base + ["--timeline-url", url + ","],
+                "--timeline-url", "bad URL in")
     sg = ["--dataset-name", "sharegpt", "--dataset-path"]
     bad = write(tmp, "syntax.json", '[\n  {"conversations": [\n    {"from": "human" "value": "x"}'
                 '\n  ]}\n]\n')
