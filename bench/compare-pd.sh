@@ -21,6 +21,7 @@
 #   THREADS [1]       CPU threads per PD daemon; COLOCATED_THREADS [2 x THREADS]
 #   MAX_TOTAL_TOKENS [65536]  KV pool of each daemon   CHUNK [512] --chunked-prefill-size
 #   ONLY [both]       colocated | pd: run one half only
+#   PREFILL_FLAGS []  more flags for pdserve-prefill (e.g. --eager-prefill=false)
 #   OUT_DIR [BUILD_DIR/compare-pd]  tables, JSON Lines, CSV, logs and compare.png
 set -euo pipefail
 build=${1:-build}
@@ -37,6 +38,7 @@ colo_threads=${COLOCATED_THREADS:-$((2 * threads))}
 max_total=${MAX_TOTAL_TOKENS:-65536}
 chunk=${CHUNK:-512}
 only=${ONLY:-both}
+read -r -a prefill_flags <<<"${PREFILL_FLAGS:-}"
 out=${OUT_DIR:-$build/compare-pd}
 logs=$out/logs
 mkdir -p "$logs"
@@ -148,7 +150,8 @@ if [ "$only" != colocated ]; then
     echo "compare-pd: [pd] pdserve-prefill :$pport (bootstrap :$bport), pdserve-decode :$dport," \
         "pdserve-router :$rport ($threads threads per daemon)"
     start prefill "$build/prefill/pdserve-prefill" "${common[@]}" --port "$pport" \
-        --threads "$threads" --disaggregation-mode prefill --disaggregation-bootstrap-port "$bport"
+        --threads "$threads" --disaggregation-mode prefill --disaggregation-bootstrap-port "$bport" \
+        ${prefill_flags[@]+"${prefill_flags[@]}"}
     start decode "$build/decode/pdserve-decode" "${common[@]}" --port "$dport" \
         --threads "$threads" --disaggregation-mode decode
     wait_healthy prefill "$pport" "${pids[0]}"
