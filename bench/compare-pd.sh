@@ -4,7 +4,9 @@
 # (b) disaggregated: 1 pdserve-prefill + 1 pdserve-decode + pdserve-router (KV over UCX shm).
 # Each gets the same pdserve-bench run: random prompts of INPUT_LEN tokens, OUTPUT_LEN output
 # tokens (exact: ignore_eos), a request-rate sweep, the same seed. Prints both tables, then TTFT
-# and ITL percentiles, throughput and goodput side by side, and draws OUT_DIR/compare.png.
+# and ITL percentiles, throughput and goodput side by side, and draws OUT_DIR/compare.png. The PD
+# run also reads the router's and the decode's hand-over stages (pdserve-bench --timeline-url)
+# and prints, per rate, where PD's time to first token went and how the stages add up to it.
 # Both setups get the same CPU threads in all (colocated: 2 x THREADS in its one daemon; PD:
 # THREADS in each of its two), so the comparison is per machine, not per process.
 # Nothing is left running, on success, error or Ctrl-C.
@@ -19,6 +21,7 @@
 #   THREADS [1]       CPU threads per PD daemon; COLOCATED_THREADS [2 x THREADS]
 #   MAX_TOTAL_TOKENS [65536]  KV pool of each daemon   CHUNK [512] --chunked-prefill-size
 #   ONLY [both]       colocated | pd: run one half only
+#   PREFILL_FLAGS []  more flags for pdserve-prefill (e.g. --eager-prefill=false)
 #   OUT_DIR [BUILD_DIR/compare-pd]  tables, JSON Lines, CSV, logs and compare.png
 set -euo pipefail
 build=${1:-build}
@@ -35,6 +38,7 @@ colo_threads=${COLOCATED_THREADS:-$((2 * threads))}
 max_total=${MAX_TOTAL_TOKENS:-65536}
 chunk=${CHUNK:-512}
 only=${ONLY:-both}
+read -r -a prefill_flags <<<"${PREFILL_FLAGS:-}"
 out=${OUT_DIR:-$build/compare-pd}
 logs=$out/logs
 mkdir -p "$logs"
@@ -113,8 +117,9 @@ fi
 common=(--model-path "$model" --host 127.0.0.1 --device "$device" --page-size 16
     --chunked-prefill-size "$chunk" --max-total-tokens "$max_total" --log-level warning)
 
-run_bench() { # label, port
+run_bench() { # label, port, then extra pdserve-bench flags
     local label=$1 port=$2
+    shift 2
     echo "compare-pd: [$label] pdserve-bench: random $input_len in / $output_len out," \
         "$num_prompts prompts per rate, rates $rates"
     "$build/bench/pdserve-bench" --backend sglang --base-url "http://127.0.0.1:$port" \
@@ -122,7 +127,7 @@ run_bench() { # label, port
         --random-range-ratio 1 --num-prompts "$num_prompts" --request-rate-sweep "$rates" \
         --seed 1 --warmup-requests 2 --slo-ttft-ms "$slo_ttft" --slo-tpot-ms "$slo_tpot" \
         --output-file "$out/$label.jsonl" --output-csv "$out/$label.csv" \
-        --plot-label "$label" | tee "$out/$label.txt"
+        --plot-label "$label" "$@" | tee "$out/$label.txt"
 }
 
 if [ "$only" != pd ]; then
@@ -145,7 +150,8 @@ if [ "$only" != colocated ]; then
     echo "compare-pd: [pd] pdserve-prefill :$pport (bootstrap :$bport), pdserve-decode :$dport," \
         "pdserve-router :$rport ($threads threads per daemon)"
     start prefill "$build/prefill/pdserve-prefill" "${common[@]}" --port "$pport" \
-        --threads "$threads" --disaggregation-mode prefill --disaggregation-bootstrap-port "$bport"
+        --threads "$threads" --disaggregation-mode prefill --disaggregation-bootstrap-port "$bport" \
+        ${prefill_flags[@]+"${prefill_flags[@]}"}
     start decode "$build/decode/pdserve-decode" "${common[@]}" --port "$dport" \
         --threads "$threads" --disaggregation-mode decode
     wait_healthy prefill "$pport" "${pids[0]}"
@@ -157,7 +163,7 @@ if [ "$only" != colocated ]; then
         --decode "http://127.0.0.1:$dport" --policy round_robin --max-concurrent-requests 0 \
         --log-level warning
     wait_healthy router "$rport" "${pids[2]}"
-    run_bench pd "$rport"
+    run_bench pd "$rport" --timeline-url "http://127.0.0.1:$rport,http://127.0.0.1:$dport"
     stop_all
 fi
 
@@ -194,6 +200,20 @@ for rate in rates:
                 print("%-6s %-10s" % (rate, label) +
                       "".join("%11.2f" % r[k] if isinstance(r[k], float) else "%11s" % r[k]
                               for _, k in cols))
+# Where PD's first token went: the servers' stage means over each rate's load (pdserve-bench
+# --timeline-url), the stages on the first token's path summed against the client's mean TTFT.
+for label, rs in runs:
+    for r in rs:
+        h = r.get("handover")
+        if not h:
+            continue
+        print("\ncompare-pd: [%s] rate %s hand-over timeline (servers' means, ms; * = summed)"
+              % (label, r["request_rate"]))
+        for name, ms in h["stages_ms"].items():
+            print("  %-28s %9.3f%s" % (name, ms, " *" if name in h["summed"] else ""))
+        print("  %-28s %9.3f\n  %-28s %9.3f\n  %-28s %9.3f (%s 10%%)"
+              % ("summed", h["sum_ms"], "client mean TTFT", h["mean_ttft_ms"], "summed / TTFT",
+                 h["ratio"], "within" if abs(h["ratio"] - 1) <= 0.1 else "NOT within"))
 EOF
 plot_args=()
 for f in "${files[@]}"; do plot_args+=("$f"); done

@@ -105,7 +105,8 @@ static void bench_prefill(void) {
             for (int k = 0; k < PROMPT; k++) /* a 256-token shared system prompt, then unique */
                 tk[k] = k < 256 ? k : (int32_t)(next * PROMPT + (uint64_t)k);
             DIE_IF(pd_sched_prefill_add(s, next, tk, PROMPT, i));
-            DIE_IF(pd_sched_prefill_bootstrapped(s, next, i));
+            struct pd_prefill_send none; /* not eager: nothing computed before the Transfer */
+            DIE_IF(pd_sched_prefill_bootstrapped(s, next, i, &none));
             next++, live++;
         }
         struct pd_prefill_batch b;

@@ -533,14 +533,15 @@ static void set_error(struct pd_api_error *e, int status, const char *param, con
                      NULL, "%s", msg);
 }
 
-static struct pd_daemon_req *req_new(void) {
+/* t_arrival: the body was here (its parsing counts in TTFT, as SGLang's clock does) */
+static struct pd_daemon_req *req_new(double t_arrival) {
     struct pd_daemon_req *r = pd_calloc(1, sizeof(*r));
     if (!r)
         return NULL;
     r->slot = -1;
     r->matched_stop = -1;
     r->matched_token = -1;
-    r->t_start = now_s();
+    r->t_start = t_arrival;
     r->t_waiting = r->t_start; /* prefill: again when its Transfer arrives */
     r->created = (int64_t)time(NULL);
     return r;
@@ -678,9 +679,11 @@ static int submit_req(struct pd_daemon_req *r, struct pd_http_req *h, struct pd_
     return PD_OK;
 }
 
-static void handle_group(struct pd_http_req *h, enum pd_api_kind kind, struct pd_api_split *sp);
+static void handle_group(struct pd_http_req *h, enum pd_api_kind kind, struct pd_api_split *sp,
+                         double t_arrival);
 
 static void handle_generate(struct pd_http_req *h, enum pd_api_kind kind) {
+    double t_arrival = now_s();
     struct pd_api_error e;
     if (D.stopping || !D.ready) {
         pd__daemon_respond_error(h, 503, "server_error", NULL, "the %s daemon is %s", role_name(),
@@ -700,11 +703,11 @@ static void handle_generate(struct pd_http_req *h, enum pd_api_kind kind) {
         return;
     }
     if (split.bodies) {
-        handle_group(h, kind, &split);
+        handle_group(h, kind, &split, t_arrival);
         pd_api_split_free(&split);
         return;
     }
-    struct pd_daemon_req *r = req_new();
+    struct pd_daemon_req *r = req_new(t_arrival);
     if (!r) {
         pd__daemon_respond_error(h, 500, "server_error", NULL, "out of memory");
         return;
@@ -805,7 +808,8 @@ static void group_finish(struct pd_daemon_group *g) {
     pd__daemon_respond_json(h, 200, out);
 }
 
-static void handle_group(struct pd_http_req *h, enum pd_api_kind kind, struct pd_api_split *sp) {
+static void handle_group(struct pd_http_req *h, enum pd_api_kind kind, struct pd_api_split *sp,
+                         double t_arrival) {
     struct pd_api_error e;
     if (sp->count > D.slots.n_free) {
         pd__daemon_respond_error(
@@ -835,7 +839,7 @@ static void handle_group(struct pd_http_req *h, enum pd_api_kind kind, struct pd
                      pd_splitmix64(&D.room_seq), ++D.id_seq);
     /* every sub-request parsed and tokenized before any runs: a bad one fails the request */
     for (int k = 0; k < g->count; k++) {
-        struct pd_daemon_req *r = req_new();
+        struct pd_daemon_req *r = req_new(t_arrival);
         if (!r) {
             pd__daemon_respond_error(h, 500, "server_error", NULL, "out of memory");
             goto fail;
@@ -1011,6 +1015,7 @@ static int start(void) {
         .kv_dtype_auto = a->kv_cache_dtype == PD_KV_CACHE_DTYPE_AUTO,
         .disable_prefix_cache = a->disable_prefix_cache,
         .bootstrap_timeout_s = D.bootstrap_timeout,
+        .eager_prefill = D.eager_prefill,
         .waiting_timeout_s = D.waiting_timeout,
     };
     enum pd_dtype kvt;

@@ -35,8 +35,11 @@ void pd__timeline_prefill(struct pd_daemon_state *d, struct pd_daemon_req *r, do
     /* a request whose first chunk was never scheduled or posted has no spans to give */
     if (t_sched <= 0 || r->t_xfer <= 0)
         return;
-    double spans[PD_XFER_NOTICE_STAGES] = {t_sched - r->t_waiting, r->t_xfer - t_sched,
-                                           now - r->t_xfer};
+    /* eager (--eager-prefill): computing may have begun before the Transfer came; what it did
+     * by then hid behind decode's reserve and the Transfer's way, so the spans start at the
+     * Transfer and fall inside decode's wait */
+    double t0 = t_sched > r->t_waiting ? t_sched : r->t_waiting;
+    double spans[PD_XFER_NOTICE_STAGES] = {t0 - r->t_waiting, r->t_xfer - t0, now - r->t_xfer};
     for (int k = 0; k < PD_XFER_NOTICE_STAGES; k++)
         us[k] = to_us(spans[k]);
     observe(d, PD_HO_BOOTSTRAP, r->t_waiting - r->t_start);

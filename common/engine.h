@@ -67,6 +67,7 @@ struct pd_engine_config {
     double mem_fraction_static;
     bool disable_prefix_cache;
     double bootstrap_timeout_s; /* prefill */
+    bool eager_prefill;         /* prefill: compute before decode's Transfer (--eager-prefill) */
     double waiting_timeout_s;   /* decode */
     double new_token_ratio;     /* decode: share of the output reserved at admission (SGLang
                                    0.7, decaying to 0.1); 0 = SGLang's; smaller admits more

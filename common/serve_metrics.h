@@ -48,8 +48,9 @@ enum pd_kv_fail_reason {
 enum pd_handover_stage {
     PD_HO_RESERVE,     /* decode: arrival → pages reserved and Transfer sent */
     PD_HO_BOOTSTRAP,   /* prefill: arrival → its decode's Transfer here (both needed) */
-    PD_HO_QUEUE,       /* prefill: Transfer here → its first chunk's step began */
-    PD_HO_FIRST_CHUNK, /* prefill: that step → its pages posted */
+    PD_HO_QUEUE,       /* prefill: Transfer here → its first chunk's step began (0: eager,
+                          it began before) */
+    PD_HO_FIRST_CHUNK, /* prefill: that step, or the Transfer if later → its pages posted */
     PD_HO_REST,        /* prefill: → the last pages and the done notice posted */
     PD_HO_KV_OTHER,    /* decode: Transfer sent → KV complete, less the three prefill stages
                           (the Transfer call, the last pages' and the notice's way) */

@@ -3,7 +3,9 @@
  * requests enter the bootstrap queue, move to waiting when decode's Transfer arrives
  * (BOOTSTRAPPED), run in page-aligned chunks through the model (prefill/sched_prefill.h decides
  * them), and each chunk's finished pages go out as EV_SEND; the last chunk samples the first
- * output token, which rides on that event. A request ends when its transfer ended (XFER_END).
+ * output token, which rides on that event. With --eager-prefill a request computes before its
+ * Transfer comes; what it computed by then goes out as one EV_SEND when it does. A request ends
+ * when its transfer ended (XFER_END).
  */
 #include "prefill/engine_prefill.h"
 
@@ -63,6 +65,24 @@ static void prefill_abort(struct pd_engine *e, uint64_t room) {
     if (pd_sched_prefill_abort(e->sched, room, &quiesce) == PD_OK && quiesce)
         pd__engine_emit(
             e, &(struct pd_engine_event){.kind = PD_ENGINE_EV_QUIESCE, .room = room, .req = r});
+}
+
+/* pages [begin, end) of r go to its decode; last: with the first token sampled. */
+static void emit_send(struct pd_engine *e, struct pd_engine_req *r, int32_t begin, int32_t end,
+                      bool last, int32_t cached_tokens) {
+    struct pd_engine_event ev = {.kind = PD_ENGINE_EV_SEND,
+                                 .room = r->room,
+                                 .req = r,
+                                 .begin = begin,
+                                 .end = end,
+                                 .last = last,
+                                 .token = -1,
+                                 .cached_tokens = cached_tokens};
+    if (last) {
+        ev.token = r->tokens[r->n_prompt];
+        ev.logprob = r->first_logprob;
+    }
+    pd__engine_emit(e, &ev);
 }
 
 /* Runs batch chunks [i0, i0+n) through extend; samples the first token of finished prompts. */
@@ -138,21 +158,9 @@ static bool prefill_iter(struct pd_engine *e, double now) {
                 r->pages[p] = (uint32_t)c->pages[p];
             r->n_pages = c->n_pages;
         }
-        if (c->send_end == c->send_begin && !c->last)
+        if (c->held || (c->send_end == c->send_begin && !c->last))
             continue;
-        struct pd_engine_event ev = {.kind = PD_ENGINE_EV_SEND,
-                                     .room = c->room,
-                                     .req = r,
-                                     .begin = c->send_begin,
-                                     .end = c->send_end,
-                                     .last = c->last,
-                                     .token = -1,
-                                     .cached_tokens = c->cached_tokens};
-        if (c->last) {
-            ev.token = r->tokens[r->n_prompt];
-            ev.logprob = r->first_logprob;
-        }
-        pd__engine_emit(e, &ev);
+        emit_send(e, r, c->send_begin, c->send_end, c->last, c->cached_tokens);
     }
     return true;
 }
@@ -187,6 +195,7 @@ static int prefill_sched_new(struct pd_engine *e) {
         .max_prefill_tokens = pd__engine_max_prefill(cfg),
         .max_queued_requests = cfg->max_queued_requests,
         .bootstrap_timeout_s = cfg->bootstrap_timeout_s > 0 ? cfg->bootstrap_timeout_s : 300,
+        .eager = cfg->eager_prefill,
     };
     struct pd_sched_prefill *sp;
     if ((rc = pd_sched_prefill_new(&sc, e->pa, e->rc, &sp)) != PD_OK)
@@ -201,8 +210,13 @@ static void prefill_sched_free(struct pd_engine *e) {
 }
 
 static void prefill_bootstrapped(struct pd_engine *e, uint64_t room, double now) {
-    if (pd__engine_find(e, room))
-        (void)pd_sched_prefill_bootstrapped(e->sched, room, now);
+    struct pd_engine_req *r = pd__engine_find(e, room);
+    struct pd_prefill_send s;
+    if (!r || pd_sched_prefill_bootstrapped(e->sched, room, now, &s) != PD_OK)
+        return;
+    /* eager: computed before the Transfer came (r->pages was filled at its first chunk) */
+    if (s.end > s.begin || s.last)
+        emit_send(e, r, s.begin, s.end, s.last, s.cached_tokens);
 }
 
 static void prefill_counts(const struct pd_engine *e, struct pd_engine_stats *s) {

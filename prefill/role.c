@@ -246,6 +246,7 @@ static int prefill_prepare(struct pd_daemon_state *d, struct pd_daemon_req *r,
 
 static void prefill_server_info(struct pd_daemon_state *d, const struct pd_engine_stats *s,
                                 struct cJSON *extra, struct cJSON *q) {
+    cJSON_AddBoolToObject(extra, "eager_prefill", d->eager_prefill);
     cJSON_AddNumberToObject(q, "bootstrap", s->q_bootstrap);
     cJSON_AddNumberToObject(q, "waiting", s->q_waiting);
     cJSON_AddNumberToObject(q, "inflight", s->q_inflight);
@@ -285,6 +286,15 @@ const struct pd_serve_metrics_role pd_prefill_metrics = {
     .series = prefill_series,
 };
 
+static void prefill_flags(struct pd_flagset *fs, struct pd_daemon_state *d) {
+    d->eager_prefill = true;
+    pd_flag_bool(fs, "--eager-prefill", &d->eager_prefill,
+                 "compute a prompt as soon as its request is here, in arrival order, before its "
+                 "decode's Transfer (the destination pages) comes; its pages go out when it does. "
+                 "Takes the decode's admission and the Transfer's way off the first token's path. "
+                 "=false: wait for the Transfer first (SGLang's order) [default: true]");
+}
+
 static const struct pd_role *prefill_configure(struct pd_daemon_state *d) {
     if (d->args.disaggregation_mode != PD_DISAGG_PREFILL) {
         fprintf(stderr, "%s: --disaggregation-mode must be prefill for this daemon\n",
@@ -306,6 +316,7 @@ const struct pd_role pd_prefill_role = {
     .disaggregated = true,
     .timeout_msg = "bootstrap timed out: no decode asked for this room's KV cache within "
                    "--bootstrap-timeout",
+    .flags = prefill_flags,
     .configure = prefill_configure,
     .start = prefill_start,
     .ready = prefill_ready,

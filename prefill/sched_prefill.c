@@ -3,10 +3,16 @@
  *
  * A request's states: bootstrap → waiting → prefilling (admitted: holds all its prompt pages;
  * in the running step or the half-done one) → inflight → ended, with draining as the detour of an
- * abort after sends. Pages are taken once, at admission, for the whole prompt: the budget check
- * and the memory check then happen in one place, and a chunk never stalls for memory halfway.
- * The admitted request holds one reference on every page of its prompt (cached prefix pages
- * included) and a lock on its prefix-cache node; its end puts both, whatever the ending.
+ * abort after sends. Eager (cfg.eager), a request is admitted in arrival order whether its
+ * decode's Transfer came (waiting) or not (bootstrap): computing overlaps the decode's own
+ * admission and the Transfer's way here, which are otherwise on the first token's path. An
+ * unpaired request's computed pages are held, not sent (chunk.held); the Transfer's arrival
+ * makes them sendable at once (pd_sched_prefill_bootstrapped's out), and a request never paired
+ * within the bootstrap timeout ends wherever it is, its pages back. Pages are taken once, at
+ * admission, for the whole prompt: the budget check and the memory check then happen in one place,
+ * and a chunk never stalls for memory halfway. The admitted request holds one reference on every
+ * page of its prompt (cached prefix pages included) and a lock on its prefix-cache node; its end
+ * puts both, whatever the ending.
  */
 #include "prefill/sched_prefill.h"
 
@@ -36,6 +42,8 @@ static const char *const state_names[] = {"free",     "bootstrap", "waiting", "p
 struct preq {
     struct pd__sched_req h;
     int32_t sent_pages; /* pages made sendable so far */
+    bool paired;        /* its decode's Transfer arrived */
+    double t_arrival;   /* add: the bootstrap timeout and the eager admission order */
 };
 
 struct pd_sched_prefill {
@@ -119,6 +127,7 @@ int pd_sched_prefill_add(struct pd_sched_prefill *s, uint64_t room, const int32_
     r->h.tokens = tokens;
     r->h.prompt_len = n_tokens;
     r->h.n_pages = n_pages;
+    r->t_arrival = now_s;
     pd__sched_table_move(&s->t, slot, ST_BOOTSTRAP, now_s);
     return PD_OK;
 }
@@ -127,15 +136,36 @@ int pd_sched_prefill_limit_cache(struct pd_sched_prefill *s, uint64_t room, int3
     return pd__sched_table_limit_cache(&s->t, room, max_tokens);
 }
 
-int pd_sched_prefill_bootstrapped(struct pd_sched_prefill *s, uint64_t room, double now_s) {
+/* pages[0, end) hold computed KV (the last chunk's partial page with it) */
+static int32_t computed_pages(const struct pd_sched_prefill *s, const struct preq *r) {
+    return r->h.state == ST_INFLIGHT ? r->h.n_pages : r->h.done_tokens / s->cfg.page_size;
+}
+
+int pd_sched_prefill_bootstrapped(struct pd_sched_prefill *s, uint64_t room, double now_s,
+                                  struct pd_prefill_send *out) {
+    *out = (struct pd_prefill_send){0};
     int32_t slot;
     int rc = pd__sched_table_find(&s->t, room, &slot);
     if (rc)
         return rc;
-    if (s->reqs[slot].h.state != ST_BOOTSTRAP)
-        return pd_errorf(PD_EINVAL, "room %llu: bootstrapped while %s", (unsigned long long)room,
-                         state_names[s->reqs[slot].h.state]);
-    pd__sched_table_move(&s->t, slot, ST_WAITING, now_s);
+    struct preq *r = &s->reqs[slot];
+    bool computing = r->h.state == ST_PREFILLING || r->h.state == ST_INFLIGHT;
+    if (r->paired || !(r->h.state == ST_BOOTSTRAP || computing))
+        return pd_errorf(PD_EINVAL, "room %llu: bootstrapped while %s%s", (unsigned long long)room,
+                         state_names[r->h.state], r->paired ? " (paired already)" : "");
+    r->paired = true;
+    if (r->h.state == ST_BOOTSTRAP) {
+        pd__sched_table_move(&s->t, slot, ST_WAITING, now_s);
+        return PD_OK;
+    }
+    if (r->h.in_batch)
+        return PD_OK; /* batch_done sends what the running step leaves computed */
+    *out = (struct pd_prefill_send){.begin = r->sent_pages,
+                                    .end = computed_pages(s, r),
+                                    .last = r->h.state == ST_INFLIGHT,
+                                    .pages = r->h.pages,
+                                    .cached_tokens = r->h.cached_tokens};
+    r->sent_pages = out->end;
     return PD_OK;
 }
 
@@ -149,8 +179,9 @@ static void add_chunk(struct pd_sched_prefill *s, struct pd_prefill_batch *b, in
                                    .len = len,
                                    .last = end == r->h.prompt_len,
                                    .send_begin = r->sent_pages,
-                                   .send_end = end == r->h.prompt_len ? r->h.n_pages
-                                                                      : end / s->cfg.page_size,
+                                   .send_end = !r->paired               ? r->sent_pages
+                                               : end == r->h.prompt_len ? r->h.n_pages
+                                                                        : end / s->cfg.page_size,
                                    .pages = r->h.pages,
                                    .n_pages = r->h.n_pages,
                                    .cached_tokens = r->h.cached_tokens,
@@ -184,6 +215,38 @@ static bool admit(struct pd_sched_prefill *s, int32_t slot, int32_t rem, bool ba
     return true;
 }
 
+static bool unpaired_expired(const struct pd_sched_prefill *s, int32_t slot, double now_s) {
+    const struct preq *r = &s->reqs[slot];
+    return !r->paired && now_s - r->t_arrival >= s->cfg.bootstrap_timeout_s;
+}
+
+/* Requests whose Transfer never came within the bootstrap timeout end, wherever they are (never
+ * in a running step: steps are given back before the next one). */
+static void expire_unpaired(struct pd_sched_prefill *s, double now_s) {
+    static const uint8_t queues[] = {ST_BOOTSTRAP, ST_INFLIGHT};
+    for (size_t k = 0; k < sizeof(queues); k++)
+        for (int32_t i = s->t.q[queues[k]].head, nx; i >= 0; i = nx) {
+            nx = s->t.slots.next[i];
+            if (unpaired_expired(s, i, now_s))
+                pd__sched_table_end(&s->t, i, PD_END_TIMEOUT);
+        }
+    if (s->t.aside >= 0 && unpaired_expired(s, s->t.aside, now_s)) {
+        pd__sched_table_end(&s->t, s->t.aside, PD_END_TIMEOUT);
+        s->t.aside = -1;
+    }
+}
+
+/* The next request to admit: waiting's head; eager, bootstrap's head when it came first. */
+static int32_t next_to_admit(const struct pd_sched_prefill *s) {
+    int32_t w = s->t.q[ST_WAITING].head;
+    if (!s->cfg.eager)
+        return w;
+    int32_t b = s->t.q[ST_BOOTSTRAP].head;
+    if (w < 0 || (b >= 0 && s->reqs[b].t_arrival < s->reqs[w].t_arrival))
+        return b;
+    return w;
+}
+
 int pd_sched_prefill_step(struct pd_sched_prefill *s, double now_s, struct pd_prefill_batch *b) {
     if (s->outstanding)
         return pd_errorf(PD_EINVAL, "prefill step while the previous batch is not done");
@@ -191,11 +254,7 @@ int pd_sched_prefill_step(struct pd_sched_prefill *s, double now_s, struct pd_pr
     b->n = 0;
     b->n_tokens = 0;
 
-    for (int32_t i = s->t.q[ST_BOOTSTRAP].head, nx; i >= 0; i = nx) {
-        nx = s->t.slots.next[i];
-        if (now_s - s->reqs[i].h.t_queue >= s->cfg.bootstrap_timeout_s)
-            pd__sched_table_end(&s->t, i, PD_END_TIMEOUT);
-    }
+    expire_unpaired(s, now_s);
 
     int32_t rem = s->budget;
     bool stop = false;
@@ -210,8 +269,9 @@ int pd_sched_prefill_step(struct pd_sched_prefill *s, double now_s, struct pd_pr
         if (b->chunks[b->n - 1].last)
             s->t.aside = -1;
     }
-    while (!stop && rem > 0 && s->t.q[ST_WAITING].head >= 0) {
-        int32_t slot = s->t.q[ST_WAITING].head, len;
+    int32_t slot;
+    while (!stop && rem > 0 && (slot = next_to_admit(s)) >= 0) {
+        int32_t len;
         if (!admit(s, slot, rem, b->n == 0, &len, &stop))
             break; /* FIFO: nobody overtakes the head */
         add_chunk(s, b, slot, len);
@@ -252,6 +312,9 @@ int pd_sched_prefill_batch_done(struct pd_sched_prefill *s, struct pd_prefill_ba
             continue;
         }
         r->h.done_tokens = r->h.chunk_end;
+        if (r->paired) /* as add_chunk had it; or paired during the step: all computed goes */
+            c->send_end = c->last ? r->h.n_pages : r->h.done_tokens / ps;
+        c->held = !r->paired;
         r->sent_pages = c->send_end;
         pd__prefix_commit(s->rc, r->h.tokens, r->h.done_tokens, ps, r->h.pages, &r->h.node);
         if (c->last)
@@ -323,10 +386,16 @@ int pd_sched_prefill_pop_ended(struct pd_sched_prefill *s, struct pd_sched_end *
 }
 
 void pd_sched_prefill_counts(const struct pd_sched_prefill *s, struct pd_prefill_counts *c) {
-    c->bootstrap = s->t.q[ST_BOOTSTRAP].n;
+    /* eager: a request computing or computed without its Transfer counts as bootstrap (it waits
+     * for the decode's pages), not as waiting or inflight */
+    int32_t unpaired_inflight = 0;
+    for (int32_t i = s->t.q[ST_INFLIGHT].head; s->cfg.eager && i >= 0; i = s->t.slots.next[i])
+        unpaired_inflight += !s->reqs[i].paired;
+    bool aside = s->t.aside >= 0, aside_paired = aside && s->reqs[s->t.aside].paired;
+    c->bootstrap = s->t.q[ST_BOOTSTRAP].n + unpaired_inflight + (aside && !aside_paired);
     /* the half-done one waits for its next chunk */
-    c->waiting = s->t.q[ST_WAITING].n + (s->t.aside >= 0);
-    c->inflight = s->t.q[ST_INFLIGHT].n;
+    c->waiting = s->t.q[ST_WAITING].n + aside_paired;
+    c->inflight = s->t.q[ST_INFLIGHT].n - unpaired_inflight;
     c->draining = s->t.q[ST_DRAINING].n;
     c->ended_unpopped = s->t.q[ST_ENDED].n;
 }

@@ -35,7 +35,9 @@ struct pd_sched_prefill_config {
     int32_t max_prefill_tokens;   /* cap on a batch's tokens (one longer prompt still runs alone
                                      when chunking is off) */
     int32_t max_queued_requests;  /* live + unpopped ended requests; beyond: PD_EFULL */
-    double bootstrap_timeout_s;   /* in bootstrap longer than this: ends with PD_END_TIMEOUT */
+    double bootstrap_timeout_s;   /* not paired this long after add: ends with PD_END_TIMEOUT */
+    bool eager; /* compute a prompt before its decode's Transfer arrives (admission in arrival
+                   order from bootstrap and waiting alike); its pages are held until then */
 };
 
 struct pd_prefill_chunk {
@@ -44,11 +46,13 @@ struct pd_prefill_chunk {
     int32_t len;           /* tokens computed */
     bool last;             /* the prompt is complete after it: sample the first output token */
     int32_t send_begin;    /* pages[send_begin, send_end) are sendable once the step ran */
-    int32_t send_end;      /* (indices into pages, not page numbers) */
+    int32_t send_end;      /* (indices into pages, not page numbers); empty while held */
     const int32_t *pages;  /* [n_pages] the request's KV pages; valid until its end is popped */
     int32_t n_pages;       /* ceil(prompt tokens / page size) */
     int32_t cached_tokens; /* prompt tokens taken from the prefix cache */
     bool dropped;          /* set by batch_done: aborted/failed during the step, send nothing */
+    bool held;     /* set by batch_done (eager): the Transfer has not come, nothing goes out yet;
+                      pd_sched_prefill_bootstrapped returns what is computed by then */
     bool quiesce;  /* with dropped: earlier sends may be in flight, the daemon must force-close
                       the endpoint, then call pd_sched_prefill_release */
     int32_t slot_; /* internal */
@@ -78,9 +82,20 @@ int pd_sched_prefill_add(struct pd_sched_prefill *s, uint64_t room, const int32_
 /* The room's prefix-cache hit covers at most max_tokens tokens (call right after add): a
  * request with input logprobs needs the logits from there on, so they are computed. PD_ENOENT. */
 int pd_sched_prefill_limit_cache(struct pd_sched_prefill *s, uint64_t room, int32_t max_tokens);
-/* Decode's Transfer for the room arrived (destination pages known): bootstrap → waiting.
- * PD_ENOENT (no live request), PD_EINVAL (not in bootstrap). */
-int pd_sched_prefill_bootstrapped(struct pd_sched_prefill *s, uint64_t room, double now_s);
+/* What a Transfer that came after its request's computing began makes sendable at once. */
+struct pd_prefill_send {
+    int32_t begin, end;    /* pages[begin, end) (indices into pages); empty: nothing yet */
+    bool last;             /* the prompt is computed: its first token goes with these pages */
+    const int32_t *pages;  /* the request's pages (as pd_prefill_chunk's) */
+    int32_t cached_tokens; /* prompt tokens taken from the prefix cache */
+};
+
+/* Decode's Transfer for the room arrived (destination pages known): bootstrap → waiting, or
+ * (eager) the request computing or computed already is paired, and *out says which of its pages
+ * can go now (empty while it is in the running step: batch_done widens that chunk's sends).
+ * PD_ENOENT (no live request), PD_EINVAL (paired already, or draining). */
+int pd_sched_prefill_bootstrapped(struct pd_sched_prefill *s, uint64_t room, double now_s,
+                                  struct pd_prefill_send *out);
 
 /* Expires bootstrap timeouts, then builds this step's batch (possibly empty). The previous batch
  * must have been given back with batch_done (PD_EINVAL otherwise). */
@@ -105,6 +120,8 @@ int pd_sched_prefill_release(struct pd_sched_prefill *s, uint64_t room);
 /* Pops the oldest end: PD_OK, or PD_EAGAIN when none is waiting. */
 int pd_sched_prefill_pop_ended(struct pd_sched_prefill *s, struct pd_sched_end *e);
 
+/* bootstrap: requests whose Transfer has not come (eager: computing or computed ones too);
+ * waiting: paired ones not computed yet; inflight: paired and computed, sending. */
 void pd_sched_prefill_counts(const struct pd_sched_prefill *s, struct pd_prefill_counts *c);
 /* Recounts every page's holders (live requests + cache) against the allocator, and the queues
  * against the states. PD_EINTERNAL with a message. O(pool + requests), for tests. */

@@ -19,6 +19,10 @@ static const double DURATION_BOUNDS[] = {0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0
                                          5,     10,    15,   30,    45,   60,  90,   120, 180, 240};
 static const double TTFT_BOUNDS[] = {0.1, 0.2, 0.4, 0.6, 0.8, 1,  2,   4,   6,
                                      8,   10,  20,  40,  60,  80, 100, 200, 400};
+/* the daemons' pdserve_handover_seconds buckets */
+static const double HANDOVER_BOUNDS[] = {0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02,
+                                         0.05,   0.1,     0.25,   0.5,   1,     2.5,   5,    10};
+static const char *const HO_STAGES[PD_ROUTER_HO_N] = {"dispatch", "decode", "relay"};
 static const char *const OUTCOMES[PD_ROUTER_OUTCOME_N] = {"ok", "error", "timeout", "aborted",
                                                           "client_gone"};
 
@@ -31,12 +35,14 @@ struct pd_router_metrics {
     struct pd_metric_family *cb_outcomes;             /* {worker, outcome} */
     struct pd_metric_family *cb_transitions;          /* {worker, from, to} */
     struct pd_metric *active_workers, *ttft, *retries, *retries_exhausted;
-    struct pd_metric_family *ca_decisions; /* {worker, decision} */
-    struct pd_metric_family *tree_size;    /* {worker} */
+    struct pd_metric *handover[PD_ROUTER_HO_N]; /* pdserve_router_handover_seconds{stage} */
+    struct pd_metric_family *ca_decisions;      /* {worker, decision} */
+    struct pd_metric_family *tree_size;         /* {worker} */
     struct pd_metric *cache_hits, *cache_misses, *lb_events;
 };
 
 static const char *const L_ROUTE[] = {"route"};
+static const char *const L_STAGE[] = {"stage"};
 static const char *const L_WORKER[] = {"worker"};
 static const char *const L_CALL[] = {"worker", "role", "outcome"};
 static const char *const L_CB_OUTCOME[] = {"worker", "outcome"};
@@ -143,6 +149,16 @@ int pd_router_metrics_new(struct pd_router_metrics **out) {
                                      .n_bounds = (int)PD_ARRAY_LEN(TTFT_BOUNDS),
                                      .bounds = TTFT_BOUNDS},
             &rm->ttft);
+    struct pd_metric_family *ho = NULL;
+    if (!rc)
+        rc = fam(rm, H, "pdserve_router_handover_seconds",
+                 "The router's part of a streamed answer's first byte by stage (dispatch, decode, "
+                 "relay); they add up to pdserve_router_time_to_first_token_seconds.",
+                 1, L_STAGE, HANDOVER_BOUNDS, (int)PD_ARRAY_LEN(HANDOVER_BOUNDS), &ho);
+    for (int k = 0; !rc && k < PD_ROUTER_HO_N; k++) {
+        const char *v = HO_STAGES[k];
+        rc = pd_metrics_series(ho, &v, &rm->handover[k]);
+    }
     if (!rc)
         rc = fam(rm, C, "pdserve_router_cache_aware_decisions_total",
                  "cache_aware prefill choices by worker and deciding rule (match: best prefix "
@@ -225,6 +241,11 @@ void pd_router_metrics_done(struct pd_router_metrics *rm, const char *route, dou
 
 void pd_router_metrics_ttft(struct pd_router_metrics *rm, double seconds) {
     pd_metric_observe(rm->ttft, seconds);
+}
+
+void pd_router_metrics_handover(struct pd_router_metrics *rm, const double s[PD_ROUTER_HO_N]) {
+    for (int k = 0; k < PD_ROUTER_HO_N; k++)
+        pd_metric_observe(rm->handover[k], s[k] > 0 ? s[k] : 0);
 }
 
 void pd_router_metrics_retry(struct pd_router_metrics *rm) {

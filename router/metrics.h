@@ -40,6 +40,17 @@ void pd_router_metrics_request(struct pd_router_metrics *rm, const char *route);
 void pd_router_metrics_done(struct pd_router_metrics *rm, const char *route, double seconds);
 /* A streamed answer's first byte went to the client after seconds. */
 void pd_router_metrics_ttft(struct pd_router_metrics *rm, double seconds);
+/* The router's part of a streamed answer's first byte (pdserve_router_handover_seconds{stage}):
+ * dispatch (arrival → the request about to go out to decode), decode (→ decode's first answer
+ * byte here: decode's time to first token and the way there and back) and relay (→ that byte,
+ * or the first whole event, handed to the client's connection). They add up to the TTFT above. */
+enum pd_router_ho_stage {
+    PD_ROUTER_HO_DISPATCH,
+    PD_ROUTER_HO_DECODE,
+    PD_ROUTER_HO_RELAY,
+    PD_ROUTER_HO_N
+};
+void pd_router_metrics_handover(struct pd_router_metrics *rm, const double s[PD_ROUTER_HO_N]);
 /* A retry on another pair; a request that failed after its last allowed attempt. */
 void pd_router_metrics_retry(struct pd_router_metrics *rm);
 void pd_router_metrics_retries_exhausted(struct pd_router_metrics *rm);

@@ -579,6 +579,24 @@ static char *event_end(char *p, size_t len) {
     return NULL;
 }
 
+/* The first byte went to the client at now: the router's TTFT and its stages (metrics.h). */
+static void first_byte_timeline(struct rreq *rq, double now) {
+    pd_router_metrics_ttft(rq->rt->metrics, now - rq->t_start);
+    if (rq->t_ddata <= 0)
+        return;
+    double sent = rq->t_dcall + rq->d_pretransfer;
+    if (sent > rq->t_ddata)
+        sent = rq->t_ddata;
+    double st[PD_ROUTER_HO_N] = {[PD_ROUTER_HO_DISPATCH] = sent - rq->t_start,
+                                 [PD_ROUTER_HO_DECODE] = rq->t_ddata - sent,
+                                 [PD_ROUTER_HO_RELAY] = now - rq->t_ddata};
+    pd_router_metrics_handover(rq->rt->metrics, st);
+    pd_debug("room=%" PRIu64 " rid=%s first byte (ms): dispatch %.3f | decode %.3f | relay %.3f "
+             "= ttft %.3f",
+             rq->info.rooms[0], rq->info.rids[0], st[0] * 1e3, st[1] * 1e3, st[2] * 1e3,
+             (now - rq->t_start) * 1e3);
+}
+
 /* Sends buf to the streaming client. PD_OK, or the request ended (client gone, out of memory:
  * rq may be freed, touch nothing). */
 static int send_piece(struct rreq *rq, const char *buf, size_t len) {
@@ -587,7 +605,7 @@ static int send_piece(struct rreq *rq, const char *buf, size_t len) {
         return rc; /* the client is gone: on_client_gone ran and rq may be freed */
     if (rc == PD_OK && !rq->first_byte_sent) {
         rq->first_byte_sent = true;
-        pd_router_metrics_ttft(rq->rt->metrics, pd__router_now_s() - rq->t_start);
+        first_byte_timeline(rq, pd__router_now_s());
     }
     return rc ? stream_oom(rq) : PD_OK;
 }
@@ -696,6 +714,10 @@ static void on_decode_data(void *ud, struct pd_upstream_call *call, const char *
     struct rreq *rq = ud;
     if (rq->finished)
         return;
+    if (rq->t_ddata <= 0) {
+        rq->t_ddata = pd__router_now_s();
+        rq->d_pretransfer = pd_upstream_call_pretransfer_s(call);
+    }
     long st = pd_upstream_call_http_status(call);
     const char *ct = pd_upstream_call_content_type(call);
     if (!rq->streaming && !rq->sse_hold && !rq->held_error && st / 100 == 2 &&
@@ -889,6 +911,8 @@ static int start_attempt(struct rreq *rq) {
     struct pd_upstream_cbs pcbs = {.on_data = on_prefill_data, .on_done = on_prefill_done};
     struct pd_upstream_cbs dcbs = {.on_data = on_decode_data, .on_done = on_decode_done};
     snprintf(url, sizeof(url), "%s%s", dw->spec.url, rq->path);
+    rq->t_dcall = pd__router_now_s();
+    rq->t_ddata = 0;
     rc = pd_upstream_call_start(rt->up, &req, &dcbs, rq, &rq->dcall);
     if (rc == PD_OK) {
         dw->load.inflight++;

@@ -147,7 +147,10 @@ struct rreq {
     bool client_gone;     /* calls dropped now end as client_gone (metrics) */
     bool first_byte_sent; /* a streamed answer's first byte went out (TTFT) */
     double t_start;       /* the client's request arrived (uv_hrtime, s) */
-    bool paused;          /* the decode call waits for the client to drain */
+    /* this attempt's decode call started; its first answer byte came (0: not yet); curl's
+     * pretransfer time of that call (the request about to go out), taken then */
+    double t_dcall, t_ddata, d_pretransfer;
+    bool paused; /* the decode call waits for the client to drain */
     struct sbuf dbuf, perr;
     /* this attempt's outcome was given to the worker's circuit breaker (once per call) */
     bool p_judged, d_judged;

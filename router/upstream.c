@@ -436,6 +436,13 @@ const char *pd_upstream_call_content_type(const struct pd_upstream_call *c) {
     return c->content_type;
 }
 
+double pd_upstream_call_pretransfer_s(const struct pd_upstream_call *c) {
+    curl_off_t us = 0;
+    if (curl_easy_getinfo(c->easy, CURLINFO_PRETRANSFER_TIME_T, &us) != CURLE_OK || us < 0)
+        return 0;
+    return (double)us * 1e-6;
+}
+
 int pd_upstream_active(const struct pd_upstream *up) {
     return up->n_active;
 }

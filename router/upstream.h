@@ -68,6 +68,9 @@ void pd_upstream_call_pause(struct pd_upstream_call *call, bool paused);
 /* The response status (0 before the status line) and Content-Type ("" when none). */
 long pd_upstream_call_http_status(const struct pd_upstream_call *call);
 const char *pd_upstream_call_content_type(const struct pd_upstream_call *call);
+/* Seconds from the call's start to its request being about to go out (connection found or made;
+ * curl's pretransfer time), 0 when curl cannot tell. */
+double pd_upstream_call_pretransfer_s(const struct pd_upstream_call *call);
 
 /* Calls currently started and not yet ended or cancelled (tests, shutdown). */
 int pd_upstream_active(const struct pd_upstream *up);

@@ -580,44 +580,88 @@ done:
     return rc;
 }
 
+/* A GET's answer, kept up to its cap. */
+struct get_body {
+    char *p;
+    size_t len, cap, max;
+    bool too_big;
+};
+
+static size_t on_get_write(char *ptr, size_t size, size_t nmemb, void *ud) {
+    struct get_body *b = ud;
+    size_t n = size * nmemb;
+    if (b->len + n + 1 > b->max) {
+        b->too_big = true;
+        return 0; /* curl fails the transfer with a write error */
+    }
+    if (b->len + n + 1 > b->cap) {
+        size_t cap = b->cap ? b->cap : 4096;
+        while (cap < b->len + n + 1)
+            cap *= 2;
+        char *q = pd_realloc(b->p, cap);
+        if (!q)
+            return 0;
+        b->p = q;
+        b->cap = cap;
+    }
+    memcpy(b->p + b->len, ptr, n);
+    b->len += n;
+    b->p[b->len] = '\0';
+    return n;
+}
+
+int pd_bench_http_get(const char *url, const char *api_key, size_t max_bytes, char **body,
+                      long *status) {
+    *body = NULL;
+    *status = 0;
+    CURL *e = curl_easy_init();
+    if (!e)
+        return pd_errorf(PD_ENOMEM, "curl_easy_init");
+    char auth[512], errbuf[CURL_ERROR_SIZE] = "";
+    struct curl_slist *h = NULL;
+    if (api_key) {
+        snprintf(auth, sizeof(auth), "Authorization: Bearer %s", api_key);
+        h = curl_slist_append(NULL, auth);
+    }
+    struct get_body b = {.max = max_bytes};
+    curl_easy_setopt(e, CURLOPT_URL, url);
+    curl_easy_setopt(e, CURLOPT_HTTPHEADER, h);
+    curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, on_get_write);
+    curl_easy_setopt(e, CURLOPT_WRITEDATA, &b);
+    curl_easy_setopt(e, CURLOPT_ERRORBUFFER, errbuf);
+    curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(e, CURLOPT_TIMEOUT_MS, 10000L);
+    CURLcode code = curl_easy_perform(e);
+    curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, status);
+    int rc = PD_OK;
+    if (b.too_big)
+        rc = pd_errorf(PD_EPEER, "%s: answer longer than %zu bytes", url, max_bytes);
+    else if (code != CURLE_OK)
+        rc = pd_errorf(PD_EPEER, "cannot reach %s: %s (curl error %d)", url,
+                       errbuf[0] ? errbuf : curl_easy_strerror(code), (int)code);
+    curl_slist_free_all(h);
+    curl_easy_cleanup(e);
+    if (rc)
+        pd_free(b.p);
+    else
+        *body = b.p;
+    return rc;
+}
+
 int pd_bench_probe(const char *base_url, const char *api_key, char **model_id, int *max_model_len) {
     *model_id = NULL;
     *max_model_len = 0;
     static const char *const paths[] = {"/v1/models", "/health"};
-    int rc = PD_OK;
     for (int k = 0; k < 2; k++) {
-        CURL *e = curl_easy_init();
-        if (!e)
-            return pd_errorf(PD_ENOMEM, "curl_easy_init");
-        char url[2048], auth[512], errbuf[CURL_ERROR_SIZE] = "";
+        char url[2048];
         snprintf(url, sizeof(url), "%s%s", base_url, paths[k]);
-        struct req q = {0};
-        struct pd_bench_result dummy = {0};
-        struct pd_bench_load l = {.backend = PD_BENCH_SGLANG};
-        q.l = &l;
-        q.res = &dummy;
-        q.easy = e;
-        struct curl_slist *h = NULL;
-        if (api_key) {
-            snprintf(auth, sizeof(auth), "Authorization: Bearer %s", api_key);
-            h = curl_slist_append(NULL, auth);
-        }
-        curl_easy_setopt(e, CURLOPT_URL, url);
-        curl_easy_setopt(e, CURLOPT_HTTPHEADER, h);
-        curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, on_write);
-        curl_easy_setopt(e, CURLOPT_WRITEDATA, &q);
-        curl_easy_setopt(e, CURLOPT_ERRORBUFFER, errbuf);
-        curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
-        curl_easy_setopt(e, CURLOPT_TIMEOUT_MS, 10000L);
-        q.status = -1; /* on_write: not 200, so bytes are kept raw (up to ERRBODY_MAX) */
-        CURLcode code = curl_easy_perform(e);
-        long status = 0;
-        curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, &status);
-        if (code != CURLE_OK) {
-            rc = pd_errorf(PD_EPEER, "cannot reach %s: %s (curl error %d)", url,
-                           errbuf[0] ? errbuf : curl_easy_strerror(code), (int)code);
-        } else if (k == 0 && status == 200) {
-            cJSON *j = cJSON_Parse(q.buf ? q.buf : "");
+        char *body;
+        long status;
+        int rc = pd_bench_http_get(url, api_key, 1 << 20, &body, &status);
+        if (rc)
+            return rc;
+        if (k == 0 && status == 200) {
+            cJSON *j = cJSON_Parse(body ? body : "");
             const cJSON *m0 = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(j, "data"), 0);
             const cJSON *id = cJSON_GetObjectItemCaseSensitive(m0, "id");
             const cJSON *ml = cJSON_GetObjectItemCaseSensitive(m0, "max_model_len");
@@ -627,11 +671,9 @@ int pd_bench_probe(const char *base_url, const char *api_key, char **model_id, i
                 *max_model_len = (int)ml->valuedouble;
             cJSON_Delete(j);
         }
-        curl_slist_free_all(h);
-        curl_easy_cleanup(e);
-        pd_free(q.buf);
-        if (rc || (k == 0 && status == 200))
-            return rc;
+        pd_free(body);
+        if (k == 0 && status == 200)
+            return PD_OK;
         if (k == 1 && status != 200 && status != 404)
             return pd_errorf(PD_EPEER, "%s answered HTTP %ld (and %s/v1/models did not answer 200)",
                              url, status, base_url);

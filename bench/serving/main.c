@@ -47,6 +47,7 @@ struct args {
     double abort_fraction, disconnect_fraction, disconnect_window_ms;
     const char *base_url, *host, *model, *tokenizer, *dataset_path, *request_rate, *sweep;
     const char *output_file, *output_csv, *plot, *plot_from, *plot_label, *extra_body, *api_key;
+    const char *timeline_url;
     const char *output_requests;
     bool output_details, disable_ignore_eos, disable_progress;
 };
@@ -205,6 +206,12 @@ static void register_flags(struct pd_flagset *fs, struct args *a) {
     pd_flag_string(fs, "--plot-from", &a->plot_from, "[LABEL=]FILE[,...]",
                    "plot earlier --output-file results instead of running a load (one series "
                    "per file; needs --plot)");
+    pd_flag_string(fs, "--timeline-url", &a->timeline_url, "URL[,URL...]",
+                   "pdserve servers (base URLs: a pdserve-router's and a decode's) whose "
+                   "/metrics are read before and after each load: their hand-over stages "
+                   "(pdserve_router_handover_seconds, pdserve_handover_seconds) are printed as "
+                   "that load's means, with their sum against the mean TTFT measured here "
+                   "(and a 'handover' object in --output-file)");
     pd_flag_bool(fs, "--disable-progress", &a->disable_progress,
                  "no progress bar (on a terminal) or progress lines (otherwise) on stderr");
 }
@@ -557,8 +564,18 @@ int main(int argc, char **argv) {
         load.disconnect_window_s = a.disconnect_window_ms * 1e-3;
         load.requests_out = reqs;
         double duration = 0;
+        struct pd_bench_timeline tl_before, tl_after;
+        struct pd_bench_timeline_result tl;
+        if (a.timeline_url && pd_bench_timeline_scrape(a.timeline_url, a.api_key, &tl_before)) {
+            exit_code = fatal("--timeline-url");
+            goto out;
+        }
         if (pd_bench_load_run(&load, ds.p, ds.n, 0, res, &duration)) {
             exit_code = fatal("load");
+            goto out;
+        }
+        if (a.timeline_url && pd_bench_timeline_scrape(a.timeline_url, a.api_key, &tl_after)) {
+            exit_code = fatal("--timeline-url");
             goto out;
         }
         sums[k].request_rate = rates[k];
@@ -567,7 +584,13 @@ int main(int argc, char **argv) {
             exit_code = fatal("summary");
             goto out;
         }
+        if (a.timeline_url) {
+            pd_bench_timeline_reduce(&tl_before, &tl_after, sums[k].ttft[PD_BENCH_MEAN], &tl);
+            sums[k].timeline = &tl;
+        }
         pd_bench_print_table(stdout, &info, &sums[k]);
+        if (a.timeline_url)
+            pd_bench_timeline_print(stdout, &tl);
         print_errors(res, ds.n, sums[k].failed);
         if (sums[k].completed == 0) {
             fprintf(stderr, "pdserve-bench: no request of the load at %s completed\n", label);
@@ -587,6 +610,7 @@ int main(int argc, char **argv) {
             pd_bench_csv_rows(csv, &sums[k], res, ds.n);
             fflush(csv);
         }
+        sums[k].timeline = NULL; /* tl is this iteration's */
         for (size_t i = 0; i < ds.n; i++)
             pd_bench_result_free(&res[i]);
         pd_free(res);

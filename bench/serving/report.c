@@ -153,6 +153,22 @@ int pd_bench_json_line(const struct pd_bench_run_info *info, const struct pd_ben
     cJSON_AddNumberToObject(o, "request_goodput", s->request_goodput);
     cJSON_AddNumberToObject(o, "slo_ttft_ms", s->slo_ttft_ms);
     cJSON_AddNumberToObject(o, "slo_tpot_ms", s->slo_tpot_ms);
+    if (s->timeline) { /* --timeline-url: the servers' stage means over this load */
+        const struct pd_bench_timeline_result *t = s->timeline;
+        cJSON *h = cJSON_AddObjectToObject(o, "handover");
+        cJSON *st = cJSON_AddObjectToObject(h, "stages_ms");
+        cJSON *cnt = cJSON_AddObjectToObject(h, "stage_counts");
+        cJSON *sm = cJSON_AddArrayToObject(h, "summed");
+        for (int i = 0; i < t->n; i++) {
+            cJSON_AddNumberToObject(st, t->stage[i].name, t->stage[i].mean_ms);
+            cJSON_AddNumberToObject(cnt, t->stage[i].name, (double)t->stage[i].count);
+            if (t->stage[i].summed)
+                cJSON_AddItemToArray(sm, cJSON_CreateString(t->stage[i].name));
+        }
+        cJSON_AddNumberToObject(h, "sum_ms", t->sum_ms);
+        cJSON_AddNumberToObject(h, "mean_ttft_ms", t->ttft_ms);
+        cJSON_AddNumberToObject(h, "ratio", t->ratio);
+    }
     if (details) {
         cJSON *a_in = cJSON_AddArrayToObject(o, "input_lens");
         cJSON *a_out = cJSON_AddArrayToObject(o, "output_lens");

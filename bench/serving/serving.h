@@ -133,6 +133,12 @@ struct pd_bench_load {
 int pd_bench_load_run(const struct pd_bench_load *l, const struct pd_bench_prompt *prompts,
                       size_t n, int max_output, struct pd_bench_result *out, double *duration);
 
+/* GET url (Authorization: Bearer api_key when not NULL; 10 s): *body (caller frees; NULL for an
+ * empty answer) and the HTTP status, whatever it is. PD_EPEER naming the URL when it cannot be
+ * reached or answers more than max_bytes. */
+int pd_bench_http_get(const char *url, const char *api_key, size_t max_bytes, char **body,
+                      long *status);
+
 /* GET base_url/v1/models then /health: PD_OK when the server answers. *model_id (caller frees)
  * gets data[0].id when /v1/models gives one, *max_model_len its max_model_len (0 if absent). A
  * connection failure is PD_EPEER naming the URL and curl's error. */
@@ -153,6 +159,7 @@ struct pd_bench_summary {
     double slo_ttft_ms, slo_tpot_ms; /* 0 = not set */
     /* [0]=mean [1]=median [2]=std [3]=p90 [4]=p95 [5]=p99 [6]=max; ms */
     double ttft[7], tpot[7], itl[7], e2e[7];
+    const struct pd_bench_timeline_result *timeline; /* --timeline-url, or NULL */
 };
 enum {
     PD_BENCH_MEAN,
@@ -197,6 +204,37 @@ int pd_bench_plot_check(void);
 int pd_bench_plot(const char *png_path, const struct pd_bench_series *series, size_t n_series);
 /* Reads a JSON Lines result file written by --output-file back into summaries (for --plot-from). */
 int pd_bench_read_results(const char *path, struct pd_bench_summary **out, size_t *n);
+
+/* The servers' hand-over timeline (timeline.c, --timeline-url): their stage histograms' sums
+ * and counts, read from /metrics of each of a comma-separated list of base URLs (summed over
+ * them), before and after a load; the load's mean per stage, and how the stages on the first
+ * token's path add up against the TTFT measured here. */
+#define PD_BENCH_TL_MAX 24
+struct pd_bench_tl_stage {
+    char name[48]; /* "router:dispatch", "reserve", ... */
+    double sum, count;
+};
+struct pd_bench_timeline {
+    struct pd_bench_tl_stage st[PD_BENCH_TL_MAX];
+    int n;
+};
+struct pd_bench_tl_mean {
+    char name[48];
+    double mean_ms;
+    long count;  /* requests of this load through the stage */
+    bool summed; /* on the first token's path (timeline.c) */
+};
+struct pd_bench_timeline_result {
+    struct pd_bench_tl_mean stage[PD_BENCH_TL_MAX];
+    int n;
+    double sum_ms, ttft_ms, ratio; /* summed stages, the mean TTFT here, sum / TTFT */
+};
+/* PD_EPEER naming the URL when a server does not answer 200; PD_EINVAL for a bad list. */
+int pd_bench_timeline_scrape(const char *urls, const char *api_key, struct pd_bench_timeline *out);
+void pd_bench_timeline_reduce(const struct pd_bench_timeline *before,
+                              const struct pd_bench_timeline *after, double mean_ttft_ms,
+                              struct pd_bench_timeline_result *out);
+void pd_bench_timeline_print(FILE *f, const struct pd_bench_timeline_result *t);
 
 /* CLOCK_MONOTONIC seconds. */
 double pd_bench_now(void);

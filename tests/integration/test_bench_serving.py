@@ -25,6 +25,8 @@
             talks to the router through a Python TCP proxy that times every request itself
             (first byte in, first SSE event out, end of stream); medians agree; counts exact
             (ignore_eos) on /generate and /v1/completions; a burst of 128 at once all succeed.
+            --timeline-url (router and decode): every stage on the first token's path counted
+            once per request of the load (not the warm-up), their sum inside the mean TTFT.
 
 Tolerances and why: a client's TTFT/E2E is the server's own time plus the request's trip on
 loopback and the server's dispatch (fractions of a ms idle); on this shared 2-core machine a
@@ -368,6 +370,14 @@ def case_errors(tmp, model):
                 "--abort-fraction plus --disconnect-fraction must be at most 1")
     expect_fail("--abort-fraction 2", base + ["--abort-fraction", 2], "--abort-fraction")
     expect_fail("--num-prompts 0", base + ["--num-prompts", 0], "--num-prompts")
+    expect_fail("--timeline-url unreachable", base + ["--timeline-url", url],
+                "--timeline-url", "cannot reach %s/metrics" % url)
+    expect_fail("--timeline-url without /metrics", base + ["--timeline-url", fake.url],
+                "--timeline-url", "/metrics answered 404")
+    expect_fail("--timeline-url with an empty item", base + ["--timeline-url", url + ",,"],
+                "--timeline-url", "bad URL in")
+    expect_fail("--timeline-url ending in a comma", base + ["--timeline-url", url + ","],
+                "--timeline-url", "bad URL in")
     sg = ["--dataset-name", "sharegpt", "--dataset-path"]
     bad = write(tmp, "syntax.json", '[\n  {"conversations": [\n    {"from": "human" "value": "x"}'
                 '\n  ]}\n]\n')
@@ -589,11 +599,14 @@ def case_pd(tmp, tiny):
         proxy = TimingProxy(rt.port)
         step("bench (%s, rate %s, concurrency 2) through a timing proxy" % (backend, rate))
         jpath = os.path.join(tmp, "pd-%s.jsonl" % backend)
+        timeline = ["--timeline-url", "http://127.0.0.1:%d,http://127.0.0.1:%d/" %
+                    (rt.port, dc.port)] if backend == "sglang" else []
         rc, out, err = bench("--base-url", "http://127.0.0.1:%d" % proxy.port, "--backend",
                              backend, "--random-input-len", in_len, "--random-output-len",
                              out_len, "--random-range-ratio", 1, "--num-prompts", n,
                              "--request-rate", rate, "--max-concurrency", 2, "--seed", 11 + k,
-                             "--output-file", jpath, "--disable-progress", timeout=240)
+                             "--output-file", jpath, "--disable-progress", *timeline,
+                             timeout=240)
         proxy.close()
         if not check(rc == 0, "pd %s: exit %d: %s" % (backend, rc, err[-2000:])):
             continue
@@ -625,6 +638,23 @@ def case_pd(tmp, tiny):
                   "%.2f ms" % (backend, r["median_ttft_ms"], ttft))
             check(all(x[2] == out_len + 1 for x in recs), "pd sglang: events per stream %s, "
                   "want %d tokens + [DONE]" % (sorted({x[2] for x in recs}), out_len))
+            # the servers' stages of these n requests: each once per request, nested inside the
+            # client's TTFT (router dispatch + decode's stages + router relay <= the router's
+            # TTFT <= the bench's, up to the histograms' rounding)
+            h = r.get("handover") or {}
+            path = ["router:dispatch", "reserve", "prefill_queue", "prefill_first_chunk",
+                    "prefill_rest", "kv_other", "first_token", "router:relay"]
+            step("pd timeline: %s" % json.dumps(h))
+            check(sorted(h.get("summed", [])) == sorted(path), "pd timeline: summed stages %s"
+                  % h.get("summed"))
+            counts = h.get("stage_counts", {})
+            check(all(counts.get(s) == n for s in path + ["router:decode"]),
+                  "pd timeline: stage counts %s, want %d each (the load, not the warm-up)" %
+                  (counts, n))
+            check(0.2 < h.get("ratio", 0) <= 1.01 and
+                  abs(h.get("mean_ttft_ms", 0) - r["mean_ttft_ms"]) < 1e-6,
+                  "pd timeline: stages sum %.3f ms against the mean TTFT %.3f ms" %
+                  (h.get("sum_ms", -1), r["mean_ttft_ms"]))
     check(pf.pool_full() and dc.pool_full(), "pd: page pools not back to full")
     pc.kill_all()
 

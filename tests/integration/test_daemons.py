@@ -35,6 +35,9 @@ CASE = sys.argv[2] if len(sys.argv) > 2 else "tokens"
 # failures' prefill --bootstrap-timeout (s): how long a body with no decode keeps its room, so
 # also the bound on seeing that room queued and sending a duplicate of it
 BOOTSTRAP_TIMEOUT = 5.0
+# extra flags of every prefill daemon (CTest: daemon_*_waiting runs the cases with the prefill
+# waiting for each Transfer before computing, --eager-prefill=false)
+PREFILL_FLAGS = os.environ.get("PD_TEST_PREFILL_FLAGS", "").split()
 
 
 def Daemon(role, model, tmp, extra=(), env=None):
@@ -43,6 +46,8 @@ def Daemon(role, model, tmp, extra=(), env=None):
     if role == "null":
         return pc.Coloc(BUILD, model, tmp, ["--chunked-prefill-size", "64"] + list(extra),
                         level="warning", ready_timeout=30, env=env)
+    if role == "prefill":
+        extra = list(extra) + PREFILL_FLAGS
     return pc.Daemon(BUILD, role, model, tmp, extra, level="warning", ready_timeout=30, env=env)
 
 

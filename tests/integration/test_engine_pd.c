@@ -9,7 +9,8 @@
  * --chunked-prefill-size 64 --page-size 16, including shared prefixes (prefix cache hits); a
  * decode pool too small for the batch (retraction → local recompute) gives the same tokens;
  * aborts, a bootstrap timeout and a transfer failure end their requests; afterwards both pools
- * are back to full and the schedulers' own checks held after every step.
+ * are back to full and the schedulers' own checks held after every step. All of it twice: the
+ * prefill waiting for each Transfer, and eager (computing before it, --eager-prefill).
  */
 #include <inttypes.h>
 #include <stdlib.h>
@@ -253,6 +254,7 @@ static bool pools_full(int ms) {
 }
 
 static double ratio; /* decode's new_token_ratio; 0 = SGLang's */
+static bool eager;   /* the prefill computes before the Transfer */
 
 static void start_side(struct side *s, const struct pd_engine_ops *ops, int64_t n_pages,
                        double timeout_s) {
@@ -267,6 +269,7 @@ static void start_side(struct side *s, const struct pd_engine_ops *ops, int64_t 
                                    .n_pages = n_pages,
                                    .bootstrap_timeout_s = timeout_s,
                                    .waiting_timeout_s = timeout_s,
+                                   .eager_prefill = eager,
                                    .new_token_ratio = ratio};
     CHECK_OK(pd_engine_new(&cfg, &s->eng));
     pd_engine_get_info(s->eng, &s->info);
@@ -522,9 +525,13 @@ int main(void) {
     CHECK_OK(pd_mkmodel_config(&mo, &cfg));
     vocab = cfg.vocab_size;
     uv_loop_init(&loop);
-    test_tokens_equal();
-    test_retraction();
-    test_failures();
+    for (int e = 0; e < 2; e++) {
+        eager = e;
+        fprintf(stderr, "prefill %s\n", eager ? "eager" : "waiting for each Transfer");
+        test_tokens_equal();
+        test_retraction();
+        test_failures();
+    }
     uv_loop_close(&loop);
     pd_test_scratch_remove(model_dir);
     printf("%d checks, %d failures\n", pd_test_checks, pd_test_failures);

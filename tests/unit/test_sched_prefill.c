@@ -1,6 +1,7 @@
 /* Prefill scheduler: the seeds' worked example (page size 1 and 16), sendable page ranges, the
  * prefix cache on a shared system prompt, memory admission in FIFO order, timeouts, aborts in
- * every queue, transfer failures, bounds and allocation failures. */
+ * every queue, transfer failures, bounds and allocation failures; eager prefill (computing
+ * before the Transfer): what is held, what the Transfer releases, and its timeout. */
 #include "pd_test.h"
 
 #include "common/base/alloc.h"
@@ -8,24 +9,33 @@
 #include "common/radix_cache.h"
 #include "prefill/sched_prefill.h"
 
+/* what a Transfer releases: nothing, unless the scheduler is eager */
+static struct pd_prefill_send unsent;
+
 struct env {
     struct pd_page_alloc *pa;
     struct pd_radix_cache *rc;
     struct pd_sched_prefill *s;
 };
 
-static void env_init(struct env *e, int32_t page_size, int32_t pool_pages, int32_t chunk,
-                     int32_t max_prefill, bool cache) {
+static void env_init_eager(struct env *e, int32_t page_size, int32_t pool_pages, int32_t chunk,
+                           int32_t max_prefill, bool cache, bool eager) {
     struct pd_sched_prefill_config cfg = {.page_size = page_size,
                                           .chunked_prefill_size = chunk,
                                           .max_prefill_tokens = max_prefill,
                                           .max_queued_requests = 16,
-                                          .bootstrap_timeout_s = 300};
+                                          .bootstrap_timeout_s = 300,
+                                          .eager = eager};
     CHECK_OK(pd_page_alloc_new(pool_pages, &e->pa));
     e->rc = NULL;
     if (cache)
         CHECK_OK(pd_radix_cache_new(e->pa, page_size, false, &e->rc));
     CHECK_OK(pd_sched_prefill_new(&cfg, e->pa, e->rc, &e->s));
+}
+
+static void env_init(struct env *e, int32_t page_size, int32_t pool_pages, int32_t chunk,
+                     int32_t max_prefill, bool cache) {
+    env_init_eager(e, page_size, pool_pages, chunk, max_prefill, cache, false);
 }
 
 /* Everything back: after the cache is flushed the pool is whole again. */
@@ -46,14 +56,15 @@ static int32_t *distinct_tokens(int32_t n, int32_t base) {
     return t;
 }
 
-/* One step + batch done; the chunks are copied to out (room, start, len, last, send range). */
+/* One step + batch done; the chunks as batch_done left them are copied to out (room, start,
+ * len, last, send range, held). */
 static int32_t run_step(struct env *e, double now, struct pd_prefill_chunk *out, int32_t max) {
     struct pd_prefill_batch b;
     CHECK_OK(pd_sched_prefill_step(e->s, now, &b));
     CHECK(b.n <= max);
+    CHECK_OK(pd_sched_prefill_batch_done(e->s, &b, now));
     for (int32_t i = 0; i < b.n && i < max; i++)
         out[i] = b.chunks[i];
-    CHECK_OK(pd_sched_prefill_batch_done(e->s, &b, now));
     CHECK_OK(pd_sched_prefill_check(e->s));
     return b.n;
 }
@@ -95,7 +106,7 @@ static void add_abc(struct env *e, int32_t **ta, int32_t **tb, int32_t **tc) {
     CHECK_OK(pd_sched_prefill_add(e->s, B, *tb, 500, 0));
     CHECK_OK(pd_sched_prefill_add(e->s, C, *tc, 1200, 0));
     for (uint64_t r = A; r <= C; r++)
-        CHECK_OK(pd_sched_prefill_bootstrapped(e->s, r, 0));
+        CHECK_OK(pd_sched_prefill_bootstrapped(e->s, r, 0, &unsent));
 }
 
 static void finish_abc(struct env *e, int32_t *ta, int32_t *tb, int32_t *tc) {
@@ -198,7 +209,7 @@ static void test_prefix_cache_shared_system_prompt(void) {
         double now = 0;
         for (int i = 0; i < N; i++) {
             CHECK_OK(pd_sched_prefill_add(e.s, 100 + i, toks[i], LEN, now));
-            CHECK_OK(pd_sched_prefill_bootstrapped(e.s, 100 + i, now));
+            CHECK_OK(pd_sched_prefill_bootstrapped(e.s, 100 + i, now, &unsent));
             struct pd_prefill_counts c;
             do {
                 int32_t k = run_step(&e, now += 1, got, 8);
@@ -233,12 +244,12 @@ static void test_memory_admission_fifo(void) {
     int32_t *t1 = distinct_tokens(50, 0), *t2 = distinct_tokens(60, 1000),
             *t3 = distinct_tokens(10, 2000);
     CHECK_OK(pd_sched_prefill_add(e.s, 1, t1, 50, 0));
-    CHECK_OK(pd_sched_prefill_bootstrapped(e.s, 1, 0));
+    CHECK_OK(pd_sched_prefill_bootstrapped(e.s, 1, 0, &unsent));
     check_round(&e, 1, (struct want[]){{1, 0, 50, true, 0, 50}}, 1);
     CHECK_OK(pd_sched_prefill_add(e.s, 2, t2, 60, 1));
     CHECK_OK(pd_sched_prefill_add(e.s, 3, t3, 10, 1));
-    CHECK_OK(pd_sched_prefill_bootstrapped(e.s, 2, 1));
-    CHECK_OK(pd_sched_prefill_bootstrapped(e.s, 3, 1));
+    CHECK_OK(pd_sched_prefill_bootstrapped(e.s, 2, 1, &unsent));
+    CHECK_OK(pd_sched_prefill_bootstrapped(e.s, 3, 1, &unsent));
     check_round(&e, 2, NULL, 0); /* 50 free < 60 */
     CHECK_OK(pd_sched_prefill_transfer_done(e.s, 1, PD_OK, 2));
     check_round(&e, 3, (struct want[]){{2, 0, 60, true, 0, 60}, {3, 0, 10, true, 0, 10}}, 2);
@@ -266,20 +277,21 @@ static void test_timeouts_aborts_failures(void) {
     check_round(&e, 299, NULL, 0);
     check_round(&e, 300, NULL, 0);
     CHECK_INT(pop_reason(&e, 1), PD_END_TIMEOUT);
-    CHECK_ERR(pd_sched_prefill_bootstrapped(e.s, 1, 300), PD_ENOENT, "room 1: no live request");
+    CHECK_ERR(pd_sched_prefill_bootstrapped(e.s, 1, 300, &unsent), PD_ENOENT,
+              "room 1: no live request");
     /* abort in bootstrap and in waiting: ends at once */
     CHECK_OK(pd_sched_prefill_add(e.s, 2, t, 200, 300));
     CHECK_OK(pd_sched_prefill_abort(e.s, 2, &q));
     CHECK(!q);
     CHECK_INT(pop_reason(&e, 2), PD_END_ABORTED);
     CHECK_OK(pd_sched_prefill_add(e.s, 3, t, 200, 300));
-    CHECK_OK(pd_sched_prefill_bootstrapped(e.s, 3, 300));
+    CHECK_OK(pd_sched_prefill_bootstrapped(e.s, 3, 300, &unsent));
     CHECK_OK(pd_sched_prefill_abort(e.s, 3, &q));
     CHECK(!q);
     CHECK_INT(pop_reason(&e, 3), PD_END_ABORTED);
     /* abort while half done, pages sent: drains until released */
     CHECK_OK(pd_sched_prefill_add(e.s, 4, t, 200, 300));
-    CHECK_OK(pd_sched_prefill_bootstrapped(e.s, 4, 300));
+    CHECK_OK(pd_sched_prefill_bootstrapped(e.s, 4, 300, &unsent));
     check_round(&e, 301, (struct want[]){{4, 0, 64, false, 0, 4}}, 1);
     CHECK_OK(pd_sched_prefill_abort(e.s, 4, &q));
     CHECK(q);
@@ -294,7 +306,7 @@ static void test_timeouts_aborts_failures(void) {
     CHECK_INT(pop_reason(&e, 4), PD_END_ABORTED);
     /* abort inside the running step: applied at batch_done, the chunk is dropped */
     CHECK_OK(pd_sched_prefill_add(e.s, 5, t, 200, 302));
-    CHECK_OK(pd_sched_prefill_bootstrapped(e.s, 5, 302));
+    CHECK_OK(pd_sched_prefill_bootstrapped(e.s, 5, 302, &unsent));
     struct pd_prefill_batch b;
     CHECK_OK(pd_sched_prefill_step(e.s, 303, &b));
     CHECK_INT(b.n, 1);
@@ -309,7 +321,7 @@ static void test_timeouts_aborts_failures(void) {
      * the same prompt, starts computing at token 64 and its first send includes the 4 cached
      * pages. Its second chunk is aborted in the step after that send: dropped, quiesce. */
     CHECK_OK(pd_sched_prefill_add(e.s, 6, t, 200, 304));
-    CHECK_OK(pd_sched_prefill_bootstrapped(e.s, 6, 304));
+    CHECK_OK(pd_sched_prefill_bootstrapped(e.s, 6, 304, &unsent));
     check_round(&e, 305, (struct want[]){{6, 64, 64, false, 0, 8}}, 1);
     CHECK_OK(pd_sched_prefill_step(e.s, 306, &b));
     CHECK_OK(pd_sched_prefill_abort(e.s, 6, &q));
@@ -322,8 +334,8 @@ static void test_timeouts_aborts_failures(void) {
     CHECK_OK(pd_sched_prefill_add(e.s, 8, t + 50, 50, 306));
     CHECK_ERR(pd_sched_prefill_transfer_done(e.s, 7, PD_OK, 306), PD_EINVAL,
               "transfer done while bootstrap");
-    CHECK_OK(pd_sched_prefill_bootstrapped(e.s, 7, 306));
-    CHECK_OK(pd_sched_prefill_bootstrapped(e.s, 8, 306));
+    CHECK_OK(pd_sched_prefill_bootstrapped(e.s, 7, 306, &unsent));
+    CHECK_OK(pd_sched_prefill_bootstrapped(e.s, 8, 306, &unsent));
     struct pd_prefill_chunk g[8];
     for (int i = 0; i < 4 && (pd_sched_prefill_counts(e.s, &c), c.inflight < 2); i++)
         run_step(&e, 307, g, 8);
@@ -336,6 +348,112 @@ static void test_timeouts_aborts_failures(void) {
     CHECK_INT(pop_reason(&e, 8), PD_END_FAILED);
     pd_free(t);
     env_free(&e);
+}
+
+static void check_send(const struct pd_prefill_send *s, int32_t begin, int32_t end, bool last) {
+    if (s->begin != begin || s->end != end || s->last != last) {
+        fprintf(stderr, "released [%d,%d) last %d, want [%d,%d) last %d\n", (int)s->begin,
+                (int)s->end, (int)s->last, (int)begin, (int)end, (int)last);
+        CHECK(0);
+    }
+}
+
+/* Eager: requests compute in arrival order whether paired or not; an unpaired one's chunks are
+ * held (empty sends) and its Transfer releases what was computed: between steps at once, during
+ * a step through batch_done's chunk. One never paired times out with its pages back. */
+static void test_eager(void) {
+    struct env e;
+    env_init_eager(&e, 16, 64, 32, 4096, false, true);
+    int32_t *t1 = distinct_tokens(100, 0), *t2 = distinct_tokens(40, 1000),
+            *t3 = distinct_tokens(20, 2000);
+    CHECK_OK(pd_sched_prefill_add(e.s, 1, t1, 100, 0));          /* 7 pages, chunks of 32 tokens */
+    CHECK_OK(pd_sched_prefill_add(e.s, 2, t2, 40, 1));           /* 3 pages */
+    CHECK_OK(pd_sched_prefill_bootstrapped(e.s, 2, 1, &unsent)); /* waits, paired */
+    check_send(&unsent, 0, 0, false);
+    /* room 1 came first: it computes, unpaired, before the paired room 2 */
+    check_round(&e, 2, (struct want[]){{1, 0, 32, false, 0, 0}}, 1);
+    check_round(&e, 3, (struct want[]){{1, 32, 32, false, 0, 0}}, 1);
+    struct pd_prefill_counts c;
+    pd_sched_prefill_counts(e.s, &c);
+    CHECK_INT(c.bootstrap, 1); /* room 1: half done, but its Transfer has not come */
+    CHECK_INT(c.waiting, 1);   /* room 2 */
+    /* the Transfer between steps: the 4 computed pages go at once */
+    struct pd_prefill_send s;
+    CHECK_OK(pd_sched_prefill_bootstrapped(e.s, 1, 4, &s));
+    check_send(&s, 0, 4, false);
+    pd_sched_prefill_counts(e.s, &c);
+    CHECK(c.bootstrap == 0 && c.waiting == 2);
+    CHECK_ERR(pd_sched_prefill_bootstrapped(e.s, 1, 4, &s), PD_EINVAL, "paired already");
+    check_round(&e, 5, (struct want[]){{1, 64, 32, false, 4, 6}}, 1);
+    /* room 2 (paired) gets the page-aligned rest of the budget */
+    check_round(&e, 6, (struct want[]){{1, 96, 4, true, 6, 7}, {2, 0, 16, false, 0, 1}}, 2);
+    check_round(&e, 7, (struct want[]){{2, 16, 24, true, 1, 3}}, 1);
+    CHECK_OK(pd_sched_prefill_transfer_done(e.s, 1, PD_OK, 8));
+    CHECK_OK(pd_sched_prefill_transfer_done(e.s, 2, PD_OK, 8));
+    struct pd_sched_end end;
+    CHECK_OK(pd_sched_prefill_pop_ended(e.s, &end));
+    CHECK_OK(pd_sched_prefill_pop_ended(e.s, &end));
+
+    /* room 3 computes completely before its Transfer: held, then released whole, first token
+     * with it */
+    CHECK_OK(pd_sched_prefill_add(e.s, 3, t3, 20, 10));
+    struct pd_prefill_chunk got[2];
+    CHECK_INT(run_step(&e, 10, got, 2), 1);
+    CHECK(got[0].last && got[0].held && got[0].send_begin == 0 && got[0].send_end == 0);
+    pd_sched_prefill_counts(e.s, &c);
+    CHECK(c.bootstrap == 1 && c.inflight == 0); /* computed, still waiting for its decode */
+    CHECK_OK(pd_sched_prefill_bootstrapped(e.s, 3, 11, &s));
+    pd_sched_prefill_counts(e.s, &c);
+    CHECK(c.bootstrap == 0 && c.inflight == 1);
+    check_send(&s, 0, 2, true);
+    CHECK_OK(pd_sched_prefill_transfer_done(e.s, 3, PD_OK, 12));
+    CHECK_OK(pd_sched_prefill_pop_ended(e.s, &end));
+    CHECK_INT(end.reason, PD_END_DONE);
+
+    /* the Transfer during the step: batch_done's chunk carries all computed pages */
+    CHECK_OK(pd_sched_prefill_add(e.s, 4, t1, 100, 20));
+    CHECK_INT(run_step(&e, 20, got, 2), 1); /* [0, 32) held */
+    CHECK(got[0].held);
+    struct pd_prefill_batch b;
+    CHECK_OK(pd_sched_prefill_step(e.s, 21, &b));
+    CHECK_INT(b.n, 1);
+    CHECK_OK(pd_sched_prefill_bootstrapped(e.s, 4, 21, &s));
+    check_send(&s, 0, 0, false); /* in the step: nothing now */
+    CHECK_OK(pd_sched_prefill_batch_done(e.s, &b, 21));
+    CHECK(!b.chunks[0].held && b.chunks[0].send_begin == 0 && b.chunks[0].send_end == 4);
+    bool q;
+    CHECK_OK(pd_sched_prefill_abort(e.s, 4, &q));
+    CHECK(q); /* pages went out: drains until the endpoint is closed */
+    CHECK_OK(pd_sched_prefill_release(e.s, 4));
+    CHECK_OK(pd_sched_prefill_pop_ended(e.s, &end));
+    CHECK_INT(end.reason, PD_END_ABORTED);
+
+    /* never paired: computed, held, and timed out in inflight; aborted unpaired: ends at once */
+    CHECK_OK(pd_sched_prefill_add(e.s, 5, t3, 20, 30));
+    CHECK_INT(run_step(&e, 30, got, 2), 1);
+    CHECK_INT(run_step(&e, 329, got, 2), 0);
+    CHECK_OK(pd_sched_prefill_check(e.s));
+    CHECK_INT(run_step(&e, 330, got, 2), 0);
+    CHECK_OK(pd_sched_prefill_pop_ended(e.s, &end));
+    CHECK_INT(end.room, 5);
+    CHECK_INT(end.reason, PD_END_TIMEOUT);
+    CHECK_OK(pd_sched_prefill_add(e.s, 6, t1, 100, 400));
+    CHECK_INT(run_step(&e, 400, got, 2), 1);
+    CHECK_OK(pd_sched_prefill_abort(e.s, 6, &q));
+    CHECK(!q);
+    CHECK_OK(pd_sched_prefill_pop_ended(e.s, &end));
+    CHECK_INT(end.reason, PD_END_ABORTED);
+    /* half done and never paired: the timeout ends the half-done one too */
+    CHECK_OK(pd_sched_prefill_add(e.s, 7, t1, 100, 500));
+    CHECK_INT(run_step(&e, 500, got, 2), 1);
+    CHECK_INT(run_step(&e, 800, got, 2), 0);
+    CHECK_OK(pd_sched_prefill_pop_ended(e.s, &end));
+    CHECK_INT(end.room, 7);
+    CHECK_INT(end.reason, PD_END_TIMEOUT);
+    env_free(&e);
+    pd_free(t1);
+    pd_free(t2);
+    pd_free(t3);
 }
 
 static void test_bounds_and_errors(void) {
@@ -382,4 +500,5 @@ static void test_bounds_and_errors(void) {
 PD_TEST_MAIN(PD_TEST(test_worked_example_page1), PD_TEST(test_worked_example_page16),
              PD_TEST(test_prefill_cap_and_unchunked),
              PD_TEST(test_prefix_cache_shared_system_prompt), PD_TEST(test_memory_admission_fifo),
-             PD_TEST(test_timeouts_aborts_failures), PD_TEST(test_bounds_and_errors))
+             PD_TEST(test_timeouts_aborts_failures), PD_TEST(test_eager),
+             PD_TEST(test_bounds_and_errors))

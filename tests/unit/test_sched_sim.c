@@ -7,7 +7,10 @@
  *   pages, covering every prompt page exactly once by the time a request is done, the budget
  *   never exceeded, new requests admitted in FIFO order, decode batches <= max_running, every
  *   running request's KV position inside its pages, and every request ends (timeouts bound the
- *   lost ones; a final drain must end all and give the whole pool back).
+ *   lost ones; a final drain must end all and give the whole pool back). Eager prefill
+ *   (computing before the Transfer): admission in arrival order across bootstrap and waiting,
+ *   nothing sent before the Transfer, and all that was computed sendable the moment it comes
+ *   (between steps, or widened at batch_done when it comes during one).
  * PD_SIM_STEPS sets the steps per scheduler configuration (default 250k, 50k under ASan). */
 #include "pd_test.h"
 #include "pd_test_rng.h"
@@ -63,6 +66,7 @@ struct pshadow {
     uint64_t wait_seq; /* order of entry into waiting */
     double t_add, t_boot;
     bool fail_pending; /* failure reported while in the running step */
+    bool paired;       /* its Transfer came */
 };
 
 struct pstats {
@@ -76,14 +80,37 @@ static int32_t pfind(struct pshadow *sh, uint64_t room) {
     return -1;
 }
 
-static int32_t ppick(struct pshadow *sh, int state) {
+enum { S_LIVE = -1 }; /* any state but S_NONE */
+
+/* A random slot in state (S_LIVE: any live request) whose pairing is paired (-1: either). */
+static int32_t ppick_paired(struct pshadow *sh, int state, int paired) {
     int32_t start = rint_(P_LIVE);
     for (int32_t k = 0; k < P_LIVE; k++) {
         int32_t i = (start + k) % P_LIVE;
-        if (sh[i].state == state)
+        bool in = state == S_LIVE ? sh[i].state != S_NONE : sh[i].state == state;
+        if (in && (paired < 0 || sh[i].paired == (paired != 0)))
             return i;
     }
     return -1;
+}
+
+static int32_t ppick(struct pshadow *sh, int state) {
+    return ppick_paired(sh, state, -1);
+}
+
+/* The request the scheduler must admit next: waiting's first (by entry), or eager, the first
+ * arrival in bootstrap when it came before that one. */
+static int32_t expected_admit(const struct pshadow *sh, bool eager) {
+    int32_t w = -1, b = -1;
+    for (int32_t j = 0; j < P_LIVE; j++) {
+        if (sh[j].next_tok >= 0)
+            continue;
+        if (sh[j].state == S_WAIT && (w < 0 || sh[j].wait_seq < sh[w].wait_seq))
+            w = j;
+        if (eager && sh[j].state == S_BOOT && (b < 0 || sh[j].t_add < sh[b].t_add))
+            b = j;
+    }
+    return b >= 0 && (w < 0 || sh[b].t_add < sh[w].t_add) ? b : w;
 }
 
 static int pops_prefill(struct pd_sched_prefill *s, struct pshadow *sh, struct pstats *st,
@@ -100,7 +127,8 @@ static int pops_prefill(struct pd_sched_prefill *s, struct pshadow *sh, struct p
         if (e.reason == PD_END_DONE)
             BAD(r->state != S_INFL || r->sent != (r->n_tokens + ps - 1) / ps); /* all sent */
         if (e.reason == PD_END_TIMEOUT)
-            BAD(r->state != S_BOOT || now - r->t_add < timeout || now - r->t_add > timeout + 1);
+            BAD(r->paired || r->state == S_WAIT || r->state == S_DRAIN ||
+                now - r->t_add < timeout || now - r->t_add > timeout + 1);
         st->ended[e.reason]++;
         st->cached += e.cached_tokens;
         r->state = S_NONE;
@@ -108,8 +136,8 @@ static int pops_prefill(struct pd_sched_prefill *s, struct pshadow *sh, struct p
     return bad;
 }
 
-static int sim_prefill(int32_t ps, int32_t budget, int32_t max_prefill, bool cache, long steps,
-                       uint64_t seed) {
+static int sim_prefill(int32_t ps, int32_t budget, int32_t max_prefill, bool cache, bool eager,
+                       long steps, uint64_t seed) {
     rng_state = seed;
     const double timeout = 40;
     const int32_t pool = 256;
@@ -120,7 +148,8 @@ static int sim_prefill(int32_t ps, int32_t budget, int32_t max_prefill, bool cac
                                           .chunked_prefill_size = budget,
                                           .max_prefill_tokens = max_prefill,
                                           .max_queued_requests = P_LIVE - 8,
-                                          .bootstrap_timeout_s = timeout};
+                                          .bootstrap_timeout_s = timeout,
+                                          .eager = eager};
     int32_t eff_budget = budget > 0 && budget < max_prefill ? budget : max_prefill;
     CHECK_OK(pd_page_alloc_new(pool, &pa));
     if (cache)
@@ -158,6 +187,7 @@ static int sim_prefill(int32_t ps, int32_t budget, int32_t max_prefill, bool cac
                     r->sent = 0;
                     r->t_add = now;
                     r->fail_pending = false;
+                    r->paired = false;
                     st.added++;
                 } else {
                     BAD(rc2 != PD_EFULL && rc2 != PD_EINVAL && rc2 != PD_ERANGE);
@@ -170,16 +200,27 @@ static int sim_prefill(int32_t ps, int32_t budget, int32_t max_prefill, bool cac
         }
         /* decode's Transfer arrives for most rooms; some never do (timeout) */
         if (chance(draining_phase ? 1.0 : 0.4)) {
-            int32_t i = ppick(sh, S_BOOT);
-            if (i >= 0 && (draining_phase || (sh[i].room % 13) != 0)) {
-                CHECK_OK(pd_sched_prefill_bootstrapped(s, sh[i].room, now));
-                sh[i].state = S_WAIT;
-                sh[i].wait_seq = ++wait_seq;
-                sh[i].t_boot = now;
+            int32_t i = ppick_paired(sh, S_LIVE, 0);
+            if (i >= 0 && sh[i].state != S_DRAIN && (draining_phase || (sh[i].room % 13) != 0)) {
+                struct pshadow *r = &sh[i];
+                struct pd_prefill_send out;
+                CHECK_OK(pd_sched_prefill_bootstrapped(s, r->room, now, &out));
+                r->paired = true;
+                if (r->state == S_BOOT) {
+                    BAD(out.end != out.begin || out.last);
+                    r->state = S_WAIT;
+                    r->wait_seq = ++wait_seq;
+                    r->t_boot = now;
+                } else { /* eager: all it computed goes now */
+                    bool done = r->state == S_INFL;
+                    BAD(!eager || out.begin != r->sent || out.last != done);
+                    BAD(out.end != (done ? (r->n_tokens + ps - 1) / ps : r->next_tok / ps));
+                    r->sent = out.end;
+                }
             }
         }
         if (chance(0.5)) {
-            int32_t i = ppick(sh, S_INFL);
+            int32_t i = ppick_paired(sh, S_INFL, 1);
             if (i >= 0) {
                 bool ok = draining_phase || chance(0.93);
                 CHECK_OK(pd_sched_prefill_transfer_done(s, sh[i].room, ok ? PD_OK : PD_EPEER, now));
@@ -224,11 +265,8 @@ static int sim_prefill(int32_t ps, int32_t budget, int32_t max_prefill, bool cac
             }
             struct pshadow *r = &sh[i];
             sum += ch->len;
-            if (r->next_tok < 0) { /* first chunk: FIFO among waiting, starts at the hit */
-                BAD(r->state != S_WAIT);
-                for (int32_t j = 0; j < P_LIVE; j++)
-                    bad +=
-                        sh[j].state == S_WAIT && sh[j].next_tok < 0 && sh[j].wait_seq < r->wait_seq;
+            if (r->next_tok < 0) { /* first chunk: FIFO (by arrival, eager), starts at the hit */
+                BAD(i != expected_admit(sh, eager));
                 BAD(ch->start != ch->cached_tokens || ch->start % ps != 0 ||
                     ch->start >= r->n_tokens);
                 r->state = S_PREF;
@@ -238,8 +276,9 @@ static int sim_prefill(int32_t ps, int32_t budget, int32_t max_prefill, bool cac
             BAD(ch->last != (ch->start + ch->len == r->n_tokens));
             BAD(!ch->last && (ch->start + ch->len) % ps != 0);
             BAD(ch->send_begin != r->sent);
-            BAD(ch->send_end !=
-                (ch->last ? (r->n_tokens + ps - 1) / ps : (ch->start + ch->len) / ps));
+            BAD(ch->send_end != (!r->paired ? r->sent
+                                 : ch->last ? (r->n_tokens + ps - 1) / ps
+                                            : (ch->start + ch->len) / ps));
             BAD(ch->n_pages != (r->n_tokens + ps - 1) / ps);
             for (int32_t p = 0; p < ch->n_pages; p++)
                 BAD(ch->pages[p] < 0 || ch->pages[p] >= pool);
@@ -254,6 +293,15 @@ static int sim_prefill(int32_t ps, int32_t budget, int32_t max_prefill, bool cac
             CHECK_OK(pd_sched_prefill_abort(s, b.chunks[c].room, &q));
             BAD(q); /* decided at batch_done */
             aborted_in_step[c] = true;
+        }
+        if (b.n && eager && chance(0.2)) { /* a Transfer comes during the step */
+            int32_t c = rint_(b.n), i = pfind(sh, b.chunks[c].room);
+            if (i >= 0 && !sh[i].paired) {
+                struct pd_prefill_send out;
+                CHECK_OK(pd_sched_prefill_bootstrapped(s, sh[i].room, now, &out));
+                BAD(out.end != out.begin || out.last); /* batch_done widens the chunk */
+                sh[i].paired = true;
+            }
         }
         CHECK_OK(pd_sched_prefill_batch_done(s, &b, now));
         for (int32_t c = 0; c < b.n; c++) {
@@ -270,6 +318,10 @@ static int sim_prefill(int32_t ps, int32_t budget, int32_t max_prefill, bool cac
                 continue;
             }
             r->next_tok = ch->start + ch->len;
+            BAD(ch->held == r->paired || ch->send_begin != r->sent);
+            BAD(ch->send_end != (!r->paired ? r->sent
+                                 : ch->last ? (r->n_tokens + ps - 1) / ps
+                                            : r->next_tok / ps));
             r->sent = ch->send_end;
             if (ch->last)
                 r->state = S_INFL;
@@ -531,9 +583,12 @@ static int sim_decode(int32_t ps, int32_t pool, int32_t max_running, long steps,
 static void test_sim(void) {
     long n = sim_steps();
     clock_t t0 = clock();
-    CHECK_INT(sim_prefill(16, 256, 16384, true, n, 1), 0);
-    CHECK_INT(sim_prefill(1, 300, 200, false, n, 2), 0);
-    CHECK_INT(sim_prefill(16, -1, 512, true, n / 2, 3), 0);
+    CHECK_INT(sim_prefill(16, 256, 16384, true, false, n, 1), 0);
+    CHECK_INT(sim_prefill(1, 300, 200, false, false, n, 2), 0);
+    CHECK_INT(sim_prefill(16, -1, 512, true, false, n / 2, 3), 0);
+    CHECK_INT(sim_prefill(16, 256, 16384, true, true, n, 4), 0);
+    CHECK_INT(sim_prefill(1, 300, 200, false, true, n, 5), 0);
+    CHECK_INT(sim_prefill(16, -1, 512, true, true, n / 2, 6), 0);
     CHECK_INT(sim_decode(16, 96, 32, n, 4), 0);
     CHECK_INT(sim_decode(1, 700, 64, n / 2, 5), 0);
     fprintf(stderr, "simulated %ld steps in %.2f s\n", total_steps,

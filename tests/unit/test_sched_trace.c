@@ -151,6 +151,9 @@ static void prefill_pops(struct pd_sched_prefill *s) {
     }
 }
 
+/* what a Transfer releases: nothing here (the traced configurations are not eager) */
+static struct pd_prefill_send unsent;
+
 static int prefill_trace(int32_t ps, int32_t budget, int32_t max_prefill, bool cache, uint64_t seed,
                          long steps) {
     struct pd_page_alloc *pa;
@@ -194,7 +197,7 @@ static int prefill_trace(int32_t ps, int32_t budget, int32_t max_prefill, bool c
             int32_t i = pick(R_BOOT);
             if (i >= 0 && (drain || reqs[i].room % 13 != 0)) {
                 fold('b');
-                fold_i(pd_sched_prefill_bootstrapped(s, reqs[i].room, now));
+                fold_i(pd_sched_prefill_bootstrapped(s, reqs[i].room, now, &unsent));
                 reqs[i].state = R_WAIT;
             }
         }
