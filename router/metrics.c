@@ -12,6 +12,7 @@
 #include "common/base/metrics.h"
 #include "common/base/status.h"
 
+#include <cjson/cJSON.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -246,6 +247,18 @@ void pd_router_metrics_ttft(struct pd_router_metrics *rm, double seconds) {
 void pd_router_metrics_handover(struct pd_router_metrics *rm, const double s[PD_ROUTER_HO_N]) {
     for (int k = 0; k < PD_ROUTER_HO_N; k++)
         pd_metric_observe(rm->handover[k], s[k] > 0 ? s[k] : 0);
+}
+
+void pd_router_metrics_handover_info(const struct pd_router_metrics *rm, struct cJSON *o) {
+    cJSON *h = cJSON_AddObjectToObject(o, "handover");
+    for (int k = 0; h && k < PD_ROUTER_HO_N; k++) {
+        uint64_t c = pd_metric_count(rm->handover[k]);
+        if (c == 0)
+            continue;
+        cJSON *s = cJSON_AddObjectToObject(h, HO_STAGES[k]);
+        cJSON_AddNumberToObject(s, "count", (double)c);
+        cJSON_AddNumberToObject(s, "mean_ms", pd_metric_value(rm->handover[k]) / (double)c * 1e3);
+    }
 }
 
 void pd_router_metrics_retry(struct pd_router_metrics *rm) {

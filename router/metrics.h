@@ -30,6 +30,7 @@ enum pd_router_outcome {
 };
 
 struct pd_router_metrics;
+struct cJSON;
 
 int pd_router_metrics_new(struct pd_router_metrics **out);
 void pd_router_metrics_free(struct pd_router_metrics *rm);
@@ -51,6 +52,8 @@ enum pd_router_ho_stage {
     PD_ROUTER_HO_N
 };
 void pd_router_metrics_handover(struct pd_router_metrics *rm, const double s[PD_ROUTER_HO_N]);
+/* /server_info's "handover": {stage: {count, mean_ms}} of the stages observed so far. */
+void pd_router_metrics_handover_info(const struct pd_router_metrics *rm, struct cJSON *o);
 /* A retry on another pair; a request that failed after its last allowed attempt. */
 void pd_router_metrics_retry(struct pd_router_metrics *rm);
 void pd_router_metrics_retries_exhausted(struct pd_router_metrics *rm);

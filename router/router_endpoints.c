@@ -148,6 +148,7 @@ static void handle_server_info(struct pd_router *rt, struct pd_http_req *hr) {
     cJSON_AddNumberToObject(o, "shutdown_timeout_secs", cfg->shutdown_timeout_secs);
     cJSON_AddNumberToObject(o, "dns_refresh_secs", cfg->dns_refresh_secs);
     cJSON_AddStringToObject(o, "dns_family", pd_router_dns_family_names[cfg->dns_family]);
+    pd_router_metrics_handover_info(rt->metrics, o);
     if (cfg->dns_server)
         cJSON_AddStringToObject(o, "dns_server", cfg->dns_server);
     cJSON_AddBoolToObject(o, "disable_circuit_breaker", cfg->cb.disabled);

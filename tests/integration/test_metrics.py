@@ -42,7 +42,9 @@ escapes, cumulative buckets ending in +Inf, _count equal to the +Inf bucket.
            1 %: the stages partition it); prefill observes bootstrap_wait and its three stages
            once per request, and its spans equal the ones decode received; /server_info
            summarizes each stage (count, mean); each stage's sum is non-negative, kv_other below
-           decode's TTFT.
+           decode's TTFT. The router observes dispatch, decode and relay once per streamed
+           request; they add up to its pdserve_router_time_to_first_token_seconds, its decode
+           stage holds decode's whole TTFT, and its /server_info summarizes them.
 
 Stdlib only (and promtool). Usage: test_metrics.py BUILD_DIR CASE. Each case takes well under
 60 s.
@@ -964,6 +966,30 @@ def case_handover(model, tmp):
         s = info.get(st, {})
         check(s.get("count") == n and abs(s.get("mean_ms", -1) - parts[st] / n * 1e3) < 1e-6 + 1e-3 * parts[st] / n * 1e3,
               "/server_info handover %s: %s" % (st, s))
+    # the router's part: dispatch + decode + relay is its TTFT; its decode stage holds decode's
+    # whole TTFT (same machine, both on CLOCK_MONOTONIC-based durations)
+    mr = wait_metric(rt, lambda m: m.get("pdserve_router_time_to_first_token_seconds_count") == n,
+                     10)
+    rname = "pdserve_router_handover_seconds"
+    rparts = {st: mr.get(rname + "_sum", stage=st) for st in ("dispatch", "decode", "relay")}
+    for st, v in rparts.items():
+        check(mr.get(rname + "_count", stage=st) == n and v >= 0,
+              "router observed %s once per request: count %s, sum %s" %
+              (st, mr.get(rname + "_count", stage=st), v))
+    rttft = mr.get("pdserve_router_time_to_first_token_seconds_sum")
+    step("router TTFT sum %.2f ms; stages %s" % (
+        rttft * 1e3, {k: round(v * 1e3, 2) for k, v in rparts.items()}))
+    check(abs(sum(rparts.values()) - rttft) <= 1e-3 * rttft + 1e-5,
+          "the router's stages add up to its TTFT: %.3f vs %.3f ms" %
+          (sum(rparts.values()) * 1e3, rttft * 1e3))
+    check(ttft <= rparts["decode"] + 1e-5 and rparts["decode"] < rttft,
+          "decode's TTFT (%.3f ms) inside the router's decode stage (%.3f ms)" %
+          (ttft * 1e3, rparts["decode"] * 1e3))
+    rinfo = json.loads(rt.get("/server_info")[1]).get("handover", {})
+    for st, v in rparts.items():
+        s = rinfo.get(st, {})
+        check(s.get("count") == n and abs(s.get("mean_ms", -1) - v / n * 1e3) <= 1e-6 + 1e-3 * v / n * 1e3,
+              "router /server_info handover %s: %s" % (st, s))
 
 
 def main():
