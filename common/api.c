@@ -795,7 +795,7 @@ static int parse_bootstrap(const cJSON *root, const char *body, size_t len,
         r->bootstrap_room = v;
         r->has_bootstrap_room = true;
     }
-    if (cfg->disaggregated && !r->has_bootstrap_room)
+    if (cfg->disaggregated && !cfg->bootstrap_optional && !r->has_bootstrap_room)
         return bad(e, "bootstrap_room",
                    "this server runs disaggregated: the request needs 'bootstrap_room' (and "
                    "'bootstrap_host', 'bootstrap_port'); send it through the router");

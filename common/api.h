@@ -45,6 +45,7 @@ struct pd_api_config {
     const char *served_model_name; /* `model` must equal this (or model_path); NULL: any */
     const char *model_path;        /* also accepted as a model name; may be NULL */
     bool disaggregated;            /* prefill/decode mode: bootstrap_room is required */
+    bool bootstrap_optional;       /* ...unless this is set (a decode prefilling locally) */
     int context_length;            /* tokens; 0 = unknown (no default from it) */
     int max_n;                     /* samples per prompt at most (--max-n); 0 = PD_API_MAX_N */
 };

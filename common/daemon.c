@@ -554,6 +554,7 @@ static int prepare_req(struct pd_daemon_req *r, enum pd_api_kind kind, const cha
     struct pd_api_config ac = {.served_model_name = D.args.served_model_name,
                                .model_path = D.args.model_path,
                                .disaggregated = D.role->disaggregated,
+                               .bootstrap_optional = D.local_prefill,
                                .context_length = D.info.context_length,
                                .max_n = D.max_n};
     if (pd_api_parse(kind, body, blen, &ac, &r->api, e) != PD_OK)
@@ -695,6 +696,7 @@ static void handle_generate(struct pd_http_req *h, enum pd_api_kind kind) {
     struct pd_api_config ac = {.served_model_name = D.args.served_model_name,
                                .model_path = D.args.model_path,
                                .disaggregated = D.role->disaggregated,
+                               .bootstrap_optional = D.local_prefill,
                                .context_length = D.info.context_length,
                                .max_n = D.max_n};
     struct pd_api_split split;

@@ -126,6 +126,7 @@ struct pd_daemon_state {
     struct pd_server_args args;
     double bootstrap_timeout, waiting_timeout, shutdown_timeout;
     bool eager_prefill; /* prefill: --eager-prefill */
+    bool local_prefill; /* decode: --local-prefill (bodies without bootstrap fields taken) */
     /* --transfer-stall-timeout: the transfer engine counts as stuck (/health 503) while it has
      * operations outstanding and its progress count has not moved for this long (0: never) */
     double xfer_stall_timeout;

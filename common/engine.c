@@ -375,6 +375,7 @@ static void publish(struct pd_engine *e) {
     s.steps = e->steps;
     s.tokens_computed = e->tokens;
     s.retractions = e->retractions;
+    s.local_prefills = e->local_prefills;
     s.mixed_steps = e->mixed_steps;
     s.sampled_on_device = e->sampled_on_device;
     s.sampled_on_host = e->sampled_on_host;

@@ -116,6 +116,9 @@ struct pd_engine_req {
     struct pd_sampler sampler;
     bool has_sampler;
     bool aborted, local, finished;
+    /* decode: a request without a prefill (no bootstrap fields, --local-prefill): its prompt is
+     * computed here when its pages are reserved; set by the loop before ADD */
+    bool local_prefill;
     int finish;      /* enum pd_finish of the last token */
     int fail_status; /* the model refused a step with this */
     float first_logprob;
@@ -186,8 +189,9 @@ struct pd_engine_stats {
     int32_t q_prealloc, q_transfer, q_running;  /* decode; colocated: running */
     int32_t q_draining;
     int64_t steps, tokens_computed;
-    int64_t retractions; /* decode: requests retracted (and recomputed) so far */
-    int64_t mixed_steps; /* colocated: steps that carried prefill chunks and decode tokens */
+    int64_t retractions;    /* decode: requests retracted (and recomputed) so far */
+    int64_t local_prefills; /* decode: requests prefilled here (--local-prefill) so far */
+    int64_t mixed_steps;    /* colocated: steps that carried prefill chunks and decode tokens */
     /* decode and colocated: output tokens chosen on the device (greedy_on_device) and from
      * logits downloaded to the host sampler (the prefill's first token is neither) */
     int64_t sampled_on_device, sampled_on_host;

@@ -113,7 +113,7 @@ struct pd_engine {
     /* published counters */
     pthread_mutex_t stats_mu;
     struct pd_engine_stats stats;
-    int64_t steps, tokens, retractions, mixed_steps;
+    int64_t steps, tokens, retractions, mixed_steps, local_prefills;
     int64_t sampled_on_device, sampled_on_host;
     int64_t unsignalled; /* events pushed since the loop was last woken */
     atomic_int last_check;

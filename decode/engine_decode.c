@@ -3,7 +3,9 @@
  * requests enter prealloc; when their prompt pages are reserved EV_ADMIT asks the loop to send
  * the Transfer; the done notice (XFER_END) carries the prefill's first token; then one token per
  * running request per step (EV_TOKEN) until it finishes. A request retracted for pages comes back
- * in as a local one whose KV one extend rebuilds here.
+ * in as a local one whose KV one extend rebuilds here. A request without a prefill
+ * (--local-prefill: no bootstrap fields) is prefilled here the same way when its pages are
+ * reserved, its first token sampled from the prompt's last row; then it runs like any other.
  */
 #include "decode/engine_decode.h"
 
@@ -17,12 +19,25 @@
 #include <inttypes.h>
 
 static void decode_add(struct pd_engine *e, struct pd_engine_req *r, double now) {
+    /* a prompt computed here goes through the model: a token it would refuse must not fail
+     * the step (a remote one's prompt never enters this model) */
+    for (int32_t i = 0; r->local_prefill && i < r->n_prompt; i++)
+        if (r->tokens[i] < 0 || r->tokens[i] >= e->vocab) {
+            pd_errorf(PD_EINVAL,
+                      "room %" PRIu64 ": prompt token %d at %d is outside the vocabulary (%d)",
+                      r->room, (int)r->tokens[i], (int)i, e->vocab);
+            pd_warn("room=%" PRIu64 " refused: %s", r->room, pd_error_msg());
+            pd__engine_emit_end(e, r, PD_END_FAILED, PD_EINVAL, 0);
+            return;
+        }
     int rc = pd__engine_sampler_init(e, r, &r->sp);
     r->has_sampler = rc == PD_OK;
     if (!rc)
         rc = pd__engine_register(e, r);
     if (!rc) {
         rc = pd_sched_decode_add(e->sched, r->room, r->n_prompt, r->sp.max_new_tokens, now);
+        if (!rc && r->local_prefill)
+            pd__engine_in_lp_begin(r);
         if (rc)
             pd__engine_unregister(e, r);
     }
@@ -80,19 +95,34 @@ static void decode_abort(struct pd_engine *e, uint64_t room) {
             e, &(struct pd_engine_event){.kind = PD_ENGINE_EV_QUIESCE, .room = room, .req = r});
 }
 
-/* A retracted request's KV rebuilt here: prompt + generated tokens but the last, in chunks. */
-static int recompute(struct pd_engine *e, struct pd_engine_req *r,
-                     const struct pd_decode_admit *a) {
-    int32_t n = r->n_prompt + r->n_out - 1;
+/* KV of r->tokens[0, n) computed here into the reserved pages, in chunks (the prompt's logprobs
+ * scored on the way when asked); e->logits' row 0 holds the last position's logits after. */
+static int compute_here(struct pd_engine *e, struct pd_engine_req *r,
+                        const struct pd_decode_admit *a, int32_t n) {
     for (int32_t done = 0; done < n;) {
         int32_t len = n - done < e->chunk ? n - done : e->chunk;
         struct pd_model_seq s = {r->tokens + done, len, done, a->pages, a->n_pages};
-        int rc = pd_tp_group_extend(e->tp, &s, 1, false, e->logits);
+        int rc = pd__engine_in_lp_prepass(e, r, &s);
+        if (!rc)
+            rc = pd_tp_group_extend(e->tp, &s, 1, false, e->logits);
         if (rc)
             return rc;
+        pd__engine_in_lp_score(e, r, s.n_cached + s.n_new - 1, 1, e->logits);
         done += len;
         e->tokens += len;
     }
+    return PD_OK;
+}
+
+/* A local request (--local-prefill) prefilled here: its first token from the prompt's last row,
+ * as a prefill would have sampled it. PD_OK, or the model's failure. */
+static int prefill_here(struct pd_engine *e, struct pd_engine_req *r,
+                        const struct pd_decode_admit *a) {
+    int rc = compute_here(e, r, a, r->n_prompt);
+    if (rc)
+        return rc;
+    pd__engine_take_token(e, 0, r, false);
+    e->local_prefills++;
     return PD_OK;
 }
 
@@ -116,20 +146,29 @@ static bool decode_iter(struct pd_engine *e, double now) {
         for (int32_t p = 0; p < a->n_pages; p++)
             r->pages[p] = (uint32_t)a->pages[p];
         r->n_pages = a->n_pages;
-        if (!r->local) {
+        if (!r->local && !r->local_prefill) {
             pd__engine_emit(e, &(struct pd_engine_event){
                                    .kind = PD_ENGINE_EV_ADMIT, .room = a->room, .req = r});
             continue;
         }
-        int st_rc = recompute(e, r, a);
+        bool fresh = !r->local; /* else retracted: prompt + generated tokens but the last */
+        int st_rc =
+            fresh ? prefill_here(e, r, a) : compute_here(e, r, a, r->n_prompt + r->n_out - 1);
         if (st_rc)
-            pd_error("room=%" PRIu64 " recompute failed: %s", r->room, pd_error_msg());
+            pd_error("room=%" PRIu64 " %s failed: %s", r->room,
+                     fresh ? "local prefill" : "recompute", pd_error_msg());
         else
-            pd_debug("room=%" PRIu64 " recomputed locally (%d tokens)", r->room,
-                     (int)(r->n_prompt + r->n_out - 1));
+            pd_debug("room=%" PRIu64 " %s (%d tokens)", r->room,
+                     fresh ? "prefilled here" : "recomputed locally",
+                     (int)(fresh ? r->n_prompt : r->n_prompt + r->n_out - 1));
+        r->fail_status = st_rc;
         (void)pd_sched_decode_transfer_done(e->sched, a->room, st_rc, now);
-        if (st_rc)
+        if (st_rc) {
             (void)pd_sched_decode_release(e->sched, a->room);
+        } else if (r->finished) { /* EOS or a stop id first: end it now */
+            bool q;
+            (void)pd_sched_decode_abort(e->sched, a->room, &q);
+        }
     }
     if (st.n_batch == 0)
         return st.n_admitted > 0 || st.n_quiesce > 0;

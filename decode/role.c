@@ -4,7 +4,9 @@
  * decode (--disaggregation-mode decode): a request's prompt pages are reserved by the compute
  * thread (decode/engine_decode.c: prealloc → transfer → running), the bootstrap client of its
  * prefill (bootstrap_host:bootstrap_port) sends the Transfer naming them, the receiver's done
- * notice streams the first token, and the rest is generated here in continuous batches.
+ * notice streams the first token, and the rest is generated here in continuous batches. A body
+ * without bootstrap fields (--local-prefill, on by default: the router's short prompts) gets a
+ * room drawn here and is prefilled by the compute thread itself, no prefill involved.
  * colocated (--disaggregation-mode null): no transfer engine and no bootstrap; rooms are drawn
  * here and the compute thread (decode/engine_coloc.c) prefills and decodes in mixed steps.
  * Both detokenize and stream the output.
@@ -40,7 +42,7 @@ static struct {
     int n;
     bool tls;
     char *ca_pem; /* NULL: gRPC's default roots */
-    struct pd_flag *f_mixed, *f_unmixed;
+    struct pd_flag *f_mixed, *f_unmixed, *f_local;
 } C;
 
 /* The prefill refused the Transfer (bad layout, unknown room, its queue full). */
@@ -234,12 +236,32 @@ static int decode_prepare(struct pd_daemon_state *d, struct pd_daemon_req *r,
     return PD_OK;
 }
 
+static uint64_t coloc_room(struct pd_daemon_state *d, struct pd_daemon_req *r);
+
+/* The body's bootstrap_room; a local request (none given, --local-prefill) a fresh one. */
+static uint64_t decode_room(struct pd_daemon_state *d, struct pd_daemon_req *r) {
+    return r->api.has_bootstrap_room ? r->api.bootstrap_room : coloc_room(d, r);
+}
+
+/* A local request (--local-prefill) is prefilled here: the engine is told so, and the prompt's
+ * logprobs, which a prefill would have scored, are scored here too. */
+static int decode_pd_prepare(struct pd_daemon_state *d, struct pd_daemon_req *r,
+                             struct pd_api_error *e) {
+    int rc = decode_prepare(d, r, e);
+    if (rc || r->api.has_bootstrap_room)
+        return rc;
+    r->ereq->local_prefill = true;
+    return pd__daemon_prepare_input_logprobs(r, e);
+}
+
 static void decode_server_info(struct pd_daemon_state *d, const struct pd_engine_stats *s,
                                struct cJSON *extra, struct cJSON *q) {
     cJSON_AddNumberToObject(q, "prealloc", s->q_prealloc);
     cJSON_AddNumberToObject(q, "transfer", s->q_transfer);
     cJSON_AddNumberToObject(q, "running", s->q_running);
     cJSON_AddNumberToObject(q, "retractions", (double)s->retractions);
+    cJSON_AddBoolToObject(extra, "local_prefill", d->local_prefill);
+    cJSON_AddNumberToObject(extra, "local_prefills", (double)s->local_prefills);
     /* where output tokens were chosen (greedy_on_device) */
     cJSON_AddNumberToObject(extra, "sampled_on_device", (double)s->sampled_on_device);
     cJSON_AddNumberToObject(extra, "sampled_on_host", (double)s->sampled_on_host);
@@ -260,6 +282,9 @@ static double q_transfer(const struct pd_engine_stats *s) {
 static double retractions(const struct pd_engine_stats *s) {
     return (double)s->retractions;
 }
+static double local_prefills(const struct pd_engine_stats *s) {
+    return (double)s->local_prefills;
+}
 
 static const struct pd_serve_metrics_series decode_series[] = {
     {PD_METRIC_GAUGE, "sglang:num_decode_prealloc_queue_reqs",
@@ -268,6 +293,9 @@ static const struct pd_serve_metrics_series decode_series[] = {
      "The number of requests in the decode transfer queue (waiting for the KV cache).", q_transfer},
     {PD_METRIC_COUNTER, "sglang:num_retracted_requests_total",
      "Total number of retracted requests (recomputed locally).", retractions},
+    {PD_METRIC_COUNTER, "pdserve_local_prefill_requests_total",
+     "Requests this decode prefilled itself (no bootstrap fields, --local-prefill).",
+     local_prefills},
 };
 
 /* The decode's series, which the colocated mode exports too (its prealloc and transfer queues
@@ -350,6 +378,13 @@ static void decode_flags(struct pd_flagset *fs, struct pd_daemon_state *d) {
                                "--disaggregation-mode null: a step is a prefill batch when one "
                                "can be built, else a decode batch (SGLang without "
                                "--enable-mixed-chunk)");
+    d->local_prefill = true;
+    C.f_local = pd_flag_bool(
+        fs, "--local-prefill", &d->local_prefill,
+        "--disaggregation-mode decode: also take generation bodies without bootstrap fields and "
+        "prefill them here (pdserve-router's --local-prefill-max-tokens sends short prompts "
+        "this way: no prefill, no KV transfer) [default: true]; =false: refuse them with 400, "
+        "as SGLang's decode does");
     pd_flag_double(fs, "--schedule-conservativeness", &d->conservativeness, "F", 0.001, 100,
                    "scales the output reservation at admission: new_token_ratio starts at "
                    "0.7 x F (at most 1); lower admits more requests and retracts sooner");
@@ -381,6 +416,15 @@ static const struct pd_role *decode_configure(struct pd_daemon_state *d) {
     }
     if (d->disable_mixed_flag)
         d->mixed_chunk = false;
+    if (coloc && C.f_local->seen) {
+        fprintf(stderr,
+                "%s: --local-prefill applies to --disaggregation-mode decode (a colocated daemon "
+                "prefills every request itself)\n",
+                prog);
+        return NULL;
+    }
+    if (coloc)
+        d->local_prefill = false; /* bodies without bootstrap fields are its normal ones */
     return coloc ? &coloc_role : &pd_decode_role;
 }
 
@@ -390,7 +434,8 @@ const struct pd_role pd_decode_role = {
     .about = "The decode daemon of prefill/decode disaggregation: reserves KV pages for each "
              "request, asks the prefill at bootstrap_host:bootstrap_port to fill them, then "
              "generates the answer in continuous batches and streams it. Serves the "
-             "SGLang/OpenAI HTTP API; generation bodies must carry the bootstrap fields. "
+             "SGLang/OpenAI HTTP API; a generation body without the bootstrap fields is "
+             "prefilled here (--local-prefill). "
              "With --disaggregation-mode null it serves alone (colocated): it prefills prompts "
              "itself in chunks of --chunked-prefill-size, mixed with the running requests' "
              "decode tokens in one forward step, and takes plain requests (no bootstrap fields; "
@@ -404,7 +449,8 @@ const struct pd_role pd_decode_role = {
     .start = decode_start,
     .ready = decode_ready,
     .stop = decode_stop,
-    .prepare = decode_prepare,
+    .room = decode_room,
+    .prepare = decode_pd_prepare,
     .on_admit = decode_admit,
     .on_quiesce = decode_quiesce,
     .room_end = decode_room_end,

@@ -637,8 +637,9 @@ def run(model, tmp):
         auth_checks(srv, what)
 
     step("disaggregation fields")
-    st, raw = dc.post("/generate", {"text": "hi", "sampling_params": {"max_new_tokens": 1}})
-    error_shape(st, raw, 400, "decode /generate without bootstrap fields", "bootstrap_room")
+    # (a decode takes such a body and prefills it itself: --local-prefill, test_daemons.py local)
+    st, raw = pf.post("/generate", {"text": "hi", "sampling_params": {"max_new_tokens": 1}})
+    error_shape(st, raw, 400, "prefill /generate without bootstrap fields", "bootstrap_room")
 
     prompt_ids = [(i * 53) % 700 + 30 for i in range(12)]
     for srv, what in ((rt, "router"), (co, "colocated")):

@@ -13,7 +13,12 @@ pdserve-mkmodel, and checks what a user would notice:
   device_choice  decode choosing on the device (PD_GREEDY_FAST_PATH=1: penalty slots, top-n)
            gives the host sampler's tokens and logprobs exactly: penalties, top-n, greedy and
            seeded sampling, one at a time and in one batch.
-Stdlib only. Usage: test_daemons.py BUILD_DIR CASE   (CASE: tokens | failures | device_choice)
+  local    --local-prefill: bodies without bootstrap fields sent to the decode are prefilled
+           there: greedy and seeded texts equal pdserve-generate's, prompt logprobs, next to PD
+           requests at once, an abort, the prefill SIGKILLed meanwhile, pools full; refused
+           (400 naming bootstrap_room) with --local-prefill=false.
+Stdlib only. Usage: test_daemons.py BUILD_DIR CASE   (CASE: tokens | failures | device_choice |
+local)
 Every process it starts is killed on exit.
 """
 import json
@@ -179,7 +184,6 @@ def case_tokens(model, tmp):
     # bad input: 4xx and still serving
     bad = [
         b"{not json",
-        json.dumps({"text": "hi", "sampling_params": {"max_new_tokens": 4}}).encode(),  # no room
         json.dumps({"text": "hi", "sampling_params": {"temperature": -1},
                     "bootstrap_room": 5}).encode(),
         json.dumps({"text": 5, "bootstrap_room": 6}).encode(),
@@ -329,6 +333,120 @@ def case_device_choice(model, tmp):
           (info["sampled_on_device"], info["sampled_on_host"]))
 
 
+def case_local(model, tmp):
+    """--local-prefill: a decode daemon in PD mode takes bodies without bootstrap fields and
+    prefills them itself; texts equal pdserve-generate's (greedy and seeded), next to PD requests
+    at the same time; aborts; the prefill's death does not touch them; pools back to full; a
+    decode with --local-prefill=false refuses them naming the field."""
+    pf = Daemon("prefill", model, tmp)
+    dc = Daemon("decode", model, tmp)
+    info = json.loads(dc.get("/server_info")[1])
+    check(info.get("local_prefill") is True, "decode /server_info local_prefill: %r" %
+          info.get("local_prefill"))
+    rng = random.Random(11)
+    prompts = make_prompts(12, rng)
+    max_new = 16
+    ref = reference(model, prompts, max_new)
+    n_local = 0
+    for i, p in enumerate(prompts):  # local, each way of asking
+        kind = "generate" if i % 2 == 0 else "completions"
+        path = "/generate" if kind == "generate" else "/v1/completions"
+        for stream in (False, True):
+            b = {"text": p, "sampling_params": {"max_new_tokens": max_new, "temperature": 0},
+                 "stream": stream} if kind == "generate" else \
+                {"model": model, "prompt": p, "max_tokens": max_new, "temperature": 0,
+                 "stream": stream}
+            st, out = dc.post(path, b)
+            n_local += 1
+            check(st == 200, "local prompt %d: %d %r" % (i, st, out[:200]))
+            if st == 200:
+                got = text_of(kind, stream, out)
+                check(got == ref[i], "local prompt %d (%s stream=%s) text %r != reference %r" %
+                      (i, kind, stream, got, ref[i]))
+    # seeded sampling: the decode draws the first token itself, as pdserve-generate does
+    for i, (t, tp, seed) in enumerate([(0.8, 1.0, 21), (1.1, 0.9, 22)]):
+        p = prompts[i * 3]
+        want = reference(model, [p], max_new, ["--temperature", str(t), "--top-p", str(tp),
+                                               "--seed", str(seed), "--ignore-eos"])[0]
+        st, out = dc.post("/generate", {"text": p, "sampling_params": {
+            "max_new_tokens": max_new, "temperature": t, "top_p": tp, "sampling_seed": seed,
+            "ignore_eos": True}})
+        n_local += 1
+        check(st == 200 and text_of("generate", False, out) == want,
+              "local sampled %d (T %g p %g seed %d): %d %r != %r" %
+              (i, t, tp, seed, st, out[:200], want))
+    # prompt logprobs, scored where the prompt is prefilled: here
+    st, out = dc.post("/generate", {"text": prompts[5], "return_logprob": True,
+                                    "logprob_start_len": 0,
+                                    "sampling_params": {"max_new_tokens": 2, "temperature": 0}})
+    n_local += 1
+    lp = json.loads(out).get("meta_info", {}).get("input_token_logprobs") if st == 200 else None
+    n_prompt = json.loads(out)["meta_info"]["prompt_tokens"] if st == 200 else -1
+    check(lp is not None and len(lp) == n_prompt and lp[0][0] is None and
+          all(isinstance(x[0], float) and x[0] <= 0 for x in lp[1:]),
+          "local prompt logprobs: %d, %d of %d: %r" % (st, len(lp or []), n_prompt, out[:300]))
+    # local and PD requests at once
+    results = {}
+    threads = []
+
+    def local_one(i):
+        results[("l", i)] = dc.post("/generate", {"text": prompts[i], "stream": True,
+                                                  "sampling_params": {"max_new_tokens": max_new,
+                                                                      "temperature": 0}})
+
+    def pd_one(i):
+        ds, db, ps, pb = pair(pf, dc, body_for(prompts[i], max_new, (1 << 45) + i, pf, True))
+        results[("p", i)] = (ds, db)
+
+    for i in range(len(prompts)):
+        for f in (local_one, pd_one):
+            t = threading.Thread(target=f, args=(i,))
+            t.start()
+            threads.append(t)
+    for t in threads:
+        t.join(120)
+    n_local += len(prompts)
+    for (way, i), (st, out) in sorted(results.items()):
+        got = text_of("generate", True, out) if st == 200 else None
+        check(st == 200 and got == ref[i], "concurrent %s %d: %d %r != %r" %
+              ("local" if way == "l" else "PD", i, st, got if st == 200 else out[:200], ref[i]))
+    m = dc.get("/metrics")[1].decode()
+    got = [float(x.split()[-1]) for x in m.splitlines()
+           if x.startswith("pdserve_local_prefill_requests_total")]
+    check(got == [n_local], "pdserve_local_prefill_requests_total %r, want %d" % (got, n_local))
+    # abort mid-stream on the local path
+    long_sp = {"max_new_tokens": 1500, "temperature": 0, "ignore_eos": True}
+    for attempt in range(5):
+        body = {"text": "abort me locally", "sampling_params": long_sp, "stream": True,
+                "rid": "l-abort-%d" % attempt}
+        c, r, got = stream_some(dc, body, 3)
+        st, out = dc.post("/abort_request", {"rid": "l-abort-%d" % attempt})
+        rest = r.read()
+        c.close()
+        if st == 200 and not json.loads(out)["success"] and attempt < 4 and \
+                b'"type":"length"' in got + rest:
+            continue  # the tiny model finished first: again
+        check(st == 200 and json.loads(out)["success"] and b"[DONE]" in rest,
+              "local abort_request: %d %r" % (st, out))
+        break
+    check(dc.pool_full(5), "decode pool back to full after the local requests")
+    # the prefill dies: local requests go on
+    pf.p.kill()
+    pf.p.wait()
+    for i in (0, 7):
+        st, out = dc.post("/generate", {"text": prompts[i], "sampling_params": {
+            "max_new_tokens": max_new, "temperature": 0}})
+        check(st == 200 and text_of("generate", False, out) == ref[i],
+              "local prompt %d after the prefill died: %d %r" % (i, st, out[:200]))
+    check(dc.pool_full(5) and dc.get("/health")[0] == 200, "decode full and healthy")
+    # refused where turned off, naming the field
+    dc2 = Daemon("decode", model, tmp, ["--local-prefill=false"])
+    st, out = dc2.post("/generate", {"text": "hi", "sampling_params": {"max_new_tokens": 4}})
+    check(st == 400 and b"bootstrap_room" in out, "--local-prefill=false: %d %r" % (st, out[:200]))
+    check(json.loads(dc2.get("/server_info")[1]).get("local_prefill") is False,
+          "--local-prefill=false in /server_info")
+
+
 def stream_some(dc, body, n_events, path="/generate"):
     """Opens a stream on decode, reads n_events events, returns the open connection."""
     c = dc.conn(30)
@@ -468,7 +586,7 @@ def main():
     tmp = pc.tmpdir()
     model = pc.make_model(BUILD, tmp)
     cases = {"tokens": case_tokens, "device_choice": case_device_choice,
-             "failures": case_failures}
+             "failures": case_failures, "local": case_local}
     pc.run_test("daemons %s" % CASE, lambda: cases[CASE](model, tmp), tmp, log_tail=3000)
 
 

@@ -356,8 +356,8 @@ def secret_requests(pf, dc, rt, co, wrong, tmp):
         st, _, raw = call(srv.port, "POST", "/v1/completions", {
             "prompt": PROMPT, "max_tokens": 4, "temperature": -3}, headers=auth)
         check(st == 400, "%s temperature -3: %d %r" % (srv.name, st, raw[:200]))
-    st, _, raw = call(dc.port, "POST", "/generate", {"text": PROMPT}, headers=auth)
-    check(st == 400, "decode without bootstrap fields: %d" % st)
+    st, _, raw = call(pf.port, "POST", "/generate", {"text": PROMPT}, headers=auth)
+    check(st == 400, "prefill without bootstrap fields: %d" % st)
     # a client that leaves mid-stream
     for srv in (rt, co):
         s = socket.create_connection(("127.0.0.1", srv.port), timeout=30)
