@@ -166,11 +166,30 @@ static int collect_rids(const cJSON *root, struct pd_router_body_info *info) {
     return PD_OK;
 }
 
-/* The spliced fields, without braces: "bootstrap_host":...,"rid":... */
+/* "rid":... with the router's rids */
+static void put_rids(struct sbuf *b, const struct pd_router_body_info *info, const char *open,
+                     const char *close) {
+    sb_str(b, "\"rid\":");
+    sb_str(b, open);
+    for (int i = 0; i < info->n; i++) {
+        if (i)
+            sb_str(b, ",");
+        sb_json_str(b, info->rids[i]);
+    }
+    sb_str(b, close);
+}
+
+/* The spliced fields, without braces: "bootstrap_host":...,"rid":... (host NULL: the rid only,
+ * and nothing when the client gave its own). */
 static void put_fields(struct sbuf *b, const struct pd_router_body_info *info, const char *host,
                        int port) {
     char num[24];
     const char *open = info->batch ? "[" : "", *close = info->batch ? "]" : "";
+    if (!host) {
+        if (info->rid_added)
+            put_rids(b, info, open, close);
+        return;
+    }
     sb_str(b, "\"bootstrap_host\":");
     sb_str(b, open);
     for (int i = 0; i < info->n; i++) {
@@ -202,14 +221,8 @@ static void put_fields(struct sbuf *b, const struct pd_router_body_info *info, c
     }
     sb_str(b, close);
     if (info->rid_added) {
-        sb_str(b, ",\"rid\":");
-        sb_str(b, open);
-        for (int i = 0; i < info->n; i++) {
-            if (i)
-                sb_str(b, ",");
-            sb_json_str(b, info->rids[i]);
-        }
-        sb_str(b, close);
+        sb_str(b, ",");
+        put_rids(b, info, open, close);
     }
 }
 
@@ -302,8 +315,9 @@ int pd_router_body_rewrite(int route, int max_n, const char *body, size_t len,
         brace++;
     PD_ASSERT(brace < src_len); /* cJSON said it is an object */
     sb_put(&b, "{", 1);
+    size_t before = b.len;
     put_fields(&b, info, bootstrap_host, bootstrap_port);
-    if (root->child)
+    if (root->child && b.len > before)
         sb_put(&b, ",", 1);
     sb_put(&b, src + brace + 1, src_len - brace - 1);
     if (b.err) {
@@ -322,6 +336,62 @@ fail:
     cJSON_Delete(root);
     pd_router_body_info_free(info);
     return rc;
+}
+
+/* bytes / 4 of a string, rounded up: English BPE runs 3.5-4.5 bytes a token */
+static long text_tokens(const cJSON *s) {
+    return (long)((strlen(s->valuestring) + 3) / 4);
+}
+
+/* A prompt given as text or as token ids; -1 for anything else. */
+static long prompt_tokens(const cJSON *p) {
+    if (cJSON_IsString(p))
+        return text_tokens(p);
+    if (!cJSON_IsArray(p))
+        return -1;
+    long n = 0;
+    const cJSON *it;
+    cJSON_ArrayForEach(it, p) {
+        if (!cJSON_IsNumber(it))
+            return -1; /* a batch of prompts */
+        n++;
+    }
+    return n;
+}
+
+long pd_router_body_prompt_tokens(int route, const char *body, size_t len) {
+    cJSON *root = cJSON_ParseWithLength(body, len);
+    long n = -1;
+    int samples;
+    if (!cJSON_IsObject(root) || batch_size(route, root) != 0 ||
+        samples_n(route, root, PD_API_MAX_FANOUT, &samples) != PD_OK || samples != 1)
+        goto out;
+    if (route == PD_ROUTER_ROUTE_GENERATE) {
+        const cJSON *ids = cJSON_GetObjectItemCaseSensitive(root, "input_ids");
+        n = prompt_tokens(ids ? ids : cJSON_GetObjectItemCaseSensitive(root, "text"));
+    } else if (route == PD_ROUTER_ROUTE_COMPLETIONS) {
+        n = prompt_tokens(cJSON_GetObjectItemCaseSensitive(root, "prompt"));
+    } else if (route == PD_ROUTER_ROUTE_CHAT) {
+        const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(root, "messages"), *m;
+        if (!cJSON_IsArray(msgs))
+            goto out;
+        n = 0;
+        cJSON_ArrayForEach(m, msgs) {
+            const cJSON *c = cJSON_GetObjectItemCaseSensitive(m, "content"), *part;
+            n += 8; /* the template's role markers */
+            if (cJSON_IsString(c))
+                n += text_tokens(c);
+            else if (cJSON_IsArray(c))
+                cJSON_ArrayForEach(part, c) {
+                    const cJSON *t = cJSON_GetObjectItemCaseSensitive(part, "text");
+                    if (cJSON_IsString(t))
+                        n += text_tokens(t);
+                }
+        }
+    }
+out:
+    cJSON_Delete(root);
+    return n;
 }
 
 char *pd_router_abort_body(const char *rid) {

@@ -42,15 +42,22 @@ struct pd_router_body_info {
 };
 
 /* Rewrites body (len bytes, any JSON) for the prefill at bootstrap_host:bootstrap_port
- * (PD_ROUTER_BOOTSTRAP_PORT_NULL → null). *out (*out_len bytes, NUL-terminated) and info are
- * owned by the caller (pd_free, pd_router_body_info_free). max_n: the most samples per prompt
- * (0 = PD_API_MAX_N). Errors: PD_EINVAL (not a JSON object, rid of the wrong type or length,
- * empty batch, n out of range), message for a 400. */
+ * (PD_ROUTER_BOOTSTRAP_PORT_NULL → null); bootstrap_host NULL: for a decode alone (local
+ * prefill): no bootstrap fields (a client's own are dropped), the rid still added. *out (*out_len
+ * bytes, NUL-terminated) and info are owned by the caller (pd_free, pd_router_body_info_free).
+ * max_n: the most samples per prompt (0 = PD_API_MAX_N). Errors: PD_EINVAL (not a JSON object, rid
+ * of the wrong type or length, empty batch, n out of range), message for a 400. */
 int pd_router_body_rewrite(int route, int max_n, const char *body, size_t len,
                            const char *bootstrap_host, int bootstrap_port,
                            struct pd_router_rng *rng, char **out, size_t *out_len,
                            struct pd_router_body_info *info);
 void pd_router_body_info_free(struct pd_router_body_info *info);
+
+/* The prompt's size in tokens as the router can tell without a tokenizer, for
+ * --local-prefill-max-tokens: ids counted, text (a string prompt, chat messages' text) at 4 bytes
+ * a token plus 8 a chat message. -1 when the body is not one prompt of one sample (a batch, n > 1)
+ * or not a JSON object with a prompt: such a request takes the PD path. */
+long pd_router_body_prompt_tokens(int route, const char *body, size_t len);
 
 /* {"rid":"..."} for /abort_request; caller pd_frees. NULL on allocation failure. */
 char *pd_router_abort_body(const char *rid);

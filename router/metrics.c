@@ -37,13 +37,16 @@ struct pd_router_metrics {
     struct pd_metric_family *cb_transitions;          /* {worker, from, to} */
     struct pd_metric *active_workers, *ttft, *retries, *retries_exhausted;
     struct pd_metric *handover[PD_ROUTER_HO_N]; /* pdserve_router_handover_seconds{stage} */
-    struct pd_metric_family *ca_decisions;      /* {worker, decision} */
-    struct pd_metric_family *tree_size;         /* {worker} */
+    struct pd_metric *path[2]; /* pdserve_router_path_requests_total{path="pd"|"local"} */
+    struct pd_metric_family *ca_decisions; /* {worker, decision} */
+    struct pd_metric_family *tree_size;    /* {worker} */
     struct pd_metric *cache_hits, *cache_misses, *lb_events;
 };
 
 static const char *const L_ROUTE[] = {"route"};
 static const char *const L_STAGE[] = {"stage"};
+static const char *const L_PATH[] = {"path"};
+static const char *const PATHS[2] = {"pd", "local"};
 static const char *const L_WORKER[] = {"worker"};
 static const char *const L_CALL[] = {"worker", "role", "outcome"};
 static const char *const L_CB_OUTCOME[] = {"worker", "outcome"};
@@ -160,6 +163,16 @@ int pd_router_metrics_new(struct pd_router_metrics **out) {
         const char *v = HO_STAGES[k];
         rc = pd_metrics_series(ho, &v, &rm->handover[k]);
     }
+    struct pd_metric_family *paths = NULL;
+    if (!rc)
+        rc = fam(rm, C, "pdserve_router_path_requests_total",
+                 "Generation request attempts by path: pd (a prefill and a decode) or local (a "
+                 "decode alone, --local-prefill-max-tokens).",
+                 1, L_PATH, NULL, 0, &paths);
+    for (int k = 0; !rc && k < 2; k++) {
+        const char *v = PATHS[k];
+        rc = pd_metrics_series(paths, &v, &rm->path[k]);
+    }
     if (!rc)
         rc = fam(rm, C, "pdserve_router_cache_aware_decisions_total",
                  "cache_aware prefill choices by worker and deciding rule (match: best prefix "
@@ -259,6 +272,10 @@ void pd_router_metrics_handover_info(const struct pd_router_metrics *rm, struct 
         cJSON_AddNumberToObject(s, "count", (double)c);
         cJSON_AddNumberToObject(s, "mean_ms", pd_metric_value(rm->handover[k]) / (double)c * 1e3);
     }
+}
+
+void pd_router_metrics_path(struct pd_router_metrics *rm, bool local) {
+    pd_metric_add(rm->path[local], 1);
 }
 
 void pd_router_metrics_retry(struct pd_router_metrics *rm) {

@@ -54,6 +54,8 @@ enum pd_router_ho_stage {
 void pd_router_metrics_handover(struct pd_router_metrics *rm, const double s[PD_ROUTER_HO_N]);
 /* /server_info's "handover": {stage: {count, mean_ms}} of the stages observed so far. */
 void pd_router_metrics_handover_info(const struct pd_router_metrics *rm, struct cJSON *o);
+/* A generation request's attempt took the PD path or a decode alone (local prefill). */
+void pd_router_metrics_path(struct pd_router_metrics *rm, bool local);
 /* A retry on another pair; a request that failed after its last allowed attempt. */
 void pd_router_metrics_retry(struct pd_router_metrics *rm);
 void pd_router_metrics_retries_exhausted(struct pd_router_metrics *rm);

@@ -173,7 +173,7 @@ void pd__router_send_abort(struct pd_router *rt, struct rreq *rq, const struct w
 }
 
 static void abort_all_rids(struct rreq *rq, const struct worker *w) {
-    for (int i = 0; i < rq->info.n; i++)
+    for (int i = 0; w && i < rq->info.n; i++)
         pd__router_send_abort(rq->rt, rq, w, rq->info.rids[i], rq->auth_line);
 }
 
@@ -870,31 +870,45 @@ static void on_decode_done(void *ud, struct pd_upstream_call *call,
 static int start_attempt(struct rreq *rq) {
     struct pd_router *rt = rq->rt;
     const struct pd_router_config *cfg = rt->cfg;
+    size_t len;
+    const char *body = pd_http_req_body(rq->hr, &len);
+    /* --local-prefill-max-tokens: a short prompt goes to a decode alone, which prefills it (a
+     * body this long holds no prompt that short: not parsed twice) */
+    int lmax = cfg->local_prefill_max_tokens;
+    long est = lmax > 0 && len <= (size_t)lmax * 8 + 4096
+                   ? pd_router_body_prompt_tokens(rq->route, body, len)
+                   : -1;
+    bool local = est >= 0 && est <= lmax;
     /* a retry avoids both workers of the failed pair where another one is healthy (the one
      * that failed is out of rotation anyway) */
-    struct worker *pw = pd__router_pick_worker(rt, true, rq->prev_pw, rq);
-    if (!pw && rq->prev_pw)
-        pw = pd__router_pick_worker(rt, true, NULL, rq);
+    struct worker *pw = NULL;
+    if (!local) {
+        pw = pd__router_pick_worker(rt, true, rq->prev_pw, rq);
+        if (!pw && rq->prev_pw)
+            pw = pd__router_pick_worker(rt, true, NULL, rq);
+    }
     struct worker *dw = pd__router_pick_worker(rt, false, rq->prev_dw, rq);
     if (!dw && rq->prev_dw)
         dw = pd__router_pick_worker(rt, false, NULL, rq);
-    if (!pw || !dw) {
+    if ((!local && !pw) || !dw) {
         char msg[300];
-        pd__router_no_worker_msg(rt, !pw, msg, sizeof(msg));
+        pd__router_no_worker_msg(rt, !local && !pw, msg, sizeof(msg));
         finish_error(rq, 503, msg);
         return PD_EAGAIN;
     }
     rq->p_judged = rq->d_judged = false;
-    size_t len;
-    const char *body = pd_http_req_body(rq->hr, &len);
     /* the bootstrap host is the prefill's own address: a DNS-found one's resolved address */
-    int rc = pd_router_body_rewrite(rq->route, rt->cfg->max_n, body, len, pw->spec.host,
-                                    pw->spec.bootstrap_port, &rt->rng, &rq->sent, &rq->sent_len,
-                                    &rq->info);
+    int rc = pd_router_body_rewrite(
+        rq->route, rt->cfg->max_n, body, len, local ? NULL : pw->spec.host,
+        local ? 0 : pw->spec.bootstrap_port, &rt->rng, &rq->sent, &rq->sent_len, &rq->info);
     if (rc) {
         finish_error(rq, rc == PD_ENOMEM ? 500 : 400, pd_error_msg());
         return rc;
     }
+    if (local)
+        rq->info.input_logprobs = false; /* the decode scores the prompt itself */
+    rq->local = local;
+    pd_router_metrics_path(rt->metrics, local);
     rq->pw = pd__router_worker_ref(pw);
     rq->dw = pd__router_worker_ref(dw);
     char url[600];
@@ -906,15 +920,20 @@ static int start_attempt(struct rreq *rq) {
                                   .timeout_ms = (long)cfg->request_timeout_secs * 1000,
                                   .connect_timeout_ms = 10000};
     pd_info("room=%" PRIu64 " rid=%s: %s%s → prefill %s, decode %s%s", rq->info.rooms[0],
-            rq->info.rids[0], rq->path, rq->info.stream ? " (stream)" : "", pw->spec.url,
-            dw->spec.url, rq->attempt ? " (retry)" : "");
+            rq->info.rids[0], rq->path, rq->info.stream ? " (stream)" : "",
+            local ? "none (local prefill)" : pw->spec.url, dw->spec.url,
+            rq->attempt ? " (retry)" : "");
     struct pd_upstream_cbs pcbs = {.on_data = on_prefill_data, .on_done = on_prefill_done};
     struct pd_upstream_cbs dcbs = {.on_data = on_decode_data, .on_done = on_decode_done};
     snprintf(url, sizeof(url), "%s%s", dw->spec.url, rq->path);
     rq->t_dcall = pd__router_now_s();
     rq->t_ddata = 0;
     rc = pd_upstream_call_start(rt->up, &req, &dcbs, rq, &rq->dcall);
-    if (rc == PD_OK) {
+    if (rc == PD_OK && local) {
+        dw->load.inflight++;
+        dw->n_requests++;
+        call_start(rq, false);
+    } else if (rc == PD_OK) {
         dw->load.inflight++;
         dw->n_requests++;
         call_start(rq, false);

@@ -135,7 +135,9 @@ struct rreq {
     char *path;
     char *auth_line; /* "Authorization: ..." forwarded to the workers, or NULL */
     int attempt;
-    struct worker *pw, *dw;           /* chosen workers (referenced), NULL before */
+    struct worker *pw, *dw;           /* chosen workers (referenced), NULL before; pw NULL for
+                                         a local prefill */
+    bool local;                       /* this attempt went to a decode alone (local prefill) */
     struct worker *prev_pw, *prev_dw; /* the first attempt's pair, avoided by the retry */
     struct pd_router_body_info info;
     char *sent;  /* body with the bootstrap fields */

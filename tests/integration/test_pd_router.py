@@ -22,6 +22,13 @@ and pdserve-decode on 127.0.0.1 (UCX over shared memory), a tiny model from pdse
             later request is served (router retries off, so no failure hides); before, every
             Transfer was refused until UCX noticed, and the router's breaker opened on the
             prefill for 30 s.
+  local     --local-prefill-max-tokens 24: prompts the router estimates at <= 24 tokens (ids
+            counted, text at 4 bytes a token) go to the decode alone, the rest take the PD path
+            (the router's pdserve_router_path_requests_total and the decode's
+            pdserve_local_prefill_requests_total count exactly those); texts equal
+            pdserve-generate's on both paths, streamed and not, and 16 concurrent clients mixing
+            them; /abort_request on a local stream; with the prefill SIGKILLed the local ones
+            are still served and the others get an error; pools back to full.
   extras    daemon gaps: /health_generate runs a real 1-token generation; logprobs through the
             router (sum equals pdserve-generate's); 503 past --max-queued-requests; --api-key
             (401) on daemons and through the router.
@@ -718,6 +725,95 @@ def case_extras(model, tmp):
         check(rc == 0, "%s SIGTERM exit %s" % (proc.name, rc))
 
 
+def metric_values(srv, name):
+    """{labels text: value} of every sample of name on srv's /metrics."""
+    out = {}
+    for line in srv.get("/metrics")[1].decode().splitlines():
+        if line.startswith(name + "{") or line.startswith(name + " "):
+            key, _, v = line.rpartition(" ")
+            out[key[len(name):]] = float(v)
+    return out
+
+
+def case_local(model, tmp):
+    lmax = 24
+    pf, dc, rt = pc.start_cluster(BUILD, tmp, model,
+                                  router_extra=["--local-prefill-max-tokens", str(lmax)])
+    info = json.loads(rt.get("/server_info")[1])
+    check(info.get("local_prefill_max_tokens") == lmax, "router /server_info "
+          "local_prefill_max_tokens: %r" % info.get("local_prefill_max_tokens"))
+    rng = random.Random(5)
+    prompts = make_prompts(rng)[::2]  # 25: texts and ids of every size
+    ref = references(model, prompts)
+
+    def est(p):  # the router's estimate (router/body.c)
+        return len(p["ids"]) if "ids" in p else (len(p["text"].encode()) + 3) // 4
+
+    n_local = sum(2 * 2 for p in prompts if est(p) <= lmax)
+    n_pd = 4 * len(prompts) - n_local
+    check(n_local >= 16 and n_pd >= 16, "both paths exercised: %d local, %d PD" % (n_local, n_pd))
+    for i, p in enumerate(prompts):
+        for kind in ("generate", "completions"):
+            for stream in (False, True):
+                st, raw = through(rt, kind, gen_body(p, kind, stream))
+                ok = check(st == 200, "prompt %d (%s, est %d) %s stream=%s: HTTP %d %r" % (
+                    i, "local" if est(p) <= lmax else "PD", est(p), kind, stream, st, raw[:200]))
+                if ok:
+                    text = text_of(kind, stream, raw)[0]
+                    check(text == ref[i], "prompt %d (%s) %s stream=%s: %r != reference %r" % (
+                        i, "local" if est(p) <= lmax else "PD", kind, stream, text, ref[i]))
+    paths = metric_values(rt, "pdserve_router_path_requests_total")
+    check(paths.get('{path="local"}') == n_local and paths.get('{path="pd"}') == n_pd,
+          "router paths %r, want %d local and %d pd" % (paths, n_local, n_pd))
+    lp = metric_values(dc, "pdserve_local_prefill_requests_total")
+    check(list(lp.values()) == [n_local], "decode local prefills %r, want %d" % (lp, n_local))
+    # 16 clients at once, both paths
+    results = [None] * 16
+
+    def client(i):
+        p = prompts[i % len(prompts)]
+        st, raw = through(rt, "generate", gen_body(p, "generate", True))
+        results[i] = (st, text_of("generate", True, raw)[0] if st == 200 else raw[:200])
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    for i, r in enumerate(results):
+        check(r == (200, ref[i % len(prompts)]), "concurrent %d: %r" % (i, r))
+    # abort a local stream through the router
+    short = {"text": "abort me"}
+    check(est(short) <= lmax, "the abort prompt is local")
+    for attempt in range(5):
+        s = Stream(rt.port, "/generate", {"text": short["text"], "stream": True,
+                                          "rid": "local-abort-%d" % attempt,
+                                          "sampling_params": {"max_new_tokens": 1500,
+                                                              "temperature": 0,
+                                                              "ignore_eos": True}})
+        s.read_events(3)
+        st, out = rt.post("/abort_request", {"rid": "local-abort-%d" % attempt})
+        took, ended = s.read_rest(15)
+        s.close()
+        if attempt < 4 and b'"type":"length"' in s.got:
+            continue  # the tiny model finished first
+        check(st == 200 and ended and b"[DONE]" in s.got,
+              "local abort: %d %r, stream ended %s" % (st, out[:200], ended))
+        break
+    check(pf.pool_full() and dc.pool_full(), "pools back to full")
+    # the prefill dies: local prompts are still served, the others fail with an error
+    pf.p.kill()
+    pf.p.wait()
+    small = next(p for p in prompts if est(p) <= lmax)
+    big = next(p for p in prompts if est(p) > lmax)
+    st, raw = through(rt, "generate", gen_body(small, "generate", False))
+    check(st == 200 and text_of("generate", False, raw)[0] == ref[prompts.index(small)],
+          "local prompt with the prefill dead: %d %r" % (st, raw[:200]))
+    st, raw = through(rt, "generate", gen_body(big, "generate", False), timeout=60)
+    check(st >= 500, "PD prompt with the prefill dead: %d %r" % (st, raw[:200]))
+    check(dc.pool_full(), "decode pool back to full")
+
+
 def case_restart_prefill(model, tmp):
     slow_ka = dict(os.environ, UCX_KEEPALIVE_INTERVAL="60s")  # the old prefill's death unseen
     pf = pc.Daemon(BUILD, "prefill", model, tmp)
@@ -744,7 +840,7 @@ def main():
     model = pc.make_model(BUILD, tmp)
     cases = {"tokens": case_tokens, "failures": case_failures, "kill_decode": case_kill_decode,
              "startup": case_startup, "extras": case_extras,
-             "restart_prefill": case_restart_prefill}
+             "restart_prefill": case_restart_prefill, "local": case_local}
     pc.run_test("pd_router %s" % CASE, lambda: cases[CASE](model, tmp), tmp)
 
 

@@ -1,6 +1,7 @@
 /* The bootstrap rewrite of generation bodies: the three fields and rid are added with the
  * prefill's host and port, rooms in [0, 2^63) printed exactly, arrays for batches, the client's
- * bytes kept, the client's own bootstrap fields replaced, its rid kept, bad bodies refused. */
+ * bytes kept, the client's own bootstrap fields replaced, its rid kept, bad bodies refused; for a
+ * decode alone (local prefill) no bootstrap fields, the rid still added; the prompt estimate. */
 #include "pd_test.h"
 
 #include "common/base/alloc.h"
@@ -250,6 +251,66 @@ static void test_parallel_samples(void) {
     pd_router_body_info_free(&info);
 }
 
+/* host NULL: a body for a decode alone: the client's bootstrap fields dropped, none added, the
+ * router's rid added unless the client has one. */
+static void test_local(void) {
+    struct pd_router_body_info info;
+    char *text;
+    cJSON *j = rewrite(PD_ROUTER_ROUTE_GENERATE,
+                       "{\"text\":\"hi\",\"bootstrap_room\":5,\"bootstrap_host\":\"x\"}", NULL, 0,
+                       &info, &text);
+    CHECK(!cJSON_GetObjectItem(j, "bootstrap_room") && !cJSON_GetObjectItem(j, "bootstrap_host") &&
+          !cJSON_GetObjectItem(j, "bootstrap_port"));
+    CHECK(info.rid_added);
+    CHECK_STR(cJSON_GetObjectItem(j, "rid")->valuestring, info.rids[0]);
+    CHECK_STR(cJSON_GetObjectItem(j, "text")->valuestring, "hi");
+    cJSON_Delete(j);
+    pd_free(text);
+    pd_router_body_info_free(&info);
+    j = rewrite(PD_ROUTER_ROUTE_COMPLETIONS, "{\"prompt\":\"a\",\"rid\":\"mine\"}", NULL, 0, &info,
+                &text);
+    CHECK_STR(text, "{\"prompt\":\"a\",\"rid\":\"mine\"}"); /* the client's bytes, as sent */
+    cJSON_Delete(j);
+    pd_free(text);
+    pd_router_body_info_free(&info);
+    j = rewrite(PD_ROUTER_ROUTE_COMPLETIONS, "{}", NULL, 0, &info, &text);
+    CHECK_INT(cJSON_GetArraySize(j), 1); /* the rid alone */
+    cJSON_Delete(j);
+    pd_free(text);
+    pd_router_body_info_free(&info);
+}
+
+static long est(int route, const char *body) {
+    return pd_router_body_prompt_tokens(route, body, strlen(body));
+}
+
+static void test_prompt_estimate(void) {
+    const int G = PD_ROUTER_ROUTE_GENERATE, C = PD_ROUTER_ROUTE_COMPLETIONS,
+              H = PD_ROUTER_ROUTE_CHAT;
+    CHECK_INT(est(G, "{\"text\":\"abcdefgh\"}"), 2);
+    CHECK_INT(est(G, "{\"text\":\"abcdefghi\"}"), 3); /* rounded up */
+    CHECK_INT(est(G, "{\"text\":\"\"}"), 0);
+    CHECK_INT(est(G, "{\"input_ids\":[1,2,3,4,5]}"), 5);
+    CHECK_INT(est(G, "{\"input_ids\":[1,2],\"text\":\"abcdefghijklmnop\"}"), 2); /* ids win */
+    CHECK_INT(est(C, "{\"prompt\":[7,8,9]}"), 3);
+    CHECK_INT(est(C, "{\"prompt\":\"\\u00e9t\\u00e9\"}"), 2); /* bytes of the decoded text */
+    CHECK_INT(est(H,
+                  "{\"messages\":[{\"role\":\"user\",\"content\":\"abcd\"},"
+                  "{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"abcdefgh\"}]}]}"),
+              8 + 1 + 8 + 2);
+    /* not one prompt of one sample, or no prompt: the PD path */
+    CHECK_INT(est(G, "{\"text\":[\"a\",\"b\"]}"), -1);
+    CHECK_INT(est(G, "{\"input_ids\":[[1],[2]]}"), -1);
+    CHECK_INT(est(G, "{\"text\":\"a\",\"sampling_params\":{\"n\":2}}"), -1);
+    CHECK_INT(est(C, "{\"prompt\":\"a\",\"n\":3}"), -1);
+    CHECK_INT(est(C, "{\"prompt\":[\"a\",\"b\"]}"), -1);
+    CHECK_INT(est(G, "{}"), -1);
+    CHECK_INT(est(G, "[1]"), -1);
+    CHECK_INT(est(G, "{not json"), -1);
+    CHECK_INT(est(H, "{\"messages\":\"x\"}"), -1);
+    CHECK_INT(est(C, "{\"prompt\":[1,\"x\"]}"), -1);
+}
+
 static void test_abort_body(void) {
     char *b = pd_router_abort_body("r\"1");
     CHECK_STR(b, "{\"rid\":\"r\\\"1\"}");
@@ -262,6 +323,7 @@ int main(void) {
         PD_TEST(test_single),     PD_TEST(test_null_port_rid_kept_empty_object),
         PD_TEST(test_batches),    PD_TEST(test_client_bootstrap_fields_replaced),
         PD_TEST(test_refusals),   PD_TEST(test_alloc_failures_leak_nothing),
-        PD_TEST(test_abort_body), PD_TEST(test_parallel_samples)};
+        PD_TEST(test_abort_body), PD_TEST(test_parallel_samples),
+        PD_TEST(test_local),      PD_TEST(test_prompt_estimate)};
     return pd_test_run("unit_router_body", cases, PD_ARRAY_LEN(cases));
 }
