@@ -22,6 +22,7 @@
 #   MAX_TOTAL_TOKENS [65536]  KV pool of each daemon   CHUNK [512] --chunked-prefill-size
 #   ONLY [both]       colocated | pd: run one half only
 #   PREFILL_FLAGS []  more flags for pdserve-prefill (e.g. --eager-prefill=false)
+#   ROUTER_FLAGS []   more flags for pdserve-router (e.g. --local-prefill-max-tokens 256)
 #   OUT_DIR [BUILD_DIR/compare-pd]  tables, JSON Lines, CSV, logs and compare.png
 set -euo pipefail
 build=${1:-build}
@@ -39,6 +40,7 @@ max_total=${MAX_TOTAL_TOKENS:-65536}
 chunk=${CHUNK:-512}
 only=${ONLY:-both}
 read -r -a prefill_flags <<<"${PREFILL_FLAGS:-}"
+read -r -a router_flags <<<"${ROUTER_FLAGS:-}"
 out=${OUT_DIR:-$build/compare-pd}
 logs=$out/logs
 mkdir -p "$logs"
@@ -161,7 +163,7 @@ if [ "$only" != colocated ]; then
     start router "$build/router/pdserve-router" --pd-disaggregation --host 127.0.0.1 \
         --port "$rport" --prefill "http://127.0.0.1:$pport" "$bport" \
         --decode "http://127.0.0.1:$dport" --policy round_robin --max-concurrent-requests 0 \
-        --log-level warning
+        --log-level warning ${router_flags[@]+"${router_flags[@]}"}
     wait_healthy router "$rport" "${pids[2]}"
     run_bench pd "$rport" --timeline-url "http://127.0.0.1:$rport,http://127.0.0.1:$dport"
     stop_all

@@ -94,6 +94,10 @@ struct pd_engine {
     int32_t *pen_free; /* [n_pen] */
     int32_t n_pen_free, n_pen;
     bool *stopped; /* [max_running] */
+    /* decode: rooms of admitted local prefills (--local-prefill) waiting for their turn, in
+     * admission order; [max_running] */
+    uint64_t *local_rooms;
+    int32_t n_local;
     struct pd_sampling_scratch scratch;
 
     /* threads */

@@ -13,10 +13,12 @@
 #include "decode/sched_decode.h"
 #include "model/tp_group.h"
 
+#include "common/base/alloc.h"
 #include "common/base/log.h"
 #include "common/base/status.h"
 
 #include <inttypes.h>
+#include <string.h>
 
 static void decode_add(struct pd_engine *e, struct pd_engine_req *r, double now) {
     /* a prompt computed here goes through the model: a token it would refuse must not fail
@@ -95,13 +97,15 @@ static void decode_abort(struct pd_engine *e, uint64_t room) {
             e, &(struct pd_engine_event){.kind = PD_ENGINE_EV_QUIESCE, .room = room, .req = r});
 }
 
-/* KV of r->tokens[0, n) computed here into the reserved pages, in chunks (the prompt's logprobs
- * scored on the way when asked); e->logits' row 0 holds the last position's logits after. */
-static int compute_here(struct pd_engine *e, struct pd_engine_req *r,
-                        const struct pd_decode_admit *a, int32_t n) {
+/* KV of r->tokens[0, n) computed here into its reserved pages (r->pages), in chunks (the
+ * prompt's logprobs scored on the way when asked); e->logits' row 0 holds the last position's
+ * logits after. */
+static int compute_here(struct pd_engine *e, struct pd_engine_req *r, int32_t n) {
+    /* the scheduler's page numbers, as the engine keeps them (< 2^31) */
+    const int32_t *pages = (const int32_t *)r->pages;
     for (int32_t done = 0; done < n;) {
         int32_t len = n - done < e->chunk ? n - done : e->chunk;
-        struct pd_model_seq s = {r->tokens + done, len, done, a->pages, a->n_pages};
+        struct pd_model_seq s = {r->tokens + done, len, done, pages, r->n_pages};
         int rc = pd__engine_in_lp_prepass(e, r, &s);
         if (!rc)
             rc = pd_tp_group_extend(e->tp, &s, 1, false, e->logits);
@@ -116,14 +120,57 @@ static int compute_here(struct pd_engine *e, struct pd_engine_req *r,
 
 /* A local request (--local-prefill) prefilled here: its first token from the prompt's last row,
  * as a prefill would have sampled it. PD_OK, or the model's failure. */
-static int prefill_here(struct pd_engine *e, struct pd_engine_req *r,
-                        const struct pd_decode_admit *a) {
-    int rc = compute_here(e, r, a, r->n_prompt);
+static int prefill_here(struct pd_engine *e, struct pd_engine_req *r) {
+    int rc = compute_here(e, r, r->n_prompt);
     if (rc)
         return rc;
     pd__engine_take_token(e, 0, r, false);
     e->local_prefills++;
     return PD_OK;
+}
+
+/* r's KV computed here (fresh: its prompt, then its first token; else a retracted request's
+ * tokens but the last), and its transfer done as if the KV had come. */
+static void computed_here(struct pd_engine *e, struct pd_engine_req *r, bool fresh, double now) {
+    int rc = fresh ? prefill_here(e, r) : compute_here(e, r, r->n_prompt + r->n_out - 1);
+    if (rc)
+        pd_error("room=%" PRIu64 " %s failed: %s", r->room, fresh ? "local prefill" : "recompute",
+                 pd_error_msg());
+    else
+        pd_debug("room=%" PRIu64 " %s (%d tokens)", r->room,
+                 fresh ? "prefilled here" : "recomputed locally",
+                 (int)(fresh ? r->n_prompt : r->n_prompt + r->n_out - 1));
+    r->fail_status = rc;
+    (void)pd_sched_decode_transfer_done(e->sched, r->room, rc, now);
+    if (rc) {
+        (void)pd_sched_decode_release(e->sched, r->room);
+    } else if (r->finished) { /* EOS or a stop id first: end it now */
+        bool q;
+        (void)pd_sched_decode_abort(e->sched, r->room, &q);
+    }
+}
+
+/* The admitted local prefills' turn: in admission order, at most a chunk's worth of prompt
+ * tokens (--chunked-prefill-size; one prompt at least) per step, so the running requests' next
+ * token never waits for more prefill than a colocated mixed step would do. A request given up
+ * meanwhile (aborted, timed out) leaves the queue: its XFER_END ends it. true when any ran or
+ * some wait. */
+static bool local_turn(struct pd_engine *e, double now) {
+    int32_t spent = 0, k = 0, ran = 0;
+    for (; k < e->n_local; k++) {
+        uint64_t room = e->local_rooms[k];
+        struct pd_engine_req *r = pd__engine_find(e, room);
+        if (!r || pd_sched_decode_given_up(e->sched, room))
+            continue;
+        if (spent > 0 && spent + r->n_prompt > e->chunk)
+            break;
+        spent += r->n_prompt;
+        computed_here(e, r, true, now);
+        ran++;
+    }
+    memmove(e->local_rooms, e->local_rooms + k, (size_t)(e->n_local - k) * sizeof(uint64_t));
+    e->n_local -= k;
+    return ran > 0 || e->n_local > 0;
 }
 
 static bool decode_iter(struct pd_engine *e, double now) {
@@ -151,27 +198,15 @@ static bool decode_iter(struct pd_engine *e, double now) {
                                    .kind = PD_ENGINE_EV_ADMIT, .room = a->room, .req = r});
             continue;
         }
-        bool fresh = !r->local; /* else retracted: prompt + generated tokens but the last */
-        int st_rc =
-            fresh ? prefill_here(e, r, a) : compute_here(e, r, a, r->n_prompt + r->n_out - 1);
-        if (st_rc)
-            pd_error("room=%" PRIu64 " %s failed: %s", r->room,
-                     fresh ? "local prefill" : "recompute", pd_error_msg());
-        else
-            pd_debug("room=%" PRIu64 " %s (%d tokens)", r->room,
-                     fresh ? "prefilled here" : "recomputed locally",
-                     (int)(fresh ? r->n_prompt : r->n_prompt + r->n_out - 1));
-        r->fail_status = st_rc;
-        (void)pd_sched_decode_transfer_done(e->sched, a->room, st_rc, now);
-        if (st_rc) {
-            (void)pd_sched_decode_release(e->sched, a->room);
-        } else if (r->finished) { /* EOS or a stop id first: end it now */
-            bool q;
-            (void)pd_sched_decode_abort(e->sched, a->room, &q);
+        if (!r->local) { /* a local prefill: computed in its turn (local_turn) */
+            e->local_rooms[e->n_local++] = a->room;
+            continue;
         }
+        computed_here(e, r, false, now); /* retracted: prompt + generated tokens but the last */
     }
+    bool local = local_turn(e, now);
     if (st.n_batch == 0)
-        return st.n_admitted > 0 || st.n_quiesce > 0;
+        return st.n_admitted > 0 || st.n_quiesce > 0 || local;
     int32_t nb = st.n_batch;
     PD_ASSERT(nb <= e->max_reqs);
     for (int32_t i = 0; i < nb; i++) {
@@ -253,9 +288,16 @@ static int decode_sched_new(struct pd_engine *e) {
     };
     pd_sched_decode_config_defaults(&dc);
     pd__engine_ratio(cfg, &dc.init_new_token_ratio, &dc.min_new_token_ratio);
+    e->local_rooms = pd_calloc((size_t)cfg->max_running_requests, sizeof(uint64_t));
+    if (!e->local_rooms)
+        return pd_errorf(PD_ENOMEM, "decode: local prefill queue");
+    e->n_local = 0;
     struct pd_sched_decode *sd;
-    if ((rc = pd_sched_decode_new(&dc, e->pa, &sd)) != PD_OK)
+    if ((rc = pd_sched_decode_new(&dc, e->pa, &sd)) != PD_OK) {
+        pd_free(e->local_rooms);
+        e->local_rooms = NULL;
         return rc;
+    }
     e->sched = sd;
     return PD_OK;
 }
@@ -263,6 +305,9 @@ static int decode_sched_new(struct pd_engine *e) {
 static void decode_sched_free(struct pd_engine *e) {
     pd_sched_decode_free(e->sched);
     e->sched = NULL;
+    pd_free(e->local_rooms);
+    e->local_rooms = NULL;
+    e->n_local = 0;
 }
 
 static void decode_counts(const struct pd_engine *e, struct pd_engine_stats *s) {
