@@ -419,6 +419,11 @@ static void *compute_main(void *arg) {
         if (e->unsignalled) { /* one wakeup per iteration, however many events */
             e->unsignalled = 0;
             uv_async_send(e->async);
+            /* The loop thread may wait on this core: it woke us with a command, and a woken
+             * thread preempts its waker. Let it take the events now, not when we next block:
+             * a first token would otherwise reach its client only after the whole answer
+             * (seen on 2 cores: TTFT 2-3 ms for a 16-token prompt whose answer took 1 ms). */
+            sched_yield();
         }
         if (!did && !worked)
             wait_for_work(e);
