@@ -381,7 +381,9 @@ class Router(Proc):
             args += ["--prefill", "%s://%s:%d" % (scheme, prefill_host, hp), str(bp)]
         for dp in decodes:
             args += ["--decode", "%s://127.0.0.1:%d" % (scheme, dp)]
-        args += list(extra)
+        # PD_TEST_ROUTER_FLAGS: the suites again with the router's other paths on (CTest's
+        # *_local_prefill entries: --local-prefill-max-tokens)
+        args += os.environ.get("PD_TEST_ROUTER_FLAGS", "").split() + list(extra)
         super().__init__("router", args, port, tmp, **kw)
 
 

@@ -381,7 +381,9 @@ def case_failures(model, tmp):
     os.kill(pf.p.pid, signal.SIGSTOP)  # prefill accepts connections but computes nothing
 
     def waiter(i):
-        b = {"text": "waiting %d" % i, "stream": i % 2 == 0,
+        # long enough for the PD path under any --local-prefill-max-tokens of the suite's runs
+        # (estimated ~380 tokens): a local one would not wait for the prefill at all
+        b = {"text": "waiting %d " % i + "for the prefill " * 95, "stream": i % 2 == 0,
              "sampling_params": {"max_new_tokens": 8, "temperature": 0}}
         t0 = time.time()
         try:
