@@ -137,6 +137,9 @@ void pd__engine_unregister(struct pd_engine *e, struct pd_engine_req *r);
 void pd__engine_emit(struct pd_engine *e, const struct pd_engine_event *ev);
 /* r's EV_END (reason unless it failed or finished; status unless the model failed it); its
  * penalty slot and registry slot are given back first. */
+/* A prompt the model computes here: false (and r ended failed, PD_EINVAL naming the token) when
+ * a token is outside the vocabulary, so it cannot fail a step batched with other requests. */
+bool pd__engine_prompt_ok(struct pd_engine *e, struct pd_engine_req *r);
 void pd__engine_emit_end(struct pd_engine *e, struct pd_engine_req *r, int reason, int status,
                          int32_t cached_tokens);
 /* A role's sampler for r (its prompt, the model's EOS ids) with sp; PD_OK or why not. */

@@ -67,6 +67,19 @@ static bool pen_slot_ready(struct pd_engine *e, struct pd_engine_req *r) {
 /* ---- output tokens ---- */
 
 /* smp: the sampler's record of tok (top-n logprobs), NULL for the prefill's first token. */
+bool pd__engine_prompt_ok(struct pd_engine *e, struct pd_engine_req *r) {
+    for (int32_t i = 0; i < r->n_prompt; i++)
+        if (r->tokens[i] < 0 || r->tokens[i] >= e->vocab) {
+            pd_errorf(PD_EINVAL,
+                      "room %" PRIu64 ": prompt token %d at %d is outside the vocabulary (%d)",
+                      r->room, (int)r->tokens[i], (int)i, e->vocab);
+            pd_warn("room=%" PRIu64 " refused: %s", r->room, pd_error_msg());
+            pd__engine_emit_end(e, r, PD_END_FAILED, PD_EINVAL, 0);
+            return false;
+        }
+    return true;
+}
+
 void pd__engine_note_token(struct pd_engine *e, struct pd_engine_req *r, int32_t tok, float logprob,
                            int finish, const struct pd_sample *smp) {
     if (r->samples && r->n_out < r->sp.max_new_tokens) {

@@ -50,16 +50,8 @@ static void coloc_sched_free(struct pd_engine *e) {
 static void coloc_add(struct pd_engine *e, struct pd_engine_req *r, double now) {
     /* one forward pass carries many requests: a token the model would refuse must not get into
      * a step and fail the requests batched with it */
-    for (int32_t i = 0; i < r->n_prompt; i++)
-        if (r->tokens[i] < 0 || r->tokens[i] >= e->vocab) {
-            pd_errorf(PD_EINVAL,
-                      "room %" PRIu64 ": prompt token %d at %d is outside the vocabulary "
-                      "(%d)",
-                      r->room, (int)r->tokens[i], (int)i, e->vocab);
-            pd_warn("room=%" PRIu64 " refused: %s", r->room, pd_error_msg());
-            pd__engine_emit_end(e, r, PD_END_FAILED, PD_EINVAL, 0);
-            return;
-        }
+    if (!pd__engine_prompt_ok(e, r))
+        return;
     int rc = pd__engine_sampler_init(e, r, &r->sp);
     r->has_sampler = rc == PD_OK;
     if (!rc)

@@ -23,15 +23,8 @@
 static void decode_add(struct pd_engine *e, struct pd_engine_req *r, double now) {
     /* a prompt computed here goes through the model: a token it would refuse must not fail
      * the step (a remote one's prompt never enters this model) */
-    for (int32_t i = 0; r->local_prefill && i < r->n_prompt; i++)
-        if (r->tokens[i] < 0 || r->tokens[i] >= e->vocab) {
-            pd_errorf(PD_EINVAL,
-                      "room %" PRIu64 ": prompt token %d at %d is outside the vocabulary (%d)",
-                      r->room, (int)r->tokens[i], (int)i, e->vocab);
-            pd_warn("room=%" PRIu64 " refused: %s", r->room, pd_error_msg());
-            pd__engine_emit_end(e, r, PD_END_FAILED, PD_EINVAL, 0);
-            return;
-        }
+    if (r->local_prefill && !pd__engine_prompt_ok(e, r))
+        return;
     int rc = pd__engine_sampler_init(e, r, &r->sp);
     r->has_sampler = rc == PD_OK;
     if (!rc)
