@@ -279,10 +279,19 @@ struct jv jj_binop(struct rt *r, const struct node *n, struct jv a, struct jv b)
         int64_t k = a.k == V_INT ? a.u.i : b.u.i;
         if (s.u.s.n && k > 0 && (uint64_t)k > ARENA_MAX / s.u.s.n)
             jj_fail(e, PD_ERANGE, "line %d: string repeated %" PRId64 " times: too long", line, k);
-        struct sb out = {.e = e};
-        for (int64_t i = 0; i < k; i++)
-            jj_sb_put(&out, s.u.s.p, s.u.s.n);
-        return jj_sb_val(&out);
+        if (!s.u.s.n || k <= 0) /* nothing to repeat: not k empty copies (k may be 10^12) */
+            return jj_v_str("", 0);
+        /* one copy, then the result doubles itself: log2(k) copies, not k */
+        size_t total = (size_t)k * s.u.s.n, have = s.u.s.n;
+        char *p = jj_amalloc(e, total + 1);
+        memcpy(p, s.u.s.p, have);
+        while (have < total) {
+            size_t more = have < total - have ? have : total - have;
+            memcpy(p + have, p, more);
+            have += more;
+        }
+        p[total] = '\0';
+        return jj_v_str(p, total);
     }
     bool ints = (a.k == V_INT || a.k == V_BOOL) && (b.k == V_INT || b.k == V_BOOL);
     int64_t x = a.k == V_BOOL ? a.u.b : a.u.i, y = b.k == V_BOOL ? b.u.b : b.u.i, z = 0;

@@ -253,6 +253,11 @@ static void test_errors(void) {
     expect_err("{% for i in range(1e300) %}{% endfor %}", PD_ERANGE,
                "does not fit a 64-bit integer");
     expect_err("{{ 'ab' * 1000000000000 }}", PD_ERANGE, "string repeated 1000000000000 times");
+    /* an empty string repeated 10^12 times is empty at once (it looped 10^12 times: the fuzzer's
+     * timeout), and repetition keeps its text */
+    expect(
+        "{{ '' * 1000000000000 }}|{{ -21 * 'ab' * 674407185477 }}|{{ 'ab' * 3 }}|{{ 2 * 'xyz' }}",
+        NULL, "||ababab|xyzxyz");
     expect_err("{% set ns = namespace(s='x') %}{% for i in range(64) %}{% set ns.s = ns.s ~ ns.s "
                "%}{% endfor %}{{ ns.s | length }}",
                PD_ERANGE, "template needs more than 256 MiB");
