@@ -246,7 +246,7 @@ static int cuda_weight(struct pd_backend *be, enum pd_dtype dtype, int64_t rows,
         cudaFree(d);
         return pd_error_wrap(rc, "weight of %zu bytes", bytes);
     }
-    *out = (struct pd_tensor){dtype, rows, cols, d};
+    *out = (struct pd_tensor){dtype, rows, cols, d, 0};
     return PD_OK;
 }
 

@@ -41,6 +41,7 @@ struct pd_tensor {
     enum pd_dtype dtype;
     int64_t rows, cols;
     const void *data; /* device */
+    int layout;       /* 0: row-major [rows][cols]; else the backend's own arrangement */
 };
 
 /* KV pool geometry (DESIGN.md §3, page-major): page p starts at base + p * page_bytes and holds,

@@ -10,7 +10,9 @@
  * of them exists. Without AVX-512 that route falls back to OpenBLAS sgemm on blocks of weight
  * rows widened per block, one single-threaded sgemm per pool thread (OpenBLAS's own threads are
  * switched off so the two pools never fight over cores).
- * Weights alias the caller's host bytes (the checkpoint mapping); nothing is copied.
+ * On AVX-512 machines weight matrices are copied once, tiled (backend_cpu.h), so that each
+ * thread's share of a product is one front-to-back stream; elsewhere, and for vectors, weights
+ * alias the caller's host bytes (the checkpoint mapping).
  * Per-step metadata and all scratch are sized once by reserve; ops never allocate.
  */
 #include "common/base/alloc.h"
@@ -23,6 +25,7 @@
 #include <math.h>
 #include <sched.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -55,7 +58,11 @@ struct cpu_backend {
     int32_t *pen_state; /* [pen_slots][pen_vocab] */
     struct pd_sampling_scratch samp;
     bool samp_ok;
+    void **tiled; /* the tiled weights' allocations */
+    size_t n_tiled, cap_tiled;
 };
+
+#define CPU_LAYOUT_TILED 1 /* struct pd_tensor's layout of a tiled matrix */
 
 static struct cpu_backend *cpu(struct pd_backend *be) {
     return (struct cpu_backend *)be;
@@ -135,9 +142,9 @@ static int cpu_reserve(struct pd_backend *be, const struct pd_backend_limits *li
     size_t att_rows = (size_t)PD_CPU_ATTN_TOKENS * (size_t)lim->max_heads;
     size_t att = att_rows * (size_t)lim->max_context + 2 * att_rows * (size_t)lim->max_head_dim +
                  2 * (size_t)PD_CPU_ATTN_RUN * (size_t)lim->max_head_dim + 16;
-    size_t gemm = pd__cpu_gemm_panel_ok()
-                      ? (size_t)PD_CPU_GEMM_KC * PD_CPU_GEMM_NR + 16 /* + alignment */
-                      : (size_t)PD_CPU_GEMM_BLOCK * (size_t)lim->max_dim;
+    size_t panel = (size_t)PD_CPU_GEMM_KC * PD_CPU_GEMM_NR + 16 /* + alignment */;
+    size_t gemm = (size_t)PD_CPU_GEMM_BLOCK * (size_t)lim->max_dim;
+    gemm = panel > gemm ? panel : gemm;
     c->scratch_floats = att > gemm ? att : gemm;
     c->token_ids = pd_calloc(nt, sizeof(int32_t));
     c->positions = pd_calloc(nt, sizeof(int32_t));
@@ -160,9 +167,41 @@ static int cpu_reserve(struct pd_backend *be, const struct pd_backend_limits *li
     return PD_OK;
 }
 
+struct tile_task {
+    enum pd_dtype dtype;
+    int64_t rows, cols;
+    const void *src;
+    void *dst;
+};
+
+/* Each thread tiles whole tiles of the matrix (the copy at load runs on every core). */
+static void tile_task_fn(void *ctx, int tid, int nth) {
+    struct tile_task *t = ctx;
+    int64_t i0, i1;
+    pd__cpu_split((t->rows + PD_CPU_TILE_ROWS - 1) / PD_CPU_TILE_ROWS, tid, nth, &i0, &i1);
+    pd__cpu_tile(t->dtype, t->rows, t->cols, t->src, t->dst, i0 * PD_CPU_TILE_ROWS,
+                 i1 * PD_CPU_TILE_ROWS);
+}
+
 static int cpu_weight(struct pd_backend *be, enum pd_dtype dtype, int64_t rows, int64_t cols,
                       const void *host, struct pd_tensor *out) {
-    *out = (struct pd_tensor){dtype, rows, cols, host};
+    struct cpu_backend *c = cpu(be);
+    *out = (struct pd_tensor){dtype, rows, cols, host, 0};
+    if (rows < 2 || !pd__cpu_tiles_weights())
+        return PD_OK; /* a vector, or kernels that read row-major weights */
+    if (pd_array_grow((void **)&c->tiled, &c->cap_tiled, c->n_tiled + 1, sizeof(void *)))
+        return pd_error_wrap(PD_ENOMEM, "cpu backend: list of tiled weights");
+    size_t bytes = pd__cpu_tiled_bytes(dtype, rows, cols);
+    void *raw = pd_malloc(bytes + 63);
+    if (!raw)
+        return pd_error_wrap(PD_ENOMEM, "cpu backend: tiled weight [%lld, %lld] of %zu bytes",
+                             (long long)rows, (long long)cols, bytes);
+    c->tiled[c->n_tiled++] = raw;
+    struct tile_task t = {dtype, rows, cols, host,
+                          (void *)(((uintptr_t)raw + 63) & ~(uintptr_t)63)};
+    pd__cpu_pool_run(c->pool, tile_task_fn, &t);
+    out->data = t.dst;
+    out->layout = CPU_LAYOUT_TILED;
     return PD_OK;
 }
 
@@ -234,6 +273,10 @@ static void embed_task(void *ctx, int tid, int nth) {
     for (int64_t i = i0; i < i1; i++) {
         int64_t id = t->c->token_ids[i];
         PD_ASSERT(id >= 0 && id < t->w->rows);
+        if (t->w->layout == CPU_LAYOUT_TILED) {
+            pd__cpu_tiled_row_to_f32(t->w->dtype, t->w->data, d, id, t->out + i * d);
+            continue;
+        }
         pd__cpu_to_f32(t->w->dtype,
                        (const char *)t->w->data + (size_t)(id * d) * pd_dtype_size(t->w->dtype),
                        t->out + i * d, d);
@@ -469,9 +512,14 @@ static void add_bias(const struct matmul_task *t, int64_t i0, int64_t i1, int64_
 
 static void gemv_task(void *ctx, int tid, int nth) {
     struct matmul_task *t = ctx;
-    int64_t j0, j1;
-    pd__cpu_split(t->m, tid, nth, &j0, &j1);
-    pd__cpu_gemv(t->w->dtype, t->w->data, t->k, t->x, (int)t->rows, t->y, t->m, j0, j1);
+    bool tiled = t->w->layout == CPU_LAYOUT_TILED;
+    int64_t j0, j1, unit = tiled ? PD_CPU_TILE_ROWS : 1; /* a thread's rows: whole tiles */
+    pd__cpu_split((t->m + unit - 1) / unit, tid, nth, &j0, &j1);
+    j0 *= unit;
+    j1 = j1 * unit < t->m ? j1 * unit : t->m;
+    if (j0 >= j1)
+        return;
+    pd__cpu_gemv(t->w->dtype, t->w->data, tiled, t->k, t->x, (int)t->rows, t->y, t->m, j0, j1);
     add_bias(t, 0, t->rows, j0, j1);
 }
 
@@ -523,7 +571,7 @@ static void cpu_matmul(struct pd_backend *be, const float *x, int64_t rows,
         pd__cpu_pool_run(c->pool, gemv_task, &t);
         return;
     }
-    if (pd__cpu_gemm_panel_ok()) {
+    if (w->layout == CPU_LAYOUT_TILED) {
         /* split the rows too only when there are fewer panels than threads */
         int64_t npan = (t.m + PD_CPU_GEMM_NR - 1) / PD_CPU_GEMM_NR;
         t.block = npan >= c->nth ? 1 : (c->nth + npan - 1) / npan;
@@ -674,6 +722,9 @@ static void cpu_free(struct pd_backend *be) {
     if (c->samp_ok)
         pd_sampling_scratch_free(&c->samp);
     pd__cpu_pool_free(c->pool);
+    for (size_t i = 0; i < c->n_tiled; i++)
+        pd_free(c->tiled[i]);
+    pd_free(c->tiled);
     pd_free(c);
 }
 
@@ -714,6 +765,10 @@ static int online_cores(void) {
 int pd__backend_cpu_new(const struct pd_backend_opts *opts, struct pd_backend **out) {
     if (opts->threads < 0)
         return pd_errorf(PD_EINVAL, "--threads %d: must be >= 0 (0 = one per core)", opts->threads);
+    const char *isa = getenv("PDSERVE_CPU_ISA");
+    if (isa && *isa && strcmp(isa, "avx512") != 0 && strcmp(isa, "avx2") != 0 &&
+        strcmp(isa, "generic") != 0)
+        return pd_errorf(PD_EINVAL, "PDSERVE_CPU_ISA=%s: not one of avx512, avx2, generic", isa);
     struct cpu_backend *c = pd_calloc(1, sizeof(*c));
     if (!c)
         return PD_ENOMEM;
@@ -727,7 +782,8 @@ int pd__backend_cpu_new(const struct pd_backend_opts *opts, struct pd_backend **
     }
     /* our pool splits the work; each thread's sgemm must stay on that thread */
     openblas_set_num_threads(1);
-    snprintf(c->base.name, sizeof(c->base.name), "cpu (%d threads)", c->nth);
+    snprintf(c->base.name, sizeof(c->base.name), "cpu (%d threads, %s)", c->nth,
+             pd__cpu_isa_name());
     *out = &c->base;
     return PD_OK;
 }

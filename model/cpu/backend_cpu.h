@@ -43,11 +43,50 @@ float pd__cpu_dot(const float *a, const float *b, int64_t n);
 void pd__cpu_axpy(float a, const float *x, float *y, int64_t n);
 /* n values of type t → f32. */
 void pd__cpu_to_f32(enum pd_dtype t, const void *src, float *dst, int64_t n);
-/* y[i][j] = Σ_c x[i][c] · w[j][c] for i < nx and j in [j0, j1), reading each row of w once per
- * group of four x rows: the memory-bound decode product.
- * w [m][k] of type wt; x [nx][k] f32; y [nx][ldy] f32 */
-void pd__cpu_gemv(enum pd_dtype wt, const void *w, int64_t k, const float *x, int nx, float *y,
-                  int64_t ldy, int64_t j0, int64_t j1);
+/* Weight matrices on AVX-512 machines are tiled once at load (pd__cpu_tiles_weights): rows in
+ * tiles of PD_CPU_TILE_ROWS, each row cut into lines of PD_CPU_TILE_LINE bytes (32 bf16/f16 or 16
+ * f32 values), and a tile stored line 0 of its rows 0..3, then line 1 of rows 0..3, and so on;
+ * the last line of a row and the rows past the last are zero. A product then reads each thread's
+ * weights as one front-to-back stream. Within a bf16 line, 32-bit lane m holds values m (low
+ * half) and 16 + m (high half), so a shift or a mask widens either half in order. Vectors
+ * (norms, biases) stay as they are. */
+#define PD_CPU_TILE_ROWS 4
+#define PD_CPU_TILE_LINE 64
+bool pd__cpu_tiles_weights(void);
+/* The instruction set the kernels use: "avx512", "avx2" or "generic". */
+const char *pd__cpu_isa_name(void);
+static inline int64_t pd__cpu_tile_vals(enum pd_dtype t) {
+    return PD_CPU_TILE_LINE / (int64_t)pd_dtype_size(t);
+}
+static inline int64_t pd__cpu_tile_blocks(enum pd_dtype t, int64_t cols) {
+    return (cols + pd__cpu_tile_vals(t) - 1) / pd__cpu_tile_vals(t);
+}
+static inline size_t pd__cpu_tiled_bytes(enum pd_dtype t, int64_t rows, int64_t cols) {
+    int64_t tiles = (rows + PD_CPU_TILE_ROWS - 1) / PD_CPU_TILE_ROWS;
+    return (size_t)(tiles * pd__cpu_tile_blocks(t, cols)) * PD_CPU_TILE_ROWS * PD_CPU_TILE_LINE;
+}
+/* Byte offset of line b of row j in a tiled matrix of nblk lines a row, and its address. */
+static inline size_t pd__cpu_tiled_off(int64_t nblk, int64_t j, int64_t b) {
+    return (size_t)(((j / PD_CPU_TILE_ROWS) * nblk + b) * PD_CPU_TILE_ROWS + j % PD_CPU_TILE_ROWS) *
+           PD_CPU_TILE_LINE;
+}
+static inline const char *pd__cpu_tiled_line(const void *w, int64_t nblk, int64_t j, int64_t b) {
+    return (const char *)w + pd__cpu_tiled_off(nblk, j, b);
+}
+/* Rows [j0, j1) of src [rows][cols] of type t → their tiles in dst (pd__cpu_tiled_bytes of
+ * them, 64-byte aligned); j0 a multiple of PD_CPU_TILE_ROWS, j1 up to rows rounded up to it (the
+ * padding rows are written as zeros). */
+void pd__cpu_tile(enum pd_dtype t, int64_t rows, int64_t cols, const void *src, void *dst,
+                  int64_t j0, int64_t j1);
+/* Row `row` of a tiled [.][cols] matrix of type t → dst [cols] f32. */
+void pd__cpu_tiled_row_to_f32(enum pd_dtype t, const void *w, int64_t cols, int64_t row,
+                              float *dst);
+
+/* y[i][j] = Σ_c x[i][c] · w[j][c] for i < nx and j in [j0, j1): the memory-bound decode
+ * product, reading w once per call. w [m][k] of type wt, tiled (then j0 is a multiple of
+ * PD_CPU_TILE_ROWS) or row-major; x [nx][k] f32; y [nx][ldy] f32 */
+void pd__cpu_gemv(enum pd_dtype wt, const void *w, bool tiled, int64_t k, const float *x, int nx,
+                  float *y, int64_t ldy, int64_t j0, int64_t j1);
 
 /* out = silu(gate) * up over n values. */
 void pd__cpu_silu_mul(const float *gate, const float *up, float *out, int64_t n);
@@ -63,12 +102,11 @@ void pd__cpu_attn_pv(const float *p, int64_t ldp, int nq, const float *v, int64_
 
 #define PD_CPU_GEMM_NR 64  /* weight rows per packed panel */
 #define PD_CPU_GEMM_KC 512 /* k values per packed panel: [KC][NR] f32 = 128 KB, L2-resident */
-/* Whether pd__cpu_gemm_panel can run here (AVX-512); when not, use sgemm. */
-bool pd__cpu_gemm_panel_ok(void);
 /* y[i][j] = Σ_c x[i][c] · w[j][c] for i < nx and j in [j0, j1), j1 - j0 <= PD_CPU_GEMM_NR: the
  * prefill product. w's rows are widened into panel one k block at a time and reused by every x
- * row, so w is read once per call whatever nx is.
- * w [m][k] of type wt; x [nx][k] f32; y [nx][ldy] f32; panel [KC][NR] f32, 64-byte aligned */
+ * row, so w is read once per call whatever nx is. Only for tiled weights (sgemm otherwise).
+ * w [m][k] of type wt, tiled; x [nx][k] f32; y [nx][ldy] f32; panel [KC][NR] f32, 64-byte
+ * aligned */
 void pd__cpu_gemm_panel(enum pd_dtype wt, const void *w, int64_t k, const float *x, int64_t nx,
                         float *y, int64_t ldy, int64_t j0, int64_t j1, float *panel);
 

@@ -13,6 +13,8 @@
 
 #include <math.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 static uint64_t rng_state = 42;
@@ -488,7 +490,37 @@ static void test_nan_is_an_error(void) {
     CHECK(isinf(pd_err_max(0.5, NAN)) && pd_err_max(0.5, 0.25) == 0.5);
 }
 
-PD_TEST_MAIN(PD_TEST(test_nan_is_an_error), PD_TEST(test_matmul), PD_TEST(test_rows_ops),
-             PD_TEST(test_attention), PD_TEST(test_attention_sliding_window),
-             PD_TEST(test_bad_plans), PD_TEST(test_argmax_matches_sampler),
-             PD_TEST(test_sample_matches_sampler))
+/* The backend names the instruction set its kernels run: the one PDSERVE_CPU_ISA asks for (the
+ * variants of this test that force the fallbacks rely on it), and a bad name is refused. */
+static void test_isa(void) {
+    struct pd_backend *be = make(1);
+    const char *name = pd_backend_name(be), *want = getenv("PDSERVE_CPU_ISA");
+    if (want && !*want)
+        want = NULL; /* empty: as if unset */
+    if (want) {
+        char tail[32];
+        snprintf(tail, sizeof(tail), ", %s)", want);
+        CHECK(strstr(name, tail) != NULL);
+        if (!strstr(name, tail))
+            fprintf(stderr, "  PDSERVE_CPU_ISA=%s but the backend is %s\n", want, name);
+    } else {
+        CHECK(strstr(name, ", avx512)") || strstr(name, ", avx2)") || strstr(name, ", generic)"));
+    }
+    pd_backend_free(be);
+    char *saved = want ? pd_strdup(want) : NULL;
+    setenv("PDSERVE_CPU_ISA", "avx9", 1);
+    struct pd_backend_opts o = {.kind = PD_BACKEND_CPU, .threads = 1};
+    be = NULL;
+    CHECK(pd_backend_new(&o, &be) == PD_EINVAL && !be);
+    CHECK(strstr(pd_error_msg(), "PDSERVE_CPU_ISA=avx9") != NULL);
+    if (saved)
+        setenv("PDSERVE_CPU_ISA", saved, 1);
+    else
+        unsetenv("PDSERVE_CPU_ISA");
+    pd_free(saved);
+}
+
+PD_TEST_MAIN(PD_TEST(test_isa), PD_TEST(test_nan_is_an_error), PD_TEST(test_matmul),
+             PD_TEST(test_rows_ops), PD_TEST(test_attention),
+             PD_TEST(test_attention_sliding_window), PD_TEST(test_bad_plans),
+             PD_TEST(test_argmax_matches_sampler), PD_TEST(test_sample_matches_sampler))
