@@ -57,15 +57,15 @@ static void bench_decode(void) {
     /* room for the running ones to grow ITERS tokens each */
     int32_t pool = N_RUNNING * ((PROMPT + ITERS + 16) / 16 + 1) + 64;
     DIE_IF(pd_page_alloc_new(pool, &pa));
-    DIE_IF(pd_sched_decode_new(&cfg, pa, &s));
+    DIE_IF(pd_sched_decode_new(&cfg, pa, NULL, &s));
     for (uint64_t r = 0; r < N_RUNNING; r++)
-        DIE_IF(pd_sched_decode_add(s, r, PROMPT, ITERS + 16, 0));
+        DIE_IF(pd_sched_decode_add(s, r, NULL, PROMPT, ITERS + 16, 0));
     struct pd_decode_step st;
     DIE_IF(pd_sched_decode_step(s, 0, &st));
     for (uint64_t r = 0; r < N_RUNNING; r++)
         DIE_IF(pd_sched_decode_transfer_done(s, r, PD_OK, 0));
     for (uint64_t r = 0; r < N_WAITING; r++)
-        DIE_IF(pd_sched_decode_add(s, 1000 + r, PROMPT, ITERS + 16, 0));
+        DIE_IF(pd_sched_decode_add(s, 1000 + r, NULL, PROMPT, ITERS + 16, 0));
     for (int i = 0; i < ITERS; i++) {
         double t0 = now_us();
         DIE_IF(pd_sched_decode_step(s, 1 + i, &st));

@@ -343,7 +343,7 @@ static bool drain_commands(struct pd_engine *e, double now) {
         case PD_ENGINE_CMD_ADD: e->ops->add(e, c.req, now); break;
         case PD_ENGINE_CMD_BOOTSTRAPPED:
             if (e->ops->bootstrapped) /* a role without a bootstrap queue ignores it */
-                e->ops->bootstrapped(e, c.room, now);
+                e->ops->bootstrapped(e, &c, now);
             break;
         case PD_ENGINE_CMD_XFER_END:
             if (e->ops->xfer_end) /* a role that transfers nothing ignores it */
@@ -376,6 +376,7 @@ static void publish(struct pd_engine *e) {
     s.tokens_computed = e->tokens;
     s.retractions = e->retractions;
     s.local_prefills = e->local_prefills;
+    s.held_tokens = e->held_tokens;
     s.mixed_steps = e->mixed_steps;
     s.sampled_on_device = e->sampled_on_device;
     s.sampled_on_host = e->sampled_on_host;

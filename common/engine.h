@@ -109,6 +109,11 @@ struct pd_engine_req {
     uint32_t *pages; /* [cap_pages] prefill: source pages; decode: destination pages */
     int32_t n_pages;
     int32_t cap_pages;
+    /* pages[0..held_pages) already hold their tokens' KV on the decode side (its prefix cache):
+     * decode: published with ADMIT, the Transfer asks only for the pages after them; prefill:
+     * the Transfer's count, published with the first SEND (the loop sends only the pages after
+     * them) */
+    int32_t held_pages;
     /* CLOCK_MONOTONIC seconds (uv_hrtime's clock) of the step that first took the request:
      * prefill: its first chunk's step; decode: its pages' reservation. 0 before. Metrics. */
     double t_scheduled;
@@ -153,6 +158,7 @@ struct pd_engine_cmd {
     int status;
     int32_t first_token;
     float first_logprob;
+    int32_t held_pages; /* BOOTSTRAPPED: the prompt's first pages the decode holds already */
 };
 
 enum pd_engine_event_kind {
@@ -191,6 +197,8 @@ struct pd_engine_stats {
     int64_t steps, tokens_computed;
     int64_t retractions;    /* decode: requests retracted (and recomputed) so far */
     int64_t local_prefills; /* decode: requests prefilled here (--local-prefill) so far */
+    int64_t held_tokens;    /* decode: prompt tokens its own prefix cache served so far (their
+                               pages neither moved nor computed here) */
     int64_t mixed_steps;    /* colocated: steps that carried prefill chunks and decode tokens */
     /* decode and colocated: output tokens chosen on the device (greedy_on_device) and from
      * logits downloaded to the host sampler (the prefill's first token is neither) */

@@ -43,7 +43,7 @@ struct pd_engine_ops {
      * arrived (NULL: the role has no bootstrap queue), the room's transfer ended (NULL: nothing
      * is transferred), an abort wherever the request is. */
     void (*add)(struct pd_engine *e, struct pd_engine_req *r, double now);
-    void (*bootstrapped)(struct pd_engine *e, uint64_t room, double now);
+    void (*bootstrapped)(struct pd_engine *e, const struct pd_engine_cmd *c, double now);
     void (*xfer_end)(struct pd_engine *e, const struct pd_engine_cmd *c, double now);
     void (*abort)(struct pd_engine *e, uint64_t room);
     /* One scheduler step and its model call; false when there was nothing to do. */
@@ -118,6 +118,7 @@ struct pd_engine {
     pthread_mutex_t stats_mu;
     struct pd_engine_stats stats;
     int64_t steps, tokens, retractions, mixed_steps, local_prefills;
+    int64_t held_tokens; /* decode: prompt tokens whose KV its prefix cache served */
     int64_t sampled_on_device, sampled_on_host;
     int64_t unsignalled; /* events pushed since the loop was last woken */
     atomic_int last_check;

@@ -80,7 +80,8 @@ void pd_server_args_register(struct pd_flagset *fs, struct pd_server_args *a) {
     pd_flag_choice(fs, "--kv-cache-dtype", &a->kv_cache_dtype, pd_kv_cache_dtype_names,
                    pd_kv_cache_dtype_help);
     pd_flag_bool(fs, "--disable-prefix-cache", &a->disable_prefix_cache,
-                 "do not reuse KV pages of shared prompt prefixes");
+                 "do not reuse KV pages of shared prompt prefixes (a decode in PD mode then keeps "
+                 "no finished request's KV and asks its prefill for every prompt page)");
     pd_flag_choice(fs, "--disaggregation-mode", &a->disaggregation_mode, pd_disagg_mode_names,
                    "role in prefill/decode disaggregation; null = colocated");
     pd_flag_int(fs, "--disaggregation-bootstrap-port", &a->disaggregation_bootstrap_port, "PORT", 1,

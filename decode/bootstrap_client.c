@@ -28,6 +28,7 @@ struct croom {
     void *user;
     uint32_t *pages;
     uint32_t n;
+    uint32_t held_pages;
     uint32_t prompt_len;
     pd_xfer_peer_t *peer; /* the pairing its Transfer went out under */
     bool transfer_inflight;
@@ -46,6 +47,7 @@ struct pd_bootstrap_client {
     char decode_id[128];
     char target[128];
     enum pair_state state;
+    bool skips_held_pages;  /* the paired prefill honours TransferRequest.held_pages */
     pd_xfer_peer_t *peer;   /* to the prefill: liveness, and the notices' expected sender */
     struct croom *waiting;  /* rooms queued until the pair is up */
     struct croom *inflight; /* rooms whose Transfer has not answered */
@@ -184,7 +186,15 @@ static void on_transfer_reply(void *ctx, int status, const uint8_t *reply, size_
 }
 
 static void send_transfer(pd_bootstrap_client_t *c, struct croom *r) {
-    int rc = pd_xfer_room_expect(c->x, c->peer, r->room, r->pages, r->n, r->user);
+    int rc = PD_OK;
+    if (r->held_pages && !c->skips_held_pages)
+        rc = pd_errorf(PD_EMISMATCH,
+                       "room %" PRIu64 ": decode holds the first %u prompt pages, and prefill %s "
+                       "predates decode prefix reuse (it would send them again): upgrade it, or "
+                       "run this decode with --disable-prefix-cache",
+                       r->room, r->held_pages, c->target);
+    if (!rc)
+        rc = pd_xfer_room_expect(c->x, c->peer, r->room, r->pages, r->n, r->user);
     if (rc) {
         if (c->cb.on_room_rejected)
             c->cb.on_room_rejected(c->cb.ctx, r->room, r->user, rc, pd_error_msg());
@@ -199,6 +209,7 @@ static void send_transfer(pd_bootstrap_client_t *c, struct croom *r) {
     rq.dst_pages = r->pages;
     rq.n_dst_pages = r->n;
     rq.prompt_len = r->prompt_len;
+    rq.held_pages = r->held_pages;
     rc = client_call(c, PD_BOOTSTRAP_METHOD_TRANSFER, &rq.base, on_transfer_reply, r);
     if (rc) {
         pd_xfer_room_release(c->x, r->room, rc); /* never sent: nothing can land */
@@ -248,6 +259,7 @@ static void on_pair_reply(void *ctx, int status, const uint8_t *reply, size_t le
     snprintf(msg, sizeof(msg), "%s", status == PD_OK ? "" : pd_error_msg());
     if (status == PD_OK) {
         c->state = PAIRED;
+        c->skips_held_pages = rp->skips_held_pages;
         pd_info("bootstrap: paired with prefill %s at %s, data lane %s", rp->prefill_id, c->target,
                 rp->data_transport);
     } else {
@@ -397,7 +409,8 @@ bool pd_bootstrap_client_paired(const pd_bootstrap_client_t *c) {
 }
 
 int pd_bootstrap_client_transfer(pd_bootstrap_client_t *c, uint64_t room, const uint32_t *dst_pages,
-                                 uint32_t n, uint32_t prompt_len, void *room_user) {
+                                 uint32_t n, uint32_t held_pages, uint32_t prompt_len,
+                                 void *room_user) {
     if (c->freeing)
         return pd_errorf(PD_ECANCELED, "room %" PRIu64 ": bootstrap client closing", room);
     if (pd_xfer_room_live(c->x, room))
@@ -418,6 +431,7 @@ int pd_bootstrap_client_transfer(pd_bootstrap_client_t *c, uint64_t room, const 
     r->user = room_user;
     r->pages = pages;
     r->n = n;
+    r->held_pages = held_pages;
     r->prompt_len = prompt_len;
     if (c->state == PAIRED) {
         send_transfer(c, r);

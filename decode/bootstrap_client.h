@@ -40,9 +40,13 @@ void pd_bootstrap_client_free(pd_bootstrap_client_t *c);
 void pd_bootstrap_client_peer_closed(pd_bootstrap_client_t *c, pd_xfer_peer_t *p);
 
 /* Reserves the room with the prefill: its KV goes into dst_pages (decode pool indices, prompt
- * order; copied). The ending arrives via the engine's on_room_end or on_room_rejected. */
+ * order; copied), the destinations of the prompt's pages after the first held_pages, which
+ * decode already holds (its prefix cache; 0: none). A prefill that does not skip held pages
+ * (it predates them) rejects such a room with PD_EMISMATCH through on_room_rejected. The ending
+ * arrives via the engine's on_room_end or on_room_rejected. */
 int pd_bootstrap_client_transfer(pd_bootstrap_client_t *c, uint64_t room, const uint32_t *dst_pages,
-                                 uint32_t n, uint32_t prompt_len, void *room_user);
+                                 uint32_t n, uint32_t held_pages, uint32_t prompt_len,
+                                 void *room_user);
 /* Aborts on both sides: the engine marks the room aborting, the prefill is told; the room ends
  * once no write can land (the prefill's flushed failed notice, its "not found", or the abort
  * timeout force-closing the endpoint). */

@@ -10,6 +10,7 @@
 #include "decode/engine_decode.h"
 
 #include "common/engine_internal.h"
+#include "common/radix_cache.h"
 #include "decode/sched_decode.h"
 #include "model/tp_group.h"
 
@@ -30,9 +31,17 @@ static void decode_add(struct pd_engine *e, struct pd_engine_req *r, double now)
     if (!rc)
         rc = pd__engine_register(e, r);
     if (!rc) {
-        rc = pd_sched_decode_add(e->sched, r->room, r->n_prompt, r->sp.max_new_tokens, now);
-        if (!rc && r->local_prefill)
+        rc = pd_sched_decode_add(e->sched, r->room, r->tokens, r->n_prompt, r->sp.max_new_tokens,
+                                 now);
+        if (!rc && r->local_prefill && r->in_lp) {
             pd__engine_in_lp_begin(r);
+            /* the positions it scores must be computed here, not served from the cache */
+            rc = pd_sched_decode_limit_cache(e->sched, r->room, pd__engine_in_lp_cache_max(r));
+            if (rc) {
+                bool q;
+                (void)pd_sched_decode_abort(e->sched, r->room, &q);
+            }
+        }
         if (rc)
             pd__engine_unregister(e, r);
     }
@@ -91,12 +100,14 @@ static void decode_abort(struct pd_engine *e, uint64_t room) {
 }
 
 /* KV of r->tokens[0, n) computed here into its reserved pages (r->pages), in chunks (the
- * prompt's logprobs scored on the way when asked); e->logits' row 0 holds the last position's
- * logits after. */
+ * prompt's logprobs scored on the way when asked), but the pages the prefix cache already
+ * held; e->logits' row 0 holds the last position's logits after. */
 static int compute_here(struct pd_engine *e, struct pd_engine_req *r, int32_t n) {
     /* the scheduler's page numbers, as the engine keeps them (< 2^31) */
     const int32_t *pages = (const int32_t *)r->pages;
-    for (int32_t done = 0; done < n;) {
+    int32_t held = r->held_pages * e->cfg.page_size;
+    PD_ASSERT(held < n); /* the scheduler never serves the last token's page */
+    for (int32_t done = held; done < n;) {
         int32_t len = n - done < e->chunk ? n - done : e->chunk;
         struct pd_model_seq s = {r->tokens + done, len, done, pages, r->n_pages};
         int rc = pd__engine_in_lp_prepass(e, r, &s);
@@ -186,6 +197,8 @@ static bool decode_iter(struct pd_engine *e, double now) {
         for (int32_t p = 0; p < a->n_pages; p++)
             r->pages[p] = (uint32_t)a->pages[p];
         r->n_pages = a->n_pages;
+        r->held_pages = a->held_pages;
+        e->held_tokens += (int64_t)a->held_pages * e->cfg.page_size;
         if (!r->local && !r->local_prefill) {
             pd__engine_emit(e, &(struct pd_engine_event){
                                    .kind = PD_ENGINE_EV_ADMIT, .room = a->room, .req = r});
@@ -220,9 +233,10 @@ static bool decode_iter(struct pd_engine *e, double now) {
         pd_error("decode step of %d requests failed: %s", (int)nb, pd_error_msg());
     for (int32_t i = 0; i < nb; i++) {
         struct pd_engine_req *r = e->step_reqs[i];
-        if (rc) { /* the model refused the step: these requests end failed */
+        if (rc) { /* the model refused the step: these requests end failed, their KV unkept */
             e->stopped[i] = true;
             r->fail_status = rc;
+            (void)pd_sched_decode_forget(e->sched, r->room);
             continue;
         }
         e->stopped[i] = pd__engine_take_token(e, i, r, dev);
@@ -242,7 +256,7 @@ static void decode_drain_ends(struct pd_engine *e, double now) {
         PD_ASSERT(r);
         if (end.reason == PD_END_RETRACTED && !r->aborted && !r->finished) {
             /* back in as a local request: its "prompt" is everything but the last token */
-            int rc = pd_sched_decode_add(e->sched, r->room, r->n_prompt + r->n_out - 1,
+            int rc = pd_sched_decode_add(e->sched, r->room, r->tokens, r->n_prompt + r->n_out - 1,
                                          r->sp.max_new_tokens - r->n_out + 1, now);
             if (rc == PD_OK) {
                 r->local = true;
@@ -285,8 +299,11 @@ static int decode_sched_new(struct pd_engine *e) {
     if (!e->local_rooms)
         return pd_errorf(PD_ENOMEM, "decode: local prefill queue");
     e->n_local = 0;
+    /* decode-side prefix reuse: finished requests' KV stays for the next turn */
     struct pd_sched_decode *sd;
-    if ((rc = pd_sched_decode_new(&dc, e->pa, &sd)) != PD_OK) {
+    if ((rc = pd_radix_cache_new(e->pa, cfg->page_size, cfg->disable_prefix_cache, &e->rc)) !=
+            PD_OK ||
+        (rc = pd_sched_decode_new(&dc, e->pa, e->rc, &sd)) != PD_OK) {
         pd_free(e->local_rooms);
         e->local_rooms = NULL;
         return rc;

@@ -100,10 +100,11 @@ static void decode_admit(struct pd_daemon_state *d, struct pd_daemon_req *r,
     /* before the call: the prefill may have it (and start its part of the hand-over) before
      * this thread runs again, and its spans must fall inside Transfer sent → KV complete */
     r->t_xfer = now_s();
-    int rc =
-        c ? pd_bootstrap_client_transfer(c, r->room, ev->req->pages, (uint32_t)ev->req->n_pages,
-                                         (uint32_t)r->n_prompt, NULL)
-          : PD_EINVAL;
+    int32_t held = ev->req->held_pages; /* decode's own prefix cache has them */
+    int rc = c ? pd_bootstrap_client_transfer(c, r->room, ev->req->pages + held,
+                                              (uint32_t)(ev->req->n_pages - held), (uint32_t)held,
+                                              (uint32_t)r->n_prompt, NULL)
+               : PD_EINVAL;
     if (rc) {
         r->bootstrap_failed = true;
         snprintf(r->fail_msg, sizeof(r->fail_msg), "%s", pd_error_msg());
@@ -114,8 +115,8 @@ static void decode_admit(struct pd_daemon_state *d, struct pd_daemon_req *r,
     }
     r->client = c;
     r->xfer_live = true;
-    /* what the transfer moves: every prompt page, whole (DESIGN §2) */
-    r->xfer_bytes = (double)((r->n_prompt + d->info.page_size - 1) / d->info.page_size) *
+    /* what the transfer moves: every prompt page decode does not hold, whole (DESIGN §2) */
+    r->xfer_bytes = (double)((r->n_prompt + d->info.page_size - 1) / d->info.page_size - held) *
                     (double)d->info.page_bytes;
 }
 
@@ -262,6 +263,7 @@ static void decode_server_info(struct pd_daemon_state *d, const struct pd_engine
     cJSON_AddNumberToObject(q, "retractions", (double)s->retractions);
     cJSON_AddBoolToObject(extra, "local_prefill", d->local_prefill);
     cJSON_AddNumberToObject(extra, "local_prefills", (double)s->local_prefills);
+    cJSON_AddNumberToObject(extra, "prefix_held_tokens", (double)s->held_tokens);
     /* where output tokens were chosen (greedy_on_device) */
     cJSON_AddNumberToObject(extra, "sampled_on_device", (double)s->sampled_on_device);
     cJSON_AddNumberToObject(extra, "sampled_on_host", (double)s->sampled_on_host);
@@ -285,6 +287,9 @@ static double retractions(const struct pd_engine_stats *s) {
 static double local_prefills(const struct pd_engine_stats *s) {
     return (double)s->local_prefills;
 }
+static double held_tokens(const struct pd_engine_stats *s) {
+    return (double)s->held_tokens;
+}
 
 static const struct pd_serve_metrics_series decode_series[] = {
     {PD_METRIC_GAUGE, "sglang:num_decode_prealloc_queue_reqs",
@@ -296,6 +301,10 @@ static const struct pd_serve_metrics_series decode_series[] = {
     {PD_METRIC_COUNTER, "pdserve_local_prefill_requests_total",
      "Requests this decode prefilled itself (no bootstrap fields, --local-prefill).",
      local_prefills},
+    {PD_METRIC_COUNTER, "pdserve_decode_prefix_cache_hit_tokens_total",
+     "Prompt tokens whose KV this decode's own prefix cache already held (not transferred, not "
+     "computed here).",
+     held_tokens},
 };
 
 /* The decode's series, which the colocated mode exports too (its prealloc and transfer queues

@@ -5,11 +5,20 @@
  * `remaining` = Σ (max_new_tokens - n_output) over requests in transfer + running is kept
  * incrementally, so the admission check is O(1) per candidate and a step is O(running).
  * Requests hold exactly their page list; every ending puts it back (check() recounts).
+ *
+ * Prefix reuse (a cache given to pd_sched_decode_new): admission takes the longest cached prefix
+ * of the prompt (whole pages, never the last prompt token's page: the prefill samples the first
+ * token from it) as the request's first pages, referenced and locked, and reserves the rest; the
+ * daemon asks the prefill only for those. A request that finishes done leaves the KV of prompt +
+ * output in the cache (SGLang's cache_finished_req), so the next turn of a conversation finds
+ * it. Unlocked entries are evicted when an admission or a running request's next page needs
+ * room, before anything is retracted.
  */
 #include "decode/sched_decode.h"
 
 #include "common/base/alloc.h"
 #include "common/page_alloc.h"
+#include "common/radix_cache.h"
 #include "common/sched_table.h"
 #include "common/base/status.h"
 
@@ -23,7 +32,9 @@ static const char *const state_names[] = {"free",    "prealloc", "transfer",
 struct pd_sched_decode {
     struct pd_sched_decode_config cfg;
     struct pd_page_alloc *pa;
-    struct pd__sched_req *reqs; /* [t.cap] t's; n_out counts the prefill's token */
+    struct pd_radix_cache *rc;  /* NULL: no prefix reuse */
+    struct pd__sched_req *reqs; /* [t.cap] t's; n_out counts the prefill's token; done_tokens
+                                   is the prefix the cache served, cache_max -1 or its limit */
     struct pd__sched_table t;   /* every state but free has its FIFO */
     int64_t remaining;          /* Σ max_new - n_out over transfer + running */
     struct pd__token_ratio ratio;
@@ -39,7 +50,7 @@ void pd_sched_decode_config_defaults(struct pd_sched_decode_config *cfg) {
 }
 
 int pd_sched_decode_new(const struct pd_sched_decode_config *cfg, struct pd_page_alloc *pa,
-                        struct pd_sched_decode **out) {
+                        struct pd_radix_cache *rc, struct pd_sched_decode **out) {
     *out = NULL;
     int err = pd__check_decode_config("decode", cfg->page_size, cfg->max_running_requests,
                                       cfg->max_queued_requests, cfg->init_new_token_ratio,
@@ -52,6 +63,7 @@ int pd_sched_decode_new(const struct pd_sched_decode_config *cfg, struct pd_page
         goto fail;
     s->cfg = *cfg;
     s->pa = pa;
+    s->rc = rc && !pd_radix_cache_disabled(rc) ? rc : NULL;
     s->ratio = pd__token_ratio_make(cfg->init_new_token_ratio, cfg->min_new_token_ratio,
                                     cfg->new_token_ratio_decay, cfg->retract_decode_steps);
     int32_t cap = cfg->max_queued_requests, mr = cfg->max_running_requests;
@@ -62,7 +74,7 @@ int pd_sched_decode_new(const struct pd_sched_decode_config *cfg, struct pd_page
                       1u << ST_ENDED;
     if (!s->admitted || !s->quiesce || !s->batch ||
         pd__sched_table_init(&s->t, cap, queued, ST_ENDED, sizeof(struct pd__sched_req), pa,
-                             NULL) != PD_OK)
+                             s->rc) != PD_OK)
         goto fail_arrays;
     s->reqs = s->t.reqs;
     *out = s;
@@ -96,8 +108,21 @@ static void move_to(struct pd_sched_decode *s, int32_t slot, int state, double n
     pd__sched_table_move(&s->t, slot, state, now_s);
 }
 
+/* SGLang's cache_finished_req: a request that finished done leaves the KV of its prompt and
+ * output (but the last token, whose KV was never written) in the cache, before its end puts
+ * its own references. */
+static void cache_finished(struct pd_sched_decode *s, struct pd__sched_req *r) {
+    if (!s->rc || !r->tokens || r->no_cache)
+        return;
+    int32_t n = r->prompt_len + r->n_out - 1;
+    PD_ASSERT(r->admitted && n / s->cfg.page_size <= r->n_pages);
+    pd__prefix_commit(s->rc, r->tokens, n, s->cfg.page_size, r->pages, &r->node);
+}
+
 static void end_req(struct pd_sched_decode *s, int32_t slot, int reason) {
     count_remaining(s, &s->reqs[slot], ST_ENDED);
+    if (reason == PD_END_DONE)
+        cache_finished(s, &s->reqs[slot]);
     pd__sched_table_end(&s->t, slot, reason);
 }
 
@@ -111,8 +136,8 @@ void pd_sched_decode_free(struct pd_sched_decode *s) {
     pd_free(s);
 }
 
-int pd_sched_decode_add(struct pd_sched_decode *s, uint64_t room, int32_t prompt_len,
-                        int32_t max_new_tokens, double now_s) {
+int pd_sched_decode_add(struct pd_sched_decode *s, uint64_t room, const int32_t *tokens,
+                        int32_t prompt_len, int32_t max_new_tokens, double now_s) {
     int rc = pd__sched_table_vacant(&s->t, room);
     if (rc)
         return rc;
@@ -122,6 +147,7 @@ int pd_sched_decode_add(struct pd_sched_decode *s, uint64_t room, int32_t prompt
         (rc = pd__sched_table_add(&s->t, room, cap_pages, &slot)) != PD_OK)
         return rc;
     struct pd__sched_req *r = &s->reqs[slot];
+    r->tokens = tokens;
     r->prompt_len = prompt_len;
     r->max_new = max_new_tokens;
     r->n_out = 1;
@@ -175,6 +201,8 @@ int pd_sched_decode_step(struct pd_sched_decode *s, double now_s, struct pd_deco
         struct pd__sched_req *r = &s->reqs[i];
         while (pd__cover_position(s->pa, ps, r->prompt_len + r->n_out - 1, r->pages, &r->n_pages,
                                   r->cap_pages) != PD_OK) {
+            if (s->rc && pd_radix_cache_evict(s->rc, 1) > 0)
+                continue; /* an unlocked cache entry before a retraction */
             int32_t v = pd__sched_table_pick_victim(&s->t, ST_RUNNING);
             PD_ASSERT(v >= 0); /* r itself is running */
             if (v == nx)
@@ -194,17 +222,27 @@ int pd_sched_decode_step(struct pd_sched_decode *s, double now_s, struct pd_deco
            s->t.q[ST_TRANSFER].n + s->t.q[ST_RUNNING].n < s->cfg.max_running_requests) {
         int32_t slot = s->t.q[ST_PREALLOC].head;
         struct pd__sched_req *r = &s->reqs[slot];
-        int32_t need = pd__pages_for(r->prompt_len, s->cfg.page_size);
         int32_t reserve =
             (int32_t)ceil(s->ratio.value * (double)(s->remaining + r->max_new - r->n_out) / ps);
-        if (pd_page_alloc_n_free(s->pa) - need < reserve ||
-            pd_page_alloc_get(s->pa, need, -1, r->pages) != PD_OK)
+        /* the whole prompt at once (no budget, no chunk): only the cache hit and the pages */
+        struct pd__prefix_admit a = {.tokens = r->tokens,
+                                     .n_tokens = r->prompt_len,
+                                     .n_pages = pd__pages_for(r->prompt_len, ps),
+                                     .pages = r->pages,
+                                     .rem = r->prompt_len,
+                                     .batch_empty = true,
+                                     .reserve = reserve,
+                                     .cache_limited = !r->tokens || r->cache_max >= 0,
+                                     .cache_max = r->tokens ? r->cache_max : 0};
+        if (!pd__prefix_admit(s->pa, s->rc, ps, true, &a))
             break;
-        r->n_pages = need;
+        r->n_pages = a.n_pages;
+        r->node = a.node;
+        r->done_tokens = r->cached_tokens = a.cached_pages * ps;
         r->admitted = true;
         move_to(s, slot, ST_TRANSFER, now_s);
-        s->admitted[st->n_admitted++] =
-            (struct pd_decode_admit){.room = r->room, .pages = r->pages, .n_pages = need};
+        s->admitted[st->n_admitted++] = (struct pd_decode_admit){
+            .room = r->room, .pages = r->pages, .n_pages = a.n_pages, .held_pages = a.cached_pages};
     }
 
     for (int32_t i = s->t.q[ST_RUNNING].head; i >= 0; i = s->t.slots.next[i]) {
@@ -266,6 +304,18 @@ int pd_sched_decode_abort(struct pd_sched_decode *s, uint64_t room, bool *quiesc
     return PD_OK;
 }
 
+int pd_sched_decode_limit_cache(struct pd_sched_decode *s, uint64_t room, int32_t max_tokens) {
+    return pd__sched_table_limit_cache(&s->t, room, max_tokens);
+}
+
+int pd_sched_decode_forget(struct pd_sched_decode *s, uint64_t room) {
+    int32_t slot;
+    int rc = pd__sched_table_find(&s->t, room, &slot);
+    if (rc == PD_OK)
+        s->reqs[slot].no_cache = true;
+    return rc;
+}
+
 bool pd_sched_decode_given_up(const struct pd_sched_decode *s, uint64_t room) {
     int32_t slot;
     return pd__sched_table_find(&s->t, room, &slot) == PD_OK && s->reqs[slot].state == ST_DRAINING;
@@ -297,7 +347,7 @@ void pd_sched_decode_counts(const struct pd_sched_decode *s, struct pd_decode_co
 
 int pd_sched_decode_check(const struct pd_sched_decode *s) {
     int32_t *holders;
-    int rc = pd__holders_new(s->pa, NULL, &holders);
+    int rc = pd__holders_new(s->pa, s->rc, &holders);
     if (rc)
         return rc;
     int32_t per_state[PD__SCHED_N_STATES] = {0};
@@ -315,7 +365,7 @@ int pd_sched_decode_check(const struct pd_sched_decode *s) {
             goto out;
         }
     }
-    if ((rc = pd__holders_check(s->pa, NULL, holders)) == PD_OK &&
+    if ((rc = pd__holders_check(s->pa, s->rc, holders)) == PD_OK &&
         (!pd__sched_table_agrees(&s->t, per_state) || remaining != s->remaining ||
          s->t.q[ST_TRANSFER].n + s->t.q[ST_RUNNING].n > s->cfg.max_running_requests))
         rc = pd_errorf(PD_EINTERNAL, "decode queues disagree with request states");

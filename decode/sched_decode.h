@@ -16,6 +16,13 @@
  * which frees most) is retracted: its pages go back and it ends PD_END_RETRACTED so the daemon
  * recomputes it locally. Pages a prefill may still write (transfer queue) are reused only after
  * the daemon has force-closed that endpoint and called pd_sched_decode_release.
+ *
+ * With a prefix cache (decode-side prefix reuse, DESIGN.md §2) admission takes the prompt's
+ * longest cached prefix in whole pages, never its last token's page, as the request's first
+ * pages (pd_decode_admit.held_pages): the daemon asks its prefill only for the pages after them.
+ * A request that ends done leaves prompt + output in the cache for the conversation's next turn;
+ * unlocked entries are evicted, least recently used first, before an admission waits or a
+ * running request is retracted for a page.
  */
 #ifndef PD_SCHED_DECODE_H
 #define PD_SCHED_DECODE_H
@@ -26,6 +33,7 @@
 #include "common/sched_common.h"
 
 struct pd_page_alloc;
+struct pd_radix_cache;
 struct pd_sched_decode;
 
 struct pd_sched_decode_config {
@@ -44,8 +52,11 @@ void pd_sched_decode_config_defaults(struct pd_sched_decode_config *cfg);
 
 struct pd_decode_admit {
     uint64_t room;
-    const int32_t *pages; /* [n_pages] destination of the prompt's KV: send Transfer(room, ..) */
+    const int32_t *pages; /* [n_pages] the prompt's pages: [0, held_pages) already hold the KV
+                             of their tokens (the prefix cache's), the rest are its destination:
+                             send Transfer(room, pages + held_pages, held_pages) */
     int32_t n_pages;
+    int32_t held_pages;
 };
 
 struct pd_decode_entry {
@@ -72,17 +83,25 @@ struct pd_decode_counts {
     int32_t prealloc, transfer, running, draining, ended_unpopped;
 };
 
-/* pa outlives the scheduler. PD_EINVAL, PD_ENOMEM. */
+/* pa (and rc, the prefix cache over pa's pages; NULL or disabled: no reuse) outlive the
+ * scheduler. PD_EINVAL, PD_ENOMEM. */
 int pd_sched_decode_new(const struct pd_sched_decode_config *cfg, struct pd_page_alloc *pa,
-                        struct pd_sched_decode **out);
+                        struct pd_radix_cache *rc, struct pd_sched_decode **out);
 /* Ends whatever is live (pages back) and frees the scheduler. */
 void pd_sched_decode_free(struct pd_sched_decode *s);
 
-/* Enters prealloc. max_new_tokens >= 1 counts the first token prefill produces.
+/* Enters prealloc. max_new_tokens >= 1 counts the first token prefill produces. tokens (borrowed
+ * until the end is popped: the prompt, then the outputs the caller writes after it) are what the
+ * prefix cache matches and keeps; NULL: this request neither uses nor fills the cache.
  * PD_EINVAL (room live, bad lengths), PD_ERANGE (prompt + output larger than the pool),
  * PD_EFULL (max_queued_requests), PD_ENOMEM. */
-int pd_sched_decode_add(struct pd_sched_decode *s, uint64_t room, int32_t prompt_len,
-                        int32_t max_new_tokens, double now_s);
+int pd_sched_decode_add(struct pd_sched_decode *s, uint64_t room, const int32_t *tokens,
+                        int32_t prompt_len, int32_t max_new_tokens, double now_s);
+/* The cache hit of room's admission covers at most max_tokens prompt tokens (a prompt computed
+ * here whose input logprobs need the positions after them). PD_ENOENT. */
+int pd_sched_decode_limit_cache(struct pd_sched_decode *s, uint64_t room, int32_t max_tokens);
+/* room's KV must not enter the cache at its end (a step that wrote it failed). PD_ENOENT. */
+int pd_sched_decode_forget(struct pd_sched_decode *s, uint64_t room);
 /* The room's done notice: status PD_OK → running (or done at once when max_new_tokens is 1);
  * an error → draining: the daemon force-closes the endpoint, then calls release.
  * PD_ENOENT, PD_EINVAL (not in transfer). */

@@ -241,6 +241,7 @@ static void serve_pair(pd_bootstrap_server_t *s, const char *peer, const uint8_t
     rp.layout = &lpb;
     rp.data_transport = (char *)pd_xfer_peer_transport(old->peer);
     rp.engine_id = pd_xfer_id(s->x);
+    rp.skips_held_pages = true; /* TransferRequest.held_pages: never sent again (role.c) */
     answer_message(s, a, &rp.base);
 out:
     pdserve__v1__pair_request__free_unpacked(rq, NULL);
@@ -279,6 +280,16 @@ static void serve_transfer(pd_bootstrap_server_t *s, const char *peer, const uin
         answer_code(a, PD_GRPC_INVALID_ARGUMENT, "Transfer: too many pages");
         goto out;
     }
+    /* the last prompt token's page always comes from here: its logits are the first token's */
+    uint32_t ps = s->cfg.layout.page_size;
+    if (rq->held_pages && (!rq->n_dst_pages || !ps || rq->prompt_len == 0 ||
+                           (uint64_t)rq->held_pages * ps >= rq->prompt_len)) {
+        answer_code(a, PD_GRPC_INVALID_ARGUMENT,
+                    "Transfer room %" PRIu64 ": held_pages %u covers the whole prompt of %u "
+                    "tokens (the last token's page must be sent)",
+                    rq->room, rq->held_pages, rq->prompt_len);
+        goto out;
+    }
     int rc =
         pd_xfer_room_add(s->x, p->peer, rq->room, rq->dst_pages, (uint32_t)rq->n_dst_pages, NULL);
     if (rc) {
@@ -290,7 +301,7 @@ static void serve_transfer(pd_bootstrap_server_t *s, const char *peer, const uin
     pd_debug("bootstrap: room %" PRIu64 ": %zu destination pages from decode %s", rq->room,
              rq->n_dst_pages, rq->decode_id);
     if (s->cb.on_room)
-        s->cb.on_room(s->cb.ctx, rq->room, rq->decode_id, (uint32_t)rq->n_dst_pages,
+        s->cb.on_room(s->cb.ctx, rq->room, rq->decode_id, (uint32_t)rq->n_dst_pages, rq->held_pages,
                       rq->prompt_len);
     Pdserve__V1__TransferReply rp = PDSERVE__V1__TRANSFER_REPLY__INIT;
     answer_message(s, a, &rp.base);

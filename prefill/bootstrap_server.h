@@ -20,9 +20,10 @@ struct pd_bootstrap_server_config {
 
 struct pd_bootstrap_server_callbacks {
     void *ctx;
-    /* A room's destination is known (Transfer accepted; the room is in the engine). */
+    /* A room's destination is known (Transfer accepted; the room is in the engine): n_pages
+     * destinations for the prompt's pages after the first held_pages, which decode holds. */
     void (*on_room)(void *ctx, uint64_t room, const char *decode_id, uint32_t n_pages,
-                    uint32_t prompt_len);
+                    uint32_t held_pages, uint32_t prompt_len);
     /* Decode asked to abort the room; found: it was in the engine. May be NULL. */
     void (*on_abort)(void *ctx, uint64_t room, bool found, const char *reason);
 };

@@ -209,11 +209,12 @@ static void prefill_sched_free(struct pd_engine *e) {
     e->sched = NULL;
 }
 
-static void prefill_bootstrapped(struct pd_engine *e, uint64_t room, double now) {
-    struct pd_engine_req *r = pd__engine_find(e, room);
+static void prefill_bootstrapped(struct pd_engine *e, const struct pd_engine_cmd *c, double now) {
+    struct pd_engine_req *r = pd__engine_find(e, c->room);
     struct pd_prefill_send s;
-    if (!r || pd_sched_prefill_bootstrapped(e->sched, room, now, &s) != PD_OK)
+    if (!r || pd_sched_prefill_bootstrapped(e->sched, c->room, now, &s) != PD_OK)
         return;
+    r->held_pages = c->held_pages; /* before any SEND: the loop skips them */
     /* eager: computed before the Transfer came (r->pages was filled at its first chunk) */
     if (s.end > s.begin || s.last)
         emit_send(e, r, s.begin, s.end, s.last, s.cached_tokens);

@@ -25,6 +25,7 @@
 struct early_room {
     uint64_t room;
     double t;
+    int32_t held_pages;
 };
 
 /* The role's own state (the loop thread's, as everything of the daemon's). */
@@ -41,13 +42,15 @@ static void prefill_send(struct pd_daemon_state *d, struct pd_daemon_req *r,
     if (!pd_xfer_room_live(d->x, ev->room))
         return; /* the room already ended (aborted/failed): the engine hears it */
     int rc = PD_OK;
-    if (ev->end > ev->begin)
-        rc = pd_xfer_room_send(d->x, ev->room, (uint32_t)ev->begin, ev->req->pages + ev->begin,
-                               (uint32_t)(ev->end - ev->begin));
-    if (rc == PD_OK && r && ev->end > ev->begin) { /* counted once the room completed */
+    /* the decode's destinations start after the pages it holds itself (its prefix cache) */
+    int32_t held = ev->req->held_pages, begin = ev->begin > held ? ev->begin : held;
+    if (ev->end > begin)
+        rc = pd_xfer_room_send(d->x, ev->room, (uint32_t)(begin - held), ev->req->pages + begin,
+                               (uint32_t)(ev->end - begin));
+    if (rc == PD_OK && r && ev->end > begin) { /* counted once the room completed */
         if (r->t_xfer == 0)
             r->t_xfer = now_s();
-        r->xfer_bytes += (double)(ev->end - ev->begin) * (double)d->info.page_bytes;
+        r->xfer_bytes += (double)(ev->end - begin) * (double)d->info.page_bytes;
     }
     if (r && ev->last)
         r->in_lp_ready = true; /* the engine scored the prompt before its last chunk's event */
@@ -86,23 +89,25 @@ static void prefill_send(struct pd_daemon_state *d, struct pd_daemon_req *r,
 
 /* prefill: decode's Transfer for room arrived (the room is in the transfer engine) */
 static void on_bootstrap_room(void *ctx, uint64_t room, const char *decode_id, uint32_t n_pages,
-                              uint32_t prompt_len) {
+                              uint32_t held_pages, uint32_t prompt_len) {
     struct pd_daemon_state *d = ctx;
     (void)prompt_len;
     struct pd_daemon_req *r = pd__daemon_find_room(room);
-    pd_debug("room=%" PRIu64 " transfer from %s (%u pages)", room, decode_id, n_pages);
+    pd_debug("room=%" PRIu64 " transfer from %s (%u pages, %u held there)", room, decode_id,
+             n_pages, held_pages);
     if (r && !r->bootstrapped) {
         r->bootstrapped = true;
         r->t_waiting = now_s();
-        pd_engine_submit(d->eng,
-                         &(struct pd_engine_cmd){.kind = PD_ENGINE_CMD_BOOTSTRAPPED, .room = room});
+        pd_engine_submit(d->eng, &(struct pd_engine_cmd){.kind = PD_ENGINE_CMD_BOOTSTRAPPED,
+                                                         .room = room,
+                                                         .held_pages = (int32_t)held_pages});
         return;
     }
     if (P.n_early == MAX_EARLY_ROOMS) {
         pd_xfer_room_abort(d->x, room, PD_EFULL, "prefill: too many rooms without a request");
         return;
     }
-    P.early[P.n_early++] = (struct early_room){room, now_s()};
+    P.early[P.n_early++] = (struct early_room){room, now_s(), (int32_t)held_pages};
 }
 
 static void on_bootstrap_abort(void *ctx, uint64_t room, bool found, const char *reason) {
@@ -119,11 +124,13 @@ static void on_bootstrap_abort(void *ctx, uint64_t room, bool found, const char 
 static void prefill_submitted(struct pd_daemon_state *d, struct pd_daemon_req *r) {
     for (int i = 0; i < P.n_early; i++)
         if (P.early[i].room == r->room) {
+            int32_t held = P.early[i].held_pages;
             P.early[i] = P.early[--P.n_early];
             r->bootstrapped = true;
             r->t_waiting = now_s();
             pd_engine_submit(d->eng, &(struct pd_engine_cmd){.kind = PD_ENGINE_CMD_BOOTSTRAPPED,
-                                                             .room = r->room});
+                                                             .room = r->room,
+                                                             .held_pages = held});
             break;
         }
 }

@@ -154,8 +154,9 @@ static uint32_t room_size(uint64_t seq, uint64_t *rng) {
 /* ---- sender ---- */
 
 static void sender_on_room(void *ctx, uint64_t room, const char *decode_id, uint32_t n,
-                           uint32_t prompt_len) {
+                           uint32_t held_pages, uint32_t prompt_len) {
     (void)ctx;
+    (void)held_pages;
     (void)decode_id;
     (void)prompt_len;
     static uint32_t src[SLOT_PAGES], dst[SLOT_PAGES];
@@ -316,7 +317,7 @@ static void receiver_fill(void) {
         s->watch_until = 0;
         s->t_issued = now_ms();
         A.issued++;
-        rc = pd_bootstrap_client_transfer(A.client, s->room, s->dst, s->n, s->n * 16,
+        rc = pd_bootstrap_client_transfer(A.client, s->room, s->dst, s->n, 0, s->n * 16,
                                           (void *)(intptr_t)i);
         if (rc) {
             pd_error("xfer-test: room %" PRIu64 ": %s", s->room, pd_error_msg());
@@ -509,7 +510,7 @@ static void probe_next(void) {
                                                    .on_room_rejected = on_probe_rejected};
         pd_bootstrap_client_new(A.bridge, A.x, &cc, &cb, &probe_bad_client);
         probe_cur = (struct expect){"Pair with wrong key", PD_EPERM};
-        pd_bootstrap_client_transfer(probe_bad_client, 999, pages, 4, 64, NULL);
+        pd_bootstrap_client_transfer(probe_bad_client, 999, pages, 4, 0, 64, NULL);
         return;
     }
     case 1: { /* a decode with another model layout */
@@ -525,7 +526,7 @@ static void probe_next(void) {
                                                    .on_room_rejected = on_probe_rejected};
         pd_bootstrap_client_new(A.bridge, A.x, &cc, &cb, &probe_bad_client);
         probe_cur = (struct expect){"Pair with other layout", PD_EMISMATCH};
-        pd_bootstrap_client_transfer(probe_bad_client, 998, pages, 4, 64, NULL);
+        pd_bootstrap_client_transfer(probe_bad_client, 998, pages, 4, 0, 64, NULL);
         return;
     }
     case 2:
@@ -550,7 +551,7 @@ static void probe_next(void) {
     case 6: /* pair properly: a good room end to end */
         probe_cur = (struct expect){NULL, PD_OK};
         probe_room_id = PROBE_GOOD_ROOM;
-        pd_bootstrap_client_transfer(A.client, probe_room_id, pages, 4, 64, NULL);
+        pd_bootstrap_client_transfer(A.client, probe_room_id, pages, 4, 0, 64, NULL);
         uv_timer_start(&probe_timer, probe_room_end_watch, 20, 20);
         return;
     case 7: {
@@ -622,7 +623,7 @@ static void probe_next(void) {
         pd_bootstrap_client_new(A.bridge, A.x, &cc, &cb, &probe_bad_client);
         probe_cur = (struct expect){"Pair with other head_dim", PD_EMISMATCH};
         probe_needle = needle;
-        pd_bootstrap_client_transfer(probe_bad_client, 997, pages, 4, 64, NULL);
+        pd_bootstrap_client_transfer(probe_bad_client, 997, pages, 4, 0, 64, NULL);
         return;
     }
     default:

@@ -447,6 +447,121 @@ def case_local(model, tmp):
           "--local-prefill=false in /server_info")
 
 
+def metric(d, name):
+    """The value of a series with one sample in d's /metrics (None when absent)."""
+    for line in d.get("/metrics")[1].decode().splitlines():
+        if line.startswith(name + " ") or line.startswith(name + "{"):
+            return float(line.split()[-1])
+    return None
+
+
+def case_reuse(model, tmp):
+    """Decode-side prefix reuse: a conversation's next turn on the same decode finds the previous
+    turn's prompt + output in decode's prefix cache. Decode holds those pages and asks the prefill
+    only for the rest: both daemons' pdserve_kv_transfer_bytes_total grow by exactly the pages not
+    held, pdserve_decode_prefix_cache_hit_tokens_total by the tokens held, and the output ids equal
+    pdserve-generate's on the whole prompt. The same on the local path (a prompt decode prefills
+    itself starts after its held pages). A prefill that dies: the turn fails, decode keeps serving
+    and its pool is whole; a new prefill serves the next turn with held pages.
+    --disable-prefix-cache moves every page."""
+    pf = Daemon("prefill", model, tmp)
+    dc = Daemon("decode", model, tmp)
+    pool = dc.pool()
+    ps, pb = pool["page_size"], pool["page_bytes"]
+    rng = random.Random(23)
+    convs = [[rng.randrange(3, 200) for _ in range(37 + 11 * c)] for c in range(3)]
+    max_new = 10
+    sp = {"max_new_tokens": max_new, "temperature": 0, "ignore_eos": True}
+    rooms = iter(range(1 << 46, (1 << 46) + 1000))
+    kept = [0] * len(convs)  # tokens of each conversation whose KV the decode keeps
+
+    def held_for(i):
+        return min(kept[i] // ps, (len(convs[i]) - 1) // ps)
+
+    def turn(d, what, local=False):
+        """One turn of every conversation on decode d, one at a time; returns (pages moved,
+        tokens held) as the daemon should count them."""
+        ref = pc.generate_ids(BUILD, model, convs, max_new, what=what + " reference")
+        moved = held = 0
+        for i, prompt in enumerate(convs):
+            body = {"input_ids": prompt, "sampling_params": sp}
+            if local:
+                st, out = d.post("/generate", body)
+            else:
+                body.update({"bootstrap_host": "127.0.0.1", "bootstrap_port": pf.bport,
+                             "bootstrap_room": next(rooms)})
+                st, out, _, _ = pair(pf, d, body)
+            ids = json.loads(out).get("output_ids") if st == 200 else None
+            check(ref is not None and ids == ref[i], "%s conversation %d: %d %r != %r" %
+                  (what, i, st, ids if ids else out[:200], ref and ref[i]))
+            h = held_for(i)
+            held += h * ps
+            moved += 0 if local else (len(prompt) + ps - 1) // ps - h
+            kept[i] = len(prompt) + max_new - 1
+            convs[i] = prompt + (ids or []) + [rng.randrange(3, 200) for _ in range(5 + 2 * i)]
+        return moved, held
+
+    def counted(what, d, moved, held, before):
+        """d's and the prefill's counters grew by exactly these (polled: they count at the
+        room's end on each side)."""
+        want = (before[0] + moved * pb, before[1] + moved * pb, before[2] + held)
+        now = {}
+
+        def got():
+            now["v"] = (metric(pf, "pdserve_kv_transfer_bytes_total"),
+                        metric(d, "pdserve_kv_transfer_bytes_total"),
+                        metric(d, "pdserve_decode_prefix_cache_hit_tokens_total"))
+            return now["v"] == want
+        check(pc.wait_until(got, 10), "%s: (prefill KV bytes, decode KV bytes, held tokens) %r, "
+              "want %r" % (what, now.get("v"), want))
+
+    def counters(d):
+        return (metric(pf, "pdserve_kv_transfer_bytes_total"),
+                metric(d, "pdserve_kv_transfer_bytes_total"),
+                metric(d, "pdserve_decode_prefix_cache_hit_tokens_total"))
+
+    for t in range(3):
+        before = counters(dc)
+        moved, held = turn(dc, "turn %d" % t)
+        check((held > 0) == (t > 0), "turn %d holds %d tokens" % (t, held))
+        counted("turn %d" % t, dc, moved, held, before)
+        full = sum((len(c) + ps - 1) // ps for c in convs)
+        pc.step("turn %d: %d pages moved, %d tokens held (whole prompts: %d pages)" %
+             (t, moved, held, full))
+    # the local path starts after the held pages
+    before = counters(dc)
+    moved, held = turn(dc, "local turn", local=True)
+    check(held > 0, "local turn held nothing")
+    counted("local turn", dc, 0, held, before)
+    check(dc.pool_full(5) and pf.pool_full(5), "pools whole after the turns")
+    check(dc.pool()["cached_pages"] > 0, "decode keeps its conversations' pages")
+
+    # the prefill dies: the turn fails cleanly, decode serves on, its pool whole
+    pf.p.kill()
+    pf.p.wait()
+    body = {"input_ids": convs[0], "sampling_params": sp, "bootstrap_host": "127.0.0.1",
+            "bootstrap_port": pf.bport, "bootstrap_room": next(rooms)}
+    st, out = dc.post("/generate", body)
+    check(st >= 400, "a turn whose prefill is dead: %d %r" % (st, out[:200]))
+    check(dc.pool_full(10) and dc.get("/health")[0] == 200, "decode whole after the prefill died")
+    pf = Daemon("prefill", model, tmp)  # a new one (as a rescheduled pod: a new address)
+    before = counters(dc)
+    moved, held = turn(dc, "turn after the prefill restart")
+    check(held > 0, "no pages held after the prefill restart")
+    counted("turn after the prefill restart", dc, moved, held, before)
+
+    # --disable-prefix-cache: nothing kept, every page moves
+    dn = Daemon("decode", model, tmp, ["--disable-prefix-cache"])
+    kept[:] = [0] * len(convs)
+    for t in range(2):
+        before = counters(dn)
+        moved, held = turn(dn, "uncached turn %d" % t)
+        counted("uncached turn %d" % t, dn, moved, 0, before)
+        kept[:] = [0] * len(convs)
+    check(dn.pool()["cached_pages"] == 0 and dn.pool_full(5), "uncached decode keeps nothing")
+    check(pf.pool_full(5) and dc.pool_full(5), "pools whole at the end")
+
+
 def stream_some(dc, body, n_events, path="/generate"):
     """Opens a stream on decode, reads n_events events, returns the open connection."""
     c = dc.conn(30)
@@ -586,7 +701,7 @@ def main():
     tmp = pc.tmpdir()
     model = pc.make_model(BUILD, tmp)
     cases = {"tokens": case_tokens, "device_choice": case_device_choice,
-             "failures": case_failures, "local": case_local}
+             "failures": case_failures, "local": case_local, "reuse": case_reuse}
     pc.run_test("daemons %s" % CASE, lambda: cases[CASE](model, tmp), tmp, log_tail=3000)
 
 

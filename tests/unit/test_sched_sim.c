@@ -427,10 +427,17 @@ static int pops_decode(struct pd_sched_decode *s, struct dshadow *sh, long *ende
     return bad;
 }
 
-static int sim_decode(int32_t ps, int32_t pool, int32_t max_running, long steps, uint64_t seed) {
+/* cached: a prefix cache, and every request's tokens continue one of 12 conversations, so
+ * admissions hold cached pages and pressure evicts (check() recounts each page's holders, the
+ * cache's included, every step). */
+static int sim_decode(int32_t ps, int32_t pool, int32_t max_running, long steps, uint64_t seed,
+                      bool cached) {
     rng_state = seed;
     struct pd_page_alloc *pa;
+    struct pd_radix_cache *rc = NULL;
     struct pd_sched_decode *s;
+    static int32_t toks[D_LIVE][1024]; /* prompt <= 601, max_new <= 301 */
+    long held_pages = 0;
     struct pd_sched_decode_config cfg = {.page_size = ps,
                                          .max_running_requests = max_running,
                                          .max_queued_requests = D_LIVE - 8,
@@ -438,7 +445,9 @@ static int sim_decode(int32_t ps, int32_t pool, int32_t max_running, long steps,
     pd_sched_decode_config_defaults(&cfg);
     cfg.new_token_ratio_decay = 0.01; /* fast decay: more retractions to exercise */
     CHECK_OK(pd_page_alloc_new(pool, &pa));
-    CHECK_OK(pd_sched_decode_new(&cfg, pa, &s));
+    if (cached)
+        CHECK_OK(pd_radix_cache_new(pa, ps, false, &rc));
+    CHECK_OK(pd_sched_decode_new(&cfg, pa, rc, &s));
     static struct dshadow sh[D_LIVE];
     memset(sh, 0, sizeof(sh));
     long added = 0, ended[5] = {0}, tokens = 0, full = 0;
@@ -456,7 +465,11 @@ static int sim_decode(int32_t ps, int32_t pool, int32_t max_running, long steps,
                 r->room = ++room_ctr * 104729;
                 r->prompt = 1 + rint_(chance(0.1) ? 600 : 100);
                 r->max_new = 1 + rint_(chance(0.2) ? 300 : 40);
-                int rc2 = pd_sched_decode_add(s, r->room, r->prompt, r->max_new, now);
+                int32_t conv = rint_(12);
+                for (int32_t t = 0; t < r->prompt + r->max_new; t++)
+                    toks[i][t] = conv * 100000 + t;
+                int rc2 = pd_sched_decode_add(s, r->room, cached ? toks[i] : NULL, r->prompt,
+                                              r->max_new, now);
                 if (rc2 == PD_OK) {
                     r->state = D_PRE;
                     r->n_out = 1;
@@ -515,6 +528,10 @@ static int sim_decode(int32_t ps, int32_t pool, int32_t max_running, long steps,
             for (int32_t j = 0; j < D_LIVE; j++)
                 BAD(sh[j].state == D_PRE && sh[j].room < sh[i].room);
             BAD(st.admitted[k].n_pages != (sh[i].prompt + ps - 1) / ps);
+            /* never the last prompt token's page; nothing without a cache */
+            BAD(st.admitted[k].held_pages * ps > sh[i].prompt - 1 ||
+                (!cached && st.admitted[k].held_pages));
+            held_pages += st.admitted[k].held_pages;
             sh[i].state = D_XFER;
         }
         bool stopped[256] = {0};
@@ -567,14 +584,19 @@ static int sim_decode(int32_t ps, int32_t pool, int32_t max_running, long steps,
         n_ended += ended[k];
     BAD(n_ended != added);
     fprintf(stderr,
-            "decode ps=%d pool=%d running<=%d: %ld steps, %ld requests (%ld done, %ld aborted, "
-            "%ld timeout, %ld failed, %ld retracted), %ld full, %ld tokens\n",
-            (int)ps, (int)pool, (int)max_running, step, added, ended[PD_END_DONE],
-            ended[PD_END_ABORTED], ended[PD_END_TIMEOUT], ended[PD_END_FAILED],
-            ended[PD_END_RETRACTED], full, tokens);
+            "decode ps=%d pool=%d running<=%d%s: %ld steps, %ld requests (%ld done, %ld aborted, "
+            "%ld timeout, %ld failed, %ld retracted), %ld full, %ld tokens, %ld pages held\n",
+            (int)ps, (int)pool, (int)max_running, cached ? " cached" : "", step, added,
+            ended[PD_END_DONE], ended[PD_END_ABORTED], ended[PD_END_TIMEOUT], ended[PD_END_FAILED],
+            ended[PD_END_RETRACTED], full, tokens, held_pages);
+    CHECK(cached == (held_pages > 0));
     CHECK(ended[PD_END_DONE] > 0 && ended[PD_END_RETRACTED] > 0 && ended[PD_END_TIMEOUT] > 0 &&
           ended[PD_END_FAILED] > 0 && ended[PD_END_ABORTED] > 0);
     pd_sched_decode_free(s);
+    if (rc) {
+        BAD(pd_radix_cache_root_lock(rc) != 0);
+        pd_radix_cache_free(rc);
+    }
     BAD(pd_page_alloc_n_free(pa) != pool);
     pd_page_alloc_free(pa);
     return bad;
@@ -589,8 +611,10 @@ static void test_sim(void) {
     CHECK_INT(sim_prefill(16, 256, 16384, true, true, n, 4), 0);
     CHECK_INT(sim_prefill(1, 300, 200, false, true, n, 5), 0);
     CHECK_INT(sim_prefill(16, -1, 512, true, true, n / 2, 6), 0);
-    CHECK_INT(sim_decode(16, 96, 32, n, 4), 0);
-    CHECK_INT(sim_decode(1, 700, 64, n / 2, 5), 0);
+    CHECK_INT(sim_decode(16, 96, 32, n, 4, false), 0);
+    CHECK_INT(sim_decode(1, 700, 64, n / 2, 5, false), 0);
+    CHECK_INT(sim_decode(16, 96, 32, n, 7, true), 0);
+    CHECK_INT(sim_decode(1, 700, 64, n / 2, 8, true), 0);
     fprintf(stderr, "simulated %ld steps in %.2f s\n", total_steps,
             (double)(clock() - t0) / CLOCKS_PER_SEC);
 }

@@ -323,7 +323,7 @@ static int decode_trace(int32_t ps, int32_t pool, int32_t max_running, uint64_t 
     pd_sched_decode_config_defaults(&cfg);
     cfg.new_token_ratio_decay = 0.01; /* fast decay: more retractions */
     CHECK_OK(pd_page_alloc_new(pool, &pa));
-    CHECK_OK(pd_sched_decode_new(&cfg, pa, &s));
+    CHECK_OK(pd_sched_decode_new(&cfg, pa, NULL, &s));
     traffic_init(seed);
     uint64_t room_ctr = 0;
     int bad = 0;
@@ -339,7 +339,7 @@ static int decode_trace(int32_t ps, int32_t pool, int32_t max_running, uint64_t 
                 r->room = ++room_ctr * 104729;
                 int32_t prompt = 1 + rint_(chance(0.1) ? 600 : 100);
                 r->max_new = 1 + rint_(chance(0.2) ? 300 : 40);
-                int rc2 = pd_sched_decode_add(s, r->room, prompt, r->max_new, now);
+                int rc2 = pd_sched_decode_add(s, r->room, NULL, prompt, r->max_new, now);
                 fold('a');
                 fold_i(rc2);
                 if (rc2 == PD_OK) {
