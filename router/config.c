@@ -352,8 +352,11 @@ static void register_flags(struct pd_router_config *cfg) {
                 "a generation request of one prompt (n 1) whose prompt is at most N tokens (the "
                 "router's estimate without a tokenizer: ids counted, text at 4 bytes a token, "
                 "chat messages' text plus 8 a message) goes to a decode alone, which prefills it "
-                "itself (pdserve-decode --local-prefill): no prefill, no KV transfer. Larger, "
-                "batched or n > 1 requests take the PD path. 0 = all take the PD path");
+                "itself (pdserve-decode --local-prefill): no prefill, no KV transfer. With "
+                "--decode-policy cache_aware only the part of the prompt the picked decode is "
+                "not likely to hold counts (its tree's unmatched share of the text): a "
+                "conversation's follow-up turn stays on its decode. Larger, batched or n > 1 "
+                "requests take the PD path. 0 = all take the PD path");
     pd_flag_double(fs, "--health-check-interval-secs", &cfg->health_check_interval_secs, "S", 0.05,
                    3600, "period of the /health and /get_load polls of every worker");
     pd_flag_int(fs, "--health-failure-threshold", &cfg->health_failure_threshold, "N", 1, 1000,

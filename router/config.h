@@ -106,8 +106,9 @@ struct pd_router_config {
      * prompt (n) */
     int max_concurrent_requests_per_client;
     int max_n;
-    /* a request whose prompt is estimated at most this many tokens goes to a decode alone, which
-     * prefills it itself (--local-prefill-max-tokens; 0 = every request takes the PD path) */
+    /* a request whose prompt is estimated at most this many tokens (beyond what the cache_aware
+     * decode policy matched for the picked decode) goes to a decode alone, which prefills it
+     * itself (--local-prefill-max-tokens; 0 = every request takes the PD path) */
     int local_prefill_max_tokens;
 
     bool help; /* --help given: print pd_router_config_usage, exit 0 */

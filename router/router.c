@@ -872,24 +872,31 @@ static int start_attempt(struct rreq *rq) {
     const struct pd_router_config *cfg = rt->cfg;
     size_t len;
     const char *body = pd_http_req_body(rq->hr, &len);
-    /* --local-prefill-max-tokens: a short prompt goes to a decode alone, which prefills it (a
-     * body this long holds no prompt that short: not parsed twice) */
-    int lmax = cfg->local_prefill_max_tokens;
-    long est = lmax > 0 && len <= (size_t)lmax * 8 + 4096
-                   ? pd_router_body_prompt_tokens(rq->route, body, len)
-                   : -1;
-    bool local = est >= 0 && est <= lmax;
     /* a retry avoids both workers of the failed pair where another one is healthy (the one
      * that failed is out of rotation anyway) */
+    rq->d_matched = 0;
+    struct worker *dw = pd__router_pick_worker(rt, false, rq->prev_dw, rq);
+    if (!dw && rq->prev_dw)
+        dw = pd__router_pick_worker(rt, false, NULL, rq);
+    /* --local-prefill-max-tokens: a prompt with at most that many tokens the decode does not
+     * hold goes to the decode alone, which prefills it (and skips what its own prefix cache
+     * holds). Held: the share of the routing text the cache_aware decode policy matched for the
+     * picked decode. Without that policy, a body this long holds no prompt that short: not
+     * parsed twice. */
+    int lmax = cfg->local_prefill_max_tokens;
+    bool matched = dw && rq->d_matched > 0 && rq->rtext_len > 0;
+    long est = lmax > 0 && (matched || len <= (size_t)lmax * 8 + 4096)
+                   ? pd_router_body_prompt_tokens(rq->route, body, len)
+                   : -1;
+    if (est > 0 && matched)
+        est -= (long)((double)est * (double)rq->d_matched / (double)rq->rtext_len);
+    bool local = est >= 0 && est <= lmax;
     struct worker *pw = NULL;
     if (!local) {
         pw = pd__router_pick_worker(rt, true, rq->prev_pw, rq);
         if (!pw && rq->prev_pw)
             pw = pd__router_pick_worker(rt, true, NULL, rq);
     }
-    struct worker *dw = pd__router_pick_worker(rt, false, rq->prev_dw, rq);
-    if (!dw && rq->prev_dw)
-        dw = pd__router_pick_worker(rt, false, NULL, rq);
     if ((!local && !pw) || !dw) {
         char msg[300];
         pd__router_no_worker_msg(rt, !local && !pw, msg, sizeof(msg));

@@ -143,6 +143,7 @@ struct rreq {
     char *sent;  /* body with the bootstrap fields */
     char *rtext; /* cache_aware: the routing text (route_text.h), NULL before it is needed */
     size_t rtext_len;
+    size_t d_matched; /* decode cache_aware: the picked decode's matched bytes of rtext */
     size_t sent_len;
     struct pd_upstream_call *pcall, *dcall;
     bool streaming;       /* client answer started as a stream */

@@ -346,6 +346,8 @@ static int pick_cache_aware(struct pd_router *rt, struct pd_cache_tree *tree, st
     if (i < 0)
         return i;
     struct worker *w = g->w[i];
+    if (tree == rt->tree[1])
+        rq->d_matched = rt->ca_matched[i]; /* what it likely holds: start_attempt's local rule */
     pd_debug("cache_aware: %s → %s (matched %zu of %zu bytes, tree %zu bytes, %" PRId64
              " in flight)",
              pd_router_ca_decision_names[decision], w->spec.url, rt->ca_matched[i], rq->rtext_len,

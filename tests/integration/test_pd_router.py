@@ -816,6 +816,45 @@ def case_local(model, tmp):
     check(dc.pool_full(), "decode pool back to full")
 
 
+def case_local_cached(model, tmp):
+    """--decode-policy cache_aware with --local-prefill-max-tokens: a follow-up whose prompt
+    repeats an earlier one goes to the decode alone when what the decode is not likely to hold
+    (the part of the text its tree did not match) is within the limit, however long the whole
+    prompt; the decode's own prefix cache serves the repeated pages, so it computes only the
+    rest. Texts equal pdserve-generate's; a new long prompt still takes the PD path."""
+    lmax = 24
+    pf, dc, rt = pc.start_cluster(BUILD, tmp, model, router_extra=[
+        "--local-prefill-max-tokens", str(lmax), "--decode-policy", "cache_aware"])
+    rng = random.Random(9)
+    words = ("alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron "
+             "pi rho sigma tau upsilon phi chi psi omega").split()
+
+    def text(n):
+        return " ".join(rng.choice(words) for _ in range(n))
+
+    first = [text(60), text(70)]           # ~90-100 estimated tokens each: PD
+    follow = [f + " " + text(6) for f in first]  # a few more words: local
+    fresh = text(65)                       # nothing matched: PD
+    prompts = [{"text": t} for t in first + follow + [fresh]]
+    ref = references(model, prompts)
+    want = ["pd", "pd", "local", "local", "pd"]
+    held0 = sum(metric_values(dc, "pdserve_decode_prefix_cache_hit_tokens_total").values())
+    for i, p in enumerate(prompts):
+        before = metric_values(rt, "pdserve_router_path_requests_total")
+        st, raw = through(rt, "generate", gen_body(p, "generate", False))
+        check(st == 200 and text_of("generate", False, raw)[0] == ref[i],
+              "prompt %d: %d %r != %r" % (i, st, raw[:200], ref[i]))
+        after = metric_values(rt, "pdserve_router_path_requests_total")
+        key = '{path="%s"}' % want[i]
+        check(after.get(key, 0) == before.get(key, 0) + 1,
+              "prompt %d (%d bytes) took the other path: %r -> %r, want %s" %
+              (i, len(p["text"]), before, after, want[i]))
+    held = sum(metric_values(dc, "pdserve_decode_prefix_cache_hit_tokens_total").values())
+    check(held - held0 >= 2 * 16, "the local follow-ups held %d tokens of the decode's cache" %
+          (held - held0))
+    check(pf.pool_full() and dc.pool_full(), "pools back to full")
+
+
 def case_restart_prefill(model, tmp):
     slow_ka = dict(os.environ, UCX_KEEPALIVE_INTERVAL="60s")  # the old prefill's death unseen
     pf = pc.Daemon(BUILD, "prefill", model, tmp)
@@ -842,7 +881,8 @@ def main():
     model = pc.make_model(BUILD, tmp)
     cases = {"tokens": case_tokens, "failures": case_failures, "kill_decode": case_kill_decode,
              "startup": case_startup, "extras": case_extras,
-             "restart_prefill": case_restart_prefill, "local": case_local}
+             "restart_prefill": case_restart_prefill, "local": case_local,
+             "local_cached": case_local_cached}
     pc.run_test("pd_router %s" % CASE, lambda: cases[CASE](model, tmp), tmp)
 
 
