@@ -114,6 +114,8 @@ struct pd_engine_req {
      * the Transfer's count, published with the first SEND (the loop sends only the pages after
      * them) */
     int32_t held_pages;
+    int32_t held_first; /* decode: tokens its prefix cache held at the first admission (usage's
+                           cached_tokens of a prompt prefilled here) */
     /* CLOCK_MONOTONIC seconds (uv_hrtime's clock) of the step that first took the request:
      * prefill: its first chunk's step; decode: its pages' reservation. 0 before. Metrics. */
     double t_scheduled;

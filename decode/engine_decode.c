@@ -192,8 +192,10 @@ static bool decode_iter(struct pd_engine *e, double now) {
         const struct pd_decode_admit *a = &st.admitted[i];
         struct pd_engine_req *r = pd__engine_find(e, a->room);
         PD_ASSERT(r && a->n_pages <= r->cap_pages);
-        if (r->t_scheduled == 0)
+        if (r->t_scheduled == 0) {
             r->t_scheduled = now;
+            r->held_first = a->held_pages * e->cfg.page_size;
+        }
         for (int32_t p = 0; p < a->n_pages; p++)
             r->pages[p] = (uint32_t)a->pages[p];
         r->n_pages = a->n_pages;
@@ -271,7 +273,8 @@ static void decode_drain_ends(struct pd_engine *e, double now) {
         }
         pd_debug("room=%" PRIu64 " decode end=%s tokens=%d", end.room,
                  pd_sched_end_reason_str(end.reason), (int)r->n_out);
-        pd__engine_emit_end(e, r, end.reason, PD_OK, 0);
+        /* a prompt computed here reports its own cache hit; a remote one the prefill's */
+        pd__engine_emit_end(e, r, end.reason, PD_OK, r->local_prefill ? r->held_first : 0);
     }
 }
 

@@ -343,6 +343,16 @@ static void coloc_ending(struct pd_daemon_state *d, struct pd_daemon_req *r,
     r->cached_tokens = ev->cached_tokens; /* prefilled here: the engine knows the hit */
 }
 
+/* A prompt prefilled here: usage's cached_tokens is what decode's own prefix cache held (a
+ * remote one's came with its done notice). */
+static void decode_ending(struct pd_daemon_state *d, struct pd_daemon_req *r,
+                          const struct pd_engine_event *ev, int reason) {
+    (void)d;
+    (void)reason;
+    if (!r->api.has_bootstrap_room)
+        r->cached_tokens = ev->cached_tokens;
+}
+
 static void coloc_ready(struct pd_daemon_state *d) {
     printf("pdserve-decode: READY http=%s:%d pages=%d disaggregation_mode=null mixed_chunk=%d\n",
            d->args.host, pd_http_server_port(d->http), d->info.n_pages, (int)d->mixed_chunk);
@@ -460,6 +470,7 @@ const struct pd_role pd_decode_role = {
     .stop = decode_stop,
     .room = decode_room,
     .prepare = decode_pd_prepare,
+    .ending = decode_ending,
     .on_admit = decode_admit,
     .on_quiesce = decode_quiesce,
     .room_end = decode_room_end,

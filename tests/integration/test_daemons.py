@@ -496,6 +496,10 @@ def case_reuse(model, tmp):
                   (what, i, st, ids if ids else out[:200], ref and ref[i]))
             h = held_for(i)
             held += h * ps
+            if local and st == 200:  # usage: what decode's own cache served
+                got = json.loads(out)["meta_info"].get("cached_tokens")
+                check(got == h * ps, "%s conversation %d: cached_tokens %r, want %d" %
+                      (what, i, got, h * ps))
             moved += 0 if local else (len(prompt) + ps - 1) // ps - h
             kept[i] = len(prompt) + max_new - 1
             convs[i] = prompt + (ids or []) + [rng.randrange(3, 200) for _ in range(5 + 2 * i)]
