@@ -610,11 +610,45 @@ static int send_piece(struct rreq *rq, const char *buf, size_t len) {
     return rc ? stream_oom(rq) : PD_OK;
 }
 
-/* Decode's stream bytes to the client. With prompt logprobs, whole events only (a read may end
- * mid-event), each merged with the prefill's answer; they wait in rq->sse until it is in. */
+/* The length of p[0..len)'s whole events ("...\n\n"), 0 when the first is not whole yet. */
+static size_t whole_events(const char *p, size_t len) {
+    for (size_t i = len; i >= 2; i--)
+        if (p[i - 1] == '\n' && p[i - 2] == '\n')
+            return i;
+    return 0;
+}
+
+/* Decode's stream bytes to the client, whole events only: a read may end mid-event, and an
+ * error event of the router's own (the decode stopped answering, its connection broke) must
+ * not land inside a half-relayed one. The tail waits in rq->sse. */
+static int relay_whole_events(struct rreq *rq, const char *buf, size_t len) {
+    if (!rq->sse.len) { /* the usual case: nothing waits, most reads end on a boundary */
+        size_t cut = whole_events(buf, len);
+        int rc = cut ? send_piece(rq, buf, cut) : PD_OK;
+        if (rc) /* the client is gone or memory ran out: rq may be freed */
+            return rc;
+        if (cut < len && pd__router_sb_put(&rq->sse, buf + cut, len - cut))
+            return stream_oom(rq);
+        return PD_OK;
+    }
+    if (len && pd__router_sb_put(&rq->sse, buf, len))
+        return stream_oom(rq);
+    size_t cut = whole_events(rq->sse.p, rq->sse.len);
+    if (!cut)
+        return PD_OK;
+    int rc = send_piece(rq, rq->sse.p, cut);
+    if (rc)
+        return rc;
+    memmove(rq->sse.p, rq->sse.p + cut, rq->sse.len - cut);
+    rq->sse.len -= cut;
+    return PD_OK;
+}
+
+/* Decode's stream bytes to the client. With prompt logprobs, whole events only too, each merged
+ * with the prefill's answer; they wait in rq->sse until it is in. */
 static int stream_out(struct rreq *rq, const char *buf, size_t len) {
     if (!rq->info.input_logprobs)
-        return send_piece(rq, buf, len);
+        return relay_whole_events(rq, buf, len);
     if (len && pd__router_sb_put(&rq->sse, buf, len))
         return stream_oom(rq);
     while (rq->lpm_ready && rq->sse.len) {
@@ -823,7 +857,11 @@ static void on_decode_done(void *ud, struct pd_upstream_call *call,
         }
         mark_finished(rq);
         if (rq->streaming) {
-            pd_http_stream_end(rq->hr);
+            /* a stream that ended inside an event: what came of it goes too, as before */
+            if (!rq->info.input_logprobs && rq->sse.len)
+                (void)pd_http_stream_send(rq->hr, rq->sse.p, rq->sse.len);
+            if (rq->hr) /* NULL: the client went meanwhile (the server has it) */
+                pd_http_stream_end(rq->hr);
         } else {
             const char *ct = pd_upstream_call_content_type(call);
             pd_http_respond(rq->hr, (int)r->http_status, *ct ? ct : "application/json",

@@ -9,7 +9,9 @@ exist, and it records what it saw so tests can check the router's behaviour:
   POST /_fake/config  -> merge settings: health (status of /health), load, fail (HTTP status for
                          generation requests, 0 = none), hang (wait until aborted/unhung),
                          tokens, token_delay_ms, prefill_delay_ms, pad (bytes of filler per
-                         streamed event, to make a stream large)
+                         streamed event, to make a stream large), cut_after (a stream sends
+                         that many events, then half of the next and breaks the connection; -1
+                         none)
 With --api-key KEY it requires "Authorization: Bearer KEY" as an SGLang worker started with
 --api-key does (not on /health or /_fake/*): others get 401 and their path is listed in the log's
 "unauthorized"; "load_polls" counts the /get_load calls it answered.
@@ -27,7 +29,7 @@ LOCK = threading.Lock()
 COND = threading.Condition(LOCK)
 STATE = {"requests": [], "aborts": [], "sent": {}, "unauthorized": [], "load_polls": 0}
 CONFIG = {"health": 200, "load": 0, "fail": 0, "hang": False, "tokens": 5,
-          "token_delay_ms": 10, "prefill_delay_ms": 0, "pad": 0}
+          "token_delay_ms": 10, "prefill_delay_ms": 0, "pad": 0, "cut_after": -1}
 ROLE = "decode"
 API_KEY = None
 
@@ -160,6 +162,7 @@ class Handler(BaseHTTPRequestHandler):
         self.send_header("Transfer-Encoding", "chunked")
         self.end_headers()
         sent = []
+        cut = False
         try:
             for i in range(len(words)):
                 with LOCK:
@@ -174,15 +177,25 @@ class Handler(BaseHTTPRequestHandler):
                 if cfg["pad"]:
                     ev["pad"] = "x" * cfg["pad"]
                 chunk = "data: " + json.dumps(ev) + "\n\n"
+                if i == cfg["cut_after"]:  # half an event, then the connection breaks
+                    half = chunk[:len(chunk) // 2].encode()
+                    self.wfile.write(b"%x\r\n%s\r\n" % (len(half), half))
+                    self.wfile.flush()
+                    self.close_connection = True
+                    self.connection.shutdown(2)
+                    sent.append("<cut>")
+                    cut = True
+                    break
                 sent.append(chunk)
                 data = chunk.encode()
                 self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
                 self.wfile.flush()
                 time.sleep(cfg["token_delay_ms"] / 1000.0)
-            sent.append("data: [DONE]\n\n")
-            data = sent[-1].encode()
-            self.wfile.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(data), data))
-            self.wfile.flush()
+            if not cut:
+                sent.append("data: [DONE]\n\n")
+                data = sent[-1].encode()
+                self.wfile.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(data), data))
+                self.wfile.flush()
         except (BrokenPipeError, ConnectionResetError):
             sent.append("<client closed>")
         with LOCK:

@@ -325,6 +325,25 @@ def test_failures(router, p, d, auth):
     p.config(fail=0, prefill_delay_ms=0)
     d.config(tokens=5, token_delay_ms=10)
 
+    # decode's connection breaks mid-event -> every event the client gets is whole JSON, the
+    # router's error last, then [DONE] (the half event is never relayed)
+    d.config(tokens=12, token_delay_ms=5, cut_after=6, pad=3000)
+    st, ct, data = router.request("POST", "/generate", {"text": "x", "stream": True,
+                                                        "rid": "cut1"}, headers=h)
+    events = [e for e in data.decode().split("\n\n") if e]
+    bad = []
+    for e in events[:-1]:
+        try:
+            json.loads(e[len("data: "):])
+        except ValueError:
+            bad.append(e[:80] + "..." + e[-80:])
+    check(st == 200 and not bad and len(events) == 8 and '"error"' in events[-2]
+          and events[-1] == "data: [DONE]",
+          "decode cut mid-event: %d events (want 6 whole, the error, [DONE]), malformed %r, "
+          "last %r" % (len(events), bad, events[-2:] if events else None))
+    d.config(tokens=5, token_delay_ms=10, cut_after=-1, pad=0)
+    check(router.wait_healthy(200), "the cut decode back in rotation")
+
     # decode error status passes through
     d.config(fail=503)
     st, _, data = router.request("POST", "/generate", {"text": "x"}, headers=h)
