@@ -367,6 +367,12 @@ class Daemon(Proc):
         return False
 
 
+# Router flags of a test whose premise is the PD path for every request (it counts transfers,
+# hand-over stages or pairing refusals, or fails the prefill), whatever PD_TEST_ROUTER_FLAGS or
+# the router's defaults say about the local path (--local-prefill-max-tokens).
+PD_PATH_ONLY = ["--local-prefill-max-tokens", "0"]
+
+
 class Router(Proc):
     def __init__(self, build, prefills, decodes, tmp, extra=(), port=None, scheme="http",
                  prefill_host="127.0.0.1", **kw):
@@ -631,7 +637,7 @@ def pairing_refused(build, tmp, model, prefill_extra, decode_extra, words, what)
     """A prefill and a decode whose KV pages cannot be shared (prefill_extra and decode_extra
     say how they differ) behind the router: a request is refused at pairing with an error
     naming every one of words; the decode gives back the pages and keeps serving."""
-    with cluster(build, tmp, model, prefill_extra, decode_extra) as (pf, dc, rt):
+    with cluster(build, tmp, model, prefill_extra, decode_extra, PD_PATH_ONLY) as (pf, dc, rt):
         body = {"input_ids": [1, 2, 3, 4, 5], "sampling_params": {"max_new_tokens": 4}}
         st, raw = http_call(rt.port, "POST", "/generate", body, 60)
         raw = raw.decode(errors="replace")

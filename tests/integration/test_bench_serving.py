@@ -592,7 +592,7 @@ def case_pd(tmp, tiny):
     model = pc.make_model(BUILD, tmp, ["--hidden-size", "256", "--intermediate-size", "768",
                                        "--layers", "4", "--heads", "8", "--kv-heads", "2"],
                           name="model-256")
-    pf, dc, rt = pc.start_cluster(BUILD, tmp, model)
+    pf, dc, rt = pc.start_cluster(BUILD, tmp, model, router_extra=pc.PD_PATH_ONLY)
     n, in_len, out_len = 12, 256, 128
     # distinct prompts per run (seeds), so that no run is served from the other's prefix cache
     for k, (backend, rate) in enumerate((("sglang", "inf"), ("openai", "8"))):

@@ -181,7 +181,7 @@ def pd_case(tmp):
             continue
         step("prefill + decode --kv-cache-dtype %s behind the router" % kv)
         flag = ["--kv-cache-dtype", kv]
-        with pc.cluster(BUILD, tmp, model, flag, flag) as (pf, dc, rt):
+        with pc.cluster(BUILD, tmp, model, flag, flag, pc.PD_PATH_ONLY) as (pf, dc, rt):
             pb = check_info(pf, kv, f32_page_bytes)
             check_info(dc, kv, f32_page_bytes)
             f32_page_bytes = f32_page_bytes or pb

@@ -365,7 +365,8 @@ def case_load(model, tmp):
     served = "metrics-model"
     model = long_context_model(model, tmp, 16384)
     extra = ("--served-model-name", served)
-    pf, dc, rt = pc.start_cluster(BUILD, tmp, model, prefill_extra=extra, decode_extra=extra)
+    pf, dc, rt = pc.start_cluster(BUILD, tmp, model, prefill_extra=extra, decode_extra=extra,
+                                  router_extra=pc.PD_PATH_ONLY)
     for p in (pf, dc, rt):
         scrape(p)  # parses before any request
     # long enough that a scrape every 10 ms sees the streams running even on a loaded machine
@@ -577,7 +578,7 @@ def case_queues(model, tmp):
 
 
 def case_router(model, tmp):
-    pf, dc, rt = pc.start_cluster(BUILD, tmp, model)
+    pf, dc, rt = pc.start_cluster(BUILD, tmp, model, router_extra=pc.PD_PATH_ONLY)
     n = 6
     for i in range(n):
         meta = stream_generate(rt.port, {"text": "count %d" % i, "stream": True,
@@ -653,7 +654,7 @@ def case_router(model, tmp):
 def busy_cluster(model, tmp):
     """Prefill, decode and router after a few requests through the router (streamed and not,
     so every histogram of the three holds samples); their /metrics texts by role."""
-    pf, dc, rt = pc.start_cluster(BUILD, tmp, model)
+    pf, dc, rt = pc.start_cluster(BUILD, tmp, model, router_extra=pc.PD_PATH_ONLY)
     for i in range(4):
         meta = stream_generate(rt.port, {"text": "the metrics of request %d" % i, "stream": True,
                                          "sampling_params": {"max_new_tokens": 8}})
@@ -917,7 +918,7 @@ PREFILL_STAGES = ("bootstrap_wait", "prefill_queue", "prefill_first_chunk", "pre
 
 
 def case_handover(model, tmp):
-    pf, dc, rt = pc.start_cluster(BUILD, tmp, model)
+    pf, dc, rt = pc.start_cluster(BUILD, tmp, model, router_extra=pc.PD_PATH_ONLY)
     n = 12
     prompts = ["the hand-over %d " % i + "of pages " * (5 + 20 * i) for i in range(n)]
     errors = []

@@ -198,7 +198,7 @@ def start(model, tmp, gated_prefills, router_extra, name_b_closed=True):
             g.open()
     rt = pc.Router(BUILD, [(p.port, g.port) for p, g in zip(pfs, gates)], [dc.port], tmp,
                    ["--retry-initial-backoff-ms", "10", "--retry-max-backoff-ms", "50"]
-                   + list(router_extra))
+                   + pc.PD_PATH_ONLY + list(router_extra))
     check(pc.wait_until(lambda: all(w["healthy"] for w in workers(rt)["workers"]), 15),
           "all workers in rotation")
     return pfs, gates, dc, rt

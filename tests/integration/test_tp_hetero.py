@@ -55,7 +55,7 @@ def serve_pairs(what, model, pairs, tmp):
         for ptp, dtp in pairs:
             step("%s: prefill --tp-size %d -> decode --tp-size %d" % (what, ptp, dtp))
             pf, dc = pfs[ptp], dcs[dtp]
-            rt = pc.Router(BUILD, [(pf.port, pf.bport)], [dc.port], tmp)
+            rt = pc.Router(BUILD, [(pf.port, pf.bport)], [dc.port], tmp, pc.PD_PATH_ONLY)
             try:
                 got = pc.concurrent_generate(rt.port, PROMPTS, LENS,
                                              "%s pd %d->%d" % (what, ptp, dtp))
@@ -78,7 +78,7 @@ def refusal(model, tmp):
                           "head_dim8")
     pf = pc.Daemon(BUILD, "prefill", model, tmp, ["--tp-size", "2"])
     dc = pc.Daemon(BUILD, "decode", other, tmp)
-    rt = pc.Router(BUILD, [(pf.port, pf.bport)], [dc.port], tmp)
+    rt = pc.Router(BUILD, [(pf.port, pf.bport)], [dc.port], tmp, pc.PD_PATH_ONLY)
     try:
         body = {"input_ids": [1, 2, 3, 4, 5], "sampling_params": {"max_new_tokens": 4}}
         st, raw = pc.http_call(rt.port, "POST", "/generate", body, 60)
