@@ -55,6 +55,7 @@ struct job {
 
 static struct job jobs[MAX_PROMPTS];
 static int n_jobs, n_ended, n_want;
+static long n_held_pages; /* pages decode's prefix cache held at admissions */
 
 struct side {
     pd_xfer_t *x;
@@ -82,8 +83,12 @@ static void on_prefill_event(void *ctx, const struct pd_engine_event *ev) {
     struct job *j = job_of(ev->room);
     switch (ev->kind) {
     case PD_ENGINE_EV_SEND: {
-        int rc = pd_xfer_room_send(P.x, ev->room, (uint32_t)ev->begin, ev->req->pages + ev->begin,
-                                   (uint32_t)(ev->end - ev->begin));
+        /* as prefill/role.c: the pages the decode holds itself are not sent */
+        int32_t held = ev->req->held_pages, begin = ev->begin > held ? ev->begin : held;
+        int rc = ev->end > begin
+                     ? pd_xfer_room_send(P.x, ev->room, (uint32_t)(begin - held),
+                                         ev->req->pages + begin, (uint32_t)(ev->end - begin))
+                     : PD_OK;
         if (rc == PD_OK && ev->last) {
             struct pd_xfer_notice n = {.first_token = ev->token,
                                        .first_logprob = ev->logprob,
@@ -125,12 +130,17 @@ static void on_decode_event(void *ctx, const struct pd_engine_event *ev) {
     case PD_ENGINE_EV_ADMIT:
         if (j->never_bootstrap)
             break;
-        /* what Transfer does: the receiver expects the room, the sender learns its pages */
-        CHECK_OK(pd_xfer_room_expect(D.x, D.peer, ev->room, ev->req->pages,
-                                     (uint32_t)ev->req->n_pages, NULL));
-        CHECK_OK(pd_xfer_room_add(P.x, P.peer, ev->room, ev->req->pages, (uint32_t)ev->req->n_pages,
-                                  NULL));
-        submit(&P, (struct pd_engine_cmd){.kind = PD_ENGINE_CMD_BOOTSTRAPPED, .room = ev->room});
+        /* what Transfer does: the receiver expects the room, the sender learns its pages: those
+         * after the ones the decode's prefix cache holds */
+        CHECK(ev->req->held_pages < ev->req->n_pages);
+        n_held_pages += ev->req->held_pages;
+        CHECK_OK(pd_xfer_room_expect(D.x, D.peer, ev->room, ev->req->pages + ev->req->held_pages,
+                                     (uint32_t)(ev->req->n_pages - ev->req->held_pages), NULL));
+        CHECK_OK(pd_xfer_room_add(P.x, P.peer, ev->room, ev->req->pages + ev->req->held_pages,
+                                  (uint32_t)(ev->req->n_pages - ev->req->held_pages), NULL));
+        submit(&P, (struct pd_engine_cmd){.kind = PD_ENGINE_CMD_BOOTSTRAPPED,
+                                          .room = ev->room,
+                                          .held_pages = ev->req->held_pages});
         break;
     case PD_ENGINE_EV_TOKEN:
         CHECK_INT(ev->index, j->n_out);
@@ -237,7 +247,8 @@ static bool pools_full(int ms) {
         struct pd_engine_stats a, b;
         pd_engine_stats(P.eng, &a);
         pd_engine_stats(D.eng, &b);
-        if (a.pages_used == 0 && b.pages_used == 0 && b.pages_free == b.pages_total &&
+        if (a.pages_used == 0 && b.pages_used == 0 &&
+            b.pages_free + b.pages_cached == b.pages_total &&
             a.pages_free + a.pages_cached == a.pages_total &&
             a.q_bootstrap + a.q_waiting + a.q_inflight + a.q_draining == 0 &&
             b.q_prealloc + b.q_transfer + b.q_running + b.q_draining == 0)
@@ -416,6 +427,7 @@ static int check_tokens(int from, int to) {
 /* Mixed lengths, shared prefixes, one pool big enough: tokens equal the reference. */
 static void test_tokens_equal(void) {
     n_jobs = n_ended = 0;
+    n_held_pages = 0;
     static const int lens[] = {1, 5, 15, 16, 17, 31, 40, 63, 64, 65, 100, 128, 129, 200, 257, 33};
     for (size_t i = 0; i < PD_ARRAY_LEN(lens); i++)
         add_job(lens[i], 4 + (int)(i % 5) * 5, NULL);
@@ -438,6 +450,9 @@ static void test_tokens_equal(void) {
     check_tokens(0, n_jobs);
     for (int i = first; i < n_jobs; i++) /* whole pages of the shared prefix came from cache */
         CHECK(jobs[i].p_cached >= 80);
+    /* and the decode held them itself: the 150-token sharer alone finds 9 pages (its 200-token
+     * parent's prompt and output stayed in decode's cache) */
+    CHECK(n_held_pages >= 9);
     CHECK(pools_full(2000));
     stop_sides();
 }
