@@ -7,11 +7,18 @@
  * arrival): a chunk's timestamp is taken in the write callback, i.e. when curl hands us the
  * bytes after the poll woke, so a timestamp is late by at most one loop turn (microseconds on an
  * idle client). Nothing blocks between arrivals. Bodies are built before the load starts so the
- * send path does no JSON work.
+ * send path does no JSON work (except for the turns of a conversation, below).
  *
  * A request fails on a transport error, an HTTP status other than 200, an error event in the
  * stream, a stream with no token, or a stream that ends without `data: [DONE]` (truncated);
  * the failure keeps a one-line reason for the report.
+ *
+ * Multi-turn conversations (prompts with turn >= 1): a turn leaves at its arrival time or when
+ * its conversation's previous turn has ended, whichever is later, so requests may leave out of
+ * index order; its prompt is built then (the previous turn's prompt and answer, then the turn's
+ * new text) and counted with the tokenizer: the only requests whose body is made on the send
+ * path. The answer a turn needs is kept from its stream: /generate streams the whole text so
+ * far (SGLang's and pdserve's cumulative text), the OpenAI shapes stream deltas.
  *
  * Client misbehaviour, drawn per request from the seed before the load starts: an aborting
  * client stops reading once it has its few tokens (the write callback refuses the next bytes,
@@ -25,11 +32,13 @@
 #include "common/base/alloc.h"
 #include "common/base/rng.h"
 #include "common/base/status.h"
+#include "model/tokenizer/tokenizer.h"
 
 #include <cjson/cJSON.h>
 #include <curl/curl.h>
 #include <math.h>
 #include <stdarg.h>
+#include <stdint.h>
 #include <sys/socket.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -57,7 +66,32 @@ struct req {
     double disconnect_after; /* PD_BENCH_FATE_DISCONNECT: s after the send */
     bool cut;                /* the client ended it as its fate says */
     size_t index;            /* in the load */
+    bool keep_answer;        /* a conversation's turn: its answer's text is kept */
+    char *answer;            /* NUL-terminated when answer_len > 0 */
+    size_t answer_len, answer_cap;
     char errbuf[CURL_ERROR_SIZE];
+};
+
+enum req_state { REQ_WAITING = 0, REQ_SENT, REQ_ENDED };
+#define NO_PREV SIZE_MAX
+
+/* One load's requests and what the conversations among them have said so far. */
+struct run {
+    const struct pd_bench_load *l;
+    const struct pd_bench_prompt *prompts; /* [n] */
+    size_t n;
+    int max_output;
+    const cJSON *extra;    /* --extra-request-body, or NULL */
+    struct req *qs;        /* [n] */
+    double *arrival;       /* [n] s since the load began */
+    unsigned char *state;  /* [n] enum req_state */
+    size_t *prev;          /* [n] the conversation's previous turn, or NO_PREV */
+    char **answers;        /* [n] a completed turn's answer text; NULL = none (empty) */
+    double t0, t0_unix;    /* the load's start, CLOCK_MONOTONIC and CLOCK_REALTIME s */
+    size_t active, done_n; /* requests in flight, ended */
+    int failed;            /* ended neither completed nor cut */
+    size_t next;           /* no request below it waits to be sent */
+    size_t oldest, hi;     /* every request in flight lies in [oldest, hi) */
 };
 
 const char *const pd_bench_fate_names[] = {"read", "abort", "disconnect"};
@@ -111,6 +145,20 @@ static void token_event(struct req *q, int k, double t) {
         q->cut = true; /* on_write refuses what follows: curl closes the connection */
 }
 
+/* A turn's answer text: /generate's text is the whole answer so far, the OpenAI shapes send the
+ * new piece. */
+static void keep_answer(struct req *q, const char *text, bool whole) {
+    if (!q->keep_answer || !text)
+        return;
+    size_t len = strlen(text), at = whole ? 0 : q->answer_len;
+    if (pd_array_grow((void **)&q->answer, &q->answer_cap, at + len + 1, 1) != PD_OK) {
+        fail(q, "out of memory keeping the answer (%zu bytes)", at + len);
+        return;
+    }
+    memcpy(q->answer + at, text, len + 1);
+    q->answer_len = at + len;
+}
+
 static void sse_event(struct req *q, const char *data, double t) {
     if (strcmp(data, "[DONE]") == 0) {
         q->done_marker = true;
@@ -131,6 +179,9 @@ static void sse_event(struct req *q, const char *data, double t) {
     }
     q->t_end = t;
     if (q->l->backend == PD_BENCH_SGLANG) {
+        const cJSON *whole = cJSON_GetObjectItemCaseSensitive(ev, "text");
+        if (cJSON_IsString(whole))
+            keep_answer(q, whole->valuestring, true);
         const cJSON *mi = cJSON_GetObjectItemCaseSensitive(ev, "meta_info");
         const cJSON *ct = cJSON_GetObjectItemCaseSensitive(mi, "completion_tokens");
         if (cJSON_IsNumber(ct)) {
@@ -149,8 +200,10 @@ static void sse_event(struct req *q, const char *data, double t) {
                               ? cJSON_GetObjectItemCaseSensitive(ch, "text")
                               : cJSON_GetObjectItemCaseSensitive(
                                     cJSON_GetObjectItemCaseSensitive(ch, "delta"), "content");
-        if (cJSON_IsString(tx) && tx->valuestring[0])
+        if (cJSON_IsString(tx) && tx->valuestring[0]) {
+            keep_answer(q, tx->valuestring, false);
             token_event(q, 1, t);
+        }
         const cJSON *u = cJSON_GetObjectItemCaseSensitive(ev, "usage");
         const cJSON *ct = cJSON_GetObjectItemCaseSensitive(u, "completion_tokens");
         if (cJSON_IsNumber(ct))
@@ -203,13 +256,16 @@ static size_t on_write(char *ptr, size_t size, size_t nmemb, void *userp) {
     return n;
 }
 
-/* The body of one request as the backend wants it. */
+/* The body of one request as the backend wants it. messages (openai-chat; taken over, also on
+ * failure): the conversation to send instead of one user message with p's text. */
 static char *build_body(const struct pd_bench_load *l, const struct pd_bench_prompt *p,
-                        int max_output, const cJSON *extra) {
+                        int max_output, const cJSON *extra, cJSON *messages) {
     int out_len = max_output > 0 && p->output_len > max_output ? max_output : p->output_len;
     cJSON *b = cJSON_CreateObject();
-    if (!b)
+    if (!b) {
+        cJSON_Delete(messages);
         return NULL;
+    }
     cJSON *prompt =
         p->ids ? cJSON_CreateIntArray(p->ids, p->prompt_len) : cJSON_CreateString(p->text);
     if (l->backend == PD_BENCH_SGLANG) {
@@ -222,6 +278,10 @@ static char *build_body(const struct pd_bench_load *l, const struct pd_bench_pro
         cJSON_AddStringToObject(b, "model", l->model ? l->model : "default");
         if (l->backend == PD_BENCH_OPENAI) {
             cJSON_AddItemToObject(b, "prompt", prompt);
+        } else if (messages) {
+            cJSON_Delete(prompt);
+            cJSON_AddItemToObject(b, "messages", messages);
+            messages = NULL;
         } else {
             cJSON *msgs = cJSON_AddArrayToObject(b, "messages");
             cJSON *m = cJSON_CreateObject();
@@ -241,6 +301,7 @@ static char *build_body(const struct pd_bench_load *l, const struct pd_bench_pro
         cJSON_DeleteItemFromObjectCaseSensitive(b, it->string);
         cJSON_AddItemToObject(b, it->string, cJSON_Duplicate(it, true));
     }
+    cJSON_Delete(messages); /* not a chat body */
     char *s = cJSON_PrintUnformatted(b);
     cJSON_Delete(b);
     return s;
@@ -253,6 +314,7 @@ static void req_free(struct req *q) {
     if (q->body)
         cJSON_free(q->body);
     pd_free(q->buf);
+    pd_free(q->answer);
     memset(q, 0, sizeof(*q));
 }
 
@@ -301,7 +363,88 @@ static int sockopt_reset(void *clientp, curl_socket_t fd, curlsocktype purpose) 
     return CURL_SOCKOPT_OK;
 }
 
-static int req_start(struct req *q, CURLM *multi, size_t i, double t0) {
+/* Whether request i may leave: it is no turn, or its conversation's previous turn has ended. */
+static bool turn_ready(const struct run *run, size_t i) {
+    return run->prev[i] == NO_PREV || run->state[run->prev[i]] == REQ_ENDED;
+}
+
+/* Turn i's body as it leaves: every earlier turn's new text followed by its answer, then turn i's
+ * new text (each turn's prompt is the previous turn's prompt + answer + its new text); for
+ * openai-chat the same pieces as alternating user / assistant messages. *prompt_len: the text's
+ * tokens (no special token added), whatever the backend. */
+static int turn_body(const struct run *run, size_t i, char **body, int *prompt_len) {
+    const struct pd_bench_load *l = run->l;
+    size_t k = 0;
+    for (size_t j = i; j != NO_PREV; j = run->prev[j])
+        k++;
+    size_t *chain = pd_malloc(k * sizeof(size_t)); /* [k] oldest turn first, i last */
+    if (!chain)
+        return pd_errorf(PD_ENOMEM, "turn %zu: %zu turns", i, k);
+    size_t m = k, len = 0;
+    for (size_t j = i; j != NO_PREV; j = run->prev[j])
+        chain[--m] = j;
+    for (m = 0; m < k; m++) {
+        PD_ASSERT(run->prompts[chain[m]].text); /* the multiturn dataset makes text */
+        len += strlen(run->prompts[chain[m]].text);
+        if (m + 1 < k && run->answers[chain[m]])
+            len += strlen(run->answers[chain[m]]);
+    }
+    char *text = pd_malloc(len + 1);
+    cJSON *messages = l->backend == PD_BENCH_OPENAI_CHAT ? cJSON_CreateArray() : NULL;
+    int rc = PD_OK;
+    if (!text || (l->backend == PD_BENCH_OPENAI_CHAT && !messages)) {
+        rc = pd_errorf(PD_ENOMEM, "turn %zu: a prompt of %zu bytes", i, len);
+        goto done;
+    }
+    size_t at = 0;
+    for (m = 0; m < k; m++) {
+        const char *said[2] = {run->prompts[chain[m]].text,
+                               m + 1 < k && run->answers[chain[m]] ? run->answers[chain[m]] : ""};
+        static const char *const role[2] = {"user", "assistant"};
+        for (int w = 0; w < (m + 1 < k ? 2 : 1); w++) {
+            size_t n = strlen(said[w]);
+            memcpy(text + at, said[w], n);
+            at += n;
+            if (messages) {
+                cJSON *msg = cJSON_CreateObject();
+                cJSON_AddItemToArray(messages, msg);
+                cJSON_AddStringToObject(msg, "role", role[w]);
+                cJSON_AddStringToObject(msg, "content", said[w]);
+            }
+        }
+    }
+    text[at] = '\0';
+    struct pd_token_ids ids = {0};
+    rc = pd_tokenizer_encode(l->tok, text, at, 0, &ids);
+    *prompt_len = (int)ids.n;
+    pd_token_ids_free(&ids);
+    if (rc) {
+        rc = pd_error_wrap(rc, "turn %zu: counting the prompt's tokens", i);
+        goto done;
+    }
+    struct pd_bench_prompt p = run->prompts[i];
+    p.text = text;
+    p.ids = NULL;
+    p.prompt_len = *prompt_len;
+    *body = build_body(l, &p, run->max_output, run->extra, messages);
+    messages = NULL; /* build_body took it */
+    if (!*body)
+        rc = pd_errorf(PD_ENOMEM, "turn %zu: request body", i);
+done:
+    cJSON_Delete(messages);
+    pd_free(text);
+    pd_free(chain);
+    return rc;
+}
+
+static int req_start(struct run *run, CURLM *multi, size_t i) {
+    struct req *q = &run->qs[i];
+    if (run->prompts[i].turn >= 1) {
+        int rc = turn_body(run, i, &q->body, &q->res->prompt_len);
+        if (rc)
+            return rc;
+        q->keep_answer = true;
+    }
     q->easy = curl_easy_init();
     if (!q->easy)
         return pd_errorf(PD_ENOMEM, "curl_easy_init for request %zu", i);
@@ -326,7 +469,7 @@ static int req_start(struct req *q, CURLM *multi, size_t i, double t0) {
         curl_easy_setopt(e, CURLOPT_SOCKOPTFUNCTION, sockopt_reset);
     }
     q->t_start = pd_bench_now();
-    q->res->start = q->t_start - t0;
+    q->res->start = q->t_start - run->t0;
     CURLMcode mc = curl_multi_add_handle(multi, e);
     if (mc != CURLM_OK)
         return pd_errorf(PD_EINTERNAL, "curl_multi_add_handle: %s", curl_multi_strerror(mc));
@@ -398,6 +541,12 @@ static void write_request(const struct pd_bench_load *l, const struct req *q, do
     cJSON_AddNumberToObject(o, "start_unix", t0_unix + r->start);
     cJSON_AddNumberToObject(o, "end_unix", t0_unix + r->end);
     cJSON_AddNumberToObject(o, "prompt_len", r->prompt_len);
+    if (r->length_class >= 0)
+        cJSON_AddNumberToObject(o, "length_class", r->length_class);
+    if (r->turn >= 1) {
+        cJSON_AddNumberToObject(o, "conversation", r->conversation);
+        cJSON_AddNumberToObject(o, "turn", r->turn);
+    }
     cJSON_AddNumberToObject(o, "tokens", r->tokens);
     if (q->got_first)
         cJSON_AddNumberToObject(o, "ttft", r->ttft);
@@ -419,9 +568,118 @@ static void write_request(const struct pd_bench_load *l, const struct req *q, do
     }
 }
 
+/* Ends request q as curl says (CURLE_OK for a connection the client dropped) at now: its record,
+ * the answer a later turn needs, its slot. */
+static void req_end(struct run *run, struct req *q, CURLcode code, double now) {
+    finish(q, code, now - run->t0);
+    run->failed += !q->res->ok && !q->res->cut;
+    write_request(run->l, q, run->t0_unix);
+    if (q->keep_answer && q->res->ok) {
+        run->answers[q->index] = q->answer; /* NULL for an empty answer */
+        q->answer = NULL;
+    }
+    run->state[q->index] = REQ_ENDED;
+    req_free(q);
+    run->active--;
+    run->done_n++;
+}
+
+/* The turns' order: turn k > 1 of a conversation follows the latest earlier prompt of that
+ * conversation, which must be its turn k - 1. Prompts of no turn follow nothing. */
+static int link_turns(struct run *run) {
+    int max_conv = -1;
+    for (size_t i = 0; i < run->n; i++) {
+        run->prev[i] = NO_PREV;
+        if (run->prompts[i].turn >= 1 && run->prompts[i].conversation > max_conv)
+            max_conv = run->prompts[i].conversation;
+    }
+    if (max_conv < 0)
+        return PD_OK;
+    if (!run->l->tok)
+        return pd_errorf(PD_EINVAL, "a multi-turn load needs the tokenizer to count its prompts");
+    size_t *last = pd_malloc(((size_t)max_conv + 1) * sizeof(size_t)); /* [conversation] */
+    if (!last)
+        return pd_errorf(PD_ENOMEM, "%d conversations", max_conv + 1);
+    for (int c = 0; c <= max_conv; c++)
+        last[c] = NO_PREV;
+    int rc = PD_OK;
+    for (size_t i = 0; i < run->n && !rc; i++) {
+        const struct pd_bench_prompt *p = &run->prompts[i];
+        if (p->turn < 1)
+            continue;
+        PD_ASSERT(p->conversation >= 0);
+        size_t j = last[p->conversation];
+        if (p->turn > 1 && (j == NO_PREV || run->prompts[j].turn != p->turn - 1))
+            rc = pd_errorf(PD_EINVAL,
+                           "prompt %zu: turn %d of conversation %d comes before its "
+                           "turn %d",
+                           i, p->turn, p->conversation, p->turn - 1);
+        run->prev[i] = p->turn > 1 ? j : NO_PREV;
+        last[p->conversation] = i;
+    }
+    pd_free(last);
+    return rc;
+}
+
+/* Sends every request whose arrival time has come and whose conversation's previous turn has
+ * ended, lowest index first, as far as --max-concurrency allows. */
+static int send_due(struct run *run, CURLM *multi, double now) {
+    int cap = run->l->max_concurrency;
+    while (run->next < run->n && run->state[run->next] != REQ_WAITING)
+        run->next++;
+    for (size_t i = run->next; i < run->n && run->arrival[i] <= now - run->t0; i++) {
+        if (cap > 0 && run->active >= (size_t)cap)
+            break;
+        if (run->state[i] != REQ_WAITING || !turn_ready(run, i))
+            continue;
+        int rc = req_start(run, multi, i);
+        if (rc)
+            return rc;
+        run->state[i] = REQ_SENT;
+        run->active++;
+        run->hi = i + 1 > run->hi ? i + 1 : run->hi;
+    }
+    return PD_OK;
+}
+
+/* s since the load began when the next request may leave; INFINITY when none may until a turn
+ * ends or a slot frees (a socket event wakes the loop then). Scans past the turns still waiting
+ * for their predecessors: a multi-turn load holds conversations x turns requests, few. */
+static double next_departure(const struct run *run) {
+    int cap = run->l->max_concurrency;
+    if (cap > 0 && run->active >= (size_t)cap)
+        return INFINITY;
+    for (size_t i = run->next; i < run->n; i++)
+        if (run->state[i] == REQ_WAITING && turn_ready(run, i))
+            return run->arrival[i];
+    return INFINITY;
+}
+
+/* Disconnecting clients whose time has come drop their connections; *next_drop: the next one's
+ * time (CLOCK_MONOTONIC s, INFINITY for none). */
+static void drop_due(struct run *run, CURLM *multi, double now, double *next_drop) {
+    *next_drop = INFINITY;
+    while (run->oldest < run->hi && run->state[run->oldest] == REQ_ENDED)
+        run->oldest++;
+    for (size_t i = run->oldest; i < run->hi; i++) {
+        struct req *q = &run->qs[i];
+        if (run->state[i] != REQ_SENT || q->fate != PD_BENCH_FATE_DISCONNECT)
+            continue;
+        double at = q->t_start + q->disconnect_after;
+        if (at > now) {
+            *next_drop = at < *next_drop ? at : *next_drop;
+            continue;
+        }
+        curl_multi_remove_handle(multi, q->easy);   /* closes the socket: a reset */
+        q->cut = !q->res->error && !q->done_marker; /* a finished answer is not cut */
+        req_end(run, q, CURLE_OK, now);
+    }
+}
+
 int pd_bench_load_run(const struct pd_bench_load *l, const struct pd_bench_prompt *prompts,
                       size_t n, int max_output, struct pd_bench_result *out, double *duration) {
     int rc = PD_OK;
+    struct run run = {.l = l, .prompts = prompts, .n = n, .max_output = max_output};
     cJSON *extra = NULL;
     if (l->extra_body) {
         extra = cJSON_Parse(l->extra_body);
@@ -431,30 +689,42 @@ int pd_bench_load_run(const struct pd_bench_load *l, const struct pd_bench_promp
                              l->extra_body);
         }
     }
-    struct req *qs = pd_calloc(n ? n : 1, sizeof(*qs));
-    double *arrival = pd_calloc(n ? n : 1, sizeof(double));
+    run.extra = extra;
+    size_t m = n ? n : 1;
+    run.qs = pd_calloc(m, sizeof(*run.qs));
+    run.arrival = pd_calloc(m, sizeof(double));
+    run.state = pd_calloc(m, 1);
+    run.prev = pd_calloc(m, sizeof(size_t));
+    run.answers = pd_calloc(m, sizeof(char *));
     CURLM *multi = curl_multi_init();
-    if (!qs || !arrival || !multi) {
+    if (!run.qs || !run.arrival || !run.state || !run.prev || !run.answers || !multi) {
         rc = pd_errorf(PD_ENOMEM, "load of %zu requests", n);
         goto done;
     }
+    if ((rc = link_turns(&run)))
+        goto done;
     curl_multi_setopt(multi, CURLMOPT_MAX_HOST_CONNECTIONS, 0L);
     char auth[512];
     snprintf(auth, sizeof(auth), "Authorization: Bearer %s", l->api_key ? l->api_key : "");
     for (size_t i = 0; i < n; i++) {
-        struct req *q = &qs[i];
+        struct req *q = &run.qs[i];
+        const struct pd_bench_prompt *p = &prompts[i];
         q->l = l;
         q->index = i;
         q->res = &out[i];
         q->server_count = -1;
-        q->res->prompt_len = prompts[i].prompt_len;
-        q->body = build_body(l, &prompts[i], max_output, extra);
+        q->res->prompt_len = p->prompt_len;
+        q->res->length_class = p->length_class;
+        q->res->conversation = p->conversation;
+        q->res->turn = p->turn;
+        /* a turn's body is made when it leaves (turn_body) */
+        q->body = p->turn >= 1 ? NULL : build_body(l, p, max_output, extra, NULL);
         q->headers = curl_slist_append(NULL, "Content-Type: application/json");
         /* no "Expect: 100-continue" round trip for bodies over 1 KiB */
         struct curl_slist *h = q->headers ? curl_slist_append(q->headers, "Expect:") : NULL;
         if (h && l->api_key)
             h = curl_slist_append(h, auth);
-        if (!q->body || !h) {
+        if ((!q->body && p->turn < 1) || !h) {
             rc = pd_errorf(PD_ENOMEM, "request body %zu", i);
             goto done;
         }
@@ -472,26 +742,19 @@ int pd_bench_load_run(const struct pd_bench_load *l, const struct pd_bench_promp
             double u = (double)(pd_xoshiro256ss(rng.s) >> 11) * 0x1.0p-53; /* [0, 1) */
             gap = -log1p(-u) / l->request_rate;
         }
-        arrival[i] = arrival[i - 1] + gap;
+        run.arrival[i] = run.arrival[i - 1] + gap;
     }
-    draw_fates(l, prompts, n, max_output, qs);
+    draw_fates(l, prompts, n, max_output, run.qs);
 
     bool tty = isatty(STDERR_FILENO);
-    size_t next = 0, done_n = 0, oldest = 0; /* no request below oldest is in flight */
-    int active = 0, failed = 0;
-    double t0 = pd_bench_now(), last_progress = t0;
+    run.t0 = pd_bench_now();
+    double last_progress = run.t0;
     struct timespec rt;
     clock_gettime(CLOCK_REALTIME, &rt);
-    double t0_unix = (double)rt.tv_sec + (double)rt.tv_nsec * 1e-9;
-    while (done_n < n) {
-        double now = pd_bench_now();
-        while (next < n && arrival[next] <= now - t0 &&
-               (l->max_concurrency <= 0 || active < l->max_concurrency)) {
-            if ((rc = req_start(&qs[next], multi, next, t0)))
-                goto done;
-            next++;
-            active++;
-        }
+    run.t0_unix = (double)rt.tv_sec + (double)rt.tv_nsec * 1e-9;
+    while (run.done_n < n) {
+        if ((rc = send_due(&run, multi, pd_bench_now())))
+            goto done;
         int running;
         CURLMcode mc = curl_multi_perform(multi, &running);
         if (mc != CURLM_OK) {
@@ -507,53 +770,25 @@ int pd_bench_load_run(const struct pd_bench_load *l, const struct pd_bench_promp
             curl_easy_getinfo(msg->easy_handle, CURLINFO_PRIVATE, (char **)&q);
             CURLcode code = msg->data.result;
             curl_multi_remove_handle(multi, q->easy);
-            finish(q, code, pd_bench_now() - t0);
-            failed += !q->res->ok && !q->res->cut;
-            write_request(l, q, t0_unix);
-            req_free(q);
-            active--;
-            done_n++;
+            req_end(&run, q, code, pd_bench_now());
         }
-        /* Disconnecting clients whose time has come drop their connections. */
-        double next_drop = INFINITY;
-        now = pd_bench_now();
-        while (oldest < next && !qs[oldest].easy)
-            oldest++;
-        for (size_t i = oldest; i < next; i++) {
-            struct req *q = &qs[i];
-            if (!q->easy || q->fate != PD_BENCH_FATE_DISCONNECT)
-                continue;
-            double at = q->t_start + q->disconnect_after;
-            if (at > now) {
-                next_drop = at < next_drop ? at : next_drop;
-                continue;
-            }
-            curl_multi_remove_handle(multi, q->easy);   /* closes the socket: a reset */
-            q->cut = !q->res->error && !q->done_marker; /* a finished answer is not cut */
-            finish(q, CURLE_OK, now - t0);
-            failed += !q->res->ok && !q->res->cut;
-            write_request(l, q, t0_unix);
-            req_free(q);
-            active--;
-            done_n++;
-        }
-        now = pd_bench_now();
+        double next_drop;
+        drop_due(&run, multi, pd_bench_now(), &next_drop);
+        double now = pd_bench_now();
         if (l->progress && (now - last_progress >= (tty ? 0.2 : 10.0))) {
-            progress(l, tty, done_n, n, failed, now - t0, false);
+            progress(l, tty, run.done_n, n, run.failed, now - run.t0, false);
             last_progress = now;
         }
-        if (done_n == n)
+        if (run.done_n == n)
             break;
-        /* Sleep until the next arrival (if one may start), a socket event, or a progress tick. */
+        /* Sleep until the next departure, a socket event, or a progress tick. */
         double wait = tty ? 0.2 : 1.0;
-        if (next < n && (l->max_concurrency <= 0 || active < l->max_concurrency)) {
-            double until = arrival[next] - (now - t0);
-            wait = until < wait ? until : wait;
-        }
+        double until = run.t0 + next_departure(&run) - now;
+        wait = until < wait ? until : wait;
         if (next_drop - now < wait)
             wait = next_drop - now;
         int wait_ms = wait <= 0 ? 0 : (int)ceil(wait * 1e3);
-        if (wait_ms > 0 || active > 0) {
+        if (wait_ms > 0 || run.active > 0) {
             mc = curl_multi_poll(multi, NULL, 0, wait_ms, NULL);
             if (mc != CURLM_OK) {
                 rc = pd_errorf(PD_EINTERNAL, "curl_multi_poll: %s", curl_multi_strerror(mc));
@@ -561,21 +796,24 @@ int pd_bench_load_run(const struct pd_bench_load *l, const struct pd_bench_promp
             }
         }
     }
-    *duration = pd_bench_now() - t0;
+    *duration = pd_bench_now() - run.t0;
     if (l->progress)
-        progress(l, tty, done_n, n, failed, pd_bench_now() - t0, true);
+        progress(l, tty, run.done_n, n, run.failed, pd_bench_now() - run.t0, true);
 done:
-    if (qs) {
-        for (size_t i = 0; i < n; i++) {
-            if (qs[i].easy && multi)
-                curl_multi_remove_handle(multi, qs[i].easy);
-            req_free(&qs[i]);
-        }
+    for (size_t i = 0; run.qs && i < n; i++) {
+        if (run.qs[i].easy && multi)
+            curl_multi_remove_handle(multi, run.qs[i].easy);
+        req_free(&run.qs[i]);
     }
+    for (size_t i = 0; run.answers && i < n; i++)
+        pd_free(run.answers[i]);
     if (multi)
         curl_multi_cleanup(multi);
-    pd_free(qs);
-    pd_free(arrival);
+    pd_free(run.qs);
+    pd_free(run.arrival);
+    pd_free(run.state);
+    pd_free(run.prev);
+    pd_free(run.answers);
     cJSON_Delete(extra);
     return rc;
 }
@@ -645,6 +883,41 @@ int pd_bench_http_get(const char *url, const char *api_key, size_t max_bytes, ch
         pd_free(b.p);
     else
         *body = b.p;
+    return rc;
+}
+
+int pd_bench_flush_cache(const char *base_url, const char *api_key) {
+    char url[2100], auth[512], errbuf[CURL_ERROR_SIZE] = "";
+    snprintf(url, sizeof(url), "%s/flush_cache", base_url);
+    CURL *e = curl_easy_init();
+    if (!e)
+        return pd_errorf(PD_ENOMEM, "curl_easy_init");
+    struct curl_slist *h = curl_slist_append(NULL, "Content-Type: application/json");
+    if (h && api_key) {
+        snprintf(auth, sizeof(auth), "Authorization: Bearer %s", api_key);
+        h = curl_slist_append(h, auth);
+    }
+    struct get_body b = {.max = 1 << 16}; /* the answer is read and dropped */
+    curl_easy_setopt(e, CURLOPT_URL, url);
+    curl_easy_setopt(e, CURLOPT_POSTFIELDS, "{}");
+    curl_easy_setopt(e, CURLOPT_HTTPHEADER, h);
+    curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, on_get_write);
+    curl_easy_setopt(e, CURLOPT_WRITEDATA, &b);
+    curl_easy_setopt(e, CURLOPT_ERRORBUFFER, errbuf);
+    curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(e, CURLOPT_TIMEOUT_MS, 10000L);
+    CURLcode code = curl_easy_perform(e);
+    long status = 0;
+    curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, &status);
+    int rc = PD_OK;
+    if (code != CURLE_OK)
+        rc = pd_errorf(PD_EPEER, "cannot reach %s: %s (curl error %d)", url,
+                       errbuf[0] ? errbuf : curl_easy_strerror(code), (int)code);
+    else if (status != 200)
+        rc = pd_errorf(PD_EPEER, "POST %s answered HTTP %ld", url, status);
+    curl_slist_free_all(h);
+    curl_easy_cleanup(e);
+    pd_free(b.p);
     return rc;
 }
 

@@ -5,8 +5,9 @@
  * --plot is asked) before anything is sent; probe the server (GET /v1/models, else /health) so
  * an unreachable URL is one clear line naming it; load the tokenizer (--tokenizer, else the
  * model id when it is a local model directory, as it is for pdserve); make the prompts; send
- * --warmup-requests (excluded from every number); then one load per request rate, each printed
- * as a table and appended to --output-file (JSON Lines) and --output-csv; finally --plot.
+ * --warmup-requests (excluded from every number); then one load per request rate (each after
+ * --flush-cache, between reads of --timeline-url / --kv-bytes-url), each printed as a table and
+ * appended to --output-file (JSON Lines) and --output-csv; finally --plot.
  * Exit status: 0 when every load completed at least one request, 1 otherwise or on any error.
  */
 #include "bench/serving/serving.h"
@@ -36,20 +37,22 @@ static const char *const backend_choices[] = {"sglang",        "openai",     "op
 static const enum pd_bench_backend backend_of_choice[] = {
     PD_BENCH_SGLANG, PD_BENCH_OPENAI,      PD_BENCH_OPENAI_CHAT, PD_BENCH_SGLANG,
     PD_BENCH_OPENAI, PD_BENCH_OPENAI_CHAT, PD_BENCH_OPENAI,      PD_BENCH_OPENAI_CHAT};
-static const char *const dataset_choices[] = {"random", "sharegpt", "sharegpt-synthetic", NULL};
-enum { DATASET_RANDOM, DATASET_SHAREGPT, DATASET_SHAREGPT_SYNTHETIC };
+static const char *const dataset_choices[] = {"random", "sharegpt", "sharegpt-synthetic",
+                                              "multiturn", NULL};
+enum { DATASET_RANDOM, DATASET_SHAREGPT, DATASET_SHAREGPT_SYNTHETIC, DATASET_MULTITURN };
 
 struct args {
     int backend, dataset, port, num_prompts, random_input_len, random_output_len;
     int sharegpt_output_len, sharegpt_context_len, max_concurrency, warmup_requests;
+    int multiturn_conversations, multiturn_turns;
     int64_t seed;
     double random_range_ratio, slo_ttft_ms, slo_tpot_ms, request_timeout;
     double abort_fraction, disconnect_fraction, disconnect_window_ms;
     const char *base_url, *host, *model, *tokenizer, *dataset_path, *request_rate, *sweep;
     const char *output_file, *output_csv, *plot, *plot_from, *plot_label, *extra_body, *api_key;
-    const char *timeline_url;
-    const char *output_requests;
-    bool output_details, disable_ignore_eos, disable_progress;
+    const char *timeline_url, *kv_bytes_url;
+    const char *output_requests, *random_mix;
+    bool output_details, disable_ignore_eos, disable_progress, flush_cache;
 };
 
 /* A message of our own, without a pd_error behind it. */
@@ -133,7 +136,13 @@ static void register_flags(struct pd_flagset *fs, struct args *a) {
                    "file (--dataset-path); sharegpt-synthetic = random token ids with "
                    "ShareGPT's long-tailed lengths: log-normal (sigma 1) prompt and output "
                    "lengths whose means are --random-input-len and --random-output-len, each "
-                   "at most 8x its mean, cut to --sharegpt-context-len");
+                   "at most 8x its mean, cut to --sharegpt-context-len; multiturn = chat "
+                   "conversations (--multiturn-conversations x --multiturn-turns requests; "
+                   "--num-prompts is then ignored): turn 1 is random text of --random-input-len "
+                   "tokens (with --random-range-ratio), turn k the previous turn's prompt, its "
+                   "answer as streamed and new random text of that length, sent once the "
+                   "previous turn has ended (openai-chat: as alternating user/assistant "
+                   "messages)");
     pd_flag_string(fs, "--dataset-path", &a->dataset_path, "FILE",
                    "ShareGPT JSON: [{\"conversations\": [{\"from\": \"human\", \"value\": ...}, "
                    "{\"from\": \"gpt\", \"value\": ...}]}, ...]");
@@ -147,6 +156,20 @@ static void register_flags(struct pd_flagset *fs, struct args *a) {
                 "random: output tokens asked for (the most)");
     pd_flag_double(fs, "--random-range-ratio", &a->random_range_ratio, "R", 0, 1,
                    "random: lengths are uniform in [len*R, len] (1 = exact lengths)");
+    pd_flag_string(fs, "--random-mix", &a->random_mix, "SHARE:MIN-MAX[,...]",
+                   "random: prompt lengths from length classes instead of --random-input-len: "
+                   "each request draws a class with its SHARE (the shares sum to 1), then a "
+                   "length uniform in [MIN, MAX] tokens, e.g. 0.7:32-128,0.3:1024-2048 (at "
+                   "most 8 classes); output lengths stay --random-output-len's; the report adds "
+                   "each class's TTFT median/p99 and goodput (\"classes\" in --output-file)");
+    pd_flag_int(fs, "--multiturn-conversations", &a->multiturn_conversations, "N", 1, 1e5,
+                "multiturn: conversations, each sending --multiturn-turns requests");
+    pd_flag_int(fs, "--multiturn-turns", &a->multiturn_turns, "K", 1, PD_BENCH_MAX_TURNS,
+                "multiturn: turns per conversation; arrivals are Poisson over all N x K "
+                "requests in turn-major order (every conversation's turn 1, then turn 2, ...), "
+                "a turn leaving at its arrival or when its previous turn ended, whichever is "
+                "later; the report adds each turn's mean prompt tokens and TTFT median "
+                "(\"turns\" in --output-file)");
     pd_flag_int(fs, "--sharegpt-output-len", &a->sharegpt_output_len, "N", 0, 1e7,
                 "sharegpt: output tokens for every request (0 = the answer's token count)");
     pd_flag_int(fs, "--sharegpt-context-len", &a->sharegpt_context_len, "N", 0, 1e9,
@@ -188,7 +211,8 @@ static void register_flags(struct pd_flagset *fs, struct args *a) {
                    "write one JSON line per request as it ends (flushed; every rate of a "
                    "sweep): request_rate, index, fate (read/abort/disconnect), outcome "
                    "(completed/cut/failed), start/end (s since the load began) and "
-                   "start_unix/end_unix, prompt_len, tokens received, ttft (s), itl (s), error");
+                   "start_unix/end_unix, prompt_len, tokens received, ttft (s), itl (s), error; "
+                   "length_class (--random-mix) and conversation/turn (multiturn)");
     pd_flag_string(fs, "--output-file", &a->output_file, "FILE",
                    "write results as JSON Lines, one object per request rate with "
                    "bench_serving's field names (overwritten)");
@@ -212,6 +236,16 @@ static void register_flags(struct pd_flagset *fs, struct args *a) {
                    "(pdserve_router_handover_seconds, pdserve_handover_seconds) are printed as "
                    "that load's means, with their sum against the mean TTFT measured here "
                    "(and a 'handover' object in --output-file)");
+    pd_flag_string(fs, "--kv-bytes-url", &a->kv_bytes_url, "URL[,URL...]",
+                   "pdserve servers (base URLs) whose /metrics pdserve_kv_transfer_bytes_total "
+                   "is read before and after each load: the KV bytes the load moved, in all and "
+                   "per request (table; kv_transfer_bytes and kv_transfer_bytes_per_request in "
+                   "--output-file). Both sides of a transfer count it: give the prefills (or "
+                   "the decodes), not both");
+    pd_flag_bool(fs, "--flush-cache", &a->flush_cache,
+                 "POST /flush_cache to the server before each load (after the warm-up), so no "
+                 "load starts with prompts a previous one left in a prefix cache (a router "
+                 "passes it to every worker without waiting for them: 0.5 s is left for that)");
     pd_flag_bool(fs, "--disable-progress", &a->disable_progress,
                  "no progress bar (on a terminal) or progress lines (otherwise) on stderr");
 }
@@ -308,6 +342,8 @@ int main(int argc, char **argv) {
         .seed = 1,
         .request_timeout = 3600,
         .disconnect_window_ms = 1000,
+        .multiturn_conversations = 8,
+        .multiturn_turns = 6,
         .host = "127.0.0.1",
         .request_rate = "inf",
     };
@@ -369,6 +405,24 @@ int main(int argc, char **argv) {
     if (a.dataset != DATASET_SHAREGPT && a.dataset_path)
         fprintf(stderr, "pdserve-bench: --dataset-path is ignored by --dataset-name %s\n",
                 dataset_choices[a.dataset]);
+    struct pd_bench_length_mix mix = {0};
+    if (a.random_mix && a.dataset != DATASET_RANDOM) {
+        pd_free(rates);
+        return die("--random-mix works with --dataset-name random only");
+    }
+    if (a.random_mix && pd_bench_length_mix_parse(a.random_mix, &mix)) {
+        pd_free(rates);
+        return fatal("bad arguments");
+    }
+    if (a.dataset == DATASET_MULTITURN) {
+        for (int i = 0; i < fs.n; i++)
+            if (!strcmp(fs.flags[i].name, "--num-prompts") && fs.flags[i].seen)
+                fprintf(stderr,
+                        "pdserve-bench: --num-prompts is ignored by --dataset-name multiturn "
+                        "(%d conversations x %d turns = %d requests)\n",
+                        a.multiturn_conversations, a.multiturn_turns,
+                        a.multiturn_conversations * a.multiturn_turns);
+    }
     if (a.abort_fraction + a.disconnect_fraction > 1) {
         pd_free(rates);
         return die("--abort-fraction plus --disconnect-fraction must be at most 1");
@@ -447,8 +501,15 @@ int main(int argc, char **argv) {
     struct pd_bench_random_spec spec = {.input_len = a.random_input_len,
                                         .output_len = a.random_output_len,
                                         .range_ratio = a.random_range_ratio,
-                                        .as_text = backend == PD_BENCH_OPENAI_CHAT};
-    if (a.dataset == DATASET_RANDOM) {
+                                        .as_text = backend == PD_BENCH_OPENAI_CHAT,
+                                        .mix = a.random_mix ? &mix : NULL};
+    if (a.dataset == DATASET_MULTITURN) {
+        if (pd_bench_dataset_multiturn(&spec, a.multiturn_conversations, a.multiturn_turns,
+                                       (uint64_t)a.seed, tok, &ds)) {
+            fatal("dataset");
+            goto out;
+        }
+    } else if (a.dataset == DATASET_RANDOM) {
         if (pd_bench_dataset_random(&spec, (size_t)a.num_prompts, (uint64_t)a.seed, tok, &ds)) {
             fatal("dataset");
             goto out;
@@ -478,8 +539,9 @@ int main(int argc, char **argv) {
         in_tok += ds.p[i].prompt_len;
         out_tok += ds.p[i].output_len;
     }
-    printf("pdserve-bench: %s %s, %zu prompts (%ld input / %ld output tokens), model %s\n",
-           pd_bench_backend_names[backend], api_url, ds.n, in_tok, out_tok,
+    printf("pdserve-bench: %s %s, %zu prompts (%ld input%s / %ld output tokens), model %s\n",
+           pd_bench_backend_names[backend], api_url, ds.n, in_tok,
+           a.dataset == DATASET_MULTITURN ? " tokens new in their turns" : "", out_tok,
            model ? model : "(not needed)");
 
     struct pd_bench_load load = {
@@ -495,6 +557,7 @@ int main(int argc, char **argv) {
         .progress = false,
         .label = "warmup",
         .timeout_s = a.request_timeout,
+        .tok = tok,
     };
     if (a.warmup_requests > 0) {
         size_t nw = (size_t)a.warmup_requests;
@@ -502,8 +565,10 @@ int main(int argc, char **argv) {
         struct pd_bench_result *wr = pd_calloc(nw, sizeof(*wr));
         double wd = 0;
         int rc = wp && wr ? PD_OK : PD_ENOMEM;
-        for (size_t i = 0; wp && i < nw; i++)
+        for (size_t i = 0; wp && i < nw; i++) {
             wp[i] = ds.p[0];
+            wp[i].turn = 0; /* a multi-turn dataset's first text, sent on its own */
+        }
         if (!rc)
             rc = pd_bench_load_run(&load, wp, nw, 32, wr, &wd);
         int ok = 0;
@@ -541,6 +606,10 @@ int main(int argc, char **argv) {
         .random_output_len = a.random_output_len,
         .random_range_ratio = a.random_range_ratio,
         .sharegpt_output_len = a.sharegpt_output_len,
+        .random_mix = a.random_mix,
+        .mix = a.random_mix ? &mix : NULL,
+        .multiturn_conversations = a.dataset == DATASET_MULTITURN ? a.multiturn_conversations : 0,
+        .multiturn_turns = a.dataset == DATASET_MULTITURN ? a.multiturn_turns : 0,
     };
     exit_code = 0;
     for (size_t k = 0; k < n_rates; k++) {
@@ -564,10 +633,21 @@ int main(int argc, char **argv) {
         load.disconnect_window_s = a.disconnect_window_ms * 1e-3;
         load.requests_out = reqs;
         double duration = 0;
-        struct pd_bench_timeline tl_before, tl_after;
+        struct pd_bench_timeline tl_before, tl_after, kv_before, kv_after;
         struct pd_bench_timeline_result tl;
+        if (a.flush_cache) {
+            if (pd_bench_flush_cache(base, a.api_key)) {
+                exit_code = fatal("--flush-cache");
+                goto out;
+            }
+            usleep(500 * 1000); /* a router answers before its workers have flushed */
+        }
         if (a.timeline_url && pd_bench_timeline_scrape(a.timeline_url, a.api_key, &tl_before)) {
             exit_code = fatal("--timeline-url");
+            goto out;
+        }
+        if (a.kv_bytes_url && pd_bench_timeline_scrape(a.kv_bytes_url, a.api_key, &kv_before)) {
+            exit_code = fatal("--kv-bytes-url");
             goto out;
         }
         if (pd_bench_load_run(&load, ds.p, ds.n, 0, res, &duration)) {
@@ -578,11 +658,20 @@ int main(int argc, char **argv) {
             exit_code = fatal("--timeline-url");
             goto out;
         }
+        if (a.kv_bytes_url && pd_bench_timeline_scrape(a.kv_bytes_url, a.api_key, &kv_after)) {
+            exit_code = fatal("--kv-bytes-url");
+            goto out;
+        }
         sums[k].request_rate = rates[k];
         sums[k].max_concurrency = a.max_concurrency;
-        if (pd_bench_summarize(res, ds.n, duration, a.slo_ttft_ms, a.slo_tpot_ms, &sums[k])) {
+        if (pd_bench_summarize(res, ds.n, duration, a.slo_ttft_ms, a.slo_tpot_ms, &sums[k]) ||
+            pd_bench_summarize_groups(res, ds.n, mix.n, info.multiturn_turns, &sums[k])) {
             exit_code = fatal("summary");
             goto out;
+        }
+        if (a.kv_bytes_url) {
+            sums[k].has_kv_bytes = true;
+            sums[k].kv_bytes = kv_after.kv_bytes - kv_before.kv_bytes;
         }
         if (a.timeline_url) {
             pd_bench_timeline_reduce(&tl_before, &tl_after, sums[k].ttft[PD_BENCH_MEAN], &tl);

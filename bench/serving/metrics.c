@@ -12,6 +12,9 @@
  * always holds; a one-token request has no TPOT and meets any TPOT SLO), per second.
  * Only successful requests enter latencies and token counts; requests the client cut on
  * purpose (aborted, disconnected) are counted apart and enter nothing else.
+ * Groups: per length class of --random-mix (TTFT median and p99, goodput over the load's whole
+ * duration, so the classes' goodputs add up to the load's) and per turn index of a multi-turn
+ * load (mean prompt length over all its requests, TTFT median over the completed ones).
  */
 #include "bench/serving/serving.h"
 
@@ -58,6 +61,18 @@ static void stats(double *v, size_t n, double *st) {
     st[PD_BENCH_MAX] = v[n - 1] * 1e3;
 }
 
+/* TPOT of a completed request, s; -1 when it has one token (no TPOT). */
+static double tpot_of(const struct pd_bench_result *q) {
+    return q->output_len > 1 ? (q->e2e - q->ttft) / (q->output_len - 1) : -1;
+}
+
+/* Whether a completed request meets the SLOs (0 = not set). */
+static bool meets_slo(const struct pd_bench_result *q, double slo_ttft_ms, double slo_tpot_ms) {
+    double tp = tpot_of(q);
+    return (slo_ttft_ms <= 0 || q->ttft * 1e3 <= slo_ttft_ms) &&
+           (slo_tpot_ms <= 0 || tp < 0 || tp * 1e3 <= slo_tpot_ms);
+}
+
 int pd_bench_summarize(const struct pd_bench_result *r, size_t n, double duration,
                        double slo_ttft_ms, double slo_tpot_ms, struct pd_bench_summary *s) {
     double rate = s->request_rate; /* set by the caller, kept */
@@ -99,18 +114,13 @@ int pd_bench_summarize(const struct pd_bench_result *r, size_t n, double duratio
         s->total_input_tokens += q->prompt_len;
         s->total_output_tokens += q->output_len;
         e2e_sum += q->e2e;
-        double tp = -1;
-        if (q->output_len > 1) {
-            tp = (q->e2e - q->ttft) / (q->output_len - 1);
-            tpot[np++] = tp;
-        }
+        if (q->output_len > 1)
+            tpot[np++] = tpot_of(q);
         if (q->n_itl) {
             memcpy(itl + ni, q->itl, q->n_itl * sizeof(double));
             ni += q->n_itl;
         }
-        bool good = (slo_ttft_ms <= 0 || q->ttft * 1e3 <= slo_ttft_ms) &&
-                    (slo_tpot_ms <= 0 || tp < 0 || tp * 1e3 <= slo_tpot_ms);
-        s->good += good;
+        s->good += meets_slo(q, slo_ttft_ms, slo_tpot_ms);
     }
     stats(ttft, nt, s->ttft);
     stats(tpot, np, s->tpot);
@@ -128,5 +138,61 @@ int pd_bench_summarize(const struct pd_bench_result *r, size_t n, double duratio
     pd_free(tpot);
     pd_free(e2e);
     pd_free(itl);
+    return PD_OK;
+}
+
+int pd_bench_summarize_groups(const struct pd_bench_result *r, size_t n, int n_classes, int n_turns,
+                              struct pd_bench_summary *s) {
+    PD_ASSERT(n_classes >= 0 && n_classes <= PD_BENCH_MAX_CLASSES);
+    PD_ASSERT(n_turns >= 0 && n_turns <= PD_BENCH_MAX_TURNS);
+    s->n_classes = n_classes;
+    s->n_turns = n_turns;
+    memset(s->cls, 0, sizeof(s->cls));
+    memset(s->turn, 0, sizeof(s->turn));
+    if (n_classes == 0 && n_turns == 0)
+        return PD_OK;
+    double *ttft = pd_calloc(n + 1, sizeof(double)), st[PD_BENCH_NSTAT];
+    if (!ttft)
+        return pd_errorf(PD_ENOMEM, "per-class summary of %zu requests", n);
+    for (int k = 0; k < n_classes; k++) {
+        struct pd_bench_class_summary *c = &s->cls[k];
+        size_t nt = 0;
+        for (size_t i = 0; i < n; i++) {
+            const struct pd_bench_result *q = &r[i];
+            if (q->length_class != k)
+                continue;
+            c->requests++;
+            c->failed += !q->ok && !q->cut;
+            if (!q->ok)
+                continue;
+            c->completed++;
+            c->good += meets_slo(q, s->slo_ttft_ms, s->slo_tpot_ms);
+            ttft[nt++] = q->ttft;
+        }
+        stats(ttft, nt, st);
+        c->median_ttft_ms = st[PD_BENCH_P50];
+        c->p99_ttft_ms = st[PD_BENCH_P99];
+        c->request_goodput = s->duration > 0 ? c->good / s->duration : 0;
+    }
+    for (int k = 0; k < n_turns; k++) {
+        struct pd_bench_turn_summary *t = &s->turn[k];
+        size_t nt = 0;
+        double prompt_sum = 0;
+        for (size_t i = 0; i < n; i++) {
+            const struct pd_bench_result *q = &r[i];
+            if (q->turn != k + 1)
+                continue;
+            t->requests++;
+            prompt_sum += q->prompt_len;
+            if (q->ok) {
+                t->completed++;
+                ttft[nt++] = q->ttft;
+            }
+        }
+        stats(ttft, nt, st);
+        t->median_ttft_ms = st[PD_BENCH_P50];
+        t->mean_prompt_len = t->requests ? prompt_sum / t->requests : 0;
+    }
+    pd_free(ttft);
     return PD_OK;
 }

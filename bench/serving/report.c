@@ -3,7 +3,8 @@
  * goodput), one JSON object per load with bench_serving's field names (JSON Lines: one line per
  * request rate of a sweep; a rate of inf is written as the string "inf" so the file stays strict
  * JSON), CSV with one row per request, and the reader that turns a JSON Lines file back into
- * summaries for --plot-from.
+ * summaries for --plot-from. Beyond bench_serving's fields: "classes" (per --random-mix length
+ * class), "turns" (per turn index of a multi-turn load) and "kv_transfer_bytes" (--kv-bytes-url).
  */
 #include "bench/serving/serving.h"
 
@@ -95,6 +96,36 @@ void pd_bench_print_table(FILE *f, const struct pd_bench_run_info *info,
             row_d(f, key, metric(s, m)[shown[k]]);
         }
     }
+    if (s->n_classes > 0 && info->mix)
+        rule(f, "Prompt length classes (--random-mix)", '-');
+    for (int k = 0; k < s->n_classes && info->mix; k++) {
+        const struct pd_bench_class_summary *c = &s->cls[k];
+        const struct pd_bench_length_class *lc = &info->mix->cls[k];
+        char key[64];
+        snprintf(key, sizeof(key), "Class %d-%d tokens (share %g):", lc->min_len, lc->max_len,
+                 lc->share);
+        row_s(f, key, "");
+        row_i(f, "  Successful requests:", c->completed);
+        row_d(f, "  Median TTFT (ms):", c->median_ttft_ms);
+        row_d(f, "  P99 TTFT (ms):", c->p99_ttft_ms);
+        if (s->slo_ttft_ms > 0 || s->slo_tpot_ms > 0)
+            row_d(f, "  Request goodput (req/s):", c->request_goodput);
+    }
+    if (s->n_turns > 0)
+        rule(f, "Turns (multiturn)", '-');
+    for (int k = 0; k < s->n_turns; k++) {
+        char key[64];
+        snprintf(key, sizeof(key), "Turn %d mean prompt tokens:", k + 1);
+        row_d(f, key, s->turn[k].mean_prompt_len);
+        snprintf(key, sizeof(key), "Turn %d median TTFT (ms):", k + 1);
+        row_d(f, key, s->turn[k].median_ttft_ms);
+    }
+    if (s->has_kv_bytes) {
+        rule(f, "KV moved (--kv-bytes-url)", '-');
+        row_d(f, "KV bytes moved (MB):", s->kv_bytes / 1e6);
+        long sent = s->completed + s->failed + s->aborted + s->disconnected;
+        row_d(f, "KV bytes per request (KB):", sent ? s->kv_bytes / (double)sent / 1e3 : 0);
+    }
     for (int i = 0; i < 50; i++)
         fputc('=', f);
     fputc('\n', f);
@@ -131,6 +162,12 @@ int pd_bench_json_line(const struct pd_bench_run_info *info, const struct pd_ben
     cJSON_AddNumberToObject(o, "random_input_len", info->random_input_len);
     cJSON_AddNumberToObject(o, "random_output_len", info->random_output_len);
     cJSON_AddNumberToObject(o, "random_range_ratio", info->random_range_ratio);
+    if (info->random_mix)
+        cJSON_AddStringToObject(o, "random_mix", info->random_mix);
+    if (info->multiturn_turns > 0) {
+        cJSON_AddNumberToObject(o, "multiturn_conversations", info->multiturn_conversations);
+        cJSON_AddNumberToObject(o, "multiturn_turns", info->multiturn_turns);
+    }
     cJSON_AddNumberToObject(o, "duration", s->duration);
     cJSON_AddNumberToObject(o, "completed", s->completed);
     cJSON_AddNumberToObject(o, "failed", s->failed);
@@ -153,6 +190,42 @@ int pd_bench_json_line(const struct pd_bench_run_info *info, const struct pd_ben
     cJSON_AddNumberToObject(o, "request_goodput", s->request_goodput);
     cJSON_AddNumberToObject(o, "slo_ttft_ms", s->slo_ttft_ms);
     cJSON_AddNumberToObject(o, "slo_tpot_ms", s->slo_tpot_ms);
+    if (s->n_classes > 0 && info->mix) {
+        cJSON *a = cJSON_AddArrayToObject(o, "classes");
+        for (int k = 0; k < s->n_classes; k++) {
+            const struct pd_bench_class_summary *c = &s->cls[k];
+            cJSON *e = cJSON_CreateObject();
+            cJSON_AddItemToArray(a, e);
+            cJSON_AddNumberToObject(e, "share", info->mix->cls[k].share);
+            cJSON_AddNumberToObject(e, "min_len", info->mix->cls[k].min_len);
+            cJSON_AddNumberToObject(e, "max_len", info->mix->cls[k].max_len);
+            cJSON_AddNumberToObject(e, "requests", c->requests);
+            cJSON_AddNumberToObject(e, "completed", c->completed);
+            cJSON_AddNumberToObject(e, "failed", c->failed);
+            cJSON_AddNumberToObject(e, "median_ttft_ms", c->median_ttft_ms);
+            cJSON_AddNumberToObject(e, "p99_ttft_ms", c->p99_ttft_ms);
+            cJSON_AddNumberToObject(e, "request_goodput", c->request_goodput);
+        }
+    }
+    if (s->n_turns > 0) {
+        cJSON *a = cJSON_AddArrayToObject(o, "turns");
+        for (int k = 0; k < s->n_turns; k++) {
+            const struct pd_bench_turn_summary *t = &s->turn[k];
+            cJSON *e = cJSON_CreateObject();
+            cJSON_AddItemToArray(a, e);
+            cJSON_AddNumberToObject(e, "turn", k + 1);
+            cJSON_AddNumberToObject(e, "requests", t->requests);
+            cJSON_AddNumberToObject(e, "completed", t->completed);
+            cJSON_AddNumberToObject(e, "mean_prompt_len", t->mean_prompt_len);
+            cJSON_AddNumberToObject(e, "median_ttft_ms", t->median_ttft_ms);
+        }
+    }
+    if (s->has_kv_bytes) { /* --kv-bytes-url: what the servers moved during this load */
+        long sent = s->completed + s->failed + s->aborted + s->disconnected;
+        cJSON_AddNumberToObject(o, "kv_transfer_bytes", s->kv_bytes);
+        cJSON_AddNumberToObject(o, "kv_transfer_bytes_per_request",
+                                sent ? s->kv_bytes / (double)sent : 0);
+    }
     if (s->timeline) { /* --timeline-url: the servers' stage means over this load */
         const struct pd_bench_timeline_result *t = s->timeline;
         cJSON *h = cJSON_AddObjectToObject(o, "handover");
@@ -201,7 +274,7 @@ int pd_bench_json_line(const struct pd_bench_run_info *info, const struct pd_ben
 
 void pd_bench_csv_header(FILE *f) {
     fputs("request_rate,index,start_s,success,prompt_len,output_len,ttft_ms,tpot_ms,e2e_ms,"
-          "mean_itl_ms,error,outcome\n",
+          "mean_itl_ms,error,outcome,length_class,conversation,turn\n",
           f);
 }
 
@@ -228,7 +301,13 @@ void pd_bench_csv_rows(FILE *f, const struct pd_bench_summary *s, const struct p
                 fputc('"', f); /* CSV doubles quotes */
             fputc(*c == '\n' ? ' ' : *c, f);
         }
-        fprintf(f, "\",%s\n", q->ok ? "completed" : q->cut ? "cut" : "failed");
+        fprintf(f, "\",%s,", q->ok ? "completed" : q->cut ? "cut" : "failed");
+        if (q->length_class >= 0) /* empty fields when the load has no classes / turns */
+            fprintf(f, "%d", q->length_class);
+        if (q->turn >= 1)
+            fprintf(f, ",%d,%d\n", q->conversation, q->turn);
+        else
+            fputs(",,\n", f);
     }
 }
 

@@ -3,11 +3,14 @@
  * or SGLang /generate endpoint, measured as sglang.bench_serving measures it (same flags, same
  * result field names), so numbers from both tools can be put side by side.
  *
- * The pieces, one file each: dataset.c makes the prompts (random token ids or a ShareGPT file),
- * load.c sends them (Poisson arrivals and/or a concurrency cap, curl multi on its own poll loop,
- * SSE streams parsed as they arrive, one timestamp per chunk), metrics.c reduces the per-request
- * records to the summary, report.c prints the table and writes JSON Lines / CSV, plot.c draws a
- * sweep with gnuplot, main.c holds the flags and runs one load per request rate.
+ * The pieces, one file each: dataset.c makes the prompts (random token ids, from one length or
+ * from length classes, a ShareGPT file, or the turns of multi-turn chats), load.c sends them
+ * (Poisson arrivals and/or a concurrency cap, a chat's turn not before the turn it answers has
+ * ended, curl multi on its own poll loop, SSE streams parsed as they arrive, one timestamp per
+ * chunk), metrics.c reduces the per-request records to the summary (also per length class and
+ * per turn), report.c prints the table and writes JSON Lines / CSV, plot.c draws a sweep with
+ * gnuplot, timeline.c reads the servers' /metrics around each load, main.c holds the flags and
+ * runs one load per request rate.
  *
  * Times are seconds (double) on CLOCK_MONOTONIC unless a name says _ms or _unix. Nothing here is
  * shared between threads: the whole benchmark runs on one thread.
@@ -33,12 +36,17 @@ enum pd_bench_backend {
 };
 extern const char *const pd_bench_backend_names[]; /* "sglang", "openai", "openai-chat" */
 
-/* One prompt to send. Exactly one of text / ids is set. */
+/* One prompt to send. Exactly one of text / ids is set. A turn of a multi-turn conversation
+ * (turn >= 1) holds only the turn's new text: load.c builds the prompt the turn sends when the
+ * conversation's previous turn has ended (the previous prompt and answer, then this text). */
 struct pd_bench_prompt {
-    char *text;     /* NUL-terminated, or NULL */
-    int32_t *ids;   /* [prompt_len] token ids, or NULL */
-    int prompt_len; /* tokens */
-    int output_len; /* tokens asked for (max_tokens / max_new_tokens) */
+    char *text;       /* NUL-terminated, or NULL */
+    int32_t *ids;     /* [prompt_len] token ids, or NULL */
+    int prompt_len;   /* tokens (of a turn: of its new text until load.c counts the whole) */
+    int output_len;   /* tokens asked for (max_tokens / max_new_tokens) */
+    int length_class; /* --random-mix: index of the prompt's length class; -1 = none */
+    int conversation; /* multiturn: 0-based conversation (with turn >= 1) */
+    int turn;         /* multiturn: 1-based turn in its conversation; 0 = a prompt of its own */
 };
 
 struct pd_bench_dataset {
@@ -46,15 +54,42 @@ struct pd_bench_dataset {
     size_t n;
 };
 
-/* Random dataset (sglang's --dataset-name random): lengths uniform in [len*ratio, len]; prompts
- * are random non-special token ids, sent as ids when as_text is false, else decoded to text. */
+/* --random-mix SHARE:MIN-MAX[,...]: prompt lengths drawn per request from length classes, a
+ * class with probability share, then a length uniform in [min_len, max_len]. */
+#define PD_BENCH_MAX_CLASSES 8
+struct pd_bench_length_class {
+    double share;
+    int min_len, max_len; /* tokens */
+};
+struct pd_bench_length_mix {
+    struct pd_bench_length_class cls[PD_BENCH_MAX_CLASSES];
+    int n; /* 0 = no mix */
+};
+/* Parses the flag's text; shares > 0 summing to 1 within 1e-6, 1 <= MIN <= MAX. PD_EINVAL with a
+ * message naming --random-mix and what is wrong. */
+int pd_bench_length_mix_parse(const char *s, struct pd_bench_length_mix *out);
+
+/* Random dataset (sglang's --dataset-name random): lengths uniform in [len*ratio, len] (input
+ * lengths from mix instead when it has classes); prompts are random non-special token ids, sent
+ * as ids when as_text is false, else decoded to text. */
 struct pd_bench_random_spec {
     int input_len, output_len;
     double range_ratio;
     bool as_text;
+    const struct pd_bench_length_mix *mix; /* or NULL: random dataset only */
 };
 int pd_bench_dataset_random(const struct pd_bench_random_spec *spec, size_t n, uint64_t seed,
                             const struct pd_tokenizer *tok, struct pd_bench_dataset *out);
+
+/* Multi-turn chat (--dataset-name multiturn): conversations x turns prompts in turn-major order
+ * (every conversation's turn 1, then every turn 2, ...; index = (turn - 1) * conversations +
+ * conversation). Each holds its turn's new text: random non-special token ids decoded to text,
+ * of a length as the random dataset draws input lengths (spec's input_len and range_ratio; the
+ * text cut where it would encode to more tokens than that); output lengths as the random
+ * dataset's. */
+int pd_bench_dataset_multiturn(const struct pd_bench_random_spec *spec, int conversations,
+                               int turns, uint64_t seed, const struct pd_tokenizer *tok,
+                               struct pd_bench_dataset *out);
 
 /* ShareGPT JSON file: [{"conversations": [{"from", "value"}, ...]}, ...]. The first turn is the
  * prompt, the second turn's token count the output length (unless fixed_output_len > 0).
@@ -99,9 +134,10 @@ struct pd_bench_result {
     double e2e;   /* s, until the end of the stream */
     double *itl;  /* [n_itl] s between chunks (a chunk of k tokens gives k gaps of 1/k) */
     size_t n_itl, cap_itl;
-    int prompt_len; /* tokens, from the dataset (as bench_serving counts) */
+    int prompt_len; /* tokens, from the dataset (as bench_serving counts); a turn's when sent */
     int output_len; /* tokens generated: the server's usage / meta_info count, else chunks */
     char *error;    /* NULL when ok */
+    int length_class, conversation, turn; /* the prompt's (struct pd_bench_prompt) */
 };
 void pd_bench_result_free(struct pd_bench_result *r);
 
@@ -124,12 +160,19 @@ struct pd_bench_load {
      * uniformly within disconnect_window_s of being sent. */
     double abort_fraction, disconnect_fraction, disconnect_window_s;
     FILE *requests_out; /* one JSON line per request as it ends (flushed), or NULL */
+    /* Counts the tokens of a multi-turn prompt when it is built; needed when a prompt has
+     * turn >= 1. */
+    const struct pd_tokenizer *tok;
 };
 
 /* Sends prompts[0..n) (each with output_len capped at max_output when > 0) as the load says and
  * fills out[0..n) (zero-initialised by the caller). *duration: s from the first send to the last
  * end. PD_OK when the load ran, whatever the requests' fates; an error only when the load could
- * not run (curl setup, memory). */
+ * not run (curl setup, memory).
+ * Turns of a conversation (turn >= 1): turn k > 1 leaves at its arrival time or when turn k - 1
+ * of its conversation has ended, whichever is later (so requests may leave out of index order),
+ * and sends turn k - 1's prompt, the answer it received (empty when it did not complete) and its
+ * own new text; for openai-chat the conversation as alternating user / assistant messages. */
 int pd_bench_load_run(const struct pd_bench_load *l, const struct pd_bench_prompt *prompts,
                       size_t n, int max_output, struct pd_bench_result *out, double *duration);
 
@@ -138,11 +181,28 @@ int pd_bench_load_run(const struct pd_bench_load *l, const struct pd_bench_promp
  * reached or answers more than max_bytes. */
 int pd_bench_http_get(const char *url, const char *api_key, size_t max_bytes, char **body,
                       long *status);
+/* POST base_url/flush_cache (--flush-cache, as bench_serving's): PD_EPEER naming the URL unless
+ * it answers 200. */
+int pd_bench_flush_cache(const char *base_url, const char *api_key);
 
 /* GET base_url/v1/models then /health: PD_OK when the server answers. *model_id (caller frees)
  * gets data[0].id when /v1/models gives one, *max_model_len its max_model_len (0 if absent). A
  * connection failure is PD_EPEER naming the URL and curl's error. */
 int pd_bench_probe(const char *base_url, const char *api_key, char **model_id, int *max_model_len);
+
+/* One length class of --random-mix over one load (ms). */
+struct pd_bench_class_summary {
+    int requests, completed, failed, good;
+    double median_ttft_ms, p99_ttft_ms;
+    double request_goodput; /* good / the load's duration, req/s */
+};
+/* One turn index of a multi-turn load. */
+#define PD_BENCH_MAX_TURNS 64
+struct pd_bench_turn_summary {
+    int requests, completed;
+    double mean_prompt_len; /* tokens, over the requests of this turn */
+    double median_ttft_ms;  /* over the completed ones */
+};
 
 /* The summary of one load, bench_serving's fields. */
 struct pd_bench_summary {
@@ -159,7 +219,13 @@ struct pd_bench_summary {
     double slo_ttft_ms, slo_tpot_ms; /* 0 = not set */
     /* [0]=mean [1]=median [2]=std [3]=p90 [4]=p95 [5]=p99 [6]=max; ms */
     double ttft[7], tpot[7], itl[7], e2e[7];
-    const struct pd_bench_timeline_result *timeline; /* --timeline-url, or NULL */
+    const struct pd_bench_timeline_result *timeline;         /* --timeline-url, or NULL */
+    struct pd_bench_class_summary cls[PD_BENCH_MAX_CLASSES]; /* [n_classes] */
+    int n_classes;                                           /* 0 = no --random-mix */
+    struct pd_bench_turn_summary turn[PD_BENCH_MAX_TURNS];   /* [n_turns], turn k at [k - 1] */
+    int n_turns;                                             /* 0 = not multi-turn */
+    bool has_kv_bytes;                                       /* --kv-bytes-url given */
+    double kv_bytes;                                         /* moved during the load, bytes */
 };
 enum {
     PD_BENCH_MEAN,
@@ -175,6 +241,10 @@ extern const char *const pd_bench_stat_names[]; /* "mean", "median", "std", "p90
 
 int pd_bench_summarize(const struct pd_bench_result *r, size_t n, double duration,
                        double slo_ttft_ms, double slo_tpot_ms, struct pd_bench_summary *s);
+/* After pd_bench_summarize: the per-class (n_classes > 0) and per-turn (n_turns > 0) figures,
+ * from the results' length_class and turn. */
+int pd_bench_summarize_groups(const struct pd_bench_result *r, size_t n, int n_classes, int n_turns,
+                              struct pd_bench_summary *s);
 
 /* Output. */
 struct pd_bench_run_info {
@@ -183,6 +253,9 @@ struct pd_bench_run_info {
     int random_input_len, random_output_len;
     double random_range_ratio;
     int sharegpt_output_len;
+    const char *random_mix;                       /* the flag's text, or NULL */
+    const struct pd_bench_length_mix *mix;        /* parsed, or NULL */
+    int multiturn_conversations, multiturn_turns; /* 0 unless --dataset-name multiturn */
 };
 void pd_bench_print_table(FILE *f, const struct pd_bench_run_info *info,
                           const struct pd_bench_summary *s);
@@ -217,6 +290,7 @@ struct pd_bench_tl_stage {
 struct pd_bench_timeline {
     struct pd_bench_tl_stage st[PD_BENCH_TL_MAX];
     int n;
+    double kv_bytes; /* pdserve_kv_transfer_bytes_total, summed over the servers (--kv-bytes-url) */
 };
 struct pd_bench_tl_mean {
     char name[48];
@@ -229,7 +303,8 @@ struct pd_bench_timeline_result {
     int n;
     double sum_ms, ttft_ms, ratio; /* summed stages, the mean TTFT here, sum / TTFT */
 };
-/* PD_EPEER naming the URL when a server does not answer 200; PD_EINVAL for a bad list. */
+/* PD_EPEER naming the URL when a server does not answer 200; PD_EINVAL for a bad list. The same
+ * scrape serves --kv-bytes-url (only kv_bytes read then). */
 int pd_bench_timeline_scrape(const char *urls, const char *api_key, struct pd_bench_timeline *out);
 void pd_bench_timeline_reduce(const struct pd_bench_timeline *before,
                               const struct pd_bench_timeline *after, double mean_ttft_ms,

@@ -12,6 +12,10 @@
  * figures, the router's decode stage, which holds them and the way there and back). A prefill's
  * bootstrap_wait overlaps decode's stages and is shown, not summed; give a router's and a
  * decode's URL, not a prefill's (its prefill_* stages are the ones decode already reports).
+ *
+ * The same scrape reads the counter pdserve_kv_transfer_bytes_total (all its series), which
+ * --kv-bytes-url turns into the KV bytes a load moved. Both sides of a transfer count it: give
+ * the prefills' URLs (or the decodes'), not both.
  */
 #include "bench/serving/serving.h"
 
@@ -25,6 +29,7 @@
 
 static const char ROUTER_FAMILY[] = "pdserve_router_handover_seconds";
 static const char DAEMON_FAMILY[] = "pdserve_handover_seconds";
+static const char KV_BYTES[] = "pdserve_kv_transfer_bytes_total";
 
 static struct pd_bench_tl_stage *stage_of(struct pd_bench_timeline *t, const char *name) {
     for (int i = 0; i < t->n; i++)
@@ -38,10 +43,29 @@ static struct pd_bench_tl_stage *stage_of(struct pd_bench_timeline *t, const cha
     return s;
 }
 
+/* "pdserve_kv_transfer_bytes_total{...} v" or without labels: v added to t->kv_bytes. */
+static void take_kv_bytes(struct pd_bench_timeline *t, const char *line, size_t len) {
+    size_t k = sizeof(KV_BYTES) - 1;
+    if (len <= k || strncmp(line, KV_BYTES, k) != 0 || (line[k] != '{' && line[k] != ' '))
+        return;
+    const char *v = line + k;
+    if (*v == '{') {
+        v = memchr(v, '}', len - k);
+        if (!v)
+            return;
+        v++;
+    }
+    char *stop;
+    double x = strtod(v, &stop);
+    if (stop != v)
+        t->kv_bytes += x;
+}
+
 /* One exposition line: "<family>_sum{...,stage="x",...} v" or "_count". */
 static void take_line(struct pd_bench_timeline *t, const char *line, size_t len) {
     const char *fam;
     bool router;
+    take_kv_bytes(t, line, len);
     if (len > sizeof(ROUTER_FAMILY) && strncmp(line, ROUTER_FAMILY, sizeof(ROUTER_FAMILY) - 1) == 0)
         fam = ROUTER_FAMILY, router = true;
     else if (len > sizeof(DAEMON_FAMILY) &&

@@ -16,7 +16,13 @@ seen; the server looks before every token.
 
 --fail-every K answers every K-th generation request (1-based count) with HTTP 400 and an
 OpenAI error body; --no-usage leaves out usage / meta_info token counts (the client must count
-chunks). GET /v1/models names --model-id; GET /health is 200. Prints "port N" once listening.
+chunks); --log-bodies adds each request's JSON body ("body") and the answer's text ("answer")
+to its log line, so a test can check what a client sent after what it was told.
+
+As a pdserve daemon's stand-in for pdserve-bench's --kv-bytes-url and --flush-cache: with
+--metrics, GET /metrics says pdserve_kv_transfer_bytes_total is 1000 per generation request
+answered so far (counted before its first token; without it /metrics is a 404, as from a server
+that is not pdserve); POST /flush_cache answers 200 and logs {"path": "/flush_cache", "recv"}. GET /v1/models names --model-id; GET /health is 200. Prints "port N" once listening.
 Stdlib only.
 """
 import argparse
@@ -31,7 +37,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 ARGS = None
 LOCK = threading.Lock()
-STATE = {"count": 0, "inflight": 0}
+STATE = {"count": 0, "inflight": 0, "answered": 0}
+KV_BYTES_PER_REQUEST = 1000
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -51,6 +58,17 @@ class Handler(BaseHTTPRequestHandler):
     def do_GET(self):
         if self.path == "/health":
             self.send_json(200, {})
+        elif self.path == "/metrics" and ARGS.metrics:
+            with LOCK:
+                v = STATE["answered"] * KV_BYTES_PER_REQUEST
+            data = ('# TYPE pdserve_kv_transfer_bytes_total counter\n'
+                    'pdserve_kv_transfer_bytes_total{model_name="%s"} %d\n' %
+                    (ARGS.model_id, v)).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
         elif self.path == "/v1/models":
             self.send_json(200, {"object": "list", "data": [
                 {"id": ARGS.model_id, "object": "model", "owned_by": "sglang",
@@ -64,8 +82,14 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.flush()
 
     def do_POST(self):
-        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
+        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
         recv = time.monotonic()
+        if self.path == "/flush_cache":
+            self.send_json(200, {})
+            with LOCK:
+                with open(ARGS.log, "a") as f:
+                    f.write(json.dumps({"path": self.path, "recv": recv}) + "\n")
+            return
         with LOCK:
             STATE["count"] += 1
             STATE["inflight"] += 1
@@ -81,7 +105,7 @@ class Handler(BaseHTTPRequestHandler):
         if ARGS.fail_every and nth % ARGS.fail_every == 0:
             self.send_json(400, {"error": {"message": "injected failure %d" % nth,
                                            "type": "BadRequestError", "code": 400}})
-            self.log(path, recv, recv, time.monotonic(), 0, inflight, failed=True)
+            self.log(path, recv, recv, time.monotonic(), 0, inflight, failed=True, body=body)
             return
         if path == "/generate":
             n = body["sampling_params"]["max_new_tokens"]
@@ -93,6 +117,8 @@ class Handler(BaseHTTPRequestHandler):
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.end_headers()
+        with LOCK:
+            STATE["answered"] += 1
         first = None
         text = ""
         time.sleep(ARGS.first_ms / 1e3)
@@ -101,9 +127,10 @@ class Handler(BaseHTTPRequestHandler):
                 time.sleep(ARGS.itl_ms / 1e3)
             gone = self.client_gone()
             if gone:
-                self.log(path, recv, first, time.monotonic(), k - 1, inflight, gone=gone)
+                self.log(path, recv, first, time.monotonic(), k - 1, inflight, gone=gone,
+                         body=body, answer=text)
                 return
-            piece = "t%d " % k
+            piece = "t%d.%d " % (nth, k)  # differs between requests: a test can tell answers
             text += piece
             if path == "/generate":
                 ev = {"text": text, "output_ids": list(range(k))}
@@ -122,7 +149,7 @@ class Handler(BaseHTTPRequestHandler):
             self.event({"choices": [], "usage": {"prompt_tokens": 1, "completion_tokens": n,
                                                  "total_tokens": n + 1}})
         self.event("[DONE]")
-        self.log(path, recv, first, time.monotonic(), n, inflight)
+        self.log(path, recv, first, time.monotonic(), n, inflight, body=body, answer=text)
 
     def client_gone(self):
         """'fin' when the client closed its end, 'reset' when it reset the connection, else
@@ -136,12 +163,15 @@ class Handler(BaseHTTPRequestHandler):
         except OSError:
             return "reset"
 
-    def log(self, path, recv, first, last, n, inflight, failed=False, gone=None):
+    def log(self, path, recv, first, last, n, inflight, failed=False, gone=None, body=None,
+            answer=None):
+        rec = {"path": path, "recv": recv, "first": first, "last": last, "n": n,
+               "inflight": inflight, "failed": failed, "gone": gone}
+        if ARGS.log_bodies:
+            rec.update(body=body, answer=answer)
         with LOCK:
             with open(ARGS.log, "a") as f:
-                f.write(json.dumps({"path": path, "recv": recv, "first": first, "last": last,
-                                    "n": n, "inflight": inflight, "failed": failed,
-                                    "gone": gone}) + "\n")
+                f.write(json.dumps(rec) + "\n")
 
 
 def main():
@@ -154,6 +184,8 @@ def main():
     ap.add_argument("--model-id", default="fake")
     ap.add_argument("--fail-every", type=int, default=0)
     ap.add_argument("--no-usage", action="store_true")
+    ap.add_argument("--log-bodies", action="store_true")
+    ap.add_argument("--metrics", action="store_true")
     ARGS = ap.parse_args()
     socketserver.TCPServer.request_queue_size = 1024
     ThreadingHTTPServer.daemon_threads = True

@@ -21,6 +21,18 @@
             summary, of --output-requests and of the server agree, none is a failure; then
             --dataset-name sharegpt-synthetic: the lengths the server is asked for have the
             flags' means and a log-normal spread.
+  mix       --random-mix: the class counts of a fixed seed within binomial tolerance, the same
+            classes again for the same seed, every prompt the server got within its class's
+            bounds, the report's "classes" (and table) agreeing with the per-request CSV, and
+            shares that do not sum to 1 refused naming the flag.
+  multiturn --dataset-name multiturn on every backend: N x K requests; on the server side each
+            turn's prompt is the previous turn's prompt + the answer the server gave it (empty
+            when it failed: the server fails some on purpose) + new text (chat: the previous
+            messages + the assistant's answer + a new user message), and no turn arrived before
+            its predecessor's answer ended (the server's clock), nor left before it ended (the
+            bench's --output-requests); the "turns" array agrees with the per-request records;
+            --kv-bytes-url and --flush-cache against the fake server's /metrics and
+            /flush_cache.
   pd        the real thing: pdserve-router + prefill + decode with a small model; the bench
             talks to the router through a Python TCP proxy that times every request itself
             (first byte in, first SSE event out, end of stream); medians agree; counts exact
@@ -323,6 +335,246 @@ def case_fates(tmp, model):
             check(xs[0] >= 2 and xs[-1] <= 8 * mean, "sharegpt-synthetic: %s lengths in [2, %d]"
                   % (name, 8 * mean))
     fake.p.kill()
+
+
+# ------------------------------------------------------------------ mix
+
+def read_csv(path):
+    import csv
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def pctl(xs, q):
+    """numpy.percentile(xs, q), linear, as the bench computes it."""
+    xs = sorted(xs)
+    pos = q / 100 * (len(xs) - 1)
+    lo = int(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def case_mix(tmp, model):
+    n, mix = 400, "0.7:4-8,0.3:40-60"
+    bounds = [(4, 8), (40, 60)]
+    fake = Fake(tmp, model, "--first-ms", "1", "--itl-ms", "1", "--log-bodies")
+    classes_seen = []
+    for run in range(2):
+        step("--random-mix %s, %d prompts, seed 21 (run %d)" % (mix, n, run + 1))
+        fake.clear()
+        jpath, cpath = os.path.join(tmp, "mix.jsonl"), os.path.join(tmp, "mix.csv")
+        rc, out, err = bench("--base-url", fake.url, "--backend", "sglang", "--random-mix", mix,
+                             "--random-output-len", 3, "--random-range-ratio", 1,
+                             "--num-prompts", n, "--request-rate", 400, "--seed", 21,
+                             "--warmup-requests", 0, "--slo-ttft-ms", 1e6,
+                             "--output-file", jpath, "--output-csv", cpath,
+                             "--disable-progress")
+        if not check(rc == 0, "mix: exit %d: %s" % (rc, err[-2000:])):
+            return
+        rows = read_csv(cpath)
+        classes_seen.append([int(x["length_class"]) for x in rows])
+    check(classes_seen[0] == classes_seen[1], "mix: the same seed drew other classes")
+    r = results(jpath)[0]
+    counts = [sum(1 for x in rows if x["length_class"] == str(k)) for k in range(2)]
+    # binomial: 400 draws at 0.7 have a standard deviation of 9.2; four of them either way
+    step("class counts %s (expected 280 / 120 +- 37)" % counts)
+    check(len(rows) == n and sum(counts) == n, "mix: every CSV row has a class (%s)" % counts)
+    check(abs(counts[0] - 0.7 * n) <= 4 * (n * 0.7 * 0.3) ** 0.5,
+          "mix: %d of %d in the 0.7 class, want 280 +- 37" % (counts[0], n))
+    lens = {k: [int(x["prompt_len"]) for x in rows if x["length_class"] == str(k)]
+            for k in range(2)}
+    check(all(lo <= v <= hi for k, (lo, hi) in enumerate(bounds) for v in lens[k]),
+          "mix: CSV prompt lengths outside their class: %s" %
+          {k: (min(v), max(v)) for k, v in lens.items()})
+    check(all(min(lens[k]) == lo and max(lens[k]) == hi for k, (lo, hi) in enumerate(bounds)),
+          "mix: lengths should span each class's whole range: %s" %
+          {k: (min(v), max(v)) for k, v in lens.items()})
+    got = sorted(len(x["body"]["input_ids"]) for x in fake.log())
+    check(got == sorted(lens[0] + lens[1]), "mix: the server got other prompt lengths than the "
+          "CSV says")
+    check(all(any(lo <= v <= hi for lo, hi in bounds) for v in got),
+          "mix: the server got a prompt outside every class")
+    cls = r.get("classes") or []
+    check(r.get("random_mix") == mix and len(cls) == 2, "mix: JSON random_mix %r, %d classes" %
+          (r.get("random_mix"), len(cls)))
+    step("classes: %s" % json.dumps(cls))
+    good_sum = 0
+    for k, c in enumerate(cls):
+        ttft = [float(x["ttft_ms"]) for x in rows if x["length_class"] == str(k) and
+                x["outcome"] == "completed"]
+        check((c["share"], c["min_len"], c["max_len"]) == ((0.7, 0.3)[k],) + bounds[k],
+              "mix: class %d is %s" % (k, c))
+        check(c["requests"] == counts[k] and c["completed"] == len(ttft) == counts[k] and
+              c["failed"] == 0, "mix: class %d counts %s, CSV %d" % (k, c, counts[k]))
+        # the CSV rounds to 1 us
+        check(abs(c["median_ttft_ms"] - statistics.median(ttft)) < 0.002 and
+              abs(c["p99_ttft_ms"] - pctl(ttft, 99)) < 0.002,
+              "mix: class %d TTFT median %.3f p99 %.3f, CSV %.3f %.3f" %
+              (k, c["median_ttft_ms"], c["p99_ttft_ms"], statistics.median(ttft),
+               pctl(ttft, 99)))
+        check(abs(c["request_goodput"] - c["completed"] / r["duration"]) < 1e-6,
+              "mix: class %d goodput %s with every request within the SLO" % (k, c))
+        good_sum += c["request_goodput"]
+    check(abs(good_sum - r["request_goodput"]) < 1e-6, "mix: the classes' goodputs sum to %.4f, "
+          "the load's is %.4f" % (good_sum, r["request_goodput"]))
+    check("Prompt length classes (--random-mix)" in out and "Class 40-60 tokens (share 0.3):"
+          in out, "mix: the table lacks the classes")
+    fake.p.kill()
+
+    base = ["--base-url", "http://127.0.0.1:1", "--random-output-len", 2]
+    expect_fail("--random-mix shares summing to 0.9", base + ["--random-mix", "0.6:1-2,0.3:3-4"],
+                "--random-mix", "sum to 0.9, not 1")
+    expect_fail("--random-mix shares summing to 1.1", base + ["--random-mix", "0.8:1-2,0.3:3-4"],
+                "--random-mix", "sum to 1.1, not 1")
+    expect_fail("--random-mix MIN > MAX", base + ["--random-mix", "1:9-3"], "--random-mix",
+                "MIN 9 > MAX 3")
+    expect_fail("--random-mix garbage", base + ["--random-mix", "0.5-3:4"], "--random-mix",
+                "not SHARE:MIN-MAX")
+    expect_fail("--random-mix with sharegpt-synthetic", base + ["--random-mix", "1:1-2",
+                                                                "--dataset-name",
+                                                                "sharegpt-synthetic"],
+                "--random-mix works with --dataset-name random only")
+
+
+# ------------------------------------------------------------------ multiturn
+
+def prompt_of(backend, body):
+    """What a request asked for: its text (sglang, openai) or its messages (chat)."""
+    return body["text"] if backend == "sglang" else \
+        body["prompt"] if backend == "openai" else body["messages"]
+
+
+def follows(backend, prev, cur):
+    """Whether request cur continues request prev (server log records): cur's prompt is prev's
+    prompt + prev's answer ("" when it failed) + something new."""
+    answer = prev.get("answer") or ""
+    p, c = prompt_of(backend, prev["body"]), prompt_of(backend, cur["body"])
+    if backend == "openai-chat":
+        return (c[:len(p)] == p and len(c) == len(p) + 2 and
+                c[len(p)] == {"role": "assistant", "content": answer} and
+                c[-1]["role"] == "user" and c[-1]["content"] != "")
+    return c.startswith(p + answer) and len(c) > len(p + answer)
+
+
+def case_multiturn(tmp, model):
+    convs, turns, per_turn = 4, 4, 12
+    for backend in ("sglang", "openai", "openai-chat"):
+        # every 5th request fails (HTTP 400): its conversation goes on with an empty answer
+        fake = Fake(tmp, model, "--first-ms", "30", "--itl-ms", "10", "--log-bodies",
+                    "--fail-every", "5", "--metrics")
+        # arrivals 5 ms apart on average, answers of 60 ms: most turns arrive before their
+        # predecessor has ended and must be held back
+        step("multiturn on %s: %d conversations x %d turns of %d new tokens, rate 200" %
+             (backend, convs, turns, per_turn))
+        jpath, rpath = os.path.join(tmp, "mt.jsonl"), os.path.join(tmp, "mt-req.jsonl")
+        rc, out, err = bench("--base-url", fake.url, "--backend", backend, "--dataset-name",
+                             "multiturn", "--multiturn-conversations", convs,
+                             "--multiturn-turns", turns, "--random-input-len", per_turn,
+                             "--random-output-len", 4, "--random-range-ratio", 1,
+                             "--num-prompts", 3, "--request-rate", 200, "--seed", 4,
+                             "--warmup-requests", 1, "--output-file", jpath,
+                             "--output-requests", rpath, "--disable-progress",
+                             "--kv-bytes-url", fake.url, "--flush-cache")
+        if not check(rc == 0, "multiturn %s: exit %d: %s" % (backend, rc, err[-2000:])):
+            fake.p.kill()
+            continue
+        check("--num-prompts is ignored" in err, "multiturn: no note that --num-prompts is "
+              "ignored: %s" % err[-500:])
+        log = fake.log()
+        flushes = [x for x in log if x["path"] == "/flush_cache"]
+        log = [x for x in log if x["path"] != "/flush_cache"]
+        # the warm-up (turn 1's first text, alone) goes first, then the flush, then the load
+        check(len(flushes) == 1 and log[0]["last"] <= flushes[0]["recv"] < log[1]["recv"],
+              "multiturn: --flush-cache: %d flushes, want one between the warm-up and the load"
+              % len(flushes))
+        log = log[1:]
+        n = convs * turns
+        check(len(log) == n, "multiturn %s: the server got %d requests, want %d" %
+              (backend, len(log), n))
+        failed = [x for x in log if x["failed"]]
+        # the server's own chains: each request continues exactly one earlier request, or none
+        # (a turn 1); a chain follows its conversation through all its turns
+        depth = {}
+        chained = 0
+        for i, cur in enumerate(log):
+            prevs = [j for j in range(i) if follows(backend, log[j], cur)]
+            if backend != "openai-chat":  # a text prompt also extends its predecessors' prompts
+                prevs = [j for j in prevs if not any(follows(backend, log[j], log[k])
+                                                     and follows(backend, log[k], cur)
+                                                     for k in prevs if k != j)]
+            if not prevs:
+                depth[i] = 1
+                continue
+            if not check(len(prevs) == 1, "multiturn %s: request %d continues %d requests" %
+                         (backend, i, len(prevs))):
+                continue
+            j = prevs[0]
+            chained += 1
+            depth[i] = depth[j] + 1
+            # server clocks: this turn arrived after its predecessor's answer ended
+            check(cur["recv"] >= log[j]["last"], "multiturn %s: a turn arrived %.1f ms before "
+                  "its predecessor ended" % (backend, (log[j]["last"] - cur["recv"]) * 1e3))
+        hist = [sorted(depth.values()).count(k) for k in range(1, turns + 1)]
+        step("%s: server-side chains: %s requests at turn 1..%d; %d failed on purpose" %
+             (backend, hist, turns, len(failed)))
+        check(hist == [convs] * turns and chained == n - convs,
+              "multiturn %s: turns per depth %s, want %d each" % (backend, hist, convs))
+        check(any(follows(backend, x, y) for x in failed for y in log),
+              "multiturn %s: no turn went on after a failed one (%d failed)" %
+              (backend, len(failed)))
+        # the bench's clocks: no turn left before its predecessor ended
+        reqs = results(rpath)
+        by = {(q["conversation"], q["turn"]): q for q in reqs}
+        check(len(reqs) == n and sorted(by) == [(c, t) for c in range(convs)
+                                                for t in range(1, turns + 1)],
+              "multiturn %s: --output-requests has %d lines, (conversation, turn) %s" %
+              (backend, len(reqs), sorted(by)[:6]))
+        early = [(c, t) for (c, t), q in by.items() if t > 1 and
+                 q["start"] < by[(c, t - 1)]["end"]]
+        waited = sum(1 for (c, t), q in by.items() if t > 1 and
+                     q["start"] - by[(c, t - 1)]["end"] < 0.005)
+        step("%s: %d turns left within 5 ms of their predecessor's end (held back)" %
+             (backend, waited))
+        check(not early, "multiturn %s: turns left before their predecessor ended: %s" %
+              (backend, early))
+        check(waited >= convs, "multiturn %s: only %d turns were held back: the load did not "
+              "test the wait" % (backend, waited))
+        check(all(q["index"] == (q["turn"] - 1) * convs + q["conversation"] for q in reqs),
+              "multiturn %s: requests are not in turn-major order" % backend)
+        r = results(jpath)[0]
+        tr = r.get("turns") or []
+        check(r.get("multiturn_conversations") == convs and r.get("multiturn_turns") == turns
+              and r["num_prompts"] == n, "multiturn %s: JSON says %s conversations, %s turns, "
+              "%s prompts" % (backend, r.get("multiturn_conversations"),
+                              r.get("multiturn_turns"), r["num_prompts"]))
+        check(r["completed"] + r["failed"] == n and r["failed"] == len(failed),
+              "multiturn %s: completed %s failed %s, the server failed %d" %
+              (backend, r["completed"], r["failed"], len(failed)))
+        step("%s: turns %s" % (backend, json.dumps(tr)))
+        check(len(tr) == turns, "multiturn %s: %d entries in turns" % (backend, len(tr)))
+        for k, t in enumerate(tr):
+            mine = [q for q in reqs if q["turn"] == k + 1]
+            ttft = [q["ttft"] * 1e3 for q in mine if q["outcome"] == "completed"]
+            check(t["turn"] == k + 1 and t["requests"] == len(mine) == convs and
+                  t["completed"] == len(ttft), "multiturn %s: turn %d: %s" % (backend, k + 1, t))
+            check(abs(t["mean_prompt_len"] - statistics.mean(q["prompt_len"] for q in mine))
+                  < 1e-9, "multiturn %s: turn %d mean prompt length %s" % (backend, k + 1, t))
+            check(abs(t["median_ttft_ms"] - statistics.median(ttft)) < 1e-6 if ttft else
+                  t["median_ttft_ms"] == 0, "multiturn %s: turn %d TTFT median %s, records %s"
+                  % (backend, k + 1, t["median_ttft_ms"], ttft))
+        check(tr[0]["mean_prompt_len"] <= per_turn and
+              all(b["mean_prompt_len"] > a["mean_prompt_len"] + per_turn / 2
+                  for a, b in zip(tr, tr[1:])),
+              "multiturn %s: prompts do not grow by a turn each: %s" %
+              (backend, [t["mean_prompt_len"] for t in tr]))
+        check("Turns (multiturn)" in out and "Turn %d median TTFT (ms):" % turns in out,
+              "multiturn %s: the table lacks the turns" % backend)
+        # the fake server counts 1000 KV bytes per request it answered
+        check(r.get("kv_transfer_bytes") == 1000 * (n - len(failed)) and
+              abs(r.get("kv_transfer_bytes_per_request", 0) - 1000 * (n - len(failed)) / n)
+              < 1e-9, "multiturn %s: --kv-bytes-url: %s bytes, %s per request" %
+              (backend, r.get("kv_transfer_bytes"), r.get("kv_transfer_bytes_per_request")))
+        fake.p.kill()
 
 
 # ------------------------------------------------------------------ errors
@@ -685,7 +937,8 @@ def main():
     def cases():
         model = pc.make_model(BUILD, tmp)
         {"fake": case_fake, "arrivals": case_arrivals, "errors": case_errors,
-         "plot": case_plot, "pd": case_pd, "fates": case_fates}[CASE](tmp, model)
+         "plot": case_plot, "pd": case_pd, "fates": case_fates, "mix": case_mix,
+         "multiturn": case_multiturn}[CASE](tmp, model)
 
     pc.run_test("bench_serving %s" % CASE, cases, tmp)
     return 0
