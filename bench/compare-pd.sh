@@ -2,11 +2,17 @@
 # bench/compare-pd.sh — colocated vs prefill/decode disaggregation, the same load on one machine.
 # (a) colocated: one pdserve-decode --disaggregation-mode null serving alone;
 # (b) disaggregated: 1 pdserve-prefill + 1 pdserve-decode + pdserve-router (KV over UCX shm).
-# Each gets the same pdserve-bench run: random prompts of INPUT_LEN tokens, OUTPUT_LEN output
-# tokens (exact: ignore_eos), a request-rate sweep, the same seed. Prints both tables, then TTFT
-# and ITL percentiles, throughput and goodput side by side, and draws OUT_DIR/compare.png. The PD
-# run also reads the router's and the decode's hand-over stages (pdserve-bench --timeline-url)
-# and prints, per rate, where PD's time to first token went and how the stages add up to it.
+# Each gets the same pdserve-bench run: the WORKLOAD's prompts, OUTPUT_LEN output tokens (exact:
+# ignore_eos), a request-rate sweep, the same seed. Prints the tables, then TTFT and ITL
+# percentiles, throughput and goodput side by side, and draws OUT_DIR/compare.png. The PD runs
+# also read the router's and the decode's hand-over stages (pdserve-bench --timeline-url) and
+# print, per rate, where PD's time to first token went and how the stages add up to it, and the
+# KV bytes the prefill moved during each rate's load (pdserve-bench --kv-bytes-url: the
+# prefill's pdserve_kv_transfer_bytes_total before and after the load, warm-up excluded).
+# The disaggregated half can run as several PD variants one after the other (PD_VARIANTS), each
+# on fresh daemons: today's PD, plain PD without the decode's prefix reuse, and PD with local
+# prefill and reuse; with `reuse` among them the goodput ratios reuse / each other setup are
+# printed per rate (and, per workload, the short prompts' TTFT and the KV bytes per request).
 # Both setups get the same CPU threads in all (colocated: 2 x THREADS in its one daemon; PD:
 # THREADS in each of its two), so the comparison is per machine, not per process.
 # Nothing is left running, on success, error or Ctrl-C.
@@ -15,21 +21,56 @@
 # Environment (defaults in brackets):
 #   RATES [8,16,32,64,inf]  request rates (req/s) of the sweep (around where the tiny CPU model
 #                     saturates); inf = all at once
-#   NUM_PROMPTS [128] requests per rate    INPUT_LEN [1024]   OUTPUT_LEN [128]
+#   WORKLOAD [random] random: prompts of INPUT_LEN tokens (today's load);
+#                     mixed: prompt lengths from MIX (pdserve-bench --random-mix);
+#                     multiturn: CONVERSATIONS chats of TURNS turns, each turn INPUT_LEN new
+#                     tokens after the previous prompt and answer (--dataset-name multiturn;
+#                     NUM_PROMPTS is then CONVERSATIONS x TURNS)
+#   MIX [0.7:32-128,0.3:1024-2048]  mixed: SHARE:MIN-MAX length classes (tokens)
+#   CONVERSATIONS [8] TURNS [6]        multiturn: the chat set
+#   NUM_PROMPTS [128] requests per rate    OUTPUT_LEN [128]
+#   INPUT_LEN [1024; multiturn 128]   random: prompt tokens; multiturn: new tokens per turn
+#   FLUSH_CACHE [0; mixed and multiturn 1]  1: every rate's load starts with empty prefix
+#                     caches (pdserve-bench --flush-cache), so a rate does not reuse the prompts
+#                     and answers the rate before it left (every rate sends the same prompts)
 #   SLO_TTFT_MS [200] SLO_TPOT_MS [10]      goodput counts requests meeting both
 #   DEVICE [cpu]      --device of the daemons (cuda on a GPU machine)
 #   THREADS [1]       CPU threads per PD daemon; COLOCATED_THREADS [2 x THREADS]
 #   MAX_TOTAL_TOKENS [65536]  KV pool of each daemon   CHUNK [512] --chunked-prefill-size
-#   ONLY [both]       colocated | pd: run one half only
+#   ONLY [both]       colocated | pd: run one half only (pd: every PD variant)
+#   PD_VARIANTS [pd]  the PD runs, in order (space or comma separated; labels of the results):
+#                     pd     today's PD: the router as ROUTER_FLAGS says, the decode's prefix
+#                            reuse on (its default; with one decode every follow-up reaches it);
+#                     plain  plain PD: the decode with PLAIN_DECODE_FLAGS (every prompt page
+#                            moves, as before decode-side reuse);
+#                     reuse  PD with local prefill and reuse: the router also gets
+#                            REUSE_ROUTER_FLAGS.
+#                     The issue's comparison: PD_VARIANTS="plain reuse"
+#   PLAIN_DECODE_FLAGS [--disable-prefix-cache]  the plain variant's extra decode flags
+#   REUSE_ROUTER_FLAGS [--local-prefill-max-tokens 256 --decode-policy cache_aware]
+#                     the reuse variant's extra router flags
 #   PREFILL_FLAGS []  more flags for pdserve-prefill (e.g. --eager-prefill=false)
-#   ROUTER_FLAGS []   more flags for pdserve-router (e.g. --local-prefill-max-tokens 256)
+#   ROUTER_FLAGS []   more flags for pdserve-router, every PD variant (e.g.
+#                     --local-prefill-max-tokens 256)
 #   OUT_DIR [BUILD_DIR/compare-pd]  tables, JSON Lines, CSV, logs and compare.png
 set -euo pipefail
 build=${1:-build}
 model=${2:-}
 rates=${RATES:-8,16,32,64,inf}
+workload=${WORKLOAD:-random}
+mix=${MIX:-0.7:32-128,0.3:1024-2048}
+conversations=${CONVERSATIONS:-8}
+turns=${TURNS:-6}
 num_prompts=${NUM_PROMPTS:-128}
-input_len=${INPUT_LEN:-1024}
+case $workload in
+random) input_len=${INPUT_LEN:-1024} flush=${FLUSH_CACHE:-0} ;;
+mixed) input_len=${INPUT_LEN:-1024} flush=${FLUSH_CACHE:-1} ;;
+multiturn) input_len=${INPUT_LEN:-128} flush=${FLUSH_CACHE:-1} ;;
+*)
+    echo "compare-pd: WORKLOAD must be random, mixed or multiturn (got '$workload')" >&2
+    exit 2
+    ;;
+esac
 output_len=${OUTPUT_LEN:-128}
 slo_ttft=${SLO_TTFT_MS:-200}
 slo_tpot=${SLO_TPOT_MS:-10}
@@ -41,6 +82,13 @@ chunk=${CHUNK:-512}
 only=${ONLY:-both}
 read -r -a prefill_flags <<<"${PREFILL_FLAGS:-}"
 read -r -a router_flags <<<"${ROUTER_FLAGS:-}"
+# ${X-default}: the default when X is unset; X="" means no flags
+plain_default="--disable-prefix-cache"
+reuse_default="--local-prefill-max-tokens 256 --decode-policy cache_aware"
+read -r -a plain_decode_flags <<<"${PLAIN_DECODE_FLAGS-$plain_default}"
+read -r -a reuse_router_flags <<<"${REUSE_ROUTER_FLAGS-$reuse_default}"
+read -r -a variants <<<"${PD_VARIANTS:-pd}"
+variants=(${variants[@]//,/ })
 out=${OUT_DIR:-$build/compare-pd}
 logs=$out/logs
 mkdir -p "$logs"
@@ -49,6 +97,17 @@ case $only in both | colocated | pd) ;; *)
     exit 2
     ;;
 esac
+if [ ${#variants[@]} -eq 0 ]; then
+    echo "compare-pd: PD_VARIANTS is empty (give pd, plain and/or reuse)" >&2
+    exit 2
+fi
+for v in "${variants[@]}"; do
+    case $v in pd | plain | reuse) ;; *)
+        echo "compare-pd: PD_VARIANTS: '$v' is not pd, plain or reuse" >&2
+        exit 2
+        ;;
+    esac
+done
 for b in prefill/pdserve-prefill decode/pdserve-decode router/pdserve-router \
     bench/pdserve-bench tools/pdserve-mkmodel; do
     if [ ! -x "$build/$b" ]; then
@@ -119,14 +178,31 @@ fi
 common=(--model-path "$model" --host 127.0.0.1 --device "$device" --page-size 16
     --chunked-prefill-size "$chunk" --max-total-tokens "$max_total" --log-level warning)
 
+case $workload in
+random)
+    dataset=(--dataset-name random --random-input-len "$input_len" --num-prompts "$num_prompts")
+    what="random $input_len in / $output_len out, $num_prompts prompts per rate"
+    ;;
+mixed)
+    dataset=(--dataset-name random --random-mix "$mix" --num-prompts "$num_prompts")
+    what="mixed prompts ($mix tokens) / $output_len out, $num_prompts prompts per rate"
+    ;;
+multiturn)
+    dataset=(--dataset-name multiturn --multiturn-conversations "$conversations"
+        --multiturn-turns "$turns" --random-input-len "$input_len")
+    what="multiturn: $conversations chats x $turns turns, $input_len new tokens a turn"
+    what+=" / $output_len out"
+    ;;
+esac
+[ "$flush" = 1 ] && dataset+=(--flush-cache)
+
 run_bench() { # label, port, then extra pdserve-bench flags
     local label=$1 port=$2
     shift 2
-    echo "compare-pd: [$label] pdserve-bench: random $input_len in / $output_len out," \
-        "$num_prompts prompts per rate, rates $rates"
+    echo "compare-pd: [$label] pdserve-bench: $what, rates $rates"
     "$build/bench/pdserve-bench" --backend sglang --base-url "http://127.0.0.1:$port" \
-        --dataset-name random --random-input-len "$input_len" --random-output-len "$output_len" \
-        --random-range-ratio 1 --num-prompts "$num_prompts" --request-rate-sweep "$rates" \
+        "${dataset[@]}" --random-output-len "$output_len" --random-range-ratio 1 \
+        --request-rate-sweep "$rates" \
         --seed 1 --warmup-requests 2 --slo-ttft-ms "$slo_ttft" --slo-tpot-ms "$slo_tpot" \
         --output-file "$out/$label.jsonl" --output-csv "$out/$label.csv" \
         --plot-label "$label" "$@" | tee "$out/$label.txt"
@@ -147,32 +223,45 @@ if [ "$only" != pd ]; then
     stop_all
 fi
 
-if [ "$only" != colocated ]; then
+run_pd() { # variant: 1 prefill + 1 decode + router on fresh ports, the load, all stopped
+    local label=$1 decode_extra=() router_extra=()
+    [ "$label" = plain ] && decode_extra=(${plain_decode_flags[@]+"${plain_decode_flags[@]}"})
+    [ "$label" = reuse ] && router_extra=(${reuse_router_flags[@]+"${reuse_router_flags[@]}"})
     pport=$(free_port) bport=$(free_port) dport=$(free_port) rport=$(free_port)
-    echo "compare-pd: [pd] pdserve-prefill :$pport (bootstrap :$bport), pdserve-decode :$dport," \
-        "pdserve-router :$rport ($threads threads per daemon)"
-    start prefill "$build/prefill/pdserve-prefill" "${common[@]}" --port "$pport" \
+    echo "compare-pd: [$label] pdserve-prefill :$pport (bootstrap :$bport), pdserve-decode" \
+        ":$dport${decode_extra[*]+ ${decode_extra[*]}}, pdserve-router" \
+        ":$rport${router_extra[*]+ ${router_extra[*]}} ($threads threads per daemon)"
+    start "$label-prefill" "$build/prefill/pdserve-prefill" "${common[@]}" --port "$pport" \
         --threads "$threads" --disaggregation-mode prefill --disaggregation-bootstrap-port "$bport" \
         ${prefill_flags[@]+"${prefill_flags[@]}"}
-    start decode "$build/decode/pdserve-decode" "${common[@]}" --port "$dport" \
-        --threads "$threads" --disaggregation-mode decode
-    wait_healthy prefill "$pport" "${pids[0]}"
-    wait_healthy decode "$dport" "${pids[1]}"
+    start "$label-decode" "$build/decode/pdserve-decode" "${common[@]}" --port "$dport" \
+        --threads "$threads" --disaggregation-mode decode \
+        ${decode_extra[@]+"${decode_extra[@]}"}
+    wait_healthy "$label-prefill" "$pport" "${pids[0]}"
+    wait_healthy "$label-decode" "$dport" "${pids[1]}"
     # no router admission limit (its default, 256 in flight, answered 128 of 384 requests sent
     # at once with 429 on the GPU): the colocated daemon has none, so both halves take the load
-    start router "$build/router/pdserve-router" --pd-disaggregation --host 127.0.0.1 \
+    start "$label-router" "$build/router/pdserve-router" --pd-disaggregation --host 127.0.0.1 \
         --port "$rport" --prefill "http://127.0.0.1:$pport" "$bport" \
         --decode "http://127.0.0.1:$dport" --policy round_robin --max-concurrent-requests 0 \
-        --log-level warning ${router_flags[@]+"${router_flags[@]}"}
-    wait_healthy router "$rport" "${pids[2]}"
-    run_bench pd "$rport" --timeline-url "http://127.0.0.1:$rport,http://127.0.0.1:$dport"
+        --log-level warning ${router_flags[@]+"${router_flags[@]}"} \
+        ${router_extra[@]+"${router_extra[@]}"}
+    wait_healthy "$label-router" "$rport" "${pids[2]}"
+    run_bench "$label" "$rport" --timeline-url "http://127.0.0.1:$rport,http://127.0.0.1:$dport" \
+        --kv-bytes-url "http://127.0.0.1:$pport"
     stop_all
+}
+
+if [ "$only" != colocated ]; then
+    for v in "${variants[@]}"; do run_pd "$v"; done
 fi
 
-# Side by side, from the JSON Lines both runs wrote.
+# Side by side, from the JSON Lines the runs wrote.
 files=()
 [ "$only" != pd ] && files+=("colocated=$out/colocated.jsonl")
-[ "$only" != colocated ] && files+=("pd=$out/pd.jsonl")
+if [ "$only" != colocated ]; then
+    for v in "${variants[@]}"; do files+=("$v=$out/$v.jsonl"); done
+fi
 python3 - "${files[@]}" <<'EOF'
 import json, sys
 runs = []
@@ -183,10 +272,35 @@ for arg in sys.argv[1:]:
 slo = runs[0][1][0]
 print("\ncompare-pd: side by side (ms; goodput = req/s meeting TTFT <= %g ms and TPOT <= %g ms)"
       % (slo["slo_ttft_ms"], slo["slo_tpot_ms"]))
-cols = [("TTFT p50", "median_ttft_ms"), ("TTFT p99", "p99_ttft_ms"),
-        ("ITL p50", "median_itl_ms"), ("ITL p99", "p99_itl_ms"), ("TPOT p50", "median_tpot_ms"),
-        ("E2E p50", "median_e2e_latency_ms"), ("req/s", "request_throughput"),
-        ("out tok/s", "output_throughput"), ("goodput", "request_goodput"), ("failed", "failed")]
+def short_ttft(r):
+    # the median TTFT of the class with the shortest prompts (--random-mix)
+    cls = r.get("classes")
+    return min(cls, key=lambda c: c["max_len"])["median_ttft_ms"] if cls else None
+
+
+def kv_kb(r):
+    v = r.get("kv_transfer_bytes_per_request")
+    return v / 1e3 if v is not None else None
+
+
+cols = [("TTFT p50", lambda r: r["median_ttft_ms"]), ("TTFT p99", lambda r: r["p99_ttft_ms"]),
+        ("ITL p50", lambda r: r["median_itl_ms"]), ("ITL p99", lambda r: r["p99_itl_ms"]),
+        ("TPOT p50", lambda r: r["median_tpot_ms"]),
+        ("E2E p50", lambda r: r["median_e2e_latency_ms"]),
+        ("req/s", lambda r: r["request_throughput"]),
+        ("out tok/s", lambda r: r["output_throughput"]),
+        ("goodput", lambda r: r["request_goodput"]), ("failed", lambda r: r["failed"])]
+every = [r for _, rs in runs for r in rs]
+if any(r.get("classes") for r in every):
+    cols.insert(2, ("short p50", short_ttft))
+if any(r.get("kv_transfer_bytes") is not None for r in every):
+    cols.append(("KV KB/req", kv_kb))
+
+
+def cell(v):
+    return "%11s" % "-" if v is None else "%11.2f" % v if isinstance(v, float) else "%11s" % v
+
+
 head = "%-6s %-10s" % ("rate", "setup") + "".join("%11s" % c for c, _ in cols)
 print(head)
 print("-" * len(head))
@@ -195,13 +309,56 @@ for _, rs in runs:
     for r in rs:
         if r["request_rate"] not in rates:
             rates.append(r["request_rate"])
+at = {(label, r["request_rate"]): r for label, rs in runs for r in rs}
 for rate in rates:
     for label, rs in runs:
-        for r in rs:
-            if r["request_rate"] == rate:
-                print("%-6s %-10s" % (rate, label) +
-                      "".join("%11.2f" % r[k] if isinstance(r[k], float) else "%11s" % r[k]
-                              for _, k in cols))
+        r = at.get((label, rate))
+        if r:
+            print("%-6s %-10s" % (rate, label) + "".join(cell(f(r)) for _, f in cols))
+if any(r.get("classes") for r in every):
+    print("\n(short p50: median TTFT of the prompts of the shortest --random-mix class, ms)")
+if any(r.get("kv_transfer_bytes") is not None for r in every):
+    multi = any(r.get("turns") for r in every)
+    print("(KV KB/req: KV bytes the prefill moved during the rate's load / its requests%s)" %
+          ("; all turns together: turns of different conversations overlap, so the bytes of "
+           "turns after the first cannot be told apart" if multi else ""))
+# Per turn of a multi-turn load: mean prompt tokens and median TTFT, per setup and rate.
+for label, rs in runs:
+    for r in rs:
+        if r.get("turns"):
+            print("compare-pd: [%s] rate %s turns (mean prompt tokens / median TTFT ms): %s"
+                  % (label, r["request_rate"], "  ".join(
+                      "%d: %.0f / %.1f" % (t["turn"], t["mean_prompt_len"], t["median_ttft_ms"])
+                      for t in r["turns"])))
+
+
+def ratio(a, b):
+    return "%.2f" % (a / b) if a is not None and b else "-"
+
+
+# The reuse variant against each other setup, per rate: goodput (higher is better), the short
+# prompts' median TTFT and the KV bytes per request (lower is better).
+if any(label == "reuse" for label, _ in runs):
+    others = [label for label, _ in runs if label != "reuse"]
+    print("\ncompare-pd: reuse (PD with local prefill and decode reuse) against %s, per rate"
+          % ", ".join(others))
+    for rate in rates:
+        mine = at.get(("reuse", rate))
+        if not mine:
+            continue
+        parts = []
+        for o in others:
+            r = at.get((o, rate))
+            if not r:
+                continue
+            p = "goodput reuse/%s %s" % (o, ratio(mine["request_goodput"],
+                                                  r["request_goodput"]))
+            if short_ttft(mine) is not None:
+                p += ", short TTFT p50 reuse/%s %s" % (o, ratio(short_ttft(mine), short_ttft(r)))
+            if kv_kb(mine) is not None and kv_kb(r) is not None:
+                p += ", KV/req reuse/%s %s" % (o, ratio(kv_kb(mine), kv_kb(r)))
+            parts.append(p)
+        print("  rate %-6s %s" % (rate, "; ".join(parts)))
 # Where PD's first token went: the servers' stage means over each rate's load (pdserve-bench
 # --timeline-url), the stages on the first token's path summed against the client's mean TTFT.
 for label, rs in runs:
