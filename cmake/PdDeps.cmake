@@ -17,6 +17,10 @@ endif()
 find_package(Python3 COMPONENTS Interpreter)
 # The cpu backend's large matrix products (model/cpu/backend_cpu.c).
 pkg_check_modules(OPENBLAS REQUIRED IMPORTED_TARGET openblas)
+# Images of vision requests (model/vision/): PNG through libpng, JPEG through libjpeg-turbo (the
+# JPEG library Pillow's wheels carry, so decoded pixels match transformers' PIL pipeline).
+pkg_check_modules(LIBPNG REQUIRED IMPORTED_TARGET libpng)
+pkg_check_modules(LIBJPEG REQUIRED IMPORTED_TARGET libjpeg)
 # Tokenizer: pre-tokenizer regexes with Unicode properties (PCRE2), NFC & co. (utf8proc).
 pkg_check_modules(PCRE2 REQUIRED IMPORTED_TARGET libpcre2-8)
 pkg_check_modules(UTF8PROC REQUIRED IMPORTED_TARGET libutf8proc)

@@ -21,6 +21,8 @@ packages=(
     libh2o-dev            # HTTP front (libuv build)
     libssl-dev            # TLS of the HTTP listeners (--ssl-certfile; libh2o-dev pulls it too)
     libcurl4-openssl-dev  # router upstream client
+    libpng-dev            # PNG images of vision requests (model/vision/image_decode.c)
+    libjpeg62-turbo-dev   # JPEG images of vision requests (libjpeg-turbo, as Pillow's wheel)
     libucx-dev            # KV page transfer (ucp)
     libibverbs-dev librdmacm-dev
     libgrpc-dev           # bootstrap service (gRPC core C API)
@@ -55,11 +57,15 @@ fi
 #  - safetensors, tokenizers, transformers (+ jinja2 for its chat templates): what pdserve-mkmodel
 #    writes read by the Hugging Face libraries (tests/python/test_mkmodel_hf.py). transformers
 #    runs there without torch (AutoConfig, AutoTokenizer); no test needs torch;
+#  - pillow: transformers' PIL image processor (Qwen2VLImageProcessorPil), the reference that
+#    tests/python/test_image_processor_hf.py holds model/vision/'s decoding and resizing to, bit
+#    for bit: pinned, since resize results change between Pillow versions (13 changed the order
+#    of its two passes, model/vision/image_resample.c);
 #  - openai: the official client against the router (tests/integration/test_openai_client.py).
 # Their own dependencies are left to pip (about 210 MB and 15 s for these four with theirs).
 KUBERNETES_VALIDATE=kubernetes-validate==1.34.1
 SGLANG_ROUTER=sglang-router==0.3.2
-HF_PINS=(safetensors==0.8.0 tokenizers==0.23.3 transformers==5.24.0 jinja2==3.1.6)
+HF_PINS=(safetensors==0.8.0 tokenizers==0.23.3 transformers==5.24.0 jinja2==3.1.6 pillow==13.0.0)
 OPENAI=openai==3.57.0
 venv_tools() {
     [ "$build_only" != 1 ] || return 0
@@ -82,7 +88,7 @@ venv_tools() {
     "$venv/bin/python" - "${HF_PINS[@]}" 2>/dev/null <<'PY' || want+=("${HF_PINS[*]}")
 import sys
 from importlib.metadata import version
-import numpy, safetensors.numpy, tokenizers, transformers, jinja2  # noqa: F401
+import numpy, safetensors.numpy, tokenizers, transformers, jinja2, PIL.Image  # noqa: F401
 sys.exit(any(version(p.split("==")[0]) != p.split("==")[1] for p in sys.argv[1:]))
 PY
     "$venv/bin/python" -c 'import openai, sys; sys.exit(openai.__version__ != sys.argv[1])' \
