@@ -11,11 +11,14 @@
 #    the daemons (xfer, engine, sched, bootstrap, api: checked by name too), of a backend or of
 #    the registry; the same checks must find the backends' constructors in libpdbackends.a and
 #    the daemon core's own references in libpdcommon.a;
+#  - libpdvision.a (model/vision/: images) references no pd_ symbol but its own and
+#    libpdbase.a's: no model, backend or daemon code, so whatever layer turns images into
+#    pixel values can link it alone;
 #  - no binary or library of the build holds a weak pd_ symbol (a weak reference never pulls an
 #    object out of a static library: backends join through the registry's strong ones); the same
 #    nm must show pdserve-prefill's weak symbols of the C runtime (__gmon_start__ and the like).
 # Usage: link_layers.sh PREFILL ROUTER TOKENIZE LIBPDMODEL LIBPDBASE LIBPDBACKENDS LIBPDCOMMON
-#        BUILD_DIR
+#        BUILD_DIR LIBPDVISION
 set -eu
 export LC_ALL=C # one collation for sort and comm
 prefill=$1
@@ -26,6 +29,7 @@ libbase=$5
 libbackends=$6
 libcommon=$7
 build=$8
+libvision=$9
 runtime_libs='lib(ucp|ucs|uct|grpc|gpr|protobuf-c|openblas|blas|ibverbs|cuda|cudart|cublas|cublasLt|nccl|pdflashinfer)[.-]'
 text_libs='lib(pcre2-8|utf8proc)[.-]'
 daemon_code=' [TtDdRrBb] pd_(model|backend|kv_pool|xfer|bootstrap|sampling)_'
@@ -79,6 +83,8 @@ none "references what pdmodel and pdbase do not define" "$libmodel" \
     "$(outside "$libmodel" "$libbase")"
 none "references the daemon core" "$libmodel" "$(undef "$libmodel" "$core_refs" | head -5 |
     tr '\n' ' ')"
+none "references what pdvision and pdbase do not define" "$libvision" \
+    "$(outside "$libvision" "$libbase")"
 
 # no weak pd_ symbol anywhere: every ELF file of the build but CMake's own probes
 find "$build" -path '*/CMakeFiles' -prune -o -type f \( -name '*.a' -o -name '*.so*' -o -perm -u+x \) \
@@ -96,6 +102,6 @@ some "ELF files under $build" "$(if [ $n_elf -gt 0 ]; then echo $n_elf; fi)"
 some "weak symbols of the C runtime in pdserve-prefill" "$(weak "$prefill" '')"
 
 [ $fail = 0 ] && printf 'ok: router %s shared libraries, tokenize %s: only their layers; pdmodel '\
-'references only pdbase; no weak pd_ symbol in %s files\n' \
+'and pdvision reference only pdbase; no weak pd_ symbol in %s files\n' \
     "$(ldd "$router" | wc -l)" "$(ldd "$tokenize" | wc -l)" "$n_elf"
 exit $fail
