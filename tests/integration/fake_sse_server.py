@@ -8,7 +8,10 @@ Timing: the first token is written --first-ms after the request was read, then o
 appends one JSON line to --log: {"path", "recv", "first", "last", "n", "inflight"} where the
 times are time.monotonic() (CLOCK_MONOTONIC, the clock pdserve-bench uses too) taken just after
 the body was read, after the first chunk was flushed, and after the last ([DONE]) was flushed;
-"inflight" is how many requests were being served when this one arrived (itself included).
+"inflight" is how many requests were being served when this one arrived (itself included). A
+completed or failed answer also has "done": the time just before [DONE] (or the error) was
+written, the earliest moment its client can have seen the end ("last" comes after the write,
+so a quick client's next request may be read before it is taken).
 
 A client that goes away mid-answer is logged with "gone": "fin" (it closed: an orderly end of
 its stream) or "reset" (its connection was reset), and "n" is the tokens written before that was
@@ -103,9 +106,11 @@ class Handler(BaseHTTPRequestHandler):
     def serve(self, body, recv, nth, inflight):
         path = self.path
         if ARGS.fail_every and nth % ARGS.fail_every == 0:
+            done = time.monotonic()
             self.send_json(400, {"error": {"message": "injected failure %d" % nth,
                                            "type": "BadRequestError", "code": 400}})
-            self.log(path, recv, recv, time.monotonic(), 0, inflight, failed=True, body=body)
+            self.log(path, recv, recv, time.monotonic(), 0, inflight, failed=True, body=body,
+                     done=done)
             return
         if path == "/generate":
             n = body["sampling_params"]["max_new_tokens"]
@@ -148,8 +153,10 @@ class Handler(BaseHTTPRequestHandler):
         if path != "/generate" and not ARGS.no_usage:
             self.event({"choices": [], "usage": {"prompt_tokens": 1, "completion_tokens": n,
                                                  "total_tokens": n + 1}})
+        done = time.monotonic()
         self.event("[DONE]")
-        self.log(path, recv, first, time.monotonic(), n, inflight, body=body, answer=text)
+        self.log(path, recv, first, time.monotonic(), n, inflight, body=body, answer=text,
+                 done=done)
 
     def client_gone(self):
         """'fin' when the client closed its end, 'reset' when it reset the connection, else
@@ -164,9 +171,11 @@ class Handler(BaseHTTPRequestHandler):
             return "reset"
 
     def log(self, path, recv, first, last, n, inflight, failed=False, gone=None, body=None,
-            answer=None):
+            answer=None, done=None):
         rec = {"path": path, "recv": recv, "first": first, "last": last, "n": n,
                "inflight": inflight, "failed": failed, "gone": gone}
+        if done is not None:
+            rec["done"] = done
         if ARGS.log_bodies:
             rec.update(body=body, answer=answer)
         with LOCK:
