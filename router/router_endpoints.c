@@ -252,8 +252,18 @@ static void handle_abort(struct pd_router *rt, struct pd_http_req *hr) {
 /* POST /flush_cache: every worker holds its own prefix cache, so every worker is told (as
  * sglang-router fans it out); like /abort_request the answer does not wait for theirs, and a
  * worker that fails logs at debug level (a flush only drops unused entries, so one missed is
- * harmless). */
+ * harmless). The cache_aware trees of what each worker holds are emptied too: kept, they would
+ * route by text the workers no longer have, and --local-prefill-max-tokens would count a long
+ * prompt as held by its decode and send it to a local prefill of the whole prompt. */
 static void handle_flush_cache(struct pd_router *rt, struct pd_http_req *hr) {
+    for (int side = 0; side < 2; side++) {
+        int tree_oom = 0;
+        if (rt->tree[side])
+            pd_cache_tree_evict(rt->tree[side], 0, &tree_oom);
+        if (tree_oom)
+            pd_warn("flush_cache: the %s cache tree kept some entries (out of memory)",
+                    side ? "decode" : "prefill");
+    }
     bool oom;
     char *line = pd__router_auth_line_new(hr, &oom);
     int n = 0;

@@ -839,19 +839,28 @@ def case_local_cached(model, tmp):
     ref = references(model, prompts)
     want = ["pd", "pd", "local", "local", "pd"]
     held0 = sum(metric_values(dc, "pdserve_decode_prefix_cache_hit_tokens_total").values())
-    for i, p in enumerate(prompts):
+
+    def send(i, path):
+        p = prompts[i]
         before = metric_values(rt, "pdserve_router_path_requests_total")
         st, raw = through(rt, "generate", gen_body(p, "generate", False))
         check(st == 200 and text_of("generate", False, raw)[0] == ref[i],
               "prompt %d: %d %r != %r" % (i, st, raw[:200], ref[i]))
         after = metric_values(rt, "pdserve_router_path_requests_total")
-        key = '{path="%s"}' % want[i]
+        key = '{path="%s"}' % path
         check(after.get(key, 0) == before.get(key, 0) + 1,
               "prompt %d (%d bytes) took the other path: %r -> %r, want %s" %
-              (i, len(p["text"]), before, after, want[i]))
+              (i, len(p["text"]), before, after, path))
+
+    for i in range(len(prompts)):
+        send(i, want[i])
     held = sum(metric_values(dc, "pdserve_decode_prefix_cache_hit_tokens_total").values())
     check(held - held0 >= 2 * 16, "the local follow-ups held %d tokens of the decode's cache" %
           (held - held0))
+    step("POST /flush_cache: the router forgets what the flushed workers held")
+    st, raw = rt.post("/flush_cache", "{}", 30)
+    check(st == 200, "flush_cache: %d %r" % (st, raw[:200]))
+    send(2, "pd")  # its prefix no longer counts as held: the whole prompt is over the limit
     check(pf.pool_full() and dc.pool_full(), "pools back to full")
 
 
