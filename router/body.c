@@ -338,60 +338,61 @@ fail:
     return rc;
 }
 
-/* bytes / 4 of a string, rounded up: English BPE runs 3.5-4.5 bytes a token */
-static long text_tokens(const cJSON *s) {
-    return (long)((strlen(s->valuestring) + 3) / 4);
-}
-
-/* A prompt given as text or as token ids; -1 for anything else. */
-static long prompt_tokens(const cJSON *p) {
-    if (cJSON_IsString(p))
-        return text_tokens(p);
+/* A prompt given as text (its bytes) or as token ids (counted); false for anything else. */
+static bool add_prompt(const cJSON *p, struct pd_router_prompt_size *sz) {
+    if (cJSON_IsString(p)) {
+        sz->text_bytes += strlen(p->valuestring);
+        return true;
+    }
     if (!cJSON_IsArray(p))
-        return -1;
-    long n = 0;
+        return false;
     const cJSON *it;
     cJSON_ArrayForEach(it, p) {
         if (!cJSON_IsNumber(it))
-            return -1; /* a batch of prompts */
-        n++;
+            return false; /* a batch of prompts */
+        sz->id_tokens++;
     }
-    return n;
+    return true;
 }
 
-long pd_router_body_prompt_tokens(int route, const char *body, size_t len) {
+int pd_router_body_prompt_size(int route, const char *body, size_t len,
+                               struct pd_router_prompt_size *out) {
     cJSON *root = cJSON_ParseWithLength(body, len);
-    long n = -1;
+    struct pd_router_prompt_size sz = {0};
+    bool ok = false;
     int samples;
     if (!cJSON_IsObject(root) || batch_size(route, root) != 0 ||
         samples_n(route, root, PD_API_MAX_FANOUT, &samples) != PD_OK || samples != 1)
         goto out;
     if (route == PD_ROUTER_ROUTE_GENERATE) {
         const cJSON *ids = cJSON_GetObjectItemCaseSensitive(root, "input_ids");
-        n = prompt_tokens(ids ? ids : cJSON_GetObjectItemCaseSensitive(root, "text"));
+        ok = add_prompt(ids ? ids : cJSON_GetObjectItemCaseSensitive(root, "text"), &sz);
     } else if (route == PD_ROUTER_ROUTE_COMPLETIONS) {
-        n = prompt_tokens(cJSON_GetObjectItemCaseSensitive(root, "prompt"));
+        ok = add_prompt(cJSON_GetObjectItemCaseSensitive(root, "prompt"), &sz);
     } else if (route == PD_ROUTER_ROUTE_CHAT) {
         const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(root, "messages"), *m;
         if (!cJSON_IsArray(msgs))
             goto out;
-        n = 0;
+        ok = true;
         cJSON_ArrayForEach(m, msgs) {
             const cJSON *c = cJSON_GetObjectItemCaseSensitive(m, "content"), *part;
-            n += 8; /* the template's role markers */
+            sz.id_tokens += PD_ROUTER_CHAT_MESSAGE_TOKENS; /* the template's role markers */
             if (cJSON_IsString(c))
-                n += text_tokens(c);
+                sz.text_bytes += strlen(c->valuestring);
             else if (cJSON_IsArray(c))
                 cJSON_ArrayForEach(part, c) {
                     const cJSON *t = cJSON_GetObjectItemCaseSensitive(part, "text");
                     if (cJSON_IsString(t))
-                        n += text_tokens(t);
+                        sz.text_bytes += strlen(t->valuestring);
                 }
         }
     }
 out:
     cJSON_Delete(root);
-    return n;
+    if (!ok)
+        return PD_EINVAL;
+    *out = sz;
+    return PD_OK;
 }
 
 char *pd_router_abort_body(const char *rid) {

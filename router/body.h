@@ -53,11 +53,18 @@ int pd_router_body_rewrite(int route, int max_n, const char *body, size_t len,
                            struct pd_router_body_info *info);
 void pd_router_body_info_free(struct pd_router_body_info *info);
 
-/* The prompt's size in tokens as the router can tell without a tokenizer, for
- * --local-prefill-max-tokens: ids counted, text (a string prompt, chat messages' text) at 4 bytes
- * a token plus 8 a chat message. -1 when the body is not one prompt of one sample (a batch, n > 1)
- * or not a JSON object with a prompt: such a request takes the PD path. */
-long pd_router_body_prompt_tokens(int route, const char *body, size_t len);
+/* A prompt's size as the router can tell without a tokenizer, for --local-prefill-max-tokens
+ * (prompt_size.h turns it into tokens): token ids counted, plus PD_ROUTER_CHAT_MESSAGE_TOKENS a
+ * chat message for its template; and the bytes of its text (a string prompt, chat messages' text
+ * parts). PD_EINVAL (nothing set, no message) when the body is not one prompt of one sample (a
+ * batch, n > 1) or not a JSON object with a prompt: such a request takes the PD path. */
+struct pd_router_prompt_size {
+    long id_tokens;
+    size_t text_bytes;
+};
+#define PD_ROUTER_CHAT_MESSAGE_TOKENS 8
+int pd_router_body_prompt_size(int route, const char *body, size_t len,
+                               struct pd_router_prompt_size *out);
 
 /* {"rid":"..."} for /abort_request; caller pd_frees. NULL on allocation failure. */
 char *pd_router_abort_body(const char *rid);

@@ -350,8 +350,9 @@ static void register_flags(struct pd_router_config *cfg) {
                 "refused with 400. Give the workers the same --max-n");
     pd_flag_int(fs, "--local-prefill-max-tokens", &cfg->local_prefill_max_tokens, "N", 0, 1 << 20,
                 "a generation request of one prompt (n 1) whose prompt is at most N tokens (the "
-                "router's estimate without a tokenizer: ids counted, text at 4 bytes a token, "
-                "chat messages' text plus 8 a message) goes to a decode alone, which prefills it "
+                "router's estimate without a tokenizer: ids counted, chat messages' text plus 8 a "
+                "message, text at the bytes a token learned from the decodes' answers' "
+                "prompt_tokens, 4 before the first) goes to a decode alone, which prefills it "
                 "itself (pdserve-decode --local-prefill): no prefill, no KV transfer. With "
                 "--decode-policy cache_aware only the part of the prompt the picked decode is "
                 "not likely to hold counts (its tree's unmatched share of the text): a "

@@ -718,7 +718,16 @@ static void finish_held(struct rreq *rq) {
 
 /* The client's stream starts with decode's status and type, and what was held goes out. PD_OK,
  * or the request ended (rq may be freed). */
+/* The prompt_tokens of decode's answer (a stream's first event) teach the router's estimate. */
+static void learn_prompt_size(struct rreq *rq, const char *answer, size_t len) {
+    long n;
+    if (rq->psize_known && pd_router_answer_prompt_tokens(answer, len, &n))
+        pd_router_token_rate_learn(&rq->rt->token_rate, &rq->psize, n);
+    rq->psize_known = false;
+}
+
 static int release_held(struct rreq *rq, struct pd_upstream_call *call, long st, const char *ct) {
+    learn_prompt_size(rq, rq->dbuf.p, rq->dbuf.len);
     rq->sse_hold = false;
     rq->streaming = true;
     if (pd_http_stream_start(rq->hr, (int)st, ct) != PD_OK)
@@ -864,6 +873,8 @@ static void on_decode_done(void *ud, struct pd_upstream_call *call,
                 pd_http_stream_end(rq->hr);
         } else {
             const char *ct = pd_upstream_call_content_type(call);
+            if (r->http_status / 100 == 2)
+                learn_prompt_size(rq, rq->dbuf.p, rq->dbuf.len);
             pd_http_respond(rq->hr, (int)r->http_status, *ct ? ct : "application/json",
                             rq->dbuf.p ? rq->dbuf.p : "", rq->dbuf.len);
         }
@@ -923,9 +934,10 @@ static int start_attempt(struct rreq *rq) {
      * parsed twice. */
     int lmax = cfg->local_prefill_max_tokens;
     bool matched = dw && rq->d_matched > 0 && rq->rtext_len > 0;
-    long est = lmax > 0 && (matched || len <= (size_t)lmax * 8 + 4096)
-                   ? pd_router_body_prompt_tokens(rq->route, body, len)
-                   : -1;
+    rq->psize_known = lmax > 0 &&
+                      (matched || len <= (size_t)lmax * PD_ROUTER_BYTES_PER_TOKEN_MAX + 4096) &&
+                      pd_router_body_prompt_size(rq->route, body, len, &rq->psize) == PD_OK;
+    long est = rq->psize_known ? pd_router_prompt_tokens(&rq->psize, &rt->token_rate) : -1;
     if (est > 0 && matched)
         est -= (long)((double)est * (double)rq->d_matched / (double)rq->rtext_len);
     bool local = est >= 0 && est <= lmax;

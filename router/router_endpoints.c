@@ -144,6 +144,9 @@ static void handle_server_info(struct pd_router *rt, struct pd_http_req *hr) {
                             cfg->max_concurrent_requests_per_client);
     cJSON_AddNumberToObject(o, "max_n", cfg->max_n);
     cJSON_AddNumberToObject(o, "local_prefill_max_tokens", cfg->local_prefill_max_tokens);
+    cJSON_AddNumberToObject(o, "local_prefill_bytes_per_token",
+                            pd_router_token_rate_get(&rt->token_rate));
+    cJSON_AddNumberToObject(o, "local_prefill_rate_answers", (double)rt->token_rate.answers);
     cJSON_AddNumberToObject(o, "health_check_interval_secs", cfg->health_check_interval_secs);
     cJSON_AddNumberToObject(o, "health_failure_threshold", cfg->health_failure_threshold);
     cJSON_AddNumberToObject(o, "shutdown_timeout_secs", cfg->shutdown_timeout_secs);

@@ -15,6 +15,7 @@
 #include "router/lpmerge.h"
 #include "router/metrics.h"
 #include "router/policy.h"
+#include "router/prompt_size.h"
 #include "router/cache_tree.h"
 #include "router/route_text.h"
 #include "router/resolve.h"
@@ -144,6 +145,10 @@ struct rreq {
     char *rtext; /* cache_aware: the routing text (route_text.h), NULL before it is needed */
     size_t rtext_len;
     size_t d_matched; /* decode cache_aware: the picked decode's matched bytes of rtext */
+    /* --local-prefill-max-tokens: the prompt as measured for the estimate (psize_known), until
+     * the decode's answer says its real count (learned once, into rt->token_rate) */
+    struct pd_router_prompt_size psize;
+    bool psize_known;
     size_t sent_len;
     struct pd_upstream_call *pcall, *dcall;
     bool streaming;       /* client answer started as a stream */
@@ -196,6 +201,7 @@ struct pd_router {
      * of its workers; and the scratch arrays of one decision — matched bytes by tenant, then
      * matched bytes and tree sizes by registry index */
     struct pd_cache_tree *tree[2];
+    struct pd_router_token_rate token_rate; /* --local-prefill-max-tokens' bytes a token */
     size_t *ca_by_tenant, *ca_matched, *ca_size;
     size_t ca_by_tenant_cap, ca_matched_cap, ca_size_cap;
     uv_timer_t evict_timer;

@@ -255,6 +255,12 @@ class Proc:
         return http_call(self.port, "GET", path, None, timeout,
                          self.auth if headers is None else headers, self.host, self.ssl_ctx)
 
+    def server_info(self):
+        st, body = self.get("/server_info")
+        if st != 200:
+            raise OSError("/server_info answered %d" % st)
+        return json.loads(body)
+
     def post(self, path, body, timeout=60, headers=None):
         return http_call(self.port, "POST", path, body, timeout,
                          self.auth if headers is None else headers, self.host, self.ssl_ctx)
@@ -338,12 +344,6 @@ class Daemon(Proc):
             args += ["--disaggregation-bootstrap-port", str(self.bport)]
         args += list(extra)
         super().__init__(role, args, port, tmp, host=host, **kw)
-
-    def server_info(self):
-        st, body = self.get("/server_info")
-        if st != 200:
-            raise OSError("/server_info answered %d" % st)
-        return json.loads(body)
 
     def pool(self):
         return self.server_info()["kv_pool"]

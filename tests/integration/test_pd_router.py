@@ -41,6 +41,7 @@ every wait is bounded.
 """
 import http.client
 import json
+import math
 import os
 import random
 import re
@@ -748,15 +749,19 @@ def case_local(model, tmp):
     prompts = make_prompts(rng)[::2]  # 25: texts and ids of every size
     ref = references(model, prompts)
 
-    def est(p):  # the router's estimate (router/body.c)
-        return len(p["ids"]) if "ids" in p else (len(p["text"].encode()) + 3) // 4
+    def est(p):  # the router's estimate (router/prompt_size.c) at the rate it has learned now
+        if "ids" in p:
+            return len(p["ids"])
+        return math.ceil(len(p["text"].encode()) / rt.server_info()["local_prefill_bytes_per_token"])
 
-    n_local = sum(2 * 2 for p in prompts if est(p) <= lmax)
-    n_pd = 4 * len(prompts) - n_local
-    check(n_local >= 16 and n_pd >= 16, "both paths exercised: %d local, %d PD" % (n_local, n_pd))
+    n_local = n_pd = 0
     for i, p in enumerate(prompts):
         for kind in ("generate", "completions"):
             for stream in (False, True):
+                if est(p) <= lmax:
+                    n_local += 1
+                else:
+                    n_pd += 1
                 st, raw = through(rt, kind, gen_body(p, kind, stream))
                 ok = check(st == 200, "prompt %d (%s, est %d) %s stream=%s: HTTP %d %r" % (
                     i, "local" if est(p) <= lmax else "PD", est(p), kind, stream, st, raw[:200]))
@@ -764,6 +769,7 @@ def case_local(model, tmp):
                     text = text_of(kind, stream, raw)[0]
                     check(text == ref[i], "prompt %d (%s) %s stream=%s: %r != reference %r" % (
                         i, "local" if est(p) <= lmax else "PD", kind, stream, text, ref[i]))
+    check(n_local >= 16 and n_pd >= 16, "both paths exercised: %d local, %d PD" % (n_local, n_pd))
     paths = metric_values(rt, "pdserve_router_path_requests_total")
     check(paths.get('{path="local"}') == n_local and paths.get('{path="pd"}') == n_pd,
           "router paths %r, want %d local and %d pd" % (paths, n_local, n_pd))
@@ -864,6 +870,44 @@ def case_local_cached(model, tmp):
     check(pf.pool_full() and dc.pool_full(), "pools back to full")
 
 
+def case_local_estimate(model, tmp):
+    """The router's token estimate learns from the decodes' answers: digits separated by spaces
+    run about 1 byte a token with this tokenizer, not the 4 the router assumes at first. The first
+    such prompt (about 200 tokens, estimated 50) goes local; its answer, a stream whose first
+    event reports prompt_tokens, moves the rate near 1 (/server_info), and the next prompt of the
+    same size takes the PD path. A non-stream answer (usage) counts as well. Texts equal
+    pdserve-generate's either way."""
+    lmax = 60
+    pf, dc, rt = pc.start_cluster(BUILD, tmp, model, router_extra=[
+        "--local-prefill-max-tokens", str(lmax)])
+    rng = random.Random(5)
+    prompts = [{"text": " ".join(str(rng.randrange(10)) for _ in range(100))} for _ in range(3)]
+    ref = references(model, prompts)
+
+    def rate():
+        info = rt.server_info()
+        return info["local_prefill_bytes_per_token"], info["local_prefill_rate_answers"]
+
+    check(rate() == (4.0, 0), "the rate before any answer: %r" % (rate(),))
+    for i, (kind, stream, path) in enumerate([("generate", True, "local"),
+                                              ("completions", False, "pd"),
+                                              ("generate", False, "pd")]):
+        before = metric_values(rt, "pdserve_router_path_requests_total")
+        st, raw = through(rt, kind, gen_body(prompts[i], kind, stream))
+        check(st == 200 and text_of(kind, stream, raw)[0] == ref[i],
+              "prompt %d: %d %r != %r" % (i, st, raw[:200], ref[i]))
+        after = metric_values(rt, "pdserve_router_path_requests_total")
+        key = '{path="%s"}' % path
+        check(after.get(key, 0) == before.get(key, 0) + 1,
+              "prompt %d (%d bytes, rate %r) took the other path: %r -> %r, want %s" %
+              (i, len(prompts[i]["text"]), rate(), before, after, path))
+        bpt, answers = rate()
+        check(answers == i + 1 and 1.0 <= bpt <= 1.1,
+              "after answer %d the rate is %r bytes a token from %r answers" %
+              (i + 1, bpt, answers))
+    check(pf.pool_full() and dc.pool_full(), "pools back to full")
+
+
 def case_restart_prefill(model, tmp):
     slow_ka = dict(os.environ, UCX_KEEPALIVE_INTERVAL="60s")  # the old prefill's death unseen
     pf = pc.Daemon(BUILD, "prefill", model, tmp)
@@ -891,7 +935,7 @@ def main():
     cases = {"tokens": case_tokens, "failures": case_failures, "kill_decode": case_kill_decode,
              "startup": case_startup, "extras": case_extras,
              "restart_prefill": case_restart_prefill, "local": case_local,
-             "local_cached": case_local_cached}
+             "local_cached": case_local_cached, "local_estimate": case_local_estimate}
     pc.run_test("pd_router %s" % CASE, lambda: cases[CASE](model, tmp), tmp)
 
 

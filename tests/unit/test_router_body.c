@@ -7,10 +7,12 @@
 #include "common/base/alloc.h"
 #include "common/base/api_wire.h"
 #include "router/body.h"
+#include "router/prompt_size.h"
 #include "router/config.h"
 
 #include <cjson/cJSON.h>
 #include <inttypes.h>
+#include <math.h>
 
 static struct pd_router_rng rng;
 
@@ -280,8 +282,15 @@ static void test_local(void) {
     pd_router_body_info_free(&info);
 }
 
+/* The default rate's estimate (4 bytes a token), or -1 when the body has no one prompt. */
 static long est(int route, const char *body) {
-    return pd_router_body_prompt_tokens(route, body, strlen(body));
+    struct pd_router_prompt_size sz = {.id_tokens = -7};
+    struct pd_router_token_rate none = {0};
+    if (pd_router_body_prompt_size(route, body, strlen(body), &sz) != PD_OK) {
+        CHECK_INT(sz.id_tokens, -7); /* untouched */
+        return -1;
+    }
+    return pd_router_prompt_tokens(&sz, &none);
 }
 
 static void test_prompt_estimate(void) {
@@ -297,7 +306,7 @@ static void test_prompt_estimate(void) {
     CHECK_INT(est(H,
                   "{\"messages\":[{\"role\":\"user\",\"content\":\"abcd\"},"
                   "{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"abcdefgh\"}]}]}"),
-              8 + 1 + 8 + 2);
+              8 + 8 + 3); /* 12 bytes of text: 3 tokens */
     /* not one prompt of one sample, or no prompt: the PD path */
     CHECK_INT(est(G, "{\"text\":[\"a\",\"b\"]}"), -1);
     CHECK_INT(est(G, "{\"input_ids\":[[1],[2]]}"), -1);
@@ -311,6 +320,68 @@ static void test_prompt_estimate(void) {
     CHECK_INT(est(C, "{\"prompt\":[1,\"x\"]}"), -1);
 }
 
+static bool answer_tokens(const char *answer, long *n) {
+    return pd_router_answer_prompt_tokens(answer, strlen(answer), n);
+}
+
+/* The count decode's answer reports: SGLang's meta_info, OpenAI's usage, a stream's event. */
+static void test_answer_prompt_tokens(void) {
+    long n = -1;
+    CHECK(answer_tokens("{\"text\":\"x\",\"meta_info\":{\"prompt_tokens\":37,\"id\":\"a\"}}", &n));
+    CHECK_INT(n, 37);
+    CHECK(answer_tokens("{\"usage\": {\"prompt_tokens\" :\n 5, \"completion_tokens\": 9}}", &n));
+    CHECK_INT(n, 5);
+    CHECK(answer_tokens("data: {\"meta_info\":{\"prompt_tokens\":0}}\n\n", &n));
+    CHECK_INT(n, 0);
+    n = -1;
+    /* the key's bytes inside a string are escaped there: not a key */
+    CHECK(!answer_tokens("{\"text\":\"say \\\"prompt_tokens\\\":3\"}", &n));
+    CHECK(!answer_tokens("{\"prompt_tokens_details\":{\"cached_tokens\":4}}", &n));
+    CHECK(!answer_tokens("{\"prompt_tokens\":-3}", &n));
+    CHECK(!answer_tokens("{\"prompt_tokens\":3.5}", &n));
+    CHECK(!answer_tokens("{\"prompt_tokens\":1e3}", &n));
+    CHECK(!answer_tokens("{\"prompt_tokens\":\"12\"}", &n));
+    CHECK(!answer_tokens("{\"prompt_tokens\":", &n));
+    CHECK(!answer_tokens("{\"prompt_tokens\" 12}", &n));
+    CHECK(!answer_tokens("{\"prompt_tokens\":99999999999999999999999}", &n));
+    CHECK(!answer_tokens("", &n));
+    CHECK_INT(n, -1);
+    /* the length bounds the search: a count cut off after its first digit is that digit */
+    const char *cut = "{\"prompt_tokens\":123}";
+    CHECK(pd_router_answer_prompt_tokens(cut, strlen("{\"prompt_tokens\":1"), &n));
+    CHECK_INT(n, 1);
+}
+
+/* The rate follows the answers, longer prompts weighing more, within its bounds. */
+static void test_token_rate(void) {
+    struct pd_router_token_rate r = {0};
+    CHECK(pd_router_token_rate_get(&r) == PD_ROUTER_BYTES_PER_TOKEN_DEFAULT);
+    struct pd_router_prompt_size text = {.text_bytes = 400},
+                                 chat = {.id_tokens = 16, .text_bytes = 300};
+    struct pd_router_prompt_size ids = {.id_tokens = 50};
+    CHECK(!pd_router_token_rate_learn(&r, &ids, 50));  /* no text: nothing to learn */
+    CHECK(!pd_router_token_rate_learn(&r, &chat, 16)); /* no text tokens left */
+    CHECK(!pd_router_token_rate_learn(&r, &chat, 3));
+    CHECK_INT((long)r.answers, 0);
+    CHECK(pd_router_token_rate_learn(&r, &text, 200)); /* 2 bytes a token */
+    CHECK(fabs(pd_router_token_rate_get(&r) - 2.0) < 1e-12);
+    CHECK_INT(pd_router_prompt_tokens(&text, &r), 200);
+    CHECK_INT(pd_router_prompt_tokens(&chat, &r), 16 + 150);
+    CHECK(pd_router_token_rate_learn(&r, &chat, 16 + 50)); /* 6 bytes a token, but shorter */
+    double want = (400 * 0.98 + 300) / (200 * 0.98 + 50);
+    CHECK(fabs(pd_router_token_rate_get(&r) - want) < 1e-12);
+    for (int i = 0; i < 500; i++) /* old answers fade: the rate becomes the new one */
+        pd_router_token_rate_learn(&r, &text, 100);
+    CHECK(fabs(pd_router_token_rate_get(&r) - 4.0) < 1e-4);
+    for (int i = 0; i < 500; i++)
+        pd_router_token_rate_learn(&r, &text, 4000); /* 0.1 bytes a token: held at the bound */
+    CHECK(pd_router_token_rate_get(&r) == PD_ROUTER_BYTES_PER_TOKEN_MIN);
+    for (int i = 0; i < 500; i++)
+        pd_router_token_rate_learn(&r, &text, 1);
+    CHECK(pd_router_token_rate_get(&r) == PD_ROUTER_BYTES_PER_TOKEN_MAX);
+    CHECK_INT((long)r.answers, 1502);
+}
+
 static void test_abort_body(void) {
     char *b = pd_router_abort_body("r\"1");
     CHECK_STR(b, "{\"rid\":\"r\\\"1\"}");
@@ -319,11 +390,17 @@ static void test_abort_body(void) {
 
 int main(void) {
     pd_router_rng_seed_with(&rng, 99);
-    static const struct pd_test_case cases[] = {
-        PD_TEST(test_single),     PD_TEST(test_null_port_rid_kept_empty_object),
-        PD_TEST(test_batches),    PD_TEST(test_client_bootstrap_fields_replaced),
-        PD_TEST(test_refusals),   PD_TEST(test_alloc_failures_leak_nothing),
-        PD_TEST(test_abort_body), PD_TEST(test_parallel_samples),
-        PD_TEST(test_local),      PD_TEST(test_prompt_estimate)};
+    static const struct pd_test_case cases[] = {PD_TEST(test_single),
+                                                PD_TEST(test_null_port_rid_kept_empty_object),
+                                                PD_TEST(test_batches),
+                                                PD_TEST(test_client_bootstrap_fields_replaced),
+                                                PD_TEST(test_refusals),
+                                                PD_TEST(test_alloc_failures_leak_nothing),
+                                                PD_TEST(test_abort_body),
+                                                PD_TEST(test_parallel_samples),
+                                                PD_TEST(test_local),
+                                                PD_TEST(test_prompt_estimate),
+                                                PD_TEST(test_answer_prompt_tokens),
+                                                PD_TEST(test_token_rate)};
     return pd_test_run("unit_router_body", cases, PD_ARRAY_LEN(cases));
 }
