@@ -19,8 +19,9 @@
 #
 # Usage: bench/compare-pd.sh [BUILD_DIR [MODEL_DIR]]     (default build, a tiny model made here)
 # Environment (defaults in brackets):
-#   RATES [8,16,32,64,inf]  request rates (req/s) of the sweep (around where the tiny CPU model
-#                     saturates); inf = all at once
+#   RATES [random 8,16,32,64,inf; mixed 2,4,8,12,16; multiturn 2,4,8,16,32]  request rates
+#                     (req/s) of the sweep, up to where the tiny CPU model saturates on 2 cores
+#                     with that workload (mixed: about 14 req/s colocated); inf = all at once
 #   WORKLOAD [random] random: prompts of INPUT_LEN tokens (today's load);
 #                     mixed: prompt lengths from MIX (pdserve-bench --random-mix);
 #                     multiturn: CONVERSATIONS chats of TURNS turns, each turn INPUT_LEN new
@@ -37,6 +38,9 @@
 #   DEVICE [cpu]      --device of the daemons (cuda on a GPU machine)
 #   THREADS [1]       CPU threads per PD daemon; COLOCATED_THREADS [2 x THREADS]
 #   MAX_TOTAL_TOKENS [65536]  KV pool of each daemon   CHUNK [512] --chunked-prefill-size
+#   CONTEXT_LENGTH [4096 with the tiny model made here, else 0]  the daemons' --context-length
+#                     (0: the model's max_position_embeddings; the tiny model's 2,048 is less
+#                     than the mixed workload's longest prompt + OUTPUT_LEN)
 #   ONLY [both]       colocated | pd: run one half only (pd: every PD variant)
 #   PD_VARIANTS [pd]  the PD runs, in order (space or comma separated; labels of the results):
 #                     pd     today's PD: the router as ROUTER_FLAGS says, the decode's prefix
@@ -56,16 +60,15 @@
 set -euo pipefail
 build=${1:-build}
 model=${2:-}
-rates=${RATES:-8,16,32,64,inf}
 workload=${WORKLOAD:-random}
 mix=${MIX:-0.7:32-128,0.3:1024-2048}
 conversations=${CONVERSATIONS:-8}
 turns=${TURNS:-6}
 num_prompts=${NUM_PROMPTS:-128}
 case $workload in
-random) input_len=${INPUT_LEN:-1024} flush=${FLUSH_CACHE:-0} ;;
-mixed) input_len=${INPUT_LEN:-1024} flush=${FLUSH_CACHE:-1} ;;
-multiturn) input_len=${INPUT_LEN:-128} flush=${FLUSH_CACHE:-1} ;;
+random) input_len=${INPUT_LEN:-1024} flush=${FLUSH_CACHE:-0} rates=${RATES:-8,16,32,64,inf} ;;
+mixed) input_len=${INPUT_LEN:-1024} flush=${FLUSH_CACHE:-1} rates=${RATES:-2,4,8,12,16} ;;
+multiturn) input_len=${INPUT_LEN:-128} flush=${FLUSH_CACHE:-1} rates=${RATES:-2,4,8,16,32} ;;
 *)
     echo "compare-pd: WORKLOAD must be random, mixed or multiturn (got '$workload')" >&2
     exit 2
@@ -168,7 +171,9 @@ wait_healthy() { # name, port, pid: /health 200 within 120 s, or the daemon's ex
     return 1
 }
 
+context_length=${CONTEXT_LENGTH:-0}
 if [ -z "$model" ]; then
+    context_length=${CONTEXT_LENGTH:-4096}
     model=$build/models/tiny-llama
     echo "compare-pd: writing a tiny random llama model to $model"
     "$build/tools/pdserve-mkmodel" --family llama --shape tiny --dtype bf16 --seed 1 \
@@ -176,7 +181,8 @@ if [ -z "$model" ]; then
 fi
 
 common=(--model-path "$model" --host 127.0.0.1 --device "$device" --page-size 16
-    --chunked-prefill-size "$chunk" --max-total-tokens "$max_total" --log-level warning)
+    --chunked-prefill-size "$chunk" --max-total-tokens "$max_total" --log-level warning
+    --context-length "$context_length")
 
 case $workload in
 random)
