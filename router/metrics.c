@@ -23,7 +23,7 @@ static const double TTFT_BOUNDS[] = {0.1, 0.2, 0.4, 0.6, 0.8, 1,  2,   4,   6,
 /* the daemons' pdserve_handover_seconds buckets */
 static const double HANDOVER_BOUNDS[] = {0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02,
                                          0.05,   0.1,     0.25,   0.5,   1,     2.5,   5,    10};
-static const char *const HO_STAGES[PD_ROUTER_HO_N] = {"dispatch", "decode", "relay"};
+static const char *const HO_STAGES[PD_ROUTER_HO_N] = {"dispatch", "decode", "relay", "local"};
 static const char *const OUTCOMES[PD_ROUTER_OUTCOME_N] = {"ok", "error", "timeout", "aborted",
                                                           "client_gone"};
 
@@ -156,8 +156,9 @@ int pd_router_metrics_new(struct pd_router_metrics **out) {
     struct pd_metric_family *ho = NULL;
     if (!rc)
         rc = fam(rm, H, "pdserve_router_handover_seconds",
-                 "The router's part of a streamed answer's first byte by stage (dispatch, decode, "
-                 "relay); they add up to pdserve_router_time_to_first_token_seconds.",
+                 "The router's part of a streamed answer's first byte by stage: dispatch, decode "
+                 "(PD path) or local (a decode's local prefill), relay; a request's stages add up "
+                 "to its pdserve_router_time_to_first_token_seconds.",
                  1, L_STAGE, HANDOVER_BOUNDS, (int)PD_ARRAY_LEN(HANDOVER_BOUNDS), &ho);
     for (int k = 0; !rc && k < PD_ROUTER_HO_N; k++) {
         const char *v = HO_STAGES[k];
@@ -259,7 +260,8 @@ void pd_router_metrics_ttft(struct pd_router_metrics *rm, double seconds) {
 
 void pd_router_metrics_handover(struct pd_router_metrics *rm, const double s[PD_ROUTER_HO_N]) {
     for (int k = 0; k < PD_ROUTER_HO_N; k++)
-        pd_metric_observe(rm->handover[k], s[k] > 0 ? s[k] : 0);
+        if (s[k] >= 0)
+            pd_metric_observe(rm->handover[k], s[k]);
 }
 
 void pd_router_metrics_handover_info(const struct pd_router_metrics *rm, struct cJSON *o) {

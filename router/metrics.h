@@ -43,14 +43,18 @@ void pd_router_metrics_done(struct pd_router_metrics *rm, const char *route, dou
 void pd_router_metrics_ttft(struct pd_router_metrics *rm, double seconds);
 /* The router's part of a streamed answer's first byte (pdserve_router_handover_seconds{stage}):
  * dispatch (arrival → the request about to go out to decode), decode (→ decode's first answer
- * byte here: decode's time to first token and the way there and back) and relay (→ that byte,
- * or the first whole event, handed to the client's connection). They add up to the TTFT above. */
+ * byte here: decode's time to first token and the way there and back) on the PD path, or local
+ * (the same for a decode's local prefill, --local-prefill-max-tokens), and relay (→ that byte,
+ * or the first whole event, handed to the client's connection). dispatch, decode or local, and
+ * relay add up to the TTFT above. */
 enum pd_router_ho_stage {
     PD_ROUTER_HO_DISPATCH,
     PD_ROUTER_HO_DECODE,
     PD_ROUTER_HO_RELAY,
+    PD_ROUTER_HO_LOCAL,
     PD_ROUTER_HO_N
 };
+/* s[stage] < 0: not on this request's path (not observed). */
 void pd_router_metrics_handover(struct pd_router_metrics *rm, const double s[PD_ROUTER_HO_N]);
 /* /server_info's "handover": {stage: {count, mean_ms}} of the stages observed so far. */
 void pd_router_metrics_handover_info(const struct pd_router_metrics *rm, struct cJSON *o);

@@ -29,6 +29,8 @@
  */
 #include "router/router_internal.h"
 
+#include <math.h>
+
 int pd__router_sb_put(struct sbuf *b, const char *s, size_t n) {
     if (pd_array_grow((void **)&b->p, &b->cap, b->len + n + 1, 1))
         return PD_ENOMEM;
@@ -587,14 +589,16 @@ static void first_byte_timeline(struct rreq *rq, double now) {
     double sent = rq->t_dcall + rq->d_pretransfer;
     if (sent > rq->t_ddata)
         sent = rq->t_ddata;
-    double st[PD_ROUTER_HO_N] = {[PD_ROUTER_HO_DISPATCH] = sent - rq->t_start,
-                                 [PD_ROUTER_HO_DECODE] = rq->t_ddata - sent,
-                                 [PD_ROUTER_HO_RELAY] = now - rq->t_ddata};
+    int on_decode = rq->local ? PD_ROUTER_HO_LOCAL : PD_ROUTER_HO_DECODE;
+    double st[PD_ROUTER_HO_N] = {[PD_ROUTER_HO_DECODE] = -1, [PD_ROUTER_HO_LOCAL] = -1};
+    st[PD_ROUTER_HO_DISPATCH] = fmax(sent - rq->t_start, 0);
+    st[on_decode] = fmax(rq->t_ddata - sent, 0);
+    st[PD_ROUTER_HO_RELAY] = fmax(now - rq->t_ddata, 0);
     pd_router_metrics_handover(rq->rt->metrics, st);
-    pd_debug("room=%" PRIu64 " rid=%s first byte (ms): dispatch %.3f | decode %.3f | relay %.3f "
+    pd_debug("room=%" PRIu64 " rid=%s first byte (ms): dispatch %.3f | %s %.3f | relay %.3f "
              "= ttft %.3f",
-             rq->info.rooms[0], rq->info.rids[0], st[0] * 1e3, st[1] * 1e3, st[2] * 1e3,
-             (now - rq->t_start) * 1e3);
+             rq->info.rooms[0], rq->info.rids[0], st[0] * 1e3, rq->local ? "local" : "decode",
+             st[on_decode] * 1e3, st[PD_ROUTER_HO_RELAY] * 1e3, (now - rq->t_start) * 1e3);
 }
 
 /* Sends buf to the streaming client. PD_OK, or the request ended (client gone, out of memory:

@@ -5,13 +5,17 @@
  * requests of that load alone (not the warm-up, not the other rates of a sweep).
  *
  * Two families are read: a router's pdserve_router_handover_seconds{stage} (dispatch, decode,
- * relay; reported as "router:<stage>") and a daemon's pdserve_handover_seconds{stage} (a decode's
- * reserve, prefill_queue, prefill_first_chunk, prefill_rest, kv_other, first_token; a prefill's
- * bootstrap_wait). The stages that lie end to end on the first token's path are summed: the
- * router's dispatch and relay, and between them the decode's stages (or, without a decode's
- * figures, the router's decode stage, which holds them and the way there and back). A prefill's
- * bootstrap_wait overlaps decode's stages and is shown, not summed; give a router's and a
- * decode's URL, not a prefill's (its prefill_* stages are the ones decode already reports).
+ * local, relay; reported as "router:<stage>") and a daemon's pdserve_handover_seconds{stage} (a
+ * decode's reserve, prefill_queue, prefill_first_chunk, prefill_rest, kv_other, first_token; a
+ * prefill's bootstrap_wait). The stages that lie end to end on the first token's path are summed:
+ * the router's dispatch and relay, and between them the decode's stages (or, without a decode's
+ * figures, the router's decode stage, which holds them and the way there and back) for the PD
+ * path, the router's local stage for requests a decode prefilled itself. A stage counts in the
+ * sum by the share of the load's requests that passed it (its mean x its count / the requests),
+ * so a load split between the two paths adds up to its mean TTFT as one on a single path does.
+ * A prefill's bootstrap_wait overlaps decode's stages and is shown, not summed; give a router's
+ * and a decode's URL, not a prefill's (its prefill_* stages are the ones decode already
+ * reports).
  *
  * The same scrape reads the counter pdserve_kv_transfer_bytes_total (all its series), which
  * --kv-bytes-url turns into the KV bytes a load moved. Both sides of a transfer count it: give
@@ -185,9 +189,17 @@ void pd_bench_timeline_reduce(const struct pd_bench_timeline *before,
         m->count = (long)(count + 0.5);
         have_daemon |= strncmp(a->name, "router:", 7) != 0;
     }
+    /* the load's requests: those the router dispatched, else the most any stage saw */
+    long requests = 0;
+    for (int i = 0; i < out->n; i++)
+        if (strcmp(out->stage[i].name, "router:dispatch") == 0)
+            requests = out->stage[i].count;
+    for (int i = 0; requests == 0 && i < out->n; i++)
+        if (out->stage[i].count > requests)
+            requests = out->stage[i].count;
     for (int i = 0; i < out->n; i++)
         if ((out->stage[i].summed = summed(out->stage[i].name, have_daemon)))
-            out->sum_ms += out->stage[i].mean_ms;
+            out->sum_ms += out->stage[i].mean_ms * (double)out->stage[i].count / (double)requests;
     out->ttft_ms = mean_ttft_ms;
     out->ratio = mean_ttft_ms > 0 ? out->sum_ms / mean_ttft_ms : 0;
 }

@@ -912,6 +912,38 @@ def case_pd(tmp, tiny):
     check(pf.pool_full() and dc.pool_full(), "pd: page pools not back to full")
     pc.kill_all()
 
+    # A load split between the paths (--local-prefill-max-tokens): short prompts go to the decode
+    # alone, long ones through the prefill. The router's local stage stands in for the decode's
+    # stages of the local ones, each stage counts by its share of the requests, and the sum is
+    # still nested inside the mean TTFT (unweighted, the PD stages of the long prompts alone
+    # came out far above the mean TTFT of all).
+    pf, dc, rt = pc.start_cluster(BUILD, tmp, model,
+                                  router_extra=["--local-prefill-max-tokens", "150"])
+    n = 16
+    jpath = os.path.join(tmp, "pd-mixed.jsonl")
+    rc, out, err = bench("--base-url", "http://127.0.0.1:%d" % rt.port, "--backend", "sglang",
+                         "--random-mix", "0.5:16-32,0.5:300-400", "--random-output-len", 16,
+                         "--random-range-ratio", 1, "--num-prompts", n, "--max-concurrency", 2,
+                         "--seed", 21, "--output-file", jpath, "--disable-progress",
+                         "--timeline-url", "http://127.0.0.1:%d,http://127.0.0.1:%d" %
+                         (rt.port, dc.port), timeout=240)
+    if check(rc == 0, "pd mixed paths: exit %d: %s" % (rc, err[-2000:])):
+        r = results(jpath)[0]
+        h = r.get("handover") or {}
+        counts = h.get("stage_counts", {})
+        step("pd mixed paths timeline: %s" % json.dumps(h))
+        local, remote = counts.get("router:local", 0), counts.get("first_token", 0)
+        check(r["completed"] == n and local > 0 and remote > 0 and local + remote == n and
+              counts.get("router:dispatch") == n,
+              "pd mixed paths: %s completed, stage counts %s" % (r["completed"], counts))
+        check("router:local" in h.get("summed", []) and
+              "router:decode" not in h.get("summed", []),
+              "pd mixed paths: summed stages %s" % h.get("summed"))
+        check(0.2 < h.get("ratio", 0) <= 1.01, "pd mixed paths: stages sum %.3f ms against the "
+              "mean TTFT %.3f ms" % (h.get("sum_ms", -1), r["mean_ttft_ms"]))
+    check(pf.pool_full() and dc.pool_full(), "pd mixed paths: page pools not back to full")
+    pc.kill_all()
+
     # A burst through the router: 128 requests at once (rate inf). The router once handed h2o a
     # Content-Type it did not own, and 1-2 answers of such a burst had garbage in the headers.
     pf, dc, rt = pc.start_cluster(BUILD, tmp, tiny)

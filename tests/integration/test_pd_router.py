@@ -755,13 +755,16 @@ def case_local(model, tmp):
         return math.ceil(len(p["text"].encode()) / rt.server_info()["local_prefill_bytes_per_token"])
 
     n_local = n_pd = 0
+    streams = {"local": 0, "decode": 0}  # the router's hand-over stage of each path's streams
     for i, p in enumerate(prompts):
         for kind in ("generate", "completions"):
             for stream in (False, True):
                 if est(p) <= lmax:
                     n_local += 1
+                    streams["local"] += stream
                 else:
                     n_pd += 1
+                    streams["decode"] += stream
                 st, raw = through(rt, kind, gen_body(p, kind, stream))
                 ok = check(st == 200, "prompt %d (%s, est %d) %s stream=%s: HTTP %d %r" % (
                     i, "local" if est(p) <= lmax else "PD", est(p), kind, stream, st, raw[:200]))
@@ -775,6 +778,11 @@ def case_local(model, tmp):
           "router paths %r, want %d local and %d pd" % (paths, n_local, n_pd))
     lp = metric_values(dc, "pdserve_local_prefill_requests_total")
     check(list(lp.values()) == [n_local], "decode local prefills %r, want %d" % (lp, n_local))
+    ho = rt.server_info()["handover"]
+    check(all(ho.get(k, {}).get("count") == v for k, v in streams.items()) and
+          ho["dispatch"]["count"] == ho["relay"]["count"] == sum(streams.values()),
+          "router hand-over stages %r: want local and decode by the streams' paths %r" %
+          (ho, streams))
     # 16 clients at once, both paths
     results = [None] * 16
 
