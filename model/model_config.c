@@ -16,6 +16,7 @@
 #include "model/model_config.h"
 #include "common/base/alloc.h"
 #include "common/base/file.h"
+#include "common/base/json_keys.h"
 #include "common/base/status.h"
 
 #include <cjson/cJSON.h>
@@ -56,98 +57,42 @@ const char *pd_arch_model_type(enum pd_arch a) {
     return (unsigned)a < PD_ARCH_COUNT ? arch_info[a].model_type : "?";
 }
 
-/* ---- typed access to JSON keys; every error names the source file and the key ---- */
-
-static const char *json_type_name(const cJSON *v) {
-    if (cJSON_IsNull(v))
-        return "null";
-    if (cJSON_IsBool(v))
-        return "a boolean";
-    if (cJSON_IsNumber(v))
-        return "a number";
-    if (cJSON_IsString(v))
-        return "a string";
-    if (cJSON_IsArray(v))
-        return "a list";
-    if (cJSON_IsObject(v))
-        return "an object";
-    return "invalid";
-}
-
-/* Absent and null both mean "use the default" for optional keys, as in transformers. */
-static const cJSON *get_item(const cJSON *obj, const char *key) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
-    return v && !cJSON_IsNull(v) ? v : NULL;
-}
-
-static int missing(const char *src, const char *key) {
-    return pd_errorf(PD_EINVAL, "%s: missing required key '%s'", src, key);
-}
+/* ---- typed access to JSON keys (common/base/json_keys.h), with this file's defaults and
+ * required keys; every error names the source file and the key ---- */
 
 static int as_int(const char *src, const char *key, const cJSON *v, int *out) {
-    double d = cJSON_IsNumber(v) ? v->valuedouble : 0;
-    if (!cJSON_IsNumber(v))
-        return pd_errorf(PD_EINVAL, "%s: key '%s' must be an integer, got %s", src, key,
-                         json_type_name(v));
-    if (!isfinite(d) || d != floor(d) || d < INT_MIN || d > INT_MAX)
-        return pd_errorf(PD_EINVAL, "%s: key '%s' must be an integer, got %g", src, key, d);
-    *out = (int)d;
-    return PD_OK;
+    int64_t x;
+    int rc = pd_json_as_int(src, key, v, INT_MIN, INT_MAX, &x);
+    if (rc == PD_OK)
+        *out = (int)x;
+    return rc;
 }
 
-/* required: missing is an error; else *out = def when absent or null. */
+/* required: absent (or null) is an error; else *out = def when absent or null. */
 static int get_int(const char *src, const cJSON *obj, const char *key, bool required, int def,
                    int *out) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
+    const cJSON *v = pd_json_key(obj, key);
     if (!v)
-        return required ? missing(src, key) : (*out = def, PD_OK);
-    if (cJSON_IsNull(v) && !required) {
-        *out = def;
-        return PD_OK;
-    }
+        return required ? pd_json_missing(src, key) : (*out = def, PD_OK);
     return as_int(src, key, v, out);
 }
 
 static int get_double(const char *src, const cJSON *obj, const char *key, bool required, double def,
                       double *out) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
-    if (!v)
-        return required ? missing(src, key) : (*out = def, PD_OK);
-    if (cJSON_IsNull(v) && !required) {
-        *out = def;
-        return PD_OK;
-    }
-    if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble))
-        return pd_errorf(PD_EINVAL, "%s: key '%s' must be a number, got %s", src, key,
-                         json_type_name(v));
-    *out = v->valuedouble;
-    return PD_OK;
+    if (!pd_json_key(obj, key))
+        return required ? pd_json_missing(src, key) : (*out = def, PD_OK);
+    return pd_json_number(src, obj, key, out);
 }
 
 static int get_bool(const char *src, const cJSON *obj, const char *key, bool def, bool *out) {
-    const cJSON *v = get_item(obj, key);
-    if (!v) {
-        *out = def;
-        return PD_OK;
-    }
-    if (!cJSON_IsBool(v))
-        return pd_errorf(PD_EINVAL, "%s: key '%s' must be a boolean, got %s", src, key,
-                         json_type_name(v));
-    *out = cJSON_IsTrue(v);
-    return PD_OK;
+    *out = def;
+    return pd_json_bool(src, obj, key, out);
 }
 
 /* *out = NULL when absent or null. */
 static int get_string(const char *src, const cJSON *obj, const char *key, const char **out) {
-    const cJSON *v = get_item(obj, key);
     *out = NULL;
-    if (!v)
-        return PD_OK;
-    if (!cJSON_IsString(v))
-        return pd_errorf(PD_EINVAL, "%s: key '%s' must be a string, got %s", src, key,
-                         json_type_name(v));
-    *out = v->valuestring;
-    return PD_OK;
+    return pd_json_string(src, obj, key, out);
 }
 
 static int check_range(const char *src, const char *key, long long v, long long lo, long long hi) {
@@ -172,7 +117,7 @@ static int add_eos(const char *src, struct pd_model_config *c, int id) {
 
 /* eos_token_id: an int, a list of ints, or null. */
 static int parse_eos(const char *src, const cJSON *root, struct pd_model_config *c) {
-    const cJSON *v = get_item(root, "eos_token_id");
+    const cJSON *v = pd_json_key(root, "eos_token_id");
     int rc, id;
     if (!v)
         return PD_OK;
@@ -183,7 +128,7 @@ static int parse_eos(const char *src, const cJSON *root, struct pd_model_config 
                 return pd_errorf(PD_EINVAL,
                                  "%s: key 'eos_token_id' must be an integer or a list of "
                                  "integers, found %s in the list",
-                                 src, json_type_name(e));
+                                 src, pd_json_kind(e));
             if ((rc = as_int(src, "eos_token_id", e, &id)) != PD_OK ||
                 (rc = add_eos(src, c, id)) != PD_OK)
                 return rc;
@@ -193,7 +138,7 @@ static int parse_eos(const char *src, const cJSON *root, struct pd_model_config 
     if (!cJSON_IsNumber(v))
         return pd_errorf(PD_EINVAL,
                          "%s: key 'eos_token_id' must be an integer or a list of integers, got %s",
-                         src, json_type_name(v));
+                         src, pd_json_kind(v));
     if ((rc = as_int(src, "eos_token_id", v, &id)) != PD_OK)
         return rc;
     return add_eos(src, c, id);
@@ -225,7 +170,7 @@ static cJSON *parse_root(const char *src, const char *json, size_t len, int *rc)
     }
     if (!cJSON_IsObject(root)) {
         *rc = pd_errorf(PD_EFORMAT, "%s: top level must be a JSON object, got %s", src,
-                        json_type_name(root));
+                        pd_json_kind(root));
         cJSON_Delete(root);
         return NULL;
     }
@@ -237,7 +182,7 @@ static int parse_arch(const char *src, const cJSON *root, enum pd_arch *arch) {
     const char *model_type;
     int rc;
     if (!list)
-        return missing(src, "architectures");
+        return pd_json_missing(src, "architectures");
     if (!cJSON_IsArray(list) || cJSON_GetArraySize(list) < 1 ||
         !cJSON_IsString(cJSON_GetArrayItem(list, 0)))
         return pd_errorf(PD_EINVAL,
@@ -264,12 +209,12 @@ static int parse_arch(const char *src, const cJSON *root, enum pd_arch *arch) {
 
 /* rope_theta and rope scaling, from "rope_scaling" (4.x) or "rope_parameters" (5.x). */
 static int parse_rope(const char *src, const cJSON *root, struct pd_model_config *c) {
-    const cJSON *rs = get_item(root, "rope_scaling");
+    const cJSON *rs = pd_json_key(root, "rope_scaling");
     const char *key = "rope_scaling";
     const char *type = NULL;
     int rc;
     if (!rs) {
-        rs = get_item(root, "rope_parameters");
+        rs = pd_json_key(root, "rope_parameters");
         key = "rope_parameters";
     }
     if ((rc = get_double(src, root, "rope_theta", false, 10000.0, &c->rope_theta)) != PD_OK)
@@ -280,7 +225,7 @@ static int parse_rope(const char *src, const cJSON *root, struct pd_model_config
         goto check_theta;
     if (!cJSON_IsObject(rs))
         return pd_errorf(PD_EINVAL, "%s: key '%s' must be an object or null, got %s", src, key,
-                         json_type_name(rs));
+                         pd_json_kind(rs));
     if ((rc = get_double(src, rs, "rope_theta", false, c->rope_theta, &c->rope_theta)) != PD_OK)
         return rc;
     if ((rc = get_string(src, rs, "rope_type", &type)) != PD_OK)
@@ -374,7 +319,7 @@ static int parse_config(const char *src, const char *json, size_t len,
                        src, c.num_attention_heads, c.num_key_value_heads);
         goto out;
     }
-    if (get_item(root, "head_dim") || ai->head_dim_absent) {
+    if (pd_json_key(root, "head_dim") || ai->head_dim_absent) {
         if ((rc = get_int(src, root, "head_dim", false, ai->head_dim_absent, &c.head_dim)) !=
                 PD_OK ||
             (rc = check_range(src, "head_dim", c.head_dim, 1, 65536)) != PD_OK)
@@ -521,20 +466,20 @@ static int parse_generation(const char *src, const char *json, size_t len,
         (rc = get_double(src, root, "repetition_penalty", false, c.gen_repetition_penalty,
                          &c.gen_repetition_penalty)) != PD_OK)
         goto out;
-    if (get_item(root, "temperature") && c.gen_temperature < 0) {
+    if (pd_json_key(root, "temperature") && c.gen_temperature < 0) {
         rc = pd_errorf(PD_ERANGE, "%s: key 'temperature' is %g, must be >= 0", src,
                        c.gen_temperature);
         goto out;
     }
-    if (get_item(root, "top_p") && !(c.gen_top_p >= 0 && c.gen_top_p <= 1)) {
+    if (pd_json_key(root, "top_p") && !(c.gen_top_p >= 0 && c.gen_top_p <= 1)) {
         rc = pd_errorf(PD_ERANGE, "%s: key 'top_p' is %g, must be in [0, 1]", src, c.gen_top_p);
         goto out;
     }
-    if (get_item(root, "top_k") && c.gen_top_k < 0) {
+    if (pd_json_key(root, "top_k") && c.gen_top_k < 0) {
         rc = pd_errorf(PD_ERANGE, "%s: key 'top_k' is %d, must be >= 0", src, c.gen_top_k);
         goto out;
     }
-    if (get_item(root, "repetition_penalty") && !(c.gen_repetition_penalty > 0)) {
+    if (pd_json_key(root, "repetition_penalty") && !(c.gen_repetition_penalty > 0)) {
         rc = pd_errorf(PD_ERANGE, "%s: key 'repetition_penalty' is %g, must be > 0", src,
                        c.gen_repetition_penalty);
         goto out;

@@ -19,6 +19,7 @@
 
 #include "common/base/alloc.h"
 #include "common/base/file.h"
+#include "common/base/json_keys.h"
 #include "common/base/status.h"
 
 #include <cjson/cJSON.h>
@@ -56,78 +57,20 @@ void pd_image_processor_config_default(struct pd_image_processor_config *cfg) {
     };
 }
 
-/* ---- typed JSON access; every message names the file and the key ---- */
-
-static const char *json_kind(const cJSON *v) {
-    if (cJSON_IsBool(v))
-        return "a boolean";
-    if (cJSON_IsNumber(v))
-        return "a number";
-    if (cJSON_IsString(v))
-        return "a string";
-    if (cJSON_IsArray(v))
-        return "a list";
-    if (cJSON_IsObject(v))
-        return "an object";
-    return "null";
-}
-
-/* The value of key, NULL when absent or null (both mean "the default"). */
-static const cJSON *json_get(const cJSON *obj, const char *key) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
-    return v && !cJSON_IsNull(v) ? v : NULL;
-}
-
-/* An integer in [lo, hi] into *out; absent leaves *out as it is. */
-static int read_int(const char *src, const cJSON *obj, const char *key, int64_t lo, int64_t hi,
-                    int64_t *out) {
-    const cJSON *v = json_get(obj, key);
-    if (!v)
-        return PD_OK;
-    if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble) || v->valuedouble != floor(v->valuedouble))
-        return pd_errorf(PD_EINVAL, "%s: key '%s' must be an integer, got %s", src, key,
-                         json_kind(v));
-    if (v->valuedouble < (double)lo || v->valuedouble > (double)hi)
-        return pd_errorf(PD_ERANGE, "%s: key '%s' is %.17g, must be in [%lld, %lld]", src, key,
-                         v->valuedouble, (long long)lo, (long long)hi);
-    *out = (int64_t)v->valuedouble;
-    return PD_OK;
-}
+/* ---- typed JSON access (common/base/json_keys.h); every message names the file and the key */
 
 static int read_small_int(const char *src, const cJSON *obj, const char *key, int hi, int *out) {
     int64_t v = *out;
-    int rc = read_int(src, obj, key, 1, hi, &v);
+    int rc = pd_json_int(src, obj, key, 1, hi, &v);
     if (rc == PD_OK)
         *out = (int)v;
     return rc;
 }
 
-static int read_bool(const char *src, const cJSON *obj, const char *key, bool *out) {
-    const cJSON *v = json_get(obj, key);
-    if (!v)
-        return PD_OK;
-    if (!cJSON_IsBool(v))
-        return pd_errorf(PD_EINVAL, "%s: key '%s' must be a boolean, got %s", src, key,
-                         json_kind(v));
-    *out = cJSON_IsTrue(v);
-    return PD_OK;
-}
-
-static int read_number(const char *src, const cJSON *obj, const char *key, double *out) {
-    const cJSON *v = json_get(obj, key);
-    if (!v)
-        return PD_OK;
-    if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble))
-        return pd_errorf(PD_EINVAL, "%s: key '%s' must be a number, got %s", src, key,
-                         json_kind(v));
-    *out = v->valuedouble;
-    return PD_OK;
-}
-
 /* A list of 3 numbers, one per channel, or one number for all three (transformers takes both). */
 static int read_channels(const char *src, const cJSON *obj, const char *key, bool nonzero,
                          double out[3]) {
-    const cJSON *v = json_get(obj, key);
+    const cJSON *v = pd_json_key(obj, key);
     double vals[3];
     if (!v)
         return PD_OK;
@@ -141,12 +84,12 @@ static int read_channels(const char *src, const cJSON *obj, const char *key, boo
             const cJSON *e = cJSON_GetArrayItem(v, c);
             if (!cJSON_IsNumber(e))
                 return pd_errorf(PD_EINVAL, "%s: key '%s' must list numbers, found %s", src, key,
-                                 json_kind(e));
+                                 pd_json_kind(e));
             vals[c] = e->valuedouble;
         }
     } else {
         return pd_errorf(PD_EINVAL, "%s: key '%s' must be a list of 3 numbers, got %s", src, key,
-                         json_kind(v));
+                         pd_json_kind(v));
     }
     for (int c = 0; c < 3; c++) {
         if (!isfinite(vals[c]) || (nonzero && vals[c] == 0))
@@ -158,12 +101,12 @@ static int read_channels(const char *src, const cJSON *obj, const char *key, boo
 }
 
 static int check_processor_type(const char *src, const cJSON *root) {
-    const cJSON *t = json_get(root, "image_processor_type");
+    const cJSON *t = pd_json_key(root, "image_processor_type");
     if (!t)
         return pd_errorf(PD_EINVAL, "%s: missing required key 'image_processor_type'", src);
     if (!cJSON_IsString(t))
         return pd_errorf(PD_EINVAL, "%s: key 'image_processor_type' must be a string, got %s", src,
-                         json_kind(t));
+                         pd_json_kind(t));
     for (size_t i = 0; i < PD_ARRAY_LEN(accepted_types); i++)
         if (strcmp(t->valuestring, accepted_types[i]) == 0)
             return PD_OK;
@@ -179,21 +122,22 @@ static int parse_root(const char *src, const cJSON *root, struct pd_image_proces
         return rc;
 
     /* size first, then the older min_pixels / max_pixels over it, as __init__ does */
-    const cJSON *size = json_get(root, "size");
+    const cJSON *size = pd_json_key(root, "size");
     if (size) {
         if (!cJSON_IsObject(size))
             return pd_errorf(PD_EINVAL, "%s: key 'size' must be an object, got %s", src,
-                             json_kind(size));
+                             pd_json_kind(size));
         c->min_pixels = c->max_pixels = 0; /* a size object replaces the default one whole */
-        if ((rc = read_int(src, size, "shortest_edge", 1, MAX_PROCESSOR_PIXELS, &c->min_pixels)) !=
-                PD_OK ||
-            (rc = read_int(src, size, "longest_edge", 1, MAX_PROCESSOR_PIXELS, &c->max_pixels)) !=
-                PD_OK)
+        if ((rc = pd_json_int(src, size, "shortest_edge", 1, MAX_PROCESSOR_PIXELS,
+                              &c->min_pixels)) != PD_OK ||
+            (rc = pd_json_int(src, size, "longest_edge", 1, MAX_PROCESSOR_PIXELS,
+                              &c->max_pixels)) != PD_OK)
             return pd_error_wrap(rc, "in 'size'");
     }
-    if ((rc = read_int(src, root, "min_pixels", 1, MAX_PROCESSOR_PIXELS, &c->min_pixels)) !=
+    if ((rc = pd_json_int(src, root, "min_pixels", 1, MAX_PROCESSOR_PIXELS, &c->min_pixels)) !=
             PD_OK ||
-        (rc = read_int(src, root, "max_pixels", 1, MAX_PROCESSOR_PIXELS, &c->max_pixels)) != PD_OK)
+        (rc = pd_json_int(src, root, "max_pixels", 1, MAX_PROCESSOR_PIXELS, &c->max_pixels)) !=
+            PD_OK)
         return rc;
     if (c->min_pixels == 0 || c->max_pixels == 0)
         return pd_errorf(PD_EINVAL,
@@ -210,12 +154,12 @@ static int parse_root(const char *src, const cJSON *root, struct pd_image_proces
         (rc = read_small_int(src, root, "merge_size", MAX_MERGE_SIZE, &c->merge_size)) != PD_OK ||
         (rc = read_channels(src, root, "image_mean", false, c->image_mean)) != PD_OK ||
         (rc = read_channels(src, root, "image_std", true, c->image_std)) != PD_OK ||
-        (rc = read_number(src, root, "rescale_factor", &c->rescale_factor)) != PD_OK ||
-        (rc = read_bool(src, root, "do_resize", &c->do_resize)) != PD_OK ||
-        (rc = read_bool(src, root, "do_rescale", &c->do_rescale)) != PD_OK ||
-        (rc = read_bool(src, root, "do_normalize", &c->do_normalize)) != PD_OK ||
-        (rc = read_bool(src, root, "do_convert_rgb", &c->do_convert_rgb)) != PD_OK ||
-        (rc = read_int(src, root, "resample", 0, 7, &resample)) != PD_OK)
+        (rc = pd_json_number(src, root, "rescale_factor", &c->rescale_factor)) != PD_OK ||
+        (rc = pd_json_bool(src, root, "do_resize", &c->do_resize)) != PD_OK ||
+        (rc = pd_json_bool(src, root, "do_rescale", &c->do_rescale)) != PD_OK ||
+        (rc = pd_json_bool(src, root, "do_normalize", &c->do_normalize)) != PD_OK ||
+        (rc = pd_json_bool(src, root, "do_convert_rgb", &c->do_convert_rgb)) != PD_OK ||
+        (rc = pd_json_int(src, root, "resample", 0, 7, &resample)) != PD_OK)
         return rc;
     if (!pd_resample_supported((int)resample))
         return pd_errorf(PD_EUNSUPPORTED,
@@ -237,7 +181,7 @@ int pd_image_processor_config_parse(const char *json, size_t len, const char *sr
                                   : pd_errorf(PD_EFORMAT,
                                               "%s: top level must be a JSON object, "
                                               "got %s",
-                                              src, json_kind(root));
+                                              src, pd_json_kind(root));
     cJSON_Delete(root);
     if (rc == PD_OK)
         *out = c;
