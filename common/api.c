@@ -14,6 +14,7 @@
 #include "common/api.h"
 
 #include "common/base/alloc.h"
+#include "common/base/json_keys.h"
 #include "model/jinja/chat_template.h"
 #include "common/server_args.h"
 #include "common/base/log.h"
@@ -95,20 +96,6 @@ void pd_api_format_id(char *buf, size_t cap, const char *prefix, uint64_t hi, ui
     snprintf(buf, cap, "%s%016llx%016llx", prefix, (unsigned long long)hi, (unsigned long long)lo);
 }
 
-static const char *type_name(const cJSON *v) {
-    if (cJSON_IsString(v))
-        return "a string";
-    if (cJSON_IsNumber(v))
-        return "a number";
-    if (cJSON_IsBool(v))
-        return "a boolean";
-    if (cJSON_IsArray(v))
-        return "a list";
-    if (cJSON_IsObject(v))
-        return "an object";
-    return "null";
-}
-
 /* Field lookups. Each returns PD_OK leaving *dst untouched when the field is absent or null. */
 static int get_bool(const cJSON *obj, const char *key, const char *param, bool *dst,
                     struct pd_api_error *e) {
@@ -116,7 +103,7 @@ static int get_bool(const cJSON *obj, const char *key, const char *param, bool *
     if (!v || cJSON_IsNull(v))
         return PD_OK;
     if (!cJSON_IsBool(v))
-        return bad(e, param, "'%s' must be a boolean, got %s", param, type_name(v));
+        return bad(e, param, "'%s' must be a boolean, got %s", param, pd_json_kind(v));
     *dst = cJSON_IsTrue(v);
     return PD_OK;
 }
@@ -132,7 +119,7 @@ static int get_int(const cJSON *obj, const char *key, const char *param, double 
         return PD_OK;
     if (!is_integer(v))
         return bad(e, param, "'%s' must be an integer, got %s", param,
-                   cJSON_IsNumber(v) ? "a fractional number" : type_name(v));
+                   cJSON_IsNumber(v) ? "a fractional number" : pd_json_kind(v));
     if (v->valuedouble < lo || v->valuedouble > hi)
         return bad(e, param, "'%s' is %.17g: must be in [%.17g, %.17g]", param, v->valuedouble, lo,
                    hi);
@@ -153,7 +140,7 @@ static int get_float(const cJSON *obj, const char *key, const char *param, doubl
     if (!v || cJSON_IsNull(v))
         return PD_OK;
     if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble))
-        return bad(e, param, "'%s' must be a number, got %s", param, type_name(v));
+        return bad(e, param, "'%s' must be a number, got %s", param, pd_json_kind(v));
     double x = v->valuedouble;
     if ((lo_open ? !(x > lo) : !(x >= lo)) || !(x <= hi)) {
         if (isinf(hi))
@@ -171,7 +158,7 @@ static int get_string(const cJSON *obj, const char *key, const char *param, char
     if (!v || cJSON_IsNull(v))
         return PD_OK;
     if (!cJSON_IsString(v))
-        return bad(e, param, "'%s' must be a string, got %s", param, type_name(v));
+        return bad(e, param, "'%s' must be a string, got %s", param, pd_json_kind(v));
     char *s = pd_strdup(v->valuestring);
     if (!s)
         return oom(e);
@@ -269,7 +256,7 @@ static int parse_ids(const cJSON *arr, const char *param, int32_t **ids, int *n,
         if (!is_integer(it) || it->valuedouble < 0 || it->valuedouble > INT32_MAX) {
             pd_free(v);
             return bad(e, param, "'%s'[%d] must be a token id (an integer >= 0), got %s", param, i,
-                       is_integer(it) ? "a negative or too large number" : type_name(it));
+                       is_integer(it) ? "a negative or too large number" : pd_json_kind(it));
         }
         v[i++] = (int32_t)it->valuedouble;
     }
@@ -308,12 +295,12 @@ static int parse_generate_prompt(const cJSON *root, struct pd_api_request *r,
         if (cJSON_IsArray(text))
             return batch_unsupported(e, "text");
         if (!cJSON_IsString(text))
-            return bad(e, "text", "'text' must be a string, got %s", type_name(text));
+            return bad(e, "text", "'text' must be a string, got %s", pd_json_kind(text));
         return set_text(r, text->valuestring, e);
     }
     if (!cJSON_IsArray(ids))
         return bad(e, "input_ids", "'input_ids' must be a list of token ids, got %s",
-                   type_name(ids));
+                   pd_json_kind(ids));
     if (cJSON_IsArray(cJSON_GetArrayItem(ids, 0)))
         return batch_unsupported(e, "input_ids");
     return parse_ids(ids, "input_ids", &r->input_ids, &r->n_input_ids, e);
@@ -328,7 +315,7 @@ static int parse_completion_prompt(const cJSON *root, struct pd_api_request *r,
         return set_text(r, p->valuestring, e);
     if (!cJSON_IsArray(p))
         return bad(e, "prompt", "'prompt' must be a string or a list of token ids, got %s",
-                   type_name(p));
+                   pd_json_kind(p));
     const cJSON *first = cJSON_GetArrayItem(p, 0);
     if (cJSON_IsString(first) || cJSON_IsArray(first))
         return batch_unsupported(e, "prompt");
@@ -342,7 +329,7 @@ static int parse_messages(const cJSON *root, struct pd_api_request *r, struct pd
     if (!msgs || cJSON_IsNull(msgs))
         return bad(e, "messages", "the request needs 'messages'");
     if (!cJSON_IsArray(msgs))
-        return bad(e, "messages", "'messages' must be a list, got %s", type_name(msgs));
+        return bad(e, "messages", "'messages' must be a list, got %s", pd_json_kind(msgs));
     if (cJSON_GetArraySize(msgs) == 0)
         return bad(e, "messages", "'messages' must not be empty");
     cJSON *out = cJSON_CreateArray();
@@ -355,14 +342,14 @@ static int parse_messages(const cJSON *root, struct pd_api_request *r, struct pd
         char param[64];
         snprintf(param, sizeof(param), "messages[%d]", i);
         if (!cJSON_IsObject(m)) {
-            bad(e, param, "'%s' must be an object, got %s", param, type_name(m));
+            bad(e, param, "'%s' must be an object, got %s", param, pd_json_kind(m));
             goto fail;
         }
         const cJSON *role = cJSON_GetObjectItemCaseSensitive(m, "role");
         if (!cJSON_IsString(role)) {
             snprintf(param, sizeof(param), "messages[%d].role", i);
             bad(e, param, "'%s' must be a string, got %s", param,
-                role ? type_name(role) : "nothing");
+                role ? pd_json_kind(role) : "nothing");
             goto fail;
         }
         const cJSON *content = cJSON_GetObjectItemCaseSensitive(m, "content");
@@ -405,7 +392,7 @@ static int parse_messages(const cJSON *root, struct pd_api_request *r, struct pd
             text = joined ? joined : "";
         } else if (content && !cJSON_IsNull(content)) {
             bad(e, param, "'%s' must be a string or a list of text parts, got %s", param,
-                type_name(content));
+                pd_json_kind(content));
             goto fail;
         }
         cJSON *o = cJSON_CreateObject();
@@ -511,11 +498,11 @@ static int parse_stop(const cJSON *obj, const char *obj_raw, size_t obj_len, con
         return PD_OK;
     if (!cJSON_IsString(v) && !cJSON_IsArray(v))
         return bad(e, param, "'%s' must be a string or a list of strings, got %s", param,
-                   type_name(v));
+                   pd_json_kind(v));
     const cJSON *it;
     cJSON_ArrayForEach(it, v) {
         if (!cJSON_IsString(it))
-            return bad(e, param, "'%s' must hold strings, got %s", param, type_name(it));
+            return bad(e, param, "'%s' must hold strings, got %s", param, pd_json_kind(it));
     }
     const char *raw;
     size_t raw_len;
@@ -542,7 +529,7 @@ static int parse_stop_ids(const cJSON *obj, const char *param, struct pd_samplin
     if (!v || cJSON_IsNull(v))
         return PD_OK;
     if (!cJSON_IsArray(v))
-        return bad(e, param, "'%s' must be a list of token ids, got %s", param, type_name(v));
+        return bad(e, param, "'%s' must be a list of token ids, got %s", param, pd_json_kind(v));
     const cJSON *it;
     cJSON_ArrayForEach(it, v) {
         if (!is_integer(it) || it->valuedouble < 0 || it->valuedouble > INT32_MAX)
@@ -562,7 +549,7 @@ static int parse_logit_bias(const cJSON *root, struct pd_sampling_params *sp,
     if (!lb || cJSON_IsNull(lb))
         return PD_OK;
     if (!cJSON_IsObject(lb))
-        return bad(e, "logit_bias", "'logit_bias' must be an object, got %s", type_name(lb));
+        return bad(e, "logit_bias", "'logit_bias' must be an object, got %s", pd_json_kind(lb));
     const cJSON *it;
     cJSON_ArrayForEach(it, lb) {
         char *end = NULL;
@@ -736,7 +723,7 @@ static int parse_generate(const cJSON *root, const char *body, size_t len, struc
             return batch_unsupported(e, "sampling_params");
         if (!cJSON_IsObject(sp))
             return bad(e, "sampling_params", "'sampling_params' must be an object, got %s",
-                       type_name(sp));
+                       pd_json_kind(sp));
         if ((rc = parse_sampling(sp, sp_raw, sp_len, "sampling_params.", r, e)) ||
             (rc =
                  parse_max_tokens(sp, "max_new_tokens", "sampling_params.max_new_tokens", 0, r, e)))
@@ -777,7 +764,7 @@ static int parse_bootstrap(const cJSON *root, const char *body, size_t len,
         size_t n;
         if (!cJSON_IsNumber(room) || !raw_member(body, len, "bootstrap_room", &raw, &n))
             return bad(e, "bootstrap_room", "'bootstrap_room' must be an integer, got %s",
-                       type_name(room));
+                       pd_json_kind(room));
         if (n > 0 && raw[0] == '-')
             return bad(e, "bootstrap_room", "'bootstrap_room' must be in [0, 2^63), got %.*s",
                        (int)n, raw);
@@ -860,7 +847,7 @@ int pd_api_parse(enum pd_api_kind kind, const char *body, size_t len,
     }
     int rc;
     if (!cJSON_IsObject(root)) {
-        rc = bad(e, NULL, "the request body must be a JSON object, got %s", type_name(root));
+        rc = bad(e, NULL, "the request body must be a JSON object, got %s", pd_json_kind(root));
         goto fail;
     }
     if (kind == PD_API_GENERATE)
