@@ -212,6 +212,7 @@ static void rreq_maybe_free(struct rreq *rq) {
     pd_free(rq->dbuf.p);
     pd_free(rq->perr.p);
     pd_free(rq->sse.p);
+    pd_free(rq->last_ev.p);
     pd_router_lpmerge_free(&rq->lpm);
     pd_free(rq);
 }
@@ -402,7 +403,7 @@ static void schedule_retry(struct rreq *rq, const char *why) {
     pd_router_body_info_free(&rq->info);
     pd_free(rq->sent);
     rq->sent = NULL;
-    rq->dbuf.len = rq->perr.len = rq->sse.len = 0;
+    rq->dbuf.len = rq->perr.len = rq->sse.len = rq->last_ev.len = 0;
     pd_router_lpmerge_free(&rq->lpm);
     rq->lpm_ready = rq->dheld = false;
     rq->sse_hold = rq->held_error = false;
@@ -604,6 +605,7 @@ static void first_byte_timeline(struct rreq *rq, double now) {
 /* Sends buf to the streaming client. PD_OK, or the request ended (client gone, out of memory:
  * rq may be freed, touch nothing). */
 static int send_piece(struct rreq *rq, const char *buf, size_t len) {
+    pd__router_keep_last_event(rq, buf, len);
     int rc = pd_http_stream_send(rq->hr, buf, len);
     if (rc == PD_ECANCELED)
         return rc; /* the client is gone: on_client_gone ran and rq may be freed */
@@ -722,16 +724,8 @@ static void finish_held(struct rreq *rq) {
 
 /* The client's stream starts with decode's status and type, and what was held goes out. PD_OK,
  * or the request ended (rq may be freed). */
-/* The prompt_tokens of decode's answer (a stream's first event) teach the router's estimate. */
-static void learn_prompt_size(struct rreq *rq, const char *answer, size_t len) {
-    long n;
-    if (rq->psize_known && pd_router_answer_prompt_tokens(answer, len, &n))
-        pd_router_token_rate_learn(&rq->rt->token_rate, &rq->psize, n);
-    rq->psize_known = false;
-}
-
 static int release_held(struct rreq *rq, struct pd_upstream_call *call, long st, const char *ct) {
-    learn_prompt_size(rq, rq->dbuf.p, rq->dbuf.len);
+    pd__router_answer_first(rq, rq->dbuf.p, rq->dbuf.len);
     rq->sse_hold = false;
     rq->streaming = true;
     if (pd_http_stream_start(rq->hr, (int)st, ct) != PD_OK)
@@ -870,6 +864,8 @@ static void on_decode_done(void *ud, struct pd_upstream_call *call,
         }
         mark_finished(rq);
         if (rq->streaming) {
+            if (r->http_status / 100 == 2)
+                pd__router_answer_last(rq, rq->last_ev.p, rq->last_ev.len);
             /* a stream that ended inside an event: what came of it goes too, as before */
             if (!rq->info.input_logprobs && rq->sse.len)
                 (void)pd_http_stream_send(rq->hr, rq->sse.p, rq->sse.len);
@@ -877,8 +873,10 @@ static void on_decode_done(void *ud, struct pd_upstream_call *call,
                 pd_http_stream_end(rq->hr);
         } else {
             const char *ct = pd_upstream_call_content_type(call);
-            if (r->http_status / 100 == 2)
-                learn_prompt_size(rq, rq->dbuf.p, rq->dbuf.len);
+            if (r->http_status / 100 == 2) {
+                pd__router_answer_first(rq, rq->dbuf.p, rq->dbuf.len);
+                pd__router_answer_last(rq, rq->dbuf.p, rq->dbuf.len);
+            }
             pd_http_respond(rq->hr, (int)r->http_status, *ct ? ct : "application/json",
                             rq->dbuf.p ? rq->dbuf.p : "", rq->dbuf.len);
         }

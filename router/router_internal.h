@@ -149,6 +149,7 @@ struct rreq {
      * the decode's answer says its real count (learned once, into rt->token_rate) */
     struct pd_router_prompt_size psize;
     bool psize_known;
+    struct sbuf last_ev; /* cache_aware decode: a /generate stream's last JSON event (answers.c) */
     size_t sent_len;
     struct pd_upstream_call *pcall, *dcall;
     bool streaming;       /* client answer started as a stream */
@@ -270,5 +271,12 @@ void pd__router_worker_unref(struct worker *w);
 
 /* router_endpoints.c */
 void pd__router_on_request(struct pd_http_req *hr, void *ud);
+
+/* answers.c: what decode's answer teaches the router. answer_first: the first bytes (a stream's
+ * first event, or the whole answer); keep_last_event: each piece of whole events relayed;
+ * answer_last: the whole answer, or the last event kept, once decode's answer ended with 2xx. */
+void pd__router_answer_first(struct rreq *rq, const char *answer, size_t len);
+void pd__router_keep_last_event(struct rreq *rq, const char *buf, size_t len);
+void pd__router_answer_last(struct rreq *rq, const char *answer, size_t len);
 
 #endif

@@ -878,6 +878,46 @@ def case_local_cached(model, tmp):
     check(pf.pool_full() and dc.pool_full(), "pools back to full")
 
 
+def case_local_answer(model, tmp):
+    """With --decode-policy cache_aware the router records a finished request's prompt and
+    answer text for its decode, which caches both: a follow-up turn that repeats them and adds
+    two words goes to that decode alone, though the answer's share alone is over the limit.
+    Once after a streamed first turn (its last event's text), once after a non-streamed one.
+    Texts equal pdserve-generate's; the decode serves the follow-ups from its own cache."""
+    lmax, first_new = 24, 48
+    pf, dc, rt = pc.start_cluster(BUILD, tmp, model, router_extra=[
+        "--local-prefill-max-tokens", str(lmax), "--decode-policy", "cache_aware"])
+    rng = random.Random(13)
+    words = ("alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron "
+             "pi rho sigma tau upsilon phi chi psi omega").split()
+
+    def text(n):
+        return " ".join(rng.choice(words) for _ in range(n))
+
+    first = [text(60), text(70)]
+    ref1 = references(model, [{"text": t} for t in first], max_new=first_new)
+    held0 = sum(metric_values(dc, "pdserve_decode_prefix_cache_hit_tokens_total").values())
+    for i, stream in enumerate((True, False)):
+        st, raw = through(rt, "generate", gen_body({"text": first[i]}, "generate", stream,
+                                                   max_new=first_new))
+        got = text_of("generate", stream, raw)[0] if st == 200 else None
+        check(got == ref1[i], "turn 1 (stream %s): %d %r != %r" % (stream, st, raw[:200], ref1[i]))
+        follow = {"text": first[i] + (got or "") + " " + text(2)}
+        ref2 = reference_one(model, follow)
+        before = metric_values(rt, "pdserve_router_path_requests_total")
+        st, raw = through(rt, "generate", gen_body(follow, "generate", False))
+        check(st == 200 and text_of("generate", False, raw)[0] == ref2,
+              "turn 2 (after stream %s): %d %r != %r" % (stream, st, raw[:200], ref2))
+        after = metric_values(rt, "pdserve_router_path_requests_total")
+        check(after.get('{path="local"}', 0) == before.get('{path="local"}', 0) + 1,
+              "turn 2 after a %s first turn took the PD path: %r -> %r" %
+              ("streamed" if stream else "non-streamed", before, after))
+    held = sum(metric_values(dc, "pdserve_decode_prefix_cache_hit_tokens_total").values())
+    check(held - held0 >= 2 * 16, "the follow-ups held %d tokens of the decode's cache" %
+          (held - held0))
+    check(pf.pool_full() and dc.pool_full(), "pools back to full")
+
+
 def case_local_estimate(model, tmp):
     """The router's token estimate learns from the decodes' answers: digits separated by spaces
     run about 1 byte a token with this tokenizer, not the 4 the router assumes at first. The first
@@ -943,7 +983,8 @@ def main():
     cases = {"tokens": case_tokens, "failures": case_failures, "kill_decode": case_kill_decode,
              "startup": case_startup, "extras": case_extras,
              "restart_prefill": case_restart_prefill, "local": case_local,
-             "local_cached": case_local_cached, "local_estimate": case_local_estimate}
+             "local_cached": case_local_cached, "local_estimate": case_local_estimate,
+             "local_answer": case_local_answer}
     pc.run_test("pd_router %s" % CASE, lambda: cases[CASE](model, tmp), tmp)
 
 
