@@ -848,8 +848,9 @@ static size_t on_get_write(char *ptr, size_t size, size_t nmemb, void *ud) {
     return n;
 }
 
-int pd_bench_http_get(const char *url, const char *api_key, size_t max_bytes, char **body,
-                      long *status) {
+/* One blocking request: GET, or POST of post_json when it is not NULL. */
+static int http_call(const char *url, const char *api_key, const char *post_json, size_t max_bytes,
+                     char **body, long *status) {
     *body = NULL;
     *status = 0;
     CURL *e = curl_easy_init();
@@ -857,12 +858,16 @@ int pd_bench_http_get(const char *url, const char *api_key, size_t max_bytes, ch
         return pd_errorf(PD_ENOMEM, "curl_easy_init");
     char auth[512], errbuf[CURL_ERROR_SIZE] = "";
     struct curl_slist *h = NULL;
+    if (post_json)
+        h = curl_slist_append(h, "Content-Type: application/json");
     if (api_key) {
         snprintf(auth, sizeof(auth), "Authorization: Bearer %s", api_key);
-        h = curl_slist_append(NULL, auth);
+        h = curl_slist_append(h, auth);
     }
     struct get_body b = {.max = max_bytes};
     curl_easy_setopt(e, CURLOPT_URL, url);
+    if (post_json)
+        curl_easy_setopt(e, CURLOPT_POSTFIELDS, post_json);
     curl_easy_setopt(e, CURLOPT_HTTPHEADER, h);
     curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, on_get_write);
     curl_easy_setopt(e, CURLOPT_WRITEDATA, &b);
@@ -886,38 +891,19 @@ int pd_bench_http_get(const char *url, const char *api_key, size_t max_bytes, ch
     return rc;
 }
 
+int pd_bench_http_get(const char *url, const char *api_key, size_t max_bytes, char **body,
+                      long *status) {
+    return http_call(url, api_key, NULL, max_bytes, body, status);
+}
+
 int pd_bench_flush_cache(const char *base_url, const char *api_key) {
-    char url[2100], auth[512], errbuf[CURL_ERROR_SIZE] = "";
+    char url[2100], *body;
+    long status;
     snprintf(url, sizeof(url), "%s/flush_cache", base_url);
-    CURL *e = curl_easy_init();
-    if (!e)
-        return pd_errorf(PD_ENOMEM, "curl_easy_init");
-    struct curl_slist *h = curl_slist_append(NULL, "Content-Type: application/json");
-    if (h && api_key) {
-        snprintf(auth, sizeof(auth), "Authorization: Bearer %s", api_key);
-        h = curl_slist_append(h, auth);
-    }
-    struct get_body b = {.max = 1 << 16}; /* the answer is read and dropped */
-    curl_easy_setopt(e, CURLOPT_URL, url);
-    curl_easy_setopt(e, CURLOPT_POSTFIELDS, "{}");
-    curl_easy_setopt(e, CURLOPT_HTTPHEADER, h);
-    curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, on_get_write);
-    curl_easy_setopt(e, CURLOPT_WRITEDATA, &b);
-    curl_easy_setopt(e, CURLOPT_ERRORBUFFER, errbuf);
-    curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
-    curl_easy_setopt(e, CURLOPT_TIMEOUT_MS, 10000L);
-    CURLcode code = curl_easy_perform(e);
-    long status = 0;
-    curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, &status);
-    int rc = PD_OK;
-    if (code != CURLE_OK)
-        rc = pd_errorf(PD_EPEER, "cannot reach %s: %s (curl error %d)", url,
-                       errbuf[0] ? errbuf : curl_easy_strerror(code), (int)code);
-    else if (status != 200)
+    int rc = http_call(url, api_key, "{}", 1 << 16, &body, &status); /* the answer is dropped */
+    pd_free(body);
+    if (rc == PD_OK && status != 200)
         rc = pd_errorf(PD_EPEER, "POST %s answered HTTP %ld", url, status);
-    curl_slist_free_all(h);
-    curl_easy_cleanup(e);
-    pd_free(b.p);
     return rc;
 }
 

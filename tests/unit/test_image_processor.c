@@ -161,7 +161,6 @@ static void test_png_rgb_round_trip(void) {
                                   .height = H,
                                   .color_type = PNG_COLOR_TYPE_RGB,
                                   .bit_depth = 8,
-                                  .interlace = false,
                                   .rows = &px[0][0][0]},
                &b);
     struct pd_image img;
@@ -206,7 +205,6 @@ static void test_png_grey_depths(void) {
                                   .height = H,
                                   .color_type = PNG_COLOR_TYPE_GRAY,
                                   .bit_depth = 8,
-                                  .interlace = false,
                                   .rows = &g8[0][0]},
                &b);
     CHECK_OK(decode(&b, PD_IMAGE_ALPHA_ON_WHITE, &img));
@@ -234,7 +232,6 @@ static void test_png_grey_depths(void) {
                                       .height = H,
                                       .color_type = PNG_COLOR_TYPE_GRAY,
                                       .bit_depth = depth,
-                                      .interlace = false,
                                       .rows = &packed[0][0]},
                    &b);
         CHECK_OK(decode(&b, PD_IMAGE_ALPHA_ON_WHITE, &img));
@@ -253,7 +250,6 @@ static void test_png_grey_depths(void) {
                                   .height = 1,
                                   .color_type = PNG_COLOR_TYPE_GRAY,
                                   .bit_depth = 16,
-                                  .interlace = false,
                                   .rows = &g16[0][0]},
                &b);
     CHECK_OK(decode(&b, PD_IMAGE_ALPHA_ON_WHITE, &img));
@@ -280,7 +276,6 @@ static void test_png_alpha_and_palette(void) {
                                   .height = H,
                                   .color_type = PNG_COLOR_TYPE_RGB_ALPHA,
                                   .bit_depth = 8,
-                                  .interlace = false,
                                   .rows = &px[0][0][0]},
                &b);
     CHECK_OK(decode(&b, PD_IMAGE_ALPHA_ON_WHITE, &img));
@@ -307,7 +302,6 @@ static void test_png_alpha_and_palette(void) {
                                   .height = 1,
                                   .color_type = PNG_COLOR_TYPE_RGB_ALPHA,
                                   .bit_depth = 16,
-                                  .interlace = false,
                                   .rows = &px16[0][0]},
                &b);
     CHECK_OK(decode(&b, PD_IMAGE_ALPHA_ON_WHITE, &img));
@@ -328,13 +322,11 @@ static void test_png_alpha_and_palette(void) {
                                   .height = 1,
                                   .color_type = PNG_COLOR_TYPE_PALETTE,
                                   .bit_depth = 4,
-                                  .interlace = false,
                                   .rows = &idx[0][0],
                                   .palette = pal,
                                   .n_palette = 5,
                                   .trns_alpha = alphas,
-                                  .n_trns = 2,
-                                  .trns_key = NULL},
+                                  .n_trns = 2},
                &b);
     CHECK_OK(decode(&b, PD_IMAGE_ALPHA_ON_WHITE, &img));
     CHECK_INT(img.color, PD_IMAGE_COLOR_PALETTE);
@@ -359,12 +351,7 @@ static void test_png_alpha_and_palette(void) {
                                   .height = 1,
                                   .color_type = PNG_COLOR_TYPE_RGB,
                                   .bit_depth = 8,
-                                  .interlace = false,
                                   .rows = &rgb[0][0],
-                                  .palette = NULL,
-                                  .n_palette = 0,
-                                  .trns_alpha = NULL,
-                                  .n_trns = 0,
                                   .trns_key = &key},
                &b);
     CHECK_OK(decode(&b, PD_IMAGE_ALPHA_ON_WHITE, &img));
@@ -480,7 +467,6 @@ static void test_decode_errors(void) {
                                   .height = H,
                                   .color_type = PNG_COLOR_TYPE_RGB,
                                   .bit_depth = 8,
-                                  .interlace = false,
                                   .rows = &px[0][0][0]},
                &png);
     jpeg_encode(&px[0][0][0], W, H, 3, 90, &jpg);
@@ -637,7 +623,6 @@ static void test_data_url(void) {
                                   .height = H,
                                   .color_type = PNG_COLOR_TYPE_RGB,
                                   .bit_depth = 8,
-                                  .interlace = false,
                                   .rows = &px[0][0][0]},
                &png);
     buf_append(&url, "DATA:image/png;base64,", 22);
