@@ -26,6 +26,7 @@ struct early_room {
     uint64_t room;
     double t;
     int32_t held_pages;
+    uint32_t prompt_len;
 };
 
 /* The role's own state (the loop thread's, as everything of the daemon's). */
@@ -87,16 +88,37 @@ static void prefill_send(struct pd_daemon_state *d, struct pd_daemon_req *r,
     }
 }
 
+/* The decode tokenized the request too and states its prompt's length in the Transfer (0: a
+ * decode that does not). Another count means the two daemons do not tokenize alike (another
+ * tokenizer, BOS rule or chat template): the pages would not line up with the decode's tokens,
+ * so the room fails, naming both counts, and both daemons go on serving. */
+static bool prompt_len_agrees(struct pd_daemon_state *d, struct pd_daemon_req *r,
+                              uint32_t prompt_len) {
+    if (prompt_len == 0 || (uint32_t)r->n_prompt == prompt_len)
+        return true;
+    char msg[300];
+    snprintf(msg, sizeof(msg),
+             "prefill: the decode tokenized the prompt to %u tokens, this prefill to %d; both "
+             "must load the same tokenizer and chat template",
+             prompt_len, r->n_prompt);
+    pd_warn("room=%" PRIu64 " %s", r->room, msg);
+    snprintf(r->fail_msg, sizeof(r->fail_msg), "%s", msg); /* this daemon's own answer */
+    pd_xfer_room_abort(d->x, r->room, PD_EMISMATCH, msg);
+    pd_engine_submit(d->eng, &(struct pd_engine_cmd){.kind = PD_ENGINE_CMD_ABORT, .room = r->room});
+    return false;
+}
+
 /* prefill: decode's Transfer for room arrived (the room is in the transfer engine) */
 static void on_bootstrap_room(void *ctx, uint64_t room, const char *decode_id, uint32_t n_pages,
                               uint32_t held_pages, uint32_t prompt_len) {
     struct pd_daemon_state *d = ctx;
-    (void)prompt_len;
     struct pd_daemon_req *r = pd__daemon_find_room(room);
     pd_debug("room=%" PRIu64 " transfer from %s (%u pages, %u held there)", room, decode_id,
              n_pages, held_pages);
     if (r && !r->bootstrapped) {
         r->bootstrapped = true;
+        if (!prompt_len_agrees(d, r, prompt_len))
+            return;
         r->t_waiting = now_s();
         pd_engine_submit(d->eng, &(struct pd_engine_cmd){.kind = PD_ENGINE_CMD_BOOTSTRAPPED,
                                                          .room = room,
@@ -107,7 +129,7 @@ static void on_bootstrap_room(void *ctx, uint64_t room, const char *decode_id, u
         pd_xfer_room_abort(d->x, room, PD_EFULL, "prefill: too many rooms without a request");
         return;
     }
-    P.early[P.n_early++] = (struct early_room){room, now_s(), (int32_t)held_pages};
+    P.early[P.n_early++] = (struct early_room){room, now_s(), (int32_t)held_pages, prompt_len};
 }
 
 static void on_bootstrap_abort(void *ctx, uint64_t room, bool found, const char *reason) {
@@ -125,9 +147,12 @@ static void prefill_submitted(struct pd_daemon_state *d, struct pd_daemon_req *r
     for (int i = 0; i < P.n_early; i++)
         if (P.early[i].room == r->room) {
             int32_t held = P.early[i].held_pages;
+            uint32_t prompt_len = P.early[i].prompt_len;
             P.early[i] = P.early[--P.n_early];
             r->bootstrapped = true;
             r->t_waiting = now_s();
+            if (!prompt_len_agrees(d, r, prompt_len))
+                break;
             pd_engine_submit(d->eng, &(struct pd_engine_cmd){.kind = PD_ENGINE_CMD_BOOTSTRAPPED,
                                                              .room = r->room,
                                                              .held_pages = held});

@@ -45,6 +45,7 @@ import math
 import os
 import random
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -918,6 +919,37 @@ def case_local_answer(model, tmp):
     check(pf.pool_full() and dc.pool_full(), "pools back to full")
 
 
+def case_prompt_mismatch(model, tmp):
+    """A decode that renders chat prompts differently (its chat template puts a system line
+    first) states another prompt length in its Transfer than the prefill computed: the request
+    fails with an error naming both counts, nothing hangs, and a request both tokenize alike
+    (token ids) is served right after, with pdserve-generate's text; pools back to full."""
+    other = os.path.join(tmp, "model-other-template")
+    shutil.copytree(model, other)
+    cfg_path = os.path.join(other, "tokenizer_config.json")
+    with open(cfg_path) as f:
+        cfg = json.load(f)
+    check(cfg.get("chat_template"), "the test model has a chat template")
+    cfg["chat_template"] = "system line one two three\n" + cfg["chat_template"]
+    with open(cfg_path, "w") as f:
+        json.dump(cfg, f)
+    pf = pc.Daemon(BUILD, "prefill", model, tmp)
+    dc = pc.Daemon(BUILD, "decode", other, tmp)
+    rt = pc.Router(BUILD, [(pf.port, pf.bport)], [dc.port], tmp,
+                   pc.PD_PATH_ONLY + ["--disable-retries"])
+    st, raw = rt.post("/v1/chat/completions",
+                      {"messages": [{"role": "user", "content": "alpha beta gamma"}],
+                       "max_tokens": 8, "temperature": 0}, 60)
+    check(st >= 500 and b"tokenized the prompt to" in raw and b"same tokenizer" in raw,
+          "a chat prompt rendered differently: %d %r" % (st, raw[:400]))
+    ids = {"ids": [5, 17, 29, 41, 53, 65, 77, 89, 101, 113]}
+    ref = reference_one(model, ids)
+    st, raw = through(rt, "generate", gen_body(ids, "generate", False), timeout=60)
+    check(st == 200 and text_of("generate", False, raw)[0] == ref,
+          "token ids after the mismatch: %d %r != %r" % (st, raw[:200], ref))
+    check(pf.pool_full() and dc.pool_full(), "pools back to full")
+
+
 def case_local_estimate(model, tmp):
     """The router's token estimate learns from the decodes' answers: digits separated by spaces
     run about 1 byte a token with this tokenizer, not the 4 the router assumes at first. The first
@@ -984,7 +1016,7 @@ def main():
              "startup": case_startup, "extras": case_extras,
              "restart_prefill": case_restart_prefill, "local": case_local,
              "local_cached": case_local_cached, "local_estimate": case_local_estimate,
-             "local_answer": case_local_answer}
+             "local_answer": case_local_answer, "prompt_mismatch": case_prompt_mismatch}
     pc.run_test("pd_router %s" % CASE, lambda: cases[CASE](model, tmp), tmp)
 
 
