@@ -342,6 +342,10 @@ class Daemon(Proc):
                 "--threads", "1", "--max-total-tokens", "16384", "--log-level", log_level(level)]
         if self.bport:
             args += ["--disaggregation-bootstrap-port", str(self.bport)]
+        if role == "decode":
+            # PD_TEST_DECODE_FLAGS: the suites again with the decode's other settings (CTest's
+            # *_no_decode_cache entries: --disable-prefix-cache, no decode-side prefix reuse)
+            args += os.environ.get("PD_TEST_DECODE_FLAGS", "").split()
         args += list(extra)
         super().__init__(role, args, port, tmp, host=host, **kw)
 
