@@ -67,6 +67,41 @@ static cJSON *add_text(cJSON *obj, const char *key, const char *s, size_t len) {
     return v;
 }
 
+/* key: [v0,v1,...] printed here, not by cJSON: cJSON prints every number through "%1.15g" and
+ * reads it back with sscanf, a microsecond each, and a /generate stream sends all output ids so
+ * far with every token, so a long stream's ids cost the loop thread O(n^2) of that. */
+static cJSON *add_int_array(cJSON *obj, const char *key, const int32_t *v, int n) {
+    char small[512];
+    size_t cap = (size_t)(n > 0 ? n : 0) * 12 + 3;
+    char *buf = cap <= sizeof(small) ? small : pd_malloc(cap), *o = buf;
+    if (!buf)
+        return NULL;
+    *o++ = '[';
+    for (int i = 0; i < n; i++) {
+        if (i)
+            *o++ = ',';
+        int64_t x = v[i];
+        if (x < 0) {
+            *o++ = '-';
+            x = -x;
+        }
+        char digits[12];
+        int k = 0;
+        do {
+            digits[k++] = (char)('0' + x % 10);
+            x /= 10;
+        } while (x);
+        while (k)
+            *o++ = digits[--k];
+    }
+    *o++ = ']';
+    *o = '\0';
+    cJSON *a = cJSON_AddRawToObject(obj, key, buf);
+    if (buf != small)
+        pd_free(buf);
+    return a;
+}
+
 /* matched_stop's bytes: its length when the daemon gave one (it may hold NUL), else strlen. */
 static size_t stop_len(const struct pd_api_result *res) {
     return res->matched_stop_len ? res->matched_stop_len : strlen(res->matched_stop);
@@ -176,9 +211,8 @@ int pd_api_render_generate(const struct pd_api_request *r, const struct pd_api_r
     cJSON *root = cJSON_CreateObject();
     if (!root || !add_text(root, "text", res->text ? res->text : "", res->text_len))
         goto fail;
-    cJSON *ids = cJSON_AddArrayToObject(root, "output_ids");
-    for (int i = 0; ids && i < res->n_output_ids; i++)
-        cJSON_AddItemToArray(ids, cJSON_CreateNumber(res->output_ids[i]));
+    if (!add_int_array(root, "output_ids", res->output_ids, res->n_output_ids))
+        goto fail;
     cJSON *mi = cJSON_AddObjectToObject(root, "meta_info");
     if (!mi)
         goto fail;

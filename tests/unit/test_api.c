@@ -10,6 +10,7 @@
 
 #include <cjson/cJSON.h>
 #include <math.h>
+#include <stdint.h>
 
 static const struct pd_api_config cfg = {
     .served_model_name = "tiny",
@@ -713,6 +714,26 @@ static void test_render_generate(void) {
     CHECK(strstr(s, "\"text\":\"a\\u0000b\\\"\\u0001c\"") != NULL);
     j = parse_out(s);
     CHECK(j != NULL);
+    cJSON_Delete(j);
+
+    /* output_ids print exactly: none, 0, the largest id, and more than fit the stack buffer */
+    res.text = "x";
+    res.text_len = 1;
+    res.n_output_ids = 0;
+    CHECK_OK(pd_api_render_generate(&r, &res, &s));
+    CHECK(strstr(s, "\"output_ids\":[]") != NULL);
+    pd_free(s);
+    int32_t many[300];
+    for (int i = 0; i < 300; i++)
+        many[i] = i == 0 ? 0 : i == 1 ? INT32_MAX : i * 7919;
+    res.output_ids = many;
+    res.n_output_ids = 300;
+    CHECK_OK(pd_api_render_generate(&r, &res, &s));
+    j = parse_out(s);
+    const cJSON *oid = cJSON_GetObjectItem(j, "output_ids");
+    CHECK_INT(cJSON_GetArraySize(oid), 300);
+    for (int i = 0; i < 300; i++)
+        CHECK(cJSON_GetArrayItem(oid, i)->valuedouble == (double)many[i]);
     cJSON_Delete(j);
     pd_api_request_free(&r);
 }
