@@ -753,7 +753,8 @@ def case_local(model, tmp):
     def est(p):  # the router's estimate (router/prompt_size.c) at the rate it has learned now
         if "ids" in p:
             return len(p["ids"])
-        return math.ceil(len(p["text"].encode()) / rt.server_info()["local_prefill_bytes_per_token"])
+        rate = rt.server_info()["local_prefill_bytes_per_token"]
+        return math.ceil(len(p["text"].encode()) / rate)
 
     n_local = n_pd = 0
     streams = {"local": 0, "decode": 0}  # the router's hand-over stage of each path's streams
@@ -831,6 +832,36 @@ def case_local(model, tmp):
     check(dc.pool_full(), "decode pool back to full")
 
 
+# ---------------------------------------------------------------- the local path's cases
+
+GREEK = ("alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho "
+         "sigma tau upsilon phi chi psi omega").split()
+
+
+def word_text(rng, n):
+    """n words of GREEK, space-separated: text the tiny tokenizer makes about 1.6 bytes a token."""
+    return " ".join(rng.choice(GREEK) for _ in range(n))
+
+
+def held_tokens(dc):
+    """Prompt tokens the decode served from its own prefix cache so far."""
+    return sum(metric_values(dc, "pdserve_decode_prefix_cache_hit_tokens_total").values())
+
+
+def send_on_path(rt, kind, stream, prompt, ref, path, what):
+    """Sends prompt through the router; checks the text against ref and that the router's
+    pdserve_router_path_requests_total{path} went up by one. Returns (status, text or None)."""
+    before = metric_values(rt, "pdserve_router_path_requests_total")
+    st, raw = through(rt, kind, gen_body(prompt, kind, stream))
+    got = text_of(kind, stream, raw)[0] if st == 200 else None
+    check(got == ref, "%s: %d %r != %r" % (what, st, raw[:200], ref))
+    after = metric_values(rt, "pdserve_router_path_requests_total")
+    key = '{path="%s"}' % path
+    check(after.get(key, 0) == before.get(key, 0) + 1,
+          "%s took the other path: %r -> %r, want %s" % (what, before, after, path))
+    return st, got
+
+
 def case_local_cached(model, tmp):
     """--decode-policy cache_aware with --local-prefill-max-tokens: a follow-up whose prompt
     repeats an earlier one goes to the decode alone when what the decode is not likely to hold
@@ -841,11 +872,9 @@ def case_local_cached(model, tmp):
     pf, dc, rt = pc.start_cluster(BUILD, tmp, model, router_extra=[
         "--local-prefill-max-tokens", str(lmax), "--decode-policy", "cache_aware"])
     rng = random.Random(9)
-    words = ("alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron "
-             "pi rho sigma tau upsilon phi chi psi omega").split()
 
     def text(n):
-        return " ".join(rng.choice(words) for _ in range(n))
+        return word_text(rng, n)
 
     first = [text(60), text(70)]           # ~90-100 estimated tokens each: PD
     follow = [f + " " + text(6) for f in first]  # a few more words: local
@@ -853,23 +882,15 @@ def case_local_cached(model, tmp):
     prompts = [{"text": t} for t in first + follow + [fresh]]
     ref = references(model, prompts)
     want = ["pd", "pd", "local", "local", "pd"]
-    held0 = sum(metric_values(dc, "pdserve_decode_prefix_cache_hit_tokens_total").values())
+    held0 = held_tokens(dc)
 
     def send(i, path):
-        p = prompts[i]
-        before = metric_values(rt, "pdserve_router_path_requests_total")
-        st, raw = through(rt, "generate", gen_body(p, "generate", False))
-        check(st == 200 and text_of("generate", False, raw)[0] == ref[i],
-              "prompt %d: %d %r != %r" % (i, st, raw[:200], ref[i]))
-        after = metric_values(rt, "pdserve_router_path_requests_total")
-        key = '{path="%s"}' % path
-        check(after.get(key, 0) == before.get(key, 0) + 1,
-              "prompt %d (%d bytes) took the other path: %r -> %r, want %s" %
-              (i, len(p["text"]), before, after, path))
+        send_on_path(rt, "generate", False, prompts[i], ref[i], path,
+                     "prompt %d (%d bytes)" % (i, len(prompts[i]["text"])))
 
     for i in range(len(prompts)):
         send(i, want[i])
-    held = sum(metric_values(dc, "pdserve_decode_prefix_cache_hit_tokens_total").values())
+    held = held_tokens(dc)
     check(held - held0 >= 2 * 16, "the local follow-ups held %d tokens of the decode's cache" %
           (held - held0))
     step("POST /flush_cache: the router forgets what the flushed workers held")
@@ -889,31 +910,22 @@ def case_local_answer(model, tmp):
     pf, dc, rt = pc.start_cluster(BUILD, tmp, model, router_extra=[
         "--local-prefill-max-tokens", str(lmax), "--decode-policy", "cache_aware"])
     rng = random.Random(13)
-    words = ("alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron "
-             "pi rho sigma tau upsilon phi chi psi omega").split()
 
     def text(n):
-        return " ".join(rng.choice(words) for _ in range(n))
+        return word_text(rng, n)
 
     first = [text(60), text(70)]
     ref1 = references(model, [{"text": t} for t in first], max_new=first_new)
-    held0 = sum(metric_values(dc, "pdserve_decode_prefix_cache_hit_tokens_total").values())
+    held0 = held_tokens(dc)
     for i, stream in enumerate((True, False)):
         st, raw = through(rt, "generate", gen_body({"text": first[i]}, "generate", stream,
                                                    max_new=first_new))
         got = text_of("generate", stream, raw)[0] if st == 200 else None
         check(got == ref1[i], "turn 1 (stream %s): %d %r != %r" % (stream, st, raw[:200], ref1[i]))
         follow = {"text": first[i] + (got or "") + " " + text(2)}
-        ref2 = reference_one(model, follow)
-        before = metric_values(rt, "pdserve_router_path_requests_total")
-        st, raw = through(rt, "generate", gen_body(follow, "generate", False))
-        check(st == 200 and text_of("generate", False, raw)[0] == ref2,
-              "turn 2 (after stream %s): %d %r != %r" % (stream, st, raw[:200], ref2))
-        after = metric_values(rt, "pdserve_router_path_requests_total")
-        check(after.get('{path="local"}', 0) == before.get('{path="local"}', 0) + 1,
-              "turn 2 after a %s first turn took the PD path: %r -> %r" %
-              ("streamed" if stream else "non-streamed", before, after))
-    held = sum(metric_values(dc, "pdserve_decode_prefix_cache_hit_tokens_total").values())
+        send_on_path(rt, "generate", False, follow, reference_one(model, follow), "local",
+                     "turn 2 after a %s first turn" % ("streamed" if stream else "non-streamed"))
+    held = held_tokens(dc)
     check(held - held0 >= 2 * 16, "the follow-ups held %d tokens of the decode's cache" %
           (held - held0))
     check(pf.pool_full() and dc.pool_full(), "pools back to full")
@@ -972,15 +984,8 @@ def case_local_estimate(model, tmp):
     for i, (kind, stream, path) in enumerate([("generate", True, "local"),
                                               ("completions", False, "pd"),
                                               ("generate", False, "pd")]):
-        before = metric_values(rt, "pdserve_router_path_requests_total")
-        st, raw = through(rt, kind, gen_body(prompts[i], kind, stream))
-        check(st == 200 and text_of(kind, stream, raw)[0] == ref[i],
-              "prompt %d: %d %r != %r" % (i, st, raw[:200], ref[i]))
-        after = metric_values(rt, "pdserve_router_path_requests_total")
-        key = '{path="%s"}' % path
-        check(after.get(key, 0) == before.get(key, 0) + 1,
-              "prompt %d (%d bytes, rate %r) took the other path: %r -> %r, want %s" %
-              (i, len(prompts[i]["text"]), rate(), before, after, path))
+        send_on_path(rt, kind, stream, prompts[i], ref[i], path, "prompt %d (%d bytes, rate %r)"
+                     % (i, len(prompts[i]["text"]), rate()))
         bpt, answers = rate()
         check(answers == i + 1 and 1.0 <= bpt <= 1.1,
               "after answer %d the rate is %r bytes a token from %r answers" %
