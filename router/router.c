@@ -1,6 +1,6 @@
 /*
  * router.c — the router's request flow (see router.h); its registry, polls and DNS discovery
- * are router_workers.c, its own endpoints router_endpoints.c.
+ * are router_workers.c, its own endpoints router_endpoints.c, the aborts it sends worker_posts.c.
  *
  * A generation request (struct rreq) holds at most one prefill call and one decode call; each
  * worker's `inflight` counts the calls the router has on it. Nothing reaches the client before
@@ -92,88 +92,6 @@ void pd__router_respond_cjson(struct pd_http_req *hr, int status, cJSON *root) {
 
 /* ---------------------------------------------------------------- aborts */
 
-/* A fire-and-forget POST /abort_request; listed so that shutdown can release the ones whose
- * worker never answered. */
-struct abort_call {
-    struct pd_router *rt;
-    struct rreq *rq; /* the request it ends, while that one lives; NULL for a client's abort */
-    struct abort_call *prev, *next;
-    struct pd_upstream_call *call;
-    char what[]; /* "URL rid=..." for the log */
-};
-
-static void arm_retry_timer(struct pd_router *rt);
-
-static void abort_call_free(struct abort_call *a) {
-    struct pd_router *rt = a->rt;
-    if (a->rq && --a->rq->aborts_pending == 0 && a->rq->waiting && !rt->http_closed)
-        arm_retry_timer(rt); /* its retry may go now */
-    if (a->prev)
-        a->prev->next = a->next;
-    else
-        rt->aborts = a->next;
-    if (a->next)
-        a->next->prev = a->prev;
-    pd_free(a);
-}
-
-static void on_abort_done(void *ud, struct pd_upstream_call *call,
-                          const struct pd_upstream_result *r) {
-    struct abort_call *a = ud;
-    (void)call;
-    if (r->status != PD_OK || r->http_status / 100 != 2)
-        pd_debug("abort %s: %s (HTTP %ld)", a->what, r->status ? r->error : "answered",
-                 r->http_status);
-    abort_call_free(a);
-}
-
-/* POSTs body to w's path on the side, tracked in rt->aborts (so shutdown waits for it, then
- * cancels it) and logged as what when it fails; rq, when given, waits for it (a retry's abort). */
-void pd__router_send_worker_post(struct pd_router *rt, struct rreq *rq, const struct worker *w,
-                                 const char *path, const char *body, const char *what,
-                                 const char *auth_line) {
-    char url[600];
-    snprintf(url, sizeof(url), "%s%s", w->spec.url, path);
-    size_t wl = strlen(url) + strlen(what) + 8;
-    struct abort_call *a = pd_calloc(1, sizeof(*a) + wl);
-    if (!a) {
-        pd_error("%s: out of memory calling %s", what, url);
-        return;
-    }
-    snprintf(a->what, wl, "%s %s", url, what);
-    struct pd_upstream_req req = {.method = "POST",
-                                  .url = url,
-                                  .body = body,
-                                  .body_len = strlen(body),
-                                  .auth = rt->worker_auth ? rt->worker_auth : auth_line,
-                                  .timeout_ms = ABORT_TIMEOUT_MS};
-    struct pd_upstream_cbs cbs = {.on_done = on_abort_done};
-    a->rt = rt;
-    a->rq = rq;
-    if (rq)
-        rq->aborts_pending++;
-    a->next = rt->aborts;
-    if (rt->aborts)
-        rt->aborts->prev = a;
-    rt->aborts = a;
-    if (pd_upstream_call_start(rt->up, &req, &cbs, a, &a->call))
-        abort_call_free(a);
-}
-
-void pd__router_send_abort(struct pd_router *rt, struct rreq *rq, const struct worker *w,
-                           const char *rid, const char *auth_line) {
-    char *body = pd_router_abort_body(rid);
-    if (!body) {
-        pd_error("rid=%s: out of memory aborting on %s", rid, w->spec.url);
-        return;
-    }
-    char what[160];
-    snprintf(what, sizeof(what), "rid=%s", rid);
-    pd_info("rid=%s: abort on %s (%s)", rid, w->spec.url, pd__router_role(w));
-    pd__router_send_worker_post(rt, rq, w, "/abort_request", body, what, auth_line);
-    pd_free(body);
-}
-
 static void abort_all_rids(struct rreq *rq, const struct worker *w) {
     for (int i = 0; w && i < rq->info.n; i++)
         pd__router_send_abort(rq->rt, rq, w, rq->info.rids[i], rq->auth_line);
@@ -193,11 +111,7 @@ static void rreq_maybe_free(struct rreq *rq) {
         rq->next->prev = rq->prev;
     if (rq->counted)
         rt->active--;
-    for (struct abort_call *a = rt->aborts; a && rq->aborts_pending; a = a->next)
-        if (a->rq == rq) {
-            a->rq = NULL;
-            rq->aborts_pending--;
-        }
+    pd__router_worker_posts_forget(rt, rq);
     pd__router_worker_unref(rq->pw);
     pd__router_worker_unref(rq->dw);
     pd__router_worker_unref(rq->prev_pw);
@@ -370,7 +284,7 @@ static bool retry_ready(const struct rreq *rq) {
     return rq->waiting && !(rq->client_rid && rq->aborts_pending > 0);
 }
 
-static void arm_retry_timer(struct pd_router *rt) {
+void pd__router_arm_retry_timer(struct pd_router *rt) {
     uint64_t now = uv_now(rt->loop), due = UINT64_MAX;
     for (struct rreq *rq = rt->reqs; rq; rq = rq->next)
         if (retry_ready(rq) && rq->retry_due_ms < due)
@@ -409,7 +323,7 @@ static void schedule_retry(struct rreq *rq, const char *why) {
     rq->sse_hold = rq->held_error = false;
     rq->waiting = true;
     rq->retry_due_ms = uv_now(rt->loop) + (uint64_t)ms;
-    arm_retry_timer(rt);
+    pd__router_arm_retry_timer(rt);
 }
 
 /* Backoffs that ended: their attempts start (each answers its client itself when it cannot). */
@@ -425,7 +339,7 @@ static void on_retry_timer(uv_timer_t *t) {
             start_attempt(rq);
         rreq_maybe_free(rq);
     }
-    arm_retry_timer(rt);
+    pd__router_arm_retry_timer(rt);
 }
 
 static void on_prefill_data(void *ud, struct pd_upstream_call *call, const char *buf, size_t len) {
@@ -1355,10 +1269,7 @@ static void close_all(struct pd_router *rt) {
         pd__router_stop_polls(rt->prefill.w[i]);
     for (int i = 0; i < rt->decode.n; i++)
         pd__router_stop_polls(rt->decode.w[i]);
-    while (rt->aborts) {
-        pd_upstream_call_cancel(rt->aborts->call);
-        abort_call_free(rt->aborts);
-    }
+    pd__router_worker_posts_cancel(rt);
     pd_upstream_free(rt->up); /* its own handles close on their own */
     rt->up = NULL;
     pd__router_stop_dns(rt);

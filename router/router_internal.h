@@ -1,8 +1,9 @@
 /*
- * router_internal.h — what router.c (request flow, retries, streaming, aborts, pass-through,
- * lifecycle), router_workers.c (registry, health and load polls, DNS discovery, worker choice)
- * and router_endpoints.c (the router's own endpoints and the request dispatch) share: the
- * router's state, its workers and requests. Internal to router/.
+ * router_internal.h — what router.c (request flow, retries, streaming, pass-through, lifecycle),
+ * router_workers.c (registry, health and load polls, DNS discovery, worker choice),
+ * router_endpoints.c (the router's own endpoints and the request dispatch), worker_posts.c (the
+ * aborts and flushes sent to workers) and answers.c share: the router's state, its workers and
+ * requests. Internal to router/.
  */
 #ifndef PD_ROUTER_INTERNAL_H
 #define PD_ROUTER_INTERNAL_H
@@ -239,12 +240,17 @@ void pd__router_respond_cjson(struct pd_http_req *hr, int status, cJSON *root);
 void pd__router_respond_error(struct pd_http_req *hr, int status, const char *msg);
 void pd__router_respond_json(struct pd_http_req *hr, int status, const char *json);
 int pd__router_sb_put(struct sbuf *b, const char *s, size_t n);
+void pd__router_arm_retry_timer(struct pd_router *rt);
+void pd__router_give_up_worker(struct pd_router *rt, struct worker *w, const char *why);
+
+/* worker_posts.c */
 void pd__router_send_abort(struct pd_router *rt, struct rreq *rq, const struct worker *w,
                            const char *rid, const char *auth_line);
 void pd__router_send_worker_post(struct pd_router *rt, struct rreq *rq, const struct worker *w,
                                  const char *path, const char *body, const char *what,
                                  const char *auth_line);
-void pd__router_give_up_worker(struct pd_router *rt, struct worker *w, const char *why);
+void pd__router_worker_posts_forget(struct pd_router *rt, struct rreq *rq);
+void pd__router_worker_posts_cancel(struct pd_router *rt);
 
 /* router_workers.c */
 bool pd__router_cb_allows(struct worker *w);
