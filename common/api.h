@@ -246,8 +246,10 @@ int pd_api_render_server_info(const struct pd_server_args *a, const struct pd_ap
 int pd_api_render_model_info(const char *model_path, const char *tokenizer_path,
                              const char *model_type, const char *const *architectures,
                              int n_architectures, char **out);
-/* GET /get_load: {"load": N} */
-int pd_api_render_get_load(int load, char **out);
+/* GET /get_load: {"load": N}, with "local_prefill": true from a decode that prefills bodies
+ * without bootstrap fields itself (--local-prefill): pdserve-router sends short prompts to such
+ * a decode alone (--local-prefill-max-tokens), and to no other. */
+int pd_api_render_get_load(int load, bool local_prefill, char **out);
 
 struct pd_api_rank_load {
     int num_running_reqs;

@@ -548,10 +548,12 @@ int pd_api_render_model_info(const char *model_path, const char *tokenizer_path,
     return pd_api_json_print(root, out);
 }
 
-int pd_api_render_get_load(int load, char **out) {
+int pd_api_render_get_load(int load, bool local_prefill, char **out) {
     cJSON *root = cJSON_CreateObject();
     if (root)
         cJSON_AddNumberToObject(root, "load", load);
+    if (root && local_prefill)
+        cJSON_AddTrueToObject(root, "local_prefill");
     return pd_api_json_print(root, out);
 }
 

@@ -313,7 +313,7 @@ static void h_get_load(struct pd_http_req *h, void *ud) {
     struct pd_daemon_state *d = ud;
     struct pd_engine_stats s;
     char *out = NULL;
-    pd_api_render_get_load(load_now(d, &s), &out);
+    pd_api_render_get_load(load_now(d, &s), d->local_prefill, &out);
     pd__daemon_respond_json(h, 200, out);
 }
 

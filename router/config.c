@@ -353,11 +353,14 @@ static void register_flags(struct pd_router_config *cfg) {
                 "router's estimate without a tokenizer: ids counted, chat messages' text plus 8 a "
                 "message, text at the bytes a token learned from the decodes' answers' "
                 "prompt_tokens, 4 before the first) goes to a decode alone, which prefills it "
-                "itself (pdserve-decode --local-prefill): no prefill, no KV transfer. With "
+                "itself: no prefill, no KV transfer. Only a decode whose /get_load says "
+                "\"local_prefill\": true (pdserve-decode --local-prefill, its default) gets them; "
+                "others (SGLang's decodes) get every request on the PD path. With "
                 "--decode-policy cache_aware only the part of the prompt the picked decode is "
                 "not likely to hold counts (its tree's unmatched share of the text): a "
                 "conversation's follow-up turn stays on its decode. Larger, batched or n > 1 "
-                "requests take the PD path. 0 = all take the PD path");
+                "requests take the PD path. 0 = all take the PD path. 256: where the local path "
+                "stops paying on 2 CPU cores (docs/routing.md)");
     pd_flag_double(fs, "--health-check-interval-secs", &cfg->health_check_interval_secs, "S", 0.05,
                    3600, "period of the /health and /get_load polls of every worker");
     pd_flag_int(fs, "--health-failure-threshold", &cfg->health_failure_threshold, "N", 1, 1000,
@@ -431,6 +434,7 @@ int pd_router_config_parse(struct pd_router_config *cfg, int argc, char **argv) 
     cfg->health_check_interval_secs = 5;
     cfg->worker_unresponsive_secs = 10;
     cfg->health_failure_threshold = 3;
+    cfg->local_prefill_max_tokens = 256;
     cfg->shutdown_timeout_secs = 30;
     cfg->stream_buffer_bytes = 256 << 10;
     cfg->log_level = PD_LOG_INFO;

@@ -845,10 +845,10 @@ static int start_attempt(struct rreq *rq) {
         dw = pd__router_pick_worker(rt, false, NULL, rq);
     /* --local-prefill-max-tokens: a prompt with at most that many tokens the decode does not
      * hold goes to the decode alone, which prefills it (and skips what its own prefix cache
-     * holds). Held: the share of the routing text the cache_aware decode policy matched for the
-     * picked decode. Without that policy, a body this long holds no prompt that short: not
-     * parsed twice. */
-    int lmax = cfg->local_prefill_max_tokens;
+     * holds), if its /get_load says it takes prompts alone. Held: the share of the routing text
+     * the cache_aware decode policy matched for the picked decode. Without that policy, a body
+     * this long holds no prompt that short: not parsed twice. */
+    int lmax = dw && dw->local_prefill ? cfg->local_prefill_max_tokens : 0;
     bool matched = dw && rq->d_matched > 0 && rq->rtext_len > 0;
     rq->psize_known = lmax > 0 &&
                       (matched || len <= (size_t)lmax * PD_ROUTER_BYTES_PER_TOKEN_MAX + 4096) &&

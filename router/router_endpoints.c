@@ -57,6 +57,8 @@ static cJSON *workers_json(struct pd_router *rt) {
             if (w->dns >= 0)
                 cJSON_AddStringToObject(o, "dns_name", rt->dns[w->dns].spec->name);
             cJSON_AddNumberToObject(o, "load", (double)w->load.polled);
+            if (side)
+                cJSON_AddBoolToObject(o, "local_prefill", w->local_prefill);
             cJSON_AddNumberToObject(o, "router_inflight", (double)w->load.inflight);
             cJSON_AddNumberToObject(o, "requests_total", (double)w->n_requests);
             if (w->tenant >= 0)

@@ -76,6 +76,12 @@ struct worker {
     double silent_since_s; /* the first unanswered /health of the current silence; 0: answers */
     int health_timeouts;   /* consecutive /health polls that timed out */
     bool given_up;         /* its requests were given up in this silence */
+    /* decode: its /get_load says "local_prefill": true (it prefills bodies without bootstrap
+     * fields itself), so --local-prefill-max-tokens may send it a prompt alone. Learned anew
+     * each time it enters rotation (a restart may change its flags): with the local path on, a
+     * decode joins only once a /get_load answered (join_on_load), so no request meets it
+     * unknown. */
+    bool local_prefill, caps_known, join_on_load;
     struct sbuf load_body;
     char last_error[160];
 };

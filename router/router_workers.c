@@ -50,14 +50,27 @@ void pd__router_set_healthy(struct worker *w, bool ok, const char *why) {
         struct pd_router_cb_change ch;
         pd_router_cb_recovered(&w->cb, &w->rt->cfg->cb, pd__router_now_s(), &ch);
         pd__router_cb_note(w, &ch, ": /health answers again");
-    } else if (!ok && w->load.healthy)
+    } else if (!ok && w->load.healthy) {
         pd_warn("worker %s (%s) out of rotation: %s", w->spec.url, pd__router_role(w), why);
+    }
+    if (!ok) { /* what it takes is learned again when it comes back (a restart may change it) */
+        w->caps_known = w->join_on_load = false;
+        pd_upstream_call_cancel(w->load_call);
+        w->load_call = NULL;
+    }
     if (!ok)
         snprintf(w->last_error, sizeof(w->last_error), "%s", why);
     else
         w->last_error[0] = '\0';
     w->load.healthy = ok;
 }
+
+static long health_timeout_ms(const struct pd_router *rt) {
+    long ms = (long)(rt->cfg->health_check_interval_secs * 2000);
+    return ms < 1000 ? 1000 : ms > 10000 ? 10000 : ms;
+}
+
+static void start_load_poll(struct pd_router *rt, struct worker *w);
 
 static void on_health_done(void *ud, struct pd_upstream_call *call,
                            const struct pd_upstream_result *r) {
@@ -71,6 +84,16 @@ static void on_health_done(void *ud, struct pd_upstream_call *call,
     }
     if (r->status == PD_OK && r->http_status == 200) {
         w->health_timeouts = 0;
+        /* with the local path on, a decode joins once it said whether it takes prompts alone */
+        if (!w->load.healthy && !w->is_prefill && !w->caps_known &&
+            w->rt->cfg->local_prefill_max_tokens > 0) {
+            w->join_on_load = true;
+            if (!w->load_call)
+                start_load_poll(w->rt, w);
+            if (w->load_call)
+                return; /* on_load_done puts it in rotation */
+            w->join_on_load = false;
+        }
         pd__router_set_healthy(w, true, "");
         return;
     }
@@ -101,9 +124,11 @@ static void on_load_data(void *ud, struct pd_upstream_call *call, const char *bu
         pd__router_sb_put(&w->load_body, buf, len);
 }
 
-/* {"load": N} (API.md), or SGLang's per-rank list [{"num_reqs", "num_waiting_reqs"}, ...]. */
-static bool parse_load(const char *s, int64_t *out) {
+/* {"load": N} (API.md), with "local_prefill": true from a pdserve decode that takes prompts
+ * alone; or SGLang's per-rank list [{"num_reqs", "num_waiting_reqs"}, ...]. */
+static bool parse_load(const char *s, int64_t *out, bool *local_prefill) {
     cJSON *j = cJSON_Parse(s);
+    *local_prefill = false;
     if (!j)
         return false;
     bool ok = false;
@@ -111,6 +136,7 @@ static bool parse_load(const char *s, int64_t *out) {
     const cJSON *l = cJSON_GetObjectItemCaseSensitive(j, "load");
     if (cJSON_IsNumber(l)) {
         total = l->valuedouble;
+        *local_prefill = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(j, "local_prefill"));
         ok = true;
     } else if (cJSON_IsArray(j)) {
         const cJSON *e;
@@ -134,15 +160,31 @@ static void on_load_done(void *ud, struct pd_upstream_call *call,
     struct worker *w = ud;
     w->load_call = NULL;
     int64_t load;
+    bool local;
     if (r->status == PD_OK && r->http_status == 200 && w->load_body.p &&
-        parse_load(w->load_body.p, &load))
+        parse_load(w->load_body.p, &load, &local)) {
         w->load.polled = load;
+        w->local_prefill = local;
+    } else if (r->status == PD_OK || w->join_on_load) {
+        w->local_prefill = false; /* it answered otherwise (not a pdserve decode), or not yet */
+    }
     w->load_body.len = 0;
+    w->caps_known = true;
+    if (w->join_on_load) {
+        w->join_on_load = false;
+        pd__router_set_healthy(w, true, "");
+    }
 }
 
-static long health_timeout_ms(const struct pd_router *rt) {
-    long ms = (long)(rt->cfg->health_check_interval_secs * 2000);
-    return ms < 1000 ? 1000 : ms > 10000 ? 10000 : ms;
+static void start_load_poll(struct pd_router *rt, struct worker *w) {
+    char url[600];
+    snprintf(url, sizeof(url), "%s/get_load", w->spec.url);
+    struct pd_upstream_req req = {
+        .method = "GET", .url = url, .auth = rt->worker_auth, .timeout_ms = health_timeout_ms(rt)};
+    struct pd_upstream_cbs cbs = {.on_data = on_load_data, .on_done = on_load_done};
+    w->load_body.len = 0;
+    if (pd_upstream_call_start(rt->up, &req, &cbs, w, &w->load_call))
+        w->load_call = NULL;
 }
 
 static void poll_worker(struct pd_router *rt, struct worker *w) {
@@ -158,13 +200,8 @@ static void poll_worker(struct pd_router *rt, struct worker *w) {
         if (pd_upstream_call_start(rt->up, &req, &cbs, w, &w->health_call))
             w->health_call = NULL;
     }
-    if (!w->load_call && w->load.healthy) {
-        snprintf(url, sizeof(url), "%s/get_load", w->spec.url);
-        struct pd_upstream_cbs cbs = {.on_data = on_load_data, .on_done = on_load_done};
-        w->load_body.len = 0;
-        if (pd_upstream_call_start(rt->up, &req, &cbs, w, &w->load_call))
-            w->load_call = NULL;
-    }
+    if (!w->load_call && w->load.healthy)
+        start_load_poll(rt, w);
 }
 
 /* A worker silent past --worker-unresponsive-secs (its /health unanswered: timed out, refused,

@@ -391,8 +391,8 @@ class Router(Proc):
             args += ["--prefill", "%s://%s:%d" % (scheme, prefill_host, hp), str(bp)]
         for dp in decodes:
             args += ["--decode", "%s://127.0.0.1:%d" % (scheme, dp)]
-        # PD_TEST_ROUTER_FLAGS: the suites again with the router's other paths on (CTest's
-        # *_local_prefill entries: --local-prefill-max-tokens)
+        # PD_TEST_ROUTER_FLAGS: the suites again with the router's paths flipped (CTest's
+        # *_pd_path entries: --local-prefill-max-tokens 0)
         args += os.environ.get("PD_TEST_ROUTER_FLAGS", "").split() + list(extra)
         super().__init__("router", args, port, tmp, **kw)
 

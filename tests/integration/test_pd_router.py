@@ -862,6 +862,56 @@ def send_on_path(rt, kind, stream, prompt, ref, path, what):
     return st, got
 
 
+def case_local_capability(model, tmp):
+    """The router's local path is on by default (--local-prefill-max-tokens 256), for the
+    decodes whose /get_load says "local_prefill": true only: a decode started with
+    --local-prefill=false (refusing bodies without bootstrap fields, as SGLang's decode does)
+    gets a short prompt on the PD path, and a decode that comes back with the local path on is
+    asked again and gets it alone, from the first request once the router is ready again (a
+    decode joins rotation once its /get_load answered). Texts equal pdserve-generate's."""
+    prompt = {"text": "a short prompt"}
+    ref = references(model, [prompt])[0]
+    pf = pc.Daemon(BUILD, "prefill", model, tmp)
+    dc = pc.Daemon(BUILD, "decode", model, tmp, ("--local-prefill=false",))
+    dport = dc.port
+    load = json.loads(dc.get("/get_load")[1])
+    check("local_prefill" not in load, "decode --local-prefill=false: /get_load %r" % load)
+    rt = pc.Router(BUILD, [(pf.port, pf.bport)], [dport], tmp)
+    check(rt.server_info().get("local_prefill_max_tokens") == 256,
+          "router default local_prefill_max_tokens: %r" %
+          rt.server_info().get("local_prefill_max_tokens"))
+
+    def decode_entry():
+        ws = json.loads(rt.get("/workers")[1])["workers"]
+        return next((w for w in ws if w["worker_type"] == "decode"), {})
+
+    check(decode_entry().get("local_prefill") is False,
+          "/workers: the decode without --local-prefill: %r" % decode_entry())
+    st, raw = dc.post("/generate", gen_body(prompt, "generate", False))
+    check(st == 400, "that decode refuses a body without bootstrap fields: %d %r" % (st, raw[:200]))
+    for kind in ("generate", "completions"):
+        send_on_path(rt, kind, False, prompt, ref, "pd", "%s to a decode without the local path"
+                     % kind)
+    lp = metric_values(dc, "pdserve_local_prefill_requests_total")
+    check(list(lp.values()) == [0], "that decode prefilled nothing: %r" % lp)
+
+    # the same decode port, now with the local path on (its default)
+    dc.kill()
+    check(pc.wait_until(lambda: rt.get("/health", timeout=5)[0] == 503, 30, 0.05),
+          "the router saw the decode go")
+    dc = pc.Daemon(BUILD, "decode", model, tmp, port=dport)
+    check(json.loads(dc.get("/get_load")[1]).get("local_prefill") is True,
+          "decode --local-prefill: /get_load says local_prefill")
+    check(router_healthy(rt), "router healthy once the decode is back")
+    send_on_path(rt, "generate", True, prompt, ref, "local",
+                 "the first request after the decode came back with the local path")
+    check(decode_entry().get("local_prefill") is True,
+          "/workers: the decode with --local-prefill: %r" % decode_entry())
+    lp = metric_values(dc, "pdserve_local_prefill_requests_total")
+    check(list(lp.values()) == [1], "the decode prefilled it: %r" % lp)
+    check(pf.pool_full() and dc.pool_full(), "pools back to full")
+
+
 def case_local_cached(model, tmp):
     """--decode-policy cache_aware with --local-prefill-max-tokens: a follow-up whose prompt
     repeats an earlier one goes to the decode alone when what the decode is not likely to hold
@@ -1020,6 +1070,7 @@ def main():
     cases = {"tokens": case_tokens, "failures": case_failures, "kill_decode": case_kill_decode,
              "startup": case_startup, "extras": case_extras,
              "restart_prefill": case_restart_prefill, "local": case_local,
+             "local_capability": case_local_capability,
              "local_cached": case_local_cached, "local_estimate": case_local_estimate,
              "local_answer": case_local_answer, "prompt_mismatch": case_prompt_mismatch}
     pc.run_test("pd_router %s" % CASE, lambda: cases[CASE](model, tmp), tmp)

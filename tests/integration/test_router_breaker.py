@@ -338,7 +338,7 @@ def case_dedupe(model, tmp, refs):
             "--prefill", "http://127.0.0.1:%d/" % pa.port, str(pa.bport),
             "--prefill", "http://127.0.0.1:%d" % pb.port, str(pb.bport),
             "--prefill-dns", "pf.test:%d:%d" % (pa.port, pa.bport),
-            "--decode", url(dc)]
+            "--decode", url(dc)] + pc.PD_PATH_ONLY  # counts the prefills' requests
     rt = pc.Proc("router", args, port, tmp)
     step("static + DNS: one entry")
     check(pc.wait_until(lambda: dns.queries.get("pf.test", 0) >= 3, 10),

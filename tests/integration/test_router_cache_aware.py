@@ -51,7 +51,8 @@ def router(prefills, dc, tmp, policy, extra=()):
             "--log-level", pc.log_level()]
     for pf in prefills:
         args += ["--prefill", "http://127.0.0.1:%d" % pf.port, str(pf.bport)]
-    args += ["--decode", "http://127.0.0.1:%d" % dc.port] + list(extra)
+    # the prefill policy's choices are the subject: every request takes the PD path
+    args += ["--decode", "http://127.0.0.1:%d" % dc.port] + pc.PD_PATH_ONLY + list(extra)
     rt = pc.Proc("router-" + policy, args, port, tmp)
     ok = pc.wait_until(lambda: all(w["available"] for w in
                                    json.loads(rt.get("/workers")[1])["workers"]), 30)

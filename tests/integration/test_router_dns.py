@@ -190,7 +190,7 @@ def main():
         os.environ.get("PD_TEST_LOG_LEVEL", "info"),
         "--prefill-dns", "pf.test:%d:%d" % (P, BP), "--decode-dns", "dc.test:%d" % D,
         "--decode-dns", "silent.test:%d" % D, "--dns-server", "127.0.0.1:%d" % dns.port,
-        "--dns-refresh-secs", "1"], rport, tmp)
+        "--dns-refresh-secs", "1"] + pc.PD_PATH_ONLY, rport, tmp)  # counts pairs' requests
     w = workers(rt)
     step("router up through DNS: %s" % sorted(w))
     check(set(w) == {url_pa, url_v6, url_da}, "first answer: A pair and ::1 listed (%s)" % list(w))
@@ -353,7 +353,8 @@ def main():
             os.path.join(BUILD, "router", "pdserve-router"), "--pd-disaggregation", "--host",
             "127.0.0.1", "--port", str(rport3), "--prefill-dns",
             "both.test:%d:%d" % (P6, BP6), "--decode-dns", "both.test:%d" % D6,
-            "--dns-server", "127.0.0.1:%d" % dns.port, "--dns-family", "ipv6"], rport3, tmp)
+            "--dns-server", "127.0.0.1:%d" % dns.port, "--dns-family", "ipv6"] + pc.PD_PATH_ONLY,
+            rport3, tmp)  # the pair meets at the prefill's ::1 bootstrap
         for k, stream in ((4, True), (5, False)):
             path, body = body_of("generate", PROMPTS[k], stream)
             st, raw = rt3.post(path, body)

@@ -934,8 +934,11 @@ static void test_info(void) {
               "LlamaForCausalLM");
     cJSON_Delete(j);
 
-    CHECK_OK(pd_api_render_get_load(7, &s));
+    CHECK_OK(pd_api_render_get_load(7, false, &s));
     CHECK_STR(s, "{\"load\":7}");
+    pd_free(s);
+    CHECK_OK(pd_api_render_get_load(2, true, &s));
+    CHECK_STR(s, "{\"load\":2,\"local_prefill\":true}");
     pd_free(s);
 
     struct pd_api_rank_load l = {.num_running_reqs = 3,
