@@ -13,8 +13,11 @@
 # on fresh daemons: today's PD, plain PD without the decode's prefix reuse, and PD with local
 # prefill and reuse; with `reuse` among them the goodput ratios reuse / each other setup are
 # printed per rate (and, per workload, the short prompts' TTFT and the KV bytes per request).
-# Both setups get the same CPU threads in all (colocated: 2 x THREADS in its one daemon; PD:
-# THREADS in each of its two), so the comparison is per machine, not per process.
+# Both setups get the whole machine: by default every daemon (the colocated one, and each of the
+# PD prefill and decode) runs one thread per core, so a PD daemon may use every core while its
+# peer idles, as the colocated daemon does; the two PD daemons share the cores through the OS
+# scheduler when both are busy. The comparison is per machine, not per process (THREADS=1 gives
+# each PD daemon one core's share instead: it leaves a core idle whenever one role waits).
 # Nothing is left running, on success, error or Ctrl-C.
 #
 # Usage: bench/compare-pd.sh [BUILD_DIR [MODEL_DIR]]     (default build, a tiny model made here)
@@ -36,21 +39,24 @@
 #                     and answers the rate before it left (every rate sends the same prompts)
 #   SLO_TTFT_MS [200] SLO_TPOT_MS [10]      goodput counts requests meeting both
 #   DEVICE [cpu]      --device of the daemons (cuda on a GPU machine)
-#   THREADS [1]       CPU threads per PD daemon; COLOCATED_THREADS [2 x THREADS]
+#   THREADS [nproc]   CPU threads per PD daemon; COLOCATED_THREADS [THREADS]
 #   MAX_TOTAL_TOKENS [65536]  KV pool of each daemon   CHUNK [512] --chunked-prefill-size
 #   CONTEXT_LENGTH [4096 with the tiny model made here, else 0]  the daemons' --context-length
 #                     (0: the model's max_position_embeddings; the tiny model's 2,048 is less
 #                     than the mixed workload's longest prompt + OUTPUT_LEN)
 #   ONLY [both]       colocated | pd: run one half only (pd: every PD variant)
 #   PD_VARIANTS [pd]  the PD runs, in order (space or comma separated; labels of the results):
-#                     pd     today's PD: the router as ROUTER_FLAGS says, the decode's prefix
-#                            reuse on (its default; with one decode every follow-up reaches it);
-#                     plain  plain PD: the decode with PLAIN_DECODE_FLAGS (every prompt page
-#                            moves, as before decode-side reuse);
+#                     pd     today's PD: the router as ROUTER_FLAGS says (its local path on
+#                            by default), the decode's prefix reuse on (its default; with one
+#                            decode every follow-up reaches it);
+#                     plain  plain PD: the decode with PLAIN_DECODE_FLAGS and the router with
+#                            PLAIN_ROUTER_FLAGS (every request takes the PD path and every
+#                            prompt page moves, as before issue 16);
 #                     reuse  PD with local prefill and reuse: the router also gets
 #                            REUSE_ROUTER_FLAGS.
 #                     The issue's comparison: PD_VARIANTS="plain reuse"
 #   PLAIN_DECODE_FLAGS [--disable-prefix-cache]  the plain variant's extra decode flags
+#   PLAIN_ROUTER_FLAGS [--local-prefill-max-tokens 0]  the plain variant's extra router flags
 #   REUSE_ROUTER_FLAGS [--local-prefill-max-tokens 256 --decode-policy cache_aware]
 #                     the reuse variant's extra router flags
 #   PREFILL_FLAGS []  more flags for pdserve-prefill (e.g. --eager-prefill=false)
@@ -78,8 +84,8 @@ output_len=${OUTPUT_LEN:-128}
 slo_ttft=${SLO_TTFT_MS:-200}
 slo_tpot=${SLO_TPOT_MS:-10}
 device=${DEVICE:-cpu}
-threads=${THREADS:-1}
-colo_threads=${COLOCATED_THREADS:-$((2 * threads))}
+threads=${THREADS:-$(nproc)}
+colo_threads=${COLOCATED_THREADS:-$threads}
 max_total=${MAX_TOTAL_TOKENS:-65536}
 chunk=${CHUNK:-512}
 only=${ONLY:-both}
@@ -87,8 +93,10 @@ read -r -a prefill_flags <<<"${PREFILL_FLAGS:-}"
 read -r -a router_flags <<<"${ROUTER_FLAGS:-}"
 # ${X-default}: the default when X is unset; X="" means no flags
 plain_default="--disable-prefix-cache"
+plain_router_default="--local-prefill-max-tokens 0"
 reuse_default="--local-prefill-max-tokens 256 --decode-policy cache_aware"
 read -r -a plain_decode_flags <<<"${PLAIN_DECODE_FLAGS-$plain_default}"
+read -r -a plain_router_flags <<<"${PLAIN_ROUTER_FLAGS-$plain_router_default}"
 read -r -a reuse_router_flags <<<"${REUSE_ROUTER_FLAGS-$reuse_default}"
 read -r -a variants <<<"${PD_VARIANTS:-pd}"
 variants=(${variants[@]//,/ })
@@ -231,7 +239,10 @@ fi
 
 run_pd() { # variant: 1 prefill + 1 decode + router on fresh ports, the load, all stopped
     local label=$1 decode_extra=() router_extra=()
-    [ "$label" = plain ] && decode_extra=(${plain_decode_flags[@]+"${plain_decode_flags[@]}"})
+    if [ "$label" = plain ]; then
+        decode_extra=(${plain_decode_flags[@]+"${plain_decode_flags[@]}"})
+        router_extra=(${plain_router_flags[@]+"${plain_router_flags[@]}"})
+    fi
     [ "$label" = reuse ] && router_extra=(${reuse_router_flags[@]+"${reuse_router_flags[@]}"})
     pport=$(free_port) bport=$(free_port) dport=$(free_port) rport=$(free_port)
     echo "compare-pd: [$label] pdserve-prefill :$pport (bootstrap :$bport), pdserve-decode" \
