@@ -192,6 +192,188 @@ PD_AVX2 static void gemv_avx2(enum pd_dtype wt, const void *w, int64_t k, const 
     }
 }
 
+/* e^x = 2^n e^r with x = n ln2 + r, |r| <= ln2/2 (ln2 in two parts, so r is exact), e^r from
+ * Cephes' degree-6 expf polynomial: 1 + r + r^2 (c0 r^5 + ... + c5), about 1 ulp. */
+#define EXP_LOG2E 1.44269504088896341f
+#define EXP_LN2_HI 0.693359375f
+#define EXP_LN2_LO (-2.12194440e-4f)
+static const float exp_poly[6] = {1.9875691500e-4f, 1.3981999507e-3f, 8.3334519073e-3f,
+                                  4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f};
+
+/* e^x, with 2^n built in the exponent bits: x is held within
+ * [-87.33, 88.37] so n stays a normal exponent, and below -87.33 the result is 0 where expf
+ * gives a denormal (under 1.2e-38); above 88.37 it is 2.4e38 where expf overflows. The callers
+ * (softmax after its max is taken off, silu) never get there but for such tails. */
+PD_AVX2 static inline __m256 exp256(__m256 x) {
+    __m256 tiny = _mm256_cmp_ps(x, _mm256_set1_ps(-87.33f), _CMP_LT_OQ);
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.33f)), _mm256_set1_ps(88.37f));
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(EXP_LOG2E)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(EXP_LN2_HI), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(EXP_LN2_LO), r);
+    __m256 p = _mm256_set1_ps(exp_poly[0]);
+    for (int i = 1; i < 6; i++)
+        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(exp_poly[i]));
+    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    __m256i e =
+        _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_andnot_ps(tiny, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
+}
+
+/* Lanes [0, n) of 8 set (n may be <= 0 or >= 8): the mask of a partial load or store. */
+PD_AVX2 static inline __m256i lanes8(int64_t n) {
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32(n < 0   ? 0
+                                                : n > 8 ? 8
+                                                        : (int)n),
+                              _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+PD_AVX2 static void silu_mul_avx2(const float *g, const float *u, float *out, int64_t n) {
+    for (int64_t i = 0; i < n; i += 8) {
+        __m256i mk = lanes8(n - i);
+        __m256 gv = _mm256_maskload_ps(g + i, mk), uv = _mm256_maskload_ps(u + i, mk);
+        __m256 e = exp256(_mm256_sub_ps(_mm256_setzero_ps(), gv));
+        __m256 sg = _mm256_div_ps(gv, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
+        _mm256_maskstore_ps(out + i, mk, _mm256_mul_ps(sg, uv));
+    }
+}
+
+PD_AVX2 static inline float hmax8(__m256 v) {
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_max_ss(m, _mm_movehdup_ps(m));
+    return _mm_cvtss_f32(m);
+}
+
+PD_AVX2 static void softmax_avx2(float *s, int n) {
+    __m256 mx = _mm256_set1_ps(-INFINITY);
+    for (int i = 0; i < n; i += 8) {
+        __m256i mk = lanes8(n - i);
+        __m256 x = _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), _mm256_maskload_ps(s + i, mk),
+                                    _mm256_castsi256_ps(mk));
+        mx = _mm256_max_ps(mx, x);
+    }
+    __m256 m = _mm256_set1_ps(hmax8(mx)), sum = _mm256_setzero_ps();
+    for (int i = 0; i < n; i += 8) {
+        __m256i mk = lanes8(n - i);
+        __m256 e = _mm256_and_ps(exp256(_mm256_sub_ps(_mm256_maskload_ps(s + i, mk), m)),
+                                 _mm256_castsi256_ps(mk));
+        sum = _mm256_add_ps(sum, e);
+        _mm256_maskstore_ps(s + i, mk, e);
+    }
+    __m256 inv = _mm256_set1_ps(1.0f / hsum8(sum));
+    for (int i = 0; i < n; i += 8) {
+        __m256i mk = lanes8(n - i);
+        _mm256_maskstore_ps(s + i, mk, _mm256_mul_ps(_mm256_maskload_ps(s + i, mk), inv));
+    }
+}
+
+/* r[0..8) transposed in place: r[d] lane j = the old r[j] lane d. */
+PD_AVX2 static inline void transpose8(__m256 r[8]) {
+    __m256 t[8], u[8];
+    for (int i = 0; i < 8; i += 2) {
+        t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+        t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 8; i += 4) {
+        u[i] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+        u[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+        u[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+        u[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+    }
+    for (int i = 0; i < 4; i++) {
+        r[i] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x20);
+        r[i + 4] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x31);
+    }
+}
+
+/* R (1..6) query rows against the transposed key run kt [hd][16]: 16 scores in two vectors,
+ * 2R independent FMA chains, no horizontal sums. */
+PD_AVX2 static inline __attribute__((always_inline)) void
+scores_rows8(const int R, const float *q, int hd, const float *kt, float scale, float *s,
+             int64_t lds, __m256i m0, __m256i m1) {
+    __m256 a[6][2];
+#pragma GCC unroll 6
+    for (int r = 0; r < R; r++)
+        a[r][0] = a[r][1] = _mm256_setzero_ps();
+    for (int d = 0; d < hd; d++) {
+        __m256 k0 = _mm256_load_ps(kt + (size_t)d * 16),
+               k1 = _mm256_load_ps(kt + (size_t)d * 16 + 8);
+#pragma GCC unroll 6
+        for (int r = 0; r < R; r++) {
+            __m256 b = _mm256_broadcast_ss(q + (size_t)r * hd + d);
+            a[r][0] = _mm256_fmadd_ps(b, k0, a[r][0]);
+            a[r][1] = _mm256_fmadd_ps(b, k1, a[r][1]);
+        }
+    }
+    __m256 sc = _mm256_set1_ps(scale);
+#pragma GCC unroll 6
+    for (int r = 0; r < R; r++) {
+        _mm256_maskstore_ps(s + (size_t)r * lds, m0, _mm256_mul_ps(a[r][0], sc));
+        _mm256_maskstore_ps(s + (size_t)r * lds + 8, m1, _mm256_mul_ps(a[r][1], sc));
+    }
+}
+
+/* As attn_scores_avx512: the key run is transposed once (8x8 blocks in registers; keys past
+ * nk are zeros) and shared by every query row of the item. */
+PD_AVX2 static void attn_scores_avx2(const float *q, int nq, int hd, const float *k, int64_t ldk,
+                                     int nk, float scale, float *s, int64_t lds, float *kt) {
+    for (int d0 = 0; d0 < hd; d0 += 8) {
+        __m256i dm = lanes8(hd - d0);
+        for (int j0 = 0; j0 < 16; j0 += 8) {
+            __m256 r[8];
+            for (int j = 0; j < 8; j++)
+                r[j] = j0 + j < nk ? _mm256_maskload_ps(k + (size_t)(j0 + j) * ldk + d0, dm)
+                                   : _mm256_setzero_ps();
+            transpose8(r);
+            for (int d = 0; d < 8 && d0 + d < hd; d++)
+                _mm256_store_ps(kt + (size_t)(d0 + d) * 16 + j0, r[d]);
+        }
+    }
+    __m256i m0 = lanes8(nk), m1 = lanes8(nk - 8);
+    int r = 0;
+    for (; nq - r >= 6; r += 6)
+        scores_rows8(6, q + (size_t)r * hd, hd, kt, scale, s + (size_t)r * lds, lds, m0, m1);
+    for (; nq - r >= 2; r += 2)
+        scores_rows8(2, q + (size_t)r * hd, hd, kt, scale, s + (size_t)r * lds, lds, m0, m1);
+    if (nq - r >= 1)
+        scores_rows8(1, q + (size_t)r * hd, hd, kt, scale, s + (size_t)r * lds, lds, m0, m1);
+}
+
+/* R (1..8) output rows, one 8-wide slice of head_dim: each V load feeds R FMAs. */
+PD_AVX2 static inline __attribute__((always_inline)) void pv_rows8(const int R, const float *p,
+                                                                   int64_t ldp, const float *v,
+                                                                   int64_t ldv, int nk, int hd,
+                                                                   float *o, int d0, __m256i dm) {
+    __m256 a[8];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++)
+        a[r] = _mm256_maskload_ps(o + (size_t)r * hd + d0, dm);
+    for (int j = 0; j < nk; j++) {
+        __m256 vv = _mm256_maskload_ps(v + (size_t)j * ldv + d0, dm);
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++)
+            a[r] = _mm256_fmadd_ps(_mm256_broadcast_ss(p + (size_t)r * ldp + j), vv, a[r]);
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++)
+        _mm256_maskstore_ps(o + (size_t)r * hd + d0, dm, a[r]);
+}
+
+PD_AVX2 static void attn_pv_avx2(const float *p, int64_t ldp, int nq, const float *v, int64_t ldv,
+                                 int nk, int hd, float *o) {
+    for (int d0 = 0; d0 < hd; d0 += 8) {
+        __m256i dm = lanes8(hd - d0);
+        int r = 0;
+        for (; nq - r >= 8; r += 8)
+            pv_rows8(8, p + (size_t)r * ldp, ldp, v, ldv, nk, hd, o + (size_t)r * hd, d0, dm);
+        for (; nq - r >= 2; r += 2)
+            pv_rows8(2, p + (size_t)r * ldp, ldp, v, ldv, nk, hd, o + (size_t)r * hd, d0, dm);
+        if (nq - r >= 1)
+            pv_rows8(1, p + (size_t)r * ldp, ldp, v, ldv, nk, hd, o + (size_t)r * hd, d0, dm);
+    }
+}
+
 /* ---- AVX-512 ---- */
 
 static bool has_avx512(void) {
@@ -464,20 +646,17 @@ PD_AVX512 static void gemm_avx512(enum pd_dtype wt, const void *w, int64_t k, co
     }
 }
 
-/* e^x, about 1 ulp: x = n ln2 + r with |r| <= ln2/2, Cephes' degree-6 polynomial for e^r, then
- * scalef multiplies by 2^n, saturating to 0 and inf as expf does. */
+/* e^x as exp256's comment says; scalef multiplies by 2^n, saturating to 0 and inf as expf
+ * does. */
 PD_AVX512 static inline __m512 exp512(__m512 x) {
     x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-104.0f)), _mm512_set1_ps(104.0f));
-    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(EXP_LOG2E)),
                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(EXP_LN2_HI), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(EXP_LN2_LO), r);
+    __m512 p = _mm512_set1_ps(exp_poly[0]);
+    for (int i = 1; i < 6; i++)
+        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(exp_poly[i]));
     p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
     return _mm512_scalef_ps(p, n);
 }
@@ -780,6 +959,10 @@ void pd__cpu_silu_mul(const float *gate, const float *up, float *out, int64_t n)
         silu_mul_avx512(gate, up, out, n);
         return;
     }
+    if (has_avx2()) {
+        silu_mul_avx2(gate, up, out, n);
+        return;
+    }
 #endif
     for (int64_t i = 0; i < n; i++) {
         float g = gate[i];
@@ -791,6 +974,10 @@ void pd__cpu_softmax(float *s, int n) {
 #ifdef PD_HAVE_X86
     if (has_avx512()) {
         softmax_avx512(s, n);
+        return;
+    }
+    if (has_avx2()) {
+        softmax_avx2(s, n);
         return;
     }
 #endif
@@ -814,6 +1001,10 @@ void pd__cpu_attn_scores(const float *q, int nq, int hd, const float *k, int64_t
         attn_scores_avx512(q, nq, hd, k, ldk, nk, scale, s, lds, kt);
         return;
     }
+    if (has_avx2()) {
+        attn_scores_avx2(q, nq, hd, k, ldk, nk, scale, s, lds, kt);
+        return;
+    }
 #endif
     for (int r = 0; r < nq; r++)
         for (int j = 0; j < nk; j++)
@@ -826,6 +1017,10 @@ void pd__cpu_attn_pv(const float *p, int64_t ldp, int nq, const float *v, int64_
 #ifdef PD_HAVE_X86
     if (has_avx512()) {
         attn_pv_avx512(p, ldp, nq, v, ldv, nk, hd, o);
+        return;
+    }
+    if (has_avx2()) {
+        attn_pv_avx2(p, ldp, nq, v, ldv, nk, hd, o);
         return;
     }
 #endif

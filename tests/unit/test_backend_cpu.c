@@ -9,6 +9,7 @@
 
 #include "common/base/alloc.h"
 #include "model/backend.h"
+#include "model/cpu/backend_cpu.h" /* pd__cpu_softmax: the kernel itself, every length */
 #include "model/sampling.h"
 
 #include <math.h>
@@ -199,6 +200,49 @@ static void test_rows_ops(void) {
     memcpy(o, g, sizeof(o));
     pd_backend_add(be, o, u, 40);
     CHECK(o[7] == g[7] + u[7]);
+    pd_backend_free(be);
+}
+
+/* softmax and silu, whose vector paths compute e^x themselves: every length 1..37 (full
+ * vectors and every tail), against double precision, with values whose e^x underflows (a
+ * softmax entry 150 below its max is 0 in f32) or overflows (silu of -100 is -0, of 100 is
+ * 100). */
+static void test_exp_kernels(void) {
+    srand(11);
+    double err = 0;
+    for (int n = 1; n <= 37; n++) {
+        float s[37];
+        double ref[37], mx = -INFINITY, sum = 0;
+        for (int i = 0; i < n; i++) {
+            s[i] = i % 5 == 3 ? -150.0f + frand() : 8 * frand();
+            mx = s[i] > mx ? s[i] : mx;
+        }
+        for (int i = 0; i < n; i++)
+            sum += ref[i] = exp((double)s[i] - mx);
+        pd__cpu_softmax(s, n);
+        for (int i = 0; i < n; i++)
+            err = pd_err_max(err, fabs(ref[i] / sum - s[i]));
+    }
+    CHECK(err < 1e-6);
+    if (err >= 1e-6)
+        fprintf(stderr, "  softmax: err %g\n", err);
+    struct pd_backend *be = NULL;
+    CHECK_OK(pd_backend_new(&(struct pd_backend_opts){.kind = PD_BACKEND_CPU, .threads = 1}, &be));
+    float g[37], u[37], o[37];
+    for (int n = 1; n <= 37; n++) {
+        for (int i = 0; i < n; i++) {
+            g[i] = i == 0 ? -100.0f : i == 1 ? 100.0f : 12 * frand();
+            u[i] = 1 + frand();
+        }
+        pd_backend_silu_mul(be, g, u, o, n);
+        for (int i = 0; i < n; i++) {
+            double want = (double)g[i] / (1 + exp(-(double)g[i])) * u[i];
+            err = pd_err_max(err, fabs(want - o[i]) / (1 + fabs(want)));
+        }
+    }
+    CHECK(err < 1e-6);
+    if (err >= 1e-6)
+        fprintf(stderr, "  silu_mul: err %g\n", err);
     pd_backend_free(be);
 }
 
@@ -521,6 +565,6 @@ static void test_isa(void) {
 }
 
 PD_TEST_MAIN(PD_TEST(test_isa), PD_TEST(test_nan_is_an_error), PD_TEST(test_matmul),
-             PD_TEST(test_rows_ops), PD_TEST(test_attention),
+             PD_TEST(test_rows_ops), PD_TEST(test_exp_kernels), PD_TEST(test_attention),
              PD_TEST(test_attention_sliding_window), PD_TEST(test_bad_plans),
              PD_TEST(test_argmax_matches_sampler), PD_TEST(test_sample_matches_sampler))
