@@ -302,13 +302,24 @@ static double memcpy_pass(const char *p, size_t bytes, int nth) {
     return (now() - t0) * (double)bytes / (double)(share * (size_t)nth);
 }
 
-/* Arithmetic peaks of all threads, registers only: f32 FMA (what the prefill GEMM runs) and,
- * where the CPU has AVX-512 BF16, the bf16 dot product (vdpbf16ps, 2 FLOPs per bf16 pair). */
+/* Arithmetic peaks of all threads, registers only: f32 FMA (what the prefill GEMM runs; 16 lanes
+ * with AVX-512, else 8 with AVX2) and, where the CPU has AVX-512 BF16, the bf16 dot product
+ * (vdpbf16ps, 2 FLOPs per bf16 pair). */
 struct peak_arg {
     int bf16;
     long iters;
     float out;
 };
+
+static int fma_lanes(void) {
+#ifdef __x86_64__
+    if (__builtin_cpu_supports("avx512f"))
+        return 16;
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+        return 8;
+#endif
+    return 0;
+}
 
 #ifdef __x86_64__
 __attribute__((target("avx512f"))) static float fma_loop(long iters) {
@@ -321,6 +332,20 @@ __attribute__((target("avx512f"))) static float fma_loop(long iters) {
     for (int i = 1; i < 12; i++)
         a[0] = _mm512_add_ps(a[0], a[i]);
     return _mm512_reduce_add_ps(a[0]);
+}
+
+__attribute__((target("avx2,fma"))) static float fma_loop256(long iters) {
+    __m256 a[12], m = _mm256_set1_ps(0.999f), c = _mm256_set1_ps(1e-3f);
+    for (int i = 0; i < 12; i++)
+        a[i] = _mm256_set1_ps((float)i);
+    for (long n = 0; n < iters; n++)
+        for (int i = 0; i < 12; i++)
+            a[i] = _mm256_fmadd_ps(a[i], m, c);
+    for (int i = 1; i < 12; i++)
+        a[0] = _mm256_add_ps(a[0], a[i]);
+    float v[8];
+    _mm256_storeu_ps(v, a[0]);
+    return v[0] + v[7];
 }
 
 __attribute__((target("avx512f,avx512bf16"))) static float dpbf16_loop(long iters) {
@@ -340,7 +365,9 @@ __attribute__((target("avx512f,avx512bf16"))) static float dpbf16_loop(long iter
 static void *peak_thread(void *arg) {
     struct peak_arg *a = arg;
 #ifdef __x86_64__
-    a->out = a->bf16 ? dpbf16_loop(a->iters) : fma_loop(a->iters);
+    a->out = a->bf16             ? dpbf16_loop(a->iters)
+             : fma_lanes() == 16 ? fma_loop(a->iters)
+                                 : fma_loop256(a->iters);
 #endif
     return NULL;
 }
@@ -349,7 +376,8 @@ static void *peak_thread(void *arg) {
  * it); 0 where the CPU lacks the instructions. */
 static double peak_rate(int nth, int bf16, int reps) {
 #ifdef __x86_64__
-    if (!__builtin_cpu_supports("avx512f") || (bf16 && !__builtin_cpu_supports("avx512bf16")))
+    int lanes = fma_lanes();
+    if (!lanes || (bf16 && !__builtin_cpu_supports("avx512bf16")))
         return 0;
     double best = 0;
     long iters = 16000000; /* ~50-100 ms */
@@ -363,8 +391,8 @@ static double peak_rate(int nth, int bf16, int reps) {
         }
         for (int i = 0; i < nth; i++)
             pthread_join(th[i], NULL);
-        /* 12 chains x 16 lanes x 2 FLOPs (FMA) or x 2 pairs x 2 FLOPs (bf16 dot) */
-        double r = (double)nth * (double)iters * 12 * 16 * 2 * (bf16 ? 2 : 1) / (now() - t0);
+        /* 12 chains x lanes x 2 FLOPs (FMA) or x 2 pairs x 2 FLOPs (bf16 dot) */
+        double r = (double)nth * (double)iters * 12 * lanes * 2 * (bf16 ? 2 : 1) / (now() - t0);
         best = r > best ? r : best;
     }
     return best;
@@ -586,8 +614,40 @@ static int attention_share(struct pd_model *m, struct pd_kv_pool *kv) {
     return rc;
 }
 
+static const char usage[] =
+    "Usage: pdserve-bench-cpu-forward [THREADS [bf16|f32 [KV_DTYPE]]]\n"
+    "Speed of the cpu backend's forward pass on a qwen2.5-0.5b-shaped model with random weights\n"
+    "made in memory, each figure next to a limit measured in the same run (docs/benchmarks.md).\n"
+    "  THREADS   the backend's threads (0 = one per core) [default: 0]\n"
+    "  bf16|f32  the weights' dtype [default: bf16]\n"
+    "  KV_DTYPE  the KV pool's, as --kv-cache-dtype spells it: auto, bf16, fp16, fp32,\n"
+    "            fp8_e4m3, fp8_e5m2 [default: auto = float32 on cpu]\n"
+    "PDSERVE_CPU_ISA=avx2|generic runs the fallback kernels.\n";
+
+/* "n% of the <what> peak", or that the CPU has no such instruction to measure it with. */
+static void print_share(double flops, double peak, const char *what) {
+    if (peak > 0)
+        printf("%.0f%% of the %s peak", 100.0 * flops / peak, what);
+    else
+        printf("%s peak not measured (no such instructions here)", what);
+}
+
 int main(int argc, char **argv) {
-    int threads = argc > 1 ? atoi(argv[1]) : 0;
+    if (argc > 1 && (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0)) {
+        fputs(usage, stdout);
+        return 0;
+    }
+    char *end = NULL;
+    long tl = argc > 1 ? strtol(argv[1], &end, 10) : 0;
+    if (argc > 4 || (argc > 1 && (end == argv[1] || *end || tl < 0 || tl > 1024)) ||
+        (argc > 2 && strcmp(argv[2], "f32") != 0 && strcmp(argv[2], "bf16") != 0)) {
+        fprintf(stderr,
+                "pdserve-bench-cpu-forward: bad arguments (THREADS is 0..1024, the "
+                "dtype bf16 or f32)\n%s",
+                usage);
+        return 2;
+    }
+    int threads = (int)tl;
     bool f32 = argc > 2 && strcmp(argv[2], "f32") == 0;
     enum pd_dtype dt = f32 ? PD_DTYPE_F32 : PD_DTYPE_BF16, kvt = PD_DTYPE_F32;
     if (argc > 3) {
@@ -657,15 +717,18 @@ int main(int argc, char **argv) {
     fma = fma2 > fma ? fma2 : fma;
     dot = dot2 > dot ? dot2 : dot;
     double gemm = gemm_rate(nth, 512, 4864, 896, 7);
-    printf("limit: f32 FMA %.1f GFLOP/s, bf16 dot %.1f GFLOP/s (%d threads, registers only, best "
-           "of 10), OpenBLAS f32 GEMM %.1f GFLOP/s (512x4864x896)\n",
-           fma / 1e9, dot / 1e9, nth, gemm / 1e9);
+    printf("limit: f32 FMA %.1f GFLOP/s (%d lanes), bf16 dot %.1f GFLOP/s (%d threads, registers "
+           "only, best of 10), OpenBLAS f32 GEMM %.1f GFLOP/s (512x4864x896)\n",
+           fma / 1e9, fma_lanes(), dot / 1e9, nth, gemm / 1e9);
     for (int i = 0; i < 2; i++) {
         double flops = 2.0 * (double)(params - emb) * pf[i];
         printf("prefill %4d tokens: %.1f tok/s = %.1f GFLOP/s model FLOPs (2 x non-embedding "
-               "params): %.0f%% of the f32 FMA peak, %.0f%% of the bf16 dot peak\n",
-               lens[i], pf[i], flops / 1e9, fma > 0 ? 100.0 * flops / fma : 0,
-               dot > 0 ? 100.0 * flops / dot : 0);
+               "params): ",
+               lens[i], pf[i], flops / 1e9);
+        print_share(flops, fma, "f32 FMA");
+        printf(", ");
+        print_share(flops, dot, "bf16 dot");
+        printf("\n");
     }
 out:
     if (rc)
