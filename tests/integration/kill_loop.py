@@ -69,7 +69,7 @@ def main():
     fails = []
     done = 0
     try:
-        pf, dc, rt = pc.start_cluster(BUILD, tmp, model)
+        pf, dc, rt = pc.start_cluster(BUILD, tmp, model, router_extra=pc.PD_PATH_ONLY)
         log("kill loop: %d iterations, UCX_TLS=%s, prefill pid %d" % (ITERS, tls, pf.p.pid))
         for it in range(1, ITERS + 1):
             out = {}

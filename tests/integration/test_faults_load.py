@@ -173,7 +173,7 @@ def main():
                                            "--hidden-size", "256", "--intermediate-size", "768",
                                            "--layers", "4", "--heads", "4", "--kv-heads", "2"])
         procs = pc.start_cluster(BUILD, tmp, model, router_extra=[
-            "--worker-unresponsive-secs", str(UNRESPONSIVE_S)])
+            "--worker-unresponsive-secs", str(UNRESPONSIVE_S)] + pc.PD_PATH_ONLY)
         step("faults under load: %s, %d round(s), stops of %g s (router %g s), %g req/s, "
              "UCX_TLS=%s" % (MODE, ROUNDS, STOP_S, ROUTER_STOP_S, RATE,
                              os.environ.get("UCX_TLS", "(UCX default)")))

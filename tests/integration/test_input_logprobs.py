@@ -237,8 +237,10 @@ def main():
             srv = pc.Coloc(BUILD, model, tmp, ("--chunked-prefill-size", "64",
                                                "--max-running-requests", "8"))
         else:
+            # the prefill's logprobs merged into the decode's answer: the PD path
             _, _, srv = pc.start_cluster(BUILD, tmp, model,
-                                         prefill_extra=("--chunked-prefill-size", "64"))
+                                         prefill_extra=("--chunked-prefill-size", "64"),
+                                         router_extra=pc.PD_PATH_ONLY)
         g = case_generate(srv, prompt, ref, rows)
         case_cache(srv, prompt, g)
         case_completions(srv, prompt, ref)

@@ -256,8 +256,10 @@ def body():
         dc = pc.Daemon(BUILD, "decode", model, tmp, timeouts, env=near_env)
         # a circuit opened by the outage's failures turns half-open after 3 s, not sglang-router's
         # 30: what an operator sets where a network blip must not cost half a minute of 503s
+        # every request crosses the faulty link (the local path would spare the short ones)
         rt = pc.Router(BUILD, [(pf.port, pf.bport)], [dc.port], tmp,
-                       ["--cb-timeout-duration-secs", "3"], prefill_host=netlink.FAR_ADDR)
+                       ["--cb-timeout-duration-secs", "3"] + pc.PD_PATH_ONLY,
+                       prefill_host=netlink.FAR_ADDR)
 
         step("phase 1: clean link")
         all_right(load(rt, work, 60), work, "clean")

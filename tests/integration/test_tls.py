@@ -171,8 +171,9 @@ def cluster_cases(model, tmp, t):
     pf = pc.Daemon(BUILD, "prefill", model, tmp, common + tls_args(t, ca=False), ssl_ctx=t["ctx"])
     dc = pc.Daemon(BUILD, "decode", model, tmp, common + tls_args(t), ssl_ctx=t["ctx"],
                    env=grpc_tls_env())
-    rt = pc.Router(BUILD, [(pf.port, pf.bport)], [dc.port], tmp, tls_args(t), scheme="https",
-                   ssl_ctx=t["ctx"])
+    # the PD path for every request: the bootstrap's TLS is part of what is tested
+    rt = pc.Router(BUILD, [(pf.port, pf.bport)], [dc.port], tmp, tls_args(t) + pc.PD_PATH_ONLY,
+                   scheme="https", ssl_ctx=t["ctx"])
     check("grpc: serving on" in log_lines(pf) and "(TLS)" in log_lines(pf),
           "prefill's bootstrap port is not TLS: %r" % log_lines(pf)[-600:])
     pc.wait_until(lambda: rt.post("/generate", {"text": "hi", "sampling_params": {

@@ -118,7 +118,7 @@ def disagg_checks(tmp, model):
 
     def serves(what, decode_extra, decode_tp):
         """8 concurrent requests through the router: tp 1's ids, both pools full after."""
-        with pc.cluster(BUILD, tmp, model, tp2, decode_extra) as (pf, dc, rt):
+        with pc.cluster(BUILD, tmp, model, tp2, decode_extra, pc.PD_PATH_ONLY) as (pf, dc, rt):
             for d, tp in ((pf, 2), (dc, decode_tp)):
                 check(d.server_info().get("tp_size") == tp, "%s /server_info tp_size" % d.role)
             got = pc.concurrent_generate(rt.port, prompts, lens, what)

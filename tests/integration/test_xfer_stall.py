@@ -63,7 +63,7 @@ def one_stall(model, prompt, ref, stall_timeout, tmp):
     dc = pc.Daemon(BUILD, "decode", model, tmp, timeouts + ["--max-total-tokens", "8192"],
                    env=env)
     rt = pc.Router(BUILD, [(pf.port, pf.bport)], [dc.port], tmp,
-                   ["--worker-unresponsive-secs", "60"])
+                   ["--worker-unresponsive-secs", "60"] + pc.PD_PATH_ONLY)
     check(pf.get("/health")[0] == 200, "prefill healthy before the request")
     check(kv_transfer(pf)["stuck"] is False, "prefill's engine not stuck before the request")
     self_test_ok(pf, "tcp", "prefill")
