@@ -81,7 +81,7 @@ struct worker {
      * each time it enters rotation (a restart may change its flags): with the local path on, a
      * decode joins only once a /get_load answered (join_on_load), so no request meets it
      * unknown. */
-    bool local_prefill, caps_known, join_on_load;
+    bool local_prefill, join_on_load;
     struct sbuf load_body;
     char last_error[160];
 };

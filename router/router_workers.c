@@ -54,7 +54,7 @@ void pd__router_set_healthy(struct worker *w, bool ok, const char *why) {
         pd_warn("worker %s (%s) out of rotation: %s", w->spec.url, pd__router_role(w), why);
     }
     if (!ok) { /* what it takes is learned again when it comes back (a restart may change it) */
-        w->caps_known = w->join_on_load = false;
+        w->join_on_load = false;
         pd_upstream_call_cancel(w->load_call);
         w->load_call = NULL;
     }
@@ -85,8 +85,7 @@ static void on_health_done(void *ud, struct pd_upstream_call *call,
     if (r->status == PD_OK && r->http_status == 200) {
         w->health_timeouts = 0;
         /* with the local path on, a decode joins once it said whether it takes prompts alone */
-        if (!w->load.healthy && !w->is_prefill && !w->caps_known &&
-            w->rt->cfg->local_prefill_max_tokens > 0) {
+        if (!w->load.healthy && !w->is_prefill && w->rt->cfg->local_prefill_max_tokens > 0) {
             w->join_on_load = true;
             if (!w->load_call)
                 start_load_poll(w->rt, w);
@@ -169,7 +168,6 @@ static void on_load_done(void *ud, struct pd_upstream_call *call,
         w->local_prefill = false; /* it answered otherwise (not a pdserve decode), or not yet */
     }
     w->load_body.len = 0;
-    w->caps_known = true;
     if (w->join_on_load) {
         w->join_on_load = false;
         pd__router_set_healthy(w, true, "");
