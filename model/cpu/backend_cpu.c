@@ -7,12 +7,12 @@
  * are the speed-up; more rows (prefill) use our packed-panel GEMM on AVX-512 machines: each
  * thread widens 64 weight rows × 512 k values at a time into an L2-resident f32 panel that every
  * activation row then passes over, so weights are read and widened once per call and no f32 copy
- * of them exists. Without AVX-512 that route falls back to OpenBLAS sgemm on blocks of weight
- * rows widened per block, one single-threaded sgemm per pool thread (OpenBLAS's own threads are
- * switched off so the two pools never fight over cores).
- * On AVX-512 machines weight matrices are copied once, tiled (backend_cpu.h), so that each
- * thread's share of a product is one front-to-back stream; elsewhere, and for vectors, weights
- * alias the caller's host bytes (the checkpoint mapping).
+ * of them exists. Without AVX-512 that route is OpenBLAS sgemm on blocks of weight rows widened
+ * per block, one single-threaded sgemm per pool thread (OpenBLAS's own threads are switched off
+ * so the two pools never fight over cores).
+ * Where AVX2 runs (AVX-512 included) weight matrices are copied once, tiled (backend_cpu.h), so
+ * that each thread's share of a product is one front-to-back stream; elsewhere, and for vectors,
+ * weights alias the caller's host bytes (the checkpoint mapping).
  * Per-step metadata and all scratch are sized once by reserve; ops never allocate.
  */
 #include "common/base/alloc.h"
@@ -533,7 +533,11 @@ static void gemm_task(void *ctx, int tid, int nth) {
         int64_t j0 = b * t->block, j1 = j0 + t->block < t->m ? j0 + t->block : t->m;
         const void *wsrc = (const char *)t->w->data + (size_t)(j0 * t->k) * esz;
         const float *wb = wsrc;
-        if (t->w->dtype != PD_DTYPE_F32) {
+        if (t->w->layout == CPU_LAYOUT_TILED) {
+            for (int64_t j = j0; j < j1; j++)
+                pd__cpu_tiled_row_to_f32(t->w->dtype, t->w->data, t->k, j, wf + (j - j0) * t->k);
+            wb = wf;
+        } else if (t->w->dtype != PD_DTYPE_F32) {
             pd__cpu_to_f32(t->w->dtype, wsrc, wf, (j1 - j0) * t->k);
             wb = wf;
         }
@@ -571,7 +575,7 @@ static void cpu_matmul(struct pd_backend *be, const float *x, int64_t rows,
         pd__cpu_pool_run(c->pool, gemv_task, &t);
         return;
     }
-    if (w->layout == CPU_LAYOUT_TILED) {
+    if (w->layout == CPU_LAYOUT_TILED && pd__cpu_has_gemm_panel()) {
         /* split the rows too only when there are fewer panels than threads */
         int64_t npan = (t.m + PD_CPU_GEMM_NR - 1) / PD_CPU_GEMM_NR;
         t.block = npan >= c->nth ? 1 : (c->nth + npan - 1) / npan;

@@ -43,16 +43,19 @@ float pd__cpu_dot(const float *a, const float *b, int64_t n);
 void pd__cpu_axpy(float a, const float *x, float *y, int64_t n);
 /* n values of type t → f32. */
 void pd__cpu_to_f32(enum pd_dtype t, const void *src, float *dst, int64_t n);
-/* Weight matrices on AVX-512 machines are tiled once at load (pd__cpu_tiles_weights): rows in
- * tiles of PD_CPU_TILE_ROWS, each row cut into lines of PD_CPU_TILE_LINE bytes (32 bf16/f16 or 16
- * f32 values), and a tile stored line 0 of its rows 0..3, then line 1 of rows 0..3, and so on;
- * the last line of a row and the rows past the last are zero. A product then reads each thread's
- * weights as one front-to-back stream. Within a bf16 line, 32-bit lane m holds values m (low
- * half) and 16 + m (high half), so a shift or a mask widens either half in order. Vectors
+/* Weight matrices on AVX2 machines (AVX-512 too) are tiled once at load (pd__cpu_tiles_weights):
+ * rows in tiles of PD_CPU_TILE_ROWS, each row cut into lines of PD_CPU_TILE_LINE bytes (32 bf16/f16
+ * or 16 f32 values), and a tile stored line 0 of its rows 0..3, then line 1 of rows 0..3, and so
+ * on; the last line of a row and the rows past the last are zero. A product then reads each
+ * thread's weights as one front-to-back stream. Within a bf16 line, 32-bit lane m holds values m
+ * (low half) and 16 + m (high half), so a shift or a mask widens either half in order. Vectors
  * (norms, biases) stay as they are. */
 #define PD_CPU_TILE_ROWS 4
 #define PD_CPU_TILE_LINE 64
 bool pd__cpu_tiles_weights(void);
+/* Whether pd__cpu_gemm_panel runs here (AVX-512); elsewhere tiled weights are widened back to
+ * rows for sgemm. */
+bool pd__cpu_has_gemm_panel(void);
 /* The instruction set the kernels use: "avx512", "avx2" or "generic". */
 const char *pd__cpu_isa_name(void);
 static inline int64_t pd__cpu_tile_vals(enum pd_dtype t) {
