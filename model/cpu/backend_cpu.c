@@ -531,15 +531,17 @@ static void gemm_task(void *ctx, int tid, int nth) {
     float *wf = thread_scratch(t->c, tid); /* [block][k] widened weight rows */
     for (int64_t b = b0; b < b1; b++) {
         int64_t j0 = b * t->block, j1 = j0 + t->block < t->m ? j0 + t->block : t->m;
-        const void *wsrc = (const char *)t->w->data + (size_t)(j0 * t->k) * esz;
-        const float *wb = wsrc;
+        const float *wb = wf;
         if (t->w->layout == CPU_LAYOUT_TILED) {
             for (int64_t j = j0; j < j1; j++)
                 pd__cpu_tiled_row_to_f32(t->w->dtype, t->w->data, t->k, j, wf + (j - j0) * t->k);
-            wb = wf;
-        } else if (t->w->dtype != PD_DTYPE_F32) {
-            pd__cpu_to_f32(t->w->dtype, wsrc, wf, (j1 - j0) * t->k);
-            wb = wf;
+        } else {
+            /* row-major: rows j0..j1-1 are contiguous */
+            const void *wsrc = (const char *)t->w->data + (size_t)(j0 * t->k) * esz;
+            if (t->w->dtype == PD_DTYPE_F32)
+                wb = wsrc;
+            else
+                pd__cpu_to_f32(t->w->dtype, wsrc, wf, (j1 - j0) * t->k);
         }
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)t->rows, (int)(j1 - j0),
                     (int)t->k, 1.0f, t->x, (int)t->k, wb, (int)t->k, 0.0f, t->y + j0, (int)t->m);

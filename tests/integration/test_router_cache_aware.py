@@ -218,7 +218,15 @@ def case_imbalance(model, tmp):
     base = [{"role": "system", "content": system_prompt(rng, 0, "imb")},
             {"role": "user", "content": "first question"}]
     text, _, _ = chat_turn(rt, model_id, base)
-    counts = [metric(pf, "sglang:num_requests_total") for pf in pfs]
+    # a prefill counts its request when the room ends, which can come after decode has
+    # answered the client: wait for the count instead of reading it once
+    counts = [0.0, 0.0]
+
+    def counted():
+        counts[:] = [metric(pf, "sglang:num_requests_total") for pf in pfs]
+        return sum(counts) >= 1
+
+    pc.wait_until(counted, 10)
     p = 0 if counts[0] == 1 else 1
     q = 1 - p
     check(counts[p] == 1 and counts[q] == 0, "the first turn went to one prefill: %s" % counts)
