@@ -302,11 +302,14 @@ static double memcpy_pass(const char *p, size_t bytes, int nth) {
     return (now() - t0) * (double)bytes / (double)(share * (size_t)nth);
 }
 
-/* Arithmetic peaks of all threads, registers only: f32 FMA (what the prefill GEMM runs; 16 lanes
- * with AVX-512, else 8 with AVX2) and, where the CPU has AVX-512 BF16, the bf16 dot product
- * (vdpbf16ps, 2 FLOPs per bf16 pair). */
+/* Arithmetic peaks of all threads, registers only: f32 FMA (the prefill GEMM's instruction
+ * without AMX; 16 lanes with AVX-512, else 8 with AVX2), where the CPU has AVX-512 BF16 the bf16
+ * dot product (vdpbf16ps, 2 FLOPs per bf16 pair), and where the backend runs AMX the bf16 tile
+ * product (TDPBF16PS, 16x16x32 pairs' 2 FLOPs), which the prefill product runs three times per
+ * product of f32 activations (backend_cpu_kernels.c): its bound is a third of that peak. */
+enum peak_kind { PEAK_FMA, PEAK_DOT, PEAK_AMX };
 struct peak_arg {
-    int bf16;
+    enum peak_kind kind;
     long iters;
     float out;
 };
@@ -360,39 +363,79 @@ __attribute__((target("avx512f,avx512bf16"))) static float dpbf16_loop(long iter
         a[0] = _mm512_add_ps(a[0], a[i]);
     return _mm512_reduce_add_ps(a[0]);
 }
+
+struct amx_cfg {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+};
+static const struct amx_cfg amx_peak_cfg = {.palette = 1,
+                                            .colsb = {64, 64, 64, 64, 64, 64, 64, 64},
+                                            .rows = {16, 16, 16, 16, 16, 16, 16, 16}};
+
+/* Four TDPBF16PS an iteration into four sum tiles, each pair of operand tiles used twice (the
+ * prefill kernel's 2x2 blocking). The process's AMX permission is the backend's (it asked). */
+__attribute__((target("amx-tile,amx-bf16"))) static float amx_loop(long iters) {
+    static const uint16_t ops[512] __attribute__((aligned(64))) = {0x3c00};
+    float out[256] __attribute__((aligned(64)));
+    _tile_loadconfig(&amx_peak_cfg);
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    _tile_loadd(4, ops, 64);
+    _tile_loadd(5, ops, 64);
+    _tile_loadd(6, ops, 64);
+    _tile_loadd(7, ops, 64);
+    for (long n = 0; n < iters; n++) {
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 4, 7);
+        _tile_dpbf16ps(2, 5, 6);
+        _tile_dpbf16ps(3, 5, 7);
+    }
+    _tile_stored(0, out, 64);
+    _tile_release();
+    return out[0];
+}
 #endif
 
 static void *peak_thread(void *arg) {
     struct peak_arg *a = arg;
 #ifdef __x86_64__
-    a->out = a->bf16             ? dpbf16_loop(a->iters)
-             : fma_lanes() == 16 ? fma_loop(a->iters)
-                                 : fma_loop256(a->iters);
+    a->out = a->kind == PEAK_AMX   ? amx_loop(a->iters)
+             : a->kind == PEAK_DOT ? dpbf16_loop(a->iters)
+             : fma_lanes() == 16   ? fma_loop(a->iters)
+                                   : fma_loop256(a->iters);
 #endif
     return NULL;
 }
 
 /* FLOP/s of nth threads, the best of reps (a peak: the machine's neighbours only ever lower
  * it); 0 where the CPU lacks the instructions. */
-static double peak_rate(int nth, int bf16, int reps) {
+static double peak_rate(int nth, enum peak_kind kind, int reps) {
 #ifdef __x86_64__
     int lanes = fma_lanes();
-    if (!lanes || (bf16 && !__builtin_cpu_supports("avx512bf16")))
+    if (!lanes || (kind == PEAK_DOT && !__builtin_cpu_supports("avx512bf16")) ||
+        (kind == PEAK_AMX && !pd__cpu_has_amx()))
         return 0;
     double best = 0;
-    long iters = 16000000; /* ~50-100 ms */
+    /* ~50-100 ms; an AMX iteration is 64 of the cycles 12 FMAs take 6 */
+    long iters = kind == PEAK_AMX ? 2000000 : 16000000;
     for (int k = 0; k < reps; k++) {
         pthread_t th[1024];
         struct peak_arg args[1024];
         double t0 = now();
         for (int i = 0; i < nth; i++) {
-            args[i] = (struct peak_arg){bf16, iters, 0};
+            args[i] = (struct peak_arg){kind, iters, 0};
             pthread_create(&th[i], NULL, peak_thread, &args[i]);
         }
         for (int i = 0; i < nth; i++)
             pthread_join(th[i], NULL);
-        /* 12 chains x lanes x 2 FLOPs (FMA) or x 2 pairs x 2 FLOPs (bf16 dot) */
-        double r = (double)nth * (double)iters * 12 * lanes * 2 * (bf16 ? 2 : 1) / (now() - t0);
+        /* 12 chains x lanes x 2 FLOPs (FMA) or x 2 pairs x 2 FLOPs (bf16 dot); 4 tile
+         * products of 16x16 sums over 32 values x 2 FLOPs (AMX) */
+        double per = kind == PEAK_AMX ? 4.0 * 16 * 16 * 32 * 2
+                                      : 12.0 * lanes * 2 * (kind == PEAK_DOT ? 2 : 1);
+        double r = (double)nth * (double)iters * per / (now() - t0);
         best = r > best ? r : best;
     }
     return best;
@@ -622,7 +665,7 @@ static const char usage[] =
     "  bf16|f32  the weights' dtype [default: bf16]\n"
     "  KV_DTYPE  the KV pool's, as --kv-cache-dtype spells it: auto, bf16, fp16, fp32,\n"
     "            fp8_e4m3, fp8_e5m2 [default: auto = float32 on cpu]\n"
-    "PDSERVE_CPU_ISA=avx2|generic runs the fallback kernels.\n";
+    "PDSERVE_CPU_ISA=avx512|avx2|generic runs the fallback kernels.\n";
 
 /* "n% of the <what> peak", or that the CPU has no such instruction to measure it with. */
 static void print_share(double flops, double peak, const char *what) {
@@ -708,18 +751,22 @@ int main(int argc, char **argv) {
         goto out;
 
     /* the peaks are taken before and after the prefills, the higher of each counting */
-    double fma = peak_rate(nth, 0, 5), dot = peak_rate(nth, 1, 5), pf[2];
+    double fma = peak_rate(nth, PEAK_FMA, 5), dot = peak_rate(nth, PEAK_DOT, 5),
+           amx = peak_rate(nth, PEAK_AMX, 5), pf[2];
     static const int lens[2] = {512, 2048};
     for (int i = 0; i < 2; i++)
         if ((rc = prefill_rate(m, &kv, lens[i], i ? 3 : 5, &pf[i])))
             goto out;
-    double fma2 = peak_rate(nth, 0, 5), dot2 = peak_rate(nth, 1, 5);
+    double fma2 = peak_rate(nth, PEAK_FMA, 5), dot2 = peak_rate(nth, PEAK_DOT, 5),
+           amx2 = peak_rate(nth, PEAK_AMX, 5);
     fma = fma2 > fma ? fma2 : fma;
     dot = dot2 > dot ? dot2 : dot;
+    amx = amx2 > amx ? amx2 : amx;
     double gemm = gemm_rate(nth, 512, 4864, 896, 7);
-    printf("limit: f32 FMA %.1f GFLOP/s (%d lanes), bf16 dot %.1f GFLOP/s (%d threads, registers "
-           "only, best of 10), OpenBLAS f32 GEMM %.1f GFLOP/s (512x4864x896)\n",
-           fma / 1e9, fma_lanes(), dot / 1e9, nth, gemm / 1e9);
+    printf("limit: f32 FMA %.1f GFLOP/s (%d lanes), bf16 dot %.1f GFLOP/s, AMX bf16 %.1f GFLOP/s "
+           "(a third: %.1f) (%d threads, registers only, best of 10), OpenBLAS f32 GEMM %.1f "
+           "GFLOP/s (512x4864x896)\n",
+           fma / 1e9, fma_lanes(), dot / 1e9, amx / 1e9, amx / 3e9, nth, gemm / 1e9);
     for (int i = 0; i < 2; i++) {
         double flops = 2.0 * (double)(params - emb) * pf[i];
         printf("prefill %4d tokens: %.1f tok/s = %.1f GFLOP/s model FLOPs (2 x non-embedding "
@@ -728,6 +775,8 @@ int main(int argc, char **argv) {
         print_share(flops, fma, "f32 FMA");
         printf(", ");
         print_share(flops, dot, "bf16 dot");
+        printf(", ");
+        print_share(flops, amx / 3, "AMX bf16 / 3");
         printf("\n");
     }
 out:

@@ -9,7 +9,10 @@
  * activation row then passes over, so weights are read and widened once per call and no f32 copy
  * of them exists. Without AVX-512 that route is OpenBLAS sgemm on blocks of weight rows widened
  * per block, one single-threaded sgemm per pool thread (OpenBLAS's own threads are switched off
- * so the two pools never fight over cores).
+ * so the two pools never fight over cores). On AMX machines bf16 weights take a third route:
+ * bf16 tile products on activations cut into three exact bf16 parts (backend_cpu_kernels.c),
+ * the threads first packing each chunk of up to PD_CPU_AMX_TOKENS activation rows together,
+ * then each multiplying its own weight rows by all of them.
  * Where AVX2 runs (AVX-512 included) weight matrices are copied once, tiled (backend_cpu.h), so
  * that each thread's share of a product is one front-to-back stream; elsewhere, and for vectors,
  * weights alias the caller's host bytes (the checkpoint mapping).
@@ -52,7 +55,8 @@ struct cpu_backend {
     int32_t *req_kv_len;                     /* [max_reqs] */
     int32_t *page_table;                     /* [max_pages] */
     float *scratch;                          /* [nth][scratch_floats] */
-    size_t scratch_floats;                   /* per thread */
+    float *amx_x; /* AMX: one chunk's packed activations (pd__cpu_amx_x_bytes(max_dim) + 64) */
+    size_t scratch_floats; /* per thread */
     /* penalty slots (pd_backend_penalty_reserve): bit 31 prompt has the token, bits 0..30 its
      * output count; and the host sampler's working memory for sample, sized with them */
     int32_t *pen_state; /* [pen_slots][pen_vocab] */
@@ -126,6 +130,8 @@ static void free_batch_arrays(struct cpu_backend *c) {
     pd_free(c->req_kv_len);
     pd_free(c->page_table);
     pd_free(c->scratch);
+    pd_free(c->amx_x);
+    c->amx_x = NULL;
     c->token_ids = c->positions = c->slots = c->tok_req = c->out_rows = NULL;
     c->req_tok_start = c->req_page_start = c->req_kv_len = c->page_table = NULL;
     c->scratch = NULL;
@@ -145,6 +151,8 @@ static int cpu_reserve(struct pd_backend *be, const struct pd_backend_limits *li
     size_t panel = (size_t)PD_CPU_GEMM_KC * PD_CPU_GEMM_NR + 16 /* + alignment */;
     size_t gemm = (size_t)PD_CPU_GEMM_BLOCK * (size_t)lim->max_dim;
     gemm = panel > gemm ? panel : gemm;
+    if (pd__cpu_has_amx() && gemm < (size_t)PD_CPU_AMX_SCRATCH + 16)
+        gemm = (size_t)PD_CPU_AMX_SCRATCH + 16;
     c->scratch_floats = att > gemm ? att : gemm;
     c->token_ids = pd_calloc(nt, sizeof(int32_t));
     c->positions = pd_calloc(nt, sizeof(int32_t));
@@ -156,9 +164,11 @@ static int cpu_reserve(struct pd_backend *be, const struct pd_backend_limits *li
     c->req_kv_len = pd_calloc(nr, sizeof(int32_t));
     c->page_table = pd_calloc((size_t)lim->max_pages, sizeof(int32_t));
     c->scratch = pd_calloc((size_t)c->nth, c->scratch_floats * sizeof(float));
+    if (pd__cpu_has_amx())
+        c->amx_x = pd_malloc(pd__cpu_amx_x_bytes(lim->max_dim) + 64);
     if (!c->token_ids || !c->positions || !c->slots || !c->tok_req || !c->out_rows ||
         !c->req_tok_start || !c->req_page_start || !c->req_kv_len || !c->page_table ||
-        !c->scratch) {
+        !c->scratch || (pd__cpu_has_amx() && !c->amx_x)) {
         free_batch_arrays(c);
         return pd_error_wrap(PD_ENOMEM, "reserving cpu backend step buffers");
     }
@@ -568,6 +578,29 @@ static void panel_task(void *ctx, int tid, int nth) {
     }
 }
 
+/* AMX: the threads pack the chunk's activation tiles, then each multiplies its weight rows (in
+ * units of 32) by all of them. t->x, t->y and t->rows are the chunk's. */
+static void amx_pack_task(void *ctx, int tid, int nth) {
+    struct matmul_task *t = ctx;
+    int64_t tt0, tt1;
+    pd__cpu_split((t->rows + 15) / 16, tid, nth, &tt0, &tt1);
+    if (tt0 < tt1)
+        pd__cpu_amx_pack_x(t->x, t->rows, t->k, tt0, tt1, align64(t->c->amx_x));
+}
+
+static void amx_task(void *ctx, int tid, int nth) {
+    struct matmul_task *t = ctx;
+    int64_t j0, j1;
+    pd__cpu_split((t->m + 31) / 32, tid, nth, &j0, &j1);
+    j0 *= 32;
+    j1 = j1 * 32 < t->m ? j1 * 32 : t->m;
+    if (j0 >= j1)
+        return;
+    pd__cpu_amx_gemm(t->w->data, t->m, t->k, align64(t->c->amx_x), t->rows, t->y, t->m, j0, j1,
+                     align64(thread_scratch(t->c, tid)));
+    add_bias(t, 0, t->rows, j0, j1);
+}
+
 static void cpu_matmul(struct pd_backend *be, const float *x, int64_t rows,
                        const struct pd_tensor *w, const struct pd_tensor *bias, float *y) {
     struct cpu_backend *c = cpu(be);
@@ -575,6 +608,16 @@ static void cpu_matmul(struct pd_backend *be, const float *x, int64_t rows,
     struct matmul_task t = {c, x, rows, w->rows, w->cols, w, bias, y, PD_CPU_GEMM_BLOCK};
     if (rows <= PD_CPU_GEMV_ROWS) {
         pd__cpu_pool_run(c->pool, gemv_task, &t);
+        return;
+    }
+    if (w->layout == CPU_LAYOUT_TILED && w->dtype == PD_DTYPE_BF16 && pd__cpu_has_amx()) {
+        for (int64_t i0 = 0; i0 < rows; i0 += PD_CPU_AMX_TOKENS) {
+            t.x = x + i0 * t.k;
+            t.y = y + i0 * t.m;
+            t.rows = rows - i0 < PD_CPU_AMX_TOKENS ? rows - i0 : PD_CPU_AMX_TOKENS;
+            pd__cpu_pool_run(c->pool, amx_pack_task, &t);
+            pd__cpu_pool_run(c->pool, amx_task, &t);
+        }
         return;
     }
     if (w->layout == CPU_LAYOUT_TILED && pd__cpu_has_gemm_panel()) {
@@ -772,9 +815,10 @@ int pd__backend_cpu_new(const struct pd_backend_opts *opts, struct pd_backend **
     if (opts->threads < 0)
         return pd_errorf(PD_EINVAL, "--threads %d: must be >= 0 (0 = one per core)", opts->threads);
     const char *isa = getenv("PDSERVE_CPU_ISA");
-    if (isa && *isa && strcmp(isa, "avx512") != 0 && strcmp(isa, "avx2") != 0 &&
-        strcmp(isa, "generic") != 0)
-        return pd_errorf(PD_EINVAL, "PDSERVE_CPU_ISA=%s: not one of avx512, avx2, generic", isa);
+    if (isa && *isa && strcmp(isa, "amx") != 0 && strcmp(isa, "avx512") != 0 &&
+        strcmp(isa, "avx2") != 0 && strcmp(isa, "generic") != 0)
+        return pd_errorf(PD_EINVAL, "PDSERVE_CPU_ISA=%s: not one of amx, avx512, avx2, generic",
+                         isa);
     struct cpu_backend *c = pd_calloc(1, sizeof(*c));
     if (!c)
         return PD_ENOMEM;

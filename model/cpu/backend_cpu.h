@@ -56,7 +56,24 @@ bool pd__cpu_tiles_weights(void);
 /* Whether pd__cpu_gemm_panel runs here (AVX-512); elsewhere tiled weights are widened back to
  * rows for sgemm. */
 bool pd__cpu_has_gemm_panel(void);
-/* The instruction set the kernels use: "avx512", "avx2" or "generic". */
+/* The prefill product on AMX machines, for bf16 tiled weights: the activations of up to
+ * PD_CPU_AMX_TOKENS rows are packed once (pd__cpu_amx_pack_x, into pd__cpu_amx_x_bytes(k), 64-byte
+ * aligned; the threads may split the 16-row tiles [tt0, tt1) among them), then every thread
+ * multiplies its weight rows [j0, j1) (j0 a multiple of 32) by all of them: y[t][j] =
+ * Σ_c x[t][c] · w[j][c] for t < nx, in f32 sums of exact products (backend_cpu_kernels.c says
+ * how). Weight rows are packed PD_CPU_AMX_ROWS x PD_CPU_AMX_KC at a time into the thread's
+ * scratch (PD_CPU_AMX_SCRATCH floats, 64-byte aligned). */
+#define PD_CPU_AMX_TOKENS 256
+#define PD_CPU_AMX_ROWS 128
+#define PD_CPU_AMX_KC 512
+#define PD_CPU_AMX_SCRATCH                                                                         \
+    (PD_CPU_AMX_ROWS * PD_CPU_AMX_KC / 2 + PD_CPU_AMX_TOKENS * PD_CPU_AMX_ROWS + 256)
+bool pd__cpu_has_amx(void);
+size_t pd__cpu_amx_x_bytes(int64_t k);
+void pd__cpu_amx_pack_x(const float *x, int64_t nx, int64_t k, int64_t tt0, int64_t tt1, void *xp);
+void pd__cpu_amx_gemm(const void *w, int64_t m, int64_t k, const void *xp, int64_t nx, float *y,
+                      int64_t ldy, int64_t j0, int64_t j1, float *scratch);
+/* The instruction set the kernels use: "amx", "avx512", "avx2" or "generic". */
 const char *pd__cpu_isa_name(void);
 static inline int64_t pd__cpu_tile_vals(enum pd_dtype t) {
     return PD_CPU_TILE_LINE / (int64_t)pd_dtype_size(t);

@@ -5,7 +5,8 @@
  * pieces. Each has versions chosen at run time — AVX-512 where the CPU has it, AVX2+FMA(+F16C),
  * a portable loop (PDSERVE_CPU_ISA may choose a lower one) — and all sum in f32. With AVX2 (and
  * AVX-512) the weight matrices are tiled (backend_cpu.h) and the GEMV reads them so; the prefill
- * GEMM exists only on AVX-512 (callers use sgemm on widened rows otherwise). No allocation.
+ * GEMM exists only on AVX-512 (callers use sgemm on widened rows otherwise), and on AMX machines
+ * bf16 weights' prefill products run as bf16 tile products (exact, summed in f32). No allocation.
  */
 #include "model/cpu/backend_cpu.h"
 #include "common/base/status.h"
@@ -17,7 +18,10 @@
 #include <string.h>
 
 #if defined(__x86_64__)
+#include <cpuid.h>
 #include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 #define PD_HAVE_X86 1
 #endif
 
@@ -33,11 +37,24 @@ static float load1(enum pd_dtype t, const void *p, int64_t i) {
 }
 
 /* The instruction set the kernels use: the best the CPU has, or a lower one that
- * PDSERVE_CPU_ISA names (avx512, avx2, generic), read once, so the fallbacks can be tested on any
- * machine. */
-enum cpu_isa { ISA_GENERIC, ISA_AVX2, ISA_AVX512 };
+ * PDSERVE_CPU_ISA names (amx, avx512, avx2, generic), read once, so the fallbacks can be tested on
+ * any machine. */
+enum cpu_isa { ISA_GENERIC, ISA_AVX2, ISA_AVX512, ISA_AMX };
 static enum cpu_isa isa_level;
 static pthread_once_t isa_once = PTHREAD_ONCE_INIT;
+
+#ifdef PD_HAVE_X86
+/* AMX with bf16 tiles: the CPU has it (CPUID leaf 7: AMX-BF16 is EDX bit 22, AMX-TILE bit 24)
+ * and Linux lets this process use the tile registers (arch_prctl ARCH_REQ_XCOMP_PERM for
+ * XTILEDATA, Linux 5.16 on; refused where the kernel or hypervisor does not enable it). The
+ * permission is the process's, so every pool thread may then load a tile configuration. */
+static bool amx_usable(void) {
+    unsigned a, b, c, d;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(d & (1u << 22)) || !(d & (1u << 24)))
+        return false;
+    return syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
+}
+#endif
 
 static void isa_init(void) {
     enum cpu_isa have = ISA_GENERIC;
@@ -53,6 +70,8 @@ static void isa_init(void) {
     if (have == ISA_AVX2 && __builtin_cpu_supports("avx512f") &&
         __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl"))
         have = ISA_AVX512;
+    if (have == ISA_AVX512 && amx_usable())
+        have = ISA_AMX;
 #endif
     const char *e = getenv("PDSERVE_CPU_ISA");
     enum cpu_isa want = have;
@@ -60,8 +79,14 @@ static void isa_init(void) {
         want = ISA_GENERIC;
     else if (e && strcmp(e, "avx2") == 0)
         want = ISA_AVX2;
+    else if (e && strcmp(e, "avx512") == 0)
+        want = ISA_AVX512;
     isa_level = want < have ? want : have;
 }
+
+/* AMX's prefill product: bf16 parts each activation is cut into, bytes of a 16x64-byte tile */
+#define AMX_PARTS 3
+#define AMX_TILE_BYTES 1024
 
 static enum cpu_isa cpu_isa(void) {
     pthread_once(&isa_once, isa_init);
@@ -69,7 +94,7 @@ static enum cpu_isa cpu_isa(void) {
 }
 
 const char *pd__cpu_isa_name(void) {
-    static const char *const names[] = {"generic", "avx2", "avx512"};
+    static const char *const names[] = {"generic", "avx2", "avx512", "amx"};
     return names[cpu_isa()];
 }
 
@@ -489,39 +514,6 @@ static bool has_avx512(void) {
 
 #define PD_AVX512 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl")))
 
-/* 16 values of type t from p + i as f32; lanes at or past n (from i) read as 0. */
-PD_AVX512 static inline __m512 load16(enum pd_dtype t, const void *p, int64_t i, int64_t n) {
-    __mmask16 mk = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1);
-    switch (t) {
-    case PD_DTYPE_BF16: {
-        __m256i h = _mm256_maskz_loadu_epi16(mk, (const uint16_t *)p + i);
-        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-    }
-    case PD_DTYPE_F16:
-        return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mk, (const uint16_t *)p + i));
-    case PD_DTYPE_F32: break;
-    case PD_DTYPE_F8E4M3:
-    case PD_DTYPE_F8E5M2: PD_ASSERT(!"fp8 is KV-only: pd__cpu_to_f32 widens it by scalar"); break;
-    }
-    return _mm512_maskz_loadu_ps(mk, (const float *)p + i);
-}
-
-/* 16 values of type t from p + i as f32, all in range. */
-PD_AVX512 static inline __m512 load16_full(enum pd_dtype t, const void *p, int64_t i) {
-    switch (t) {
-    case PD_DTYPE_BF16: {
-        __m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)p + i));
-        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-    }
-    case PD_DTYPE_F16:
-        return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)p + i)));
-    case PD_DTYPE_F32: break;
-    case PD_DTYPE_F8E4M3:
-    case PD_DTYPE_F8E5M2: PD_ASSERT(!"fp8 is KV-only: pd__cpu_to_f32 widens it by scalar"); break;
-    }
-    return _mm512_loadu_ps((const float *)p + i);
-}
-
 /* The four sums of a, b, c, d in one vector: a tree of shuffles instead of four reductions. */
 PD_AVX512 static inline __m128 hsum4x16(__m512 a, __m512 b, __m512 c, __m512 d) {
     __m512 ab = _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b));
@@ -884,6 +876,193 @@ PD_AVX512 static void attn_pv_avx512(const float *p, int64_t ldp, int nq, const 
             pv_rows(1, p + (size_t)r * ldp, ldp, v, ldv, nk, hd, o + (size_t)r * hd, d0, dm);
     }
 }
+
+/* ---- AMX: the prefill product on bf16 weights ---- */
+
+/* One TDPBF16PS multiplies a 16x32 bf16 tile by a 32x16 one into 16x16 f32 sums, 16 times the
+ * products of an AVX-512 FMA per instruction. Activations are f32, so each is cut into three
+ * bf16 parts that add up to it exactly (hi = x with the low 16 bits cleared, mid the same of
+ * x - hi, lo = x - hi - mid, which fits in bf16: 8 + 8 + 8 bits of a 24-bit significand); the
+ * weights are bf16 already, so every product is exact and the sums are f32 sums, as in the f32
+ * kernels (only their order differs). Three passes of bf16 tiles still do 5x the work of the f32
+ * FMAs in the same time.
+ *
+ * Operands: the A tiles are 16 weight rows, one 64-byte line each — a line as pd__cpu_tile lays
+ * it out, whose 32-bit lane m pairs values m and 16 + m; the B tiles are the activations in the
+ * same pairing, pair m of 16 rows in B's row m (a 16x16 transpose of 32-bit pairs). C[w][t] then
+ * sums over the line's 32 values in the tiled order. Tiles 0-3 hold the sums of 32 weight rows x
+ * 32 activation rows, 4-5 the weight tiles, 6-7 an activation part. */
+#define PD_AMX __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,amx-tile,amx-bf16")))
+
+struct amx_tilecfg {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+};
+/* eight tiles of 16 rows x 64 bytes; static and const, so no store to it can be dropped before
+ * LDTILECFG reads it */
+static const struct amx_tilecfg amx_cfg = {
+    .palette = 1,
+    .colsb = {64, 64, 64, 64, 64, 64, 64, 64},
+    .rows = {16, 16, 16, 16, 16, 16, 16, 16},
+};
+
+/* The tile loads are asm statements that do not say they read memory: stores before them (the
+ * packing) must not be moved past. */
+#define AMX_MEMORY_BARRIER() __asm__ volatile("" ::: "memory")
+
+/* The 32 values of row r's line b as AMX_PARTS 32-bit lane vectors of bf16 pairs (m, 16 + m). */
+PD_AMX static inline void amx_split_line(const float *row, int64_t k, int64_t b,
+                                         __m512i part[AMX_PARTS]) {
+    int64_t c0 = b * 32, rem = k - c0;
+    __mmask16 m0 = rem >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << rem) - 1);
+    __mmask16 m1 = rem >= 32  ? (__mmask16)0xffff
+                   : rem > 16 ? (__mmask16)((1u << (rem - 16)) - 1)
+                              : (__mmask16)0;
+    __m512i lo = _mm512_castps_si512(_mm512_maskz_loadu_ps(m0, row + c0));
+    __m512i hi = _mm512_castps_si512(_mm512_maskz_loadu_ps(m1, row + c0 + 16));
+    const __m512i top = _mm512_set1_epi32((int)0xffff0000u);
+    for (int p = 0; p < AMX_PARTS; p++) {
+        __m512i lt = _mm512_and_si512(lo, top), ht = _mm512_and_si512(hi, top);
+        part[p] = _mm512_or_si512(_mm512_srli_epi32(lt, 16), ht);
+        lo = _mm512_castps_si512(_mm512_sub_ps(_mm512_castsi512_ps(lo), _mm512_castsi512_ps(lt)));
+        hi = _mm512_castps_si512(_mm512_sub_ps(_mm512_castsi512_ps(hi), _mm512_castsi512_ps(ht)));
+    }
+}
+
+PD_AMX static void amx_pack_x(const float *x, int64_t nx, int64_t k, int64_t tt0, int64_t tt1,
+                              char *xp) {
+    int64_t nblk = (k + 31) / 32;
+    for (int64_t tt = tt0; tt < tt1; tt++)
+        for (int64_t b = 0; b < nblk; b++) {
+            __m512 r[AMX_PARTS][16];
+            for (int n = 0; n < 16; n++) {
+                __m512i part[AMX_PARTS];
+                if (tt * 16 + n < nx) {
+                    amx_split_line(x + (tt * 16 + n) * k, k, b, part);
+                } else {
+                    for (int p = 0; p < AMX_PARTS; p++)
+                        part[p] = _mm512_setzero_si512();
+                }
+                for (int p = 0; p < AMX_PARTS; p++)
+                    r[p][n] = _mm512_castsi512_ps(part[p]);
+            }
+            char *dst = xp + (size_t)((tt * nblk + b) * AMX_PARTS) * AMX_TILE_BYTES;
+            for (int p = 0; p < AMX_PARTS; p++) {
+                transpose16(r[p]); /* r[p][m]: pair m of the 16 rows */
+                for (int m = 0; m < 16; m++)
+                    _mm512_store_ps((float *)(dst + p * AMX_TILE_BYTES) + 16 * m, r[p][m]);
+            }
+        }
+}
+
+/* Lines [b0, b1) of nwt groups of 16 weight rows from j0 → panel [b - b0][group][16][64 bytes];
+ * rows past the matrix's (4-row padded) end are zero. */
+static void amx_pack_w(const void *w, int64_t m, int64_t k, int64_t j0, int nwt, int64_t b0,
+                       int64_t b1, char *panel) {
+    int64_t nblk = (k + 31) / 32, mpad = (m + PD_CPU_TILE_ROWS - 1) / PD_CPU_TILE_ROWS * 4;
+    for (int64_t b = b0; b < b1; b++)
+        for (int g = 0; g < nwt; g++)
+            for (int q = 0; q < 16; q += PD_CPU_TILE_ROWS) {
+                char *dst = panel + ((size_t)((b - b0) * nwt + g) * 16 + (size_t)q) * 64;
+                int64_t j = j0 + 16 * g + q;
+                if (j < mpad)
+                    memcpy(dst, pd__cpu_tiled_line(w, nblk, j, b), PD_CPU_TILE_ROWS * 64);
+                else
+                    memset(dst, 0, PD_CPU_TILE_ROWS * 64);
+            }
+}
+
+/* A 16x16 tile of sums, c[w][t] → y[t0 + t][j0 + w] for t < nt and j0 + w < j1. */
+PD_AMX static void amx_store_sums(const float *c, float *y, int64_t ldy, int64_t t0, int64_t nt,
+                                  int64_t j0, int64_t j1) {
+    __m512 r[16];
+    for (int i = 0; i < 16; i++)
+        r[i] = _mm512_load_ps(c + 16 * i);
+    transpose16(r);
+    int64_t nj = j1 - j0;
+    __mmask16 mk = nj >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << nj) - 1);
+    for (int t = 0; t < 16 && t < nt - t0; t++)
+        _mm512_mask_storeu_ps(y + (t0 + t) * ldy + j0, mk, r[t]);
+}
+
+PD_AMX static void amx_gemm(const void *w, int64_t m, int64_t k, const char *xp, int64_t nx,
+                            float *y, int64_t ldy, int64_t j0, int64_t j1, float *scratch) {
+    const int64_t nblk = (k + 31) / 32, ntt = (nx + 15) / 16, kcb = PD_CPU_AMX_KC / 32;
+    char *panel = (char *)scratch; /* [kcb][ROWS / 16][1 KB] */
+    float *part =
+        scratch + PD_CPU_AMX_ROWS * PD_CPU_AMX_KC / 2;        /* [TOKENS / 32][ROWS / 32][4][256] */
+    float *sums = part + PD_CPU_AMX_TOKENS * PD_CPU_AMX_ROWS; /* [256] */
+    _tile_loadconfig(&amx_cfg);
+    for (int64_t jp = j0; jp < j1; jp += PD_CPU_AMX_ROWS) {
+        int64_t jend = jp + PD_CPU_AMX_ROWS < j1 ? jp + PD_CPU_AMX_ROWS : j1;
+        int nsub = (int)((jend - jp + 31) / 32);
+        for (int64_t b0 = 0; b0 < nblk; b0 += kcb) {
+            int64_t b1 = b0 + kcb < nblk ? b0 + kcb : nblk;
+            bool first = b0 == 0, last = b1 == nblk;
+            amx_pack_w(w, m, k, jp, 2 * nsub, b0, b1, panel);
+            AMX_MEMORY_BARRIER();
+            for (int64_t tt = 0; tt < ntt; tt += 2) {
+                /* an odd last tile pairs with itself; the copy's sums are dropped */
+                const char *x0 = xp + (size_t)(tt * nblk * AMX_PARTS) * AMX_TILE_BYTES;
+                const char *x1 =
+                    tt + 1 < ntt ? x0 + (size_t)(nblk * AMX_PARTS) * AMX_TILE_BYTES : x0;
+                for (int s = 0; s < nsub; s++) {
+                    float *ps = part + ((tt / 2) * (PD_CPU_AMX_ROWS / 32) + s) * 1024;
+                    if (first) {
+                        _tile_zero(0);
+                        _tile_zero(1);
+                        _tile_zero(2);
+                        _tile_zero(3);
+                    } else {
+                        _tile_loadd(0, ps, 64);
+                        _tile_loadd(1, ps + 256, 64);
+                        _tile_loadd(2, ps + 512, 64);
+                        _tile_loadd(3, ps + 768, 64);
+                    }
+                    for (int64_t b = b0; b < b1; b++) {
+                        const char *a =
+                            panel + (size_t)((b - b0) * 2 * nsub + 2 * s) * AMX_TILE_BYTES;
+                        const char *xb0 = x0 + (size_t)(b * AMX_PARTS) * AMX_TILE_BYTES;
+                        const char *xb1 = x1 + (size_t)(b * AMX_PARTS) * AMX_TILE_BYTES;
+                        _tile_loadd(4, a, 64);
+                        _tile_loadd(5, a + AMX_TILE_BYTES, 64);
+                        for (int p = 0; p < AMX_PARTS; p++) {
+                            _tile_loadd(6, xb0 + p * AMX_TILE_BYTES, 64);
+                            _tile_loadd(7, xb1 + p * AMX_TILE_BYTES, 64);
+                            _tile_dpbf16ps(0, 4, 6);
+                            _tile_dpbf16ps(1, 4, 7);
+                            _tile_dpbf16ps(2, 5, 6);
+                            _tile_dpbf16ps(3, 5, 7);
+                        }
+                    }
+                    if (!last) {
+                        _tile_stored(0, ps, 64);
+                        _tile_stored(1, ps + 256, 64);
+                        _tile_stored(2, ps + 512, 64);
+                        _tile_stored(3, ps + 768, 64);
+                        continue;
+                    }
+                    int64_t jw = jp + 32 * s, jm = jw + 16 < jend ? jw + 16 : jend;
+                    /* tile 0: rows jw.., tokens tt; 1: jw.., tt + 1; 2: jw + 16.., tt; 3: .. */
+                    for (int q = 0; q < 4; q++) {
+                        int64_t t0 = (tt + (q & 1)) * 16, ja = q < 2 ? jw : jm;
+                        int64_t jb = q < 2 ? jm : (jm + 16 < jend ? jm + 16 : jend);
+                        switch (q) {
+                        case 0: _tile_stored(0, sums, 64); break;
+                        case 1: _tile_stored(1, sums, 64); break;
+                        case 2: _tile_stored(2, sums, 64); break;
+                        default: _tile_stored(3, sums, 64); break;
+                        }
+                        if (t0 < nx && ja < jb)
+                            amx_store_sums(sums, y, ldy, t0, nx, ja, jb);
+                    }
+                }
+            }
+        }
+    }
+    _tile_release();
+}
 #endif
 
 bool pd__cpu_tiles_weights(void) {
@@ -892,6 +1071,14 @@ bool pd__cpu_tiles_weights(void) {
 #else
     return false;
 #endif
+}
+
+bool pd__cpu_has_amx(void) {
+    return cpu_isa() >= ISA_AMX;
+}
+
+size_t pd__cpu_amx_x_bytes(int64_t k) {
+    return (size_t)(PD_CPU_AMX_TOKENS / 16) * (size_t)((k + 31) / 32) * AMX_PARTS * AMX_TILE_BYTES;
 }
 
 bool pd__cpu_has_gemm_panel(void) {
@@ -953,6 +1140,29 @@ void pd__cpu_tiled_row_to_f32(enum pd_dtype t, const void *w, int64_t cols, int6
             dst[b * E + v] = pd_bf16_to_f32(h);
         }
     }
+}
+
+void pd__cpu_amx_pack_x(const float *x, int64_t nx, int64_t k, int64_t tt0, int64_t tt1, void *xp) {
+    PD_ASSERT(nx <= PD_CPU_AMX_TOKENS && ((uintptr_t)xp & 63) == 0);
+#ifdef PD_HAVE_X86
+    if (pd__cpu_has_amx()) {
+        amx_pack_x(x, nx, k, tt0, tt1, xp);
+        return;
+    }
+#endif
+    PD_ASSERT(!"pd__cpu_amx_pack_x without AMX");
+}
+
+void pd__cpu_amx_gemm(const void *w, int64_t m, int64_t k, const void *xp, int64_t nx, float *y,
+                      int64_t ldy, int64_t j0, int64_t j1, float *scratch) {
+    PD_ASSERT(nx <= PD_CPU_AMX_TOKENS && j0 % 32 == 0 && ((uintptr_t)scratch & 63) == 0);
+#ifdef PD_HAVE_X86
+    if (pd__cpu_has_amx()) {
+        amx_gemm(w, m, k, xp, nx, y, ldy, j0, j1, scratch);
+        return;
+    }
+#endif
+    PD_ASSERT(!"pd__cpu_amx_gemm without AMX");
 }
 
 void pd__cpu_gemm_panel(enum pd_dtype wt, const void *w, int64_t k, const float *x, int64_t nx,
