@@ -364,21 +364,12 @@ __attribute__((target("avx512f,avx512bf16"))) static float dpbf16_loop(long iter
     return _mm512_reduce_add_ps(a[0]);
 }
 
-struct amx_cfg {
-    uint8_t palette, start_row, reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-};
-static const struct amx_cfg amx_peak_cfg = {.palette = 1,
-                                            .colsb = {64, 64, 64, 64, 64, 64, 64, 64},
-                                            .rows = {16, 16, 16, 16, 16, 16, 16, 16}};
-
 /* Four TDPBF16PS an iteration into four sum tiles, each pair of operand tiles used twice (the
  * prefill kernel's 2x2 blocking). The process's AMX permission is the backend's (it asked). */
 __attribute__((target("amx-tile,amx-bf16"))) static float amx_loop(long iters) {
     static const uint16_t ops[512] __attribute__((aligned(64))) = {0x3c00};
     float out[256] __attribute__((aligned(64)));
-    _tile_loadconfig(&amx_peak_cfg);
+    _tile_loadconfig(&pd__cpu_amx_cfg);
     _tile_zero(0);
     _tile_zero(1);
     _tile_zero(2);

@@ -70,7 +70,16 @@ bool pd__cpu_has_gemm_panel(void);
  * (in-process alternation), the same on small ones */
 #define PD_CPU_AMX_KC 128
 #define PD_CPU_AMX_SCRATCH                                                                         \
-    (PD_CPU_AMX_ROWS * PD_CPU_AMX_KC / 2 + PD_CPU_AMX_TOKENS * PD_CPU_AMX_ROWS + 256)
+    (PD_CPU_AMX_ROWS * PD_CPU_AMX_KC / 2 + PD_CPU_AMX_TOKENS * PD_CPU_AMX_ROWS + 1024)
+/* LDTILECFG's 64 bytes. pd__cpu_amx_cfg: tiles 0-7 of 16 rows x 64 bytes, the configuration the
+ * prefill product (and the bench's peak) loads; a constant object, so no store to it can be
+ * dropped before the instruction reads it. */
+struct pd__cpu_amx_tilecfg {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+};
+extern const struct pd__cpu_amx_tilecfg pd__cpu_amx_cfg;
 bool pd__cpu_has_amx(void);
 size_t pd__cpu_amx_x_bytes(int64_t k);
 void pd__cpu_amx_pack_x(const float *x, int64_t nx, int64_t k, int64_t tt0, int64_t tt1, void *xp);

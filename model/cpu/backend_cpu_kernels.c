@@ -894,19 +894,6 @@ PD_AVX512 static void attn_pv_avx512(const float *p, int64_t ldp, int nq, const 
  * 32 activation rows, 4-5 the weight tiles, 6-7 an activation part. */
 #define PD_AMX __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,amx-tile,amx-bf16")))
 
-struct amx_tilecfg {
-    uint8_t palette, start_row, reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-};
-/* eight tiles of 16 rows x 64 bytes; static and const, so no store to it can be dropped before
- * LDTILECFG reads it */
-static const struct amx_tilecfg amx_cfg = {
-    .palette = 1,
-    .colsb = {64, 64, 64, 64, 64, 64, 64, 64},
-    .rows = {16, 16, 16, 16, 16, 16, 16, 16},
-};
-
 /* The tile loads are asm statements that do not say they read memory: stores before them (the
  * packing) must not be moved past. */
 #define AMX_MEMORY_BARRIER() __asm__ volatile("" ::: "memory")
@@ -992,8 +979,8 @@ PD_AMX static void amx_gemm(const void *w, int64_t m, int64_t k, const char *xp,
     char *panel = (char *)scratch; /* [kcb][ROWS / 16][1 KB] */
     float *part =
         scratch + PD_CPU_AMX_ROWS * PD_CPU_AMX_KC / 2;        /* [TOKENS / 32][ROWS / 32][4][256] */
-    float *sums = part + PD_CPU_AMX_TOKENS * PD_CPU_AMX_ROWS; /* [256] */
-    _tile_loadconfig(&amx_cfg);
+    float *sums = part + PD_CPU_AMX_TOKENS * PD_CPU_AMX_ROWS; /* [4][256] */
+    _tile_loadconfig(&pd__cpu_amx_cfg);
     for (int64_t jp = j0; jp < j1; jp += PD_CPU_AMX_ROWS) {
         int64_t jend = jp + PD_CPU_AMX_ROWS < j1 ? jp + PD_CPU_AMX_ROWS : j1;
         int nsub = (int)((jend - jp + 31) / 32);
@@ -1043,19 +1030,17 @@ PD_AMX static void amx_gemm(const void *w, int64_t m, int64_t k, const char *xp,
                         _tile_stored(3, ps + 768, 64);
                         continue;
                     }
+                    _tile_stored(0, sums, 64);
+                    _tile_stored(1, sums + 256, 64);
+                    _tile_stored(2, sums + 512, 64);
+                    _tile_stored(3, sums + 768, 64);
+                    /* tile q: weight rows jw + 16 (q / 2).., activation rows 16 (tt + q % 2).. */
                     int64_t jw = jp + 32 * s, jm = jw + 16 < jend ? jw + 16 : jend;
-                    /* tile 0: rows jw.., tokens tt; 1: jw.., tt + 1; 2: jw + 16.., tt; 3: .. */
                     for (int q = 0; q < 4; q++) {
                         int64_t t0 = (tt + (q & 1)) * 16, ja = q < 2 ? jw : jm;
                         int64_t jb = q < 2 ? jm : (jm + 16 < jend ? jm + 16 : jend);
-                        switch (q) {
-                        case 0: _tile_stored(0, sums, 64); break;
-                        case 1: _tile_stored(1, sums, 64); break;
-                        case 2: _tile_stored(2, sums, 64); break;
-                        default: _tile_stored(3, sums, 64); break;
-                        }
                         if (t0 < nx && ja < jb)
-                            amx_store_sums(sums, y, ldy, t0, nx, ja, jb);
+                            amx_store_sums(sums + 256 * q, y, ldy, t0, nx, ja, jb);
                     }
                 }
             }
@@ -1072,6 +1057,12 @@ bool pd__cpu_tiles_weights(void) {
     return false;
 #endif
 }
+
+const struct pd__cpu_amx_tilecfg pd__cpu_amx_cfg = {
+    .palette = 1,
+    .colsb = {64, 64, 64, 64, 64, 64, 64, 64},
+    .rows = {16, 16, 16, 16, 16, 16, 16, 16},
+};
 
 bool pd__cpu_has_amx(void) {
     return cpu_isa() >= ISA_AMX;
