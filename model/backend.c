@@ -43,7 +43,20 @@ int pd_backend_reserve(struct pd_backend *be, const struct pd_backend_limits *li
     if (lim->max_tokens < 1 || lim->max_reqs < 1 || lim->max_pages < 1 || lim->max_context < 1 ||
         lim->max_heads < 1 || lim->max_head_dim < 1 || lim->max_dim < 1)
         return pd_errorf(PD_EINVAL, "backend limits must all be positive");
-    return be->ops->reserve(be, lim);
+    struct pd_backend_limits u = *lim, *r = &be->reserved;
+#define KEEP_MAX(f) u.f = r->f > u.f ? r->f : u.f
+    KEEP_MAX(max_tokens);
+    KEEP_MAX(max_reqs);
+    KEEP_MAX(max_pages);
+    KEEP_MAX(max_context);
+    KEEP_MAX(max_heads);
+    KEEP_MAX(max_head_dim);
+    KEEP_MAX(max_dim);
+#undef KEEP_MAX
+    int rc = be->ops->reserve(be, &u);
+    if (rc == PD_OK)
+        *r = u;
+    return rc;
 }
 
 int pd_backend_weight(struct pd_backend *be, enum pd_dtype dtype, int64_t rows, int64_t cols,
@@ -245,6 +258,36 @@ void pd_backend_attention(struct pd_backend *be, const struct pd_kv_layout *kv, 
                           const float *q, int heads, float scale, int window, float *out) {
     PD_ASSERT(layer >= 0 && layer < kv->n_layers && heads % kv->kv_heads == 0 && window >= 0);
     be->ops->attention(be, kv, layer, q, heads, scale, window, out);
+}
+
+bool pd_backend_has_vision(const struct pd_backend *be) {
+    const struct pd__backend_ops *o = be->ops;
+    return o->layernorm && o->act && o->rope_angles && o->attention_segments;
+}
+
+void pd_backend_layernorm(struct pd_backend *be, const float *x, const struct pd_tensor *w,
+                          const struct pd_tensor *b, int64_t rows, int dim, float eps, float *out) {
+    PD_ASSERT(be->ops->layernorm && w->rows * w->cols == dim && b->rows * b->cols == dim);
+    be->ops->layernorm(be, x, w, b, rows, dim, eps, out);
+}
+
+void pd_backend_act(struct pd_backend *be, enum pd_act act, const float *x, float *out,
+                    int64_t count) {
+    PD_ASSERT(be->ops->act && (act == PD_ACT_GELU || act == PD_ACT_QUICK_GELU));
+    be->ops->act(be, act, x, out, count);
+}
+
+void pd_backend_rope_angles(struct pd_backend *be, float *x, int64_t rows, int heads, int head_dim,
+                            const float *angles) {
+    PD_ASSERT(be->ops->rope_angles && head_dim % 2 == 0);
+    be->ops->rope_angles(be, x, rows, heads, head_dim, angles);
+}
+
+void pd_backend_attention_segments(struct pd_backend *be, const float *q, const float *k,
+                                   const float *v, int heads, int head_dim,
+                                   const int32_t *seg_start, int n_segs, float scale, float *out) {
+    PD_ASSERT(be->ops->attention_segments && n_segs >= 1 && heads >= 1 && head_dim >= 1);
+    be->ops->attention_segments(be, q, k, v, heads, head_dim, seg_start, n_segs, scale, out);
 }
 
 void pd_backend_gather_out_rows(struct pd_backend *be, const float *src, int width, float *dst) {

@@ -97,7 +97,9 @@ int pd_backend_mem_info(struct pd_backend *be, size_t *total, size_t *avail);
 /* Device buffers (process lifetime: call at init). Contents are zeroed. */
 int pd_backend_alloc(struct pd_backend *be, size_t bytes, void **out);
 void pd_backend_release(struct pd_backend *be, void *p);
-/* Sizes per-step metadata and op scratch; call once after weights are known, before any op. */
+/* Sizes per-step metadata and op scratch; call after weights are known, before any op. Each
+ * model on the backend (the language model, a vision encoder) reserves what it needs: a later
+ * call keeps the largest of every limit reserved so far, so the order does not matter. */
 int pd_backend_reserve(struct pd_backend *be, const struct pd_backend_limits *lim);
 
 /* A weight for the device from host bytes (e.g. a checkpoint mapping) that stay valid and
@@ -155,6 +157,34 @@ void pd_backend_attention(struct pd_backend *be, const struct pd_kv_layout *kv, 
                           const float *q, int heads, float scale, int window, float *out);
 /* dst[j] = src[out_rows[j]] for the plan's out rows.  src [n][width]; dst [n_out_rows][width] */
 void pd_backend_gather_out_rows(struct pd_backend *be, const float *src, int width, float *dst);
+
+/* ---- vision encoder ops (model/vision/vision_encoder.h): no batch plan, explicit rows ---- */
+
+/* Whether this backend has the four ops below; the vision encoder refuses one that does not. */
+bool pd_backend_has_vision(const struct pd_backend *be);
+/* torch's LayerNorm: out[r] = (x[r] - mean) / sqrt(var + eps) * w + b, the variance biased, for
+ * rows rows of width dim (out may equal x). w, b [dim] */
+void pd_backend_layernorm(struct pd_backend *be, const float *x, const struct pd_tensor *w,
+                          const struct pd_tensor *b, int64_t rows, int dim, float eps, float *out);
+enum pd_act {
+    PD_ACT_GELU = 0,       /* torch's nn.GELU(): 0.5 x (1 + erf(x / sqrt 2)) */
+    PD_ACT_QUICK_GELU = 1, /* transformers' QuickGELU: x · sigmoid(1.702 x) */
+};
+/* out = act(x), elementwise over count values (out may equal x). */
+void pd_backend_act(struct pd_backend *be, enum pd_act act, const float *x, float *out,
+                    int64_t count);
+/* Half-split rotary embedding in place by explicit angles: row i, pair d of every head turns by
+ * angles[i][d] (x[d] cos - x[d + h] sin, x[d + h] cos + x[d] sin, h = head_dim / 2).
+ * x [rows][heads][head_dim] f32; angles [rows][head_dim / 2] f32 (device) */
+void pd_backend_rope_angles(struct pd_backend *be, float *x, int64_t rows, int heads, int head_dim,
+                            const float *angles);
+/* Attention without a mask inside segments: row i of segment s (seg_start[s] <= i <
+ * seg_start[s + 1]) attends to every row of its segment, softmax(q · kᵀ · scale) · v, per
+ * head. q, k, v, out [seg_start[n_segs]][heads][head_dim] f32; seg_start (device) [n_segs + 1]
+ * int32, ascending from 0. */
+void pd_backend_attention_segments(struct pd_backend *be, const float *q, const float *k,
+                                   const float *v, int heads, int head_dim,
+                                   const int32_t *seg_start, int n_segs, float scale, float *out);
 
 /* Greedy fast path (a sync point, like download): ids[r] = argmax of x[r] (lowest index on
  * ties) and logprobs[r] = its log-softmax, for rows (<= the reserved max_tokens) of width cols.

@@ -43,6 +43,15 @@ struct pd__backend_ops {
                   float *logprobs);
     int (*sample)(struct pd_backend *be, const float *x, int rows, int cols,
                   const struct pd_sample_row *row, int32_t *ids, float *logprobs);
+    /* the vision encoder's ops: NULL all four where the backend has none (pd_backend_has_vision) */
+    void (*layernorm)(struct pd_backend *be, const float *x, const struct pd_tensor *w,
+                      const struct pd_tensor *b, int64_t rows, int dim, float eps, float *out);
+    void (*act)(struct pd_backend *be, enum pd_act act, const float *x, float *out, int64_t count);
+    void (*rope_angles)(struct pd_backend *be, float *x, int64_t rows, int heads, int head_dim,
+                        const float *angles);
+    void (*attention_segments)(struct pd_backend *be, const float *q, const float *k,
+                               const float *v, int heads, int head_dim, const int32_t *seg_start,
+                               int n_segs, float scale, float *out);
     /* arguments checked by backend.c (model/backend.h) before these are called */
     int (*penalty_reserve)(struct pd_backend *be, int slots, int vocab, int max_ids);
     int (*penalty_set)(struct pd_backend *be, int slot, const int32_t *prompt, int n_prompt,
@@ -57,6 +66,8 @@ struct pd_backend {
      * pd_backend_sample call that penalized it, so a call sharing a slot between rows is refused
      * in backend.c rather than racing on the device */
     int pen_slots, pen_vocab, pen_max_ids;
+    /* the largest limits reserved so far (pd_backend_reserve; max_tokens 0 before) */
+    struct pd_backend_limits reserved;
     uint32_t *pen_stamp; /* [pen_slots] host */
     uint32_t pen_call;
 };

@@ -20,7 +20,7 @@
 #include "model/dtype.h"
 #include "model/model_config.h"
 
-#define PD_TENSOR_MAX_DIMS 4
+#define PD_TENSOR_MAX_DIMS 5 /* the vision encoder's Conv3d patch embedding is 5-D */
 
 struct pd_tensor_view {
     const char *name; /* owned by the checkpoint */

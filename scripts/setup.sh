@@ -56,7 +56,10 @@ fi
 #    tests/integration/test_sglang_router.py puts in front of pdserve's daemons;
 #  - safetensors, tokenizers, transformers (+ jinja2 for its chat templates): what pdserve-mkmodel
 #    writes read by the Hugging Face libraries (tests/python/test_mkmodel_hf.py). transformers
-#    runs there without torch (AutoConfig, AutoTokenizer); no test needs torch;
+#    runs there without torch (AutoConfig, AutoTokenizer);
+#  - torch: transformers' Qwen2-VL / Qwen2.5-VL vision transformers, the reference that
+#    tests/python/test_vision_hf.py holds model/vision/'s encoder to. PyPI's wheel is the CUDA
+#    build and brings the CUDA runtime libraries (about 5.4 GB, 70 s here); it runs on the CPU;
 #  - pillow: transformers' PIL image processor (Qwen2VLImageProcessorPil), the reference that
 #    tests/python/test_image_processor_hf.py holds model/vision/'s decoding and resizing to, bit
 #    for bit: pinned, since resize results change between Pillow versions (13 changed the order
@@ -67,6 +70,7 @@ KUBERNETES_VALIDATE=kubernetes-validate==1.34.1
 SGLANG_ROUTER=sglang-router==0.3.2
 HF_PINS=(safetensors==0.8.0 tokenizers==0.23.3 transformers==5.24.0 jinja2==3.1.6 pillow==13.0.0)
 OPENAI=openai==3.57.0
+TORCH=torch==2.15.0
 venv_tools() {
     [ "$build_only" != 1 ] || return 0
     local root venv py want=()
@@ -93,6 +97,8 @@ sys.exit(any(version(p.split("==")[0]) != p.split("==")[1] for p in sys.argv[1:]
 PY
     "$venv/bin/python" -c 'import openai, sys; sys.exit(openai.__version__ != sys.argv[1])' \
         "${OPENAI#*==}" 2>/dev/null || want+=("$OPENAI")
+    "$venv/bin/python" -c 'import torch, sys; sys.exit(torch.__version__.split("+")[0] != sys.argv[1])' \
+        "${TORCH#*==}" 2>/dev/null || want+=("$TORCH")
     local pkg
     for pkg in "${want[@]}"; do
         echo "setup: installing $pkg into $venv (test tooling)"

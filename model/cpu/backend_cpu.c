@@ -37,6 +37,8 @@
 #define PD_CPU_INLINE_WORK 32768 /* elementwise ops smaller than this run on the caller alone */
 #define PD_CPU_ATTN_RUN 16       /* keys per attention kernel call, at most one page's run */
 #define PD_CPU_ATTN_TOKENS 4     /* prefill tokens per attention work item */
+#define PD_CPU_SEG_Q 16          /* query rows per segment-attention work item (vision) */
+#define PD_CPU_SEG_K 256         /* keys per online-softmax block of segment attention */
 
 void openblas_set_num_threads(int num_threads); /* OpenBLAS extension, not in cblas.h */
 
@@ -138,6 +140,12 @@ static void free_batch_arrays(struct cpu_backend *c) {
     c->reserved = false;
 }
 
+/* Scratch floats one segment-attention work item takes (see seg_attn_fn). */
+static size_t seg_attn_scratch(int hd) {
+    return (size_t)PD_CPU_SEG_Q * (2 * (size_t)hd + PD_CPU_SEG_K + 2) +
+           (size_t)hd * PD_CPU_ATTN_RUN + 32;
+}
+
 static int cpu_reserve(struct pd_backend *be, const struct pd_backend_limits *lim) {
     struct cpu_backend *c = cpu(be);
     free_batch_arrays(c);
@@ -154,6 +162,8 @@ static int cpu_reserve(struct pd_backend *be, const struct pd_backend_limits *li
     if (pd__cpu_has_amx() && gemm < (size_t)PD_CPU_AMX_SCRATCH + 16)
         gemm = (size_t)PD_CPU_AMX_SCRATCH + 16;
     c->scratch_floats = att > gemm ? att : gemm;
+    if (c->scratch_floats < seg_attn_scratch(lim->max_head_dim))
+        c->scratch_floats = seg_attn_scratch(lim->max_head_dim);
     c->token_ids = pd_calloc(nt, sizeof(int32_t));
     c->positions = pd_calloc(nt, sizeof(int32_t));
     c->slots = pd_calloc(nt, sizeof(int32_t));
@@ -260,11 +270,12 @@ struct rows_task {
     struct cpu_backend *c;
     const float *x, *y;
     float *out;
-    const struct pd_tensor *w;
+    const struct pd_tensor *w, *b;
     const float *inv_freq;
     int64_t rows, count;
     int dim, heads;
     float eps;
+    enum pd_act act;
 };
 
 /* Row tasks below split rows (or values) over threads; small ones stay on the caller. */
@@ -324,6 +335,19 @@ static void cpu_rmsnorm(struct pd_backend *be, const float *x, const struct pd_t
     run_rows(c, rmsnorm_task, &t, rows * dim);
 }
 
+/* The heads of one row turned by the angles whose cos and sin are cs, sn [dim / 2]. */
+static void rotate_heads(float *row, int heads, int dim, const float *cs, const float *sn) {
+    int half = dim / 2;
+    for (int h = 0; h < heads; h++) {
+        float *x = row + h * dim;
+        for (int d = 0; d < half; d++) {
+            float x0 = x[d], x1 = x[d + half];
+            x[d] = x0 * cs[d] - x1 * sn[d];
+            x[d + half] = x1 * cs[d] + x0 * sn[d];
+        }
+    }
+}
+
 /* Half-split rotary embedding as transformers' apply_rotary_pos_emb: angle = pos * inv_freq in
  * f32, x[d] * cos - x[d + h] * sin and x[d + h] * cos + x[d] * sin. */
 static void rope_task(void *ctx, int tid, int nth) {
@@ -339,14 +363,7 @@ static void rope_task(void *ctx, int tid, int nth) {
             cs[d] = cosf(a);
             sn[d] = sinf(a);
         }
-        for (int h = 0; h < t->heads; h++) {
-            float *x = t->out + (i * t->heads + h) * t->dim;
-            for (int d = 0; d < half; d++) {
-                float x0 = x[d], x1 = x[d + half];
-                x[d] = x0 * cs[d] - x1 * sn[d];
-                x[d + half] = x1 * cs[d] + x0 * sn[d];
-            }
-        }
+        rotate_heads(t->out + i * t->heads * t->dim, t->heads, t->dim, cs, sn);
     }
 }
 
@@ -762,6 +779,176 @@ static void cpu_attention(struct pd_backend *be, const struct pd_kv_layout *kv, 
     pd__cpu_pool_run(c->pool, attn_task_fn, &t);
 }
 
+/* ---- the vision encoder's ops ---- */
+
+/* As torch's LayerNorm in f32: mean, then the mean of squared deviations (biased), then
+ * (x - mean) / sqrt(var + eps) * w + b. */
+static void layernorm_task(void *ctx, int tid, int nth) {
+    struct rows_task *t = ctx;
+    int64_t i0, i1;
+    pd__cpu_split(t->rows, tid, nth, &i0, &i1);
+    float *wf = thread_scratch(t->c, tid), *bf = wf + t->dim; /* widened weight and bias */
+    pd__cpu_to_f32(t->w->dtype, t->w->data, wf, t->dim);
+    pd__cpu_to_f32(t->b->dtype, t->b->data, bf, t->dim);
+    for (int64_t i = i0; i < i1; i++) {
+        const float *x = t->x + i * t->dim;
+        float *o = t->out + i * t->dim, mean = 0, var = 0;
+        for (int d = 0; d < t->dim; d++)
+            mean += x[d];
+        mean /= (float)t->dim;
+        for (int d = 0; d < t->dim; d++)
+            var += (x[d] - mean) * (x[d] - mean);
+        float r = 1.0f / sqrtf(var / (float)t->dim + t->eps);
+        for (int d = 0; d < t->dim; d++)
+            o[d] = (x[d] - mean) * r * wf[d] + bf[d];
+    }
+}
+
+static void cpu_layernorm(struct pd_backend *be, const float *x, const struct pd_tensor *w,
+                          const struct pd_tensor *b, int64_t rows, int dim, float eps, float *out) {
+    struct cpu_backend *c = cpu(be);
+    PD_ASSERT(2 * (size_t)dim <= c->scratch_floats);
+    struct rows_task t = {
+        .c = c, .x = x, .w = w, .b = b, .out = out, .rows = rows, .dim = dim, .eps = eps};
+    run_rows(c, layernorm_task, &t, rows * dim);
+}
+
+static void act_task(void *ctx, int tid, int nth) {
+    struct rows_task *t = ctx;
+    int64_t i0, i1;
+    pd__cpu_split(t->count, tid, nth, &i0, &i1);
+    if (t->act == PD_ACT_GELU) {
+        for (int64_t i = i0; i < i1; i++)
+            t->out[i] = 0.5f * t->x[i] * (1.0f + erff(t->x[i] * (float)M_SQRT1_2));
+        return;
+    }
+    for (int64_t i = i0; i < i1; i++)
+        t->out[i] = t->x[i] / (1.0f + expf(-1.702f * t->x[i]));
+}
+
+static void cpu_act(struct pd_backend *be, enum pd_act act, const float *x, float *out,
+                    int64_t count) {
+    struct cpu_backend *c = cpu(be);
+    struct rows_task t = {.c = c, .x = x, .out = out, .count = count, .act = act};
+    run_rows(c, act_task, &t, count);
+}
+
+static void rope_angles_task(void *ctx, int tid, int nth) {
+    struct rows_task *t = ctx;
+    int64_t i0, i1;
+    pd__cpu_split(t->rows, tid, nth, &i0, &i1);
+    int half = t->dim / 2;
+    float *cs = thread_scratch(t->c, tid), *sn = cs + half;
+    for (int64_t i = i0; i < i1; i++) {
+        for (int d = 0; d < half; d++) {
+            cs[d] = cosf(t->y[i * half + d]);
+            sn[d] = sinf(t->y[i * half + d]);
+        }
+        rotate_heads(t->out + i * t->heads * t->dim, t->heads, t->dim, cs, sn);
+    }
+}
+
+static void cpu_rope_angles(struct pd_backend *be, float *x, int64_t rows, int heads, int head_dim,
+                            const float *angles) {
+    struct cpu_backend *c = cpu(be);
+    PD_ASSERT((size_t)head_dim <= c->scratch_floats);
+    struct rows_task t = {
+        .c = c, .out = x, .y = angles, .rows = rows, .dim = head_dim, .heads = heads};
+    run_rows(c, rope_angles_task, &t, rows * heads * head_dim);
+}
+
+struct seg_attn_task {
+    struct cpu_backend *c;
+    const float *q, *k, *v;
+    float *out;
+    const int32_t *seg_start;
+    int n_segs, heads, hd;
+    float scale;
+    int64_t items; /* Σ over segments of its query blocks, times heads */
+};
+
+/* One work item = up to PD_CPU_SEG_Q query rows of one segment × one head. Keys go in blocks of
+ * PD_CPU_SEG_K with an online softmax (running max and sum per row, the outputs rescaled when
+ * the max grows), so the scratch stays small whatever the segment's length: a still image's
+ * full-attention layers see all its patches, tens of thousands at the processor's largest. */
+static void seg_attn_fn(void *ctx, int tid, int nth) {
+    struct seg_attn_task *t = ctx;
+    int hd = t->hd, H = t->heads;
+    int64_t ld = (int64_t)H * hd;
+    float *qb = thread_scratch(t->c, tid);                /* [SEG_Q][hd] */
+    float *ob = qb + (size_t)PD_CPU_SEG_Q * hd;           /* [SEG_Q][hd] */
+    float *sc = ob + (size_t)PD_CPU_SEG_Q * hd;           /* [SEG_Q][SEG_K] */
+    float *mx = sc + (size_t)PD_CPU_SEG_Q * PD_CPU_SEG_K; /* [SEG_Q] running max */
+    float *sum = mx + PD_CPU_SEG_Q;                       /* [SEG_Q] running sum */
+    float *kt = align64(sum + PD_CPU_SEG_Q);              /* [hd][PD_CPU_ATTN_RUN] */
+    for (int64_t w = tid; w < t->items; w += nth) {
+        int h = (int)(w % H);
+        int64_t blk = w / H;
+        int s = 0, s0, s1;
+        for (;; s++) { /* the segment holding query block blk */
+            s0 = t->seg_start[s];
+            s1 = t->seg_start[s + 1];
+            int64_t nb = (s1 - s0 + PD_CPU_SEG_Q - 1) / PD_CPU_SEG_Q;
+            if (blk < nb)
+                break;
+            blk -= nb;
+        }
+        int i0 = s0 + (int)blk * PD_CPU_SEG_Q;
+        int nq = s1 - i0 < PD_CPU_SEG_Q ? s1 - i0 : PD_CPU_SEG_Q;
+        for (int r = 0; r < nq; r++) {
+            memcpy(qb + (size_t)r * hd, t->q + (i0 + r) * ld + (int64_t)h * hd,
+                   (size_t)hd * sizeof(float));
+            mx[r] = -INFINITY;
+            sum[r] = 0;
+        }
+        memset(ob, 0, (size_t)nq * (size_t)hd * sizeof(float));
+        for (int j0 = s0; j0 < s1; j0 += PD_CPU_SEG_K) {
+            int nk = s1 - j0 < PD_CPU_SEG_K ? s1 - j0 : PD_CPU_SEG_K;
+            for (int j = 0; j < nk; j += PD_CPU_ATTN_RUN) {
+                int run = nk - j < PD_CPU_ATTN_RUN ? nk - j : PD_CPU_ATTN_RUN;
+                pd__cpu_attn_scores(qb, nq, hd, t->k + (j0 + j) * ld + (int64_t)h * hd, ld, run,
+                                    t->scale, sc + j, PD_CPU_SEG_K, kt);
+            }
+            for (int r = 0; r < nq; r++) {
+                float *row = sc + (size_t)r * PD_CPU_SEG_K, m = mx[r];
+                for (int j = 0; j < nk; j++)
+                    m = row[j] > m ? row[j] : m;
+                float keep = expf(mx[r] - m), add = 0; /* exp(-inf) = 0 on the first block */
+                for (int j = 0; j < nk; j++) {
+                    row[j] = expf(row[j] - m);
+                    add += row[j];
+                }
+                if (keep != 1.0f)
+                    for (int d = 0; d < hd; d++)
+                        ob[(size_t)r * hd + d] *= keep;
+                sum[r] = sum[r] * keep + add;
+                mx[r] = m;
+            }
+            pd__cpu_attn_pv(sc, PD_CPU_SEG_K, nq, t->v + j0 * ld + (int64_t)h * hd, ld, nk, hd, ob);
+        }
+        for (int r = 0; r < nq; r++) {
+            float *o = t->out + (i0 + r) * ld + (int64_t)h * hd, inv = 1.0f / sum[r];
+            for (int d = 0; d < hd; d++)
+                o[d] = ob[(size_t)r * hd + d] * inv;
+        }
+    }
+}
+
+static void cpu_attention_segments(struct pd_backend *be, const float *q, const float *k,
+                                   const float *v, int heads, int head_dim,
+                                   const int32_t *seg_start, int n_segs, float scale, float *out) {
+    struct cpu_backend *c = cpu(be);
+    PD_ASSERT(seg_attn_scratch(head_dim) <= c->scratch_floats && seg_start[0] == 0);
+    int64_t blocks = 0;
+    for (int s = 0; s < n_segs; s++) {
+        PD_ASSERT(seg_start[s + 1] >= seg_start[s]);
+        blocks += (seg_start[s + 1] - seg_start[s] + PD_CPU_SEG_Q - 1) / PD_CPU_SEG_Q;
+    }
+    struct seg_attn_task t = {c,      q,     k,        v,     out,           seg_start,
+                              n_segs, heads, head_dim, scale, blocks * heads};
+    pd__cpu_pool_run(c->pool, seg_attn_fn, &t);
+}
+
 /* ---- lifetime ---- */
 
 static void cpu_free(struct pd_backend *be) {
@@ -797,6 +984,10 @@ static const struct pd__backend_ops cpu_ops = {
     .kv_store = cpu_kv_store,
     .attention = cpu_attention,
     .gather_out_rows = cpu_gather_out_rows,
+    .layernorm = cpu_layernorm,
+    .act = cpu_act,
+    .rope_angles = cpu_rope_angles,
+    .attention_segments = cpu_attention_segments,
     .argmax = cpu_argmax,
     .sample = cpu_sample,
     .penalty_reserve = cpu_penalty_reserve,

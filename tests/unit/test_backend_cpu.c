@@ -230,6 +230,123 @@ static void test_rows_ops(void) {
     pd_backend_free(be);
 }
 
+/* The vision encoder's ops against double precision: LayerNorm with bf16 weight and bias, GELU and
+ * QuickGELU, rotary by explicit angles, and attention inside segments — lengths of 1, one under
+ * and over the 16-row work item, and past one 256-key block, so the online softmax rescales. The
+ * backend reserved small limits first: the vision limits then grow the scratch (reserve keeps the
+ * largest of each). */
+static void test_vision_ops(void) {
+    struct pd_backend *be = make(3);
+    CHECK(pd_backend_has_vision(be));
+    struct pd_backend_limits lim = {.max_tokens = 1,
+                                    .max_reqs = 1,
+                                    .max_pages = 1,
+                                    .max_context = 1,
+                                    .max_heads = 3,
+                                    .max_head_dim = 64,
+                                    .max_dim = 96};
+    CHECK_OK(pd_backend_reserve(be, &lim));
+    int rows = 6, dim = 37;
+    float x[6 * 37], out[6 * 37];
+    uint16_t wb[37], bb[37];
+    for (int i = 0; i < rows * dim; i++)
+        x[i] = 3 * frand() + 0.5f;
+    for (int d = 0; d < dim; d++)
+        wb[d] = to_bf16(1 + frand()), bb[d] = to_bf16(frand());
+    struct pd_tensor w, b;
+    CHECK_OK(pd_backend_weight(be, PD_DTYPE_BF16, 1, dim, wb, &w));
+    CHECK_OK(pd_backend_weight(be, PD_DTYPE_BF16, 1, dim, bb, &b));
+    pd_backend_layernorm(be, x, &w, &b, rows, dim, 1e-6f, out);
+    double err = 0;
+    for (int i = 0; i < rows; i++) {
+        double mean = 0, var = 0;
+        for (int d = 0; d < dim; d++)
+            mean += x[i * dim + d];
+        mean /= dim;
+        for (int d = 0; d < dim; d++)
+            var += (x[i * dim + d] - mean) * (x[i * dim + d] - mean);
+        double r = 1 / sqrt(var / dim + 1e-6);
+        for (int d = 0; d < dim; d++) {
+            double want = (x[i * dim + d] - mean) * r * from_bf16(wb[d]) + from_bf16(bb[d]);
+            err = pd_err_max(err, fabs(want - out[i * dim + d]));
+        }
+    }
+    CHECK(err < 1e-5);
+
+    pd_backend_act(be, PD_ACT_GELU, x, out, rows * dim);
+    double err_q = 0;
+    err = 0;
+    for (int i = 0; i < rows * dim; i++)
+        err = pd_err_max(err, fabs(0.5 * x[i] * (1 + erf(x[i] / sqrt(2.0))) - out[i]));
+    pd_backend_act(be, PD_ACT_QUICK_GELU, x, out, rows * dim);
+    for (int i = 0; i < rows * dim; i++)
+        err_q = pd_err_max(err_q, fabs(x[i] / (1 + exp(-1.702 * x[i])) - out[i]));
+    CHECK(err < 1e-5 && err_q < 1e-5);
+
+    /* rotary: 5 rows x 3 heads x head_dim 12, an angle per row and pair */
+    enum { RR = 5, RH = 3, RD = 12 };
+    float q[RR * RH * RD], q0[RR * RH * RD], ang[RR * RD / 2];
+    for (size_t i = 0; i < PD_ARRAY_LEN(q); i++)
+        q0[i] = q[i] = frand();
+    for (size_t i = 0; i < PD_ARRAY_LEN(ang); i++)
+        ang[i] = 20 * frand();
+    pd_backend_rope_angles(be, q, RR, RH, RD, ang);
+    err = 0;
+    for (int i = 0; i < RR; i++)
+        for (int h = 0; h < RH; h++)
+            for (int d = 0; d < RD / 2; d++) {
+                const float *v = q0 + (i * RH + h) * RD;
+                double a = ang[i * RD / 2 + d];
+                const float *got = q + (i * RH + h) * RD;
+                err = pd_err_max(err, fabs(v[d] * cos(a) - v[d + RD / 2] * sin(a) - got[d]));
+                err =
+                    pd_err_max(err, fabs(v[d + RD / 2] * cos(a) + v[d] * sin(a) - got[d + RD / 2]));
+            }
+    CHECK(err < 1e-5);
+
+    /* segments of 1, 15, 17 and 300 rows; 3 heads of 40 values */
+    enum { H = 3, HD = 40 };
+    int32_t seg[] = {0, 1, 16, 33, 333};
+    int n = seg[4];
+    size_t nv = (size_t)n * H * HD;
+    float *qa = malloc(nv * sizeof(float)), *ka = malloc(nv * sizeof(float));
+    float *va = malloc(nv * sizeof(float)), *oa = malloc(nv * sizeof(float));
+    double *s = malloc((size_t)n * sizeof(double));
+    CHECK(qa && ka && va && oa && s);
+    for (size_t i = 0; i < nv; i++)
+        qa[i] = 2 * frand(), ka[i] = 2 * frand(), va[i] = frand();
+    float scale = 1.0f / sqrtf((float)HD);
+    pd_backend_attention_segments(be, qa, ka, va, H, HD, seg, 4, scale, oa);
+    err = 0;
+    for (int sg = 0; sg < 4; sg++)
+        for (int i = seg[sg]; i < seg[sg + 1]; i++)
+            for (int h = 0; h < H; h++) {
+                double mx = -INFINITY, sum = 0;
+                for (int j = seg[sg]; j < seg[sg + 1]; j++) {
+                    double dot = 0;
+                    for (int d = 0; d < HD; d++)
+                        dot += (double)qa[(i * H + h) * HD + d] * ka[(j * H + h) * HD + d];
+                    s[j] = dot * scale;
+                    mx = fmax(mx, s[j]);
+                }
+                for (int j = seg[sg]; j < seg[sg + 1]; j++)
+                    sum += (s[j] = exp(s[j] - mx));
+                for (int d = 0; d < HD; d++) {
+                    double o = 0;
+                    for (int j = seg[sg]; j < seg[sg + 1]; j++)
+                        o += s[j] / sum * va[(j * H + h) * HD + d];
+                    err = pd_err_max(err, fabs(o - oa[(i * H + h) * HD + d]));
+                }
+            }
+    CHECK(err < 1e-5);
+    free(qa);
+    free(ka);
+    free(va);
+    free(oa);
+    free(s);
+    pd_backend_free(be);
+}
+
 /* softmax and silu, whose vector paths compute e^x themselves: every length 1..37 (full
  * vectors and every tail), against double precision, with values whose e^x underflows (a
  * softmax entry 150 below its max is 0 in f32) or overflows (silu of -100 is -0, of 100 is
@@ -620,6 +737,7 @@ static void test_isa(void) {
 }
 
 PD_TEST_MAIN(PD_TEST(test_isa), PD_TEST(test_nan_is_an_error), PD_TEST(test_matmul),
-             PD_TEST(test_rows_ops), PD_TEST(test_exp_kernels), PD_TEST(test_attention),
-             PD_TEST(test_attention_sliding_window), PD_TEST(test_bad_plans),
-             PD_TEST(test_argmax_matches_sampler), PD_TEST(test_sample_matches_sampler))
+             PD_TEST(test_rows_ops), PD_TEST(test_vision_ops), PD_TEST(test_exp_kernels),
+             PD_TEST(test_attention), PD_TEST(test_attention_sliding_window),
+             PD_TEST(test_bad_plans), PD_TEST(test_argmax_matches_sampler),
+             PD_TEST(test_sample_matches_sampler))

@@ -336,9 +336,9 @@ static void test_bad_files(void) {
         open_raw(p, "{\"y\":{\"dtype\":\"F8_E4M3\",\"shape\":[2],\"data_offsets\":[0,2]}}", 0, 16),
         PD_EUNSUPPORTED, "tensor 'y' has dtype 'F8_E4M3'");
     CHECK_ERR(open_raw(p,
-                       "{\"x\":{\"dtype\":\"F32\",\"shape\":[1,1,1,1,1],\"data_offsets\":[0,4]}}",
+                       "{\"x\":{\"dtype\":\"F32\",\"shape\":[1,1,1,1,1,1],\"data_offsets\":[0,4]}}",
                        0, 16),
-              PD_EUNSUPPORTED, "tensor 'x' has 5 dimensions");
+              PD_EUNSUPPORTED, "tensor 'x' has 6 dimensions");
     CHECK_ERR(
         open_raw(p, "{\"x\":{\"dtype\":\"F32\",\"shape\":[-2],\"data_offsets\":[0,8]}}", 0, 16),
         PD_EFORMAT, "shape[0] is not a non-negative integer");

@@ -1,0 +1,188 @@
+#!/usr/bin/env python3
+"""model/vision/'s encoder against transformers' Qwen2-VL and Qwen2.5-VL vision transformers.
+
+For each family, transformers itself builds a small random model (torch.manual_seed; biases and
+norm weights drawn too, so every tensor the C side reads changes the result) and writes it with
+save_pretrained, next to a preprocessor_config.json from its own image processor. Images of
+several sizes and aspect ratios are drawn with numpy and written as PNG by Pillow. Then:
+  - HF: Qwen2VLImageProcessorPil on the opened file, then model.model.visual(pixel_values,
+    grid_thw).pooler_output in f32, all images of a family in one call (as a prompt with several
+    images runs) and each image alone;
+  - C: tests/tools/vision_encode_dump.c decodes, processes and encodes each file.
+Per image, the embeddings must agree within 1e-4 of the reference's largest magnitude; the
+measured maximum is printed. Qwen2.5-VL's sizes cut windows of window_size pixels partly (sides
+not multiples of a window) and wholly; its config puts full-attention blocks between windowed
+ones. A config with a width that does not split into heads, and an image of a text-only model,
+must fail with an error naming the problem.
+Exits 77 (skipped, which make test counts as a failure) only when numpy, Pillow, torch or
+transformers is not importable (scripts/setup.sh pins them into .venv-tools/).
+usage: test_vision_hf.py PATH/TO/pd_vision_encode_dump
+"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+try:
+    import numpy as np
+    import torch
+    from PIL import Image
+    from transformers import (Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration,
+                              Qwen2VLConfig, Qwen2VLForConditionalGeneration,
+                              Qwen2VLImageProcessorPil)
+except Exception as e:  # ImportError, or a broken install
+    print(f"SKIP: numpy, Pillow, torch or transformers is not importable: {type(e).__name__}: {e}; "
+          "scripts/setup.sh installs them into .venv-tools/ "
+          f"(this is {sys.executable})")
+    sys.exit(77)
+
+TOLERANCE = 1e-4
+TEXT = dict(vocab_size=1000, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, rope_scaling={"type": "mrope",
+                                                                        "mrope_section": [2, 3, 3]})
+FAMILIES = {
+    "qwen2_vl": (Qwen2VLConfig, Qwen2VLForConditionalGeneration,
+                 dict(depth=2, embed_dim=48, hidden_size=64, num_heads=4, mlp_ratio=2,
+                      patch_size=14, spatial_merge_size=2, temporal_patch_size=2)),
+    "qwen2_5_vl": (Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration,
+                   dict(depth=4, hidden_size=48, intermediate_size=80, num_heads=4,
+                        out_hidden_size=64, patch_size=14, spatial_merge_size=2,
+                        temporal_patch_size=2, window_size=112, fullatt_block_indexes=[1, 3])),
+}
+# (width, height): square, wide, tall, small (upscaled to min_pixels), windows cut partly
+SIZES = [(56, 56), (252, 364), (460, 100), (90, 600), (30, 40), (224, 224), (333, 257)]
+failures = []
+
+
+def check(ok, what):
+    if not ok:
+        failures.append(what)
+        print("FAIL: " + what)
+    return ok
+
+
+def make_image(rng, w, h):
+    y, x = np.mgrid[0:h, 0:w]
+    img = np.stack([(x * 255 // max(w - 1, 1)), (y * 255 // max(h - 1, 1)),
+                    ((x + y) % 64) * 4], axis=-1).astype(np.int32)
+    img += rng.integers(-40, 40, size=img.shape)
+    return Image.fromarray(np.clip(img, 0, 255).astype(np.uint8), "RGB")
+
+
+def build(family, tmp):
+    cfg_cls, model_cls, vision = FAMILIES[family]
+    torch.manual_seed(7)
+    model = model_cls(cfg_cls(text_config=TEXT, vision_config=vision)).eval()
+    with torch.no_grad():
+        for name, p in model.model.visual.named_parameters():
+            if name.endswith("bias"):
+                p.normal_(0, 0.1)
+            elif p.ndim == 1:  # norm weights
+                p.copy_(1 + 0.2 * torch.randn_like(p))
+            else:
+                p.normal_(0, 0.08)
+    d = os.path.join(tmp, family)
+    model.save_pretrained(d)
+    proc = Qwen2VLImageProcessorPil(min_pixels=56 * 56, max_pixels=28 * 28 * 160)
+    proc.save_pretrained(d)
+    return model, proc, d
+
+
+def hf_embeddings(model, proc, files):
+    imgs = [Image.open(f) for f in files]
+    out = proc(images=imgs, return_tensors="pt")
+    pv, thw = out["pixel_values"].float(), out["image_grid_thw"]
+    with torch.no_grad():
+        emb = model.model.visual(pv, grid_thw=thw).pooler_output.float().numpy()
+    per, at = [], 0
+    for t, h, w in thw.tolist():
+        n = t * h * w // 4
+        per.append(emb[at:at + n])
+        at += n
+    return per, thw.tolist()
+
+
+def run_family(family, dump, tmp, rng):
+    t0 = time.time()
+    model, proc, d = build(family, tmp)
+    files = []
+    for i, (w, h) in enumerate(SIZES):
+        f = os.path.join(tmp, "%s_%d.png" % (family, i))
+        make_image(rng, w, h).save(f)
+        files.append(f)
+    ref, grids = hf_embeddings(model, proc, files)
+    # each image alone through HF too: a prompt's images encoded together or one by one agree
+    for i, f in enumerate(files):
+        alone, _ = hf_embeddings(model, proc, [f])
+        check(np.allclose(alone[0], ref[i], rtol=0, atol=1e-5 * np.abs(ref[i]).max()),
+              "%s image %d: HF alone vs HF batched" % (family, i))
+    prefix = os.path.join(tmp, family + "_out")
+    r = subprocess.run([dump, d, prefix] + files, capture_output=True, text=True, timeout=300)
+    if not check(r.returncode == 0, "%s: vision_encode_dump failed: %s" % (family, r.stderr)):
+        return
+    lines = [json.loads(x) for x in r.stdout.splitlines()]
+    worst = 0.0
+    for i, (line, grid) in enumerate(zip(lines, grids)):
+        check(line["grid_thw"] == grid, "%s image %d: grid %s vs HF %s" %
+              (family, i, line["grid_thw"], grid))
+        got = np.fromfile("%s.%d.f32" % (prefix, i), dtype=np.float32)
+        want = ref[i]
+        if not check(got.size == want.size, "%s image %d: %d values vs HF %d" %
+                     (family, i, got.size, want.size)):
+            continue
+        got = got.reshape(want.shape)
+        scale = float(np.abs(want).max())
+        err = float(np.abs(got - want).max()) / scale
+        worst = max(worst, err)
+        check(err <= TOLERANCE, "%s image %d (%dx%d, grid %s): max error %.3g of max |ref| %.3g" %
+              (family, i, SIZES[i][0], SIZES[i][1], grid, err, scale))
+    print("%s: %d images, tokens %s, max error %.3g of max |ref| (limit %g), %.1f s" %
+          (family, len(files), [g[0] * g[1] * g[2] // 4 for g in grids], worst, TOLERANCE,
+           time.time() - t0))
+
+
+def bad_inputs(dump, tmp, rng):
+    f = os.path.join(tmp, "bad.png")
+    make_image(rng, 56, 56).save(f)
+    # a text-only model has no vision encoder
+    d = os.path.join(tmp, "text_only")
+    os.makedirs(d, exist_ok=True)
+    json.dump({"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"]},
+              open(os.path.join(d, "config.json"), "w"))
+    Qwen2VLImageProcessorPil().save_pretrained(d)
+    r = subprocess.run([dump, d, os.path.join(tmp, "x"), f], capture_output=True, text=True)
+    check(r.returncode == 1 and "has no vision encoder" in r.stderr,
+          "text-only model: %r" % r.stderr)
+    # heads that do not split the width
+    d2 = os.path.join(tmp, "qwen2_vl")
+    cfg = json.load(open(os.path.join(d2, "config.json")))
+    cfg["vision_config"]["num_heads"] = 5
+    d3 = os.path.join(tmp, "bad_heads")
+    os.makedirs(d3, exist_ok=True)
+    json.dump(cfg, open(os.path.join(d3, "config.json"), "w"))
+    Qwen2VLImageProcessorPil().save_pretrained(d3)
+    r = subprocess.run([dump, d3, os.path.join(tmp, "x"), f], capture_output=True, text=True)
+    check(r.returncode == 1 and "heads" in r.stderr, "width not split into heads: %r" % r.stderr)
+
+
+def main():
+    dump = sys.argv[1]
+    torch.set_num_threads(2)
+    base = os.environ.get("PD_TEST_TMPDIR")
+    if base:
+        os.makedirs(base, exist_ok=True)
+    rng = np.random.default_rng(5)
+    with tempfile.TemporaryDirectory(dir=base) as tmp:
+        for family in FAMILIES:
+            run_family(family, dump, tmp, rng)
+        bad_inputs(dump, tmp, rng)
+    if failures:
+        print("%d failures" % len(failures))
+        sys.exit(1)
+    print("PASS")
+
+
+if __name__ == "__main__":
+    main()
