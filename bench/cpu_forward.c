@@ -496,7 +496,11 @@ static int rig_init(struct pd_model *m, struct pd_kv_pool *kv, int batch, int pr
     for (int b = 0; b < batch && !rc; b++) {
         for (int j = 0; j < r->pages; j++)
             r->pt[b * r->pages + j] = b * r->pages + j;
-        struct pd_model_seq p = {toks, prompt, 0, r->pt + b * r->pages, r->pages};
+        struct pd_model_seq p = {.tokens = toks,
+                                 .n_new = prompt,
+                                 .n_cached = 0,
+                                 .pages = r->pt + b * r->pages,
+                                 .n_pages = r->pages};
         if (prompt)
             rc = pd_model_extend(m, kv, &p, 1, false, r->lg);
     }
@@ -506,7 +510,11 @@ static int rig_init(struct pd_model *m, struct pd_kv_pool *kv, int batch, int pr
 static int rig_step(struct decode_rig *r, struct pd_model *m, struct pd_kv_pool *kv, double *secs) {
     for (int b = 0; b < r->batch; b++) {
         r->cur[b] = (r->pos * 31 + b) % 151936;
-        r->s[b] = (struct pd_model_seq){&r->cur[b], 1, r->pos, r->pt + b * r->pages, r->pages};
+        r->s[b] = (struct pd_model_seq){.tokens = &r->cur[b],
+                                        .n_new = 1,
+                                        .n_cached = r->pos,
+                                        .pages = r->pt + b * r->pages,
+                                        .n_pages = r->pages};
     }
     double t0 = now();
     int rc = pd_model_decode(m, kv, r->s, r->batch, r->lg);
@@ -541,7 +549,8 @@ static int prefill_rate(struct pd_model *m, struct pd_kv_pool *kv, int len, int 
     for (int i = 0; i < len; i++)
         toks[i] = (i * 104729) % 151936;
     for (int r = 0; r < reps && !rc; r++) {
-        struct pd_model_seq s = {toks, len, 0, pt, pages};
+        struct pd_model_seq s = {
+            .tokens = toks, .n_new = len, .n_cached = 0, .pages = pt, .n_pages = pages};
         double t0 = now();
         rc = pd_model_extend(m, kv, &s, 1, false, lg);
         t[r] = now() - t0;

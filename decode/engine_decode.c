@@ -109,7 +109,11 @@ static int compute_here(struct pd_engine *e, struct pd_engine_req *r, int32_t n)
     PD_ASSERT(held < n); /* the scheduler never serves the last token's page */
     for (int32_t done = held; done < n;) {
         int32_t len = n - done < e->chunk ? n - done : e->chunk;
-        struct pd_model_seq s = {r->tokens + done, len, done, pages, r->n_pages};
+        struct pd_model_seq s = {.tokens = r->tokens + done,
+                                 .n_new = len,
+                                 .n_cached = done,
+                                 .pages = pages,
+                                 .n_pages = r->n_pages};
         int rc = pd__engine_in_lp_prepass(e, r, &s);
         if (!rc)
             rc = pd_tp_group_extend(e->tp, &s, 1, false, e->logits);

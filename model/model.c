@@ -45,6 +45,11 @@ struct pd_model {
     struct pd_tensor embed, final_norm, lm_head;
     struct layer_weights *layers; /* [num_hidden_layers] */
     float *inv_freq;              /* device [head_dim/2] */
+    /* M-RoPE (cfg.mrope_section): each token's angles, planned on the host per step */
+    bool mrope;
+    float *angles;    /* device [max_tokens][head_dim/2] */
+    float *angles_h;  /* host, the same */
+    float inv_h[512]; /* host copy of inv_freq */
     /* step activations, device */
     float *x;       /* [max_tokens][hidden] residual stream */
     float *h;       /* [max_tokens][max(hidden, q_dim)] normed input / projection outputs */
@@ -357,6 +362,20 @@ int pd_model_new(struct pd_backend *be, const struct pd_model_config *cfg, pd_mo
     rope_inv_freq(cfg, inv);
     if ((rc = pd_backend_upload(be, m->inv_freq, inv, sizeof(float) * (size_t)(cfg->head_dim / 2))))
         goto fail;
+    memcpy(m->inv_h, inv, sizeof(inv));
+    m->mrope = cfg->mrope_section[0] + cfg->mrope_section[1] + cfg->mrope_section[2] > 0;
+    if (m->mrope && !pd_backend_has_vision(be)) {
+        rc = pd_errorf(PD_EUNSUPPORTED,
+                       "the %s backend has no M-RoPE (rotary by explicit angles) "
+                       "yet, which %s models need",
+                       pd_backend_name(be), cfg->vl == PD_VL_QWEN2_5 ? "qwen2_5_vl" : "qwen2_vl");
+        goto fail;
+    }
+    if (m->mrope && ((rc = alloc_buf(m, T * (size_t)(cfg->head_dim / 2), &m->angles)) ||
+                     !(m->angles_h = pd_malloc(T * (size_t)(cfg->head_dim / 2) * sizeof(float))))) {
+        rc = rc ? rc : PD_ENOMEM;
+        goto fail;
+    }
     int max_dim = cfg->hidden_size > (int)qd ? cfg->hidden_size : (int)qd;
     if (m->inter > max_dim)
         max_dim = m->inter;
@@ -381,8 +400,8 @@ fail:
 void pd_model_free(struct pd_model *m) {
     if (!m)
         return;
-    float *bufs[] = {m->inv_freq, m->x, m->h, m->q,   m->att,   m->k,
-                     m->v,        m->g, m->u, m->out, m->logits};
+    float *bufs[] = {m->inv_freq, m->x, m->h, m->q,   m->att,    m->k,
+                     m->v,        m->g, m->u, m->out, m->logits, m->angles};
     for (size_t i = 0; i < PD_ARRAY_LEN(bufs); i++)
         pd_backend_release(m->be, bufs[i]);
     pd_free(m->ids);
@@ -393,6 +412,7 @@ void pd_model_free(struct pd_model *m) {
     pd_free(m->page_start);
     pd_free(m->kv_len);
     pd_free(m->page_table);
+    pd_free(m->angles_h);
     pd_free(m->layers);
     for (int i = 0; i < m->n_host_copies; i++)
         pd_free(m->host_copies[i]);
@@ -455,6 +475,25 @@ void pd_model_kv_heads_of(const struct pd_model *m, int *start, int *count) {
 
 /* ---- a step ---- */
 
+/* M-RoPE angles of request s's new tokens, from row `row` of the step on: frequency j turns by
+ * the position of its section's axis (temporal, height, width: mrope_section[0], [1], [2]
+ * frequencies each), in f32 as transformers' position × inv_freq. */
+static void plan_mrope(struct pd_model *m, const struct pd_model_seq *s, int row) {
+    int half = m->cfg.head_dim / 2, axis_of[512];
+    for (int j = 0, a = 0, end = m->cfg.mrope_section[0]; j < half; j++) {
+        while (j >= end && a < 2)
+            end += m->cfg.mrope_section[++a];
+        axis_of[j] = a;
+    }
+    for (int i = 0; i < s->n_new; i++) {
+        float *ang = m->angles_h + (size_t)(row + i) * (size_t)half;
+        for (int j = 0; j < half; j++) {
+            int32_t p = s->mpos ? s->mpos[i * 3 + axis_of[j]] : s->n_cached + i + s->pos_delta;
+            ang[j] = (float)p * m->inv_h[j];
+        }
+    }
+}
+
 /* Validates every request and builds the host plan; nothing is written before all pass. */
 static int plan_step(struct pd_model *m, const struct pd_kv_pool *kv,
                      const struct pd_model_seq *seqs, int n_seqs, bool all_logits,
@@ -502,6 +541,15 @@ static int plan_step(struct pd_model *m, const struct pd_kv_pool *kv,
             m->pos[n] = pos;
             m->slots[n] = s->pages[pos / ps] * ps + pos % ps;
         }
+        for (int e = 0; e < s->n_embeds; e++) {
+            const struct pd_model_embeds *em = &s->embeds[e];
+            if (em->start < 0 || em->n < 1 || em->start > s->n_new - em->n || !em->rows)
+                return pd_errorf(PD_EINVAL,
+                                 "request %d: embedding rows %d .. %d outside its %d new tokens", r,
+                                 em->start, em->start + em->n - 1, s->n_new);
+        }
+        if (m->mrope)
+            plan_mrope(m, s, n - s->n_new);
         memcpy(m->page_table + np, s->pages, sizeof(int32_t) * (size_t)need);
         np += need;
         m->kv_len[r] = (int32_t)total;
@@ -546,6 +594,16 @@ static int forward(struct pd_model *m, struct pd_kv_pool *kv, const struct pd_mo
     const struct pd_kv_layout *L = &kv->layout;
 
     pd_backend_embed(be, &m->embed, m->x);
+    for (int r = 0; r < n_seqs; r++) /* embeddings over placeholder tokens (images) */
+        for (int e = 0; e < seqs[r].n_embeds; e++) {
+            const struct pd_model_embeds *em = &seqs[r].embeds[e];
+            if ((rc = pd_backend_upload(be, m->x + (m->tok_start[r] + em->start) * hid, em->rows,
+                                        sizeof(float) * (size_t)(em->n * hid))) != PD_OK)
+                return rc;
+        }
+    if (m->mrope && (rc = pd_backend_upload(be, m->angles, m->angles_h,
+                                            sizeof(float) * (size_t)(n * (hd / 2)))) != PD_OK)
+        return rc;
     for (int l = 0; l < c->num_hidden_layers; l++) {
         const struct layer_weights *w = &m->layers[l];
         pd_backend_rmsnorm(be, m->x, &w->attn_norm, n, (int)hid, eps, m->h);
@@ -556,8 +614,13 @@ static int forward(struct pd_model *m, struct pd_kv_pool *kv, const struct pd_mo
             pd_backend_rmsnorm(be, m->q, &w->q_norm, n * H, (int)hd, eps, m->q);
             pd_backend_rmsnorm(be, m->k, &w->k_norm, n * KVH, (int)hd, eps, m->k);
         }
-        pd_backend_rope(be, m->q, H, (int)hd, m->inv_freq);
-        pd_backend_rope(be, m->k, KVH, (int)hd, m->inv_freq);
+        if (m->mrope) {
+            pd_backend_rope_angles(be, m->q, n, H, (int)hd, m->angles);
+            pd_backend_rope_angles(be, m->k, n, KVH, (int)hd, m->angles);
+        } else {
+            pd_backend_rope(be, m->q, H, (int)hd, m->inv_freq);
+            pd_backend_rope(be, m->k, KVH, (int)hd, m->inv_freq);
+        }
         pd_backend_kv_store(be, L, l, m->k, m->v);
         pd_backend_attention(be, L, l, m->q, H, scale, layer_window(m, l), m->att);
         pd_backend_matmul(be, m->att, n, &w->wo, w->has_o_bias ? &w->bo : NULL, m->h);

@@ -39,6 +39,13 @@ struct pd_model_opts {
     const struct pd_tp_comm *tp;
 };
 
+/* Rows that replace the token embedding of new tokens start .. start + n - 1 of a request's
+ * step (an image's embeddings over its placeholder tokens, or the part of them a chunk holds). */
+struct pd_model_embeds {
+    int start, n;
+    const float *rows; /* host [n][hidden_size] */
+};
+
 /* One request's share of a step. */
 struct pd_model_seq {
     const int32_t *tokens; /* [n_new] token ids to run */
@@ -46,6 +53,13 @@ struct pd_model_seq {
     int n_cached;         /* tokens already in the pages: positions 0 .. n_cached-1 */
     const int32_t *pages; /* [n_pages] the request's pages, in token order */
     int n_pages;
+    /* M-RoPE models (pd_model_config.mrope_section; ignored by others): the new tokens'
+     * temporal, height and width positions, host [n_new][3]; NULL: all three are the token's
+     * index + pos_delta (text after the prompt's images: pos_delta = mrope_position_delta). */
+    const int32_t *mpos;
+    int pos_delta;
+    const struct pd_model_embeds *embeds; /* [n_embeds], inside the new tokens, apart */
+    int n_embeds;
 };
 
 struct pd_model;

@@ -26,7 +26,16 @@
 #include <string.h>
 
 const char pd_arch_supported_list[] =
-    "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM";
+    "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, "
+    "Qwen2VLForConditionalGeneration, Qwen2_5_VLForConditionalGeneration";
+
+/* The vision-language checkpoints: a Qwen2 language model under another name (vl_info[vl]). */
+static const struct {
+    const char *hf_name, *model_type;
+} vl_info[] = {
+    [PD_VL_QWEN2] = {"Qwen2VLForConditionalGeneration", "qwen2_vl"},
+    [PD_VL_QWEN2_5] = {"Qwen2_5_VLForConditionalGeneration", "qwen2_5_vl"},
+};
 
 static const struct arch_info {
     const char *hf_name;
@@ -177,7 +186,8 @@ static cJSON *parse_root(const char *src, const char *json, size_t len, int *rc)
     return root;
 }
 
-static int parse_arch(const char *src, const cJSON *root, enum pd_arch *arch) {
+static int parse_arch(const char *src, const cJSON *root, enum pd_arch *arch,
+                      enum pd_vl_family *vl) {
     const cJSON *list = cJSON_GetObjectItemCaseSensitive(root, "architectures");
     const char *model_type;
     int rc;
@@ -189,21 +199,64 @@ static int parse_arch(const char *src, const cJSON *root, enum pd_arch *arch) {
                          "%s: key 'architectures' must be a non-empty list of strings, e.g. "
                          "[\"LlamaForCausalLM\"]",
                          src);
-    const char *name = cJSON_GetArrayItem(list, 0)->valuestring;
+    const char *name = cJSON_GetArrayItem(list, 0)->valuestring, *want_type = NULL;
     int found = -1;
+    *vl = PD_VL_NONE;
     for (int a = 0; a < PD_ARCH_COUNT; a++)
         if (strcmp(name, arch_info[a].hf_name) == 0)
-            found = a;
+            found = a, want_type = arch_info[a].model_type;
+    for (int v = PD_VL_QWEN2; v <= PD_VL_QWEN2_5; v++)
+        if (strcmp(name, vl_info[v].hf_name) == 0) {
+            found = PD_ARCH_QWEN2;
+            *vl = (enum pd_vl_family)v;
+            want_type = vl_info[v].model_type;
+        }
     if (found < 0)
         return pd_errorf(PD_EUNSUPPORTED, "%s: architecture '%s' is not supported (supported: %s)",
                          src, name, pd_arch_supported_list);
     if ((rc = get_string(src, root, "model_type", &model_type)) != PD_OK)
         return rc;
-    if (model_type && strcmp(model_type, arch_info[found].model_type) != 0)
+    if (model_type && strcmp(model_type, want_type) != 0)
         return pd_errorf(PD_EMISMATCH,
                          "%s: architectures[0] is '%s' (model_type '%s') but model_type is '%s'",
-                         src, name, arch_info[found].model_type, model_type);
+                         src, name, want_type, model_type);
     *arch = (enum pd_arch)found;
+    return PD_OK;
+}
+
+/* M-RoPE's mrope_section from the rope object rs (transformers' default 16, 24, 24 when absent),
+ * which must split the head's head_dim / 2 frequencies; any other scaling is refused. */
+static int parse_mrope(const char *src, const char *key, const cJSON *rs,
+                       struct pd_model_config *c) {
+    static const int dflt[3] = {16, 24, 24};
+    const cJSON *sec = rs ? pd_json_key(rs, "mrope_section") : NULL;
+    const char *type = NULL;
+    int rc, sum = 0;
+    if (rs && (rc = get_string(src, rs, "rope_type", &type)) != PD_OK)
+        return rc;
+    if (type && strcmp(type, "default") != 0 && strcmp(type, "mrope") != 0)
+        return pd_errorf(PD_EUNSUPPORTED,
+                         "%s: %s.rope_type '%s' with M-RoPE is not supported (supported: default)",
+                         src, key, type);
+    if (sec && (!cJSON_IsArray(sec) || cJSON_GetArraySize(sec) != 3))
+        return pd_errorf(PD_EINVAL, "%s: %s.mrope_section must be a list of 3 integers, got %s",
+                         src, key, pd_json_kind(sec));
+    for (int i = 0; i < 3; i++) {
+        c->mrope_section[i] = dflt[i];
+        if (sec && (rc = as_int(src, "mrope_section", cJSON_GetArrayItem(sec, i),
+                                &c->mrope_section[i])) != PD_OK)
+            return rc;
+        if (c->mrope_section[i] < 0)
+            return pd_errorf(PD_ERANGE, "%s: %s.mrope_section[%d] is %d", src, key, i,
+                             c->mrope_section[i]);
+        sum += c->mrope_section[i];
+    }
+    if (sum * 2 != c->head_dim)
+        return pd_errorf(PD_EINVAL, "%s: %s.mrope_section %d + %d + %d must be head_dim / 2 = %d",
+                         src, key, c->mrope_section[0], c->mrope_section[1], c->mrope_section[2],
+                         c->head_dim / 2);
+    if (!(c->rope_theta > 0))
+        return pd_errorf(PD_ERANGE, "%s: key 'rope_theta' is %g, must be > 0", src, c->rope_theta);
     return PD_OK;
 }
 
@@ -221,6 +274,8 @@ static int parse_rope(const char *src, const cJSON *root, struct pd_model_config
         return rc;
     memset(&c->rope_scaling, 0, sizeof(c->rope_scaling));
     c->rope_scaling.type = PD_ROPE_DEFAULT;
+    if (!rs && c->vl != PD_VL_NONE)
+        return parse_mrope(src, key, NULL, c);
     if (!rs)
         goto check_theta;
     if (!cJSON_IsObject(rs))
@@ -228,6 +283,8 @@ static int parse_rope(const char *src, const cJSON *root, struct pd_model_config
                          pd_json_kind(rs));
     if ((rc = get_double(src, rs, "rope_theta", false, c->rope_theta, &c->rope_theta)) != PD_OK)
         return rc;
+    if (c->vl != PD_VL_NONE) /* M-RoPE: its sections, the rest as the default rope */
+        return parse_mrope(src, key, rs, c);
     if ((rc = get_string(src, rs, "rope_type", &type)) != PD_OK)
         return rc;
     if (!type && (rc = get_string(src, rs, "type", &type)) != PD_OK)
@@ -263,6 +320,31 @@ check_theta:
     return PD_OK;
 }
 
+/* transformers 5 writes a vision-language model's language keys under "text_config": they are
+ * copied over the top level (model_type and architectures stay the checkpoint's), so the rest of
+ * the parser reads one object for both layouts. */
+static int merge_text_config(const char *src, cJSON *root) {
+    cJSON *tc = cJSON_GetObjectItemCaseSensitive(root, "text_config");
+    if (!tc || cJSON_IsNull(tc))
+        return PD_OK;
+    if (!cJSON_IsObject(tc))
+        return pd_errorf(PD_EINVAL, "%s: key 'text_config' must be an object, got %s", src,
+                         pd_json_kind(tc));
+    const cJSON *e;
+    cJSON_ArrayForEach(e, tc) {
+        if (strcmp(e->string, "model_type") == 0 || strcmp(e->string, "architectures") == 0)
+            continue;
+        cJSON *copy = cJSON_Duplicate(e, 1);
+        if (!copy)
+            return PD_ENOMEM;
+        if (cJSON_GetObjectItemCaseSensitive(root, e->string))
+            cJSON_ReplaceItemInObjectCaseSensitive(root, e->string, copy);
+        else
+            cJSON_AddItemToObject(root, e->string, copy);
+    }
+    return PD_OK;
+}
+
 static int parse_config(const char *src, const char *json, size_t len,
                         struct pd_model_config *out) {
     struct pd_model_config c;
@@ -274,9 +356,18 @@ static int parse_config(const char *src, const char *json, size_t len,
     if (!root)
         return rc;
     memset(&c, 0, sizeof(c));
-    if ((rc = parse_arch(src, root, &c.arch)) != PD_OK)
+    if ((rc = parse_arch(src, root, &c.arch, &c.vl)) != PD_OK)
         goto out;
     ai = &arch_info[c.arch];
+    c.image_token_id = c.vision_start_token_id = c.vision_end_token_id = -1;
+    if (c.vl != PD_VL_NONE) {
+        if ((rc = get_token_id(src, root, "image_token_id", 151655, &c.image_token_id)) ||
+            (rc = get_token_id(src, root, "vision_start_token_id", 151652,
+                               &c.vision_start_token_id)) ||
+            (rc = get_token_id(src, root, "vision_end_token_id", 151653, &c.vision_end_token_id)) ||
+            (rc = merge_text_config(src, root)) != PD_OK)
+            goto out;
+    }
 
     /* required, in the order a reader of config.json would look for them */
     static const struct {
@@ -566,7 +657,9 @@ char *pd_model_config_to_json(const struct pd_model_config *cfg) {
     if (!o)
         return finish_json(NULL, "config.json");
 #define ADD(key, item) (expect++, cJSON_AddItemToObject(o, key, item))
-    ADD("architectures", cJSON_CreateStringArray(&ai->hf_name, 1));
+    bool vl = cfg->vl == PD_VL_QWEN2 || cfg->vl == PD_VL_QWEN2_5;
+    const char *arch_name = vl ? vl_info[cfg->vl].hf_name : ai->hf_name;
+    ADD("architectures", cJSON_CreateStringArray(&arch_name, 1));
     if (cfg->arch == PD_ARCH_LLAMA || cfg->arch == PD_ARCH_QWEN3)
         ADD("attention_bias", cJSON_CreateBool(cfg->attention_bias));
     ADD("bos_token_id", id_or_null(cfg->bos_token_id));
@@ -578,7 +671,12 @@ char *pd_model_config_to_json(const struct pd_model_config *cfg) {
     ADD("max_position_embeddings", cJSON_CreateNumber(cfg->max_position_embeddings));
     if (qwen && cfg->sliding_window > 0)
         ADD("max_window_layers", cJSON_CreateNumber(cfg->max_window_layers));
-    ADD("model_type", cJSON_CreateString(ai->model_type));
+    ADD("model_type", cJSON_CreateString(vl ? vl_info[cfg->vl].model_type : ai->model_type));
+    if (vl) { /* the Hub's layout: the language keys at the top level */
+        ADD("image_token_id", cJSON_CreateNumber(cfg->image_token_id));
+        ADD("vision_start_token_id", cJSON_CreateNumber(cfg->vision_start_token_id));
+        ADD("vision_end_token_id", cJSON_CreateNumber(cfg->vision_end_token_id));
+    }
     ADD("num_attention_heads", cJSON_CreateNumber(cfg->num_attention_heads));
     ADD("num_hidden_layers", cJSON_CreateNumber(cfg->num_hidden_layers));
     ADD("num_key_value_heads", cJSON_CreateNumber(cfg->num_key_value_heads));
@@ -599,6 +697,15 @@ char *pd_model_config_to_json(const struct pd_model_config *cfg) {
                 cJSON_Delete(rs);
                 rs = NULL;
             }
+        }
+        ADD("rope_scaling", rs);
+    } else if (vl) {
+        cJSON *rs = cJSON_CreateObject();
+        if (rs && (!cJSON_AddStringToObject(rs, "type", "mrope") ||
+                   !cJSON_AddItemToObject(rs, "mrope_section",
+                                          cJSON_CreateIntArray(cfg->mrope_section, 3)))) {
+            cJSON_Delete(rs);
+            rs = NULL;
         }
         ADD("rope_scaling", rs);
     } else {

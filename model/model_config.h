@@ -45,6 +45,13 @@ struct pd_rope_scaling {
 
 #define PD_MAX_EOS_IDS 8
 
+/* A vision-language checkpoint around the language model (model/vision/ holds its encoder). */
+enum pd_vl_family {
+    PD_VL_NONE = 0,
+    PD_VL_QWEN2 = 1,   /* Qwen2VLForConditionalGeneration, "qwen2_vl" */
+    PD_VL_QWEN2_5 = 2, /* Qwen2_5_VLForConditionalGeneration, "qwen2_5_vl" */
+};
+
 struct pd_model_config {
     enum pd_arch arch;
     int vocab_size;
@@ -59,6 +66,15 @@ struct pd_model_config {
     double rms_norm_eps;
     double rope_theta; /* default 10000 */
     struct pd_rope_scaling rope_scaling;
+    /* Vision-language models (qwen2_vl, qwen2_5_vl): the language model is Qwen2's with M-RoPE —
+     * head_dim / 2 rotary frequencies in three sections (mrope_section, e.g. 16, 24, 24) turned
+     * by a token's temporal, height and width positions; text tokens have all three equal, so
+     * a text-only prompt runs as plain RoPE. Keys under "text_config" (transformers 5) or at the
+     * top level (Hub checkpoints). */
+    enum pd_vl_family vl;
+    int mrope_section[3]; /* all 0 without M-RoPE */
+    int image_token_id;   /* the image's placeholder, repeated once per embedding; -1 none */
+    int vision_start_token_id, vision_end_token_id; /* around each image's placeholders */
     bool tie_word_embeddings;
     bool attention_bias;   /* bias on q/k/v projections (always for qwen2); for llama and
                               qwen3 also on o_proj, as transformers builds them */

@@ -9,6 +9,10 @@
  * --ids). --logits-out writes each prompt's last-position logits, raw little-endian f32,
  * [n_prompts][vocab], for comparison with other engines.
  * Pages are handed out here in order, one contiguous run per prompt: no page allocator needed.
+ * --image (Qwen2-VL / Qwen2.5-VL): the images of a single prompt, one per image placeholder in
+ * it, decoded, processed and encoded (model/vision/, on a cpu backend of its own), their
+ * placeholders expanded, M-RoPE positions planned, and their embeddings handed to each chunk
+ * that covers them.
  */
 #include "common/base/alloc.h"
 #include "common/server_args.h"
@@ -18,6 +22,11 @@
 #include "common/base/status.h"
 #include "model/tokenizer/tokenizer.h"
 #include "model/tp_group.h"
+#include "common/base/file.h"
+#include "model/vision/image_decode.h"
+#include "model/vision/image_processor.h"
+#include "model/vision/vision_encoder.h"
+#include "model/vision/vision_prompt.h"
 
 #include <errno.h>
 #include <math.h>
@@ -36,7 +45,7 @@ struct prompt {
 };
 
 struct args {
-    const char *model_path, *prompt_file, *prompt_ids, *logits_out, *stop_ids;
+    const char *model_path, *prompt_file, *prompt_ids, *logits_out, *stop_ids, *images;
     int device, base_gpu_id, threads, page_size, chunk, max_new_tokens, top_k, logprobs, log_level;
     int kv_cache_dtype; /* index into pd_kv_cache_dtype_names */
     int tp_size;
@@ -193,6 +202,118 @@ static void print_result(const struct args *a, const struct pd_tokenizer *tok,
         printf("# sum logprob %.6f over %d tokens\n", p->logprob_sum, p->n_out);
 }
 
+/* The images of a prompt: their embeddings and the prompt made ready for them. */
+struct vision_input {
+    struct pd_vision_prompt vp;
+    float **emb; /* [vp.n_images] host [tokens][hidden] */
+    bool on;
+};
+
+static void vision_input_free(struct vision_input *v) {
+    for (int i = 0; v->emb && i < v->vp.n_images; i++)
+        pd_free(v->emb[i]);
+    pd_free(v->emb);
+    pd_vision_prompt_free(&v->vp);
+}
+
+/* One image file through the decoder and the processor. */
+static int load_image(const struct pd_image_processor_config *pc, const char *path,
+                      struct pd_image_patches *out) {
+    char *bytes;
+    size_t len;
+    int rc = pd_file_read_all(path, &bytes, &len);
+    if (rc != PD_OK)
+        return rc;
+    struct pd_image img;
+    struct pd_image_decode_opts o = {.alpha = PD_IMAGE_ALPHA_ON_WHITE};
+    rc = pd_image_decode(bytes, len, &o, &img);
+    pd_free(bytes);
+    if (rc == PD_OK) {
+        rc = pd_image_process(pc, &img, out);
+        pd_image_free(&img);
+    }
+    return rc ? pd_error_wrap(rc, "--image %s", path) : PD_OK;
+}
+
+/* --image: encodes each file (comma-separated) with the model's vision encoder on a cpu backend
+ * of its own, then expands the prompt's placeholders in *ids and plans its M-RoPE positions. */
+static int encode_images(const struct args *a, const struct pd_model_config *lm,
+                         struct pd_token_ids *ids, struct vision_input *v) {
+    struct pd_vision_config vc;
+    struct pd_image_processor_config pc;
+    struct pd_checkpoint *ck = NULL;
+    struct pd_backend *be = NULL;
+    struct pd_vision_encoder *enc = NULL;
+    struct pd_image_patches *imgs = NULL;
+    int(*grids)[3] = NULL, n_img = 1, rc;
+    char path[4096], *list = NULL;
+    for (const char *c = a->images; *c; c++)
+        n_img += *c == ',';
+    snprintf(path, sizeof(path), "%s/preprocessor_config.json", a->model_path);
+    if ((rc = pd_vision_config_load(a->model_path, &vc)) ||
+        (rc = pd_image_processor_config_load(path, &pc)) ||
+        (rc = pd_checkpoint_open(a->model_path, &ck)))
+        goto out;
+    struct pd_backend_opts bo = {.kind = PD_BACKEND_CPU, .threads = a->threads};
+    struct pd_vision_encoder_opts eo = {
+        .max_patches = (int)(pc.max_pixels / ((int64_t)pc.patch_size * pc.patch_size))};
+    if ((rc = pd_backend_new(&bo, &be)) || (rc = pd_vision_encoder_new(be, &vc, ck, &eo, &enc)))
+        goto out;
+    imgs = pd_calloc((size_t)n_img, sizeof(*imgs));
+    grids = pd_calloc((size_t)n_img, sizeof(*grids));
+    v->emb = pd_calloc((size_t)n_img, sizeof(float *));
+    list = pd_malloc(strlen(a->images) + 1);
+    if (!imgs || !grids || !v->emb || !list) {
+        rc = PD_ENOMEM;
+        goto out;
+    }
+    strcpy(list, a->images);
+    char *save = NULL, *file = strtok_r(list, ",", &save);
+    for (int i = 0; i < n_img; i++, file = strtok_r(NULL, ",", &save)) {
+        if (!file) {
+            rc = pd_errorf(PD_EINVAL, "--image: an empty file name in '%s'", a->images);
+            goto out;
+        }
+        if ((rc = load_image(&pc, file, &imgs[i])))
+            goto out;
+        grids[i][0] = imgs[i].grid_t, grids[i][1] = imgs[i].grid_h, grids[i][2] = imgs[i].grid_w;
+        int64_t tok = pd_vision_tokens(&vc, imgs[i].grid_t, imgs[i].grid_h, imgs[i].grid_w);
+        if (!(v->emb[i] = pd_malloc((size_t)tok * (size_t)vc.out_dim * sizeof(float)))) {
+            rc = PD_ENOMEM;
+            goto out;
+        }
+        if ((rc = pd_vision_encode(enc, &imgs[i], v->emb[i])))
+            goto out;
+    }
+    if (vc.out_dim != lm->hidden_size) {
+        rc = pd_errorf(PD_EMISMATCH, "the vision encoder's output (%d) is not the model's width %d",
+                       vc.out_dim, lm->hidden_size);
+        goto out;
+    }
+    if ((rc = pd_vision_prompt_build(lm, vc.spatial_merge_size, ids->ids, (int)ids->n,
+                                     (const int(*)[3])grids, n_img, &v->vp)))
+        goto out;
+    /* the prompt, expanded */
+    pd_token_ids_free(ids);
+    if (!(ids->ids = pd_malloc((size_t)v->vp.n * sizeof(int32_t)))) {
+        rc = PD_ENOMEM;
+        goto out;
+    }
+    memcpy(ids->ids, v->vp.ids, (size_t)v->vp.n * sizeof(int32_t));
+    ids->n = ids->cap = (size_t)v->vp.n;
+    v->on = true;
+out:
+    for (int i = 0; imgs && i < n_img; i++)
+        pd_image_patches_free(&imgs[i]);
+    pd_free(imgs);
+    pd_free(grids);
+    pd_free(list);
+    pd_vision_encoder_free(enc);
+    pd_backend_free(be);
+    pd_checkpoint_free(ck);
+    return rc ? pd_error_wrap(rc, "--image") : PD_OK;
+}
+
 static int run(const struct args *a, int n_texts, char **texts_in) {
     struct pd_tp_group *tp = NULL;
     struct pd_tokenizer *tok = NULL;
@@ -203,6 +324,8 @@ static int run(const struct args *a, int n_texts, char **texts_in) {
     float *logits = NULL;
     struct pd_sampling_scratch scratch = {0};
     FILE *lf = NULL;
+    struct vision_input vis = {0};
+    struct pd_model_embeds *spans = NULL;
     int n = 0, rc;
 
     if (!a->no_tokenizer) {
@@ -217,13 +340,23 @@ static int run(const struct args *a, int n_texts, char **texts_in) {
     }
     if ((rc = collect_prompts(a, n_texts, texts_in, tok, &pids, &n)) != PD_OK)
         goto out;
-    int max_prompt = 0;
-    for (int i = 0; i < n; i++)
-        max_prompt = (int)pids[i].n > max_prompt ? (int)pids[i].n : max_prompt;
     /* the pool's size needs the context length, which needs the config: read it first */
     struct pd_model_config mcfg;
     if ((rc = pd_model_config_load(a->model_path, &mcfg)) != PD_OK)
         goto out;
+    if (a->images && n != 1) {
+        rc = pd_errorf(PD_EINVAL, "--image goes with one prompt, not %d", n);
+        goto out;
+    }
+    if (a->images && (rc = encode_images(a, &mcfg, &pids[0], &vis)) != PD_OK)
+        goto out;
+    if (vis.on && !(spans = pd_calloc((size_t)vis.vp.n_images, sizeof(*spans)))) {
+        rc = PD_ENOMEM;
+        goto out;
+    }
+    int max_prompt = 0;
+    for (int i = 0; i < n; i++)
+        max_prompt = (int)pids[i].n > max_prompt ? (int)pids[i].n : max_prompt;
     int per_req = max_prompt + a->max_new_tokens;
     if (per_req > mcfg.max_position_embeddings)
         per_req = mcfg.max_position_embeddings;
@@ -310,7 +443,17 @@ static int run(const struct args *a, int n_texts, char **texts_in) {
         struct prompt *p = &ps[i];
         for (int done = 0; done < p->n;) {
             int len = p->n - done < a->chunk ? p->n - done : a->chunk;
-            struct pd_model_seq s = {p->ids + done, len, done, p->pages, p->n_pages};
+            struct pd_model_seq s = {.tokens = p->ids + done,
+                                     .n_new = len,
+                                     .n_cached = done,
+                                     .pages = p->pages,
+                                     .n_pages = p->n_pages};
+            if (vis.on) { /* the images' positions and the part of their embeddings here */
+                s.mpos = vis.vp.mpos + (size_t)done * 3;
+                s.embeds = spans;
+                s.n_embeds = pd_vision_prompt_spans(&vis.vp, (const float *const *)vis.emb,
+                                                    cfg->hidden_size, done, len, spans);
+            }
             if ((rc = pd_tp_group_extend(tp, &s, 1, false, logits + (size_t)i * vocab)) != PD_OK)
                 goto out;
             done += len;
@@ -343,8 +486,12 @@ static int run(const struct args *a, int n_texts, char **texts_in) {
                 p->done = true;
                 continue;
             }
-            seqs[nb] =
-                (struct pd_model_seq){&p->ids[total - 1], 1, total - 1, p->pages, p->n_pages};
+            seqs[nb] = (struct pd_model_seq){.tokens = &p->ids[total - 1],
+                                             .n_new = 1,
+                                             .n_cached = total - 1,
+                                             .pages = p->pages,
+                                             .n_pages = p->n_pages,
+                                             .pos_delta = vis.on ? vis.vp.pos_delta : 0};
             next[nb++] = i;
         }
         if (!nb)
@@ -364,6 +511,8 @@ static int run(const struct args *a, int n_texts, char **texts_in) {
 out:
     if (lf)
         fclose(lf);
+    vision_input_free(&vis);
+    pd_free(spans);
     for (int i = 0; ps && i < n; i++) {
         pd_sampler_free(&ps[i].sampler);
         pd_free(ps[i].ids);
@@ -406,6 +555,9 @@ int main(int argc, char **argv) {
     pd_flag_string(&fs, "--prompt-ids", &a.prompt_ids, "IDS",
                    "prompts as token ids, prompts separated by ';'");
     pd_flag_bool(&fs, "--ids", &a.ids, "print the generated token ids too");
+    pd_flag_string(&fs, "--image", &a.images, "FILE[,FILE...]",
+                   "images of the one prompt (PNG or JPEG; qwen2_vl / qwen2_5_vl models): one per "
+                   "image placeholder (<|image_pad|>) in it, in order");
     pd_flag_string(&fs, "--logits-out", &a.logits_out, "FILE",
                    "write each prompt's last-position logits, raw little-endian f32");
     pd_flag_bool(&fs, "--raw-prompt", &a.raw_prompt, "encode text without BOS/special tokens");

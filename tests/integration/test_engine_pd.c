@@ -352,7 +352,11 @@ static void reference(struct job *j) {
                              cfg->n_eos_token_ids));
     for (int done = 0; done < j->n_prompt;) {
         int len = j->n_prompt - done < CHUNK ? j->n_prompt - done : CHUNK;
-        struct pd_model_seq s = {ids + done, len, done, pages, n_pages};
+        struct pd_model_seq s = {.tokens = ids + done,
+                                 .n_new = len,
+                                 .n_cached = done,
+                                 .pages = pages,
+                                 .n_pages = n_pages};
         CHECK_OK(pd_model_extend(m, &kv, &s, 1, false, logits));
         done += len;
     }
@@ -365,7 +369,11 @@ static void reference(struct job *j) {
         int t = j->n_prompt + j->n_ref;
         if (o.finish || t >= pd_model_context_length(m))
             break;
-        struct pd_model_seq s = {&ids[t - 1], 1, t - 1, pages, n_pages};
+        struct pd_model_seq s = {.tokens = &ids[t - 1],
+                                 .n_new = 1,
+                                 .n_cached = t - 1,
+                                 .pages = pages,
+                                 .n_pages = n_pages};
         CHECK_OK(pd_model_decode(m, &kv, &s, 1, logits));
     }
     pd_sampler_free(&smp);

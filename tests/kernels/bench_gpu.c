@@ -740,8 +740,11 @@ static void bench_model(bool quick, enum pd_dtype kvt, bool full, bool breakdown
             continue;
         struct pd_model_seq *seqs = pd_calloc((size_t)B, sizeof(*seqs));
         for (int q = 0; q < B; q++)
-            seqs[q] = (struct pd_model_seq){toks + q, 1, ctx - 1,
-                                            pages + (size_t)q * (ctx / 16 + 1), ctx / 16 + 1};
+            seqs[q] = (struct pd_model_seq){.tokens = toks + q,
+                                            .n_new = 1,
+                                            .n_cached = ctx - 1,
+                                            .pages = pages + (size_t)q * (ctx / 16 + 1),
+                                            .n_pages = ctx / 16 + 1};
         for (int w = 0; w < 3; w++)
             if (pd_model_decode_greedy(m, &kv, seqs, B, ids, lps)) {
                 fprintf(stderr, "decode: %s\n", pd_error_msg());
@@ -775,7 +778,8 @@ static void bench_model(bool quick, enum pd_dtype kvt, bool full, bool breakdown
     if (!full)
         goto done;
     /* prefill: one 4096-token prompt */
-    struct pd_model_seq p = {toks, prefill, 0, pages, pages_per};
+    struct pd_model_seq p = {
+        .tokens = toks, .n_new = prefill, .n_cached = 0, .pages = pages, .n_pages = pages_per};
     pd_model_extend(m, &kv, &p, 1, false, logits);
     double t0 = now_s();
     int reps = 3;
@@ -866,7 +870,8 @@ static void bench_prefill_8b(void) {
         pages[i] = i;
     for (int i = 0; i < prefill; i++)
         toks[i] = (int32_t)((i * 7919) % c->vocab_size);
-    struct pd_model_seq p = {toks, prefill, 0, pages, pages_per};
+    struct pd_model_seq p = {
+        .tokens = toks, .n_new = prefill, .n_cached = 0, .pages = pages, .n_pages = pages_per};
     if (pd_model_extend(m, &kv, &p, 1, false, logits)) {
         fprintf(stderr, "prefill 8b: %s\n", pd_error_msg());
         exit(1);

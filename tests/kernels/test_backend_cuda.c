@@ -707,7 +707,11 @@ static void model_run(struct pd_backend *be, const struct pd_model_config *cfg,
         int done = 0, len = M_PROMPT - r * 5;
         while (done < len) {
             int c = 13 + r < len - done ? 13 + r : len - done;
-            struct pd_model_seq s = {prompt[r] + done, c, done, pages[r], 8};
+            struct pd_model_seq s = {.tokens = prompt[r] + done,
+                                     .n_new = c,
+                                     .n_cached = done,
+                                     .pages = pages[r],
+                                     .n_pages = 8};
             CHECK_OK(pd_model_extend(m, &kv, &s, 1, false, lg));
             done += c;
         }
@@ -721,7 +725,8 @@ static void model_run(struct pd_backend *be, const struct pd_model_config *cfg,
         struct pd_model_seq seqs[M_REQS];
         int nb = batch_of_step[st];
         for (int r = 0; r < nb; r++)
-            seqs[r] = (struct pd_model_seq){&tok[r], 1, len[r], pages[r], 8};
+            seqs[r] = (struct pd_model_seq){
+                .tokens = &tok[r], .n_new = 1, .n_cached = len[r], .pages = pages[r], .n_pages = 8};
         CHECK_OK(pd_model_decode(m, &kv, seqs, nb, lg));
         for (int r = 0; r < nb; r++) {
             memcpy(logits + ((size_t)st * M_REQS + r) * V, lg + (size_t)r * V,
@@ -837,13 +842,18 @@ static void big_batch_run(struct pd_backend *be, const struct pd_model_config *c
     float *lg = pd_malloc(sizeof(float) * BB_REQS * (size_t)V);
     for (int r0 = 0; r0 < BB_REQS; r0 += 16) { /* 16 prompts a step: at most 240 tokens */
         for (int r = r0; r < r0 + 16; r++)
-            seqs[r - r0] = (struct pd_model_seq){prompt[r], len[r], 0, pages[r], 2};
+            seqs[r - r0] = (struct pd_model_seq){.tokens = prompt[r],
+                                                 .n_new = len[r],
+                                                 .n_cached = 0,
+                                                 .pages = pages[r],
+                                                 .n_pages = 2};
         CHECK_OK(pd_model_extend(m, &kv, seqs, 16, false, lg));
     }
     for (int st = 0; st < BB_STEPS; st++) {
         int nb = batch_of_step[st];
         for (int r = 0; r < nb; r++)
-            seqs[r] = (struct pd_model_seq){&tok[r], 1, len[r], pages[r], 2};
+            seqs[r] = (struct pd_model_seq){
+                .tokens = &tok[r], .n_new = 1, .n_cached = len[r], .pages = pages[r], .n_pages = 2};
         CHECK_OK(pd_model_decode(m, &kv, seqs, nb, lg));
         for (int r = 0; r < nb; r++) {
             memcpy(logits + ((size_t)st * BB_REQS + r) * V, lg + (size_t)r * V,

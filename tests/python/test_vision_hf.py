@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""model/vision/'s encoder against transformers' Qwen2-VL and Qwen2.5-VL vision transformers.
+"""model/vision/ against transformers' Qwen2-VL and Qwen2.5-VL: the encoder, then the whole model.
 
 For each family, transformers itself builds a small random model (torch.manual_seed; biases and
 norm weights drawn too, so every tensor the C side reads changes the result) and writes it with
@@ -16,7 +16,11 @@ ones. A config with a width that does not split into heads, and an image of a te
 must fail with an error naming the problem.
 Exits 77 (skipped, which make test counts as a failure) only when numpy, Pillow, torch or
 transformers is not importable (scripts/setup.sh pins them into .venv-tools/).
-usage: test_vision_hf.py PATH/TO/pd_vision_encode_dump
+Then the language model with images: three prompts of 1 to 3 images (placeholders between text),
+HF's last-position logits and 32 greedy tokens (model.generate) against pdserve-generate --image
+with the same images, unchunked and with chunked prefills of 7 and 64 tokens cutting through the
+image tokens: logits within 1e-4 of their scale, tokens identical.
+usage: test_vision_hf.py PATH/TO/pd_vision_encode_dump PATH/TO/pdserve-generate
 """
 import json
 import os
@@ -40,8 +44,13 @@ except Exception as e:  # ImportError, or a broken install
 
 TOLERANCE = 1e-4
 TEXT = dict(vocab_size=1000, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-            num_attention_heads=4, num_key_value_heads=2, rope_scaling={"type": "mrope",
-                                                                        "mrope_section": [2, 3, 3]})
+            num_attention_heads=4, num_key_value_heads=2, bos_token_id=None, eos_token_id=None,
+            rope_scaling={"type": "mrope", "mrope_section": [2, 3, 3]})
+# the placeholder ids inside the small vocabulary
+TOKEN_IDS = dict(image_token_id=990, video_token_id=991, vision_start_token_id=992,
+                 vision_end_token_id=993)
+IMG, V_START, V_END = 990, 992, 993
+NEW_TOKENS = 32
 FAMILIES = {
     "qwen2_vl": (Qwen2VLConfig, Qwen2VLForConditionalGeneration,
                  dict(depth=2, embed_dim=48, hidden_size=64, num_heads=4, mlp_ratio=2,
@@ -74,9 +83,10 @@ def make_image(rng, w, h):
 def build(family, tmp):
     cfg_cls, model_cls, vision = FAMILIES[family]
     torch.manual_seed(7)
-    model = model_cls(cfg_cls(text_config=TEXT, vision_config=vision)).eval()
+    model = model_cls(cfg_cls(text_config=TEXT, vision_config=vision, **TOKEN_IDS)).eval()
+    model.generation_config.eos_token_id = None
     with torch.no_grad():
-        for name, p in model.model.visual.named_parameters():
+        for name, p in model.named_parameters():
             if name.endswith("bias"):
                 p.normal_(0, 0.1)
             elif p.ndim == 1:  # norm weights
@@ -141,6 +151,61 @@ def run_family(family, dump, tmp, rng):
     print("%s: %d images, tokens %s, max error %.3g of max |ref| (limit %g), %.1f s" %
           (family, len(files), [g[0] * g[1] * g[2] // 4 for g in grids], worst, TOLERANCE,
            time.time() - t0))
+    generate(family, model, proc, d, files, grids, tmp)
+
+
+def prompt_ids(rng, n_images):
+    """Text ids around n_images placeholders, each <|vision_start|><|image_pad|><|vision_end|>."""
+    ids = list(rng.integers(0, 900, size=5))
+    for _ in range(n_images):
+        ids += [V_START, IMG, V_END] + list(rng.integers(0, 900, size=4))
+    return [int(x) for x in ids]
+
+
+def generate(family, model, proc, d, files, grids, tmp):
+    """The language model with images: HF's last-position logits and 32 greedy tokens against
+    pdserve-generate --image, unchunked and in chunks that cut through the image tokens."""
+    gen = GENERATE[0]
+    rng = np.random.default_rng(11)
+    for picks in ([1], [2, 6], [0, 5, 3]):
+        ids = prompt_ids(rng, len(picks))
+        imgs = [Image.open(files[k]) for k in picks]
+        out = proc(images=imgs, return_tensors="pt")
+        expanded = []
+        for t in ids:  # as the HF processor expands <|image_pad|>
+            if t == IMG:
+                t_, h, w = grids[picks[len([x for x in expanded if x == V_END])]]
+                expanded += [IMG] * (t_ * h * w // 4)
+            else:
+                expanded.append(t)
+        inp = torch.tensor([expanded])
+        kw = dict(pixel_values=out["pixel_values"], image_grid_thw=out["image_grid_thw"],
+                  mm_token_type_ids=(inp == IMG).int())
+        with torch.no_grad():
+            logits = model(input_ids=inp, **kw).logits[0, -1].float().numpy()
+            toks = model.generate(inp, **kw, max_new_tokens=NEW_TOKENS, do_sample=False,
+                                  min_new_tokens=NEW_TOKENS)[0, len(expanded):].tolist()
+        what = "%s images %s (%d prompt tokens)" % (family, picks, len(expanded))
+        for chunk in (4096, 7, 64):
+            lf = os.path.join(tmp, "logits.f32")
+            r = subprocess.run([gen, "--model-path", d, "--prompt-ids", " ".join(map(str, ids)),
+                                "--image", ",".join(files[k] for k in picks), "--max-new-tokens",
+                                str(NEW_TOKENS), "--ignore-eos", "--chunked-prefill-size",
+                                str(chunk), "--logits-out", lf, "--threads", "2"],
+                               capture_output=True, text=True, timeout=300)
+            if not check(r.returncode == 0, "%s chunk %d: pdserve-generate failed: %s" %
+                         (what, chunk, r.stderr)):
+                continue
+            got = np.fromfile(lf, dtype=np.float32)
+            err = float(np.abs(got - logits).max() / np.abs(logits).max())
+            ours = [int(x) for x in r.stdout.split()]
+            check(err <= TOLERANCE, "%s chunk %d: last logits off by %.3g of their scale" %
+                  (what, chunk, err))
+            same = next((i for i, (a, b) in enumerate(zip(ours, toks)) if a != b), len(toks))
+            check(ours == toks, "%s chunk %d: greedy tokens differ from token %d: %s vs HF %s" %
+                  (what, chunk, same, ours, toks))
+            print("%s chunk %d: logits max error %.3g of scale, %d greedy tokens %s" %
+                  (what, chunk, err, len(ours), "equal" if ours == toks else "DIFFER"))
 
 
 def bad_inputs(dump, tmp, rng):
@@ -167,8 +232,12 @@ def bad_inputs(dump, tmp, rng):
     check(r.returncode == 1 and "heads" in r.stderr, "width not split into heads: %r" % r.stderr)
 
 
+GENERATE = []
+
+
 def main():
     dump = sys.argv[1]
+    GENERATE.append(sys.argv[2])
     torch.set_num_threads(2)
     base = os.environ.get("PD_TEST_TMPDIR")
     if base:

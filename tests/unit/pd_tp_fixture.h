@@ -50,14 +50,19 @@ static inline void tp_batch_init(struct tp_batch *b, int V) {
             b->pages[q][p] = pages[q][p];
         for (int i = 0; i < 64; i++)
             b->toks[q][i] = (int32_t)((i * (q + 5) + 11 * q + 1) % V);
-        b->s[q] = (struct pd_model_seq){b->toks[q], plen[q], 0, b->pages[q], 4};
+        b->s[q] = (struct pd_model_seq){.tokens = b->toks[q],
+                                        .n_new = plen[q],
+                                        .n_cached = 0,
+                                        .pages = b->pages[q],
+                                        .n_pages = 4};
     }
 }
 
 /* Request q's decode step st (0: the first token after the prompt): the one token *tok. */
 static inline struct pd_model_seq tp_batch_step(const struct tp_batch *b, int q, int st,
                                                 const int32_t *tok) {
-    return (struct pd_model_seq){tok, 1, b->plen[q] + st, b->pages[q], 4};
+    return (struct pd_model_seq){
+        .tokens = tok, .n_new = 1, .n_cached = b->plen[q] + st, .pages = b->pages[q], .n_pages = 4};
 }
 
 /* One rank's all_reduce_sum of buf[0..count) on a thread: a cpu backend of its own (as each

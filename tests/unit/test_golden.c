@@ -150,7 +150,11 @@ static void check_model(const struct golden *g) {
     for (int chunk = g->n_prompt; chunk >= 16; chunk = chunk == 16 ? 0 : 16) {
         for (int done = 0; done < g->n_prompt; done += chunk) {
             int n = g->n_prompt - done < chunk ? g->n_prompt - done : chunk;
-            struct pd_model_seq s = {g->prompt + done, n, done, pages, 8};
+            struct pd_model_seq s = {.tokens = g->prompt + done,
+                                     .n_new = n,
+                                     .n_cached = done,
+                                     .pages = pages,
+                                     .n_pages = 8};
             CHECK_OK(pd_model_extend(m, &kv, &s, 1, false, lg));
         }
         double d = 0, mx = 0;
@@ -169,7 +173,11 @@ static void check_model(const struct golden *g) {
             if (lg[v] > lg[t])
                 t = v;
         got[i] = t;
-        struct pd_model_seq s = {&got[i], 1, g->n_prompt + i, pages, 8};
+        struct pd_model_seq s = {.tokens = &got[i],
+                                 .n_new = 1,
+                                 .n_cached = g->n_prompt + i,
+                                 .pages = pages,
+                                 .n_pages = 8};
         CHECK_OK(pd_model_decode(m, &kv, &s, 1, lg));
     }
     int same = memcmp(got, g->greedy, sizeof(got)) == 0;

@@ -88,14 +88,16 @@ static void run_chunked(struct rig *r, const int32_t *prompt, const int32_t *pag
                         float *all_logits /* [PROMPT][vocab] */, int32_t *gen /* [GEN] */) {
     for (int done = 0; done < PROMPT; done += chunk) {
         int n = PROMPT - done < chunk ? PROMPT - done : chunk;
-        struct pd_model_seq s = {prompt + done, n, done, pages, 8};
+        struct pd_model_seq s = {
+            .tokens = prompt + done, .n_new = n, .n_cached = done, .pages = pages, .n_pages = 8};
         CHECK_OK(pd_model_extend(r->m, &r->kv, &s, 1, true, all_logits + (size_t)done * r->vocab));
     }
     int32_t tok = pd_argmax(all_logits + (size_t)(PROMPT - 1) * r->vocab, r->vocab);
     float *lg = pd_malloc(sizeof(float) * r->vocab);
     for (int i = 0; i < GEN; i++) {
         gen[i] = tok;
-        struct pd_model_seq s = {&tok, 1, PROMPT + i, pages, 8};
+        struct pd_model_seq s = {
+            .tokens = &tok, .n_new = 1, .n_cached = PROMPT + i, .pages = pages, .n_pages = 8};
         CHECK_OK(pd_model_decode(r->m, &r->kv, &s, 1, lg));
         tok = pd_argmax(lg, r->vocab);
     }
@@ -210,11 +212,18 @@ static void test_batch_equals_alone(void) {
     struct pd_model_seq s[3];
     for (int q = 0; q < 3; q++) {
         if (cached[q]) { /* put the prefix into the pages first */
-            struct pd_model_seq p = {toks[q], cached[q], 0, pages[q], 4};
+            struct pd_model_seq p = {.tokens = toks[q],
+                                     .n_new = cached[q],
+                                     .n_cached = 0,
+                                     .pages = pages[q],
+                                     .n_pages = 4};
             CHECK_OK(pd_model_extend(r.m, &r.kv, &p, 1, false, alone[q]));
         }
-        s[q] =
-            (struct pd_model_seq){toks[q] + cached[q], lens[q] - cached[q], cached[q], pages[q], 4};
+        s[q] = (struct pd_model_seq){.tokens = toks[q] + cached[q],
+                                     .n_new = lens[q] - cached[q],
+                                     .n_cached = cached[q],
+                                     .pages = pages[q],
+                                     .n_pages = 4};
         CHECK_OK(pd_model_extend(r.m, &r.kv, &s[q], 1, false, alone[q]));
     }
     CHECK_OK(pd_model_extend(r.m, &r.kv, s, 3, false, &batch[0][0]));
@@ -224,7 +233,8 @@ static void test_batch_equals_alone(void) {
     int32_t next[3] = {1, 2, 3};
     float dal[3][97], dba[3][97];
     for (int q = 0; q < 3; q++) {
-        s[q] = (struct pd_model_seq){&next[q], 1, lens[q], pages[q], 4};
+        s[q] = (struct pd_model_seq){
+            .tokens = &next[q], .n_new = 1, .n_cached = lens[q], .pages = pages[q], .n_pages = 4};
         CHECK_OK(pd_model_decode(r.m, &r.kv, &s[q], 1, dal[q]));
     }
     CHECK_OK(pd_model_decode(r.m, &r.kv, s, 3, &dba[0][0]));
@@ -243,24 +253,33 @@ static void test_bad_input(void) {
     float lg[4 * 97];
     int32_t toks[64] = {0}, pages[12] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11};
     /* context is 160: 150 cached + 20 new is too long */
-    struct pd_model_seq s = {toks, 20, 150, pages, 12};
+    struct pd_model_seq s = {
+        .tokens = toks, .n_new = 20, .n_cached = 150, .pages = pages, .n_pages = 12};
     CHECK_ERR(pd_model_extend(r.m, &r.kv, &s, 1, false, lg), PD_ERANGE, "context length 160");
     /* 40 tokens need 3 pages of 16 */
-    s = (struct pd_model_seq){toks, 40, 0, pages, 2};
+    s = (struct pd_model_seq){
+        .tokens = toks, .n_new = 40, .n_cached = 0, .pages = pages, .n_pages = 2};
     CHECK_ERR(pd_model_extend(r.m, &r.kv, &s, 1, false, lg), PD_ERANGE, "need 3 pages");
     /* the pool has 40 pages */
     int32_t bad[3] = {0, 40, 1};
-    s = (struct pd_model_seq){toks, 40, 0, bad, 3};
+    s = (struct pd_model_seq){
+        .tokens = toks, .n_new = 40, .n_cached = 0, .pages = bad, .n_pages = 3};
     CHECK_ERR(pd_model_extend(r.m, &r.kv, &s, 1, false, lg), PD_ERANGE, "page index 40");
     bad[1] = -3;
     CHECK_ERR(pd_model_extend(r.m, &r.kv, &s, 1, false, lg), PD_ERANGE, "page index -3");
     toks[5] = 97;
-    s = (struct pd_model_seq){toks, 10, 0, pages, 1};
+    s = (struct pd_model_seq){
+        .tokens = toks, .n_new = 10, .n_cached = 0, .pages = pages, .n_pages = 1};
     CHECK_ERR(pd_model_extend(r.m, &r.kv, &s, 1, false, lg), PD_ERANGE, "vocabulary");
     toks[5] = 0;
-    s = (struct pd_model_seq){toks, 65, 0, pages, 12}; /* step limit 64 */
+    s = (struct pd_model_seq){.tokens = toks,
+                              .n_new = 65,
+                              .n_cached = 0,
+                              .pages = pages,
+                              .n_pages = 12}; /* step limit 64 */
     CHECK_ERR(pd_model_extend(r.m, &r.kv, &s, 1, false, lg), PD_ERANGE, "step limit");
-    s = (struct pd_model_seq){toks, 2, 0, pages, 1};
+    s = (struct pd_model_seq){
+        .tokens = toks, .n_new = 2, .n_cached = 0, .pages = pages, .n_pages = 1};
     CHECK_ERR(pd_model_decode(r.m, &r.kv, &s, 1, lg), PD_EINVAL, "must have 1");
     /* a pool of another geometry is refused */
     struct pd_kv_pool other;
@@ -268,7 +287,8 @@ static void test_bad_input(void) {
     ko.n_pages = 2;
     ko.page_size = 8;
     CHECK_OK(pd_kv_pool_init(&other, r.be, &ko));
-    s = (struct pd_model_seq){toks, 2, 0, pages, 1};
+    s = (struct pd_model_seq){
+        .tokens = toks, .n_new = 2, .n_cached = 0, .pages = pages, .n_pages = 1};
     CHECK_ERR(pd_model_extend(r.m, &other, &s, 1, false, lg), PD_EMISMATCH, "does not fit");
     pd_kv_pool_free(&other);
     /* after all that, a good request still works */
@@ -332,7 +352,8 @@ static void test_kv_dtype_logits(void) {
         pages[i] = (int32_t)(5 * i + 2); /* scattered, inside the 40 pages */
     size_t n = (size_t)PROMPT * (size_t)r.vocab;
     float *ref = pd_calloc(n, sizeof(float)), *got = pd_calloc(n, sizeof(float));
-    struct pd_model_seq s = {prompt, PROMPT, 0, pages, 8};
+    struct pd_model_seq s = {
+        .tokens = prompt, .n_new = PROMPT, .n_cached = 0, .pages = pages, .n_pages = 8};
     CHECK_OK(pd_model_extend(r.m, &r.kv, &s, 1, true, ref));
     double prev = 0;
     int layers = 2;
@@ -363,7 +384,95 @@ static void test_kv_dtype_logits(void) {
     rig_free(&r);
 }
 
+/* M-RoPE (qwen2_vl): a text-only prompt runs exactly as plain RoPE (all three positions equal,
+ * whether given or not); embedding rows handed over a span of placeholder tokens act as those
+ * tokens' embeddings; decode's pos_delta equals an extend at the shifted position; and 3-D
+ * positions that differ between axes do change the result. Bit-equal where the arithmetic is. */
+static void test_mrope(void) {
+    enum { N = 40, V = 97 };
+    struct pd_backend *be = NULL;
+    struct pd_backend_opts bo = {.kind = PD_BACKEND_CPU, .threads = 2};
+    CHECK_OK(pd_backend_new(&bo, &be));
+    struct pd_model_config c = tiny_config(PD_ARCH_QWEN2), cv = c;
+    cv.vl = PD_VL_QWEN2;
+    cv.mrope_section[0] = cv.mrope_section[1] = cv.mrope_section[2] = 2; /* head_dim 12 */
+    struct fake_ckpt ck;
+    fake_ckpt_weights(&c, PD_DTYPE_F32, 0.3f, frand, &ck);
+    struct pd_model_opts mo = {.max_tokens = 64, .max_reqs = 2, .page_size = 16};
+    struct pd_model *plain = NULL, *vl = NULL;
+    struct pd_kv_pool kp = {0}, kv = {0};
+    CHECK_OK(pd_model_new(be, &c, fake_ckpt_find, &ck, &mo, &plain));
+    CHECK_OK(pd_model_new(be, &cv, fake_ckpt_find, &ck, &mo, &vl));
+    if (!plain || !vl)
+        goto out;
+    struct pd_kv_pool_opts ko = pd_model_kv_opts(plain, PD_DTYPE_F32);
+    ko.n_pages = 8;
+    CHECK_OK(pd_kv_pool_init(&kp, be, &ko));
+    CHECK_OK(pd_kv_pool_init(&kv, be, &ko));
+    int32_t prompt[N], pages[4] = {5, 1, 7, 2}, mpos[N * 3], one;
+    for (int i = 0; i < N; i++) {
+        prompt[i] = (int32_t)((i * 29 + 3) % V);
+        mpos[i * 3] = mpos[i * 3 + 1] = mpos[i * 3 + 2] = i;
+    }
+    static float ref[N * V], got[N * V], lg_a[V], lg_b[V];
+    struct pd_model_seq s = {
+        .tokens = prompt, .n_new = N, .n_cached = 0, .pages = pages, .n_pages = 4};
+    CHECK_OK(pd_model_extend(plain, &kp, &s, 1, true, ref));
+    CHECK_OK(pd_model_extend(vl, &kv, &s, 1, true, got));
+    CHECK(memcmp(ref, got, sizeof(ref)) == 0);
+    s.mpos = mpos;
+    CHECK_OK(pd_model_extend(vl, &kv, &s, 1, true, got));
+    CHECK(memcmp(ref, got, sizeof(ref)) == 0);
+    /* tokens 10..19 as placeholders (id 0), their embeddings handed over as rows */
+    int32_t holes[N];
+    memcpy(holes, prompt, sizeof(holes));
+    for (int i = 10; i < 20; i++)
+        holes[i] = 0;
+    const float *table = fake_ckpt_find(&ck, "model.embed_tokens.weight")->data;
+    float rows[10 * 48];
+    for (int i = 0; i < 10; i++)
+        memcpy(rows + i * 48, table + (size_t)prompt[10 + i] * 48, sizeof(float) * 48);
+    struct pd_model_embeds em = {.start = 10, .n = 10, .rows = rows};
+    s.tokens = holes;
+    s.embeds = &em;
+    s.n_embeds = 1;
+    CHECK_OK(pd_model_extend(vl, &kv, &s, 1, true, got));
+    CHECK(memcmp(ref, got, sizeof(ref)) == 0);
+    s.tokens = prompt;
+    s.embeds = NULL;
+    s.n_embeds = 0;
+    /* decode at index N with pos_delta -5 = an extend of the same token at position N - 5 */
+    one = prompt[3];
+    int32_t at[3] = {N - 5, N - 5, N - 5};
+    struct pd_model_seq d = {
+        .tokens = &one, .n_new = 1, .n_cached = N, .pages = pages, .n_pages = 4, .pos_delta = -5};
+    CHECK_OK(pd_model_decode(vl, &kv, &d, 1, lg_a));
+    d.pos_delta = 0;
+    d.mpos = at;
+    CHECK_OK(pd_model_extend(vl, &kv, &d, 1, false, lg_b));
+    CHECK(memcmp(lg_a, lg_b, sizeof(lg_a)) == 0);
+    /* an image-like grid: height and width positions apart from the temporal one */
+    for (int i = 10; i < 20; i++)
+        mpos[i * 3 + 1] = 10 + (i - 10) / 5, mpos[i * 3 + 2] = 10 + (i - 10) % 5;
+    s.mpos = mpos;
+    CHECK_OK(pd_model_extend(vl, &kv, &s, 1, true, got));
+    CHECK(pd_rel_err(got + 25 * V, ref + 25 * V, V) > 1e-4);
+    /* a span outside the new tokens is refused */
+    em.start = 35;
+    s.embeds = &em;
+    s.n_embeds = 1;
+    CHECK_ERR(pd_model_extend(vl, &kv, &s, 1, true, got), PD_EINVAL,
+              "embedding rows 35 .. 44 outside its 40 new tokens");
+out:
+    pd_kv_pool_free(&kp);
+    pd_kv_pool_free(&kv);
+    pd_model_free(plain);
+    pd_model_free(vl);
+    pd_backend_free(be);
+    fake_ckpt_free(&ck);
+}
+
 PD_TEST_MAIN(PD_TEST(test_chunking_llama), PD_TEST(test_chunking_qwen2),
              PD_TEST(test_chunking_qwen3_bf16), PD_TEST(test_batch_equals_alone),
              PD_TEST(test_bad_input), PD_TEST(test_missing_tensor), PD_TEST(test_sliding_window),
-             PD_TEST(test_kv_dtype_logits))
+             PD_TEST(test_kv_dtype_logits), PD_TEST(test_mrope))

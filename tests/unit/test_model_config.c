@@ -213,7 +213,12 @@ static int same_config(const struct pd_model_config *a, const struct pd_model_co
         a->torch_dtype == b->torch_dtype && a->bos_token_id == b->bos_token_id &&
         a->pad_token_id == b->pad_token_id && a->n_eos_token_ids == b->n_eos_token_ids &&
         a->gen_temperature == b->gen_temperature && a->gen_top_p == b->gen_top_p &&
-        a->gen_top_k == b->gen_top_k && a->gen_repetition_penalty == b->gen_repetition_penalty;
+        a->gen_top_k == b->gen_top_k && a->gen_repetition_penalty == b->gen_repetition_penalty &&
+        a->vl == b->vl && a->image_token_id == b->image_token_id &&
+        a->vision_start_token_id == b->vision_start_token_id &&
+        a->vision_end_token_id == b->vision_end_token_id;
+    for (int i = 0; same && i < 3; i++)
+        same = a->mrope_section[i] == b->mrope_section[i];
     for (int i = 0; same && i < a->n_eos_token_ids; i++)
         same = a->eos_token_ids[i] == b->eos_token_ids[i];
     return same;
@@ -714,9 +719,89 @@ static void test_arch_names(void) {
     CHECK_STR(pd_arch_hf_name(PD_ARCH_QWEN3), "Qwen3ForCausalLM");
     CHECK_STR(pd_arch_model_type(PD_ARCH_MISTRAL), "mistral");
     CHECK_STR(pd_arch_supported_list,
-              "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM");
+              "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, "
+              "Qwen2VLForConditionalGeneration, Qwen2_5_VLForConditionalGeneration");
+}
+
+/* Qwen2-VL-7B-Instruct's config.json (the Hub's layout: language keys at the top level). */
+static const char QWEN2_VL_HUB[] =
+    "{\"architectures\": [\"Qwen2VLForConditionalGeneration\"], \"attention_dropout\": 0.0,"
+    "\"bos_token_id\": 151643, \"eos_token_id\": 151645, \"vision_start_token_id\": 151652,"
+    "\"vision_end_token_id\": 151653, \"vision_token_id\": 151654, \"image_token_id\": 151655,"
+    "\"video_token_id\": 151656, \"hidden_act\": \"silu\", \"hidden_size\": 3584,"
+    "\"initializer_range\": 0.02, \"intermediate_size\": 18944, \"max_position_embeddings\": "
+    "32768, \"max_window_layers\": 28, \"model_type\": \"qwen2_vl\", \"num_attention_heads\": 28,"
+    "\"num_hidden_layers\": 28, \"num_key_value_heads\": 4, \"rms_norm_eps\": 1e-06,"
+    "\"rope_theta\": 1000000.0, \"sliding_window\": 32768, \"tie_word_embeddings\": false,"
+    "\"torch_dtype\": \"bfloat16\", \"use_cache\": true, \"use_sliding_window\": false,"
+    "\"vision_config\": {\"depth\": 32, \"embed_dim\": 1280, \"mlp_ratio\": 4, \"num_heads\": 16,"
+    "\"in_chans\": 3, \"hidden_size\": 3584, \"patch_size\": 14, \"spatial_merge_size\": 2,"
+    "\"spatial_patch_size\": 14, \"temporal_patch_size\": 2}, \"rope_scaling\": {\"type\": "
+    "\"mrope\", \"mrope_section\": [16, 24, 24]}, \"vocab_size\": 152064}";
+
+/* The same model as transformers 5 writes it: language keys under text_config, rope under
+ * rope_parameters (with rope_type "default" beside the M-RoPE type). */
+static const char QWEN2_VL_V5[] =
+    "{\"architectures\": [\"Qwen2VLForConditionalGeneration\"], \"dtype\": \"bfloat16\","
+    "\"image_token_id\": 151655, \"model_type\": \"qwen2_vl\", \"text_config\": {"
+    "\"bos_token_id\": 151643, \"eos_token_id\": 151645, \"hidden_act\": \"silu\","
+    "\"hidden_size\": 3584, \"intermediate_size\": 18944, \"max_position_embeddings\": 32768,"
+    "\"max_window_layers\": 28, \"model_type\": \"qwen2_vl_text\", \"num_attention_heads\": 28,"
+    "\"num_hidden_layers\": 28, \"num_key_value_heads\": 4, \"rms_norm_eps\": 1e-06,"
+    "\"rope_parameters\": {\"mrope_section\": [16, 24, 24], \"rope_theta\": 1000000.0,"
+    "\"rope_type\": \"default\", \"type\": \"mrope\"}, \"sliding_window\": 32768,"
+    "\"use_sliding_window\": false, \"vocab_size\": 152064}, \"tie_word_embeddings\": false,"
+    "\"vision_end_token_id\": 151653, \"vision_start_token_id\": 151652, \"vision_config\": "
+    "{\"depth\": 32}}";
+
+/* Qwen2-VL and Qwen2.5-VL: a Qwen2 language model with M-RoPE, read alike from both layouts;
+ * the sections must split head_dim / 2; a text-only architecture keeps no M-RoPE. */
+static void test_qwen2_vl(void) {
+    struct pd_model_config hub, v5, c;
+    CHECK_OK(parse(QWEN2_VL_HUB, &hub));
+    CHECK_INT(hub.arch, PD_ARCH_QWEN2);
+    CHECK_INT(hub.vl, PD_VL_QWEN2);
+    CHECK_INT(hub.hidden_size, 3584);
+    CHECK_INT(hub.head_dim, 128);
+    CHECK_INT(hub.mrope_section[0] * 10000 + hub.mrope_section[1] * 100 + hub.mrope_section[2],
+              162424);
+    CHECK_INT(hub.image_token_id, 151655);
+    CHECK_INT(hub.vision_start_token_id, 151652);
+    CHECK_INT(hub.vision_end_token_id, 151653);
+    CHECK(hub.attention_bias);
+    CHECK_DBL(hub.rope_theta, 1e6, 0);
+    CHECK_INT(hub.torch_dtype, PD_DTYPE_BF16);
+    CHECK_OK(parse(QWEN2_VL_V5, &v5));
+    CHECK(same_config(&hub, &v5));
+    check_round_trip(&hub);
+
+    CHECK_OK(parse(QWEN25_05B, &c));
+    CHECK_INT(c.vl, PD_VL_NONE);
+    CHECK(c.mrope_section[0] + c.mrope_section[1] + c.mrope_section[2] == 0);
+    CHECK_INT(c.image_token_id, -1);
+
+    char buf[4096];
+    snprintf(buf, sizeof(buf), "%s", QWEN2_VL_HUB);
+    char *sec = strstr(buf, "[16, 24, 24]");
+    CHECK(sec != NULL);
+    if (sec) {
+        memcpy(sec, "[16, 24, 16]", 12);
+        CHECK_ERR(parse(buf, &c), PD_EINVAL, "mrope_section 16 + 24 + 16 must be head_dim / 2");
+    }
+    snprintf(buf, sizeof(buf), "%s", QWEN2_VL_HUB);
+    char *mt = strstr(buf, "\"qwen2_vl\"");
+    CHECK(mt != NULL);
+    if (mt) {
+        memcpy(mt, "\"qwen2_xx\"", 10);
+        CHECK_ERR(parse(buf, &c), PD_EMISMATCH, "(model_type 'qwen2_vl') but model_type is");
+    }
+    CHECK_ERR(parse("{\"architectures\":[\"Qwen2_5_VLForConditionalGeneration\"],"
+                    "\"text_config\": 3}",
+                    &c),
+              PD_EINVAL, "key 'text_config' must be an object");
 }
 
 PD_TEST_MAIN(PD_TEST(test_llama31_8b), PD_TEST(test_mistral_7b), PD_TEST(test_qwen25_05b),
              PD_TEST(test_qwen3_06b), PD_TEST(test_defaults), PD_TEST(test_errors),
-             PD_TEST(test_load_dir), PD_TEST(test_alloc_failures), PD_TEST(test_arch_names))
+             PD_TEST(test_load_dir), PD_TEST(test_alloc_failures), PD_TEST(test_arch_names),
+             PD_TEST(test_qwen2_vl))

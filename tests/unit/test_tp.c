@@ -77,12 +77,17 @@ static int run_steps(struct rank_run *rr) {
     struct pd_model_seq s[NREQ];
     /* step 0: request 0 has a 9-token prefix already in its pages; all extend together */
     if (!rc) {
-        struct pd_model_seq p = {toks[0], 9, 0, pages[0], 4};
+        struct pd_model_seq p = {
+            .tokens = toks[0], .n_new = 9, .n_cached = 0, .pages = pages[0], .n_pages = 4};
         rc = pd_model_extend(m, &kv, &p, 1, false, rr->logits[0][0]);
     }
     for (int q = 0; q < NREQ && !rc; q++) {
         int cached = q == 0 ? 9 : 0;
-        s[q] = (struct pd_model_seq){toks[q] + cached, prompt_len[q] - cached, cached, pages[q], 4};
+        s[q] = (struct pd_model_seq){.tokens = toks[q] + cached,
+                                     .n_new = prompt_len[q] - cached,
+                                     .n_cached = cached,
+                                     .pages = pages[q],
+                                     .n_pages = 4};
     }
     if (!rc)
         rc = pd_model_extend(m, &kv, s, NREQ, false, &rr->logits[0][0][0]);
@@ -92,7 +97,11 @@ static int run_steps(struct rank_run *rr) {
         int32_t next[NREQ];
         for (int q = 0; q < NREQ; q++) {
             next[q] = (int32_t)((st * 7 + q * 13) % VOCAB);
-            s[q] = (struct pd_model_seq){&next[q], 1, prompt_len[q] + st - 1, pages[q], 4};
+            s[q] = (struct pd_model_seq){.tokens = &next[q],
+                                         .n_new = 1,
+                                         .n_cached = prompt_len[q] + st - 1,
+                                         .pages = pages[q],
+                                         .n_pages = 4};
         }
         rc = pd_model_decode(m, &kv, s, NREQ, &rr->logits[st][0][0]);
     }

@@ -160,13 +160,16 @@ static void test_refused_steps(void) {
     float *logits = pd_calloc((size_t)4 * V, sizeof(float));
     int32_t bad_tok[2] = {1, (int32_t)V}, good[2] = {1, 2}, bad_pages[1] = {PAGES},
             ok_pages[1] = {4};
-    struct pd_model_seq s = {bad_tok, 2, 0, ok_pages, 1};
+    struct pd_model_seq s = {
+        .tokens = bad_tok, .n_new = 2, .n_cached = 0, .pages = ok_pages, .n_pages = 1};
     CHECK_INT(pd_tp_group_extend(g, &s, 1, false, logits), PD_ERANGE);
     CHECK(strstr(pd_error_msg(), "outside the vocabulary") != NULL);
-    s = (struct pd_model_seq){good, 2, 0, bad_pages, 1};
+    s = (struct pd_model_seq){
+        .tokens = good, .n_new = 2, .n_cached = 0, .pages = bad_pages, .n_pages = 1};
     CHECK_INT(pd_tp_group_extend(g, &s, 1, false, logits), PD_ERANGE);
     CHECK(strstr(pd_error_msg(), "outside the kv pool") != NULL);
-    s = (struct pd_model_seq){good, 2, 0, ok_pages, 1};
+    s = (struct pd_model_seq){
+        .tokens = good, .n_new = 2, .n_cached = 0, .pages = ok_pages, .n_pages = 1};
     CHECK_INT(pd_tp_group_decode(g, &s, 1, logits), PD_EINVAL);
     int32_t id;
     float lp;
