@@ -110,8 +110,8 @@ char *pd_generation_config_to_json(const struct pd_model_config *cfg);
 /* One tensor a config implies, in the order Hugging Face checkpoints list them. */
 struct pd_tensor_spec {
     char name[96];    /* "model.layers.3.self_attn.q_proj.weight" */
-    int ndim;         /* 1 or 2 */
-    int64_t shape[2]; /* row-major, as safetensors: [out_features][in_features] */
+    int ndim;         /* 1 or 2 (a vision encoder's patch embedding: 5) */
+    int64_t shape[5]; /* row-major, as safetensors: [out_features][in_features] */
 };
 
 /* Fills *out (allocated with pd_malloc, caller frees) with every tensor cfg requires:

@@ -14,8 +14,8 @@
 #include <string.h>
 
 /* index 0 is "auto"; the rest follow enum pd_mkmodel_family */
-static const char *const family_choices[] = {"auto",  "llama", "llama2", "mistral",
-                                             "qwen2", "qwen3", NULL};
+static const char *const family_choices[] = {"auto",  "llama",    "llama2",     "mistral", "qwen2",
+                                             "qwen3", "qwen2_vl", "qwen2_5_vl", NULL};
 static const char *const dtype_choices[] = {"bf16", "f16", "f32", NULL};
 static const enum pd_dtype dtype_values[] = {PD_DTYPE_BF16, PD_DTYPE_F16, PD_DTYPE_F32};
 
@@ -26,7 +26,9 @@ static const char summary[] =
     "tokenizer_config.json. Same flags and seed give byte-identical files.\n"
     "Families: llama (Llama-3 style: byte-level tokenizer, llama3 rope scaling), llama2\n"
     "(sentencepiece-style tokenizer with byte fallback), mistral, qwen2 (q/k/v bias), qwen3\n"
-    "(q/k norm). --shape tiny is a few hundred KB for tests; the other shapes are the published\n"
+    "(q/k norm), qwen2_vl and qwen2_5_vl (a Qwen2 language model with M-RoPE, a small vision\n"
+    "encoder, preprocessor_config.json and Qwen2-VL's vision tokens and chat template; tiny\n"
+    "only). --shape tiny is a few hundred KB for tests; the other shapes are the published\n"
     "configs (GBs: shards are generated one at a time, so memory stays about one shard).\n"
     "Size overrides default to 0, meaning the shape's value.\n"
     "example: pdserve-mkmodel --family qwen3 --out models/tiny-qwen3 --shard-size 64K";

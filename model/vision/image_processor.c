@@ -24,6 +24,7 @@
 
 #include <cjson/cJSON.h>
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* Bounds far above any real processor, low enough that no product of them overflows. */
@@ -197,6 +198,40 @@ int pd_image_processor_config_load(const char *path, struct pd_image_processor_c
     rc = pd_image_processor_config_parse(text, len, path, out);
     pd_free(text);
     return rc;
+}
+
+char *pd_image_processor_config_to_json(const struct pd_image_processor_config *cfg) {
+    cJSON *o = cJSON_CreateObject(), *size = cJSON_CreateObject();
+    bool ok = o && size && cJSON_AddItemToObject(o, "size", size);
+    if (!ok)
+        cJSON_Delete(size);
+    ok = ok && cJSON_AddNumberToObject(size, "shortest_edge", (double)cfg->min_pixels) &&
+         cJSON_AddNumberToObject(size, "longest_edge", (double)cfg->max_pixels) &&
+         cJSON_AddStringToObject(o, "image_processor_type", "Qwen2VLImageProcessor") &&
+         cJSON_AddStringToObject(o, "processor_class", "Qwen2VLProcessor") &&
+         cJSON_AddNumberToObject(o, "min_pixels", (double)cfg->min_pixels) &&
+         cJSON_AddNumberToObject(o, "max_pixels", (double)cfg->max_pixels) &&
+         cJSON_AddNumberToObject(o, "patch_size", cfg->patch_size) &&
+         cJSON_AddNumberToObject(o, "temporal_patch_size", cfg->temporal_patch_size) &&
+         cJSON_AddNumberToObject(o, "merge_size", cfg->merge_size) &&
+         cJSON_AddItemToObject(o, "image_mean", cJSON_CreateDoubleArray(cfg->image_mean, 3)) &&
+         cJSON_AddItemToObject(o, "image_std", cJSON_CreateDoubleArray(cfg->image_std, 3)) &&
+         cJSON_AddNumberToObject(o, "rescale_factor", cfg->rescale_factor) &&
+         cJSON_AddBoolToObject(o, "do_resize", cfg->do_resize) &&
+         cJSON_AddBoolToObject(o, "do_rescale", cfg->do_rescale) &&
+         cJSON_AddBoolToObject(o, "do_normalize", cfg->do_normalize) &&
+         cJSON_AddBoolToObject(o, "do_convert_rgb", cfg->do_convert_rgb) &&
+         cJSON_AddNumberToObject(o, "resample", (int)cfg->resample);
+    char *text = ok ? cJSON_Print(o) : NULL, *copy = NULL;
+    cJSON_Delete(o);
+    if (text && (copy = pd_malloc(strlen(text) + 2))) {
+        strcpy(copy, text);
+        strcat(copy, "\n");
+    }
+    free(text); /* cJSON allocates with malloc */
+    if (!copy)
+        pd_errorf(PD_ENOMEM, "writing preprocessor_config.json");
+    return copy;
 }
 
 /* ---- smart_resize ---- */

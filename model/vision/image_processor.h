@@ -45,6 +45,11 @@ void pd_image_processor_config_default(struct pd_image_processor_config *cfg);
 int pd_image_processor_config_parse(const char *json, size_t len, const char *src,
                                     struct pd_image_processor_config *out);
 
+/* preprocessor_config.json text for cfg as transformers writes it for Qwen2VLImageProcessor
+ * (size and the older min_pixels / max_pixels both, processor_class Qwen2VLProcessor); it parses
+ * back to cfg. The caller frees it with pd_free; NULL with the error set when memory runs out. */
+char *pd_image_processor_config_to_json(const struct pd_image_processor_config *cfg);
+
 /* Reads and parses path. */
 int pd_image_processor_config_load(const char *path, struct pd_image_processor_config *out);
 

@@ -202,3 +202,111 @@ int pd_vision_config_load(const char *dir, struct pd_vision_config *out) {
     pd_free(text);
     return rc;
 }
+
+struct cJSON *pd_vision_config_json(const struct pd_vision_config *c) {
+    bool v2 = c->family == PD_VISION_QWEN2_VL;
+    if (v2 && c->mlp_dim % c->embed_dim) {
+        pd_errorf(PD_EINVAL, "vision_config: an MLP of %d is no mlp_ratio of a width of %d",
+                  c->mlp_dim, c->embed_dim);
+        return NULL;
+    }
+    cJSON *o = cJSON_CreateObject();
+    const char *act = !v2 ? "silu" : c->act == PD_ACT_GELU ? "gelu" : "quick_gelu";
+    cJSON *rope = cJSON_CreateObject();
+    bool ok = o && rope && cJSON_AddItemToObject(o, "rope_parameters", rope);
+    if (!ok)
+        cJSON_Delete(rope);
+    ok = ok && cJSON_AddNumberToObject(rope, "rope_theta", c->rope_theta) &&
+         cJSON_AddStringToObject(rope, "rope_type", "axial") &&
+         cJSON_AddStringToObject(o, "model_type", v2 ? "qwen2_vl" : "qwen2_5_vl") &&
+         cJSON_AddNumberToObject(o, "depth", c->depth) &&
+         cJSON_AddStringToObject(o, "hidden_act", act) &&
+         cJSON_AddNumberToObject(o, "num_heads", c->num_heads) &&
+         cJSON_AddNumberToObject(o, "in_channels", c->in_channels) &&
+         cJSON_AddNumberToObject(o, "patch_size", c->patch_size) &&
+         cJSON_AddNumberToObject(o, "spatial_merge_size", c->spatial_merge_size) &&
+         cJSON_AddNumberToObject(o, "temporal_patch_size", c->temporal_patch_size);
+    if (ok && v2)
+        ok = cJSON_AddNumberToObject(o, "embed_dim", c->embed_dim) &&
+             cJSON_AddNumberToObject(o, "hidden_size", c->out_dim) &&
+             cJSON_AddNumberToObject(o, "mlp_ratio", c->mlp_dim / c->embed_dim);
+    else if (ok)
+        ok = cJSON_AddNumberToObject(o, "hidden_size", c->embed_dim) &&
+             cJSON_AddNumberToObject(o, "out_hidden_size", c->out_dim) &&
+             cJSON_AddNumberToObject(o, "intermediate_size", c->mlp_dim) &&
+             cJSON_AddNumberToObject(o, "window_size", c->window_size) &&
+             cJSON_AddNumberToObject(o, "tokens_per_second", 2) &&
+             cJSON_AddItemToObject(o, "fullatt_block_indexes",
+                                   cJSON_CreateIntArray(c->fullatt_block_indexes, c->n_fullatt));
+    if (!ok) {
+        cJSON_Delete(o);
+        pd_errorf(PD_ENOMEM, "writing vision_config");
+        return NULL;
+    }
+    return o;
+}
+
+static void spec(struct pd_tensor_spec *s, size_t *n, const char *name, int ndim, int64_t d0,
+                 int64_t d1) {
+    struct pd_tensor_spec *t = &s[(*n)++];
+    snprintf(t->name, sizeof(t->name), "visual.%s", name);
+    t->ndim = ndim;
+    t->shape[0] = d0;
+    t->shape[1] = d1;
+}
+
+int pd_vision_tensor_specs(const struct pd_vision_config *c, struct pd_tensor_spec **out,
+                           size_t *n_out) {
+    bool v2 = c->family == PD_VISION_QWEN2_VL;
+    int64_t E = c->embed_dim, M = c->mlp_dim, H = E * c->spatial_merge_size * c->spatial_merge_size;
+    size_t cap = 8 + (size_t)c->depth * 16, n = 0;
+    struct pd_tensor_spec *s = pd_calloc(cap, sizeof(*s));
+    if (!s)
+        return pd_error_wrap(PD_ENOMEM, "listing the vision encoder's tensors");
+    char nm[96];
+    spec(s, &n, "patch_embed.proj.weight", 5, E, c->in_channels);
+    s[0].shape[2] = c->temporal_patch_size;
+    s[0].shape[3] = s[0].shape[4] = c->patch_size;
+    for (int l = 0; l < c->depth; l++) {
+#define B(suffix, nd, d0, d1)                                                                      \
+    snprintf(nm, sizeof(nm), "blocks.%d.%s", l, suffix);                                           \
+    spec(s, &n, nm, nd, d0, d1)
+        B("norm1.weight", 1, E, 0);
+        if (v2) {
+            B("norm1.bias", 1, E, 0);
+        }
+        B("norm2.weight", 1, E, 0);
+        if (v2) {
+            B("norm2.bias", 1, E, 0);
+        }
+        B("attn.qkv.weight", 2, 3 * E, E);
+        B("attn.qkv.bias", 1, 3 * E, 0);
+        B("attn.proj.weight", 2, E, E);
+        B("attn.proj.bias", 1, E, 0);
+        if (v2) {
+            B("mlp.fc1.weight", 2, M, E);
+            B("mlp.fc1.bias", 1, M, 0);
+            B("mlp.fc2.weight", 2, E, M);
+            B("mlp.fc2.bias", 1, E, 0);
+        } else {
+            B("mlp.gate_proj.weight", 2, M, E);
+            B("mlp.gate_proj.bias", 1, M, 0);
+            B("mlp.up_proj.weight", 2, M, E);
+            B("mlp.up_proj.bias", 1, M, 0);
+            B("mlp.down_proj.weight", 2, E, M);
+            B("mlp.down_proj.bias", 1, E, 0);
+        }
+#undef B
+    }
+    spec(s, &n, "merger.ln_q.weight", 1, E, 0);
+    if (v2)
+        spec(s, &n, "merger.ln_q.bias", 1, E, 0);
+    spec(s, &n, "merger.mlp.0.weight", 2, H, H);
+    spec(s, &n, "merger.mlp.0.bias", 1, H, 0);
+    spec(s, &n, "merger.mlp.2.weight", 2, c->out_dim, H);
+    spec(s, &n, "merger.mlp.2.bias", 1, c->out_dim, 0);
+    PD_ASSERT(n <= cap);
+    *out = s;
+    *n_out = n;
+    return PD_OK;
+}

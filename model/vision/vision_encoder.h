@@ -62,6 +62,14 @@ int pd_vision_config_parse(const char *json, size_t len, const char *src,
                            struct pd_vision_config *out);
 /* Reads dir/config.json. */
 int pd_vision_config_load(const char *dir, struct pd_vision_config *out);
+/* cfg as config.json's "vision_config" object, with transformers 5's keys for its family (it
+ * parses back to cfg; Qwen2-VL's mlp_dim must be a multiple of embed_dim, its mlp_ratio); NULL
+ * with the error set when memory runs out or cfg cannot be written. The caller owns it. */
+struct cJSON *pd_vision_config_json(const struct pd_vision_config *cfg);
+/* The tensors of the encoder, as the Hub's checkpoints name them ("visual.blocks.0.attn.qkv.
+ * weight"; the patch embedding a 5-D Conv3d kernel). *out pd_malloc'ed, the caller frees it. */
+int pd_vision_tensor_specs(const struct pd_vision_config *cfg, struct pd_tensor_spec **out,
+                           size_t *n_out);
 
 struct pd_vision_encoder_opts {
     /* the most patches one image may have (the processor's max_pixels / patch_size²); buffers

@@ -20,7 +20,11 @@ Then the language model with images: three prompts of 1 to 3 images (placeholder
 HF's last-position logits and 32 greedy tokens (model.generate) against pdserve-generate --image
 with the same images, unchunked and with chunked prefills of 7 and 64 tokens cutting through the
 image tokens: logits within 1e-4 of their scale, tokens identical.
+Last, pdserve-mkmodel's qwen2_vl and qwen2_5_vl models are loaded by transformers
+(AutoProcessor, AutoModelForImageTextToText): a chat with an image renders through their chat
+template to one <|image_pad|>, and HF's greedy tokens equal pdserve-generate's for it.
 usage: test_vision_hf.py PATH/TO/pd_vision_encode_dump PATH/TO/pdserve-generate
+       PATH/TO/pdserve-mkmodel
 """
 import json
 import os
@@ -232,12 +236,74 @@ def bad_inputs(dump, tmp, rng):
     check(r.returncode == 1 and "heads" in r.stderr, "width not split into heads: %r" % r.stderr)
 
 
+def mkmodel_family(family, mkmodel, tmp, rng):
+    """pdserve-mkmodel's vision-language families, read by transformers: the processor (image
+    processor, tokenizer, chat template) renders a chat with an image into input ids, and the
+    model transformers loads generates what pdserve-generate does from those ids and the image."""
+    d = os.path.join(tmp, "mk_" + family)
+    r = subprocess.run([mkmodel, "--family", family, "--out", d], capture_output=True, text=True)
+    if not check(r.returncode == 0, "mkmodel %s: %s" % (family, r.stderr)):
+        return
+    # the processor's parts (AutoProcessor would want torchvision for a video processor)
+    from transformers import AutoModelForImageTextToText, AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(d)
+    improc = Qwen2VLImageProcessorPil.from_pretrained(d)
+    model = AutoModelForImageTextToText.from_pretrained(d, dtype=torch.float32).eval()
+    f = os.path.join(tmp, "mk_%s.png" % family)
+    make_image(rng, 150, 100).save(f)
+    msgs = [{"role": "user", "content": [{"type": "image"}, {"type": "text",
+                                                            "text": "What is in it?"}]}]
+    text = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+    cfg = json.load(open(os.path.join(d, "config.json")))
+    img = cfg["image_token_id"]
+    check("<|vision_start|><|image_pad|><|vision_end|>" in text,
+          "mkmodel %s: the chat template puts the image placeholder: %r" % (family, text))
+    one = tok(text)["input_ids"]
+    check(one.count(img) == 1, "mkmodel %s: one <|image_pad|> (id %d) in %s" % (family, img, one))
+    pv = improc(images=[Image.open(f)], return_tensors="pt")
+    t_, h, w = pv["image_grid_thw"][0].tolist()
+    expanded = []
+    for t in one:  # as Qwen2VLProcessor expands <|image_pad|>
+        expanded += [img] * (t_ * h * w // 4) if t == img else [t]
+    ids = torch.tensor([expanded])
+    with torch.no_grad():
+        g = model.generate(ids, pixel_values=pv["pixel_values"],
+                           image_grid_thw=pv["image_grid_thw"], mm_token_type_ids=(ids == img).int(),
+                           max_new_tokens=NEW_TOKENS, do_sample=False, min_new_tokens=NEW_TOKENS,
+                           eos_token_id=None, output_logits=True, return_dict_in_generate=True,
+                           repetition_penalty=1.0)  # mkmodel's generation_config has 1.05
+    toks = g.sequences[0, ids.shape[1]:].tolist()
+    lf = os.path.join(tmp, "mk_logits.f32")
+    r = subprocess.run([GENERATE[0], "--model-path", d, "--prompt-ids",
+                        " ".join(map(str, one)), "--image", f, "--max-new-tokens",
+                        str(NEW_TOKENS), "--ignore-eos", "--ids", "--threads", "2",
+                        "--logits-out", lf], capture_output=True, text=True, timeout=300)
+    if not check(r.returncode == 0, "mkmodel %s: pdserve-generate: %s" % (family, r.stderr)):
+        return
+    ours = [int(x) for x in r.stdout.strip().splitlines()[-1].split()]
+    want = g.logits[0][0].float().numpy()
+    err = float(np.abs(np.fromfile(lf, dtype=np.float32) - want).max() / np.abs(want).max())
+    check(err <= TOLERANCE, "mkmodel %s: prompt logits off by %.3g of their scale" % (family, err))
+    # bf16 weights at 1/sqrt(fan-in) give flat logits: greedy paths may part only where HF's top
+    # two are within float noise of each other (1e-5 of the row's scale)
+    k = next((i for i, (a, b) in enumerate(zip(ours, toks)) if a != b), len(toks))
+    if k < len(toks):
+        top2 = np.sort(g.logits[k][0].float().numpy())[-2:]
+        gap = float(top2[1] - top2[0]) / float(np.abs(g.logits[k][0].float().numpy()).max())
+        check(gap < 1e-5, "mkmodel %s: greedy tokens part at %d where HF's top two are %.3g of "
+              "the scale apart: %s vs HF %s" % (family, k, gap, ours, toks))
+    print("mkmodel %s: HF loads it; %d prompt tokens with the image, logits error %.3g, greedy "
+          "tokens equal for %d of %d%s" % (family, ids.shape[1], err, k, len(toks),
+                                           "" if k == len(toks) else " (then a tie)"))
+
+
 GENERATE = []
 
 
 def main():
     dump = sys.argv[1]
     GENERATE.append(sys.argv[2])
+    mkmodel = sys.argv[3]
     torch.set_num_threads(2)
     base = os.environ.get("PD_TEST_TMPDIR")
     if base:
@@ -247,6 +313,8 @@ def main():
         for family in FAMILIES:
             run_family(family, dump, tmp, rng)
         bad_inputs(dump, tmp, rng)
+        for family in FAMILIES:
+            mkmodel_family(family, mkmodel, tmp, rng)
     if failures:
         print("%d failures" % len(failures))
         sys.exit(1)

@@ -2,6 +2,8 @@
  * and unsharded writes hold the same tensors; files depend on the seed and nothing else; the
  * published shapes have their published parameter counts; bad options are refused by name. */
 #include "pd_test.h"
+#include "model/vision/image_processor.h"
+#include "model/vision/vision_encoder.h"
 
 #include "common/base/alloc.h"
 #include "model/dtype.h"
@@ -105,6 +107,35 @@ static void check_tokenizer(const char *dir, const struct pd_model_config *cfg) 
     pd_free(text);
 }
 
+/* A vision-language model's encoder: its config, its processor's, and the encoder built on a
+ * cpu backend from the checkpoint (which checks every visual.* tensor's shape); adds its tensor
+ * count to *n. */
+static void check_vision(const char *dir, const struct pd_checkpoint *ck,
+                         const struct pd_model_config *lm, size_t *n) {
+    struct pd_vision_config vc;
+    struct pd_image_processor_config pc;
+    char path[600];
+    snprintf(path, sizeof(path), "%s/preprocessor_config.json", dir);
+    CHECK_OK(pd_vision_config_load(dir, &vc));
+    CHECK_OK(pd_image_processor_config_load(path, &pc));
+    CHECK_INT(vc.out_dim, lm->hidden_size);
+    CHECK(lm->image_token_id >= 0 && lm->image_token_id < lm->vocab_size);
+    struct pd_tensor_spec *vs = NULL;
+    size_t nv = 0;
+    CHECK_OK(pd_vision_tensor_specs(&vc, &vs, &nv));
+    pd_free(vs);
+    *n += nv;
+    struct pd_backend *be = NULL;
+    struct pd_backend_opts bo = {.kind = PD_BACKEND_CPU, .threads = 1};
+    struct pd_vision_encoder *enc = NULL;
+    struct pd_vision_encoder_opts eo = {.max_patches = 64};
+    CHECK_OK(pd_backend_new(&bo, &be));
+    if (be)
+        CHECK_OK(pd_vision_encoder_new(be, &vc, ck, &eo, &enc));
+    pd_vision_encoder_free(enc);
+    pd_backend_free(be);
+}
+
 static void test_every_family_loads(void) {
     for (int f = 0; pd_mkmodel_family_names[f]; f++) {
         struct pd_mkmodel_opts o = tiny((enum pd_mkmodel_family)f);
@@ -130,7 +161,10 @@ static void test_every_family_loads(void) {
         CHECK_INT(got.head_dim, want.head_dim);
         CHECK_INT(got.num_key_value_heads, want.num_key_value_heads);
         CHECK_INT(got.tie_word_embeddings, want.tie_word_embeddings);
-        CHECK_INT(got.attention_bias, f == PD_MKMODEL_QWEN2);
+        bool vl = f == PD_MKMODEL_QWEN2_VL || f == PD_MKMODEL_QWEN2_5_VL;
+        CHECK_INT(got.attention_bias, f == PD_MKMODEL_QWEN2 || vl);
+        CHECK_INT(got.vl,
+                  vl ? (f == PD_MKMODEL_QWEN2_VL ? PD_VL_QWEN2 : PD_VL_QWEN2_5) : PD_VL_NONE);
         CHECK_INT(got.qk_norm, f == PD_MKMODEL_QWEN3);
         CHECK_INT(got.rope_scaling.type, f == PD_MKMODEL_LLAMA ? PD_ROPE_LLAMA3 : PD_ROPE_DEFAULT);
         CHECK_DBL(got.rms_norm_eps, want.rms_norm_eps, 1e-12);
@@ -148,8 +182,10 @@ static void test_every_family_loads(void) {
             struct pd_tensor_spec *specs;
             size_t n;
             CHECK_OK(pd_model_tensor_specs(&got, &specs, &n));
-            CHECK_INT(pd_checkpoint_count(a), n);
             pd_free(specs);
+            if (vl) /* the vision encoder's tensors too, and it builds from them */
+                check_vision(one, a, &got, &n);
+            CHECK_INT(pd_checkpoint_count(a), n);
             CHECK(same_tensors(a, b));
             /* the sharded one really is sharded, across several files */
             int max_shard = 0;
@@ -312,7 +348,7 @@ static int64_t param_count(const struct pd_model_config *cfg) {
         return -1;
     int64_t p = 0;
     for (size_t i = 0; i < n; i++)
-        p += s[i].shape[0] * (s[i].ndim == 2 ? s[i].shape[1] : 1);
+        p += s[i].shape[0] * (s[i].ndim == 2 ? s[i].shape[1] : 1); /* language models: 1-2 */
     pd_free(s);
     return p;
 }

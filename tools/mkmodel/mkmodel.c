@@ -17,6 +17,8 @@
  * not depend on thread count or shard layout, and blocks fill in parallel.
  */
 #include "tools/mkmodel/mkmodel.h"
+#include "model/vision/image_processor.h"
+#include "model/vision/vision_encoder.h"
 #include "common/base/alloc.h"
 #include "common/base/file.h"
 #include "common/base/log.h"
@@ -35,6 +37,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include <cjson/cJSON.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -43,8 +47,8 @@
 #define PD_MK_MAX_THREADS 16
 #define PD_MK_TOKENIZER_CAP 4096 /* the corpus supports ~1.5-2k merges; HF vocabs are bigger */
 
-const char *const pd_mkmodel_family_names[] = {"llama", "llama2", "mistral",
-                                               "qwen2", "qwen3",  NULL};
+const char *const pd_mkmodel_family_names[] = {"llama", "llama2",   "mistral",    "qwen2",
+                                               "qwen3", "qwen2_vl", "qwen2_5_vl", NULL};
 
 struct shape {
     const char *name;
@@ -97,7 +101,19 @@ static const struct shape tiny_shapes[] = {
                           1e-6, true, 0, 0},
     [PD_MKMODEL_QWEN3] = {"tiny", PD_MKMODEL_QWEN3, 1024, 64, 128, 2, 4, 2, 32, 2048, 1000000.0,
                           1e-6, true, 0, 0},
+    [PD_MKMODEL_QWEN2_VL] = {"tiny", PD_MKMODEL_QWEN2_VL, 1024, 64, 128, 2, 4, 2, 16, 2048,
+                             1000000.0, 1e-6, false, 0, 0},
+    [PD_MKMODEL_QWEN2_5_VL] = {"tiny", PD_MKMODEL_QWEN2_5_VL, 1024, 64, 128, 2, 4, 2, 16, 2048,
+                               1000000.0, 1e-6, false, 0, 0},
 };
+
+static bool is_vl(enum pd_mkmodel_family f) {
+    return f == PD_MKMODEL_QWEN2_VL || f == PD_MKMODEL_QWEN2_5_VL;
+}
+
+static bool is_qwen2_lm(enum pd_mkmodel_family f) {
+    return f == PD_MKMODEL_QWEN2 || is_vl(f);
+}
 
 static const struct shape *shape_by_name(const char *name) {
     for (size_t i = 0; i < PD_ARRAY_LEN(shapes); i++)
@@ -109,7 +125,9 @@ static const struct shape *shape_by_name(const char *name) {
 static enum pd_arch family_arch(enum pd_mkmodel_family f) {
     switch (f) {
     case PD_MKMODEL_MISTRAL: return PD_ARCH_MISTRAL;
-    case PD_MKMODEL_QWEN2: return PD_ARCH_QWEN2;
+    case PD_MKMODEL_QWEN2:
+    case PD_MKMODEL_QWEN2_VL:
+    case PD_MKMODEL_QWEN2_5_VL: return PD_ARCH_QWEN2;
     case PD_MKMODEL_QWEN3: return PD_ARCH_QWEN3;
     default: return PD_ARCH_LLAMA;
     }
@@ -121,6 +139,8 @@ static enum pd_tokgen_flavor family_tokenizer(enum pd_mkmodel_family f) {
     case PD_MKMODEL_MISTRAL: return PD_TOKGEN_MISTRAL;
     case PD_MKMODEL_QWEN2: return PD_TOKGEN_QWEN2;
     case PD_MKMODEL_QWEN3: return PD_TOKGEN_QWEN3;
+    case PD_MKMODEL_QWEN2_VL:
+    case PD_MKMODEL_QWEN2_5_VL: return PD_TOKGEN_QWEN2_VL;
     default: return PD_TOKGEN_LLAMA3;
     }
 }
@@ -170,7 +190,7 @@ static int check_dim(const char *what, int v, int max) {
  * tokenizer (151936 rows, 151665 tokens). */
 static int tokenizer_cap(enum pd_mkmodel_family f, int vocab) {
     int cap = vocab < PD_MK_TOKENIZER_CAP ? vocab : PD_MK_TOKENIZER_CAP;
-    if ((f == PD_MKMODEL_QWEN2 || f == PD_MKMODEL_QWEN3) && vocab <= PD_MK_TOKENIZER_CAP &&
+    if ((is_qwen2_lm(f) || f == PD_MKMODEL_QWEN3) && vocab <= PD_MK_TOKENIZER_CAP &&
         vocab - vocab / 64 >= pd_tokgen_min_tokens(family_tokenizer(f)))
         cap = vocab - vocab / 64;
     return cap;
@@ -234,7 +254,18 @@ int pd_mkmodel_config(const struct pd_mkmodel_opts *o, struct pd_model_config *c
         c.rope_scaling.original_max_position_embeddings = s->llama3_orig_max;
     }
     c.tie_word_embeddings = o->tie_word_embeddings < 0 ? s->tie : o->tie_word_embeddings != 0;
-    c.attention_bias = fam == PD_MKMODEL_QWEN2;
+    c.attention_bias = is_qwen2_lm(fam);
+    if (is_vl(fam)) { /* M-RoPE sections in Qwen's proportions (16, 24, 24 of 64) */
+        int half = c.head_dim / 2;
+        c.vl = fam == PD_MKMODEL_QWEN2_VL ? PD_VL_QWEN2 : PD_VL_QWEN2_5;
+        c.mrope_section[0] = half / 4;
+        c.mrope_section[1] = (half - half / 4) / 2;
+        c.mrope_section[2] = half - c.mrope_section[0] - c.mrope_section[1];
+        if (o->sliding_window)
+            return pd_errorf(PD_EINVAL, "a sliding window is not offered with family %s",
+                             pd_mkmodel_family_names[fam]);
+    }
+    c.image_token_id = c.vision_start_token_id = c.vision_end_token_id = -1;
     c.qk_norm = fam == PD_MKMODEL_QWEN3;
     if (o->sliding_window < 0 || o->max_window_layers < 0)
         return pd_errorf(PD_EINVAL, "sliding window %d / max window layers %d: must be >= 0",
@@ -261,6 +292,8 @@ int pd_mkmodel_config(const struct pd_mkmodel_opts *o, struct pd_model_config *c
         c.gen_top_p = 0.9;
         break;
     case PD_MKMODEL_QWEN2:
+    case PD_MKMODEL_QWEN2_VL:
+    case PD_MKMODEL_QWEN2_5_VL:
         c.gen_temperature = 0.7;
         c.gen_top_p = 0.8;
         c.gen_top_k = 20;
@@ -420,12 +453,24 @@ out:
     return rc;
 }
 
+/* Values of a tensor spec. */
+static uint64_t spec_elems(const struct pd_tensor_spec *s) {
+    uint64_t n = 1;
+    for (int d = 0; d < s->ndim; d++)
+        n *= (uint64_t)s->shape[d];
+    return n;
+}
+
 static void init_of(const struct pd_tensor_spec *s, float *mean, float *std) {
     size_t len = strlen(s->name);
-    if (s->ndim == 2) {
+    if (s->ndim >= 2) { /* 1 / sqrt(fan-in), a Conv3d's over its whole kernel */
         *mean = 0;
-        *std = (float)(1.0 / sqrt((double)s->shape[1]));
-    } else if (len >= 11 && strcmp(s->name + len - 11, "norm.weight") == 0) {
+        *std = (float)(1.0 / sqrt((double)(spec_elems(s) / (uint64_t)s->shape[0])));
+    } else if ((len >= 11 && strcmp(s->name + len - 11, "norm.weight") == 0) ||
+               (len >= 13 && strcmp(s->name + len - 13, "norm1.weight") == 0) ||
+               (len >= 12 && (strcmp(s->name + len - 12, "norm2.weight") == 0 ||
+                              strcmp(s->name + len - 12, "norm1.weight") == 0 ||
+                              strcmp(s->name + len - 11, "ln_q.weight") == 0))) {
         *mean = 1;
         *std = 0.05f;
     } else {
@@ -564,6 +609,64 @@ static int write_text(const char *dir, const char *name, char *text /* freed her
     return rc;
 }
 
+/* The tiny vision encoder of a vision-language family, in the language model's width. */
+static void tiny_vision(enum pd_mkmodel_family fam, const struct pd_model_config *lm,
+                        struct pd_vision_config *vc) {
+    memset(vc, 0, sizeof(*vc));
+    vc->family = fam == PD_MKMODEL_QWEN2_VL ? PD_VISION_QWEN2_VL : PD_VISION_QWEN2_5_VL;
+    vc->depth = 2;
+    vc->embed_dim = 32;
+    vc->num_heads = 2;
+    vc->mlp_dim = 64;
+    vc->out_dim = lm->hidden_size;
+    vc->in_channels = 3;
+    vc->patch_size = 14;
+    vc->temporal_patch_size = 2;
+    vc->spatial_merge_size = 2;
+    vc->act = PD_ACT_QUICK_GELU;
+    vc->rope_theta = 10000;
+    vc->window_size = 112; /* 4 x 4 merge windows: block 0 attends in windows, block 1 whole */
+    vc->n_fullatt = 1;
+    vc->fullatt_block_indexes[0] = 1;
+}
+
+/* config.json of a vision-language model: the language model's, with vision_config added. */
+static char *vl_config_json(const struct pd_model_config *cfg, const struct pd_vision_config *vc) {
+    char *lm = pd_model_config_to_json(cfg), *text = NULL, *out = NULL;
+    cJSON *root = lm ? cJSON_Parse(lm) : NULL, *v = pd_vision_config_json(vc);
+    if (root && v && cJSON_AddItemToObject(root, "vision_config", v)) {
+        v = NULL;
+        text = cJSON_Print(root);
+    }
+    if (text && (out = pd_malloc(strlen(text) + 2)))
+        snprintf(out, strlen(text) + 2, "%s\n", text);
+    free(text); /* cJSON's */
+    cJSON_Delete(v);
+    cJSON_Delete(root);
+    pd_free(lm);
+    return out;
+}
+
+/* Appends the vision encoder's tensors to *specs (n_specs of them so far). */
+static int add_vision_specs(const struct pd_vision_config *vc, struct pd_tensor_spec **specs,
+                            size_t *n) {
+    struct pd_tensor_spec *vs = NULL;
+    size_t nv = 0;
+    int rc = pd_vision_tensor_specs(vc, &vs, &nv);
+    if (rc)
+        return rc;
+    struct pd_tensor_spec *all = pd_realloc(*specs, (*n + nv) * sizeof(*all));
+    if (!all) {
+        pd_free(vs);
+        return pd_error_wrap(PD_ENOMEM, "listing the tensors");
+    }
+    memcpy(all + *n, vs, nv * sizeof(*vs));
+    pd_free(vs);
+    *specs = all;
+    *n += nv;
+    return PD_OK;
+}
+
 int pd_mkmodel_write(const struct pd_mkmodel_opts *o, const char *dir) {
     struct pd_model_config cfg;
     struct pd_tokgen tok;
@@ -593,18 +696,35 @@ int pd_mkmodel_write(const struct pd_mkmodel_opts *o, const char *dir) {
     cfg.n_eos_token_ids = tok.n_eos_ids;
     for (int i = 0; i < tok.n_eos_ids; i++)
         cfg.eos_token_ids[i] = tok.eos_ids[i];
+    struct pd_vision_config vc;
+    if (is_vl(fam)) {
+        cfg.image_token_id = pd_tokgen_added_id(&tok, "<|image_pad|>");
+        cfg.vision_start_token_id = pd_tokgen_added_id(&tok, "<|vision_start|>");
+        cfg.vision_end_token_id = pd_tokgen_added_id(&tok, "<|vision_end|>");
+        tiny_vision(fam, &cfg, &vc);
+    }
 
     if ((rc = mkdir_p(dir)) || (rc = remove_old_checkpoint(dir)))
         goto fail_tok;
-    if ((rc = write_text(dir, "config.json", pd_model_config_to_json(&cfg))) ||
+    if (is_vl(fam)) { /* the Qwen2-VL processor, pixel bounds for small test images */
+        struct pd_image_processor_config pc;
+        pd_image_processor_config_default(&pc);
+        pc.max_pixels = 28 * 28 * 256;
+        if ((rc = write_text(dir, "preprocessor_config.json",
+                             pd_image_processor_config_to_json(&pc))))
+            goto fail_tok;
+    }
+    if ((rc = write_text(dir, "config.json",
+                         is_vl(fam) ? vl_config_json(&cfg, &vc) : pd_model_config_to_json(&cfg))) ||
         (rc = write_text(dir, "generation_config.json", pd_generation_config_to_json(&cfg))) ||
         (rc = write_text(dir, "tokenizer.json", pd_tokgen_tokenizer_json(&tok))) ||
         (rc = write_text(dir, "tokenizer_config.json",
                          pd_tokgen_tokenizer_config_json(&tok, cfg.max_position_embeddings))))
         goto fail_tok;
 
-    if ((rc = pd_model_tensor_specs(&cfg, &specs, &n)))
-        goto fail_tok;
+    if ((rc = pd_model_tensor_specs(&cfg, &specs, &n)) ||
+        (is_vl(fam) && (rc = add_vision_specs(&vc, &specs, &n))))
+        goto fail_specs;
     nbytes = pd_calloc(n, sizeof(*nbytes));
     shard_of = pd_calloc(n, sizeof(*shard_of));
     names = pd_calloc(n, sizeof(*names));
@@ -615,7 +735,7 @@ int pd_mkmodel_write(const struct pd_mkmodel_opts *o, const char *dir) {
     }
     uint64_t total = 0, params = 0;
     for (size_t i = 0; i < n; i++) {
-        uint64_t elems = (uint64_t)specs[i].shape[0] * (specs[i].ndim == 2 ? specs[i].shape[1] : 1);
+        uint64_t elems = spec_elems(&specs[i]);
         nbytes[i] = elems * pd_dtype_size(o->dtype);
         names[i] = specs[i].name;
         total += nbytes[i];

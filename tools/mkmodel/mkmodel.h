@@ -24,6 +24,10 @@ enum pd_mkmodel_family {
     PD_MKMODEL_MISTRAL = 2, /* MistralForCausalLM, sentencepiece BPE tokenizer */
     PD_MKMODEL_QWEN2 = 3,   /* Qwen2ForCausalLM (q/k/v bias), Qwen2 tokenizer */
     PD_MKMODEL_QWEN3 = 4,   /* Qwen3ForCausalLM (q/k norm, explicit head_dim) */
+    /* vision-language: a Qwen2 language model with M-RoPE, a vision encoder (visual.*, its
+     * vision_config), preprocessor_config.json, and Qwen2-VL's vision tokens and chat template */
+    PD_MKMODEL_QWEN2_VL = 5,   /* Qwen2VLForConditionalGeneration */
+    PD_MKMODEL_QWEN2_5_VL = 6, /* Qwen2_5_VLForConditionalGeneration (window attention) */
 };
 
 /* NULL-terminated, indexed by enum pd_mkmodel_family: "llama", "llama2", ... */

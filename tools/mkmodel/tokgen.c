@@ -29,6 +29,13 @@ static const char *const llama3_added[] = {"<|begin_of_text|>", "<|end_of_text|>
                                            "<|start_header_id|>", "<|end_header_id|>",
                                            "<|eot_id|>"};
 static const char *const qwen_added[] = {"<|endoftext|>", "<|im_start|>", "<|im_end|>"};
+/* Qwen2-VL's added tokens in their published order (151643 ...): ChatML's, the grounding
+ * markers, then the vision ones (<|image_pad|> is the image placeholder, 151655 there). */
+static const char *const qwen_vl_added[] = {
+    "<|endoftext|>",      "<|im_start|>",     "<|im_end|>",     "<|object_ref_start|>",
+    "<|object_ref_end|>", "<|box_start|>",    "<|box_end|>",    "<|quad_start|>",
+    "<|quad_end|>",       "<|vision_start|>", "<|vision_end|>", "<|vision_pad|>",
+    "<|image_pad|>",      "<|video_pad|>"};
 static const char *const sp_prefix[] = {"<unk>", "<s>", "</s>"};
 
 /* Chat templates in each family's format (tool calling left out). "\\n" is a Jinja escape. */
@@ -67,6 +74,25 @@ static const char qwen2_template[] =
     "{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}"
     "{%- endif %}{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}"
     "{%- endif %}";
+/* Qwen2-VL-Instruct's, which Qwen2.5-VL shares: a content list's image parts (type image or
+ * image_url, or an image key) become <|vision_start|><|image_pad|><|vision_end|>, its text parts
+ * their text. */
+static const char qwen_vl_template[] =
+    "{% set image_count = namespace(value=0) %}{% set video_count = namespace(value=0) %}"
+    "{% for message in messages %}{% if loop.first and message['role'] != 'system' %}"
+    "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n{% endif %}"
+    "<|im_start|>{{ message['role'] }}\n{% if message['content'] is string %}"
+    "{{ message['content'] }}<|im_end|>\n{% else %}{% for content in message['content'] %}"
+    "{% if content['type'] == 'image' or 'image' in content or 'image_url' in content %}"
+    "{% set image_count.value = image_count.value + 1 %}"
+    "{% if add_vision_id %}Picture {{ image_count.value }}: {% endif %}"
+    "<|vision_start|><|image_pad|><|vision_end|>"
+    "{% elif content['type'] == 'video' or 'video' in content %}"
+    "{% set video_count.value = video_count.value + 1 %}"
+    "{% if add_vision_id %}Video {{ video_count.value }}: {% endif %}"
+    "<|vision_start|><|video_pad|><|vision_end|>"
+    "{% elif 'text' in content %}{{ content['text'] }}{% endif %}{% endfor %}<|im_end|>\n"
+    "{% endif %}{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
 static const char qwen3_template[] =
     "{%- for message in messages %}"
     "{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}"
@@ -77,18 +103,37 @@ static bool is_sentencepiece(enum pd_tokgen_flavor f) {
 }
 
 static bool is_qwen(enum pd_tokgen_flavor f) {
-    return f == PD_TOKGEN_QWEN2 || f == PD_TOKGEN_QWEN3;
+    return f == PD_TOKGEN_QWEN2 || f == PD_TOKGEN_QWEN3 || f == PD_TOKGEN_QWEN2_VL;
+}
+
+/* The added tokens of a byte-level flavor. */
+static const char *const *added_of(enum pd_tokgen_flavor f, int *n) {
+    if (f == PD_TOKGEN_QWEN2_VL) {
+        *n = (int)PD_ARRAY_LEN(qwen_vl_added);
+        return qwen_vl_added;
+    }
+    *n = is_qwen(f) ? (int)PD_ARRAY_LEN(qwen_added) : (int)PD_ARRAY_LEN(llama3_added);
+    return is_qwen(f) ? qwen_added : llama3_added;
+}
+
+int pd_tokgen_added_id(const struct pd_tokgen *t, const char *text) {
+    for (int i = 0; i < t->n_added; i++)
+        if (strcmp(t->added[i], text) == 0)
+            return t->bpe.n_tokens + i;
+    return -1;
 }
 
 const char *pd_tokgen_flavor_name(enum pd_tokgen_flavor f) {
-    static const char *const names[] = {"llama3", "llama2", "mistral", "qwen2", "qwen3"};
+    static const char *const names[] = {"llama3", "llama2", "mistral",
+                                        "qwen2",  "qwen3",  "qwen2_vl"};
     return (unsigned)f < PD_ARRAY_LEN(names) ? names[f] : "unknown";
 }
 
 int pd_tokgen_min_tokens(enum pd_tokgen_flavor f) {
     if (is_sentencepiece(f))
         return pd_bpe_min_tokens(PD_BPE_SENTENCEPIECE, (int)PD_ARRAY_LEN(sp_prefix));
-    int added = is_qwen(f) ? (int)PD_ARRAY_LEN(qwen_added) : (int)PD_ARRAY_LEN(llama3_added);
+    int added;
+    added_of(f, &added);
     return pd_bpe_min_tokens(PD_BPE_BYTE_LEVEL, 0) + added;
 }
 
@@ -113,8 +158,7 @@ int pd_tokgen_build(enum pd_tokgen_flavor f, int max_tokens, struct pd_tokgen *o
     } else {
         o.style = PD_BPE_BYTE_LEVEL;
         o.max_digits = is_qwen(f) ? 1 : 3;
-        out->added = is_qwen(f) ? qwen_added : llama3_added;
-        out->n_added = is_qwen(f) ? (int)PD_ARRAY_LEN(qwen_added) : (int)PD_ARRAY_LEN(llama3_added);
+        out->added = added_of(f, &out->n_added);
         o.max_tokens = max_tokens - out->n_added;
     }
     int rc = pd_bpe_train(&o, &out->bpe);
@@ -134,6 +178,7 @@ int pd_tokgen_build(enum pd_tokgen_flavor f, int max_tokens, struct pd_tokgen *o
         break;
     case PD_TOKGEN_QWEN2:
     case PD_TOKGEN_QWEN3:
+    case PD_TOKGEN_QWEN2_VL:
         out->bos_id = -1;
         out->eos_id = base + 2; /* <|im_end|> */
         out->eos_ids[0] = base + 2;
@@ -389,7 +434,8 @@ char *pd_tokgen_tokenizer_config_json(const struct pd_tokgen *t, int model_max_l
                        : t->flavor == PD_TOKGEN_LLAMA2  ? llama2_template
                        : t->flavor == PD_TOKGEN_MISTRAL ? mistral_template
                        : t->flavor == PD_TOKGEN_QWEN2   ? qwen2_template
-                                                        : qwen3_template;
+                       : t->flavor == PD_TOKGEN_QWEN3   ? qwen3_template
+                                                        : qwen_vl_template;
     jb_puts(&b, ",\n  \"chat_template\": ");
     jb_str(&b, tmpl);
     jb_printf(&b, ",\n  \"clean_up_tokenization_spaces\": false,\n  \"eos_token\": ");

@@ -16,11 +16,12 @@
 #include "tools/mkmodel/bpe_train.h"
 
 enum pd_tokgen_flavor {
-    PD_TOKGEN_LLAMA3 = 0,  /* byte-level, Llama-3 split regex, <|begin_of_text|>, header turns */
-    PD_TOKGEN_LLAMA2 = 1,  /* sentencepiece BPE + byte fallback, <s> </s>, [INST] <<SYS>> */
-    PD_TOKGEN_MISTRAL = 2, /* as Llama-2, with Mistral's [INST] template */
-    PD_TOKGEN_QWEN2 = 3,   /* byte-level, Qwen2 split regex, NFC, ChatML + default system */
-    PD_TOKGEN_QWEN3 = 4,   /* as Qwen2, ChatML without a default system message */
+    PD_TOKGEN_LLAMA3 = 0,   /* byte-level, Llama-3 split regex, <|begin_of_text|>, header turns */
+    PD_TOKGEN_LLAMA2 = 1,   /* sentencepiece BPE + byte fallback, <s> </s>, [INST] <<SYS>> */
+    PD_TOKGEN_MISTRAL = 2,  /* as Llama-2, with Mistral's [INST] template */
+    PD_TOKGEN_QWEN2 = 3,    /* byte-level, Qwen2 split regex, NFC, ChatML + default system */
+    PD_TOKGEN_QWEN3 = 4,    /* as Qwen2, ChatML without a default system message */
+    PD_TOKGEN_QWEN2_VL = 5, /* as Qwen2 with Qwen2-VL's vision tokens and image chat template */
 };
 
 #define PD_TOKGEN_MAX_EOS 4
@@ -43,7 +44,7 @@ struct pd_tokgen {
 extern const char pd_tokgen_corpus[];
 extern const unsigned long pd_tokgen_corpus_len;
 
-/* "llama3", "llama2", "mistral", "qwen2", "qwen3". */
+/* "llama3", "llama2", "mistral", "qwen2", "qwen3", "qwen2_vl". */
 const char *pd_tokgen_flavor_name(enum pd_tokgen_flavor f);
 
 /* Smallest max_tokens the flavor accepts: its fixed alphabet plus special tokens. */
@@ -53,6 +54,9 @@ int pd_tokgen_min_tokens(enum pd_tokgen_flavor f);
  * pairs) and fills *out; release with pd_tokgen_free. */
 int pd_tokgen_build(enum pd_tokgen_flavor f, int max_tokens, struct pd_tokgen *out);
 void pd_tokgen_free(struct pd_tokgen *t);
+
+/* The id of added special token text ("<|image_pad|>"); -1 when the flavor has none. */
+int pd_tokgen_added_id(const struct pd_tokgen *t, const char *text);
 
 /* tokenizer.json / tokenizer_config.json text; the caller frees with pd_free. NULL with the
  * error recorded when memory runs out. */
