@@ -322,9 +322,68 @@ static int parse_completion_prompt(const cJSON *root, struct pd_api_request *r,
     return parse_ids(p, "prompt", &r->input_ids, &r->n_input_ids, e);
 }
 
+/* A message's content parts with an image among them, as the template's list: {"type":
+ * "text", "text"} and {"type": "image"} in order; the images go to r->images. */
+static cJSON *image_content(const cJSON *content, const char *param,
+                            const struct pd_api_config *cfg, struct pd_api_request *r,
+                            struct pd_api_error *e) {
+    cJSON *list = cJSON_CreateArray();
+    if (!list) {
+        oom(e);
+        return NULL;
+    }
+    int k = 0;
+    const cJSON *part;
+    cJSON_ArrayForEach(part, content) {
+        char pp[96];
+        snprintf(pp, sizeof(pp), "%s[%d]", param, k++);
+        const cJSON *type = cJSON_GetObjectItemCaseSensitive(part, "type");
+        const cJSON *pt = cJSON_GetObjectItemCaseSensitive(part, "text");
+        cJSON *o = cJSON_CreateObject();
+        bool ok = o && cJSON_AddItemToArray(list, o);
+        if (!ok) {
+            cJSON_Delete(o);
+            oom(e);
+            goto fail;
+        }
+        if (!cJSON_IsObject(part) || !cJSON_IsString(type)) {
+            bad(e, param, "'%s' must be an object with a 'type'", pp);
+            goto fail;
+        }
+        if (pd__api_is_image_part(part)) {
+            if (pd__api_add_image_part(part, pp, cfg, r, e) != PD_OK)
+                goto fail;
+            if (!cJSON_AddStringToObject(o, "type", "image")) {
+                oom(e);
+                goto fail;
+            }
+            continue;
+        }
+        if (strcmp(type->valuestring, "text") != 0) {
+            bad(e, param, "'%s' has type '%s'; 'text', 'image_url' and 'image' parts are supported",
+                pp, type->valuestring);
+            goto fail;
+        }
+        if (!cJSON_IsString(pt)) {
+            bad(e, param, "'%s'.text must be a string", pp);
+            goto fail;
+        }
+        if (!cJSON_AddStringToObject(o, "type", "text") ||
+            !cJSON_AddStringToObject(o, "text", pt->valuestring)) {
+            oom(e);
+            goto fail;
+        }
+    }
+    return list;
+fail:
+    cJSON_Delete(list);
+    return NULL;
+}
+
 /* Copies messages as [{"role", "content": string}], joining text parts with "\n" (vLLM's
- * "string" content format); other part types are refused. */
-static int parse_messages(const cJSON *root, struct pd_api_request *r, struct pd_api_error *e) {
+ * "string" content format); a message with image parts keeps its parts (image_content). */
+static int parse_messages(const cJSON *root, const struct pd_api_config *cfg,
+                          struct pd_api_request *r, struct pd_api_error *e) {
     const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(root, "messages");
     if (!msgs || cJSON_IsNull(msgs))
         return bad(e, "messages", "the request needs 'messages'");
@@ -355,11 +414,18 @@ static int parse_messages(const cJSON *root, struct pd_api_request *r, struct pd
         const cJSON *content = cJSON_GetObjectItemCaseSensitive(m, "content");
         snprintf(param, sizeof(param), "messages[%d].content", i);
         const char *text = "";
-        if (cJSON_IsString(content)) {
+        cJSON *parts = NULL; /* a message with images: its parts as a list */
+        bool has_image = false;
+        const cJSON *part;
+        if (cJSON_IsArray(content))
+            cJSON_ArrayForEach(part, content) has_image |= pd__api_is_image_part(part);
+        if (has_image) {
+            if (!(parts = image_content(content, param, cfg, r, e)))
+                goto fail;
+        } else if (cJSON_IsString(content)) {
             text = content->valuestring;
         } else if (cJSON_IsArray(content)) {
             size_t cap = 1, n = 0;
-            const cJSON *part;
             int k = 0;
             cJSON_ArrayForEach(part, content) {
                 const cJSON *type = cJSON_GetObjectItemCaseSensitive(part, "type");
@@ -398,7 +464,9 @@ static int parse_messages(const cJSON *root, struct pd_api_request *r, struct pd
         cJSON *o = cJSON_CreateObject();
         if (!o || !cJSON_AddItemToArray(out, o) ||
             !cJSON_AddStringToObject(o, "role", role->valuestring) ||
-            !cJSON_AddStringToObject(o, "content", text)) {
+            !(parts ? cJSON_AddItemToObject(o, "content", parts)
+                    : cJSON_AddStringToObject(o, "content", text) != NULL)) {
+            cJSON_Delete(parts);
             oom(e);
             goto fail;
         }
@@ -812,6 +880,9 @@ void pd_api_request_free(struct pd_api_request *r) {
     pd_free(r->input_ids);
     cJSON_Delete(r->messages);
     cJSON_Delete(r->chat_template_kwargs);
+    for (int i = 0; i < r->n_images; i++)
+        pd_free(r->images[i]);
+    pd_free(r->images);
     for (int i = 0; i < r->n_stop; i++)
         pd_free(r->stop[i]);
     pd_free(r->bootstrap_host);
@@ -850,12 +921,15 @@ int pd_api_parse(enum pd_api_kind kind, const char *body, size_t len,
         rc = bad(e, NULL, "the request body must be a JSON object, got %s", pd_json_kind(root));
         goto fail;
     }
-    if (kind == PD_API_GENERATE)
+    if (kind == PD_API_GENERATE) {
         rc = parse_generate_prompt(root, r, e);
-    else if (kind == PD_API_COMPLETIONS)
+        if (!rc)
+            rc = pd__api_parse_image_data(root, cfg, r, e);
+    } else if (kind == PD_API_COMPLETIONS) {
         rc = parse_completion_prompt(root, r, e);
-    else
-        rc = parse_messages(root, r, e);
+    } else {
+        rc = parse_messages(root, cfg, r, e);
+    }
     if (rc || (rc = kind == PD_API_GENERATE ? parse_generate(root, body, len, r, e)
                                             : parse_openai(root, body, len, r, e)))
         goto fail;

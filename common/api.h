@@ -48,6 +48,7 @@ struct pd_api_config {
     bool bootstrap_optional;       /* ...unless this is set (a decode prefilling locally) */
     int context_length;            /* tokens; 0 = unknown (no default from it) */
     int max_n;                     /* samples per prompt at most (--max-n); 0 = PD_API_MAX_N */
+    int max_images; /* images per request (--limit-mm-per-prompt); 0: the model takes none */
 };
 
 struct pd_api_request {
@@ -64,7 +65,14 @@ struct pd_api_request {
     int32_t *input_ids; /* heap [n_input_ids]; NULL when the prompt is text */
     int n_input_ids;
 
-    /* chat only: [{"role": str, "content": str}], content parts already joined (owned). */
+    /* Images (chat image_url / image parts, generate image_data), in prompt order: each a
+     * data: URL, or (generate) raw base64 of the file; decoded by the daemon (heap strings). */
+    char **images;
+    int n_images;
+
+    /* chat only: [{"role": str, "content": str}], content parts already joined (owned); a
+     * message with images keeps its parts as a list of {"type": "text", "text"} and
+     * {"type": "image"}, the form vision-language chat templates iterate. */
     struct cJSON *messages;
     struct cJSON *chat_template_kwargs; /* object or NULL (owned) */
     bool add_generation_prompt;         /* default true */
@@ -96,6 +104,19 @@ int pd_api_parse(enum pd_api_kind kind, const char *body, size_t len,
                  const struct pd_api_config *cfg, struct pd_api_request *out,
                  struct pd_api_error *e);
 void pd_api_request_free(struct pd_api_request *r);
+
+/* ---- images (common/api_images.c) ---- */
+
+/* Whether a chat content part is an image ("image_url", or "image" with its data in "image"). */
+bool pd__api_is_image_part(const struct cJSON *part);
+/* Appends a chat image part's URL to r->images (param names the part in errors); remote URLs
+ * are refused, the bytes are not looked at here. PD_EINVAL (400 in e), PD_ENOMEM. */
+int pd__api_add_image_part(const struct cJSON *part, const char *param,
+                           const struct pd_api_config *cfg, struct pd_api_request *r,
+                           struct pd_api_error *e);
+/* generate's image_data: a string or a list of them (data: URLs or raw base64). */
+int pd__api_parse_image_data(const struct cJSON *root, const struct pd_api_config *cfg,
+                             struct pd_api_request *r, struct pd_api_error *e);
 
 /* Stop strings in generated text, byte-exact (either may hold NUL bytes): text[0..len) grew from
  * `before` bytes; the first of r's stop strings (in the request's order) found in the part that

@@ -556,7 +556,8 @@ static int prepare_req(struct pd_daemon_req *r, enum pd_api_kind kind, const cha
                                .disaggregated = D.role->disaggregated,
                                .bootstrap_optional = D.local_prefill,
                                .context_length = D.info.context_length,
-                               .max_n = D.max_n};
+                               .max_n = D.max_n,
+                               .max_images = D.vision ? D.args.limit_mm_per_prompt : 0};
     if (pd_api_parse(kind, body, blen, &ac, &r->api, e) != PD_OK)
         return PD_EINVAL;
     /* the prompt's ids */
@@ -589,10 +590,16 @@ static int prepare_req(struct pd_daemon_req *r, enum pd_api_kind kind, const cha
         pd_token_ids_free(&ids);
         return PD_EINVAL;
     }
-    if (pd_api_check_length(&r->api, (int)ids.n, D.info.context_length, e) != PD_OK ||
+    struct pd_engine_mm *mm = NULL; /* images: placeholders expanded, positions planned */
+    if ((r->api.n_images > 0 &&
+         (rc = pd__daemon_prepare_images(&D, &r->api, &ids, &mm, e)) != PD_OK) ||
+        pd_api_check_length(&r->api, (int)ids.n, D.info.context_length, e) != PD_OK ||
         pd_api_check_token_ids(&r->api, D.info.vocab_size, e) != PD_OK) {
+        if (rc == PD_ENOMEM)
+            set_error(e, 500, NULL, "out of memory preparing the request's images");
+        pd_engine_mm_free(mm);
         pd_token_ids_free(&ids);
-        return PD_EINVAL;
+        return rc ? rc : PD_EINVAL;
     }
     if (r->api.sampling.max_new_tokens < 1) {
         r->api.sampling.max_new_tokens = 1; /* the prefill's token is always produced */
@@ -604,6 +611,7 @@ static int prepare_req(struct pd_daemon_req *r, enum pd_api_kind kind, const cha
         set_error(e, 400, "bootstrap_room",
                   "bootstrap_room %" PRIu64 " already has a live request on this %s daemon",
                   r->room, role_name());
+        pd_engine_mm_free(mm);
         pd_token_ids_free(&ids);
         return PD_EINVAL;
     }
@@ -620,9 +628,11 @@ static int prepare_req(struct pd_daemon_req *r, enum pd_api_kind kind, const cha
     rc = pd_engine_req_new(r->room, ids.ids, r->n_prompt, D.info.page_size, &sp, &r->ereq);
     pd_token_ids_free(&ids);
     if (rc) {
+        pd_engine_mm_free(mm);
         set_error(e, 500, NULL, "%s", pd_error_msg());
         return rc;
     }
+    r->ereq->mm = mm; /* freed with the engine request */
     if (r->api.rid)
         snprintf(r->rid, sizeof(r->rid), "%s", r->api.rid);
     else
@@ -698,7 +708,8 @@ static void handle_generate(struct pd_http_req *h, enum pd_api_kind kind) {
                                .disaggregated = D.role->disaggregated,
                                .bootstrap_optional = D.local_prefill,
                                .context_length = D.info.context_length,
-                               .max_n = D.max_n};
+                               .max_n = D.max_n,
+                               .max_images = D.vision ? D.args.limit_mm_per_prompt : 0};
     struct pd_api_split split;
     if (pd_api_split(kind, body, blen, &ac, &split, &e) != PD_OK) {
         pd_http_respond_error(h, &e);
@@ -1019,11 +1030,14 @@ static int start(void) {
         .bootstrap_timeout_s = D.bootstrap_timeout,
         .eager_prefill = D.eager_prefill,
         .waiting_timeout_s = D.waiting_timeout,
+        /* the decode side of PD gets embeddings' KV, never pixels */
+        .vision = D.role->encodes_images,
+        .mm_cache_bytes = (size_t)a->mm_embedding_cache_mb * 1000000,
     };
     enum pd_dtype kvt;
     pd_kv_cache_dtype_of(a->kv_cache_dtype, &kvt);
     ec.kv_dtype = kvt;
-    if ((rc = pd_engine_new(&ec, &D.eng)) != PD_OK)
+    if ((rc = pd_engine_new(&ec, &D.eng)) != PD_OK || (rc = pd__daemon_vision_new(&D)) != PD_OK)
         return rc;
     pd_engine_get_info(D.eng, &D.info);
     if ((rc = pd_serve_metrics_new(D.role->metrics, a->served_model_name, D.info.page_size,
@@ -1266,6 +1280,7 @@ int pd_daemon_main(const struct pd_role *role, int argc, char **argv) {
     pd_engine_free(D.eng);
     pd_serve_metrics_free(D.sm);
     pd_chat_template_free(D.chat);
+    pd__daemon_vision_free(&D);
     pd_tokenizer_free(D.tok);
     pd_room_table_free(&D.slots);
     pd_free(D.reqs);

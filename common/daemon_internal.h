@@ -144,6 +144,9 @@ struct pd_daemon_state {
     struct pd_tls_flags tls;
     struct ssl_ctx_st *ssl_ctx; /* NULL: plain HTTP */
 
+    /* a vision-language model: its processor and what placing images needs (NULL: text) */
+    struct pd_daemon_vision *vision;
+
     uv_loop_t loop;
     uv_signal_t sigterm, sigint;
     uv_timer_t tick;
@@ -173,6 +176,22 @@ struct pd_daemon_state {
     struct pd_serve_metrics *sm;
 };
 
+/* ---- images (common/daemon_images.c) ---- */
+
+/* d->vision for a vision-language model (its config.json and preprocessor_config.json); NULL
+ * for a text-only one. */
+int pd__daemon_vision_new(struct pd_daemon_state *d);
+void pd__daemon_vision_free(struct pd_daemon_state *d);
+struct pd_token_ids;
+/* The request's images (r->api.images) decoded and processed, its prompt ids[] expanded around
+ * them (each image's placeholder repeated per embedding, then filled with ids drawn from the
+ * image's content hash, so the prefix cache never matches one image's pages for another's) and
+ * their M-RoPE positions planned into *mm; the decode side of PD keeps no pixels. A broken, too
+ * large or too small image, a placeholder count that does not match: 400 in e. */
+int pd__daemon_prepare_images(struct pd_daemon_state *d, struct pd_api_request *api,
+                              struct pd_token_ids *ids, struct pd_engine_mm **mm,
+                              struct pd_api_error *e);
+
 /* What a role adds to the daemon. Hooks run on the loop thread; NULL: nothing to do. */
 struct pd_role {
     const char *name;                /* "prefill", "decode", "colocated": logs, node id */
@@ -181,6 +200,8 @@ struct pd_role {
     int disaggregation_mode;         /* --disaggregation-mode's default (server_args.h) */
     const struct pd_engine_ops *ops; /* the compute thread's role (engine.h) */
     bool disaggregated;              /* requests carry bootstrap fields (api.h's config) */
+    bool encodes_images;             /* runs the vision encoder (prefill, colocated); the decode
+                                        side of PD gets the images' KV and only places them */
     const char *timeout_msg;         /* the answer to a request its scheduler timed out */
 
     /* flags: the role's own, registered after the shared ones; configure: after parsing, the

@@ -9,6 +9,7 @@
  * and by the schedulers at add. A step itself allocates nothing.
  */
 #include "common/engine_internal.h"
+#include "model/vision/image_processor.h"
 #include "common/server_args.h"
 
 #include "common/base/alloc.h"
@@ -65,11 +66,24 @@ int pd_engine_req_new(uint64_t room, const int32_t *tokens, int32_t n, int page_
     return PD_OK;
 }
 
+void pd_engine_mm_free(struct pd_engine_mm *mm) {
+    if (!mm)
+        return;
+    for (int32_t i = 0; i < mm->n_images; i++) {
+        pd_image_patches_free(mm->images[i].patches);
+        pd_free(mm->images[i].patches);
+    }
+    pd_free(mm->images);
+    pd_free(mm->mpos);
+    pd_free(mm);
+}
+
 void pd_engine_req_free(struct pd_engine_req *r) {
     if (!r)
         return;
     if (r->has_sampler)
         pd_sampler_free(&r->sampler);
+    pd_engine_mm_free(r->mm);
     pd_free(r->tokens);
     pd_free(r->pages);
     pd_free(r->samples);
@@ -209,7 +223,8 @@ int pd_engine_new(const struct pd_engine_config *cfg, struct pd_engine **out) {
         rc = pd_error_wrap(PD_ENOMEM, "engine step buffers");
         goto fail;
     }
-    if ((rc = pd_sampling_scratch_init(&e->scratch, e->vocab)) != PD_OK)
+    if ((rc = pd_sampling_scratch_init(&e->scratch, e->vocab)) != PD_OK ||
+        (rc = pd__engine_mm_new(e)) != PD_OK)
         goto fail;
     /* every request has at most ~4 commands in flight; the loop sheds beyond the queue */
     uint32_t qcap = (uint32_t)e->cap * 4 + 256;
@@ -291,6 +306,7 @@ void pd__engine_emit_end(struct pd_engine *e, struct pd_engine_req *r, int reaso
                                  .cached_tokens = cached_tokens,
                                  .n_output = r->n_out};
     pd__engine_pen_release(e, r);
+    pd__engine_mm_release(e, r);
     if (r->slot >= 0)
         pd__engine_unregister(e, r);
     pd__engine_emit(e, &ev);
@@ -380,6 +396,7 @@ static void publish(struct pd_engine *e) {
     s.mixed_steps = e->mixed_steps;
     s.sampled_on_device = e->sampled_on_device;
     s.sampled_on_host = e->sampled_on_host;
+    pd__engine_mm_stats(e, &s);
     pthread_mutex_lock(&e->stats_mu);
     e->stats = s;
     pthread_mutex_unlock(&e->stats_mu);
@@ -565,6 +582,7 @@ void pd_engine_free(struct pd_engine *e) {
     PD_ASSERT(!e->started || e->joined);
     if (e->ops)
         e->ops->sched_free(e);
+    pd__engine_mm_free(e);
     pd_radix_cache_free(e->rc);
     pd_page_alloc_free(e->pa);
     pd_tp_group_free(e->tp);

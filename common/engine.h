@@ -44,6 +44,9 @@
 #include "model/sampling.h"
 #include "model/tp.h"
 
+struct pd_image_patches;
+struct pd_embed_entry;
+
 struct pd_engine_ops; /* a role's part of the compute thread (common/engine_internal.h) */
 
 struct pd_engine_config {
@@ -73,16 +76,44 @@ struct pd_engine_config {
                                    0.7, decaying to 0.1); 0 = SGLang's; smaller admits more
                                    and retracts sooner */
     bool mixed_chunk;           /* colocated: prefill chunks and decode tokens in one step */
-    bool greedy_on_device;      /* decode steps choose their tokens on the device instead of
-                                   downloading the logits: the argmax when every request is
-                                   greedy without penalties or top-n logprobs, else
-                                   pd_backend_sample with each request's u, its penalties
-                                   (state kept in a device penalty slot per running request,
-                                   set once from its tokens) and its top-n; 8 bytes a request
-                                   (+ 8 per top-n entry) come back (cuda). The host sampler
-                                   still records every token (stop conditions, counts), so a
-                                   step that cannot go to the device (no slot free) samples on
-                                   the host with the same result */
+    /* vision-language models: run their vision encoder here (prefill, colocated; the decode
+     * side of PD never sees pixels) with an embedding cache of this many bytes */
+    bool vision;
+    size_t mm_cache_bytes;
+    bool greedy_on_device; /* decode steps choose their tokens on the device instead of
+                              downloading the logits: the argmax when every request is
+                              greedy without penalties or top-n logprobs, else
+                              pd_backend_sample with each request's u, its penalties
+                              (state kept in a device penalty slot per running request,
+                              set once from its tokens) and its top-n; 8 bytes a request
+                              (+ 8 per top-n entry) come back (cuda). The host sampler
+                              still records every token (stop conditions, counts), so a
+                              step that cannot go to the device (no slot free) samples on
+                              the host with the same result */
+};
+
+/* An image of a request (vision-language models, model/vision/): prepared by the loop (the
+ * processor's patches and their content hash), placed at prompt tokens [start, start +
+ * n_tokens). The compute thread turns it into embeddings — from the engine's embedding cache, or
+ * by its vision encoder, once — when a prefill chunk first covers it, and frees the patches
+ * then; it holds the cache entry until the prompt is computed or the request ends. */
+struct pd_engine_image {
+    uint8_t hash[16];
+    struct pd_image_patches *patches; /* NULL on the decode side of PD (no encoder there) */
+    int32_t start, n_tokens;
+    struct pd_embed_entry *emb; /* compute thread */
+};
+
+/* Images one request may carry (--limit-mm-per-prompt is at most this). */
+#define PD_ENGINE_MAX_IMAGES 64
+
+/* A prompt with images: its images in prompt order, every prompt token's M-RoPE position
+ * (temporal, height, width) and the delta the output's positions take (vision_prompt.h). */
+struct pd_engine_mm {
+    int32_t n_images;
+    struct pd_engine_image *images;
+    int32_t *mpos; /* [n_prompt][3] */
+    int32_t pos_delta;
 };
 
 /* A request as the compute thread sees it. Fields above `private` are set by the loop before
@@ -93,6 +124,7 @@ struct pd_engine_req {
     int32_t *tokens; /* [n_prompt + sp.max_new_tokens] prompt, then (decode) output ids */
     struct pd_sampling_params sp; /* max_new_tokens counts the prefill's first token */
     void *user;                   /* the loop's; never touched here */
+    struct pd_engine_mm *mm;      /* images of the prompt (freed with the request); NULL: none */
     /* decode, when logprobs are asked for: [sp.max_new_tokens], set by the loop before ADD
      * (freed with the request); the compute thread fills entry i (top-n per sp.n_logprobs)
      * before the TOKEN event of index i and never writes it again. NULL: none kept. */
@@ -143,6 +175,8 @@ struct pd_engine_req {
 int pd_engine_req_new(uint64_t room, const int32_t *tokens, int32_t n, int page_size,
                       const struct pd_sampling_params *sp, struct pd_engine_req **out);
 void pd_engine_req_free(struct pd_engine_req *r);
+/* Frees a request's images (also before it has a request); accepts NULL. */
+void pd_engine_mm_free(struct pd_engine_mm *mm);
 
 enum pd_engine_cmd_kind {
     PD_ENGINE_CMD_ADD = 1,      /* req: a new request */
@@ -205,6 +239,10 @@ struct pd_engine_stats {
     /* decode and colocated: output tokens chosen on the device (greedy_on_device) and from
      * logits downloaded to the host sampler (the prefill's first token is neither) */
     int64_t sampled_on_device, sampled_on_host;
+    /* vision: images encoded, embedding cache lookups found / not found, the cache's size */
+    int64_t mm_encoder_runs, mm_cache_hits, mm_cache_misses;
+    int64_t mm_cache_bytes;
+    int32_t mm_cache_entries;
 };
 
 /* Facts for /server_info, the bootstrap layout and the transfer engine. */

@@ -123,7 +123,33 @@ struct pd_engine {
     int64_t unsignalled; /* events pushed since the loop was last woken */
     atomic_int last_check;
     bool check_steps;
+
+    /* vision (common/engine_mm.c): the encoder on rank 0's backend, its checkpoint, the
+     * embedding cache, and a step's embedding spans ([max_reqs][PD_ENGINE_MAX_IMAGES]) */
+    struct pd_vision_encoder *venc;
+    struct pd_checkpoint *vck;
+    struct pd_embed_cache *embc;
+    struct pd_model_embeds *mm_spans;
+    int32_t hidden;
+    int64_t mm_encoder_runs;
 };
+
+/* ---- vision (common/engine_mm.c) ---- */
+
+/* The encoder and the embedding cache, when cfg.vision and the model is a vision-language one;
+ * nothing otherwise. */
+int pd__engine_mm_new(struct pd_engine *e);
+void pd__engine_mm_free(struct pd_engine *e);
+/* Row k of a step running s (tokens s->n_cached .. +n_new of r): its M-RoPE positions, its
+ * output position delta, and the embeddings of the images it covers (encoded now when neither
+ * r nor the cache has them). PD_EUNSUPPORTED when it covers image tokens and this engine has
+ * no encoder (the decode side of PD cannot recompute an image's tokens). */
+int pd__engine_mm_seq(struct pd_engine *e, struct pd_engine_req *r, int32_t k,
+                      struct pd_model_seq *s);
+/* r's prompt is computed (or r ends): its cache references go back. */
+void pd__engine_mm_release(struct pd_engine *e, struct pd_engine_req *r);
+/* Publishes the encoder and cache counters into s. */
+void pd__engine_mm_stats(const struct pd_engine *e, struct pd_engine_stats *s);
 
 /* ---- the request registry (common/engine.c): room → slot → request ---- */
 

@@ -117,6 +117,18 @@ static int add_all(struct pd_serve_metrics *sm, int32_t n_pages) {
     /* prefill's chunked-prefill queue; on decode, the colocated mode's (0 in PD decode) */
     ADD(q_waiting, PD_METRIC_GAUGE, "pdserve_num_waiting_queue_reqs",
         "Requests in the chunked-prefill scheduler's waiting queue (prefill, or colocated).");
+    /* images: where the vision encoder runs (prefill, colocated); 0 elsewhere */
+    ADD(mm_encoder_runs, PD_METRIC_COUNTER, "pdserve_mm_encoder_runs_total",
+        "Images run through the vision encoder (a cached image is not run again).");
+    ADD(mm_cache_hits, PD_METRIC_COUNTER, "pdserve_mm_embedding_cache_hits_total",
+        "Images whose embeddings the embedding cache held when a prefill chunk first needed "
+        "them.");
+    ADD(mm_cache_misses, PD_METRIC_COUNTER, "pdserve_mm_embedding_cache_misses_total",
+        "Images the embedding cache did not hold (then encoded).");
+    ADD(mm_cache_bytes, PD_METRIC_GAUGE, "pdserve_mm_embedding_cache_bytes",
+        "Bytes the embedding cache holds (--mm-embedding-cache-mb bounds it).");
+    ADD(mm_cache_entries, PD_METRIC_GAUGE, "pdserve_mm_embedding_cache_entries",
+        "Images the embedding cache holds.");
     for (int i = 0; !rc && i < role->n_series; i++) {
         const struct pd_serve_metrics_series *x = &role->series[i];
         rc = pd_metrics_single(
@@ -235,6 +247,11 @@ int pd_serve_metrics_scrape(struct pd_serve_metrics *sm, const struct pd_engine_
     pd_metric_set(sm->prefix_cache_tokens, s->pages_cached * ps);
     pd_metric_set(sm->num_draining, s->q_draining);
     pd_metric_set(sm->q_waiting, s->q_waiting);
+    pd_metric_set(sm->mm_encoder_runs, (double)s->mm_encoder_runs);
+    pd_metric_set(sm->mm_cache_hits, (double)s->mm_cache_hits);
+    pd_metric_set(sm->mm_cache_misses, (double)s->mm_cache_misses);
+    pd_metric_set(sm->mm_cache_bytes, (double)s->mm_cache_bytes);
+    pd_metric_set(sm->mm_cache_entries, s->mm_cache_entries);
     double prompt = pd_metric_value(sm->prompt_tokens);
     pd_metric_set(sm->cache_hit_rate, prompt > 0 ? pd_metric_value(sm->cached_tokens) / prompt : 0);
     for (int i = 0; i < sm->role->n_series; i++)

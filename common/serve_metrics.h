@@ -87,6 +87,9 @@ struct pd_serve_metrics {
     struct pd_metric *num_running, *num_queue, *token_usage, *num_used_tokens, *max_total_tokens,
         *cache_hit_rate, *cache_config, *prefix_cache_tokens, *num_draining;
     struct pd_metric *q_waiting;
+    /* images (vision-language models): encoder runs, embedding cache lookups and size */
+    struct pd_metric *mm_encoder_runs, *mm_cache_hits, *mm_cache_misses, *mm_cache_bytes,
+        *mm_cache_entries;
     struct pd_metric *role_series[PD_SERVE_METRICS_ROLE_MAX]; /* role->series */
     struct pd_metric *health[3];                              /* ok/busy/failed */
     /* counters set where the event happens */

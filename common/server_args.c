@@ -38,6 +38,8 @@ void pd_server_args_defaults(struct pd_server_args *a) {
     a->threads = 0;
     a->log_level = PD_LOG_INFO;
     a->random_seed = 0;
+    a->limit_mm_per_prompt = 16;
+    a->mm_embedding_cache_mb = 256;
 }
 
 void pd_server_args_register(struct pd_flagset *fs, struct pd_server_args *a) {
@@ -90,6 +92,12 @@ void pd_server_args_register(struct pd_flagset *fs, struct pd_server_args *a) {
                    "RDMA device(s) for KV transfer, e.g. mlx5_0 (default: UCX chooses)");
     pd_flag_int64(fs, "--random-seed", &a->random_seed, "N", 0, 9007199254740992.0,
                   "seed of sampling when a request gives none");
+    pd_flag_int(fs, "--limit-mm-per-prompt", &a->limit_mm_per_prompt, "N", 0, 64,
+                "vision-language models: most images in one request (more is a 400)");
+    pd_flag_int(fs, "--mm-embedding-cache-mb", &a->mm_embedding_cache_mb, "MB", 0, 1 << 20,
+                "vision-language models: bytes (MB) of image embeddings kept by image content, "
+                "so a chunked prefill and repeated images run the vision encoder once; 0 keeps "
+                "none past their request");
     pd_flag_log_level(fs, &a->log_level);
 }
 

@@ -58,6 +58,8 @@ struct pd_server_args {
     int log_level;      /* enum pd_log_level */
     bool disable_prefix_cache;
     int64_t random_seed;
+    int limit_mm_per_prompt;   /* images one request may carry (vision-language models) */
+    int mm_embedding_cache_mb; /* the vision encoder's output cache, MB (10^6 bytes) */
 };
 
 /* SGLang's defaults (port 30000, page size 16 for pdserve, chunked prefill 8192, bootstrap port

@@ -104,6 +104,8 @@ static bool coloc_iter(struct pd_engine *e, double now) {
                                            .pages = c->pages,
                                            .n_pages = c->n_pages};
         if (!rc)
+            rc = pd__engine_mm_seq(e, r, i, &e->seqs[i]); /* images: positions, embeddings */
+        if (!rc)
             rc = pd__engine_in_lp_prepass(e, r, &e->seqs[i]);
     }
     for (int32_t i = 0; i < st.n_decodes; i++) {
@@ -115,6 +117,8 @@ static bool coloc_iter(struct pd_engine *e, double now) {
                                                          .n_cached = d->pos,
                                                          .pages = d->pages,
                                                          .n_pages = d->n_pages};
+        if (!rc) /* past the prompt: the M-RoPE delta of its images */
+            rc = pd__engine_mm_seq(e, r, st.n_chunks + i, &e->seqs[st.n_chunks + i]);
     }
     /* a step of decode tokens alone chooses them on the device as decode_iter does */
     bool plain = false, dev = false;
@@ -147,6 +151,8 @@ static bool coloc_iter(struct pd_engine *e, double now) {
                                    e->logits + (size_t)i * (size_t)e->vocab);
         if ((is_chunk && !st.chunks[i].last) || r->aborted)
             continue; /* mid-prompt, or ending at step_done anyway */
+        if (is_chunk) /* the prompt is computed: its images' embeddings go */
+            pd__engine_mm_release(e, r);
         e->stopped[i] = pd__engine_take_token(e, i, r, dev);
     }
     rc = pd_sched_coloc_step_done(e->sched, &st, e->stopped, now);

@@ -114,7 +114,9 @@ static int compute_here(struct pd_engine *e, struct pd_engine_req *r, int32_t n)
                                  .n_cached = done,
                                  .pages = pages,
                                  .n_pages = r->n_pages};
-        int rc = pd__engine_in_lp_prepass(e, r, &s);
+        int rc = pd__engine_mm_seq(e, r, 0, &s); /* no encoder here: image tokens refused */
+        if (!rc)
+            rc = pd__engine_in_lp_prepass(e, r, &s);
         if (!rc)
             rc = pd_tp_group_extend(e->tp, &s, 1, false, e->logits);
         if (rc)
@@ -229,7 +231,8 @@ static bool decode_iter(struct pd_engine *e, double now) {
                                            .n_new = 1,
                                            .n_cached = d->pos,
                                            .pages = d->pages,
-                                           .n_pages = d->n_pages};
+                                           .n_pages = d->n_pages,
+                                           .pos_delta = r->mm ? r->mm->pos_delta : 0};
     }
     for (int32_t i = 0; i < nb; i++)
         e->step_reqs[i] = pd__engine_find(e, st.batch[i].room);

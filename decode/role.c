@@ -375,6 +375,7 @@ static const struct pd_role coloc_role = {
     .prog = "pdserve-decode",
     .ops = &pd_engine_coloc_ops,
     .disaggregated = false,
+    .encodes_images = true,
     .timeout_msg = "request timed out",
     .ready = coloc_ready,
     .room = coloc_room,

@@ -96,7 +96,9 @@ static int prefill_run(struct pd_engine *e, struct pd_prefill_batch *b, int32_t 
                                            .n_cached = c->start,
                                            .pages = c->pages,
                                            .n_pages = c->n_pages};
-        int rc = pd__engine_in_lp_prepass(e, r, &e->seqs[k]);
+        int rc = pd__engine_mm_seq(e, r, k, &e->seqs[k]); /* images: positions, embeddings */
+        if (!rc)
+            rc = pd__engine_in_lp_prepass(e, r, &e->seqs[k]);
         if (rc)
             return rc;
     }
@@ -110,6 +112,7 @@ static int prefill_run(struct pd_engine *e, struct pd_prefill_batch *b, int32_t 
                                e->logits + (size_t)k * (size_t)e->vocab);
         if (!c->last)
             continue;
+        pd__engine_mm_release(e, r); /* the prompt is computed: its images' embeddings go */
         struct pd_sample smp;
         pd_sampler_next(&r->sampler, &e->scratch, e->logits + (size_t)k * (size_t)e->vocab, &smp);
         r->tokens[r->n_prompt] = smp.token;

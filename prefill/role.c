@@ -346,6 +346,7 @@ const struct pd_role pd_prefill_role = {
     .disaggregation_mode = PD_DISAGG_PREFILL,
     .ops = &pd_engine_prefill_ops,
     .disaggregated = true,
+    .encodes_images = true,
     .timeout_msg = "bootstrap timed out: no decode asked for this room's KV cache within "
                    "--bootstrap-timeout",
     .flags = prefill_flags,

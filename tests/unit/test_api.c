@@ -427,7 +427,7 @@ static void test_chat(void) {
     EXPECT_BAD(PD_API_CHAT,
                "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image_url\","
                "\"image_url\":{}}]}]}",
-               400, "messages[0].content", "only 'text' parts");
+               400, "messages[0].content[0]", "takes no images"); /* test_api_images.c */
     EXPECT_BAD(PD_API_CHAT,
                "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"text\"}]}]}", 400,
                "messages[0].content", ".text must be a string");

@@ -1,0 +1,238 @@
+#!/usr/bin/env python3
+"""test_vision_serve.py — images through the daemons (issue 18), with pdserve-mkmodel's tiny
+qwen2_vl model and PNG images this test draws itself (stdlib zlib), --chunked-prefill-size 64 so
+the prefill cuts through every image's tokens:
+
+  * colocated (pdserve-decode --disaggregation-mode null), then prefill + decode + router (PD):
+    a chat with one image and a chat with two equal pdserve-generate --image on the prompt the
+    chat template renders (pdserve-tokenize --chat), greedy, token for token; SGLang's /generate
+    with image_data (data: URL and raw base64) likewise;
+  * the encoder runs once per image per request however many chunks cut it, and not again for
+    the same image in a prompt with another prefix (pdserve_mm_embedding_cache_hits_total); in
+    PD it runs on the prefill, never on the decode;
+  * bad input: broken base64, a truncated PNG, a 1x1 image, a 20000x20000 one (refused from its
+    header), too many images, a remote URL, an image for a text-only model: each a 400 naming
+    the problem, and the daemon still answers;
+  * 1,000 distinct images through a colocated daemon with a 1 MB embedding cache: its bytes stay
+    within the bound; every pool is full after.
+
+Usage: test_vision_serve.py BUILD_DIR CASE (coloc | pd | bad | load).
+"""
+import base64
+import json
+import os
+import struct
+import subprocess
+import sys
+import zlib
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import pd_cluster as pc  # noqa: E402
+from pd_cluster import check, step  # noqa: E402
+
+BUILD = os.path.abspath(sys.argv[1])
+CASE = sys.argv[2]
+NEW = 12
+CHUNK = ["--chunked-prefill-size", "64"]
+
+
+def png(w, h, seed, truncate=None, claim=None):
+    """An RGB8 PNG of w x h pixels (a pattern from seed); claim: (W, H) written in the header
+    instead; truncate: the file cut to that many bytes."""
+    rows = []
+    x = seed * 2654435761 & 0xFFFFFFFF
+    for y in range(h):
+        row = bytearray([0])
+        for i in range(w):
+            x = (x * 1103515245 + 12345) & 0x7FFFFFFF
+            row += bytes(((i * 7 + y * 3 + seed) & 255, (x >> 16) & 255, (i * y + seed * 5) & 255))
+        rows.append(bytes(row))
+
+    def chunk(kind, data):
+        c = kind + data
+        return struct.pack(">I", len(data)) + c + struct.pack(">I", zlib.crc32(c) & 0xFFFFFFFF)
+
+    cw, ch = claim or (w, h)
+    data = (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", cw, ch, 8, 2, 0, 0, 0)) +
+            chunk(b"IDAT", zlib.compress(b"".join(rows))) + chunk(b"IEND", b""))
+    return data[:truncate] if truncate else data
+
+
+def data_url(b):
+    return "data:image/png;base64," + base64.b64encode(b).decode()
+
+
+def write(tmp, name, b):
+    path = os.path.join(tmp, name)
+    with open(path, "wb") as f:
+        f.write(b)
+    return path
+
+
+def metric(d, name):
+    st, raw = d.get("/metrics")
+    for ln in raw.decode().splitlines():
+        if ln.startswith(name + "{") or ln.startswith(name + " "):
+            return float(ln.split()[-1])
+    return None
+
+
+def chat_body(model_id, parts, system=None):
+    msgs = [{"role": "system", "content": system}] if system else []
+    return {"model": model_id, "messages": msgs + [{"role": "user", "content": parts}],
+            "max_tokens": NEW, "temperature": 0}
+
+
+def chat_ref(model, srv, tmp, parts, files, system=None):
+    """pdserve-generate's greedy text for the chat's rendered prompt with these image files."""
+    tmpl_parts = [{"type": "image"} if p["type"] == "image_url" else p for p in parts]
+    msgs = ([{"role": "system", "content": system}] if system else []) + \
+        [{"role": "user", "content": tmpl_parts}]
+    ids = pc.chat_prompt_ids(BUILD, model, srv, msgs, tmp)
+    return pc.generate(BUILD, model, ids, NEW, ["--image", ",".join(files), "--ignore-eos"])
+
+
+def serve_checks(front, encoder, others, model, tmp, what):
+    """Chats and /generate through front; encoder is the daemon that runs the vision encoder."""
+    model_id = json.loads(front.get("/v1/models")[1])["data"][0]["id"]
+    a, b = png(280, 252, 1), png(130, 200, 2)  # 90 and 35 image tokens: chunks of 64 cut them
+    fa, fb = write(tmp, "a.png", a), write(tmp, "b.png", b)
+    one = [{"type": "image_url", "image_url": {"url": data_url(a)}},
+           {"type": "text", "text": "What is in the picture?"}]
+    two = [{"type": "text", "text": "Compare"}, {"type": "image_url", "image_url": {"url":
+                                                                                    data_url(a)}},
+           {"type": "text", "text": "with"}, {"type": "image_url", "image_url": {"url":
+                                                                                 data_url(b)}}]
+    runs0 = metric(encoder, "pdserve_mm_encoder_runs_total")
+    for parts, files, name in ((one, [fa], "one image"), (two, [fa, fb], "two images")):
+        ref = chat_ref(model, front if front is encoder else encoder, tmp, parts, files)
+        st, raw = front.post("/v1/chat/completions", chat_body(model_id, parts))
+        if check(st == 200, "%s %s: HTTP %d %r" % (what, name, st, raw[:300])):
+            got = json.loads(raw)["choices"][0]["message"]["content"]
+            check(got == ref, "%s %s: %r != pdserve-generate %r" % (what, name, got, ref))
+            step("%s %s: %r" % (what, name, got))
+    runs = metric(encoder, "pdserve_mm_encoder_runs_total") - runs0
+    # image a in the first chat, then a again (a new request, but the prefix cache holds the
+    # first chat's image pages only up to its text) and b: a comes from the embedding cache
+    step("%s: encoder runs %s, embedding cache hits %s" %
+         (what, runs, metric(encoder, "pdserve_mm_embedding_cache_hits_total")))
+    check(runs == 2, "%s: the encoder ran %s times for images a, a again, b (want 2)" % (what, runs))
+    check(metric(encoder, "pdserve_mm_embedding_cache_hits_total") >= 1,
+          "%s: the repeated image came from the embedding cache" % what)
+    for d in others:
+        check(metric(d, "pdserve_mm_encoder_runs_total") == 0,
+              "%s: the %s daemon ran no encoder" % (what, d.role))
+    # the same image after another system prompt: no prefix in common, the embeddings cached
+    hits0 = metric(encoder, "pdserve_mm_embedding_cache_hits_total")
+    ref = chat_ref(model, encoder, tmp, one, [fa], system="Be brief.")
+    st, raw = front.post("/v1/chat/completions", chat_body(model_id, one, system="Be brief."))
+    if check(st == 200, "%s other prefix: HTTP %d" % (what, st)):
+        check(json.loads(raw)["choices"][0]["message"]["content"] == ref,
+              "%s other prefix: equals pdserve-generate" % what)
+    check(metric(encoder, "pdserve_mm_encoder_runs_total") - runs0 == 2 and
+          metric(encoder, "pdserve_mm_embedding_cache_hits_total") == hits0 + 1,
+          "%s: a known image after another prefix is a cache hit, not an encoder run" % what)
+    # /generate with image_data: a data: URL, then raw base64; the text carries the placeholder
+    text = "<|vision_start|><|image_pad|><|vision_end|>Describe it."
+    ref = pc.generate(BUILD, model, text, NEW, ["--image", fb, "--ignore-eos"])
+    for img in (data_url(b), base64.b64encode(b).decode()):
+        body = {"text": text, "image_data": img, "sampling_params": {
+            "max_new_tokens": NEW, "temperature": 0, "ignore_eos": True}}
+        st, raw = front.post("/generate", body)
+        if check(st == 200, "%s /generate: HTTP %d %r" % (what, st, raw[:300])):
+            check(json.loads(raw)["text"] == ref, "%s /generate image_data: %r != %r" %
+                  (what, json.loads(raw)["text"], ref))
+
+
+def case_coloc(tmp):
+    model = pc.make_model(BUILD, tmp, ["--family", "qwen2_vl"])
+    d = pc.Coloc(BUILD, model, tmp, CHUNK)
+    step("colocated: chats with images equal pdserve-generate --image")
+    serve_checks(d, d, [], model, tmp, "colocated")
+    check(d.pool_full(), "colocated pool full after")
+
+
+def case_pd(tmp):
+    model = pc.make_model(BUILD, tmp, ["--family", "qwen2_5_vl"])
+    pf = pc.Daemon(BUILD, "prefill", model, tmp)
+    dc = pc.Daemon(BUILD, "decode", model, tmp)
+    rt = pc.Router(BUILD, [(pf.port, pf.bport)], [dc.port], tmp, pc.PD_PATH_ONLY)
+    step("prefill + decode + router: chats with images equal pdserve-generate --image")
+    serve_checks(rt, pf, [dc], model, tmp, "PD")
+    for d in (pf, dc):
+        check(d.pool_full(), "%s pool full after" % d.role)
+
+
+def case_bad(tmp):
+    model = pc.make_model(BUILD, tmp, ["--family", "qwen2_vl"])
+    d = pc.Coloc(BUILD, model, tmp, CHUNK + ["--limit-mm-per-prompt", "3"])
+    model_id = json.loads(d.get("/v1/models")[1])["data"][0]["id"]
+    good = png(60, 60, 3)
+
+    def with_urls(urls):
+        return chat_body(model_id, [{"type": "image_url", "image_url": {"url": u}} for u in urls] +
+                         [{"type": "text", "text": "hi"}])
+
+    cases = [
+        ("broken base64", with_urls(["data:image/png;base64,iVBO%%%%"]), "base64"),
+        ("truncated PNG", with_urls([data_url(png(60, 60, 4, truncate=120))]), "truncated"),
+        ("1x1 image", with_urls([data_url(png(1, 1, 5))]), "too small"),
+        ("20000x20000 image", with_urls([data_url(png(8, 8, 6, claim=(20000, 20000)))]),
+         "20000"),
+        ("too many images", with_urls([data_url(good)] * 4), "too many images"),
+        ("a remote URL", with_urls(["https://example.com/cat.png"]), "not fetched"),
+        ("not an image", with_urls([data_url(b"hello, world")]), "image 0"),
+    ]
+    for name, body, want in cases:
+        st, raw = d.post("/v1/chat/completions", body)
+        msg = json.loads(raw)["error"]["message"] if st == 400 else raw[:200]
+        check(st == 400 and want in msg, "%s: want a 400 saying %r, got %d %r" %
+              (name, want, st, msg))
+    st, raw = d.post("/v1/chat/completions", with_urls([data_url(good)]))
+    check(st == 200, "after the bad ones a good image is served: %d %r" % (st, raw[:200]))
+    check(d.pool_full(), "pool full after the bad inputs")
+    # an image for a text-only model
+    text_model = pc.make_model(BUILD, tmp, [], name="text")
+    t = pc.Coloc(BUILD, text_model, tmp, CHUNK)
+    tid = json.loads(t.get("/v1/models")[1])["data"][0]["id"]
+    body = chat_body(tid, [{"type": "image_url", "image_url": {"url": data_url(good)}},
+                           {"type": "text", "text": "hi"}])
+    st, raw = t.post("/v1/chat/completions", body)
+    check(st == 400 and b"takes no images" in raw, "text-only model: %d %r" % (st, raw[:200]))
+    st, raw = t.post("/v1/chat/completions", chat_body(tid, "hi"))
+    check(st == 200, "the text-only daemon still answers: %d" % st)
+
+
+def case_load(tmp):
+    model = pc.make_model(BUILD, tmp, ["--family", "qwen2_vl"])
+    d = pc.Coloc(BUILD, model, tmp, CHUNK + ["--mm-embedding-cache-mb", "1"])
+    text = "<|vision_start|><|image_pad|><|vision_end|>x"
+    worst = 0
+    step("1000 distinct images, a 1 MB embedding cache")
+
+    def one(i):
+        body = {"text": text, "image_data": data_url(png(56 + (i % 3) * 28, 84, 100 + i)),
+                "sampling_params": {"max_new_tokens": 1, "temperature": 0}}
+        return d.post("/generate", body, timeout=120)
+
+    for base in range(0, 1000, 50):
+        res = pc.concurrent(lambda j: one(base + j), 50)
+        bad = [r for r in res if not r or r[0] != 200]
+        check(not bad, "images %d..%d: %r" % (base, base + 49, bad[:2]))
+        worst = max(worst, metric(d, "pdserve_mm_embedding_cache_bytes"))
+    runs = metric(d, "pdserve_mm_encoder_runs_total")
+    step("encoder runs %d, cache bytes at most %d (bound 1000000), entries %d" %
+         (runs, worst, metric(d, "pdserve_mm_embedding_cache_entries")))
+    check(runs == 1000, "every distinct image encoded once: %s" % runs)
+    check(worst <= 1000000, "the cache stayed within 1 MB: %d bytes" % worst)
+    check(d.pool_full(), "pool full after")
+
+
+def main():
+    tmp = pc.tmpdir()
+    body = {"coloc": case_coloc, "pd": case_pd, "bad": case_bad, "load": case_load}[CASE]
+    pc.run_test("test_vision_serve %s" % CASE, lambda: body(tmp), tmp)
+
+
+if __name__ == "__main__":
+    main()
