@@ -48,7 +48,8 @@ struct pd_api_config {
     bool bootstrap_optional;       /* ...unless this is set (a decode prefilling locally) */
     int context_length;            /* tokens; 0 = unknown (no default from it) */
     int max_n;                     /* samples per prompt at most (--max-n); 0 = PD_API_MAX_N */
-    int max_images; /* images per request (--limit-mm-per-prompt); 0: the model takes none */
+    int max_images;        /* images per request (--limit-mm-per-prompt); 0: the model takes none */
+    bool allow_image_urls; /* http(s) image URLs are fetched (--allow-image-urls) */
 };
 
 struct pd_api_request {

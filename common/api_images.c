@@ -4,8 +4,8 @@
  * be the part's string value, as vLLM takes it) and {"type": "image", "image": "data:..."};
  * SGLang's /generate "image_data" (one string or a list: data: URLs or raw base64). Here they
  * are only collected and checked for form: count against --limit-mm-per-prompt, a model
- * without images, remote URLs (not fetched: send the bytes). The daemon decodes them
- * (model/vision/) and answers a broken one with a 400 naming it.
+ * without images, remote URLs (fetched only with --allow-image-urls), paths (never read). The
+ * daemon decodes them (model/vision/) and answers a broken one with a 400 naming it.
  */
 #include "common/api.h"
 
@@ -45,12 +45,12 @@ static int add_image(const char *s, const char *param, const struct pd_api_confi
     if (r->n_images >= cfg->max_images)
         return bad(e, param, "too many images: at most %d per request (--limit-mm-per-prompt)",
                    cfg->max_images);
-    if (strncmp(s, "http://", 7) == 0 || strncmp(s, "https://", 8) == 0 ||
-        strncmp(s, "file:", 5) == 0 || (s[0] == '/' && strncmp(s, "data:", 5) != 0))
+    bool remote = strncmp(s, "http://", 7) == 0 || strncmp(s, "https://", 8) == 0;
+    if ((remote && !cfg->allow_image_urls) || strncmp(s, "file:", 5) == 0 || s[0] == '/')
         return bad(e, param,
                    "the image URL '%.60s' is not fetched: send the image itself as a data: URL "
-                   "(data:image/png;base64,...)",
-                   s);
+                   "(data:image/png;base64,...)%s",
+                   s, remote ? ", or start the daemon with --allow-image-urls" : "");
     char **grown = pd_realloc(r->images, sizeof(char *) * (size_t)(r->n_images + 1));
     if (!grown)
         goto oom;

@@ -549,17 +549,22 @@ static struct pd_daemon_req *req_new(double t_arrival) {
 
 /* Parses body (one prompt, one sample) into r, tokenizes it and builds its engine request; on
  * failure e says why and r is the caller's to free. Nothing is registered yet. */
-static int prepare_req(struct pd_daemon_req *r, enum pd_api_kind kind, const char *body,
-                       size_t blen, struct pd_api_error *e) {
-    struct pd_api_config ac = {.served_model_name = D.args.served_model_name,
-                               .model_path = D.args.model_path,
-                               .disaggregated = D.role->disaggregated,
-                               .bootstrap_optional = D.local_prefill,
-                               .context_length = D.info.context_length,
-                               .max_n = D.max_n,
-                               .max_images = D.vision ? D.args.limit_mm_per_prompt : 0};
-    if (pd_api_parse(kind, body, blen, &ac, &r->api, e) != PD_OK)
-        return PD_EINVAL;
+static struct pd_api_config api_config(void) {
+    return (struct pd_api_config){.served_model_name = D.args.served_model_name,
+                                  .model_path = D.args.model_path,
+                                  .disaggregated = D.role->disaggregated,
+                                  .bootstrap_optional = D.local_prefill,
+                                  .context_length = D.info.context_length,
+                                  .max_n = D.max_n,
+                                  .max_images = D.vision ? D.args.limit_mm_per_prompt : 0,
+                                  .allow_image_urls = D.args.allow_image_urls};
+}
+
+/* Builds r's engine request from its parsed body (r->api): tokenizes the prompt, places the
+ * loaded images li (NULL: none) in it, checks its length. On failure e says why and r is the
+ * caller's to free. Nothing is registered yet. */
+static int prepare_req(struct pd_daemon_req *r, enum pd_api_kind kind, struct pd_daemon_images *li,
+                       struct pd_api_error *e) {
     /* the prompt's ids */
     struct pd_token_ids ids = {0};
     int rc = PD_OK;
@@ -591,12 +596,10 @@ static int prepare_req(struct pd_daemon_req *r, enum pd_api_kind kind, const cha
         return PD_EINVAL;
     }
     struct pd_engine_mm *mm = NULL; /* images: placeholders expanded, positions planned */
-    if ((r->api.n_images > 0 &&
-         (rc = pd__daemon_prepare_images(&D, &r->api, &ids, &mm, e)) != PD_OK) ||
+    if ((li && li->n > 0 &&
+         (rc = pd__daemon_place_images(&D, &r->api, &ids, li, &mm, e)) != PD_OK) ||
         pd_api_check_length(&r->api, (int)ids.n, D.info.context_length, e) != PD_OK ||
         pd_api_check_token_ids(&r->api, D.info.vocab_size, e) != PD_OK) {
-        if (rc == PD_ENOMEM)
-            set_error(e, 500, NULL, "out of memory preparing the request's images");
         pd_engine_mm_free(mm);
         pd_token_ids_free(&ids);
         return rc ? rc : PD_EINVAL;
@@ -693,6 +696,76 @@ static int submit_req(struct pd_daemon_req *r, struct pd_http_req *h, struct pd_
 static void handle_group(struct pd_http_req *h, enum pd_api_kind kind, struct pd_api_split *sp,
                          double t_arrival);
 
+/* A prepared request (or why not, e) to its client h: queued and submitted, or the error. */
+static void start_req(struct pd_daemon_req *r, struct pd_http_req *h, int rc,
+                      struct pd_api_error *e) {
+    if (rc != PD_OK) {
+        pd_http_respond_error(h, e);
+        req_free(r);
+        return;
+    }
+    if (D.slots.n_free == 0) {
+        pd__daemon_respond_error(h, 503, "server_error", NULL,
+                                 "too many requests queued (--max-queued-requests %d)",
+                                 D.args.max_queued_requests);
+        req_free(r);
+        return;
+    }
+    if (submit_req(r, h, e) != PD_OK) {
+        pd_http_respond_error(h, e);
+        return;
+    }
+    pd_http_req_on_gone(h, on_client_gone, r);
+    if (r->streaming)
+        pd_http_sse_start(h);
+}
+
+/* A request with images: they load (fetch, decode, process, hash) on a libuv worker, then the
+ * request is prepared and started back on the loop; h is NULL once the client left. */
+struct image_job {
+    uv_work_t work;
+    struct pd_daemon_req *r;
+    struct pd_http_req *h;
+    enum pd_api_kind kind;
+    struct pd_daemon_images li;
+};
+
+static void image_job_gone(struct pd_http_req *h, void *user) {
+    (void)h;
+    ((struct image_job *)user)->h = NULL;
+}
+
+static void image_job_work(uv_work_t *w) {
+    struct image_job *j = w->data;
+    pd__daemon_load_images(&D, &j->r->api, &j->li);
+}
+
+static void image_job_done(uv_work_t *w, int status) {
+    struct image_job *j = w->data;
+    struct pd_api_error e;
+    memset(&e, 0, sizeof(e));
+    int rc = PD_OK;
+    if (status != 0 || j->li.status) {
+        rc = PD_EINVAL;
+        pd_api_error_set(&e, j->li.status ? j->li.status : 500,
+                         j->li.status == 400 ? "invalid_request_error" : "server_error",
+                         j->li.status == 400 ? "image" : NULL, NULL, "%s",
+                         j->li.status ? j->li.err : "loading the request's images failed");
+    }
+    if (!j->h || D.stopping) { /* the client left (or the daemon stops): nothing to answer */
+        if (j->h)
+            pd__daemon_respond_error(j->h, 503, "server_error", NULL, "shutting down");
+        req_free(j->r);
+    } else {
+        pd_http_req_on_gone(j->h, NULL, NULL);
+        if (!rc)
+            rc = prepare_req(j->r, j->kind, &j->li, &e);
+        start_req(j->r, j->h, rc, &e);
+    }
+    pd__daemon_images_free(&j->li);
+    pd_free(j);
+}
+
 static void handle_generate(struct pd_http_req *h, enum pd_api_kind kind) {
     double t_arrival = now_s();
     struct pd_api_error e;
@@ -703,13 +776,7 @@ static void handle_generate(struct pd_http_req *h, enum pd_api_kind kind) {
     }
     size_t blen;
     const char *body = pd_http_req_body(h, &blen);
-    struct pd_api_config ac = {.served_model_name = D.args.served_model_name,
-                               .model_path = D.args.model_path,
-                               .disaggregated = D.role->disaggregated,
-                               .bootstrap_optional = D.local_prefill,
-                               .context_length = D.info.context_length,
-                               .max_n = D.max_n,
-                               .max_images = D.vision ? D.args.limit_mm_per_prompt : 0};
+    struct pd_api_config ac = api_config();
     struct pd_api_split split;
     if (pd_api_split(kind, body, blen, &ac, &split, &e) != PD_OK) {
         pd_http_respond_error(h, &e);
@@ -725,25 +792,29 @@ static void handle_generate(struct pd_http_req *h, enum pd_api_kind kind) {
         pd__daemon_respond_error(h, 500, "server_error", NULL, "out of memory");
         return;
     }
-    if (prepare_req(r, kind, body, blen, &e) != PD_OK) {
-        pd_http_respond_error(h, &e);
-        req_free(r);
+    if (pd_api_parse(kind, body, blen, &ac, &r->api, &e) != PD_OK) {
+        start_req(r, h, PD_EINVAL, &e);
         return;
     }
-    if (D.slots.n_free == 0) {
-        pd__daemon_respond_error(h, 503, "server_error", NULL,
-                                 "too many requests queued (--max-queued-requests %d)",
-                                 D.args.max_queued_requests);
-        req_free(r);
+    if (r->api.n_images > 0) { /* the images load off the loop thread first */
+        struct image_job *j = pd_calloc(1, sizeof(*j));
+        if (!j) {
+            pd__daemon_respond_error(h, 500, "server_error", NULL, "out of memory");
+            req_free(r);
+            return;
+        }
+        *j = (struct image_job){.r = r, .h = h, .kind = kind};
+        j->work.data = j;
+        pd_http_req_on_gone(h, image_job_gone, j);
+        if (uv_queue_work(&D.loop, &j->work, image_job_work, image_job_done) != 0) {
+            pd_http_req_on_gone(h, NULL, NULL);
+            pd__daemon_respond_error(h, 500, "server_error", NULL, "could not queue the images");
+            req_free(r);
+            pd_free(j);
+        }
         return;
     }
-    if (submit_req(r, h, &e) != PD_OK) {
-        pd_http_respond_error(h, &e);
-        return;
-    }
-    pd_http_req_on_gone(h, on_client_gone, r);
-    if (r->streaming)
-        pd_http_sse_start(h);
+    start_req(r, h, prepare_req(r, kind, NULL, &e), &e);
 }
 
 /* ---- fan-out groups (batch /generate, prompt lists, n > 1) ---- */
@@ -861,7 +932,20 @@ static void handle_group(struct pd_http_req *h, enum pd_api_kind kind, struct pd
         g->refs++;
         r->grp = g;
         r->sub = k;
-        if (prepare_req(r, kind, sp->bodies[k], strlen(sp->bodies[k]), &e) != PD_OK) {
+        struct pd_api_config ac = api_config();
+        struct pd_daemon_images li = {0};
+        int rc = pd_api_parse(kind, sp->bodies[k], strlen(sp->bodies[k]), &ac, &r->api, &e);
+        if (!rc && r->api.n_images > 0 && pd__daemon_load_images(&D, &r->api, &li) != PD_OK) {
+            /* sub-requests load on the loop: a batch or n > 1 with images is rare */
+            pd_api_error_set(&e, li.status,
+                             li.status == 400 ? "invalid_request_error" : "server_error",
+                             li.status == 400 ? "image" : NULL, NULL, "%s", li.err);
+            rc = PD_EINVAL;
+        }
+        if (!rc)
+            rc = prepare_req(r, kind, &li, &e);
+        pd__daemon_images_free(&li);
+        if (rc != PD_OK) {
             pd_http_respond_error(h, &e);
             goto fail;
         }

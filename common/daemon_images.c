@@ -7,6 +7,11 @@
  * planned (model/vision/vision_prompt.h). The compute thread then only encodes (prefill,
  * colocated) and places the embeddings.
  *
+ * Loading (fetch, decode, process, hash) reads only the request and the daemon's settings, so a
+ * request's images load on libuv's worker threads (common/daemon.c) and the loop never decodes a
+ * large image itself; placing them in the prompt runs back on the loop. Remote URLs are fetched
+ * only with --allow-image-urls, within --image-url-max-bytes and --image-url-timeout.
+ *
  * The expanded placeholders carry ids drawn from their image's hash (SGLang pads image tokens
  * with its hash the same way): the embeddings replace those rows anyway, and the prefix cache,
  * keyed by token ids, then tells two prompts that differ only in an image apart.
@@ -23,6 +28,7 @@
 #include "model/vision/vision_encoder.h"
 #include "model/vision/vision_prompt.h"
 
+#include <curl/curl.h>
 #include <openssl/evp.h>
 #include <stdio.h>
 #include <string.h>
@@ -63,30 +69,102 @@ int pd__daemon_vision_new(struct pd_daemon_state *d) {
                          v->pc.merge_size, v->vc.patch_size, v->vc.temporal_patch_size,
                          v->vc.spatial_merge_size);
     }
+    /* libcurl's global state before any worker fetches (it is not thread-safe to make) */
+    if (d->args.allow_image_urls && curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK) {
+        pd_free(v);
+        return pd_errorf(PD_EINTERNAL, "--allow-image-urls: libcurl did not initialise");
+    }
     d->vision = v;
     return PD_OK;
 }
 
 void pd__daemon_vision_free(struct pd_daemon_state *d) {
+    if (d->vision && d->args.allow_image_urls)
+        curl_global_cleanup();
     pd_free(d->vision);
     d->vision = NULL;
 }
 
-static int bad(struct pd_api_error *e, int k, const char *what) {
-    char param[32];
-    snprintf(param, sizeof(param), "image %d", k);
-    pd_api_error_set(e, 400, "invalid_request_error", param, NULL, "image %d: %s", k, what);
+/* A load failure of image k: 400 with what, kept for the loop thread (this may run on a
+ * worker). */
+static int bad(struct pd_daemon_images *li, int k, const char *what) {
+    li->status = 400;
+    li->bad_index = k;
+    snprintf(li->err, sizeof(li->err), "image %d: %s", k, what);
     return PD_EINVAL;
 }
 
+/* A remote image's bytes (--allow-image-urls): http(s) only, at most max_bytes, within
+ * timeout_s, redirects followed up to 3 times. */
+struct fetch_buf {
+    uint8_t *p;
+    size_t n, cap, max;
+};
+
+static size_t fetch_write(char *data, size_t size, size_t nmemb, void *ud) {
+    struct fetch_buf *b = ud;
+    size_t n = size * nmemb;
+    if (b->n + n > b->max || pd_array_grow((void **)&b->p, &b->cap, b->n + n, 1) != PD_OK)
+        return 0; /* curl fails the transfer: too large (or no memory) */
+    memcpy(b->p + b->n, data, n);
+    b->n += n;
+    return n;
+}
+
+static int fetch(const struct pd_daemon_state *d, const char *url, int k, struct fetch_buf *b,
+                 struct pd_daemon_images *li) {
+    CURL *c = curl_easy_init();
+    if (!c)
+        return bad(li, k, "could not start a fetch");
+    b->max = (size_t)d->args.image_url_max_bytes;
+    curl_easy_setopt(c, CURLOPT_URL, url);
+    curl_easy_setopt(c, CURLOPT_PROTOCOLS_STR, "http,https");
+    curl_easy_setopt(c, CURLOPT_REDIR_PROTOCOLS_STR, "http,https");
+    curl_easy_setopt(c, CURLOPT_FOLLOWLOCATION, 1L);
+    curl_easy_setopt(c, CURLOPT_MAXREDIRS, 3L);
+    curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, (long)(d->args.image_url_timeout * 1000));
+    curl_easy_setopt(c, CURLOPT_MAXFILESIZE_LARGE, (curl_off_t)(size_t)d->args.image_url_max_bytes);
+    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, fetch_write);
+    curl_easy_setopt(c, CURLOPT_WRITEDATA, b);
+    CURLcode cc = curl_easy_perform(c);
+    long code = 0;
+    curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &code);
+    curl_easy_cleanup(c);
+    char msg[256];
+    if (cc == CURLE_WRITE_ERROR || cc == CURLE_FILESIZE_EXCEEDED)
+        snprintf(msg, sizeof(msg), "%.80s is larger than --image-url-max-bytes (%zu)", url,
+                 (size_t)d->args.image_url_max_bytes);
+    else if (cc == CURLE_OPERATION_TIMEDOUT)
+        snprintf(msg, sizeof(msg), "fetching %.80s took longer than --image-url-timeout (%g s)",
+                 url, d->args.image_url_timeout);
+    else if (cc != CURLE_OK)
+        snprintf(msg, sizeof(msg), "fetching %.80s failed: %s", url, curl_easy_strerror(cc));
+    else if (code != 200)
+        snprintf(msg, sizeof(msg), "fetching %.80s: HTTP %ld", url, code);
+    else
+        return PD_OK;
+    return bad(li, k, msg);
+}
+
 /* One image string → its patches and content hash. */
-static int load_image(const struct pd_daemon_vision *v, const char *s, int k,
-                      struct pd_image_patches *p, uint8_t hash[16], struct pd_api_error *e) {
+static int load_image(const struct pd_daemon_state *d, const char *s, int k,
+                      struct pd_image_patches *p, uint8_t hash[16], struct pd_daemon_images *li) {
+    const struct pd_daemon_vision *v = d->vision;
     struct pd_image img;
-    struct pd_image_decode_opts o = {.alpha = PD_IMAGE_ALPHA_ON_WHITE};
+    struct pd_image_decode_opts o = {.alpha = PD_IMAGE_ALPHA_ON_WHITE,
+                                     .max_pixels = PD_DAEMON_MAX_IMAGE_PIXELS};
     int rc;
     if (strncmp(s, "data:", 5) == 0) {
         rc = pd_image_decode_data_url(s, strlen(s), &o, &img);
+    } else if (strncmp(s, "http://", 7) == 0 || strncmp(s, "https://", 8) == 0) {
+        struct fetch_buf b = {0};
+        if ((rc = fetch(d, s, k, &b, li)) != PD_OK) {
+            pd_free(b.p);
+            return rc;
+        }
+        rc = pd_image_decode(b.p, b.n, &o, &img);
+        pd_free(b.p);
     } else { /* generate's raw base64 */
         uint8_t *bytes;
         size_t n;
@@ -99,18 +177,18 @@ static int load_image(const struct pd_daemon_vision *v, const char *s, int k,
         }
     }
     if (rc)
-        return rc == PD_ENOMEM ? rc : bad(e, k, pd_error_msg());
+        return rc == PD_ENOMEM ? rc : bad(li, k, pd_error_msg());
     if (img.width < MIN_IMAGE_SIDE || img.height < MIN_IMAGE_SIDE) {
         char msg[96];
         snprintf(msg, sizeof(msg), "%d x %d pixels is too small (at least %d on each side)",
                  img.width, img.height, MIN_IMAGE_SIDE);
         pd_image_free(&img);
-        return bad(e, k, msg);
+        return bad(li, k, msg);
     }
     rc = pd_image_process(&v->pc, &img, p);
     pd_image_free(&img);
     if (rc)
-        return rc == PD_ENOMEM ? rc : bad(e, k, pd_error_msg());
+        return rc == PD_ENOMEM ? rc : bad(li, k, pd_error_msg());
     int32_t grid[4] = {p->grid_t, p->grid_h, p->grid_w, p->row_len};
     uint8_t md[EVP_MAX_MD_SIZE];
     unsigned md_len = 0;
@@ -123,7 +201,9 @@ static int load_image(const struct pd_daemon_vision *v, const char *s, int k,
     EVP_MD_CTX_free(ctx);
     if (!ok) {
         pd_image_patches_free(p);
-        return pd_errorf(PD_EINTERNAL, "hashing an image (SHA-256) failed");
+        li->status = 500;
+        snprintf(li->err, sizeof(li->err), "hashing image %d (SHA-256) failed", k);
+        return PD_EINTERNAL;
     }
     memcpy(hash, md, 16);
     return PD_OK;
@@ -140,13 +220,50 @@ static int32_t placeholder_id(const uint8_t hash[16], int32_t i, int vocab) {
     return (int32_t)(x % (uint64_t)vocab);
 }
 
-int pd__daemon_prepare_images(struct pd_daemon_state *d, struct pd_api_request *api,
-                              struct pd_token_ids *ids, struct pd_engine_mm **out,
-                              struct pd_api_error *e) {
+int pd__daemon_load_images(const struct pd_daemon_state *d, const struct pd_api_request *api,
+                           struct pd_daemon_images *li) {
+    memset(li, 0, sizeof(*li));
+    li->bad_index = -1;
+    int n = api->n_images;
+    PD_ASSERT(d->vision && n > 0 && n <= PD_ENGINE_MAX_IMAGES);
+    li->p = pd_calloc((size_t)n, sizeof(*li->p));
+    li->hash = pd_calloc((size_t)n, sizeof(*li->hash));
+    if (!li->p || !li->hash) {
+        pd__daemon_images_free(li);
+        li->status = 500;
+        snprintf(li->err, sizeof(li->err), "out of memory preparing the request's images");
+        return PD_ENOMEM;
+    }
+    li->n = n;
+    for (int k = 0; k < n; k++) {
+        int rc = load_image(d, api->images[k], k, &li->p[k], li->hash[k], li);
+        if (rc) {
+            if (!li->status) {
+                li->status = 500;
+                snprintf(li->err, sizeof(li->err), "image %d: %s", k, pd_error_msg());
+            }
+            return rc;
+        }
+    }
+    return PD_OK;
+}
+
+void pd__daemon_images_free(struct pd_daemon_images *li) {
+    for (int k = 0; li->p && k < li->n; k++)
+        pd_image_patches_free(&li->p[k]);
+    pd_free(li->p);
+    pd_free(li->hash);
+    li->p = NULL;
+    li->hash = NULL;
+    li->n = 0;
+}
+
+int pd__daemon_place_images(struct pd_daemon_state *d, struct pd_api_request *api,
+                            struct pd_token_ids *ids, struct pd_daemon_images *li,
+                            struct pd_engine_mm **out, struct pd_api_error *e) {
     *out = NULL;
     const struct pd_daemon_vision *v = d->vision;
-    int n = api->n_images, rc = PD_OK;
-    PD_ASSERT(v && n > 0 && n <= PD_ENGINE_MAX_IMAGES);
+    int n = li->n, rc = PD_OK;
     if (api->return_logprob && api->logprob_start_len >= 0) {
         pd_api_error_set(e, 400, "invalid_request_error", "logprob_start_len", NULL,
                          "prompt logprobs are not computed for prompts with images");
@@ -160,17 +277,15 @@ int pd__daemon_prepare_images(struct pd_daemon_state *d, struct pd_api_request *
         goto out;
     }
     mm->n_images = n;
-    for (int k = 0; k < n; k++) {
+    for (int k = 0; k < n; k++) { /* the patches move into the engine's images */
         struct pd_engine_image *im = &mm->images[k];
-        if (!(im->patches = pd_calloc(1, sizeof(*im->patches)))) {
+        if (!(im->patches = pd_malloc(sizeof(*im->patches)))) {
             rc = PD_ENOMEM;
             goto out;
         }
-        if ((rc = load_image(v, api->images[k], k, im->patches, im->hash, e)) != PD_OK) {
-            pd_free(im->patches);
-            im->patches = NULL;
-            goto out;
-        }
+        *im->patches = li->p[k];
+        memset(&li->p[k], 0, sizeof(li->p[k]));
+        memcpy(im->hash, li->hash[k], sizeof(im->hash));
         grids[k][0] = im->patches->grid_t;
         grids[k][1] = im->patches->grid_h;
         grids[k][2] = im->patches->grid_w;
@@ -209,6 +324,9 @@ out:
     pd_free(grids);
     if (rc) {
         pd_engine_mm_free(mm);
+        if (rc == PD_ENOMEM)
+            pd_api_error_set(e, 500, "server_error", NULL, NULL,
+                             "out of memory preparing the request's images");
         return rc;
     }
     *out = mm;

@@ -182,15 +182,32 @@ struct pd_daemon_state {
  * for a text-only one. */
 int pd__daemon_vision_new(struct pd_daemon_state *d);
 void pd__daemon_vision_free(struct pd_daemon_state *d);
+/* Images a decoder may open: PIL's MAX_IMAGE_PIXELS (its decompression-bomb bound), checked
+ * from the header before any pixel is allocated. */
+#define PD_DAEMON_MAX_IMAGE_PIXELS 89478485u
+
+/* A request's images, loaded: patches and content hashes, or why not (status 400/500, err). */
+struct pd_daemon_images {
+    int n;
+    struct pd_image_patches *p; /* [n] */
+    uint8_t (*hash)[16];        /* [n] */
+    int status, bad_index;
+    char err[512];
+};
 struct pd_token_ids;
-/* The request's images (r->api.images) decoded and processed, its prompt ids[] expanded around
- * them (each image's placeholder repeated per embedding, then filled with ids drawn from the
- * image's content hash, so the prefix cache never matches one image's pages for another's) and
- * their M-RoPE positions planned into *mm; the decode side of PD keeps no pixels. A broken, too
- * large or too small image, a placeholder count that does not match: 400 in e. */
-int pd__daemon_prepare_images(struct pd_daemon_state *d, struct pd_api_request *api,
-                              struct pd_token_ids *ids, struct pd_engine_mm **mm,
-                              struct pd_api_error *e);
+/* Fetches (remote URLs, with --allow-image-urls), decodes, processes and hashes api's images.
+ * Thread-safe: reads only api and d's settings (libuv's workers call it). */
+int pd__daemon_load_images(const struct pd_daemon_state *d, const struct pd_api_request *api,
+                           struct pd_daemon_images *li);
+void pd__daemon_images_free(struct pd_daemon_images *li);
+/* Loop thread: the prompt ids[] expanded around the loaded images (each placeholder repeated
+ * per embedding, then filled with ids drawn from the image's content hash, so the prefix cache
+ * never matches one image's pages for another's) and their M-RoPE positions planned into *mm,
+ * which takes li's patches (the decode side of PD keeps none). A placeholder count that does not
+ * match: 400 in e. */
+int pd__daemon_place_images(struct pd_daemon_state *d, struct pd_api_request *api,
+                            struct pd_token_ids *ids, struct pd_daemon_images *li,
+                            struct pd_engine_mm **mm, struct pd_api_error *e);
 
 /* What a role adds to the daemon. Hooks run on the loop thread; NULL: nothing to do. */
 struct pd_role {

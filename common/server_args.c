@@ -40,6 +40,8 @@ void pd_server_args_defaults(struct pd_server_args *a) {
     a->random_seed = 0;
     a->limit_mm_per_prompt = 16;
     a->mm_embedding_cache_mb = 256;
+    a->image_url_max_bytes = 20 << 20;
+    a->image_url_timeout = 10;
 }
 
 void pd_server_args_register(struct pd_flagset *fs, struct pd_server_args *a) {
@@ -98,6 +100,14 @@ void pd_server_args_register(struct pd_flagset *fs, struct pd_server_args *a) {
                 "vision-language models: bytes (MB) of image embeddings kept by image content, "
                 "so a chunked prefill and repeated images run the vision encoder once; 0 keeps "
                 "none past their request");
+    pd_flag_bool(fs, "--allow-image-urls", &a->allow_image_urls,
+                 "vision-language models: fetch images given as http(s) URLs (otherwise they "
+                 "are refused: send data: URLs), within --image-url-max-bytes and "
+                 "--image-url-timeout");
+    pd_flag_int64(fs, "--image-url-max-bytes", &a->image_url_max_bytes, "BYTES", 1, 1 << 30,
+                  "--allow-image-urls: the largest image file fetched");
+    pd_flag_double(fs, "--image-url-timeout", &a->image_url_timeout, "SECONDS", 0.1, 600,
+                   "--allow-image-urls: the longest one image's fetch may take");
     pd_flag_log_level(fs, &a->log_level);
 }
 

@@ -58,8 +58,11 @@ struct pd_server_args {
     int log_level;      /* enum pd_log_level */
     bool disable_prefix_cache;
     int64_t random_seed;
-    int limit_mm_per_prompt;   /* images one request may carry (vision-language models) */
-    int mm_embedding_cache_mb; /* the vision encoder's output cache, MB (10^6 bytes) */
+    int limit_mm_per_prompt;     /* images one request may carry (vision-language models) */
+    int mm_embedding_cache_mb;   /* the vision encoder's output cache, MB (10^6 bytes) */
+    bool allow_image_urls;       /* fetch http(s) image URLs (else a 400) ... */
+    int64_t image_url_max_bytes; /* ... of at most this many bytes ... */
+    double image_url_timeout;    /* ... within this many seconds */
 };
 
 /* SGLang's defaults (port 30000, page size 16 for pdserve, chunked prefill 8192, bootstrap port

@@ -16,7 +16,11 @@ the prefill cuts through every image's tokens:
   * 1,000 distinct images through a colocated daemon with a 1 MB embedding cache: its bytes stay
     within the bound; every pool is full after.
 
-Usage: test_vision_serve.py BUILD_DIR CASE (coloc | pd | bad | load).
+  * --allow-image-urls: an http URL is fetched and equals the same file; larger than
+    --image-url-max-bytes, slower than --image-url-timeout, a 404: 400s naming each; without
+    the flag a remote URL is a 400 that names it.
+
+Usage: test_vision_serve.py BUILD_DIR CASE (coloc | pd | bad | urls | load).
 """
 import base64
 import json
@@ -203,6 +207,74 @@ def case_bad(tmp):
     check(st == 200, "the text-only daemon still answers: %d" % st)
 
 
+def case_urls(tmp):
+    """--allow-image-urls: an http image URL is fetched (equal to the same image as a file);
+    too large, too slow, a 404: 400s naming the limit or the status; without the flag a 400."""
+    import http.server
+    import threading
+    import time
+    a, big = png(200, 140, 7), png(300, 300, 8)
+    fa = write(tmp, "url_a.png", a)
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - http.server's name
+            if self.path == "/slow.png":
+                time.sleep(3)
+            body = {"/a.png": a, "/slow.png": a, "/big.png": big}.get(self.path)
+            self.send_response(200 if body else 404)
+            self.send_header("Content-Length", str(len(body or b"")))
+            self.end_headers()
+            self.wfile.write(body or b"")
+
+        def log_message(self, *args):
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    base = "http://127.0.0.1:%d" % srv.server_address[1]
+    model = pc.make_model(BUILD, tmp, ["--family", "qwen2_vl"])
+    d = pc.Coloc(BUILD, model, tmp, CHUNK + ["--allow-image-urls", "--image-url-max-bytes",
+                                             str(len(a) + 1000), "--image-url-timeout", "1"])
+    model_id = json.loads(d.get("/v1/models")[1])["data"][0]["id"]
+
+    def parts(url):
+        return [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": "?"}]
+
+    step("an http image URL fetched, equal to the same file")
+    ref = chat_ref(model, d, tmp, parts(base + "/a.png"), [fa])
+    st, raw = d.post("/v1/chat/completions", chat_body(model_id, parts(base + "/a.png")))
+    if check(st == 200, "fetched image: HTTP %d %r" % (st, raw[:300])):
+        got = json.loads(raw)["choices"][0]["message"]["content"]
+        check(got == ref, "fetched image: %r != pdserve-generate %r" % (got, ref))
+    for path, want in (("/big.png", "larger than --image-url-max-bytes"),
+                       ("/slow.png", "took longer than --image-url-timeout"),
+                       ("/missing.png", "HTTP 404")):
+        t0 = time.time()
+        st, raw = d.post("/v1/chat/completions", chat_body(model_id, parts(base + path)))
+        msg = json.loads(raw)["error"]["message"] if st == 400 else raw[:200]
+        check(st == 400 and want in msg, "%s: want a 400 saying %r, got %d %r" %
+              (path, want, st, msg))
+        check(time.time() - t0 < 2.5, "%s answered within the timeout's reach" % path)
+    st, _ = d.post("/v1/chat/completions", chat_body(model_id, parts(base + "/a.png")))
+    check(st == 200, "still serving after the failed fetches: %d" % st)
+    # a fetch waiting on its server holds a worker, not the loop: a text chat is answered
+    slow = threading.Thread(target=lambda: d.post("/v1/chat/completions",
+                                                  chat_body(model_id, parts(base + "/slow.png"))))
+    slow.start()
+    time.sleep(0.2)
+    t0 = time.time()
+    st, _ = d.post("/v1/chat/completions", chat_body(model_id, "hello"))
+    took = time.time() - t0
+    slow.join()
+    check(st == 200 and took < 0.8, "a text chat during a slow image fetch: %d in %.2f s" %
+          (st, took))
+    check(d.pool_full(), "pool full after")
+    plain = pc.Coloc(BUILD, model, tmp, CHUNK)
+    st, raw = plain.post("/v1/chat/completions", chat_body(model_id, parts(base + "/a.png")))
+    check(st == 400 and b"--allow-image-urls" in raw, "without the flag: %d %r" % (st, raw[:200]))
+    srv.shutdown()
+
+
 def case_load(tmp):
     model = pc.make_model(BUILD, tmp, ["--family", "qwen2_vl"])
     d = pc.Coloc(BUILD, model, tmp, CHUNK + ["--mm-embedding-cache-mb", "1"])
@@ -230,7 +302,8 @@ def case_load(tmp):
 
 def main():
     tmp = pc.tmpdir()
-    body = {"coloc": case_coloc, "pd": case_pd, "bad": case_bad, "load": case_load}[CASE]
+    body = {"coloc": case_coloc, "pd": case_pd, "bad": case_bad, "urls": case_urls,
+            "load": case_load}[CASE]
     pc.run_test("test_vision_serve %s" % CASE, lambda: body(tmp), tmp)
 
 
