@@ -50,7 +50,7 @@ NO_SKIPS = --output-junit $$PWD/ctest-junit.xml && \
 # colocated), the router, the HTTP server (also over TLS), TLS end to end, the API contract,
 # fan-out, logprobs, metrics and images, with every process they start under the sanitizers (a
 # report in any process log fails the test: tests/integration/pd_cluster.py).
-ASAN_INTEGRATION = ^(daemon_|integration_router|integration_http_server|pd_router_|pd_tls|coloc_daemon|api_fanout_|api_contract|input_logprobs_|metrics_|vision_serve_(coloc|pd|bad|urls))
+ASAN_INTEGRATION = ^(daemon_|integration_router|integration_http_server|pd_router_|pd_tls|coloc_daemon|api_fanout_|api_contract|input_logprobs_|metrics_|vision_serve_(coloc|pd|bad|urls|retract))
 
 # Everything CI checks: formatting, a -Werror release build with all tests (gpu ones skip
 # without a GPU), the same without CUDA (-DPD_CUDA=OFF), the unit tests and the daemons' and

@@ -130,6 +130,8 @@ struct pd_engine {
     struct pd_checkpoint *vck;
     struct pd_embed_cache *embc;
     struct pd_model_embeds *mm_spans;
+    int32_t *mm_mpos; /* [mm_mpos_cap][3]: positions of recomputes that cross a prompt's end */
+    int32_t mm_mpos_cap, mm_mpos_used;
     int32_t hidden;
     int64_t mm_encoder_runs;
 };
@@ -140,10 +142,11 @@ struct pd_engine {
  * nothing otherwise. */
 int pd__engine_mm_new(struct pd_engine *e);
 void pd__engine_mm_free(struct pd_engine *e);
-/* Row k of a step running s (tokens s->n_cached .. +n_new of r): its M-RoPE positions, its
- * output position delta, and the embeddings of the images it covers (encoded now when neither
- * r nor the cache has them). PD_EUNSUPPORTED when it covers image tokens and this engine has
- * no encoder (the decode side of PD cannot recompute an image's tokens). */
+/* Row k of a step running s (tokens s->n_cached .. +n_new of r; rows in order from k = 0): its
+ * M-RoPE positions (a recompute past the prompt's end: index + delta there), its output
+ * position delta, and the embeddings of the images it covers (encoded now when neither r nor
+ * the cache has them). PD_EUNSUPPORTED when it covers image tokens and this engine has no
+ * encoder (the decode side of PD cannot recompute an image's tokens: it retracts them last). */
 int pd__engine_mm_seq(struct pd_engine *e, struct pd_engine_req *r, int32_t k,
                       struct pd_model_seq *s);
 /* r's prompt is computed (or r ends): its cache references go back. */

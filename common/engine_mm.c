@@ -24,7 +24,9 @@ int pd__engine_mm_new(struct pd_engine *e) {
     const struct pd_model_config *mc = pd_model_config_of(e->model);
     e->hidden = mc->hidden_size;
     e->mm_spans = pd_calloc((size_t)e->max_reqs * PD_ENGINE_MAX_IMAGES, sizeof(*e->mm_spans));
-    if (!e->mm_spans)
+    e->mm_mpos_cap = pd_model_opts_of(e->model)->max_tokens;
+    e->mm_mpos = pd_calloc((size_t)e->mm_mpos_cap * 3, sizeof(int32_t));
+    if (!e->mm_spans || !e->mm_mpos)
         return pd_error_wrap(PD_ENOMEM, "engine image spans");
     if (mc->vl == PD_VL_NONE || !e->cfg.vision)
         return PD_OK;
@@ -58,6 +60,7 @@ void pd__engine_mm_free(struct pd_engine *e) {
     pd_embed_cache_free(e->embc);
     pd_checkpoint_free(e->vck);
     pd_free(e->mm_spans);
+    pd_free(e->mm_mpos);
 }
 
 /* Image i of r as embeddings: held already, from the cache, or encoded now. */
@@ -106,11 +109,23 @@ int pd__engine_mm_seq(struct pd_engine *e, struct pd_engine_req *r, int32_t k,
     int32_t a = s->n_cached, b = s->n_cached + s->n_new;
     if (a >= r->n_prompt)
         return PD_OK;
-    if (b > r->n_prompt) /* a recompute running into the output: rope by index + delta there */
-        return pd_errorf(PD_EUNSUPPORTED,
-                         "request %" PRIu64 ": a step across the end of a prompt with images",
-                         r->room);
-    s->mpos = mm->mpos + (size_t)a * 3;
+    if (b <= r->n_prompt) {
+        s->mpos = mm->mpos + (size_t)a * 3;
+    } else { /* a recompute (retraction) running into the output: those tokens turn by index +
+                delta, after the prompt's own positions; built in the step's scratch */
+        if (k == 0)
+            e->mm_mpos_used = 0;
+        int32_t n = s->n_new;
+        if (e->mm_mpos_used + n > e->mm_mpos_cap)
+            return pd_errorf(PD_ERANGE, "request %" PRIu64 ": %d positions past the step's %d",
+                             r->room, n, e->mm_mpos_cap - e->mm_mpos_used);
+        int32_t *mp = e->mm_mpos + (size_t)e->mm_mpos_used * 3;
+        e->mm_mpos_used += n;
+        memcpy(mp, mm->mpos + (size_t)a * 3, (size_t)(r->n_prompt - a) * 3 * sizeof(int32_t));
+        for (int32_t t = r->n_prompt; t < b; t++)
+            mp[(t - a) * 3] = mp[(t - a) * 3 + 1] = mp[(t - a) * 3 + 2] = t + mm->pos_delta;
+        s->mpos = mp;
+    }
     struct pd_model_embeds *sp = e->mm_spans + (size_t)k * PD_ENGINE_MAX_IMAGES;
     s->embeds = sp;
     s->n_embeds = 0;

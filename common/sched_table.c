@@ -173,12 +173,15 @@ int pd__sched_table_pop_ended(struct pd__sched_table *t, struct pd_sched_end *e)
 
 int32_t pd__sched_table_pick_victim(const struct pd__sched_table *t, int running) {
     int32_t best = -1;
-    for (int32_t i = t->q[running].head; i >= 0; i = t->slots.next[i]) {
-        const struct pd__sched_req *r = pd__sched_table_req(t, i),
-                                   *b = pd__sched_table_req(t, best >= 0 ? best : i);
-        if (best < 0 || pd__retract_first(r->n_out, r->prompt_len, b->n_out, b->prompt_len))
-            best = i;
-    }
+    for (int pass = 0; pass < 2 && best < 0; pass++) /* unpinned first, pinned if need be */
+        for (int32_t i = t->q[running].head; i >= 0; i = t->slots.next[i]) {
+            const struct pd__sched_req *r = pd__sched_table_req(t, i),
+                                       *b = pd__sched_table_req(t, best >= 0 ? best : i);
+            if (r->pinned && pass == 0)
+                continue;
+            if (best < 0 || pd__retract_first(r->n_out, r->prompt_len, b->n_out, b->prompt_len))
+                best = i;
+        }
     return best;
 }
 

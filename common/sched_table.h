@@ -52,6 +52,8 @@ struct pd__sched_req {
     bool admitted;      /* holds pages[0..n_pages) (one reference each) and the lock on node */
     bool in_batch;      /* in the outstanding step: it ends only at its batch_done */
     bool no_cache;      /* decode: its KV is not to be cached at its end (a step that failed) */
+    bool pinned;        /* retracted only when no unpinned running request is left (decode: a
+                           prompt with images, which it cannot recompute) */
     int8_t pending_end; /* end reason to apply at batch_done, -1 none */
     int8_t end_reason;
 };

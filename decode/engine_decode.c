@@ -33,6 +33,8 @@ static void decode_add(struct pd_engine *e, struct pd_engine_req *r, double now)
     if (!rc) {
         rc = pd_sched_decode_add(e->sched, r->room, r->tokens, r->n_prompt, r->sp.max_new_tokens,
                                  now);
+        if (!rc && r->mm) /* its image tokens cannot be recomputed here: retracted last */
+            rc = pd_sched_decode_pin(e->sched, r->room);
         if (!rc && r->local_prefill && r->in_lp) {
             pd__engine_in_lp_begin(r);
             /* the positions it scores must be computed here, not served from the cache */

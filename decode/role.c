@@ -251,6 +251,12 @@ static int decode_pd_prepare(struct pd_daemon_state *d, struct pd_daemon_req *r,
     int rc = decode_prepare(d, r, e);
     if (rc || r->api.has_bootstrap_room)
         return rc;
+    if (r->api.n_images > 0) { /* the vision encoder runs on the prefill, not here */
+        pd_api_error_set(e, 400, "invalid_request_error", "bootstrap_room", NULL,
+                         "a prompt with images is prefilled by a prefill daemon (its vision "
+                         "encoder): send it with bootstrap fields (through pdserve-router)");
+        return PD_EINVAL;
+    }
     r->ereq->local_prefill = true;
     return pd__daemon_prepare_input_logprobs(r, e);
 }

@@ -308,6 +308,14 @@ int pd_sched_decode_limit_cache(struct pd_sched_decode *s, uint64_t room, int32_
     return pd__sched_table_limit_cache(&s->t, room, max_tokens);
 }
 
+int pd_sched_decode_pin(struct pd_sched_decode *s, uint64_t room) {
+    int32_t slot;
+    int rc = pd__sched_table_find(&s->t, room, &slot);
+    if (rc == PD_OK)
+        s->reqs[slot].pinned = true;
+    return rc;
+}
+
 int pd_sched_decode_forget(struct pd_sched_decode *s, uint64_t room) {
     int32_t slot;
     int rc = pd__sched_table_find(&s->t, room, &slot);

@@ -100,6 +100,9 @@ int pd_sched_decode_add(struct pd_sched_decode *s, uint64_t room, const int32_t 
 /* The cache hit of room's admission covers at most max_tokens prompt tokens (a prompt computed
  * here whose input logprobs need the positions after them). PD_ENOENT. */
 int pd_sched_decode_limit_cache(struct pd_sched_decode *s, uint64_t room, int32_t max_tokens);
+/* room is retracted only when no unpinned running request is left (a prompt with images: the
+ * decode cannot recompute it). PD_ENOENT. */
+int pd_sched_decode_pin(struct pd_sched_decode *s, uint64_t room);
 /* room's KV must not enter the cache at its end (a step that wrote it failed). PD_ENOENT. */
 int pd_sched_decode_forget(struct pd_sched_decode *s, uint64_t room);
 /* The room's done notice: status PD_OK → running (or done at once when max_new_tokens is 1);

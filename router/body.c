@@ -364,6 +364,11 @@ int pd_router_body_prompt_size(int route, const char *body, size_t len,
     if (!cJSON_IsObject(root) || batch_size(route, root) != 0 ||
         samples_n(route, root, PD_API_MAX_FANOUT, &samples) != PD_OK || samples != 1)
         goto out;
+    /* a prompt with images has no size known here (and the decode has no vision encoder to
+     * prefill it alone): PD_EINVAL, so it takes the prefill */
+    const cJSON *img = cJSON_GetObjectItemCaseSensitive(root, "image_data");
+    if (route == PD_ROUTER_ROUTE_GENERATE && img && !cJSON_IsNull(img))
+        goto out;
     if (route == PD_ROUTER_ROUTE_GENERATE) {
         const cJSON *ids = cJSON_GetObjectItemCaseSensitive(root, "input_ids");
         ok = add_prompt(ids ? ids : cJSON_GetObjectItemCaseSensitive(root, "text"), &sz);
@@ -382,6 +387,9 @@ int pd_router_body_prompt_size(int route, const char *body, size_t len,
             else if (cJSON_IsArray(c))
                 cJSON_ArrayForEach(part, c) {
                     const cJSON *t = cJSON_GetObjectItemCaseSensitive(part, "text");
+                    const cJSON *type = cJSON_GetObjectItemCaseSensitive(part, "type");
+                    if (cJSON_IsString(type) && strcmp(type->valuestring, "text") != 0)
+                        ok = false; /* an image (or another part) */
                     if (cJSON_IsString(t))
                         sz.text_bytes += strlen(t->valuestring);
                 }

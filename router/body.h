@@ -57,7 +57,9 @@ void pd_router_body_info_free(struct pd_router_body_info *info);
  * (prompt_size.h turns it into tokens): token ids counted, plus PD_ROUTER_CHAT_MESSAGE_TOKENS a
  * chat message for its template; and the bytes of its text (a string prompt, chat messages' text
  * parts). PD_EINVAL (nothing set, no message) when the body is not one prompt of one sample (a
- * batch, n > 1) or not a JSON object with a prompt: such a request takes the PD path. */
+ * batch, n > 1), carries images (chat parts other than text, /generate image_data: only the
+ * prefill encodes them) or is not a JSON object with a prompt: such a request takes the PD
+ * path. */
 struct pd_router_prompt_size {
     long id_tokens;
     size_t text_bytes;

@@ -13,6 +13,8 @@ the prefill cuts through every image's tokens:
   * bad input: broken base64, a truncated PNG, a 1x1 image, a 20000x20000 one (refused from its
     header), too many images, a remote URL, an image for a text-only model: each a 400 naming
     the problem, and the daemon still answers;
+  * a colocated pool too small for six image chats: retracted and recomputed (crossing the
+    prompt's end), outputs unchanged; a decode without bootstrap fields refuses images;
   * 1,000 distinct images through a colocated daemon with a 1 MB embedding cache: its bytes stay
     within the bound; every pool is full after.
 
@@ -163,6 +165,13 @@ def case_pd(tmp):
     rt = pc.Router(BUILD, [(pf.port, pf.bport)], [dc.port], tmp, pc.PD_PATH_ONLY)
     step("prefill + decode + router: chats with images equal pdserve-generate --image")
     serve_checks(rt, pf, [dc], model, tmp, "PD")
+    # the decode alone (no bootstrap fields: a local prefill) cannot encode: a 400 saying so
+    model_id = json.loads(dc.get("/v1/models")[1])["data"][0]["id"]
+    st, raw = dc.post("/v1/chat/completions", chat_body(model_id, [
+        {"type": "image_url", "image_url": {"url": data_url(png(60, 60, 9))}},
+        {"type": "text", "text": "hi"}]))
+    check(st == 400 and b"prefill daemon" in raw, "decode alone with an image: %d %r" %
+          (st, raw[:200]))
     for d in (pf, dc):
         check(d.pool_full(), "%s pool full after" % d.role)
 
@@ -275,6 +284,44 @@ def case_urls(tmp):
     srv.shutdown()
 
 
+def case_retract(tmp):
+    """A colocated pool too small for six image chats at once, admitted without an output
+    reservation (--schedule-conservativeness 0.01): requests are retracted and recomputed
+    (their image tokens from the embedding cache, the rest by index + delta), outputs
+    unchanged."""
+    model = pc.make_model(BUILD, tmp, ["--family", "qwen2_vl"])
+    d = pc.Coloc(BUILD, model, tmp, CHUNK + ["--max-total-tokens", "448",
+                                             "--schedule-conservativeness", "0.01"])
+    model_id = json.loads(d.get("/v1/models")[1])["data"][0]["id"]
+    jobs = []
+    for i in range(6):
+        b = png(140 + 28 * (i % 3), 112, 20 + i)
+        f = write(tmp, "r%d.png" % i, b)
+        parts = [{"type": "image_url", "image_url": {"url": data_url(b)}},
+                 {"type": "text", "text": "tell me about picture %d" % i}]
+        body = chat_body(model_id, parts)
+        body["max_tokens"] = 40
+        body["ignore_eos"] = True
+        tmpl = [{"type": "image"}, parts[1]]
+        ids = pc.chat_prompt_ids(BUILD, model, d, [{"role": "user", "content": tmpl}], tmp)
+        ref = pc.generate(BUILD, model, ids, 40, ["--image", f, "--ignore-eos"])
+        jobs.append((body, ref))
+    for rnd in range(3):  # rounds until the timing gave a retraction (the first one does here)
+        step("round %d: six image chats at once in a pool of 448 tokens" % rnd)
+        res = pc.concurrent(lambda i: d.post("/v1/chat/completions", jobs[i][0]), len(jobs))
+        for i, r in enumerate(res):
+            if check(r and r[0] == 200, "chat %d: %r" % (i, r and r[1][:200])):
+                got = json.loads(r[1])["choices"][0]["message"]["content"]
+                check(got == jobs[i][1], "chat %d: %r != pdserve-generate %r" %
+                      (i, got, jobs[i][1]))
+        if d.server_info()["queues"]["retractions"] > 0:
+            break
+    retr = d.server_info()["queues"]["retractions"]
+    step("retractions %d" % retr)
+    check(retr > 0, "requests were retracted")
+    check(d.pool_full(), "pool full after")
+
+
 def case_load(tmp):
     model = pc.make_model(BUILD, tmp, ["--family", "qwen2_vl"])
     d = pc.Coloc(BUILD, model, tmp, CHUNK + ["--mm-embedding-cache-mb", "1"])
@@ -303,7 +350,7 @@ def case_load(tmp):
 def main():
     tmp = pc.tmpdir()
     body = {"coloc": case_coloc, "pd": case_pd, "bad": case_bad, "urls": case_urls,
-            "load": case_load}[CASE]
+            "retract": case_retract, "load": case_load}[CASE]
     pc.run_test("test_vision_serve %s" % CASE, lambda: body(tmp), tmp)
 
 

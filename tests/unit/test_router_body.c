@@ -318,6 +318,13 @@ static void test_prompt_estimate(void) {
     CHECK_INT(est(G, "{not json"), -1);
     CHECK_INT(est(H, "{\"messages\":\"x\"}"), -1);
     CHECK_INT(est(C, "{\"prompt\":[1,\"x\"]}"), -1);
+    /* images: no size without the processor, and only the prefill encodes them */
+    CHECK_INT(est(G, "{\"text\":\"ab\",\"image_data\":\"QUJD\"}"), -1);
+    CHECK_INT(est(G, "{\"text\":\"ab\",\"image_data\":null}"), 1);
+    CHECK_INT(
+        est(H, "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"text\","
+               "\"text\":\"ab\"},{\"type\":\"image_url\",\"image_url\":{\"url\":\"data:,\"}}]}]}"),
+        -1);
 }
 
 static bool answer_tokens(const char *answer, long *n) {

@@ -137,6 +137,28 @@ static void test_retraction(void) {
     done(s, pa);
 }
 
+/* As test_retraction, with B pinned (a prompt with images): A, which SGLang's order would keep,
+ * is retracted instead; then, A gone and B alone, B still grows (nothing else to retract). */
+static void test_retraction_spares_pinned(void) {
+    struct pd_page_alloc *pa;
+    struct pd_sched_decode *s = mk(&pa, 1, 10, 4, 0.0);
+    CHECK_OK(pd_sched_decode_add(s, 0xA, NULL, 4, 6, 0));
+    CHECK_OK(pd_sched_decode_add(s, 0xB, NULL, 5, 6, 0));
+    CHECK_OK(pd_sched_decode_pin(s, 0xB));
+    CHECK_INT(pd_sched_decode_pin(s, 0xF), PD_ENOENT);
+    struct pd_decode_step st;
+    CHECK_OK(pd_sched_decode_step(s, 0, &st));
+    CHECK_OK(pd_sched_decode_transfer_done(s, 0xA, PD_OK, 0));
+    CHECK_OK(pd_sched_decode_transfer_done(s, 0xB, PD_OK, 0));
+    CHECK_OK(pd_sched_decode_step(s, 1, &st));
+    CHECK_INT(st.n_retracted, 1);
+    CHECK_INT(st.n_batch, 1);
+    CHECK_INT(st.batch[0].room, 0xB);
+    CHECK_INT(pop(s, 0xA, NULL), PD_END_RETRACTED);
+    CHECK_OK(pd_sched_decode_batch_done(s, &st, NULL, 1));
+    done(s, pa);
+}
+
 /* Pool 12: A (4, 6) decodes alone to 3 tokens and 6 pages; C (6, 6) then takes the other 6.
  * Step 3: A needs a 7th page; C has 1 token against A's 3, so C loses least and is retracted
  * although A is the one asking. */
@@ -439,7 +461,7 @@ static void test_prefix_reuse_eviction(void) {
 }
 
 PD_TEST_MAIN(PD_TEST(test_growth_and_finish), PD_TEST(test_admission_reserve),
-             PD_TEST(test_retraction), PD_TEST(test_retraction_victim_not_asker),
-             PD_TEST(test_timeouts_aborts_failures), PD_TEST(test_bounds_and_errors),
-             PD_TEST(test_prefix_reuse), PD_TEST(test_prefix_reuse_only_done),
-             PD_TEST(test_prefix_reuse_eviction))
+             PD_TEST(test_retraction_spares_pinned), PD_TEST(test_retraction),
+             PD_TEST(test_retraction_victim_not_asker), PD_TEST(test_timeouts_aborts_failures),
+             PD_TEST(test_bounds_and_errors), PD_TEST(test_prefix_reuse),
+             PD_TEST(test_prefix_reuse_only_done), PD_TEST(test_prefix_reuse_eviction))
