@@ -147,66 +147,86 @@ static int fetch(const struct pd_daemon_state *d, const char *url, int k, struct
     return bad(li, k, msg);
 }
 
-/* One image string → its patches and content hash. */
-static int load_image(const struct pd_daemon_state *d, const char *s, int k,
-                      struct pd_image_patches *p, uint8_t hash[16], struct pd_daemon_images *li) {
-    const struct pd_daemon_vision *v = d->vision;
-    struct pd_image img;
-    struct pd_image_decode_opts o = {.alpha = PD_IMAGE_ALPHA_ON_WHITE,
-                                     .max_pixels = PD_DAEMON_MAX_IMAGE_PIXELS};
+/* An image string's file bytes: a data: URL, an http(s) URL (fetched), or raw base64. */
+static int image_bytes(const struct pd_daemon_state *d, const char *s, int k,
+                       struct pd_daemon_images *li, uint8_t **bytes, size_t *n) {
     int rc;
-    if (strncmp(s, "data:", 5) == 0) {
-        rc = pd_image_decode_data_url(s, strlen(s), &o, &img);
-    } else if (strncmp(s, "http://", 7) == 0 || strncmp(s, "https://", 8) == 0) {
+    if (strncmp(s, "http://", 7) == 0 || strncmp(s, "https://", 8) == 0) {
         struct fetch_buf b = {0};
         if ((rc = fetch(d, s, k, &b, li)) != PD_OK) {
             pd_free(b.p);
             return rc;
         }
-        rc = pd_image_decode(b.p, b.n, &o, &img);
-        pd_free(b.p);
-    } else { /* generate's raw base64 */
-        uint8_t *bytes;
-        size_t n;
-        rc = pd_base64_decode(s, strlen(s), &bytes, &n);
-        if (rc == PD_OK) {
-            rc = pd_image_decode(bytes, n, &o, &img);
-            pd_free(bytes);
-        } else {
-            rc = pd_error_wrap(rc, "its base64");
-        }
+        *bytes = b.p;
+        *n = b.n;
+        return PD_OK;
+    }
+    bool url = strncmp(s, "data:", 5) == 0;
+    rc = url ? pd_data_url_bytes(s, strlen(s), bytes, n) : pd_base64_decode(s, strlen(s), bytes, n);
+    if (rc && !url && rc != PD_ENOMEM)
+        rc = pd_error_wrap(rc, "its base64");
+    return rc && rc != PD_ENOMEM ? bad(li, k, pd_error_msg()) : rc;
+}
+
+/* One image string → its grid (and, where the encoder runs, its patches) and content hash:
+ * SHA-256 of the file's bytes and the grid, which the decode side of PD computes alike from
+ * the header alone (pd_image_probe), never decoding the pixels it would not use. */
+static int load_image(const struct pd_daemon_state *d, const char *s, int k,
+                      struct pd_image_patches *p, int grid[3], uint8_t hash[16],
+                      struct pd_daemon_images *li) {
+    const struct pd_daemon_vision *v = d->vision;
+    struct pd_image_decode_opts o = {.alpha = PD_IMAGE_ALPHA_ON_WHITE,
+                                     .max_pixels = PD_DAEMON_MAX_IMAGE_PIXELS};
+    uint8_t *bytes = NULL;
+    size_t n = 0;
+    int rc = image_bytes(d, s, k, li, &bytes, &n), w = 0, h = 0;
+    if (rc)
+        return rc;
+    struct pd_image img = {0};
+    if (d->role->encodes_images) {
+        rc = pd_image_decode(bytes, n, &o, &img);
+        w = img.width;
+        h = img.height;
+    } else {
+        rc = pd_image_probe(bytes, n, &o, &w, &h);
     }
     if (rc)
-        return rc == PD_ENOMEM ? rc : bad(li, k, pd_error_msg());
-    if (img.width < MIN_IMAGE_SIDE || img.height < MIN_IMAGE_SIDE) {
+        goto out;
+    if (w < MIN_IMAGE_SIDE || h < MIN_IMAGE_SIDE) {
         char msg[96];
-        snprintf(msg, sizeof(msg), "%d x %d pixels is too small (at least %d on each side)",
-                 img.width, img.height, MIN_IMAGE_SIDE);
-        pd_image_free(&img);
-        return bad(li, k, msg);
+        snprintf(msg, sizeof(msg), "%d x %d pixels is too small (at least %d on each side)", w, h,
+                 MIN_IMAGE_SIDE);
+        rc = bad(li, k, msg);
+        goto out;
     }
-    rc = pd_image_process(&v->pc, &img, p);
-    pd_image_free(&img);
-    if (rc)
-        return rc == PD_ENOMEM ? rc : bad(li, k, pd_error_msg());
-    int32_t grid[4] = {p->grid_t, p->grid_h, p->grid_w, p->row_len};
+    if (d->role->encodes_images) {
+        if ((rc = pd_image_process(&v->pc, &img, p)) != PD_OK)
+            goto out;
+        grid[0] = p->grid_t, grid[1] = p->grid_h, grid[2] = p->grid_w;
+    } else if ((rc = pd_image_grid(&v->pc, w, h, &grid[0], &grid[1], &grid[2])) != PD_OK) {
+        goto out;
+    }
     uint8_t md[EVP_MAX_MD_SIZE];
     unsigned md_len = 0;
     EVP_MD_CTX *ctx = EVP_MD_CTX_new();
     bool ok = ctx && EVP_DigestInit_ex(ctx, EVP_sha256(), NULL) &&
-              EVP_DigestUpdate(ctx, grid, sizeof(grid)) &&
-              EVP_DigestUpdate(ctx, p->pixel_values,
-                               (size_t)p->n_rows * (size_t)p->row_len * sizeof(float)) &&
+              EVP_DigestUpdate(ctx, grid, 3 * sizeof(int)) && EVP_DigestUpdate(ctx, bytes, n) &&
               EVP_DigestFinal_ex(ctx, md, &md_len) && md_len >= 16;
     EVP_MD_CTX_free(ctx);
     if (!ok) {
         pd_image_patches_free(p);
         li->status = 500;
         snprintf(li->err, sizeof(li->err), "hashing image %d (SHA-256) failed", k);
-        return PD_EINTERNAL;
+        rc = PD_EINTERNAL;
+        goto out;
     }
     memcpy(hash, md, 16);
-    return PD_OK;
+out:
+    pd_image_free(&img);
+    pd_free(bytes);
+    if (rc && !li->status && rc != PD_ENOMEM)
+        return bad(li, k, pd_error_msg());
+    return rc;
 }
 
 /* The id the i-th placeholder of an image with this hash carries (splitmix64 of hash and i). */
@@ -228,7 +248,8 @@ int pd__daemon_load_images(const struct pd_daemon_state *d, const struct pd_api_
     PD_ASSERT(d->vision && n > 0 && n <= PD_ENGINE_MAX_IMAGES);
     li->p = pd_calloc((size_t)n, sizeof(*li->p));
     li->hash = pd_calloc((size_t)n, sizeof(*li->hash));
-    if (!li->p || !li->hash) {
+    li->grid = pd_calloc((size_t)n, sizeof(*li->grid));
+    if (!li->p || !li->hash || !li->grid) {
         pd__daemon_images_free(li);
         li->status = 500;
         snprintf(li->err, sizeof(li->err), "out of memory preparing the request's images");
@@ -236,7 +257,7 @@ int pd__daemon_load_images(const struct pd_daemon_state *d, const struct pd_api_
     }
     li->n = n;
     for (int k = 0; k < n; k++) {
-        int rc = load_image(d, api->images[k], k, &li->p[k], li->hash[k], li);
+        int rc = load_image(d, api->images[k], k, &li->p[k], li->grid[k], li->hash[k], li);
         if (rc) {
             if (!li->status) {
                 li->status = 500;
@@ -253,8 +274,10 @@ void pd__daemon_images_free(struct pd_daemon_images *li) {
         pd_image_patches_free(&li->p[k]);
     pd_free(li->p);
     pd_free(li->hash);
+    pd_free(li->grid);
     li->p = NULL;
     li->hash = NULL;
+    li->grid = NULL;
     li->n = 0;
 }
 
@@ -277,18 +300,18 @@ int pd__daemon_place_images(struct pd_daemon_state *d, struct pd_api_request *ap
         goto out;
     }
     mm->n_images = n;
-    for (int k = 0; k < n; k++) { /* the patches move into the engine's images */
+    for (int k = 0; k < n; k++) { /* the patches (where loaded) move into the engine's images */
         struct pd_engine_image *im = &mm->images[k];
-        if (!(im->patches = pd_malloc(sizeof(*im->patches)))) {
-            rc = PD_ENOMEM;
-            goto out;
+        if (li->p[k].pixel_values) {
+            if (!(im->patches = pd_malloc(sizeof(*im->patches)))) {
+                rc = PD_ENOMEM;
+                goto out;
+            }
+            *im->patches = li->p[k];
+            memset(&li->p[k], 0, sizeof(li->p[k]));
         }
-        *im->patches = li->p[k];
-        memset(&li->p[k], 0, sizeof(li->p[k]));
         memcpy(im->hash, li->hash[k], sizeof(im->hash));
-        grids[k][0] = im->patches->grid_t;
-        grids[k][1] = im->patches->grid_h;
-        grids[k][2] = im->patches->grid_w;
+        memcpy(grids[k], li->grid[k], sizeof(grids[k]));
     }
     if ((rc = pd_vision_prompt_build(&v->lm, v->vc.spatial_merge_size, ids->ids, (int)ids->n,
                                      (const int(*)[3])grids, n, &vp)) != PD_OK) {
@@ -310,11 +333,6 @@ int pd__daemon_place_images(struct pd_daemon_state *d, struct pd_api_request *ap
         im->n_tokens = vp.img_tokens[k];
         for (int32_t i = 0; i < im->n_tokens; i++)
             ids->ids[im->start + i] = placeholder_id(im->hash, i, v->lm.vocab_size);
-        if (!d->role->encodes_images) { /* the decode side of PD places, never encodes */
-            pd_image_patches_free(im->patches);
-            pd_free(im->patches);
-            im->patches = NULL;
-        }
     }
     mm->mpos = vp.mpos;
     vp.mpos = NULL;

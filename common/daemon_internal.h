@@ -186,10 +186,13 @@ void pd__daemon_vision_free(struct pd_daemon_state *d);
  * from the header before any pixel is allocated. */
 #define PD_DAEMON_MAX_IMAGE_PIXELS 89478485u
 
-/* A request's images, loaded: patches and content hashes, or why not (status 400/500, err). */
+/* A request's images, loaded: grids, patches (where encoded) and content hashes (of the
+ * file's bytes and grid: both sides of PD compute the same), or why not (status 400/500,
+ * err). */
 struct pd_daemon_images {
     int n;
-    struct pd_image_patches *p; /* [n] */
+    struct pd_image_patches *p; /* [n] (the decode side of PD: none, only their grids) */
+    int (*grid)[3];             /* [n] t, h, w in patches */
     uint8_t (*hash)[16];        /* [n] */
     int status, bad_index;
     char err[512];

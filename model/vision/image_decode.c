@@ -518,6 +518,58 @@ static int jpeg_decode(const uint8_t *data, size_t len, uint64_t max_pixels, str
     return rc;
 }
 
+/* JPEG's size from its header alone (libjpeg's jpeg_read_header: no scanline decoded). */
+static int jpeg_probe(const uint8_t *data, size_t len, int *width, int *height) {
+    struct jpeg_decode d = {0};
+    d.cinfo.err = jpeg_std_error(&d.fail.pub);
+    d.fail.pub.error_exit = jpeg_on_error;
+    d.fail.pub.emit_message = jpeg_on_message;
+    d.fail.pub.output_message = jpeg_on_output;
+    int rc = PD_OK;
+    if (setjmp(d.fail.jump)) {
+        rc = d.fail.truncated
+                 ? pd_errorf(PD_EFORMAT, "JPEG image is truncated: the data ends after %zu bytes",
+                             len)
+                 : pd_errorf(PD_EFORMAT, "JPEG image is broken: %s", d.fail.msg);
+    } else {
+        jpeg_create_decompress(&d.cinfo);
+        d.created = true;
+        jpeg_mem_src(&d.cinfo, data, (unsigned long)len);
+        jpeg_read_header(&d.cinfo, TRUE);
+        *width = (int)d.cinfo.image_width;
+        *height = (int)d.cinfo.image_height;
+    }
+    if (d.created)
+        jpeg_destroy_decompress(&d.cinfo);
+    return rc;
+}
+
+int pd_image_probe(const void *data, size_t len, const struct pd_image_decode_opts *opts,
+                   int *width, int *height) {
+    const uint8_t *p = data;
+    int rc;
+    if (!data || len == 0)
+        return pd_errorf(PD_EFORMAT, "image is empty (0 bytes)");
+    switch (pd_image_format_detect(data, len)) {
+    case PD_IMAGE_FORMAT_PNG:
+        if (len < 24 || memcmp(p + 12, "IHDR", 4) != 0)
+            return pd_errorf(PD_EFORMAT, "PNG image is broken: no IHDR chunk first");
+        rc = check_dimensions("PNG", be32(p + 16), be32(p + 20), effective_max_pixels(opts));
+        if (rc == PD_OK) {
+            *width = (int)be32(p + 16);
+            *height = (int)be32(p + 20);
+        }
+        return rc;
+    case PD_IMAGE_FORMAT_JPEG:
+        if ((rc = jpeg_probe(p, len, width, height)) != PD_OK)
+            return rc;
+        return check_dimensions("JPEG", (uint64_t)*width, (uint64_t)*height,
+                                effective_max_pixels(opts));
+    default: break;
+    }
+    return pd_errorf(PD_EFORMAT, "the data is not a PNG or JPEG image (%zu bytes)", len);
+}
+
 /* ---- entry points ---- */
 
 int pd_image_decode(const void *data, size_t len, const struct pd_image_decode_opts *opts,
@@ -622,10 +674,9 @@ static bool prefix_nocase(const char *s, size_t len, const char *prefix) {
     return true;
 }
 
-int pd_image_decode_data_url(const char *url, size_t len, const struct pd_image_decode_opts *opts,
-                             struct pd_image *out) {
-    PD_ASSERT(out);
-    memset(out, 0, sizeof *out);
+int pd_data_url_bytes(const char *url, size_t len, uint8_t **out, size_t *out_len) {
+    *out = NULL;
+    *out_len = 0;
     if (!prefix_nocase(url, len, "data:")) {
         size_t scheme = 0;
         while (scheme < len && scheme < 32 &&
@@ -661,11 +712,19 @@ int pd_image_decode_data_url(const char *url, size_t len, const struct pd_image_
     if (!base64)
         return pd_errorf(PD_EUNSUPPORTED, "data URL is not base64-encoded (';base64' missing)");
 
+    int rc = pd_base64_decode(comma + 1, len - (size_t)(comma + 1 - url), out, out_len);
+    return rc != PD_OK ? pd_error_wrap(rc, "image data URL") : PD_OK;
+}
+
+int pd_image_decode_data_url(const char *url, size_t len, const struct pd_image_decode_opts *opts,
+                             struct pd_image *out) {
+    PD_ASSERT(out);
+    memset(out, 0, sizeof *out);
     uint8_t *bytes;
     size_t n_bytes;
-    int rc = pd_base64_decode(comma + 1, len - (size_t)(comma + 1 - url), &bytes, &n_bytes);
+    int rc = pd_data_url_bytes(url, len, &bytes, &n_bytes);
     if (rc != PD_OK)
-        return pd_error_wrap(rc, "image data URL");
+        return rc;
     rc = pd_image_decode(bytes, n_bytes, opts, out);
     pd_free(bytes);
     return rc;

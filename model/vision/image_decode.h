@@ -70,12 +70,22 @@ enum pd_image_format pd_image_format_detect(const void *data, size_t len);
 int pd_image_decode(const void *data, size_t len, const struct pd_image_decode_opts *opts,
                     struct pd_image *out);
 
+/* An image's width and height from its header alone (PNG's IHDR, JPEG's frame header), with
+ * the same pixel limit and format errors as pd_image_decode; the rest of the file is not read,
+ * so a file broken after its header probes fine and fails only when decoded. */
+int pd_image_probe(const void *data, size_t len, const struct pd_image_decode_opts *opts,
+                   int *width, int *height);
+
 /* Decodes "data:image/png;base64,...." (any image/ media type; the bytes' magic decides the
  * format). Another scheme (http:, https:, file:, ...) is PD_EUNSUPPORTED with a message saying
  * only data: URLs are taken; a data URL that is not base64 or whose base64 is broken is
  * PD_EINVAL. url need not be NUL-terminated. */
 int pd_image_decode_data_url(const char *url, size_t len, const struct pd_image_decode_opts *opts,
                              struct pd_image *out);
+
+/* The bytes of a base64 data: URL with an image/ media type (or none), checked as
+ * pd_image_decode_data_url checks them, into a new buffer (caller pd_frees). */
+int pd_data_url_bytes(const char *url, size_t len, uint8_t **out, size_t *out_len);
 
 /* Standard base64 (RFC 4648 alphabet, '=' padding optional, ASCII whitespace skipped) into a new
  * buffer *out of *out_len bytes (caller pd_frees; never NULL on success, even when empty). A

@@ -315,6 +315,34 @@ static void patchify(const struct pd_image *img, int patch, int temporal, int me
                 }
 }
 
+/* The size an image of width x height is processed at (smart_resize, or as it is). */
+static int processed_size(const struct pd_image_processor_config *cfg, int width, int height,
+                          int *out_w, int *out_h) {
+    int factor = cfg->patch_size * cfg->merge_size;
+    if (cfg->do_resize)
+        return pd_image_smart_resize(height, width, factor, cfg->min_pixels, cfg->max_pixels, out_h,
+                                     out_w);
+    if (height % factor != 0 || width % factor != 0)
+        return pd_errorf(PD_EINVAL,
+                         "do_resize is false and the image is %d x %d pixels, not a multiple of "
+                         "%d (patch_size x merge_size) on each side",
+                         width, height, factor);
+    *out_w = width;
+    *out_h = height;
+    return PD_OK;
+}
+
+int pd_image_grid(const struct pd_image_processor_config *cfg, int width, int height, int *grid_t,
+                  int *grid_h, int *grid_w) {
+    int w, h, rc = processed_size(cfg, width, height, &w, &h);
+    if (rc)
+        return rc;
+    *grid_t = 1;
+    *grid_h = h / cfg->patch_size;
+    *grid_w = w / cfg->patch_size;
+    return PD_OK;
+}
+
 int pd_image_process(const struct pd_image_processor_config *cfg, const struct pd_image *img,
                      struct pd_image_patches *out) {
     PD_ASSERT(cfg && img && img->rgb && out);
@@ -323,25 +351,15 @@ int pd_image_process(const struct pd_image_processor_config *cfg, const struct p
         return pd_errorf(
             PD_EUNSUPPORTED, "do_convert_rgb is false but the image is %s%s, not plain RGB",
             pd_image_color_name(img->color), img->transparency ? " with transparency" : "");
-    int factor = cfg->patch_size * cfg->merge_size;
     struct pd_image resized = {0};
     const struct pd_image *src = img;
-    int rc;
-    if (cfg->do_resize) {
-        int h, w;
-        if ((rc = pd_image_smart_resize(img->height, img->width, factor, cfg->min_pixels,
-                                        cfg->max_pixels, &h, &w)) != PD_OK)
+    int rc, w, h;
+    if ((rc = processed_size(cfg, img->width, img->height, &w, &h)) != PD_OK)
+        return rc;
+    if (h != img->height || w != img->width) { /* Pillow's resize to the same size copies */
+        if ((rc = pd_image_resize(img, w, h, cfg->resample, &resized)) != PD_OK)
             return rc;
-        if (h != img->height || w != img->width) { /* Pillow's resize to the same size copies */
-            if ((rc = pd_image_resize(img, w, h, cfg->resample, &resized)) != PD_OK)
-                return rc;
-            src = &resized;
-        }
-    } else if (img->height % factor != 0 || img->width % factor != 0) {
-        return pd_errorf(PD_EINVAL,
-                         "do_resize is false and the image is %d x %d pixels, not a multiple of "
-                         "%d (patch_size x merge_size) on each side",
-                         img->width, img->height, factor);
+        src = &resized;
     }
 
     int grid_h = src->height / cfg->patch_size, grid_w = src->width / cfg->patch_size;

@@ -68,6 +68,11 @@ struct pd_image_patches {
     float *pixel_values;        /* [n_rows][row_len] f32 */
 };
 
+/* The grid pd_image_process makes of an image of width x height pixels, without its pixels
+ * (what the decode side of PD needs to place an image it does not encode). */
+int pd_image_grid(const struct pd_image_processor_config *cfg, int width, int height, int *grid_t,
+                  int *grid_h, int *grid_w);
+
 /* Runs the processor on img. With do_convert_rgb false, an image that was not plain RGB in its
  * file (grey, palette, alpha, CMYK) is refused: transformers would hand the model another number
  * of channels. */

@@ -172,6 +172,12 @@ def case_pd(tmp):
         {"type": "text", "text": "hi"}]))
     check(st == 400 and b"prefill daemon" in raw, "decode alone with an image: %d %r" %
           (st, raw[:200]))
+    # broken after its header: the decode places it from the header, the prefill refuses it
+    model_id = json.loads(rt.get("/v1/models")[1])["data"][0]["id"]
+    st, raw = rt.post("/v1/chat/completions", chat_body(model_id, [
+        {"type": "image_url", "image_url": {"url": data_url(png(60, 60, 10, truncate=150))}},
+        {"type": "text", "text": "hi"}]))
+    check(st == 400 and b"truncated" in raw, "PD, truncated PNG: %d %r" % (st, raw[:200]))
     for d in (pf, dc):
         check(d.pool_full(), "%s pool full after" % d.role)
 

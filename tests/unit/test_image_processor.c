@@ -945,8 +945,81 @@ static void test_process_layout(void) {
     CHECK_ERR(pd_image_process(&cfg, &img, &out), PD_EUNSUPPORTED, "do_convert_rgb is false");
 }
 
-PD_TEST_MAIN(PD_TEST(test_png_rgb_round_trip), PD_TEST(test_png_grey_depths),
-             PD_TEST(test_png_alpha_and_palette), PD_TEST(test_jpeg_decode),
-             PD_TEST(test_decode_errors), PD_TEST(test_decode_alloc_failures), PD_TEST(test_base64),
-             PD_TEST(test_data_url), PD_TEST(test_resize), PD_TEST(test_smart_resize),
-             PD_TEST(test_config), PD_TEST(test_process_layout))
+/* The decode side of PD places an image from its header alone: pd_image_probe gives the size
+ * pd_image_decode would (PNG of several colour types, interlaced; JPEG grey, RGB, CMYK), with
+ * the same refusals (not an image, over the pixel limit, a JPEG cut inside its header), and
+ * pd_image_grid gives the grid pd_image_process makes, for sizes across smart_resize's cases
+ * (upscaled to min_pixels, downscaled to max_pixels, aspect ratios up to 150) and without
+ * resizing. */
+static void test_probe_and_grid(void) {
+    static const uint8_t fill[64 * 48 * 4] = {7};
+    struct byte_buf b;
+    int w = 0, h = 0;
+    struct png_spec specs[] = {
+        {.width = 33, .height = 17, .bit_depth = 8, .color_type = PNG_COLOR_TYPE_RGB},
+        {.width = 5, .height = 40, .bit_depth = 8, .color_type = PNG_COLOR_TYPE_GRAY},
+        {.width = 20, .height = 9, .bit_depth = 16, .color_type = PNG_COLOR_TYPE_RGB_ALPHA},
+        {.width = 12,
+         .height = 12,
+         .bit_depth = 8,
+         .color_type = PNG_COLOR_TYPE_RGB,
+         .interlace = true},
+    };
+    for (size_t i = 0; i < PD_ARRAY_LEN(specs); i++) {
+        specs[i].rows = fill;
+        png_encode(&specs[i], &b);
+        struct pd_image img;
+        CHECK_OK(pd_image_probe(b.data, b.len, NULL, &w, &h));
+        CHECK_OK(pd_image_decode(b.data, b.len, NULL, &img));
+        CHECK(w == img.width && h == img.height && w == specs[i].width);
+        pd_image_free(&img);
+        struct pd_image_decode_opts small = {.max_pixels = (uint64_t)w * h - 1};
+        CHECK_ERR(pd_image_probe(b.data, b.len, &small, &w, &h), PD_ERANGE, "more than the limit");
+        free(b.data);
+    }
+    for (int comps = 1; comps <= 4; comps += comps == 1 ? 2 : 1) {
+        jpeg_encode(fill, 64, 48, comps, 90, &b);
+        CHECK_OK(pd_image_probe(b.data, b.len, NULL, &w, &h));
+        CHECK(w == 64 && h == 48);
+        CHECK_ERR(pd_image_probe(b.data, 20, NULL, &w, &h), PD_EFORMAT, "JPEG image is");
+        free(b.data);
+    }
+    CHECK_ERR(pd_image_probe("GIF89a......", 12, NULL, &w, &h), PD_EFORMAT, "not a PNG or JPEG");
+    CHECK_ERR(pd_image_probe("", 0, NULL, &w, &h), PD_EFORMAT, "empty");
+
+    struct pd_image_processor_config cfg;
+    pd_image_processor_config_default(&cfg);
+    cfg.max_pixels = 28 * 28 * 64;
+    static const int sizes[][2] = {{4, 4},    {56, 56},   {57, 55},   {300, 20},  {20, 300},
+                                   {1000, 7}, {640, 480}, {123, 456}, {28, 2800}, {250, 251}};
+    static uint8_t rgb[3000 * 3000 * 3 / 100];
+    for (int pass = 0; pass < 2; pass++) {
+        cfg.do_resize = pass == 0;
+        for (size_t i = 0; i < PD_ARRAY_LEN(sizes); i++) {
+            int sw = sizes[i][0], sh = sizes[i][1];
+            if (!cfg.do_resize) /* as it is: only multiples of patch x merge */
+                sw = (sw / 28 + 1) * 28, sh = (sh / 28 + 1) * 28;
+            if ((size_t)sw * (size_t)sh * 3 > sizeof(rgb))
+                continue;
+            struct pd_image img = {
+                .width = sw, .height = sh, .rgb = rgb, .color = PD_IMAGE_COLOR_RGB};
+            struct pd_image_patches p;
+            int t, gh, gw;
+            int rc_grid = pd_image_grid(&cfg, sw, sh, &t, &gh, &gw);
+            int rc_proc = pd_image_process(&cfg, &img, &p);
+            CHECK_INT(rc_grid, rc_proc);
+            if (rc_proc == PD_OK) {
+                CHECK(t == p.grid_t && gh == p.grid_h && gw == p.grid_w);
+                pd_image_patches_free(&p);
+            }
+        }
+    }
+    CHECK_ERR(pd_image_grid(&cfg, 29, 28, &w, &h, &w), PD_EINVAL, "not a multiple of 28");
+}
+
+PD_TEST_MAIN(PD_TEST(test_probe_and_grid), PD_TEST(test_png_rgb_round_trip),
+             PD_TEST(test_png_grey_depths), PD_TEST(test_png_alpha_and_palette),
+             PD_TEST(test_jpeg_decode), PD_TEST(test_decode_errors),
+             PD_TEST(test_decode_alloc_failures), PD_TEST(test_base64), PD_TEST(test_data_url),
+             PD_TEST(test_resize), PD_TEST(test_smart_resize), PD_TEST(test_config),
+             PD_TEST(test_process_layout))
