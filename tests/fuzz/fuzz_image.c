@@ -3,7 +3,8 @@
  * and, as a data: URL, the same bytes base64-encoded. The bytes are anyone's: whatever they are,
  * the result is an image or an error, never a crash, a leak or a read past the input; a pixel
  * limit from the header keeps a claimed giant from being allocated. A decoded image has the
- * size it says, and the processor's output has the rows its grid says. */
+ * size it says, the header probe (pd_image_probe) says the same size, and the processor's
+ * output has the rows its grid says. */
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -43,7 +44,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     struct pd_image_decode_opts o = {
         .max_pixels = 1u << 20, .alpha = size % 2 ? PD_IMAGE_ALPHA_DROP : PD_IMAGE_ALPHA_ON_WHITE};
     struct pd_image img;
+    int pw = 0, ph = 0;
+    int probed = pd_image_probe(data, size, &o, &pw, &ph); /* the decode side's header read */
     if (pd_image_decode(data, size, &o, &img) == 0) {
+        if (probed != 0 || pw != img.width || ph != img.height)
+            abort(); /* the header said another size than the pixels have */
         if (img.width < 1 || img.height < 1 || (uint64_t)img.width * img.height > o.max_pixels)
             abort(); /* decoded an image of a size it may not have */
         struct pd_image_processor_config pc;
