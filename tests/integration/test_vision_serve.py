@@ -224,7 +224,8 @@ def case_bad(tmp):
 
 def case_urls(tmp):
     """--allow-image-urls: an http image URL is fetched (equal to the same image as a file);
-    too large, too slow, a 404: 400s naming the limit or the status; without the flag a 400."""
+    too large, too slow, a 404: 400s naming the limit or the status; a fetch waiting on its
+    server (2 s) does not hold the loop; without the flag a 400."""
     import http.server
     import threading
     import time
@@ -234,7 +235,7 @@ def case_urls(tmp):
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self):  # noqa: N802 - http.server's name
             if self.path == "/slow.png":
-                time.sleep(3)
+                time.sleep(4)
             body = {"/a.png": a, "/slow.png": a, "/big.png": big}.get(self.path)
             self.send_response(200 if body else 404)
             self.send_header("Content-Length", str(len(body or b"")))
@@ -249,7 +250,7 @@ def case_urls(tmp):
     base = "http://127.0.0.1:%d" % srv.server_address[1]
     model = pc.make_model(BUILD, tmp, ["--family", "qwen2_vl"])
     d = pc.Coloc(BUILD, model, tmp, CHUNK + ["--allow-image-urls", "--image-url-max-bytes",
-                                             str(len(a) + 1000), "--image-url-timeout", "1"])
+                                             str(len(a) + 1000), "--image-url-timeout", "2"])
     model_id = json.loads(d.get("/v1/models")[1])["data"][0]["id"]
 
     def parts(url):
@@ -269,7 +270,7 @@ def case_urls(tmp):
         msg = json.loads(raw)["error"]["message"] if st == 400 else raw[:200]
         check(st == 400 and want in msg, "%s: want a 400 saying %r, got %d %r" %
               (path, want, st, msg))
-        check(time.time() - t0 < 2.5, "%s answered within the timeout's reach" % path)
+        check(time.time() - t0 < 3.5, "%s answered within the timeout's reach" % path)
     st, _ = d.post("/v1/chat/completions", chat_body(model_id, parts(base + "/a.png")))
     check(st == 200, "still serving after the failed fetches: %d" % st)
     # a fetch waiting on its server holds a worker, not the loop: a text chat is answered
@@ -281,7 +282,7 @@ def case_urls(tmp):
     st, _ = d.post("/v1/chat/completions", chat_body(model_id, "hello"))
     took = time.time() - t0
     slow.join()
-    check(st == 200 and took < 0.8, "a text chat during a slow image fetch: %d in %.2f s" %
+    check(st == 200 and took < 1.2, "a text chat during a slow image fetch (2 s): %d in %.2f s" %
           (st, took))
     check(d.pool_full(), "pool full after")
     plain = pc.Coloc(BUILD, model, tmp, CHUNK)
