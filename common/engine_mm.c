@@ -103,6 +103,8 @@ static int ensure_image(struct pd_engine *e, struct pd_engine_req *r, struct pd_
 int pd__engine_mm_seq(struct pd_engine *e, struct pd_engine_req *r, int32_t k,
                       struct pd_model_seq *s) {
     struct pd_engine_mm *mm = r->mm;
+    if (k == 0) /* a new step (or batch): its position scratch is free again */
+        e->mm_mpos_used = 0;
     if (!mm)
         return PD_OK;
     s->pos_delta = mm->pos_delta; /* the tokens past the prompt */
@@ -113,8 +115,6 @@ int pd__engine_mm_seq(struct pd_engine *e, struct pd_engine_req *r, int32_t k,
         s->mpos = mm->mpos + (size_t)a * 3;
     } else { /* a recompute (retraction) running into the output: those tokens turn by index +
                 delta, after the prompt's own positions; built in the step's scratch */
-        if (k == 0)
-            e->mm_mpos_used = 0;
         int32_t n = s->n_new;
         if (e->mm_mpos_used + n > e->mm_mpos_cap)
             return pd_errorf(PD_ERANGE, "request %" PRIu64 ": %d positions past the step's %d",
