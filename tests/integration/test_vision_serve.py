@@ -5,8 +5,9 @@ the prefill cuts through every image's tokens:
 
   * colocated (pdserve-decode --disaggregation-mode null), then prefill + decode + router (PD):
     a chat with one image and a chat with two equal pdserve-generate --image on the prompt the
-    chat template renders (pdserve-tokenize --chat), greedy, token for token; SGLang's /generate
-    with image_data (data: URL and raw base64) likewise;
+    chat template renders (pdserve-tokenize --chat), greedy, token for token, and so do both
+    choices of n = 2 (the fan-out path); SGLang's /generate with image_data (data: URL and raw
+    base64) likewise;
   * the encoder runs once per image per request however many chunks cut it, and not again for
     the same image in a prompt with another prefix (pdserve_mm_embedding_cache_hits_total); in
     PD it runs on the prefill, never on the decode;
@@ -117,6 +118,14 @@ def serve_checks(front, encoder, others, model, tmp, what):
             got = json.loads(raw)["choices"][0]["message"]["content"]
             check(got == ref, "%s %s: %r != pdserve-generate %r" % (what, name, got, ref))
             step("%s %s: %r" % (what, name, got))
+    # n = 2 (the fan-out path: each sub-request loads its images itself): both choices equal
+    body = chat_body(model_id, one)
+    body["n"] = 2
+    ref1 = chat_ref(model, front if front is encoder else encoder, tmp, one, [fa])
+    st, raw = front.post("/v1/chat/completions", body)
+    if check(st == 200, "%s n=2: HTTP %d %r" % (what, st, raw[:300])):
+        got = [c["message"]["content"] for c in json.loads(raw)["choices"]]
+        check(got == [ref1, ref1], "%s n=2: %r != 2 x %r" % (what, got, ref1))
     runs = metric(encoder, "pdserve_mm_encoder_runs_total") - runs0
     # image a in the first chat, then a again (a new request, but the prefix cache holds the
     # first chat's image pages only up to its text) and b: a comes from the embedding cache
