@@ -720,6 +720,14 @@ static void start_req(struct pd_daemon_req *r, struct pd_http_req *h, int rc,
         pd_http_sse_start(h);
 }
 
+/* Why a request's images did not load, as its answer (400: the image; 500: ours). */
+static int images_error(const struct pd_daemon_images *li, struct pd_api_error *e) {
+    bool bad = li->status == 400;
+    pd_api_error_set(e, li->status, bad ? "invalid_request_error" : "server_error",
+                     bad ? "image" : NULL, NULL, "%s", li->err);
+    return PD_EINVAL;
+}
+
 /* A request with images: they load (fetch, decode, process, hash) on a libuv worker, then the
  * request is prepared and started back on the loop; h is NULL once the client left. */
 struct image_job {
@@ -745,13 +753,12 @@ static void image_job_done(uv_work_t *w, int status) {
     struct pd_api_error e;
     memset(&e, 0, sizeof(e));
     int rc = PD_OK;
-    if (status != 0 || j->li.status) {
-        rc = PD_EINVAL;
-        pd_api_error_set(&e, j->li.status ? j->li.status : 500,
-                         j->li.status == 400 ? "invalid_request_error" : "server_error",
-                         j->li.status == 400 ? "image" : NULL, NULL, "%s",
-                         j->li.status ? j->li.err : "loading the request's images failed");
+    if (status != 0 && !j->li.status) { /* the work never ran */
+        j->li.status = 500;
+        snprintf(j->li.err, sizeof(j->li.err), "loading the request's images failed");
     }
+    if (j->li.status)
+        rc = images_error(&j->li, &e);
     if (!j->h || D.stopping) { /* the client left (or the daemon stops): nothing to answer */
         if (j->h)
             pd__daemon_respond_error(j->h, 503, "server_error", NULL, "shutting down");
@@ -937,10 +944,7 @@ static void handle_group(struct pd_http_req *h, enum pd_api_kind kind, struct pd
         int rc = pd_api_parse(kind, sp->bodies[k], strlen(sp->bodies[k]), &ac, &r->api, &e);
         if (!rc && r->api.n_images > 0 && pd__daemon_load_images(&D, &r->api, &li) != PD_OK) {
             /* sub-requests load on the loop: a batch or n > 1 with images is rare */
-            pd_api_error_set(&e, li.status,
-                             li.status == 400 ? "invalid_request_error" : "server_error",
-                             li.status == 400 ? "image" : NULL, NULL, "%s", li.err);
-            rc = PD_EINVAL;
+            rc = images_error(&li, &e);
         }
         if (!rc)
             rc = prepare_req(r, kind, &li, &e);

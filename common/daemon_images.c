@@ -89,7 +89,6 @@ void pd__daemon_vision_free(struct pd_daemon_state *d) {
  * worker). */
 static int bad(struct pd_daemon_images *li, int k, const char *what) {
     li->status = 400;
-    li->bad_index = k;
     snprintf(li->err, sizeof(li->err), "image %d: %s", k, what);
     return PD_EINVAL;
 }
@@ -243,7 +242,6 @@ static int32_t placeholder_id(const uint8_t hash[16], int32_t i, int vocab) {
 int pd__daemon_load_images(const struct pd_daemon_state *d, const struct pd_api_request *api,
                            struct pd_daemon_images *li) {
     memset(li, 0, sizeof(*li));
-    li->bad_index = -1;
     int n = api->n_images;
     PD_ASSERT(d->vision && n > 0 && n <= PD_ENGINE_MAX_IMAGES);
     li->p = pd_calloc((size_t)n, sizeof(*li->p));

@@ -194,7 +194,7 @@ struct pd_daemon_images {
     struct pd_image_patches *p; /* [n] (the decode side of PD: none, only their grids) */
     int (*grid)[3];             /* [n] t, h, w in patches */
     uint8_t (*hash)[16];        /* [n] */
-    int status, bad_index;
+    int status;
     char err[512];
 };
 struct pd_token_ids;

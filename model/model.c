@@ -47,9 +47,10 @@ struct pd_model {
     float *inv_freq;              /* device [head_dim/2] */
     /* M-RoPE (cfg.mrope_section): each token's angles, planned on the host per step */
     bool mrope;
-    float *angles;    /* device [max_tokens][head_dim/2] */
-    float *angles_h;  /* host, the same */
-    float inv_h[512]; /* host copy of inv_freq */
+    float *angles;           /* device [max_tokens][head_dim/2] */
+    float *angles_h;         /* host, the same */
+    float inv_h[512];        /* host copy of inv_freq */
+    uint8_t mrope_axis[512]; /* M-RoPE: the position axis (0 t, 1 h, 2 w) of frequency j */
     /* step activations, device */
     float *x;       /* [max_tokens][hidden] residual stream */
     float *h;       /* [max_tokens][max(hidden, q_dim)] normed input / projection outputs */
@@ -364,6 +365,11 @@ int pd_model_new(struct pd_backend *be, const struct pd_model_config *cfg, pd_mo
         goto fail;
     memcpy(m->inv_h, inv, sizeof(inv));
     m->mrope = cfg->mrope_section[0] + cfg->mrope_section[1] + cfg->mrope_section[2] > 0;
+    for (int j = 0, a = 0, end = cfg->mrope_section[0]; m->mrope && j < cfg->head_dim / 2; j++) {
+        while (j >= end && a < 2)
+            end += cfg->mrope_section[++a];
+        m->mrope_axis[j] = (uint8_t)a;
+    }
     if (m->mrope && !pd_backend_has_vision(be)) {
         rc = pd_errorf(PD_EUNSUPPORTED,
                        "the %s backend has no M-RoPE (rotary by explicit angles) "
@@ -479,12 +485,8 @@ void pd_model_kv_heads_of(const struct pd_model *m, int *start, int *count) {
  * the position of its section's axis (temporal, height, width: mrope_section[0], [1], [2]
  * frequencies each), in f32 as transformers' position × inv_freq. */
 static void plan_mrope(struct pd_model *m, const struct pd_model_seq *s, int row) {
-    int half = m->cfg.head_dim / 2, axis_of[512];
-    for (int j = 0, a = 0, end = m->cfg.mrope_section[0]; j < half; j++) {
-        while (j >= end && a < 2)
-            end += m->cfg.mrope_section[++a];
-        axis_of[j] = a;
-    }
+    int half = m->cfg.head_dim / 2;
+    const uint8_t *axis_of = m->mrope_axis;
     for (int i = 0; i < s->n_new; i++) {
         float *ang = m->angles_h + (size_t)(row + i) * (size_t)half;
         for (int j = 0; j < half; j++) {

@@ -483,12 +483,17 @@ static int jpeg_decode_run(struct jpeg_decode *d, const uint8_t *data, size_t le
     return 0;
 }
 
+/* libjpeg's errors and messages routed to d (a longjmp to d->fail.jump, never a print). */
+static void jpeg_errors_to(struct jpeg_decode *d) {
+    d->cinfo.err = jpeg_std_error(&d->fail.pub);
+    d->fail.pub.error_exit = jpeg_on_error;
+    d->fail.pub.emit_message = jpeg_on_message;
+    d->fail.pub.output_message = jpeg_on_output;
+}
+
 static int jpeg_decode(const uint8_t *data, size_t len, uint64_t max_pixels, struct pd_image *out) {
     struct jpeg_decode d = {0};
-    d.cinfo.err = jpeg_std_error(&d.fail.pub);
-    d.fail.pub.error_exit = jpeg_on_error;
-    d.fail.pub.emit_message = jpeg_on_message;
-    d.fail.pub.output_message = jpeg_on_output;
+    jpeg_errors_to(&d);
 
     int rc = PD_OK;
     if (jpeg_decode_run(&d, data, len, max_pixels) != 0) {
@@ -521,10 +526,7 @@ static int jpeg_decode(const uint8_t *data, size_t len, uint64_t max_pixels, str
 /* JPEG's size from its header alone (libjpeg's jpeg_read_header: no scanline decoded). */
 static int jpeg_probe(const uint8_t *data, size_t len, int *width, int *height) {
     struct jpeg_decode d = {0};
-    d.cinfo.err = jpeg_std_error(&d.fail.pub);
-    d.fail.pub.error_exit = jpeg_on_error;
-    d.fail.pub.emit_message = jpeg_on_message;
-    d.fail.pub.output_message = jpeg_on_output;
+    jpeg_errors_to(&d);
     int rc = PD_OK;
     if (setjmp(d.fail.jump)) {
         rc = d.fail.truncated
