@@ -10,7 +10,11 @@
  * next task starts only when every part of this one is). Workers spin briefly on the word
  * before sleeping on a condition variable, because a decode step issues hundreds of short tasks
  * back to back and a futex wake per task would cost more than the task; the spin is bounded so
- * idle workers do not burn a core.
+ * idle workers do not burn a core. While spinning a thread yields its core every
+ * PD_POOL_YIELD_EVERY pauses: on an idle machine that is a syscall that returns at once, on a
+ * busy one (the prefill and decode daemons of one host share its cores) the runnable threads of
+ * the other process get the core instead of watching it spin — a decoding daemon's workers spun
+ * through every gap between its steps and took a core from the other daemon's forward pass.
  * Threads are created at init and joined at free; nothing is allocated per task.
  */
 #include "model/cpu/backend_cpu.h"
@@ -18,11 +22,13 @@
 #include "common/base/status.h"
 
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 
-#define PD_POOL_SPIN 20000
+#define PD_POOL_SPIN 20000      /* pauses before sleeping (~0.2-0.3 ms on recent x86) */
+#define PD_POOL_YIELD_EVERY 256 /* pauses between two sched_yield calls while spinning */
 
 struct worker_arg {
     struct pd__cpu_pool *pool;
@@ -51,6 +57,13 @@ static inline void cpu_relax(void) {
 #if defined(__x86_64__) || defined(__i386__)
     __builtin_ia32_pause();
 #endif
+}
+
+/* Spin round i: a pause, and every PD_POOL_YIELD_EVERY rounds the core to whoever waits for it. */
+static inline void spin_round(int i) {
+    cpu_relax();
+    if (i % PD_POOL_YIELD_EVERY == PD_POOL_YIELD_EVERY - 1)
+        sched_yield();
 }
 
 /* Claims and runs parts of generation g until none is left; the claim is a CAS on the shared
@@ -83,7 +96,7 @@ static void *worker_main(void *arg) {
     for (;;) {
         uint32_t g = gen_of(atomic_load_explicit(&p->state, memory_order_acquire));
         for (int i = 0; g == seen && i < PD_POOL_SPIN; i++) {
-            cpu_relax();
+            spin_round(i);
             g = gen_of(atomic_load_explicit(&p->state, memory_order_acquire));
         }
         if (g == seen) {
@@ -174,7 +187,7 @@ void pd__cpu_pool_run(struct pd__cpu_pool *p, pd__cpu_task fn, void *ctx) {
     run_parts(p, g);
     for (int i = 0; atomic_load_explicit(&p->done, memory_order_acquire) < p->n && i < PD_POOL_SPIN;
          i++)
-        cpu_relax();
+        spin_round(i);
     if (atomic_load(&p->done) < p->n) {
         pthread_mutex_lock(&p->mu);
         while (atomic_load(&p->done) < p->n)
