@@ -395,17 +395,24 @@ static void xfer_run(pd_xfer_t *x) {
     /* While data streams, run again on the next loop iteration rather than arm the event fd and
      * sleep: an armed shared-memory worker makes the peer signal the next message it queues (a
      * syscall on each side, and a wake-up), and a sender whose FIFO is full has no event to
-     * wait for at all, only the 1 ms timer. So poll for POLL_AFTER_PROGRESS_MS after the last
-     * progress, yielding the CPU on empty rounds: on a machine where the peer shares our core
-     * (two processes, busy machine) it gets to drain or refill the FIFO at once instead of at
-     * the end of our time slice. Then arm; BUSY means events arrived meanwhile: go round again.
-     * A spinning engine (bench) never sleeps while it has rooms. */
-    uint64_t now = uv_now(x->loop);
+     * wait for at all, only the 1 ms timer. So poll for POLL_AFTER_PROGRESS_US after the last
+     * progress, SEND_POLL_AFTER_PROGRESS_US while UCX holds our sends, yielding the CPU on empty
+     * rounds: on a machine where the peer shares our core (two processes, busy machine) it gets
+     * to drain or refill the FIFO at once instead of at the end of our time slice. A stream's
+     * messages come microseconds apart; past that gap the burst is over (a chunk's pages are
+     * in, the next chunk is still computing), and a receiver that kept polling for the next one
+     * would take a core from that computing (2 ms of polling after each burst cost the decode
+     * daemon 1.4 ms of CPU a request, on the cores the prefill's forward pass needs). Then arm;
+     * BUSY means events arrived meanwhile: go round again. A spinning engine (bench) never
+     * sleeps while it has rooms. */
+    uint64_t now_us = uv_hrtime() / 1000;
     if (progressed > 0)
-        x->last_progress_ms = now;
-    bool polling =
-        progressed == 0 && x->n_peers > 0 &&
-        (now - x->last_progress_ms < POLL_AFTER_PROGRESS_MS || (x->cfg.spin && x->n_rooms > 0));
+        x->last_progress_us = now_us;
+    uint64_t since = now_us - x->last_progress_us;
+    bool polling = progressed == 0 && x->n_peers > 0 &&
+                   (since < POLL_AFTER_PROGRESS_US ||
+                    (x->outstanding > 0 && since < SEND_POLL_AFTER_PROGRESS_US) ||
+                    (x->cfg.spin && x->n_rooms > 0));
     if (polling)
         sched_yield();
     bool again = progressed > 0 || polling;

@@ -29,10 +29,11 @@ enum room_role { ROOM_SENDER, ROOM_RECEIVER };
 
 enum op_kind { OP_DATA, OP_FLUSH, OP_NOTICE };
 
-#define DATA_HDR_LEN 32          /* sender_id u64 | room u64 | index u32 | shard u32 | offset u64 */
-#define POLL_AFTER_PROGRESS_MS 2 /* keep polling this long after UCX last made progress */
-#define AM_CHUNK_MIN 4096        /* page bytes per message when the lane's limit is unknown */
-#define AM_MSG_MAX 65535         /* bytes of one message, headers included (see xfer.h) */
+#define DATA_HDR_LEN 32 /* sender_id u64 | room u64 | index u32 | shard u32 | offset u64 */
+#define POLL_AFTER_PROGRESS_US 200       /* keep polling this long after UCX last made progress */
+#define SEND_POLL_AFTER_PROGRESS_US 2000 /* ... and this long while UCX holds our sends */
+#define AM_CHUNK_MIN 4096 /* page bytes per message when the lane's limit is unknown */
+#define AM_MSG_MAX 65535  /* bytes of one message, headers included (see xfer.h) */
 #define NOTICE_WIRE_MAX                                                                            \
     (PD_XFER_NOTICE_WIRE_MIN + PD_XFER_ERROR_TEXT_MAX + 1 + 8 * PD_XFER_NOTICE_TOP_MAX)
 
@@ -233,7 +234,7 @@ struct pd_xfer {
     bool freeing;
     bool in_run;
     bool peer_failed_flag;     /* a peer failed during this progress round */
-    uint64_t last_progress_ms; /* loop time UCX last made progress */
+    uint64_t last_progress_us; /* uv_hrtime (µs) when UCX last made progress */
 
     void *worker_addr;
     size_t worker_addr_len;
