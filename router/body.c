@@ -249,13 +249,23 @@ int pd_router_body_rewrite(int route, int max_n, const char *body, size_t len,
                            const char *bootstrap_host, int bootstrap_port,
                            struct pd_router_rng *rng, char **out, size_t *out_len,
                            struct pd_router_body_info *info) {
+    cJSON *root = cJSON_ParseWithLength(body, len);
+    int rc = pd_router_body_rewrite_parsed(route, max_n, body, len, root, bootstrap_host,
+                                           bootstrap_port, rng, out, out_len, info);
+    cJSON_Delete(root);
+    return rc;
+}
+
+int pd_router_body_rewrite_parsed(int route, int max_n, const char *body, size_t len, cJSON *root,
+                                  const char *bootstrap_host, int bootstrap_port,
+                                  struct pd_router_rng *rng, char **out, size_t *out_len,
+                                  struct pd_router_body_info *info) {
     int rc;
     char *printed = NULL;
     struct sbuf b = {0};
     memset(info, 0, sizeof(*info));
     *out = NULL;
     *out_len = 0;
-    cJSON *root = cJSON_ParseWithLength(body, len);
     if (!root)
         return pd_errorf(PD_EINVAL, "request body is not valid JSON");
     if (!cJSON_IsObject(root)) {
@@ -325,7 +335,6 @@ int pd_router_body_rewrite(int route, int max_n, const char *body, size_t len,
         goto fail;
     }
     cJSON_free(printed);
-    cJSON_Delete(root);
     *out = b.p;
     *out_len = b.len;
     return PD_OK;
@@ -333,7 +342,6 @@ int pd_router_body_rewrite(int route, int max_n, const char *body, size_t len,
 fail:
     pd_free(b.p);
     cJSON_free(printed);
-    cJSON_Delete(root);
     pd_router_body_info_free(info);
     return rc;
 }
@@ -358,6 +366,13 @@ static bool add_prompt(const cJSON *p, struct pd_router_prompt_size *sz) {
 int pd_router_body_prompt_size(int route, const char *body, size_t len,
                                struct pd_router_prompt_size *out) {
     cJSON *root = cJSON_ParseWithLength(body, len);
+    int rc = pd_router_body_prompt_size_parsed(route, root, out);
+    cJSON_Delete(root);
+    return rc;
+}
+
+int pd_router_body_prompt_size_parsed(int route, const cJSON *root,
+                                      struct pd_router_prompt_size *out) {
     struct pd_router_prompt_size sz = {0};
     bool ok = false;
     int samples;
@@ -396,7 +411,6 @@ int pd_router_body_prompt_size(int route, const char *body, size_t len,
         }
     }
 out:
-    cJSON_Delete(root);
     if (!ok)
         return PD_EINVAL;
     *out = sz;

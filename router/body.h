@@ -22,6 +22,8 @@
 
 #include "router/policy.h"
 
+#include <cjson/cJSON.h>
+
 enum pd_router_route {
     PD_ROUTER_ROUTE_GENERATE = 0, /* POST /generate */
     PD_ROUTER_ROUTE_COMPLETIONS,  /* POST /v1/completions */
@@ -51,6 +53,13 @@ int pd_router_body_rewrite(int route, int max_n, const char *body, size_t len,
                            const char *bootstrap_host, int bootstrap_port,
                            struct pd_router_rng *rng, char **out, size_t *out_len,
                            struct pd_router_body_info *info);
+/* The same on body already parsed (root: cJSON_ParseWithLength of it; NULL when it is not valid
+ * JSON), so a router that also sizes the prompt parses the body once. root may lose the client's
+ * bootstrap fields; it stays the caller's. */
+int pd_router_body_rewrite_parsed(int route, int max_n, const char *body, size_t len, cJSON *root,
+                                  const char *bootstrap_host, int bootstrap_port,
+                                  struct pd_router_rng *rng, char **out, size_t *out_len,
+                                  struct pd_router_body_info *info);
 void pd_router_body_info_free(struct pd_router_body_info *info);
 
 /* A prompt's size as the router can tell without a tokenizer, for --local-prefill-max-tokens
@@ -67,6 +76,9 @@ struct pd_router_prompt_size {
 #define PD_ROUTER_CHAT_MESSAGE_TOKENS 8
 int pd_router_body_prompt_size(int route, const char *body, size_t len,
                                struct pd_router_prompt_size *out);
+/* The same on body already parsed (root NULL: not valid JSON, PD_EINVAL). */
+int pd_router_body_prompt_size_parsed(int route, const cJSON *root,
+                                      struct pd_router_prompt_size *out);
 
 /* {"rid":"..."} for /abort_request; caller pd_frees. NULL on allocation failure. */
 char *pd_router_abort_body(const char *rid);

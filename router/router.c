@@ -847,12 +847,15 @@ static int start_attempt(struct rreq *rq) {
      * hold goes to the decode alone, which prefills it (and skips what its own prefix cache
      * holds), if its /get_load says it takes prompts alone. Held: the share of the routing text
      * the cache_aware decode policy matched for the picked decode. Without that policy, a body
-     * this long holds no prompt that short: not parsed twice. */
+     * this long holds no prompt that short: not sized. The body is parsed once, for the size
+     * and the rewrite. */
     int lmax = dw && dw->local_prefill ? cfg->local_prefill_max_tokens : 0;
     bool matched = dw && rq->d_matched > 0 && rq->rtext_len > 0;
-    rq->psize_known = lmax > 0 &&
-                      (matched || len <= (size_t)lmax * PD_ROUTER_BYTES_PER_TOKEN_MAX + 4096) &&
-                      pd_router_body_prompt_size(rq->route, body, len, &rq->psize) == PD_OK;
+    bool sized =
+        lmax > 0 && (matched || len <= (size_t)lmax * PD_ROUTER_BYTES_PER_TOKEN_MAX + 4096);
+    cJSON *root = sized ? cJSON_ParseWithLength(body, len) : NULL;
+    rq->psize_known =
+        sized && pd_router_body_prompt_size_parsed(rq->route, root, &rq->psize) == PD_OK;
     long est = rq->psize_known ? pd_router_prompt_tokens(&rq->psize, &rt->token_rate) : -1;
     if (est > 0 && matched)
         est -= (long)((double)est * (double)rq->d_matched / (double)rq->rtext_len);
@@ -866,14 +869,18 @@ static int start_attempt(struct rreq *rq) {
     if ((!local && !pw) || !dw) {
         char msg[300];
         pd__router_no_worker_msg(rt, !local && !pw, msg, sizeof(msg));
+        cJSON_Delete(root);
         finish_error(rq, 503, msg);
         return PD_EAGAIN;
     }
     rq->p_judged = rq->d_judged = false;
+    if (!sized)
+        root = cJSON_ParseWithLength(body, len);
     /* the bootstrap host is the prefill's own address: a DNS-found one's resolved address */
-    int rc = pd_router_body_rewrite(
-        rq->route, rt->cfg->max_n, body, len, local ? NULL : pw->spec.host,
+    int rc = pd_router_body_rewrite_parsed(
+        rq->route, rt->cfg->max_n, body, len, root, local ? NULL : pw->spec.host,
         local ? 0 : pw->spec.bootstrap_port, &rt->rng, &rq->sent, &rq->sent_len, &rq->info);
+    cJSON_Delete(root);
     if (rc) {
         finish_error(rq, rc == PD_ENOMEM ? 500 : 400, pd_error_msg());
         return rc;
