@@ -905,28 +905,26 @@ static int start_attempt(struct rreq *rq) {
             rq->attempt ? " (retry)" : "");
     struct pd_upstream_cbs pcbs = {.on_data = on_prefill_data, .on_done = on_prefill_done};
     struct pd_upstream_cbs dcbs = {.on_data = on_decode_data, .on_done = on_decode_done};
-    /* the prefill's call first: with --eager-prefill its computing starts when its body is in,
-     * and that computing is the first token's path; decode's reservation overlaps it */
-    if (!local) {
+    snprintf(url, sizeof(url), "%s%s", dw->spec.url, rq->path);
+    rq->t_dcall = pd__router_now_s();
+    rq->t_ddata = 0;
+    rc = pd_upstream_call_start(rt->up, &req, &dcbs, rq, &rq->dcall);
+    if (rc == PD_OK && local) {
+        dw->load.inflight++;
+        dw->n_requests++;
+        call_start(rq, false);
+    } else if (rc == PD_OK) {
+        dw->load.inflight++;
+        dw->n_requests++;
+        call_start(rq, false);
         snprintf(url, sizeof(url), "%s%s", pw->spec.url, rq->path);
         rc = pd_upstream_call_start(rt->up, &req, &pcbs, rq, &rq->pcall);
         if (rc == PD_OK) {
             pw->load.inflight++;
             pw->n_requests++;
             call_start(rq, true);
-        }
-    }
-    if (rc == PD_OK) {
-        snprintf(url, sizeof(url), "%s%s", dw->spec.url, rq->path);
-        rq->t_dcall = pd__router_now_s();
-        rq->t_ddata = 0;
-        rc = pd_upstream_call_start(rt->up, &req, &dcbs, rq, &rq->dcall);
-        if (rc == PD_OK) {
-            dw->load.inflight++;
-            dw->n_requests++;
-            call_start(rq, false);
         } else {
-            drop_pcall(rq);
+            drop_dcall(rq);
         }
     }
     if (rc) {
