@@ -363,16 +363,7 @@ static bool add_prompt(const cJSON *p, struct pd_router_prompt_size *sz) {
     return true;
 }
 
-int pd_router_body_prompt_size(int route, const char *body, size_t len,
-                               struct pd_router_prompt_size *out) {
-    cJSON *root = cJSON_ParseWithLength(body, len);
-    int rc = pd_router_body_prompt_size_parsed(route, root, out);
-    cJSON_Delete(root);
-    return rc;
-}
-
-int pd_router_body_prompt_size_parsed(int route, const cJSON *root,
-                                      struct pd_router_prompt_size *out) {
+int pd_router_body_prompt_size(int route, const cJSON *root, struct pd_router_prompt_size *out) {
     struct pd_router_prompt_size sz = {0};
     bool ok = false;
     int samples;

@@ -67,18 +67,14 @@ void pd_router_body_info_free(struct pd_router_body_info *info);
  * chat message for its template; and the bytes of its text (a string prompt, chat messages' text
  * parts). PD_EINVAL (nothing set, no message) when the body is not one prompt of one sample (a
  * batch, n > 1), carries images (chat parts other than text, /generate image_data: only the
- * prefill encodes them) or is not a JSON object with a prompt: such a request takes the PD
- * path. */
+ * prefill encodes them) or is not a JSON object with a prompt (root: the body as cJSON parsed
+ * it, NULL when it is not valid JSON): such a request takes the PD path. */
 struct pd_router_prompt_size {
     long id_tokens;
     size_t text_bytes;
 };
 #define PD_ROUTER_CHAT_MESSAGE_TOKENS 8
-int pd_router_body_prompt_size(int route, const char *body, size_t len,
-                               struct pd_router_prompt_size *out);
-/* The same on body already parsed (root NULL: not valid JSON, PD_EINVAL). */
-int pd_router_body_prompt_size_parsed(int route, const cJSON *root,
-                                      struct pd_router_prompt_size *out);
+int pd_router_body_prompt_size(int route, const cJSON *root, struct pd_router_prompt_size *out);
 
 /* {"rid":"..."} for /abort_request; caller pd_frees. NULL on allocation failure. */
 char *pd_router_abort_body(const char *rid);

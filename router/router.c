@@ -849,13 +849,12 @@ static int start_attempt(struct rreq *rq) {
      * the cache_aware decode policy matched for the picked decode. Without that policy, a body
      * this long holds no prompt that short: not sized. The body is parsed once, for the size
      * and the rewrite. */
+    cJSON *root = cJSON_ParseWithLength(body, len);
     int lmax = dw && dw->local_prefill ? cfg->local_prefill_max_tokens : 0;
     bool matched = dw && rq->d_matched > 0 && rq->rtext_len > 0;
-    bool sized =
-        lmax > 0 && (matched || len <= (size_t)lmax * PD_ROUTER_BYTES_PER_TOKEN_MAX + 4096);
-    cJSON *root = sized ? cJSON_ParseWithLength(body, len) : NULL;
-    rq->psize_known =
-        sized && pd_router_body_prompt_size_parsed(rq->route, root, &rq->psize) == PD_OK;
+    rq->psize_known = lmax > 0 &&
+                      (matched || len <= (size_t)lmax * PD_ROUTER_BYTES_PER_TOKEN_MAX + 4096) &&
+                      pd_router_body_prompt_size(rq->route, root, &rq->psize) == PD_OK;
     long est = rq->psize_known ? pd_router_prompt_tokens(&rq->psize, &rt->token_rate) : -1;
     if (est > 0 && matched)
         est -= (long)((double)est * (double)rq->d_matched / (double)rq->rtext_len);
@@ -874,8 +873,6 @@ static int start_attempt(struct rreq *rq) {
         return PD_EAGAIN;
     }
     rq->p_judged = rq->d_judged = false;
-    if (!sized)
-        root = cJSON_ParseWithLength(body, len);
     /* the bootstrap host is the prefill's own address: a DNS-found one's resolved address */
     int rc = pd_router_body_rewrite_parsed(
         rq->route, rt->cfg->max_n, body, len, root, local ? NULL : pw->spec.host,

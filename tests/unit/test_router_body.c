@@ -286,7 +286,10 @@ static void test_local(void) {
 static long est(int route, const char *body) {
     struct pd_router_prompt_size sz = {.id_tokens = -7};
     struct pd_router_token_rate none = {0};
-    if (pd_router_body_prompt_size(route, body, strlen(body), &sz) != PD_OK) {
+    cJSON *root = cJSON_Parse(body);
+    int rc = pd_router_body_prompt_size(route, root, &sz);
+    cJSON_Delete(root);
+    if (rc != PD_OK) {
         CHECK_INT(sz.id_tokens, -7); /* untouched */
         return -1;
     }
