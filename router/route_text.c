@@ -1,7 +1,7 @@
 /*
- * route_text.c — a request's routing text (see route_text.h), built with cJSON from the client's
- * body. Fields of the wrong type are skipped, not refused: validation is the workers' job, and
- * the routing text only steers where a request goes.
+ * route_text.c — a request's routing text (see route_text.h), built from the client's body as
+ * cJSON parsed it. Fields of the wrong type are skipped, not refused: validation is the workers'
+ * job, and the routing text only steers where a request goes.
  */
 #include "router/route_text.h"
 #include "router/body.h"
@@ -10,7 +10,9 @@
 #include "common/base/status.h"
 
 #include <cjson/cJSON.h>
+#include <math.h>
 #include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -44,8 +46,21 @@ static void texts(struct tbuf *b, bool *first, const cJSON *v) {
         piece(b, first, v->valuestring);
     } else if (cJSON_IsNumber(v)) {
         char num[32];
-        snprintf(num, sizeof(num), "%.0f", v->valuedouble);
-        piece(b, first, num);
+        double d = v->valuedouble;
+        if (!signbit(d) && d < 1e15 && d == (double)(uint64_t)d) {
+            /* a token id: printed by hand, as "%.0f" would (snprintf of a double is most of
+             * the routing text's time for an id prompt) */
+            char *e = num + sizeof(num), *q = e;
+            *--q = '\0';
+            uint64_t u = (uint64_t)d;
+            do
+                *--q = (char)('0' + u % 10);
+            while ((u /= 10) != 0);
+            piece(b, first, q);
+        } else {
+            snprintf(num, sizeof(num), "%.0f", d);
+            piece(b, first, num);
+        }
     } else if (cJSON_IsArray(v)) {
         const cJSON *e;
         cJSON_ArrayForEach(e, v) texts(b, first, e);
@@ -81,10 +96,9 @@ static void chat(struct tbuf *b, const cJSON *messages) {
     }
 }
 
-int pd_router_route_text(int route, const char *body, size_t len, char **out, size_t *out_len) {
+int pd_router_route_text(int route, const cJSON *root, char **out, size_t *out_len) {
     struct tbuf b = {0};
     put(&b, "", 0);
-    cJSON *root = cJSON_ParseWithLength(body, len);
     if (cJSON_IsObject(root)) {
         bool first = true;
         switch (route) {
@@ -105,7 +119,6 @@ int pd_router_route_text(int route, const char *body, size_t len, char **out, si
         default: break;
         }
     }
-    cJSON_Delete(root);
     if (b.oom) {
         pd_free(b.p);
         *out = NULL;

@@ -13,11 +13,12 @@
 #ifndef PD_ROUTER_ROUTE_TEXT_H
 #define PD_ROUTER_ROUTE_TEXT_H
 
+#include <cjson/cJSON.h>
 #include <stddef.h>
 
-/* route: PD_ROUTER_ROUTE_* (body.h). *out (NUL-terminated, *out_len bytes) is the caller's to
- * pd_free; "" when the body holds no text (or is not JSON: the body rewrite answers that 400).
- * PD_OK or PD_ENOMEM. */
-int pd_router_route_text(int route, const char *body, size_t len, char **out, size_t *out_len);
+/* route: PD_ROUTER_ROUTE_* (body.h); root: the body as cJSON parsed it (NULL when it is not
+ * JSON). *out (NUL-terminated, *out_len bytes) is the caller's to pd_free; "" when the body
+ * holds no text (or is not JSON: the body rewrite answers that 400). PD_OK or PD_ENOMEM. */
+int pd_router_route_text(int route, const cJSON *root, char **out, size_t *out_len);
 
 #endif

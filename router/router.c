@@ -837,6 +837,14 @@ static int start_attempt(struct rreq *rq) {
     const struct pd_router_config *cfg = rt->cfg;
     size_t len;
     const char *body = pd_http_req_body(rq->hr, &len);
+    /* the body is parsed once: for the routing text, the prompt's size and the rewrite */
+    cJSON *root = cJSON_ParseWithLength(body, len);
+    if ((rt->tree[0] || rt->tree[1]) && !rq->rtext &&
+        pd_router_route_text(rq->route, root, &rq->rtext, &rq->rtext_len)) {
+        /* no memory for the text: cache_aware routes it as an empty one (smallest tree) */
+        pd_warn("cache_aware: %s", pd_error_msg());
+        rq->rtext_len = 0;
+    }
     /* a retry avoids both workers of the failed pair where another one is healthy (the one
      * that failed is out of rotation anyway) */
     rq->d_matched = 0;
@@ -847,9 +855,7 @@ static int start_attempt(struct rreq *rq) {
      * hold goes to the decode alone, which prefills it (and skips what its own prefix cache
      * holds), if its /get_load says it takes prompts alone. Held: the share of the routing text
      * the cache_aware decode policy matched for the picked decode. Without that policy, a body
-     * this long holds no prompt that short: not sized. The body is parsed once, for the size
-     * and the rewrite. */
-    cJSON *root = cJSON_ParseWithLength(body, len);
+     * this long holds no prompt that short: not sized. */
     int lmax = dw && dw->local_prefill ? cfg->local_prefill_max_tokens : 0;
     bool matched = dw && rq->d_matched > 0 && rq->rtext_len > 0;
     rq->psize_known = lmax > 0 &&

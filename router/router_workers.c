@@ -355,18 +355,11 @@ void pd__router_worker_call_ended(struct worker *w) {
 }
 
 /* cache_aware's choice among g's workers (scratch filled): the role's prefix tree's match of
- * rq's routing text, then policy.h's rules; the text is recorded for the chosen one. */
+ * rq's routing text (rq->rtext), then policy.h's rules; the text is recorded for the chosen one. */
 static int pick_cache_aware(struct pd_router *rt, struct pd_cache_tree *tree, struct registry *g,
                             int ex, uint64_t *rr, struct rreq *rq) {
-    if (!rq->rtext) {
-        size_t len;
-        const char *body = pd_http_req_body(rq->hr, &len);
-        if (pd_router_route_text(rq->route, body, len, &rq->rtext, &rq->rtext_len)) {
-            /* no memory for the text: route it as an empty one (smallest tree) */
-            pd_warn("cache_aware: %s", pd_error_msg());
-            rq->rtext_len = 0;
-        }
-    }
+    /* start_attempt took the text from the parsed body; NULL: no memory for it, so it routes
+     * as an empty one (smallest tree) */
     const char *text = rq->rtext ? rq->rtext : "";
     int n_ids = pd_cache_tree_tenant_cap(tree);
     pd_cache_tree_match(tree, text, rq->rtext_len, rt->ca_by_tenant, n_ids);

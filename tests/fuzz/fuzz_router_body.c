@@ -50,8 +50,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
 
     char *text = NULL;
     size_t text_len = 0;
-    if (pd_router_route_text(route, body, len, &text, &text_len) == 0)
+    cJSON *root = cJSON_ParseWithLength(body, len);
+    if (pd_router_route_text(route, root, &text, &text_len) == 0)
         pd_free(text);
+    cJSON_Delete(root);
 
     char msg[128];
     (void)pd_router_transfer_failed(body, len, msg, sizeof(msg));

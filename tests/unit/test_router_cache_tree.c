@@ -14,6 +14,8 @@
 #include "router/route_text.h"
 
 #include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
 
 static void test_basic(void) {
     struct pd_cache_tree *t;
@@ -316,7 +318,9 @@ static void test_policy(void) {
 static void expect_text(int route, const char *body, const char *want) {
     char *out = NULL;
     size_t len = 0;
-    CHECK_OK(pd_router_route_text(route, body, strlen(body), &out, &len));
+    cJSON *root = cJSON_Parse(body);
+    CHECK_OK(pd_router_route_text(route, root, &out, &len));
+    cJSON_Delete(root);
     CHECK_STR(out, want);
     CHECK_INT(len, strlen(want));
     pd_free(out);
@@ -343,6 +347,26 @@ static void test_route_text(void) {
     expect_text(PD_ROUTER_ROUTE_CHAT, "not json", "");
     expect_text(PD_ROUTER_ROUTE_CHAT, "{\"messages\":7}", "");
     expect_text(PD_ROUTER_ROUTE_GENERATE, "{}", "");
+    /* ids print as "%.0f" prints them, whichever way the route text formats each one */
+    static const char *const nums[] = {"0",
+                                       "-0",
+                                       "7",
+                                       "151935",
+                                       "4294967296",
+                                       "999999999999999",
+                                       "1000000000000000",
+                                       "9007199254740993",
+                                       "1e20",
+                                       "-3",
+                                       "2.5",
+                                       "3.5",
+                                       "1e-3"};
+    for (size_t i = 0; i < sizeof(nums) / sizeof(nums[0]); i++) {
+        char body[96], want[96];
+        snprintf(body, sizeof(body), "{\"input_ids\":[%s]}", nums[i]);
+        snprintf(want, sizeof(want), "%.0f", strtod(nums[i], NULL));
+        expect_text(PD_ROUTER_ROUTE_GENERATE, body, want);
+    }
 }
 
 /* ---------------------------------------------------------------- flags */
