@@ -431,6 +431,14 @@ static void *compute_main(void *arg) {
         double now = now_s();
         bool did = drain_commands(e, now);
         e->ops->drain_ends(e, now); /* ends caused by commands (aborts, transfer ends) */
+        if (e->unsignalled) {
+            /* what the commands produced goes to the loop before the step, which may run for
+             * milliseconds: above all a prefill's pages computed before its Transfer came, made
+             * sendable by it (they went out only with the next chunk's, after its step, and the
+             * decode then copied both chunks' pages after the last step instead of one) */
+            e->unsignalled = 0;
+            uv_async_send(e->async);
+        }
         bool worked = e->ops->iter(e, now);
         e->ops->drain_ends(e, now);
         publish(e);
