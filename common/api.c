@@ -889,9 +889,8 @@ void pd_api_request_free(struct pd_api_request *r) {
     memset(r, 0, sizeof(*r));
 }
 
-int pd_api_parse(enum pd_api_kind kind, const char *body, size_t len,
-                 const struct pd_api_config *cfg, struct pd_api_request *r,
-                 struct pd_api_error *e) {
+/* r empty, with the defaults of kind's fields; e cleared. */
+static void request_begin(enum pd_api_kind kind, struct pd_api_request *r, struct pd_api_error *e) {
     memset(r, 0, sizeof(*r));
     memset(e, 0, sizeof(*e));
     r->kind = kind;
@@ -902,20 +901,51 @@ int pd_api_parse(enum pd_api_kind kind, const char *body, size_t len,
     r->add_generation_prompt = true;
     r->logprob_start_len = -1;
     r->bootstrap_port = PD_API_DEFAULT_BOOTSTRAP_PORT;
+}
 
-    size_t bad_at;
-    if (!pd_api_utf8_valid(body, len, &bad_at))
-        return bad(e, NULL, "the request body is not valid UTF-8 (byte %zu)", bad_at);
-    const char *end = NULL;
-    cJSON *root = cJSON_ParseWithLengthOpts(body, len, &end, false);
-    if (root && skip_ws(end, body + len) != body + len) {
+/* body as one JSON value with nothing but white space after it, or NULL (*end: where cJSON
+ * stopped, for the error). */
+static cJSON *parse_whole(const char *body, size_t len, const char **end) {
+    *end = NULL;
+    cJSON *root = cJSON_ParseWithLengthOpts(body, len, end, false);
+    if (root && skip_ws(*end, body + len) != body + len) {
         cJSON_Delete(root);
         root = NULL; /* trailing bytes after the value */
     }
+    return root;
+}
+
+static int parse_root(enum pd_api_kind kind, const char *body, size_t len, cJSON *root,
+                      const struct pd_api_config *cfg, struct pd_api_request *r,
+                      struct pd_api_error *e);
+
+int pd_api_parse(enum pd_api_kind kind, const char *body, size_t len,
+                 const struct pd_api_config *cfg, struct pd_api_request *r,
+                 struct pd_api_error *e) {
+    request_begin(kind, r, e);
+    size_t bad_at;
+    if (!pd_api_utf8_valid(body, len, &bad_at))
+        return bad(e, NULL, "the request body is not valid UTF-8 (byte %zu)", bad_at);
+    const char *end;
+    cJSON *root = parse_whole(body, len, &end);
     if (!root) {
         size_t at = end && end >= body ? (size_t)(end - body) : 0;
         return bad(e, NULL, "the request body is not valid JSON (near byte %zu)", at);
     }
+    return parse_root(kind, body, len, root, cfg, r, e);
+}
+
+int pd_api_parse_tree(enum pd_api_kind kind, const char *body, size_t len, cJSON *root,
+                      const struct pd_api_config *cfg, struct pd_api_request *r,
+                      struct pd_api_error *e) {
+    request_begin(kind, r, e);
+    return parse_root(kind, body, len, root, cfg, r, e);
+}
+
+/* The request in root (body's tree, valid UTF-8; freed here). */
+static int parse_root(enum pd_api_kind kind, const char *body, size_t len, cJSON *root,
+                      const struct pd_api_config *cfg, struct pd_api_request *r,
+                      struct pd_api_error *e) {
     int rc;
     if (!cJSON_IsObject(root)) {
         rc = bad(e, NULL, "the request body must be a JSON object, got %s", pd_json_kind(root));
@@ -977,6 +1007,7 @@ void pd_api_split_free(struct pd_api_split *s) {
         pd_free(s->bodies[k]);
     pd_free(s->bodies);
     pd_free(s->rid);
+    cJSON_Delete(s->root);
     memset(s, 0, sizeof(*s));
 }
 
@@ -1103,7 +1134,8 @@ int pd_api_split(enum pd_api_kind kind, const char *body, size_t len,
     cJSON *sub = NULL;
     if (!pd_api_utf8_valid(body, len, NULL))
         return PD_OK; /* pd_api_parse says what is wrong */
-    cJSON *root = cJSON_ParseWithLength(body, len);
+    const char *end;
+    cJSON *root = parse_whole(body, len, &end);
     if (!cJSON_IsObject(root)) {
         cJSON_Delete(root);
         return PD_OK;
@@ -1153,8 +1185,11 @@ int pd_api_split(enum pd_api_kind kind, const char *body, size_t len,
     out->n_prompts = n_prompts;
     out->batch = list != NULL;
     out->count = (int)count;
-    if (count == 1 && !list)
+    if (count == 1 && !list) { /* one request: pd_api_parse_tree takes the tree */
+        out->root = root;
+        root = NULL;
         goto done;
+    }
     if (list && kind == PD_API_GENERATE)
         for (size_t i = 0; i < PD_ARRAY_LEN(per_prompt_keys); i++) {
             const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, per_prompt_keys[i]);

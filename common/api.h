@@ -104,6 +104,11 @@ struct pd_api_request {
 int pd_api_parse(enum pd_api_kind kind, const char *body, size_t len,
                  const struct pd_api_config *cfg, struct pd_api_request *out,
                  struct pd_api_error *e);
+/* The same on a body pd_api_split parsed (root: its split's root, taken over and freed here,
+ * also on failure; body: the text it was parsed from, UTF-8 already checked). */
+int pd_api_parse_tree(enum pd_api_kind kind, const char *body, size_t len, struct cJSON *root,
+                      const struct pd_api_config *cfg, struct pd_api_request *out,
+                      struct pd_api_error *e);
 void pd_api_request_free(struct pd_api_request *r);
 
 /* ---- images (common/api_images.c) ---- */
@@ -139,12 +144,15 @@ struct pd_api_split {
     bool batch;    /* the prompt was a list: /generate answers a JSON list */
     char **bodies; /* [count] heap JSON; NULL when count is 1 and !batch: use the body as is */
     char *rid;     /* the client's rid when it was one string (heap), else NULL */
+    /* count 1 and !batch: the body as parsed, for pd_api_parse_tree (which takes it: set this to
+     * NULL then), so that one request is parsed once; NULL otherwise */
+    struct cJSON *root;
 };
-/* Cuts body for kind. A body pd_api_parse would refuse anyway (bad JSON, wrong types) comes back
- * as count 1 and no bodies, so that its error is pd_api_parse's. 400 for n outside
- * [1, cfg->max_n] (cfg NULL or max_n 0: PD_API_MAX_N), more than PD_API_MAX_FANOUT sub-requests, an
- * empty prompt list, per-prompt lists of the wrong length, or (cfg->disaggregated) a bootstrap_room
- * that is not a list of count rooms when count > 1. */
+/* Cuts body for kind. A body pd_api_parse would refuse anyway (bad JSON, trailing bytes, wrong
+ * types) comes back as count 1 and no bodies nor root, so that its error is pd_api_parse's. 400 for
+ * n outside [1, cfg->max_n] (cfg NULL or max_n 0: PD_API_MAX_N), more than PD_API_MAX_FANOUT
+ * sub-requests, an empty prompt list, per-prompt lists of the wrong length, or (cfg->disaggregated)
+ * a bootstrap_room that is not a list of count rooms when count > 1. */
 int pd_api_split(enum pd_api_kind kind, const char *body, size_t len,
                  const struct pd_api_config *cfg, struct pd_api_split *out, struct pd_api_error *e);
 void pd_api_split_free(struct pd_api_split *s);

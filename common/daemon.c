@@ -796,10 +796,17 @@ static void handle_generate(struct pd_http_req *h, enum pd_api_kind kind) {
     }
     struct pd_daemon_req *r = req_new(t_arrival);
     if (!r) {
+        pd_api_split_free(&split);
         pd__daemon_respond_error(h, 500, "server_error", NULL, "out of memory");
         return;
     }
-    if (pd_api_parse(kind, body, blen, &ac, &r->api, &e) != PD_OK) {
+    /* one request: the tree the split parsed (a body it could not take is parsed again, for
+     * pd_api_parse's error) */
+    int prc = split.root ? pd_api_parse_tree(kind, body, blen, split.root, &ac, &r->api, &e)
+                         : pd_api_parse(kind, body, blen, &ac, &r->api, &e);
+    split.root = NULL;
+    pd_api_split_free(&split);
+    if (prc != PD_OK) {
         start_req(r, h, PD_EINVAL, &e);
         return;
     }

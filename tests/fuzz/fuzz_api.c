@@ -5,6 +5,7 @@
  * split body, the parse of every sub-request. Any error is fine; a crash, leak or UB is not. */
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "common/api.h"
@@ -36,7 +37,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
 
     struct pd_api_request r;
     struct pd_api_error e = {0};
-    if (pd_api_parse(kind, body, len, &cfg, &r, &e) == 0) {
+    int rc = pd_api_parse(kind, body, len, &cfg, &r, &e);
+    if (rc == 0) {
         check_parsed(&r, body, len);
         pd_api_request_free(&r);
     }
@@ -44,6 +46,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     struct pd_api_split s;
     struct pd_api_error se = {0};
     if (pd_api_split(kind, body, len, &cfg, &s, &se) == 0) {
+        if (s.root) { /* the daemons' one parse answers as pd_api_parse does */
+            struct pd_api_request t;
+            struct pd_api_error te = {0};
+            int trc = pd_api_parse_tree(kind, body, len, s.root, &cfg, &t, &te);
+            s.root = NULL;
+            if (trc != rc || te.status != e.status || strcmp(te.message, e.message) != 0)
+                abort();
+            if (trc == 0)
+                pd_api_request_free(&t);
+        }
         for (int k = 0; s.bodies && k < s.count; k++) {
             struct pd_api_request sub;
             struct pd_api_error sub_e = {0};

@@ -1168,6 +1168,73 @@ static void test_split(void) {
     CHECK(saw_oom > 0);
 }
 
+/* A single request is parsed once in the daemons: pd_api_split's tree through pd_api_parse_tree
+ * answers what pd_api_parse answers on the text, field for field and error for error; a body
+ * the split cannot take whole (trailing bytes, not an object, batches) leaves no tree. */
+static void expect_tree_same(enum pd_api_kind kind, const char *b) {
+    struct pd_api_split sp;
+    struct pd_api_error se, e1, e2;
+    struct pd_api_request r1, r2;
+    CHECK_OK(pd_api_split(kind, b, strlen(b), &pd_cfg, &sp, &se));
+    CHECK(sp.root != NULL && sp.count == 1 && !sp.bodies);
+    int rc1 = pd_api_parse(kind, b, strlen(b), &pd_cfg, &r1, &e1);
+    int rc2 = pd_api_parse_tree(kind, b, strlen(b), sp.root, &pd_cfg, &r2, &e2);
+    sp.root = NULL;
+    pd_api_split_free(&sp);
+    CHECK_INT(rc2, rc1);
+    CHECK_INT(e2.status, e1.status);
+    CHECK_STR(e2.param, e1.param);
+    CHECK_STR(e2.message, e1.message);
+    CHECK_INT(r2.n_input_ids, r1.n_input_ids);
+    CHECK(r1.n_input_ids == 0 ||
+          memcmp(r1.input_ids, r2.input_ids, (size_t)r1.n_input_ids * sizeof(int32_t)) == 0);
+    CHECK((r1.text == NULL) == (r2.text == NULL));
+    CHECK(!r1.text || strcmp(r1.text, r2.text) == 0);
+    CHECK((r1.messages == NULL) == (r2.messages == NULL));
+    CHECK_INT(r2.sampling.max_new_tokens, r1.sampling.max_new_tokens);
+    CHECK(r2.sampling.temperature == r1.sampling.temperature);
+    CHECK(r2.stream == r1.stream && r2.has_bootstrap_room == r1.has_bootstrap_room);
+    CHECK(r2.bootstrap_room == r1.bootstrap_room && r2.bootstrap_port == r1.bootstrap_port);
+    CHECK((r1.rid == NULL) == (r2.rid == NULL));
+    CHECK(!r1.rid || strcmp(r1.rid, r2.rid) == 0);
+    pd_api_request_free(&r1);
+    pd_api_request_free(&r2);
+}
+
+static void expect_no_tree(enum pd_api_kind kind, const char *b) {
+    struct pd_api_split sp;
+    struct pd_api_error se;
+    CHECK_OK(pd_api_split(kind, b, strlen(b), &pd_cfg, &sp, &se));
+    CHECK(sp.root == NULL);
+    pd_api_split_free(&sp);
+}
+
+static void test_parse_tree(void) {
+    expect_tree_same(PD_API_GENERATE,
+                     "{\"input_ids\":[5,6,7],\"sampling_params\":{\"max_new_tokens\":9,"
+                     "\"temperature\":0.5},\"stream\":true,\"rid\":\"r1\",\"bootstrap_host\":"
+                     "\"h\",\"bootstrap_port\":7,\"bootstrap_room\":9007199254740993}");
+    expect_tree_same(PD_API_GENERATE, "{\"text\":\"hello\"}");
+    expect_tree_same(PD_API_COMPLETIONS,
+                     "{\"model\":\"tiny\",\"prompt\":\"a b\",\"max_tokens\":3}");
+    expect_tree_same(PD_API_CHAT,
+                     "{\"model\":\"tiny\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}");
+    /* the same refusals, naming the same field */
+    expect_tree_same(PD_API_GENERATE, "{\"input_ids\":[1,\"x\"]}");
+    expect_tree_same(PD_API_GENERATE, "{\"text\":\"a\",\"sampling_params\":{\"temperature\":-1}}");
+    expect_tree_same(PD_API_CHAT, "{\"messages\":7}");
+    expect_tree_same(PD_API_GENERATE, "{}");
+    /* no tree: pd_api_parse parses again and says what is wrong */
+    expect_no_tree(PD_API_GENERATE, "{\"text\":\"a\"} x");
+    expect_no_tree(PD_API_GENERATE, "[1]");
+    expect_no_tree(PD_API_GENERATE, "{\"text\":[\"a\",\"b\"]}");
+    expect_no_tree(PD_API_GENERATE, "{\"text\":\"a\",\"sampling_params\":{\"n\":2}}");
+    struct pd_api_request r;
+    struct pd_api_error e;
+    CHECK_INT(parse(PD_API_GENERATE, "{\"text\":\"a\"} x", &r, &e), PD_EINVAL);
+    CHECK(strstr(e.message, "not valid JSON") != NULL);
+}
+
 static void test_merge(void) {
     char *out = NULL;
     char *gen[] = {"{\"text\":\"a\"}", "{\"text\":\"b\"}"};
@@ -1301,5 +1368,5 @@ PD_TEST_MAIN(PD_TEST(test_generate_fields), PD_TEST(test_generate_bad), PD_TEST(
              PD_TEST(test_model_name), PD_TEST(test_chat), PD_TEST(test_length_and_ids),
              PD_TEST(test_chat_prompt), PD_TEST(test_error_render), PD_TEST(test_render_generate),
              PD_TEST(test_render_openai), PD_TEST(test_info), PD_TEST(test_alloc_failures),
-             PD_TEST(test_stop_nul), PD_TEST(test_split), PD_TEST(test_merge),
-             PD_TEST(test_render_input_logprobs))
+             PD_TEST(test_stop_nul), PD_TEST(test_split), PD_TEST(test_parse_tree),
+             PD_TEST(test_merge), PD_TEST(test_render_input_logprobs))
