@@ -915,33 +915,6 @@ static cJSON *parse_whole(const char *body, size_t len, const char **end) {
     return root;
 }
 
-static int parse_root(enum pd_api_kind kind, const char *body, size_t len, cJSON *root,
-                      const struct pd_api_config *cfg, struct pd_api_request *r,
-                      struct pd_api_error *e);
-
-int pd_api_parse(enum pd_api_kind kind, const char *body, size_t len,
-                 const struct pd_api_config *cfg, struct pd_api_request *r,
-                 struct pd_api_error *e) {
-    request_begin(kind, r, e);
-    size_t bad_at;
-    if (!pd_api_utf8_valid(body, len, &bad_at))
-        return bad(e, NULL, "the request body is not valid UTF-8 (byte %zu)", bad_at);
-    const char *end;
-    cJSON *root = parse_whole(body, len, &end);
-    if (!root) {
-        size_t at = end && end >= body ? (size_t)(end - body) : 0;
-        return bad(e, NULL, "the request body is not valid JSON (near byte %zu)", at);
-    }
-    return parse_root(kind, body, len, root, cfg, r, e);
-}
-
-int pd_api_parse_tree(enum pd_api_kind kind, const char *body, size_t len, cJSON *root,
-                      const struct pd_api_config *cfg, struct pd_api_request *r,
-                      struct pd_api_error *e) {
-    request_begin(kind, r, e);
-    return parse_root(kind, body, len, root, cfg, r, e);
-}
-
 /* The request in root (body's tree, valid UTF-8; freed here). */
 static int parse_root(enum pd_api_kind kind, const char *body, size_t len, cJSON *root,
                       const struct pd_api_config *cfg, struct pd_api_request *r,
@@ -978,6 +951,29 @@ fail:
     pd_api_request_free(r);
     r->kind = kind;
     return rc;
+}
+
+int pd_api_parse(enum pd_api_kind kind, const char *body, size_t len,
+                 const struct pd_api_config *cfg, struct pd_api_request *r,
+                 struct pd_api_error *e) {
+    request_begin(kind, r, e);
+    size_t bad_at;
+    if (!pd_api_utf8_valid(body, len, &bad_at))
+        return bad(e, NULL, "the request body is not valid UTF-8 (byte %zu)", bad_at);
+    const char *end;
+    cJSON *root = parse_whole(body, len, &end);
+    if (!root) {
+        size_t at = end && end >= body ? (size_t)(end - body) : 0;
+        return bad(e, NULL, "the request body is not valid JSON (near byte %zu)", at);
+    }
+    return parse_root(kind, body, len, root, cfg, r, e);
+}
+
+int pd_api_parse_tree(enum pd_api_kind kind, const char *body, size_t len, cJSON *root,
+                      const struct pd_api_config *cfg, struct pd_api_request *r,
+                      struct pd_api_error *e) {
+    request_begin(kind, r, e);
+    return parse_root(kind, body, len, root, cfg, r, e);
 }
 
 /* ---------------------------------------------------------------- stop strings */

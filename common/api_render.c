@@ -7,6 +7,7 @@
 #include "common/api.h"
 
 #include "common/base/alloc.h"
+#include "common/base/json_keys.h"
 #include "model/jinja/chat_template.h"
 #include "common/server_args.h"
 #include "common/base/log.h"
@@ -85,14 +86,7 @@ static cJSON *add_int_array(cJSON *obj, const char *key, const int32_t *v, int n
             *o++ = '-';
             x = -x;
         }
-        char digits[12];
-        int k = 0;
-        do {
-            digits[k++] = (char)('0' + x % 10);
-            x /= 10;
-        } while (x);
-        while (k)
-            *o++ = digits[--k];
+        o += pd_json_u64((uint64_t)x, o); /* its NUL is overwritten by what follows */
     }
     *o++ = ']';
     *o = '\0';

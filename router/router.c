@@ -912,14 +912,12 @@ static int start_attempt(struct rreq *rq) {
     rq->t_dcall = pd__router_now_s();
     rq->t_ddata = 0;
     rc = pd_upstream_call_start(rt->up, &req, &dcbs, rq, &rq->dcall);
-    if (rc == PD_OK && local) {
+    if (rc == PD_OK) {
         dw->load.inflight++;
         dw->n_requests++;
         call_start(rq, false);
-    } else if (rc == PD_OK) {
-        dw->load.inflight++;
-        dw->n_requests++;
-        call_start(rq, false);
+    }
+    if (rc == PD_OK && !local) {
         snprintf(url, sizeof(url), "%s%s", pw->spec.url, rq->path);
         rc = pd_upstream_call_start(rt->up, &req, &pcbs, rq, &rq->pcall);
         if (rc == PD_OK) {

@@ -83,3 +83,15 @@ int pd_json_string(const char *src, const cJSON *obj, const char *key, const cha
     *out = v->valuestring;
     return PD_OK;
 }
+
+size_t pd_json_u64(uint64_t v, char buf[PD_JSON_U64_CHARS]) {
+    char rev[PD_JSON_U64_CHARS];
+    size_t k = 0;
+    do
+        rev[k++] = (char)('0' + v % 10);
+    while ((v /= 10) != 0);
+    for (size_t i = 0; i < k; i++)
+        buf[i] = rev[k - 1 - i];
+    buf[k] = '\0';
+    return k;
+}

@@ -8,6 +8,7 @@
 
 #include <cjson/cJSON.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 /* What v is, for messages: "a boolean", "a number", "a string", "a list", "an object", "null". */
@@ -31,5 +32,11 @@ int pd_json_number(const char *src, const cJSON *obj, const char *key, double *o
 int pd_json_bool(const char *src, const cJSON *obj, const char *key, bool *out);
 /* *out points into obj's string. */
 int pd_json_string(const char *src, const cJSON *obj, const char *key, const char **out);
+
+/* v in decimal into buf, NUL-terminated; returns its length (digits only). Printed by hand:
+ * cJSON prints a number through "%1.15g" and reads it back, snprintf of a double goes through the
+ * float printer, a microsecond or so each, which lists of token ids pay once per id. */
+#define PD_JSON_U64_CHARS 21 /* 20 digits and the NUL */
+size_t pd_json_u64(uint64_t v, char buf[PD_JSON_U64_CHARS]);
 
 #endif

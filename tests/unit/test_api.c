@@ -5,10 +5,12 @@
 
 #include "common/base/alloc.h"
 #include "common/api.h"
+#include "common/base/json_keys.h"
 #include "model/jinja/chat_template.h"
 #include "common/server_args.h"
 
 #include <cjson/cJSON.h>
+#include <inttypes.h>
 #include <math.h>
 #include <stdint.h>
 
@@ -1235,6 +1237,29 @@ static void test_parse_tree(void) {
     CHECK(strstr(e.message, "not valid JSON") != NULL);
 }
 
+/* The hand printer the renderer (ids) and the router (routing text) share, against printf. */
+static void test_json_u64(void) {
+    uint64_t vals[] = {0,
+                       9,
+                       10,
+                       99,
+                       100,
+                       151935,
+                       UINT64_C(4294967296),
+                       UINT64_C(9007199254740993),
+                       UINT64_MAX - 1,
+                       UINT64_MAX};
+    uint64_t x = UINT64_C(0x9E3779B97F4A7C15);
+    for (int i = 0; i < 10 + 1000; i++) {
+        uint64_t v = i < 10 ? vals[i] : (x = x * UINT64_C(6364136223846793005) + 1) >> (i % 64);
+        char got[PD_JSON_U64_CHARS], want[32];
+        size_t n = pd_json_u64(v, got);
+        snprintf(want, sizeof(want), "%" PRIu64, v);
+        CHECK_STR(got, want);
+        CHECK_INT(n, strlen(want));
+    }
+}
+
 static void test_merge(void) {
     char *out = NULL;
     char *gen[] = {"{\"text\":\"a\"}", "{\"text\":\"b\"}"};
@@ -1369,4 +1394,4 @@ PD_TEST_MAIN(PD_TEST(test_generate_fields), PD_TEST(test_generate_bad), PD_TEST(
              PD_TEST(test_chat_prompt), PD_TEST(test_error_render), PD_TEST(test_render_generate),
              PD_TEST(test_render_openai), PD_TEST(test_info), PD_TEST(test_alloc_failures),
              PD_TEST(test_stop_nul), PD_TEST(test_split), PD_TEST(test_parse_tree),
-             PD_TEST(test_merge), PD_TEST(test_render_input_logprobs))
+             PD_TEST(test_json_u64), PD_TEST(test_merge), PD_TEST(test_render_input_logprobs))
