@@ -103,6 +103,7 @@ struct app {
     uint32_t pool_pages;
     /* receiver */
     struct slot slots[MAX_WINDOW];
+    uint64_t s_slot_room[MAX_WINDOW]; /* sender: the room whose source pages a slot holds */
     uint64_t next_seq;
     int issued, ended, ok, canceled, peer_failed, bad_pages, bad_sums, other_fail;
     int lost, timed_out, late_writes; /* --room-timeout */
@@ -164,6 +165,20 @@ static void sender_on_room(void *ctx, uint64_t room, const char *decode_id, uint
         return; /* held, as a prefill still computing holds it: the room stays live */
     uint32_t slot = (uint32_t)(room & 0xff) % (uint32_t)A.o.window;
     A.s_rooms++;
+    /* One live room per slot: the slot's source pages are its. A Transfer the receiver gave up
+     * on can still arrive after it reissued the slot (a call whose answer was cut by an outage
+     * lands when the link returns): the newer room (its sequence is the id's high bits) keeps
+     * the slot and the older one is refused, so it never rewrites pages the other still sends
+     * from (seen once in pd_netfault as a room done with another room's bytes). */
+    uint64_t held = A.s_slot_room[slot];
+    if (held && held != room && pd_xfer_room_live(A.x, held)) {
+        if ((room >> 8) < (held >> 8)) {
+            pd_xfer_room_abort(A.x, room, PD_ECANCELED, "stale: its slot serves a newer room");
+            return;
+        }
+        pd_xfer_room_abort(A.x, held, PD_ECANCELED, "stale: its slot serves a newer room");
+    }
+    A.s_slot_room[slot] = room;
     if (n > SLOT_PAGES || pd_xfer_plan_pages(room, n, room_scatter(room), slot * SLOT_PAGES,
                                              SLOT_PAGES, 0, SLOT_PAGES, src, dst) != PD_OK) {
         pd_xfer_room_abort(A.x, room, PD_EINVAL, "room too large for this test");
