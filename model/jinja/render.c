@@ -165,13 +165,19 @@ static struct jv slice(struct rt *r, struct jv obj, struct jv lo, struct jv hi, 
     }
     if (obj.k == V_LIST) {
         struct jv out = jj_v_list(e);
-        for (int64_t i = a; step > 0 ? i < b : i > b; i += step)
+        for (int64_t i = a; step > 0 ? i < b : i > b;) {
             jj_list_push(e, out.u.l, obj.u.l->v[i]);
+            if (__builtin_add_overflow(i, step, &i)) /* a step past the end: done */
+                break;
+        }
         return out;
     }
     struct sb sbuf = {.e = e};
-    for (int64_t i = a; step > 0 ? i < b : i > b; i += step)
+    for (int64_t i = a; step > 0 ? i < b : i > b;) {
         jj_sb_put(&sbuf, starts[i], (size_t)(starts[i + 1] - starts[i]));
+        if (__builtin_add_overflow(i, step, &i))
+            break;
+    }
     return jj_sb_val(&sbuf);
 }
 

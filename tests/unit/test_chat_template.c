@@ -144,6 +144,10 @@ static void test_jinja_semantics(void) {
     expect("{% set x = 1 %}{% for i in [1] %}{% set x = 2 %}{% endfor %}{{ x }}", NULL, "1");
     expect("{{ 'a,b,,c'.split(',') }} {{ ' x '.strip() }}|{{ 'abc'[::-1] }}{{ 'abcdef'[1:4] }}",
            NULL, "['a', 'b', '', 'c'] x|cbabcd");
+    /* a step past the end of the range stops there (the index must not overflow) */
+    expect("{{ 'abc'[1::9223372036854775807] }}|{{ [1, 2, 3][::-9223372036854775807] }}|{{ "
+           "'abcd'[-1:0:-9223372036854775807] }}",
+           NULL, "b|[3]|d");
     expect("{{ [1, 'a', none, true, 1.5] }} {{ {'k': [1, 2]} }}", NULL,
            "[1, 'a', None, True, 1.5] {'k': [1, 2]}");
     expect("{{ {'b': 1, 'a': [1, 'é', none]} | tojson }}|{{ [1,2] | tojson(indent=2) }}", NULL,
