@@ -231,7 +231,8 @@ static int parse_mrope(const char *src, const char *key, const cJSON *rs,
     static const int dflt[3] = {16, 24, 24};
     const cJSON *sec = rs ? pd_json_key(rs, "mrope_section") : NULL;
     const char *type = NULL;
-    int rc, sum = 0;
+    int rc;
+    int64_t sum = 0; /* of three ints: no overflow */
     if (rs && (rc = get_string(src, rs, "rope_type", &type)) != PD_OK)
         return rc;
     if (type && strcmp(type, "default") != 0 && strcmp(type, "mrope") != 0)

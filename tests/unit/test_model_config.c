@@ -787,6 +787,11 @@ static void test_qwen2_vl(void) {
     if (sec) {
         memcpy(sec, "[16, 24, 16]", 12);
         CHECK_ERR(parse(buf, &c), PD_EINVAL, "mrope_section 16 + 24 + 16 must be head_dim / 2");
+        /* sections whose sum overflows an int are refused like any other wrong sum */
+        char big[4200];
+        snprintf(big, sizeof(big), "%.*s[2147483647, 2147483647, 2]%s", (int)(sec - buf), buf,
+                 sec + 12);
+        CHECK_ERR(parse(big, &c), PD_EINVAL, "mrope_section 2147483647 + 2147483647 + 2 must be");
     }
     snprintf(buf, sizeof(buf), "%s", QWEN2_VL_HUB);
     char *mt = strstr(buf, "\"qwen2_vl\"");
