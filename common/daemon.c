@@ -487,6 +487,12 @@ static void on_peer_closed(void *ctx, pd_xfer_peer_t *p, void *user) {
         D.role->peer_closed(&D, p);
 }
 
+static void on_xfer_call(void *ctx, pd_xfer_peer_t *p, void *user, const struct pd_xfer_ctl *call) {
+    (void)ctx;
+    (void)user;
+    D.role->xfer_call(&D, p, call);
+}
+
 static void on_peer_failed(void *ctx, pd_xfer_peer_t *p, void *user, int status) {
     (void)ctx;
     (void)p;
@@ -1209,7 +1215,8 @@ int pd__daemon_start_transfer(struct pd_daemon_state *d) {
                                 .abort_timeout_ms = 3000};
     struct pd_xfer_callbacks xcb = {.on_room_end = on_room_end,
                                     .on_peer_failed = on_peer_failed,
-                                    .on_peer_closed = on_peer_closed};
+                                    .on_peer_closed = on_peer_closed,
+                                    .on_call = D.role->xfer_call ? on_xfer_call : NULL};
     if ((rc = pd_grpc_bridge_new(&D.loop, &D.bridge)) != PD_OK ||
         (rc = pd_xfer_new(&D.loop, &xc, &xcb, &D.x)) != PD_OK)
         return rc;

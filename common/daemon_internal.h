@@ -261,6 +261,9 @@ struct pd_role {
     void (*room_end)(struct pd_daemon_state *d, struct pd_daemon_req *r, uint64_t room, int status,
                      const struct pd_xfer_notice *n);
     void (*peer_closed)(struct pd_daemon_state *d, pd_xfer_peer_t *p);
+    /* a call from a peer over its endpoint (prefill: the decode's Transfer and Abort); NULL:
+     * the engine answers every call PD_EUNSUPPORTED */
+    void (*xfer_call)(struct pd_daemon_state *d, pd_xfer_peer_t *p, const struct pd_xfer_ctl *call);
 
     /* /server_info: the role's queues (into queues) and facts (into extra) */
     void (*server_info)(struct pd_daemon_state *d, const struct pd_engine_stats *s,

@@ -297,6 +297,7 @@ static bool run_peers(pd_xfer_t *x) {
                 x->slots[i].pending = 0;
                 x->slots[i].gen++;
             }
+        pd__xfer_calls_peer_closed(x, p);
         /* The endpoint is gone: no write of ours or theirs through it can still land. Requests
          * UCX still holds for its rooms are orphaned (their ops name rooms by id). */
         for (struct room *r = p->rooms; r; r = r->pnext)
@@ -373,6 +374,8 @@ static void xfer_run(pd_xfer_t *x) {
             changed |= pd__xfer_run_recv(x);
         run_deadlines(x);
         changed |= run_peers(x);
+        if (x->ctl_head || x->calls)
+            changed |= pd__xfer_run_calls(x);
         /* The end queue: call the user, free the room (UCX holds ops, not rooms). */
         while (x->end_head) {
             struct room *r = x->end_head;
@@ -418,7 +421,7 @@ static void xfer_run(pd_xfer_t *x) {
     bool again = progressed > 0 || polling;
     ucs_status_t st = again ? UCS_OK : ucp_worker_arm(x->worker);
     x->in_run = false;
-    if (x->freeing && x->n_peers == 0 && !x->end_head) {
+    if (x->freeing && x->n_peers == 0 && !x->end_head && !pd__xfer_calls_waiting(x)) {
         close_handles(x);
         return;
     }
@@ -436,7 +439,8 @@ static void xfer_run(pd_xfer_t *x) {
  * nothing when idle (the event fd wakes us). */
 static void arm_timer(pd_xfer_t *x, bool again) {
     bool busy = x->outstanding > 0 || x->n_unflushed > 0 || x->end_head || x->flushed_head ||
-                x->n_jobs > 0 || x->n_ipc > 0 || x->rcount > 0 || x->n_held > 0;
+                x->n_jobs > 0 || x->n_ipc > 0 || x->rcount > 0 || x->n_held > 0 ||
+                x->n_ctl_sending > 0 || x->ctl_head;
     for (int i = 0; !busy && i < x->n_slots; i++)
         busy = x->slots[i].state == SLOT_COPYING;
     for (struct pd_xfer_peer *p = x->peers; !busy && p; p = p->next)
@@ -451,6 +455,17 @@ static void arm_timer(pd_xfer_t *x, bool again) {
         uv_timer_start(&x->timer, on_timer, 50, 0);
         x->timer_armed = true;
         return;
+    } else if (x->calls) {
+        /* their deadlines, and progress meanwhile: UCX checks its endpoints' keepalive only
+         * inside ucp_worker_progress, and a call into a peer that died (a shared-memory FIFO
+         * nobody reads any more) must fail when its endpoint does, not at the deadline */
+        uint64_t now = uv_now(x->loop), d = pd__xfer_calls_next_deadline(x);
+        if (d != UINT64_MAX) {
+            uint64_t wait = d > now ? d - now : 1;
+            uv_timer_start(&x->timer, on_timer, wait < CALL_POLL_MS ? wait : CALL_POLL_MS, 0);
+            x->timer_armed = true;
+            return;
+        }
     }
     if (x->timer_armed) {
         uv_timer_stop(&x->timer);
@@ -553,6 +568,7 @@ int pd_xfer_new(uv_loop_t *loop, const struct pd_xfer_config *cfg,
     if (x->cfg.max_put_bytes == 0)
         x->cfg.max_put_bytes = (size_t)8 << 20;
     x->end_tail = &x->end_head;
+    x->ctl_tail = &x->ctl_head;
     x->efd = -1;
     if (getrandom(&x->id, sizeof(x->id), 0) != (ssize_t)sizeof(x->id)) {
         rc = pd_errorf(PD_EIO, "drawing the transfer engine id");
@@ -643,6 +659,17 @@ int pd_xfer_new(uv_loop_t *loop, const struct pd_xfer_config *cfg,
         rc = pd__ucs_error(st, "registering the page data handler");
         goto fail_worker;
     }
+    ap.id = PD_XFER_AM_CALL;
+    ap.cb = pd__xfer_on_call_am;
+    if ((st = ucp_worker_set_am_recv_handler(x->worker, &ap)) == UCS_OK) {
+        ap.id = PD_XFER_AM_ANSWER;
+        ap.cb = pd__xfer_on_answer_am;
+        st = ucp_worker_set_am_recv_handler(x->worker, &ap);
+    }
+    if (st != UCS_OK) {
+        rc = pd__ucs_error(st, "registering the call handlers");
+        goto fail_worker;
+    }
     ucp_address_t *addr;
     st = ucp_worker_get_address(x->worker, &addr, &x->worker_addr_len);
     if (st != UCS_OK) {
@@ -706,6 +733,7 @@ static void on_handle_closed(uv_handle_t *h) {
     for (size_t k = 0; k < x->n_held; k++) /* UCX's: back before the worker goes */
         ucp_am_data_release(x->worker, x->held[(x->held_head + k) % RECV_HELD].data);
     ucp_worker_destroy(x->worker); /* no callback can come after this */
+    pd__xfer_calls_free(x);
     pd__xfer_recv_ring_free(x);
     pd__xfer_ring_free(x); /* x->dm outlives the engine (xfer.h) */
     if (x->regroup_dt)

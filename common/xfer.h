@@ -79,9 +79,13 @@
 
 #include <uv.h>
 
-/* The UCX active-message ids of room notices and page data. Fixed: both sides must agree. */
+/* The UCX active-message ids of room notices, page data, and calls and their answers (below).
+ * Fixed: both sides must agree. */
 #define PD_XFER_AM_NOTICE 0x5044u
 #define PD_XFER_AM_DATA 0x5045u
+#define PD_XFER_AM_CALL 0x5047u
+#define PD_XFER_AM_ANSWER 0x5048u
+#define PD_XFER_CALL_MAX (4 << 20) /* bytes of a call's body or an answer's reply */
 #define PD_XFER_ERROR_TEXT_MAX 240 /* bytes of a notice's error text, NUL excluded */
 /* The engine's UCX_MM_SEG_SIZE unless the environment sets one: shared-memory FIFO elements of
  * 64 KiB rather than 8 KiB, so a 448 KiB page is 8 active messages, not 57, and a FIFO holds
@@ -127,6 +131,24 @@ struct pd_xfer_notice {
     char error[PD_XFER_ERROR_TEXT_MAX + 1];
 };
 
+/* A call or an answer as it came (pd_xfer_call, pd_xfer_answer); body valid during the callback
+ * only. */
+struct pd_xfer_ctl {
+    uint64_t sender_id; /* the sending engine (pd_xfer_id) */
+    uint64_t call_id;   /* the caller's, unique per caller engine */
+    bool answer;
+    uint32_t method;                       /* call: the caller's method number */
+    int32_t status;                        /* answer: PD_OK or a PD_E* code */
+    char text[PD_XFER_ERROR_TEXT_MAX + 1]; /* answer: why it failed */
+    const uint8_t *body;                   /* call: the request; answer: the reply (status PD_OK) */
+    size_t len;
+};
+
+/* The answer to a pd_xfer_call, once: status PD_OK with the reply, or the failure (the peer's,
+ * PD_ETIMEDOUT past the deadline, or its peer's close status) with pd_error_msg() saying why
+ * during the call. The same shape as a gRPC reply (common/grpc_bridge.h). */
+typedef void (*pd_xfer_answer_fn)(void *ctx, int status, const uint8_t *reply, size_t len);
+
 struct pd_xfer_callbacks {
     void *ctx;
     /* The room is over and its pages on this side may be reused. notice is the received notice
@@ -138,6 +160,10 @@ struct pd_xfer_callbacks {
     void (*on_peer_failed)(void *ctx, pd_xfer_peer_t *peer, void *peer_user, int status);
     /* The peer's endpoint is closed, every room of it has ended; the handle is gone after this. */
     void (*on_peer_closed)(void *ctx, pd_xfer_peer_t *peer, void *peer_user);
+    /* A call from a peer (pd_xfer_call on its side): answer it with pd_xfer_answer on the same
+     * peer, now or later. NULL: every call is answered PD_EUNSUPPORTED. */
+    void (*on_call)(void *ctx, pd_xfer_peer_t *peer, void *peer_user,
+                    const struct pd_xfer_ctl *call);
 };
 
 struct pd_xfer_config {
@@ -364,6 +390,26 @@ int pd_xfer_room_release(pd_xfer_t *x, uint64_t room, int status);
  * the room ends with status. Receiver: mark it aborting (see above). PD_ENOENT if not live. */
 int pd_xfer_room_abort(pd_xfer_t *x, uint64_t room, int status, const char *why);
 bool pd_xfer_room_live(const pd_xfer_t *x, uint64_t room);
+
+/* Calls over a pair's endpoints: the per-room control messages of the bootstrap protocol
+ * (common/bootstrap.h) ride the endpoints the pair already holds instead of a gRPC call each.
+ * A call is one eager active message on our endpoint to p; the peer's engine finds the endpoint
+ * it holds to us (the one whose remote id is our engine id) and hands the call to its on_call,
+ * and the answer comes back on that endpoint. A call from an engine the receiver holds no
+ * endpoint to is dropped there (it has nowhere to answer): the deadline ends the caller's wait.
+ * fn is called exactly once, from the loop: with the answer, PD_ETIMEDOUT after deadline_ms,
+ * or p's close status when its endpoint closes first (pd_xfer_free included). Calls on one
+ * endpoint arrive in the order they were made. PD_EPEER at once when p is closing. */
+int pd_xfer_call(pd_xfer_peer_t *p, uint32_t method, const void *body, size_t len, int deadline_ms,
+                 pd_xfer_answer_fn fn, void *ctx);
+/* Answers call call_id of peer p: status PD_OK with reply (len bytes, copied), or a failure
+ * with its text (at most PD_XFER_ERROR_TEXT_MAX bytes are sent). */
+int pd_xfer_answer(pd_xfer_peer_t *p, uint64_t call_id, int status, const char *text,
+                   const void *reply, size_t len);
+/* Wire format of calls and answers (exposed for tests): encode returns the bytes written, 0 when
+ * cap is too small; decode points m->body into buf. */
+size_t pd_xfer_ctl_encode(const struct pd_xfer_ctl *m, bool answer, uint8_t *buf, size_t cap);
+int pd_xfer_ctl_decode(const void *buf, size_t len, bool answer, struct pd_xfer_ctl *m);
 
 /* Notice wire format (fixed, little-endian): exposed for tests of malformed notices. The top
  * logprobs follow the error text (n_top u8, then n_top x {id i32, logprob f32}); a notice

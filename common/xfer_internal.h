@@ -32,6 +32,7 @@ enum op_kind { OP_DATA, OP_FLUSH, OP_NOTICE };
 #define DATA_HDR_LEN 32 /* sender_id u64 | room u64 | index u32 | shard u32 | offset u64 */
 #define POLL_AFTER_PROGRESS_US 200       /* keep polling this long after UCX last made progress */
 #define SEND_POLL_AFTER_PROGRESS_US 2000 /* ... and this long while UCX holds our sends */
+#define CALL_POLL_MS 100  /* progress at least this often while calls wait for answers */
 #define AM_CHUNK_MIN 4096 /* page bytes per message when the lane's limit is unknown */
 #define AM_MSG_MAX 65535  /* bytes of one message, headers included (see xfer.h) */
 #define NOTICE_WIRE_MAX                                                                            \
@@ -266,6 +267,13 @@ struct pd_xfer {
     struct room *end_head, **end_tail;
     struct pd_xfer_peer *peers;
     uint32_t n_peers;
+    /* calls (xfer_call.c): ours waiting for answers, messages received and not yet handed to
+     * the user, and our messages UCX holds */
+    struct call *calls;
+    uint64_t next_call_id;
+    struct ctl_msg *ctl_head, **ctl_tail;
+    struct ctl_send *ctl_sends;
+    uint32_t n_ctl_sending; /* of ctl_sends, those whose peer is not closed */
 
     char tls[128];
     char net_devices[256];
@@ -371,6 +379,20 @@ int pd__xfer_peer_regroup(pd_xfer_t *x, const struct pd_xfer_peer_info *info, in
 /* Fills m for bytes [off, off + len) of p's shard dst's part of a run from our page src_page. */
 void pd__xfer_regroup_msg(const pd_xfer_t *x, const struct pd_xfer_peer *p, uint32_t dst,
                           uint32_t src_page, uint64_t off, size_t len, struct regroup_msg *m);
+
+/* xfer_call.c */
+ucs_status_t pd__xfer_on_call_am(void *arg, const void *header, size_t header_length, void *data,
+                                 size_t length, const ucp_am_recv_param_t *param);
+ucs_status_t pd__xfer_on_answer_am(void *arg, const void *header, size_t header_length, void *data,
+                                   size_t length, const ucp_am_recv_param_t *param);
+/* Hands received calls and answers to the user, and reports the calls that timed out or whose
+ * peer closed. true when anything happened. */
+bool pd__xfer_run_calls(pd_xfer_t *x);
+/* p's endpoint is closed: its calls end with its close status, its messages are UCX's alone. */
+void pd__xfer_calls_peer_closed(pd_xfer_t *x, struct pd_xfer_peer *p);
+bool pd__xfer_calls_waiting(const pd_xfer_t *x);
+uint64_t pd__xfer_calls_next_deadline(const pd_xfer_t *x); /* uv_now ms; UINT64_MAX: none */
+void pd__xfer_calls_free(pd_xfer_t *x);                    /* after the worker is destroyed */
 
 /* xfer_notice.c */
 uint32_t pd__xfer_get_u32(const uint8_t *p);

@@ -31,6 +31,7 @@ struct croom {
     uint32_t held_pages;
     uint32_t prompt_len;
     pd_xfer_peer_t *peer; /* the pairing its Transfer went out under */
+    bool over_ucx;        /* ... as a call on that pairing's endpoint */
     bool transfer_inflight;
     bool abort_pending;
     char reason[128];
@@ -48,6 +49,7 @@ struct pd_bootstrap_client {
     char target[128];
     enum pair_state state;
     bool skips_held_pages;  /* the paired prefill honours TransferRequest.held_pages */
+    bool ucx_calls;         /* ... serves Transfer and Abort over the pair's endpoints */
     pd_xfer_peer_t *peer;   /* to the prefill: liveness, and the notices' expected sender */
     struct croom *waiting;  /* rooms queued until the pair is up */
     struct croom *inflight; /* rooms whose Transfer has not answered */
@@ -75,14 +77,22 @@ static void croom_unlink(struct croom **head, struct croom *r) {
     }
 }
 
-static int client_call(pd_bootstrap_client_t *c, const char *method, const ProtobufCMessage *msg,
-                       pd_grpc_reply_fn fn, void *ctx) {
+/* What a Transfer or Abort goes as: a call of ucx_method over the pair's endpoint, without the
+ * key (common/bootstrap.h), when the paired prefill serves them; else 0 (a gRPC call). */
+static uint32_t over_ucx(const pd_bootstrap_client_t *c, uint32_t ucx_method) {
+    return c->ucx_calls && c->state == PAIRED && c->peer ? ucx_method : 0;
+}
+
+/* ucx_method 0: method over gRPC; else that call over the pair's endpoint (over_ucx). */
+static int client_call(pd_bootstrap_client_t *c, const char *method, uint32_t ucx_method,
+                       const ProtobufCMessage *msg, pd_grpc_reply_fn fn, void *ctx) {
     size_t n = protobuf_c_message_get_packed_size(msg);
     uint8_t *buf = pd_malloc(n ? n : 1);
     if (!buf)
         return pd_error_wrap(PD_ENOMEM, "packing %s", method);
     protobuf_c_message_pack(msg, buf);
-    int rc = pd_grpc_call(c->ch, method, buf, n, c->cfg.deadline_ms, fn, ctx);
+    int rc = ucx_method ? pd_xfer_call(c->peer, ucx_method, buf, n, c->cfg.deadline_ms, fn, ctx)
+                        : pd_grpc_call(c->ch, method, buf, n, c->cfg.deadline_ms, fn, ctx);
     pd_free(buf);
     if (rc == PD_OK)
         c->calls++;
@@ -129,12 +139,15 @@ static void send_abort(pd_bootstrap_client_t *c, uint64_t room, const char *reas
     ac->c = c;
     ac->room = room;
     Pdserve__V1__AbortRequest rq = PDSERVE__V1__ABORT_REQUEST__INIT;
-    rq.cluster_key.data = c->key;
-    rq.cluster_key.len = c->cfg.key_len;
+    uint32_t ucx = over_ucx(c, PD_BOOTSTRAP_CALL_ABORT);
+    if (!ucx) {
+        rq.cluster_key.data = c->key;
+        rq.cluster_key.len = c->cfg.key_len;
+    }
     rq.room = room;
     rq.decode_id = c->decode_id;
     rq.reason = (char *)reason;
-    if (client_call(c, PD_BOOTSTRAP_METHOD_ABORT, &rq.base, on_abort_reply, ac)) {
+    if (client_call(c, PD_BOOTSTRAP_METHOD_ABORT, ucx, &rq.base, on_abort_reply, ac)) {
         pd_warn("bootstrap: room %" PRIu64 ": %s", room, pd_error_msg());
         pd_free(ac);
     }
@@ -165,6 +178,13 @@ static void on_transfer_reply(void *ctx, int status, const uint8_t *reply, size_
         if (status == PD_OK) {
             if (r->abort_pending)
                 send_abort(c, r->room, r->reason);
+        } else if (status == PD_ETIMEDOUT && r->over_ucx && c->peer && c->peer == r->peer) {
+            /* No answer on the pair's endpoint: the prefill behind it may be gone (restarted on
+             * the same address before UCX noticed) or may have closed its side. Closing ours
+             * ends every room sent through it (no write of theirs can land after), and the next
+             * room pairs again, as after NOT_FOUND over gRPC. */
+            pd_warn("bootstrap: room %" PRIu64 ": %s", r->room, pd_error_msg());
+            forget_pairing(c);
         } else if (status == PD_ETIMEDOUT || status == PD_EPEER || status == PD_ECANCELED ||
                    status == PD_EINTERNAL || status == PD_EIO) {
             /* The prefill may have taken the room anyway: its writes may still land. */
@@ -202,21 +222,25 @@ static void send_transfer(pd_bootstrap_client_t *c, struct croom *r) {
         return;
     }
     Pdserve__V1__TransferRequest rq = PDSERVE__V1__TRANSFER_REQUEST__INIT;
-    rq.cluster_key.data = c->key;
-    rq.cluster_key.len = c->cfg.key_len;
+    uint32_t ucx = over_ucx(c, PD_BOOTSTRAP_CALL_TRANSFER);
+    if (!ucx) {
+        rq.cluster_key.data = c->key;
+        rq.cluster_key.len = c->cfg.key_len;
+    }
     rq.room = r->room;
     rq.decode_id = c->decode_id;
     rq.dst_pages = r->pages;
     rq.n_dst_pages = r->n;
     rq.prompt_len = r->prompt_len;
     rq.held_pages = r->held_pages;
-    rc = client_call(c, PD_BOOTSTRAP_METHOD_TRANSFER, &rq.base, on_transfer_reply, r);
+    rc = client_call(c, PD_BOOTSTRAP_METHOD_TRANSFER, ucx, &rq.base, on_transfer_reply, r);
     if (rc) {
         pd_xfer_room_release(c->x, r->room, rc); /* never sent: nothing can land */
         croom_free(r);
         return;
     }
     r->transfer_inflight = true;
+    r->over_ucx = ucx != 0;
     r->peer = c->peer;
     r->next = c->inflight;
     c->inflight = r;
@@ -260,6 +284,7 @@ static void on_pair_reply(void *ctx, int status, const uint8_t *reply, size_t le
     if (status == PD_OK) {
         c->state = PAIRED;
         c->skips_held_pages = rp->skips_held_pages;
+        c->ucx_calls = rp->serves_ucx_calls;
         pd_info("bootstrap: paired with prefill %s at %s, data lane %s", rp->prefill_id, c->target,
                 rp->data_transport);
     } else {
@@ -348,7 +373,7 @@ static int start_pair(pd_bootstrap_client_t *c) {
     }
     rq.layout = &lpb;
     rq.engine_id = me.remote_id;
-    int rc = client_call(c, PD_BOOTSTRAP_METHOD_PAIR, &rq.base, on_pair_reply, c);
+    int rc = client_call(c, PD_BOOTSTRAP_METHOD_PAIR, 0, &rq.base, on_pair_reply, c);
     if (rc == PD_OK)
         c->state = PAIRING;
     return rc;

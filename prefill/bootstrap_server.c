@@ -242,13 +242,17 @@ static void serve_pair(pd_bootstrap_server_t *s, const char *peer, const uint8_t
     rp.data_transport = (char *)pd_xfer_peer_transport(old->peer);
     rp.engine_id = pd_xfer_id(s->x);
     rp.skips_held_pages = true; /* TransferRequest.held_pages: never sent again (role.c) */
+    rp.serves_ucx_calls = true; /* pd_bootstrap_server_call */
     answer_message(s, a, &rp.base);
 out:
     pdserve__v1__pair_request__free_unpacked(rq, NULL);
 }
 
-static void serve_transfer(pd_bootstrap_server_t *s, const char *peer, const uint8_t *body,
-                           size_t n, struct pd_grpc_answer *a) {
+/* via: the endpoint a call over UCX came in on (NULL: a gRPC call). Such a call carries no key:
+ * it came from the engine of a pair that proved the key at Pair, and the room goes out through
+ * that pair's endpoint, so it must come from that very endpoint. */
+static void serve_transfer(pd_bootstrap_server_t *s, const char *peer, pd_xfer_peer_t *via,
+                           const uint8_t *body, size_t n, struct pd_grpc_answer *a) {
     Pdserve__V1__TransferRequest *rq = pdserve__v1__transfer_request__unpack(NULL, n, body);
     if (!rq) {
         pd_warn("bootstrap: Transfer from %s: malformed request (%zu bytes)", peer, n);
@@ -256,10 +260,10 @@ static void serve_transfer(pd_bootstrap_server_t *s, const char *peer, const uin
                     n);
         return;
     }
-    if (refuse_key(s, "Transfer", peer, rq->cluster_key, a))
+    if (!via && refuse_key(s, "Transfer", peer, rq->cluster_key, a))
         goto out;
     struct spair *p = pair_find(s, rq->decode_id);
-    if (!p) {
+    if (!p || (via && p->peer != via)) {
         /* NOT_FOUND, and no other answer uses it: the decode reads it as "pair again" (it
          * closed its endpoint to us, or this prefill is a restarted one on the same address) */
         pd_warn("bootstrap: Transfer room %" PRIu64 " from decode %s refused: not paired", rq->room,
@@ -309,15 +313,15 @@ out:
     pdserve__v1__transfer_request__free_unpacked(rq, NULL);
 }
 
-static void serve_abort(pd_bootstrap_server_t *s, const char *peer, const uint8_t *body, size_t n,
-                        struct pd_grpc_answer *a) {
+static void serve_abort(pd_bootstrap_server_t *s, const char *peer, pd_xfer_peer_t *via,
+                        const uint8_t *body, size_t n, struct pd_grpc_answer *a) {
     Pdserve__V1__AbortRequest *rq = pdserve__v1__abort_request__unpack(NULL, n, body);
     if (!rq) {
         pd_warn("bootstrap: Abort from %s: malformed request (%zu bytes)", peer, n);
         answer_code(a, PD_GRPC_INVALID_ARGUMENT, "Abort: malformed AbortRequest (%zu bytes)", n);
         return;
     }
-    if (refuse_key(s, "Abort", peer, rq->cluster_key, a))
+    if (!via && refuse_key(s, "Abort", peer, rq->cluster_key, a)) /* via: as serve_transfer */
         goto out;
     bool found = pd_xfer_room_live(s->x, rq->room);
     char why[160];
@@ -359,9 +363,9 @@ static void serve(void *ctx, const char *method, const char *peer, const uint8_t
     if (strcmp(method, PD_BOOTSTRAP_METHOD_PAIR) == 0)
         serve_pair(s, peer, req, len, a);
     else if (strcmp(method, PD_BOOTSTRAP_METHOD_TRANSFER) == 0)
-        serve_transfer(s, peer, req, len, a);
+        serve_transfer(s, peer, NULL, req, len, a);
     else if (strcmp(method, PD_BOOTSTRAP_METHOD_ABORT) == 0)
-        serve_abort(s, peer, req, len, a);
+        serve_abort(s, peer, NULL, req, len, a);
     else if (strcmp(method, PD_BOOTSTRAP_METHOD_HEALTH) == 0)
         serve_health(s, peer, req, len, a);
     else
@@ -410,6 +414,28 @@ void pd_bootstrap_server_free(pd_bootstrap_server_t *s) {
     }
     pd_free(s->reply);
     pd_free(s);
+}
+
+void pd_bootstrap_server_call(pd_bootstrap_server_t *s, pd_xfer_peer_t *peer,
+                              const struct pd_xfer_ctl *call) {
+    char from[64];
+    snprintf(from, sizeof(from), "decode engine %016" PRIx64 " (UCX)",
+             pd_xfer_peer_remote_id(peer));
+    struct pd_grpc_answer a = {.code = PD_GRPC_OK};
+    const char *what = "call";
+    if (call->method == PD_BOOTSTRAP_CALL_TRANSFER) {
+        what = "Transfer";
+        serve_transfer(s, from, peer, call->body, call->len, &a);
+    } else if (call->method == PD_BOOTSTRAP_CALL_ABORT) {
+        what = "Abort";
+        serve_abort(s, from, peer, call->body, call->len, &a);
+    } else {
+        answer_code(&a, PD_GRPC_UNIMPLEMENTED, "no call %u", call->method);
+    }
+    int status = a.code == PD_GRPC_OK ? PD_OK : pd_grpc_status_to_pd(a.code, a.message, what);
+    if (pd_xfer_answer(peer, call->call_id, status, status ? pd_error_msg() : NULL, a.reply,
+                       a.reply_len))
+        pd_warn("bootstrap: answering %s from %s: %s", what, from, pd_error_msg());
 }
 
 void pd_bootstrap_server_peer_closed(pd_bootstrap_server_t *s, pd_xfer_peer_t *peer) {

@@ -35,6 +35,11 @@ int pd_bootstrap_server_new(pd_grpc_bridge_t *b, pd_xfer_t *x,
                             pd_bootstrap_server_t **out);
 /* Stops serving and closes every decode's endpoint. Accepts NULL. */
 void pd_bootstrap_server_free(pd_bootstrap_server_t *s);
+/* A call over a pair's UCX endpoint (forward xfer's on_call here): Transfer or Abort, served as
+ * the gRPC method is and answered on that endpoint; a Transfer must come from the endpoint of
+ * the pair it names (else NOT_FOUND, as for a decode that has not paired). */
+void pd_bootstrap_server_call(pd_bootstrap_server_t *s, pd_xfer_peer_t *peer,
+                              const struct pd_xfer_ctl *call);
 /* The engine reported the peer closed (forward xfer's on_peer_closed here): forget the pair. */
 void pd_bootstrap_server_peer_closed(pd_bootstrap_server_t *s, pd_xfer_peer_t *p);
 

@@ -226,6 +226,17 @@ static void prefill_peer_closed(struct pd_daemon_state *d, pd_xfer_peer_t *p) {
         pd_bootstrap_server_peer_closed(P.server, p);
 }
 
+static void prefill_xfer_call(struct pd_daemon_state *d, pd_xfer_peer_t *p,
+                              const struct pd_xfer_ctl *call) {
+    (void)d;
+    if (P.server) {
+        pd_bootstrap_server_call(P.server, p, call);
+    } else if (pd_xfer_answer(p, call->call_id, PD_EUNSUPPORTED, "the bootstrap server is down",
+                              NULL, 0)) {
+        pd_warn("xfer: %s", pd_error_msg());
+    }
+}
+
 /* The transfer engine, then the bootstrap server decode daemons pair with. */
 static int prefill_start(struct pd_daemon_state *d) {
     int rc = pd__daemon_start_transfer(d);
@@ -365,6 +376,7 @@ const struct pd_role pd_prefill_role = {
     .ending = prefill_ending,
     .room_end = prefill_room_end,
     .peer_closed = prefill_peer_closed,
+    .xfer_call = prefill_xfer_call,
     .server_info = prefill_server_info,
     .metrics = &pd_prefill_metrics,
 };

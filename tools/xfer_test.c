@@ -421,6 +421,16 @@ static void on_peer_failed(void *ctx, pd_xfer_peer_t *p, void *user, int status)
     pd_warn("xfer-test: peer failed: %s", pd_status_str(status));
 }
 
+/* The receiver's Transfer and Abort, as calls over its endpoint (common/bootstrap.h). */
+static void on_call(void *ctx, pd_xfer_peer_t *p, void *user, const struct pd_xfer_ctl *call) {
+    (void)ctx;
+    (void)user;
+    if (A.server)
+        pd_bootstrap_server_call(A.server, p, call);
+    else if (pd_xfer_answer(p, call->call_id, PD_EUNSUPPORTED, "no bootstrap server", NULL, 0))
+        pd_warn("xfer-test: %s", pd_error_msg());
+}
+
 static void on_peer_closed(void *ctx, pd_xfer_peer_t *p, void *user) {
     (void)ctx;
     (void)user;
@@ -815,7 +825,8 @@ int main(int argc, char **argv) {
     struct pd_xfer_config xc = {.abort_timeout_ms = 3000};
     struct pd_xfer_callbacks xcb = {.on_room_end = on_room_end,
                                     .on_peer_failed = on_peer_failed,
-                                    .on_peer_closed = on_peer_closed};
+                                    .on_peer_closed = on_peer_closed,
+                                    .on_call = on_call};
     char addr[64];
     snprintf(addr, sizeof(addr), "%s:%d", o->host, o->port);
     int rc = pd_grpc_bridge_new(&A.loop, &A.bridge);

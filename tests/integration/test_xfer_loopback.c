@@ -11,7 +11,9 @@
  * The staged receiver's ring: a host sender into a staged receiver whose copies land late and out
  * of order, ring-full back-pressure, a room released with copies in flight (no byte lands after
  * its end), a puts-only sender refused at connect.
- * The two-process and kill tests are tests/integration/xfer_pair.c driving pdserve-xfer-test.
+ * Calls over the pair's endpoints (Transfer and Abort ride them): order, replies, refusals,
+ * deadlines, closes. The two-process and kill tests are tests/integration/xfer_pair.c driving
+ * pdserve-xfer-test.
  */
 #include <inttypes.h>
 #include <stdlib.h>
@@ -109,6 +111,63 @@ static bool run_until(const int *done, int want, int ms) {
     return *done >= want;
 }
 
+/* ---- calls over the pair's endpoints: the sender serves them (as a prefill does) ---- */
+
+static bool hold_calls; /* the sender keeps the calls it gets unanswered */
+static uint64_t held_call;
+static int calls_served;
+
+/* method 1: the body back with every byte + 1; method 2: a refusal; else unanswered */
+static void serve_call(void *ctx, pd_xfer_peer_t *p, void *user, const struct pd_xfer_ctl *c) {
+    (void)ctx;
+    (void)user;
+    calls_served++;
+    CHECK(p == snd.peer); /* the endpoint the sender holds to the caller */
+    CHECK(c->sender_id == pd_xfer_id(rcv.x) && !c->answer);
+    if (hold_calls) {
+        held_call = c->call_id;
+    } else if (c->method == 1) {
+        uint8_t *r = pd_malloc(c->len + 1);
+        PD_ASSERT(r);
+        r[0] = 0xA5;
+        for (size_t i = 0; i < c->len; i++)
+            r[i + 1] = (uint8_t)(c->body[i] + 1);
+        CHECK_OK(pd_xfer_answer(p, c->call_id, PD_OK, NULL, r, c->len + 1));
+        pd_free(r);
+    } else if (c->method == 2) {
+        CHECK_OK(pd_xfer_answer(p, c->call_id, PD_EMISMATCH, "layout mismatch: head_dim", NULL, 0));
+    }
+}
+
+#define ANSWERS_MAX 64
+static struct {
+    int n;
+    int status[ANSWERS_MAX];
+    long seq[ANSWERS_MAX]; /* the ctx the call was made with: answers come in call order */
+    size_t len[ANSWERS_MAX];
+    int bad_bytes;
+    char msg[256];
+} ans;
+static const uint8_t *ans_body[ANSWERS_MAX]; /* the body each call sent, to check the reply */
+
+static void on_answer(void *ctx, int status, const uint8_t *reply, size_t len) {
+    int i = ans.n++;
+    PD_ASSERT(i < ANSWERS_MAX);
+    long seq = (long)(intptr_t)ctx;
+    ans.status[i] = status;
+    ans.seq[i] = seq;
+    ans.len[i] = len;
+    if (status != PD_OK) {
+        snprintf(ans.msg, sizeof(ans.msg), "%s", pd_error_msg());
+        CHECK(reply == NULL && len == 0);
+        return;
+    }
+    if (len == 0 || reply[0] != 0xA5)
+        ans.bad_bytes++;
+    for (size_t k = 1; k < len && seq >= 0 && seq < ANSWERS_MAX && ans_body[seq]; k++)
+        ans.bad_bytes += reply[k] != (uint8_t)(ans_body[seq][k - 1] + 1);
+}
+
 static enum pd_xfer_data_path data_path; /* of the next pair_up */
 /* Next pair_up registers both pools as device memory of the host devmem in deferred mode (copies
  * land only when their event is polled): the staged GPU path, with a ring of STAGE_SLOTS slots
@@ -173,7 +232,8 @@ static void pair_up(int abort_timeout_ms) {
                                  .am_chunk_bytes = am_chunk,
                                  .stage_slots = STAGE_SLOTS,
                                  .stage_slot_bytes = STAGE_SLOT_PAGES * spb * (size_t)n_shards};
-    struct pd_xfer_callbacks cs = {.ctx = &snd, .on_room_end = on_end, .on_peer_closed = on_closed};
+    struct pd_xfer_callbacks cs = {
+        .ctx = &snd, .on_room_end = on_end, .on_peer_closed = on_closed, .on_call = serve_call};
     struct pd_xfer_callbacks cr = {.ctx = &rcv, .on_room_end = on_end, .on_peer_closed = on_closed};
     memset(&snd, 0, sizeof(snd));
     memset(&rcv, 0, sizeof(rcv));
@@ -869,6 +929,99 @@ static void test_staged_recv_put_refused(void) {
     shards_reset();
 }
 
+/* Calls from the receiver (decode) to the sender (prefill) over their endpoints: answered in
+ * call order with the reply intact (bodies from empty to 1 MiB, several eager fragments), a
+ * refusal with its text, a body over the limit refused at once; an unanswered call ends at its
+ * deadline (and its late answer is dropped), one whose endpoint closes ends with the close
+ * status, a call on a closing endpoint fails at once, a call to an engine that holds no endpoint
+ * to the caller ends at the deadline or with the caller's endpoint, an engine with no on_call
+ * answers PD_EUNSUPPORTED, and a call pending when the engine is freed still gets its answer. */
+static void test_calls(void) {
+    pair_up(0);
+    memset(&ans, 0, sizeof(ans));
+    calls_served = 0;
+    hold_calls = false;
+    static uint8_t big[1 << 20];
+    for (size_t i = 0; i < sizeof(big); i++)
+        big[i] = (uint8_t)(i * 31 + 7);
+    int n = 0;
+    for (; n < 32; n++) {
+        size_t len = n == 31 ? sizeof(big) : (size_t)n * 97;
+        ans_body[n] = big;
+        CHECK_OK(pd_xfer_call(rcv.peer, 1, big, len, 10000, on_answer, (void *)(intptr_t)n));
+    }
+    CHECK(run_until(&ans.n, n, 10000));
+    for (int i = 0; i < n; i++) {
+        CHECK_INT(ans.status[i], PD_OK);
+        CHECK_INT(ans.seq[i], i);
+        CHECK_INT(ans.len[i], (i == 31 ? sizeof(big) : (size_t)i * 97) + 1);
+    }
+    CHECK_INT(ans.bad_bytes, 0);
+    CHECK_OK(pd_xfer_call(rcv.peer, 2, "x", 1, 10000, on_answer, (void *)(intptr_t)n++));
+    CHECK(run_until(&ans.n, n, 10000));
+    CHECK_INT(ans.status[n - 1], PD_EMISMATCH);
+    CHECK(strstr(ans.msg, "layout mismatch: head_dim") != NULL);
+    CHECK_ERR(pd_xfer_call(rcv.peer, 1, big, (size_t)PD_XFER_CALL_MAX + 1, 1000, on_answer, NULL),
+              PD_ERANGE, "over");
+    CHECK_INT(calls_served, n);
+
+    /* unanswered: the deadline; the late answer finds nobody waiting */
+    hold_calls = true;
+    uint64_t t0 = uv_now(&loop);
+    CHECK_OK(pd_xfer_call(rcv.peer, 1, "y", 1, 200, on_answer, (void *)(intptr_t)n++));
+    CHECK(run_until(&ans.n, n, 10000));
+    CHECK(uv_now(&loop) - t0 >= 150);
+    CHECK_INT(ans.status[n - 1], PD_ETIMEDOUT);
+    CHECK(strstr(ans.msg, "deadline") != NULL);
+    CHECK_INT(calls_served, n);
+    CHECK_OK(pd_xfer_answer(snd.peer, held_call, PD_OK, NULL, "late", 4));
+    int more = n + 1;
+    CHECK(!run_until(&ans.n, more, 300));
+    CHECK_INT(ans.n, n);
+
+    /* the caller's endpoint closes with a call pending; a call on it while it closes */
+    CHECK_OK(pd_xfer_call(rcv.peer, 1, "z", 1, 10000, on_answer, (void *)(intptr_t)n++));
+    CHECK(run_until(&calls_served, n, 10000)); /* it arrived and is held */
+    pd_xfer_peer_t *closing = rcv.peer;
+    pd_xfer_peer_close(closing, PD_ECANCELED);
+    CHECK_ERR(pd_xfer_call(closing, 1, "w", 1, 1000, on_answer, NULL), PD_EPEER, "closing");
+    CHECK(run_until(&ans.n, n, 10000));
+    CHECK_INT(ans.status[n - 1], PD_ECANCELED);
+    CHECK(run_until(&rcv.closed, 1, 10000));
+    unpair();
+
+    /* the serving side closed its endpoint to the caller: nowhere to answer */
+    pair_up(0);
+    memset(&ans, 0, sizeof(ans));
+    calls_served = 0;
+    hold_calls = false;
+    pd_xfer_peer_close(snd.peer, PD_ECANCELED);
+    CHECK(run_until(&snd.closed, 1, 10000));
+    if (rcv.peer) {
+        CHECK_OK(pd_xfer_call(rcv.peer, 1, "v", 1, 300, on_answer, (void *)(intptr_t)0));
+        CHECK(run_until(&ans.n, 1, 10000));
+        /* dropped there (deadline), or the close reached our endpoint too (tcp) */
+        CHECK(ans.status[0] == PD_ETIMEDOUT || ans.status[0] == PD_EPEER);
+        CHECK_INT(calls_served, 0);
+    }
+    unpair();
+
+    /* the other way: the receiver serves no calls; and a call pending when the engines go */
+    pair_up(0);
+    memset(&ans, 0, sizeof(ans));
+    memset(ans_body, 0, sizeof(ans_body));
+    CHECK_OK(pd_xfer_call(snd.peer, 1, "u", 1, 10000, on_answer, (void *)(intptr_t)0));
+    CHECK(run_until(&ans.n, 1, 10000));
+    CHECK_INT(ans.status[0], PD_EUNSUPPORTED);
+    hold_calls = true;
+    CHECK_OK(pd_xfer_call(rcv.peer, 1, "t", 1, 10000, on_answer, (void *)(intptr_t)1));
+    CHECK(run_until(&calls_served, 1, 10000));
+    unpair();
+    CHECK_INT(ans.n, 2);
+    CHECK_INT(ans.status[1], PD_ECANCELED);
+    hold_calls = false;
+}
+
 static void loop_open(void) {
     CHECK_INT(uv_loop_init(&loop), 0);
     pd_log_set_level(PD_LOG_WARNING);
@@ -886,4 +1039,4 @@ PD_TEST_MAIN(PD_TEST(loop_open), PD_TEST(test_validation), PD_TEST(test_abort_fr
              PD_TEST(test_shards_put), PD_TEST(test_shards_staged), PD_TEST(test_shards_ipc),
              PD_TEST(test_shards_mismatch), PD_TEST(test_forged_shard_dropped),
              PD_TEST(test_staged_recv), PD_TEST(test_staged_recv_release),
-             PD_TEST(test_staged_recv_put_refused), PD_TEST(loop_close))
+             PD_TEST(test_staged_recv_put_refused), PD_TEST(test_calls), PD_TEST(loop_close))

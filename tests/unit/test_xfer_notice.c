@@ -62,4 +62,51 @@ static void test_failed_notice_without_top(void) {
     CHECK_ERR(pd_xfer_notice_decode(buf, len, &d, &sender), PD_EFORMAT, "magic");
 }
 
-PD_TEST_MAIN(PD_TEST(test_round_trip_with_top), PD_TEST(test_failed_notice_without_top))
+static void put_answer_status(uint8_t *buf, int32_t v) {
+    for (int i = 0; i < 4; i++)
+        buf[18 + i] = (uint8_t)((uint32_t)v >> (8 * i));
+}
+
+/* Calls and answers over a pair's endpoints (xfer_call.c): round trips, and every malformed form
+ * refused by name. */
+static void test_call_and_answer_wire(void) {
+    uint8_t body[300], buf[1024];
+    for (size_t i = 0; i < sizeof(body); i++)
+        body[i] = (uint8_t)(i * 7 + 1);
+    struct pd_xfer_ctl c = {
+        .sender_id = 0x1122334455667788ull, .call_id = 42, .method = 1, .body = body, .len = 300};
+    size_t len = pd_xfer_ctl_encode(&c, false, buf, sizeof(buf));
+    CHECK(len > 300);
+    CHECK_INT(pd_xfer_ctl_encode(&c, false, buf, len - 1), 0); /* must hold the whole body */
+    struct pd_xfer_ctl d;
+    CHECK_OK(pd_xfer_ctl_decode(buf, len, false, &d));
+    CHECK(d.sender_id == c.sender_id && d.call_id == 42 && d.method == 1 && !d.answer);
+    CHECK_INT(d.len, 300);
+    CHECK(memcmp(d.body, body, 300) == 0);
+    /* a call is not an answer, and no prefix of it decodes */
+    CHECK_ERR(pd_xfer_ctl_decode(buf, len, true, &d), PD_EFORMAT, "magic");
+    CHECK_ERR(pd_xfer_ctl_decode(buf, 21, false, &d), PD_EFORMAT, "shorter");
+
+    struct pd_xfer_ctl a = {.sender_id = 7, .call_id = 43, .status = PD_EMISMATCH};
+    snprintf(a.text, sizeof(a.text), "%s", "Transfer: FAILED_PRECONDITION: layout mismatch");
+    len = pd_xfer_ctl_encode(&a, true, buf, sizeof(buf));
+    CHECK_OK(pd_xfer_ctl_decode(buf, len, true, &d));
+    CHECK(d.call_id == 43 && d.status == PD_EMISMATCH && d.len == 0);
+    CHECK_STR(d.text, "Transfer: FAILED_PRECONDITION: layout mismatch");
+    /* a text that runs past the message is refused; an unknown failure stays a failure */
+    CHECK_ERR(pd_xfer_ctl_decode(buf, 30, true, &d), PD_EFORMAT, "text");
+    put_answer_status(buf, 12345);
+    CHECK_OK(pd_xfer_ctl_decode(buf, len, true, &d));
+    CHECK_INT(d.status, PD_EPEER);
+    /* an answer with a reply: the bytes after the text */
+    a.status = PD_OK;
+    a.text[0] = '\0';
+    a.body = body;
+    a.len = 5;
+    len = pd_xfer_ctl_encode(&a, true, buf, sizeof(buf));
+    CHECK_OK(pd_xfer_ctl_decode(buf, len, true, &d));
+    CHECK(d.status == PD_OK && d.len == 5 && memcmp(d.body, body, 5) == 0);
+}
+
+PD_TEST_MAIN(PD_TEST(test_round_trip_with_top), PD_TEST(test_failed_notice_without_top),
+             PD_TEST(test_call_and_answer_wire))
