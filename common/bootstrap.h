@@ -79,11 +79,13 @@ int pd_bootstrap_encode_health(const uint8_t *key, size_t key_len, uint8_t **out
  * a prefill that says so at Pair (PairReply.serves_ucx_calls). A room's control messages then
  * cost an active message each way instead of a gRPC call: the gRPC threads' CPU per request went
  * from 0.23 ms (prefill) and 0.13 ms (decode) to 0.02 and 0.01 (2-core VM, 1,024-token prompts),
- * most of it spent beside the prefill's forward pass, and the Transfer reaches the prefill before
- * its own request does. Calls carry no key: the endpoint is the pair's, which proved it at Pair. A
- * call the prefill cannot answer (it holds no endpoint to this decode: it restarted, or it closed
- * its side) ends at the deadline; the decode then closes its endpoint and pairs again, as it does
- * on gRPC's NOT_FOUND. */
+ * most of it spent beside the prefill's forward pass. Calls carry no key: the endpoint is the
+ * pair's, which proved it at Pair. They go that way only while the decode's gRPC channel to the
+ * prefill is connected (bootstrap_client.c over_ucx): a prefill that died closed it at once,
+ * while its UCX endpoint may look alive for a keepalive interval, and a Transfer over gRPC
+ * reaches whoever serves the address now (NOT_FOUND from a restarted prefill: pair again). A call
+ * the prefill cannot answer (it holds no endpoint to this decode any more) ends at the deadline;
+ * the decode then closes its endpoint and pairs again. */
 enum pd_bootstrap_call {
     PD_BOOTSTRAP_CALL_TRANSFER = 1,
     PD_BOOTSTRAP_CALL_ABORT = 2,

@@ -716,6 +716,10 @@ void pd_grpc_channel_free(pd_grpc_channel_t *c) {
     channel_maybe_done(c);
 }
 
+bool pd_grpc_channel_ready(pd_grpc_channel_t *c) {
+    return !c->freeing && grpc_channel_check_connectivity_state(c->ch, 0) == GRPC_CHANNEL_READY;
+}
+
 int pd_grpc_call(pd_grpc_channel_t *c, const char *method, const uint8_t *req, size_t req_len,
                  int deadline_ms, pd_grpc_reply_fn fn, void *ctx) {
     PD_ASSERT(deadline_ms > 0); /* every call has a deadline */

@@ -95,6 +95,10 @@ void pd_grpc_server_free(pd_grpc_server_t *s);
 int pd_grpc_channel_new(pd_grpc_bridge_t *b, const char *target, const struct pd_grpc_tls *tls,
                         pd_grpc_channel_t **out);
 void pd_grpc_channel_free(pd_grpc_channel_t *c); /* calls in flight are cancelled */
+/* The channel holds a live connection to its server now (gRPC's READY). Never blocks, starts
+ * nothing. A server process that died closed its connections: the channel is no longer READY
+ * as soon as gRPC has read that (idle past gRPC's client idle timeout, 30 min, also ends it). */
+bool pd_grpc_channel_ready(pd_grpc_channel_t *c);
 
 /* status: PD_OK, or the translated failure (pd_error_msg() holds the message during the call).
  * reply is valid during the callback only. */

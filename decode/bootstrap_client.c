@@ -78,9 +78,17 @@ static void croom_unlink(struct croom **head, struct croom *r) {
 }
 
 /* What a Transfer or Abort goes as: a call of ucx_method over the pair's endpoint, without the
- * key (common/bootstrap.h), when the paired prefill serves them; else 0 (a gRPC call). */
+ * key (common/bootstrap.h), when the paired prefill serves them and our gRPC channel to it is
+ * still connected; else 0 (a gRPC call). A prefill that died closed that connection at once,
+ * while UCX may take a keepalive interval to fail its endpoint (a shared-memory one stays
+ * writable): a Transfer sent there would be lost, and a prefill restarted on the same address
+ * meanwhile would get the requests but not their Transfers. Over gRPC the Transfer reaches
+ * whoever serves the address now, which answers NOT_FOUND if it is not our pair (then we pair
+ * again), and the channel is connected again for the next. */
 static uint32_t over_ucx(const pd_bootstrap_client_t *c, uint32_t ucx_method) {
-    return c->ucx_calls && c->state == PAIRED && c->peer ? ucx_method : 0;
+    return c->ucx_calls && c->state == PAIRED && c->peer && pd_grpc_channel_ready(c->ch)
+               ? ucx_method
+               : 0;
 }
 
 /* ucx_method 0: method over gRPC; else that call over the pair's endpoint (over_ucx). */
