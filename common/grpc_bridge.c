@@ -594,6 +594,8 @@ struct pd_grpc_channel {
     pd_grpc_bridge_t *b;
     grpc_channel *ch;
     struct client_call *calls;
+    uint64_t connection; /* pd_grpc_channel_connection's number for the connection up now */
+    bool seen_down;      /* since that number: a look found none, or a call failed */
     bool freeing;
     char target[128];
 };
@@ -625,6 +627,8 @@ static void on_client_call(struct tag *t, bool ok) {
     } else {
         rc = buffer_read(cc->recv, &body);
     }
+    if (!ok || cc->status != GRPC_STATUS_OK)
+        c->seen_down = true; /* it may have lost the connection, which gRPC then renews unasked */
     cc->fn(cc->ctx, rc, rc == PD_OK ? GRPC_SLICE_START_PTR(body) : NULL,
            rc == PD_OK ? GRPC_SLICE_LENGTH(body) : 0);
     grpc_slice_unref(body);
@@ -702,6 +706,7 @@ int pd_grpc_channel_new(pd_grpc_bridge_t *b, const char *target, const struct pd
         pd_free(c);
         return pd_errorf(PD_EINVAL, "creating a gRPC channel to %s%s", target, tls ? " (TLS)" : "");
     }
+    c->seen_down = true; /* not connected yet: the first connection is number 1 */
     b->live++;
     *out = c;
     return PD_OK;
@@ -716,8 +721,16 @@ void pd_grpc_channel_free(pd_grpc_channel_t *c) {
     channel_maybe_done(c);
 }
 
-bool pd_grpc_channel_ready(pd_grpc_channel_t *c) {
-    return !c->freeing && grpc_channel_check_connectivity_state(c->ch, 0) == GRPC_CHANNEL_READY;
+uint64_t pd_grpc_channel_connection(pd_grpc_channel_t *c) {
+    if (c->freeing || grpc_channel_check_connectivity_state(c->ch, 0) != GRPC_CHANNEL_READY) {
+        c->seen_down = true;
+        return 0;
+    }
+    if (c->seen_down) {
+        c->seen_down = false;
+        c->connection++;
+    }
+    return c->connection;
 }
 
 int pd_grpc_call(pd_grpc_channel_t *c, const char *method, const uint8_t *req, size_t req_len,
@@ -725,6 +738,9 @@ int pd_grpc_call(pd_grpc_channel_t *c, const char *method, const uint8_t *req, s
     PD_ASSERT(deadline_ms > 0); /* every call has a deadline */
     if (c->freeing)
         return pd_errorf(PD_ECANCELED, "calling %s: the channel is closing", method);
+    /* A call is what connects an idle channel: look first, so that a connection it opens gets a
+     * new number (pd_grpc_channel_connection) */
+    (void)pd_grpc_channel_connection(c);
     struct client_call *cc = pd_calloc(1, sizeof(*cc));
     if (!cc)
         return pd_error_wrap(PD_ENOMEM, "calling %s", method);

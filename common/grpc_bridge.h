@@ -95,10 +95,14 @@ void pd_grpc_server_free(pd_grpc_server_t *s);
 int pd_grpc_channel_new(pd_grpc_bridge_t *b, const char *target, const struct pd_grpc_tls *tls,
                         pd_grpc_channel_t **out);
 void pd_grpc_channel_free(pd_grpc_channel_t *c); /* calls in flight are cancelled */
-/* The channel holds a live connection to its server now (gRPC's READY). Never blocks, starts
- * nothing. A server process that died closed its connections: the channel is no longer READY
- * as soon as gRPC has read that (idle past gRPC's client idle timeout, 30 min, also ends it). */
-bool pd_grpc_channel_ready(pd_grpc_channel_t *c);
+/* Which connection to its server the channel holds now: 0 when it holds none (not gRPC's READY),
+ * else a number that stays the same while that connection lasts and changes once it has ended.
+ * Never blocks, starts nothing. A server process that died closed its connections: the channel
+ * holds none as soon as gRPC has read that (idle past gRPC's client idle timeout, 30 min, also
+ * ends one). gRPC connects a channel for a call, and reconnects it unasked only after a call
+ * failed; every call looks first and a failed call counts as an end, so a connection that ended
+ * and was replaced between two looks still gets a new number. */
+uint64_t pd_grpc_channel_connection(pd_grpc_channel_t *c);
 
 /* status: PD_OK, or the translated failure (pd_error_msg() holds the message during the call).
  * reply is valid during the callback only. */

@@ -50,6 +50,7 @@ struct pd_bootstrap_client {
     enum pair_state state;
     bool skips_held_pages;  /* the paired prefill honours TransferRequest.held_pages */
     bool ucx_calls;         /* ... serves Transfer and Abort over the pair's endpoints */
+    uint64_t pair_conn;     /* the gRPC connection known to reach that prefill (over_ucx) */
     pd_xfer_peer_t *peer;   /* to the prefill: liveness, and the notices' expected sender */
     struct croom *waiting;  /* rooms queued until the pair is up */
     struct croom *inflight; /* rooms whose Transfer has not answered */
@@ -78,17 +79,21 @@ static void croom_unlink(struct croom **head, struct croom *r) {
 }
 
 /* What a Transfer or Abort goes as: a call of ucx_method over the pair's endpoint, without the
- * key (common/bootstrap.h), when the paired prefill serves them and our gRPC channel to it is
- * still connected; else 0 (a gRPC call). A prefill that died closed that connection at once,
- * while UCX may take a keepalive interval to fail its endpoint (a shared-memory one stays
- * writable): a Transfer sent there would be lost, and a prefill restarted on the same address
- * meanwhile would get the requests but not their Transfers. Over gRPC the Transfer reaches
- * whoever serves the address now, which answers NOT_FOUND if it is not our pair (then we pair
- * again), and the channel is connected again for the next. */
+ * key (common/bootstrap.h), when the paired prefill serves them and our gRPC channel still holds
+ * the connection known to reach that very prefill (pair_conn: the one Pair went over, or the one
+ * a later Transfer over gRPC found our pairing on); else 0 (a gRPC call). A prefill that died
+ * closed that connection at once, while UCX may take a keepalive interval to fail its endpoint
+ * (a shared-memory one stays writable): a Transfer sent there would be lost, and a prefill
+ * restarted on the same address meanwhile would get the requests but not their Transfers. A new
+ * connection may reach such a restarted prefill, so it proves nothing until a Transfer over it
+ * is answered: over gRPC the Transfer reaches whoever serves the address now, which answers
+ * NOT_FOUND if it is not our pair (then we pair again), or takes it (then that connection
+ * reaches our pair, and Transfers go over UCX again). */
 static uint32_t over_ucx(const pd_bootstrap_client_t *c, uint32_t ucx_method) {
-    return c->ucx_calls && c->state == PAIRED && c->peer && pd_grpc_channel_ready(c->ch)
-               ? ucx_method
-               : 0;
+    if (!c->ucx_calls || c->state != PAIRED || !c->peer)
+        return 0;
+    uint64_t conn = pd_grpc_channel_connection(c->ch);
+    return conn && conn == c->pair_conn ? ucx_method : 0;
 }
 
 /* ucx_method 0: method over gRPC; else that call over the pair's endpoint (over_ucx). */
@@ -184,6 +189,11 @@ static void on_transfer_reply(void *ctx, int status, const uint8_t *reply, size_
     croom_unlink(&c->inflight, r);
     if (!c->freeing && pd_xfer_room_live(c->x, r->room)) {
         if (status == PD_OK) {
+            /* taken over gRPC: the connection the answer came on reaches our pair. Vouch for
+             * the one up now: that one, unless it ended in the moment since (then the next
+             * Transfer over UCX is lost, times out, and we pair again) */
+            if (!r->over_ucx && c->peer && c->peer == r->peer)
+                c->pair_conn = pd_grpc_channel_connection(c->ch);
             if (r->abort_pending)
                 send_abort(c, r->room, r->reason);
         } else if (status == PD_ETIMEDOUT && r->over_ucx && c->peer && c->peer == r->peer) {
@@ -293,6 +303,7 @@ static void on_pair_reply(void *ctx, int status, const uint8_t *reply, size_t le
         c->state = PAIRED;
         c->skips_held_pages = rp->skips_held_pages;
         c->ucx_calls = rp->serves_ucx_calls;
+        c->pair_conn = pd_grpc_channel_connection(c->ch);
         pd_info("bootstrap: paired with prefill %s at %s, data lane %s", rp->prefill_id, c->target,
                 rp->data_transport);
     } else {

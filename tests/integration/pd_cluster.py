@@ -662,13 +662,21 @@ def help_documents(build, flag, words):
               "%s --help documents %s" % (os.path.basename(binary), flag))
 
 
-def dump_logs(tmp, tail=4000):
-    """The tail of every process log in tmp, for a failed test's output."""
+def dump_logs(tmp, tail=4000, warnings=60):
+    """For a failed test's output: every process log in tmp, its first warnings and errors (a
+    fault's cause is often long before the tail), then its tail."""
     for f in sorted(os.listdir(tmp)):
         if f.endswith(".log"):
             print("---", f)
             with open(os.path.join(tmp, f), errors="replace") as fh:
-                print(fh.read()[-tail:])
+                text = fh.read()
+            warned = [ln for ln in text.splitlines() if " WARN " in ln or " ERROR " in ln]
+            if warned:
+                print("(its first %d of %d warnings and errors)" %
+                      (min(warnings, len(warned)), len(warned)))
+                print("\n".join(warned[:warnings]))
+                print("(its tail)")
+            print(text[-tail:])
 
 
 # What a sanitizer prints about a bug (binaries built with -DPD_SANITIZE=address,undefined):
