@@ -80,7 +80,9 @@ void pd_server_args_register(struct pd_flagset *fs, struct pd_server_args *a) {
     pd_flag_double(fs, "--mem-fraction-static", &a->mem_fraction_static, "F", 0.01, 1.0,
                    "share of device memory for weights and the KV pool");
     pd_flag_int(fs, "--max-total-tokens", &a->max_total_tokens, "TOKENS", 0, 1 << 30,
-                "KV pool size in tokens; 0 = derive from --mem-fraction-static");
+                "KV pool size in tokens, backed by memory at start (CPU: every page touched, "
+                "in huge pages where the kernel allows; no request pays a first touch); 0 = "
+                "derive from --mem-fraction-static, pages backed as they are first used");
     pd_flag_choice(fs, "--kv-cache-dtype", &a->kv_cache_dtype, pd_kv_cache_dtype_names,
                    pd_kv_cache_dtype_help);
     pd_flag_bool(fs, "--disable-prefix-cache", &a->disable_prefix_cache,

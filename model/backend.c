@@ -39,6 +39,11 @@ void pd_backend_release(struct pd_backend *be, void *p) {
         be->ops->release(be, p);
 }
 
+void pd_backend_make_resident(struct pd_backend *be, void *p, size_t bytes) {
+    if (be->ops->make_resident)
+        be->ops->make_resident(be, p, bytes);
+}
+
 int pd_backend_reserve(struct pd_backend *be, const struct pd_backend_limits *lim) {
     if (lim->max_tokens < 1 || lim->max_reqs < 1 || lim->max_pages < 1 || lim->max_context < 1 ||
         lim->max_heads < 1 || lim->max_head_dim < 1 || lim->max_dim < 1)

@@ -97,6 +97,9 @@ int pd_backend_mem_info(struct pd_backend *be, size_t *total, size_t *avail);
 /* Device buffers (process lifetime: call at init). Contents are zeroed. */
 int pd_backend_alloc(struct pd_backend *be, size_t bytes, void **out);
 void pd_backend_release(struct pd_backend *be, void *p);
+/* Backs every page of the buffer [p, p + bytes) with memory now (the CPU's zeroed pages are
+ * mapped at first touch otherwise: a fault each, on whatever path touches them first). */
+void pd_backend_make_resident(struct pd_backend *be, void *p, size_t bytes);
 /* Sizes per-step metadata and op scratch; call after weights are known, before any op. Each
  * model on the backend (the language model, a vision encoder) reserves what it needs: a later
  * call keeps the largest of every limit reserved so far, so the order does not matter. */

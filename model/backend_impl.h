@@ -16,6 +16,8 @@ struct pd__backend_ops {
     int (*mem_info)(struct pd_backend *be, size_t *total, size_t *avail);
     int (*alloc)(struct pd_backend *be, size_t bytes, void **out);
     void (*release)(struct pd_backend *be, void *p);
+    /* NULL: its buffers are resident from the start (device memory) */
+    void (*make_resident)(struct pd_backend *be, void *p, size_t bytes);
     int (*reserve)(struct pd_backend *be, const struct pd_backend_limits *lim);
     int (*weight)(struct pd_backend *be, enum pd_dtype dtype, int64_t rows, int64_t cols,
                   const void *host, struct pd_tensor *out);

@@ -27,9 +27,11 @@
 #include <cblas.h>
 #include <math.h>
 #include <sched.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #define PD_CPU_GEMV_ROWS 32      /* activation rows up to which the GEMV route is taken */
@@ -119,6 +121,23 @@ static int cpu_alloc(struct pd_backend *be, size_t bytes, void **out) {
 
 static void cpu_release(struct pd_backend *be, void *p) {
     pd_free(p);
+}
+
+/* Huge pages asked for where the buffer spans aligned 2 MiB ranges (the kernel's usual THP mode
+ * "madvise" gives them only to memory that asks: 512 times fewer faults and TLB entries), then
+ * one write per page faults each in now. The pages are calloc's zero pages: writing 0 keeps the
+ * contents. */
+static void cpu_make_resident(struct pd_backend *be, void *p, size_t bytes) {
+    const uintptr_t huge = (uintptr_t)2 << 20;
+    uintptr_t lo = ((uintptr_t)p + huge - 1) & ~(huge - 1),
+              hi = ((uintptr_t)p + bytes) & ~(huge - 1);
+    if (hi > lo)
+        (void)madvise((void *)lo, hi - lo, MADV_HUGEPAGE); /* a hint: fine without THP */
+    volatile unsigned char *b = p;
+    for (size_t off = 0; off < bytes; off += 4096)
+        b[off] = 0;
+    if (bytes)
+        b[bytes - 1] = 0;
 }
 
 static void free_batch_arrays(struct cpu_backend *c) {
@@ -212,7 +231,7 @@ static int cpu_weight(struct pd_backend *be, enum pd_dtype dtype, int64_t rows, 
     if (pd_array_grow((void **)&c->tiled, &c->cap_tiled, c->n_tiled + 1, sizeof(void *)))
         return pd_error_wrap(PD_ENOMEM, "cpu backend: list of tiled weights");
     size_t bytes = pd__cpu_tiled_bytes(dtype, rows, cols);
-    void *raw = pd_malloc(bytes + 63);
+    void *raw = pd_malloc_huge(bytes + 63); /* huge pages: fewer TLB misses in the GEMMs */
     if (!raw)
         return pd_error_wrap(PD_ENOMEM, "cpu backend: tiled weight [%lld, %lld] of %zu bytes",
                              (long long)rows, (long long)cols, bytes);
@@ -969,6 +988,7 @@ static const struct pd__backend_ops cpu_ops = {
     .mem_info = cpu_mem_info,
     .alloc = cpu_alloc,
     .release = cpu_release,
+    .make_resident = cpu_make_resident,
     .reserve = cpu_reserve,
     .weight = cpu_weight,
     .upload = cpu_copy,

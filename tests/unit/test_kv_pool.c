@@ -1,8 +1,13 @@
 /*
  * test_kv_pool.c — the KV pool's size rule, its page-major addressing, page-list bounds checks
- * and what happens when memory is short or an allocation fails.
+ * what happens when memory is short or an allocation fails, and a pool of a size given being
+ * resident from the start.
  */
 #include "pd_test.h"
+
+#include <stdint.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "common/base/alloc.h"
 #include "model/kv_pool.h"
@@ -69,6 +74,36 @@ static void test_layout_and_checks(void) {
     pd_backend_free(be);
 }
 
+/* A pool of a size given (n_pages > 0) is backed by memory at init: every page of it resident
+ * (mincore), still all zeros. */
+static void test_resident(void) {
+    struct pd_backend *be = NULL;
+    struct pd_backend_opts bo = {.kind = PD_BACKEND_CPU, .threads = 1};
+    CHECK_OK(pd_backend_new(&bo, &be));
+    struct pd_kv_pool pool;
+    struct pd_kv_pool_opts o = opts();
+    size_t pb = pd_kv_pool_page_bytes(&o);
+    o.n_pages = (int64_t)((8u << 20) / pb); /* 8 MiB: calloc maps it fresh, untouched */
+    CHECK_OK(pd_kv_pool_init(&pool, be, &o));
+    size_t bytes = (size_t)o.n_pages * pb, sys = (size_t)sysconf(_SC_PAGESIZE);
+    uintptr_t lo = (uintptr_t)pool.layout.base & ~(uintptr_t)(sys - 1);
+    size_t span = (uintptr_t)pool.layout.base + bytes - lo;
+    size_t n = (span + sys - 1) / sys, missing = 0;
+    unsigned char *vec = pd_malloc(n);
+    CHECK(vec && mincore((void *)lo, span, vec) == 0);
+    for (size_t i = 0; vec && i < n; i++)
+        missing += !(vec[i] & 1);
+    CHECK_INT(missing, 0);
+    pd_free(vec);
+    const unsigned char *b = pool.layout.base;
+    size_t nonzero = 0;
+    for (size_t i = 0; i < bytes; i += 997)
+        nonzero += b[i] != 0;
+    CHECK_INT(nonzero, 0);
+    pd_kv_pool_free(&pool);
+    pd_backend_free(be);
+}
+
 /* --kv-cache-dtype: the same memory holds 2x the pages in bf16/f16 and 4x in fp8 as in f32
  * (the pool's pages are all of one size, so the count is the memory over the page bytes). The
  * free memory is not a multiple of any page: the counts are floors, checked exactly. */
@@ -106,4 +141,5 @@ static void test_pages_per_dtype(void) {
     pd_backend_free(be);
 }
 
-PD_TEST_MAIN(PD_TEST(test_sizing), PD_TEST(test_layout_and_checks), PD_TEST(test_pages_per_dtype))
+PD_TEST_MAIN(PD_TEST(test_sizing), PD_TEST(test_layout_and_checks), PD_TEST(test_resident),
+             PD_TEST(test_pages_per_dtype))
