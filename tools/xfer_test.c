@@ -103,7 +103,6 @@ struct app {
     uint32_t pool_pages;
     /* receiver */
     struct slot slots[MAX_WINDOW];
-    uint64_t s_slot_room[MAX_WINDOW]; /* sender: the room whose source pages a slot holds */
     uint64_t next_seq;
     int issued, ended, ok, canceled, peer_failed, bad_pages, bad_sums, other_fail;
     int lost, timed_out, late_writes; /* --room-timeout */
@@ -112,6 +111,7 @@ struct app {
     bool stopping, peer_dead;
     /* sender */
     int s_rooms, s_done, s_failed, s_aborted;
+    uint64_t s_slot_room[MAX_WINDOW]; /* the room whose source pages a slot holds */
     /* probe */
     int probe_step, probe_fail;
     int exit_code;
