@@ -990,11 +990,20 @@ static void test_calls(void) {
     CHECK(run_until(&rcv.closed, 1, 10000));
     unpair();
 
-    /* the serving side closed its endpoint to the caller: nowhere to answer */
+    /* the serving side closed its endpoint to the caller: nowhere to answer. Closed once the
+     * pair is wired up (a call answered), as a prefill's pair is when it drops it: UCX 1.13's tcp
+     * transport aborts the process (wireup_ep.c "Assertion pending_count == 0") when the peer
+     * force-closes while an endpoint still has wireup messages pending (CI76, once). */
     pair_up(0);
     memset(&ans, 0, sizeof(ans));
     calls_served = 0;
     hold_calls = false;
+    memset(ans_body, 0, sizeof(ans_body));
+    CHECK_OK(pd_xfer_call(rcv.peer, 1, "s", 1, 10000, on_answer, (void *)(intptr_t)0));
+    CHECK(run_until(&ans.n, 1, 10000));
+    CHECK_INT(ans.status[0], PD_OK);
+    memset(&ans, 0, sizeof(ans));
+    calls_served = 0;
     pd_xfer_peer_close(snd.peer, PD_ECANCELED);
     CHECK(run_until(&snd.closed, 1, 10000));
     if (rcv.peer) {
