@@ -5,10 +5,7 @@
  * (decode/bootstrap_client.c over_ucx), so a server that went away and came back on the same
  * address must show as a different connection, and one that stayed as the same.
  */
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <stdio.h>
-#include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 #include <uv.h>
@@ -76,25 +73,12 @@ static bool call_ok(void) {
     return run_until(replied, 10000) && last_status == PD_OK;
 }
 
-static int free_port(void) {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t len = sizeof(a);
-    if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof(a)) ||
-        getsockname(fd, (struct sockaddr *)&a, &len)) {
-        perror("free_port");
-        exit(1);
-    }
-    close(fd);
-    return ntohs(a.sin_port);
-}
-
 static void test_connection_numbers(void) {
     CHECK_OK(uv_loop_init(&loop));
     pd_grpc_bridge_t *b = NULL;
     CHECK_OK(pd_grpc_bridge_new(&loop, &b));
     char addr[64];
-    snprintf(addr, sizeof(addr), "127.0.0.1:%d", free_port());
+    snprintf(addr, sizeof(addr), "127.0.0.1:%d", pd_test_free_port());
     pd_grpc_server_t *s = NULL;
     CHECK_OK(pd_grpc_server_new(b, addr, NULL, serve, NULL, &s));
     CHECK_OK(pd_grpc_channel_new(b, addr, NULL, &ch));

@@ -8,16 +8,13 @@
  * (kv heads split or replicated otherwise) pair and get every byte of every shard right.
  * argv[1] is the pdserve-xfer-test binary.
  */
-#include <arpa/inet.h>
 #include <errno.h>
-#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -37,19 +34,6 @@ static uint64_t ms_now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
-}
-
-static int free_port(void) {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t len = sizeof(a);
-    if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof(a)) ||
-        getsockname(fd, (struct sockaddr *)&a, &len)) {
-        perror("free_port");
-        exit(1);
-    }
-    close(fd);
-    return ntohs(a.sin_port);
 }
 
 static void spawn(struct proc *p, const char *const *args) {
@@ -149,7 +133,7 @@ static void stop_sender(struct proc *s) {
 /* 2000 rooms of 1..4096 pages, runs and scattered, 4 in flight. */
 static void test_rooms_byte_exact(void) {
     char port[16];
-    snprintf(port, sizeof(port), "%d", free_port());
+    snprintf(port, sizeof(port), "%d", pd_test_free_port());
     struct proc s, r;
     start_sender(&s, port, NULL, NULL);
     const char *args[] = {"--role", "receiver", "--port", port, "--rooms", "2000", NULL};
@@ -164,7 +148,7 @@ static void test_rooms_byte_exact(void) {
 /* Every bad bootstrap call is refused with its status; the server then still serves rooms. */
 static void test_bootstrap_rejections(void) {
     char port[16];
-    snprintf(port, sizeof(port), "%d", free_port());
+    snprintf(port, sizeof(port), "%d", pd_test_free_port());
     struct proc s, p, r;
     start_sender(&s, port, NULL, NULL);
     const char *pargs[] = {"--role", "probe", "--port", port, NULL};
@@ -184,7 +168,7 @@ static void test_bootstrap_rejections(void) {
  * before any room is taken. */
 static void test_shards(void) {
     char port[16];
-    snprintf(port, sizeof(port), "%d", free_port());
+    snprintf(port, sizeof(port), "%d", pd_test_free_port());
     struct proc s, p, r, w;
     start_sender(&s, port, "--shards", "2");
     const char *pargs[] = {"--role", "probe", "--port", port, "--shards", "2", NULL};
@@ -225,7 +209,7 @@ static void test_hetero(void) {
     };
     for (size_t i = 0; i < sizeof(pairs) / sizeof(pairs[0]); i++) {
         char port[16];
-        snprintf(port, sizeof(port), "%d", free_port());
+        snprintf(port, sizeof(port), "%d", pd_test_free_port());
         struct proc s, r;
         const char *sx[] = {"--shards", pairs[i].snd, "--model-kv-heads", pairs[i].heads, NULL};
         start_sender_args(&s, port, sx);
@@ -256,7 +240,7 @@ static void test_hetero(void) {
     }
     /* aborts mid-transfer from both sides on a regrouped pair: nothing corrupt, all released */
     char port[16];
-    snprintf(port, sizeof(port), "%d", free_port());
+    snprintf(port, sizeof(port), "%d", pd_test_free_port());
     struct proc s, r;
     const char *sx[] = {"--shards", "2", "--model-kv-heads", "4", "--abort-every", "5", NULL};
     start_sender_args(&s, port, sx);
@@ -275,7 +259,7 @@ static void test_hetero(void) {
 /* Aborts from both sides mid-transfer: every room ends, ok or canceled, none corrupt. */
 static void test_aborts_both_sides(void) {
     char port[16];
-    snprintf(port, sizeof(port), "%d", free_port());
+    snprintf(port, sizeof(port), "%d", pd_test_free_port());
     struct proc s, r;
     start_sender(&s, port, "--abort-every", "5");
     const char *args[] = {"--role", "receiver",      "--port", port, "--rooms",
@@ -292,7 +276,7 @@ static void test_aborts_both_sides(void) {
 /* SIGKILL the receiver mid-transfer: the sender fails every room and frees them within 5 s. */
 static void test_kill_receiver(void) {
     char port[16];
-    snprintf(port, sizeof(port), "%d", free_port());
+    snprintf(port, sizeof(port), "%d", pd_test_free_port());
     struct proc s, r;
     start_sender(&s, port, "--expect-peer-death", NULL);
     const char *args[] = {"--role", "receiver", "--port", port, "--rooms", "10000000", NULL};
@@ -312,7 +296,7 @@ static void test_kill_receiver(void) {
 /* SIGKILL the sender mid-transfer: the receiver fails its rooms and frees them within 5 s. */
 static void test_kill_sender(void) {
     char port[16];
-    snprintf(port, sizeof(port), "%d", free_port());
+    snprintf(port, sizeof(port), "%d", pd_test_free_port());
     struct proc s, r;
     start_sender(&s, port, NULL, NULL);
     const char *args[] = {

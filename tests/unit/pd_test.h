@@ -6,13 +6,17 @@
 #ifndef PD_TEST_H
 #define PD_TEST_H
 
+#include <arpa/inet.h>
 #include <errno.h>
 #include <ftw.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "common/base/status.h"
 
@@ -119,6 +123,21 @@ static inline int pd_test_rm_entry_(const char *path, const struct stat *st, int
 /* Removes what pd_test_scratch_dir made, with everything in it. */
 static inline void pd_test_scratch_remove(const char *dir) {
     nftw(dir, pd_test_rm_entry_, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+/* A TCP port of 127.0.0.1 free a moment ago (bound to 0, read back, closed), for a server the
+ * test starts next. */
+static inline int pd_test_free_port(void) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof(a);
+    if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof(a)) ||
+        getsockname(fd, (struct sockaddr *)&a, &len)) {
+        perror("pd_test_free_port");
+        exit(1);
+    }
+    close(fd);
+    return ntohs(a.sin_port);
 }
 
 static inline int pd_test_run(const char *prog, const struct pd_test_case *cases, size_t n) {
