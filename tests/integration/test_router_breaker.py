@@ -263,15 +263,20 @@ def case_breaker(model, tmp, refs):
     for g in gates:
         g.close()
     # each request charges each prefill at most once (its retries do not count again): within
-    # two requests both circuits are open; every answer meanwhile is an error, never a hang
+    # two requests both circuits are open; every answer meanwhile is an error, never a hang.
+    # Decode's pair with A is up: a Transfer goes over the pair's UCX endpoint, to A itself,
+    # while decode's bootstrap connection through the gate still looks up to it; the request
+    # that comes before decode has read that the gate cut it is served, and does not count.
     seen = []
-    for _ in range(3):
+    for _ in range(4):
         st, raw = rt.post("/generate", {"text": "x", "sampling_params": {"max_new_tokens": 2}})
         seen.append((st, raw[:200]))
         if st == 503 and b"prefill" in raw:
             break
-    check(len(seen) <= 2 and all(st >= 500 for st, _ in seen) and seen[-1][0] == 503,
-          "both circuits open within two requests: %r" % seen)
+    errs = seen[1:] if seen and seen[0][0] == 200 else seen
+    check(errs and len(errs) <= 2 and all(st >= 500 for st, _ in errs) and errs[-1][0] == 503,
+          "both circuits open within two requests (one served over the pair first at most): "
+          "%r" % seen)
     # answered at once means without trying a worker: no prefill request, no retry counted
     m = metrics(rt)
     tried = (metric(m, "sgl_router_pd_prefill_requests_total"),
