@@ -9,7 +9,6 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 
 static atomic_long fail_budget = -1; /* < 0: no injection */
 static atomic_long injected = 0;
@@ -51,24 +50,6 @@ void *pd_calloc(size_t count, size_t size) {
     void *p = inject_failure() ? NULL : calloc(count ? count : 1, size ? size : 1);
     if (!p)
         pd_errorf(PD_ENOMEM, "out of memory allocating %zu x %zu bytes", count, size);
-    return p;
-}
-
-void *pd_malloc_huge(size_t bytes) {
-    const size_t huge = (size_t)2 << 20;
-    if (bytes < huge)
-        return pd_malloc(bytes);
-    if (bytes > SIZE_MAX - huge) {
-        pd_errorf(PD_ENOMEM, "allocation of %zu bytes overflows", bytes);
-        return NULL;
-    }
-    size_t n = (bytes + huge - 1) & ~(huge - 1);
-    void *p = inject_failure() ? NULL : aligned_alloc(huge, n);
-    if (!p) {
-        pd_errorf(PD_ENOMEM, "out of memory allocating %zu bytes", bytes);
-        return NULL;
-    }
-    (void)madvise(p, n, MADV_HUGEPAGE); /* a hint: without THP the pages are just smaller */
     return p;
 }
 

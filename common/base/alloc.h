@@ -17,11 +17,6 @@ void *pd_calloc(size_t count, size_t size);
 void *pd_realloc(void *p, size_t bytes);
 /* Grows an array to hold at least `need` elements of `size` bytes, doubling. PD_OK or PD_ENOMEM. */
 int pd_array_grow(void **p, size_t *cap, size_t need, size_t size);
-/* For a large buffer that lives as long as the process serves (a KV pool, weights): from 2 MiB
- * up, aligned to 2 MiB and marked for transparent huge pages (madvise: the kernel's usual
- * "madvise" mode gives them only to memory that asks), so that walking it takes 512 times fewer
- * page faults and TLB entries; smaller, a pd_malloc. Contents undefined. Free with pd_free. */
-void *pd_malloc_huge(size_t bytes);
 char *pd_strdup(const char *s);
 char *pd_strndup(const char *s, size_t n);
 void pd_free(void *p);

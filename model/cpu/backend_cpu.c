@@ -231,7 +231,7 @@ static int cpu_weight(struct pd_backend *be, enum pd_dtype dtype, int64_t rows, 
     if (pd_array_grow((void **)&c->tiled, &c->cap_tiled, c->n_tiled + 1, sizeof(void *)))
         return pd_error_wrap(PD_ENOMEM, "cpu backend: list of tiled weights");
     size_t bytes = pd__cpu_tiled_bytes(dtype, rows, cols);
-    void *raw = pd_malloc_huge(bytes + 63); /* huge pages: fewer TLB misses in the GEMMs */
+    void *raw = pd_malloc(bytes + 63);
     if (!raw)
         return pd_error_wrap(PD_ENOMEM, "cpu backend: tiled weight [%lld, %lld] of %zu bytes",
                              (long long)rows, (long long)cols, bytes);

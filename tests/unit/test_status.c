@@ -5,7 +5,6 @@
 #include "common/base/log.h"
 
 #include <errno.h>
-#include <stdint.h>
 #include <unistd.h>
 
 static void test_error_wrap(void) {
@@ -48,24 +47,6 @@ static void test_alloc_injection(void) {
     CHECK(cap >= 100);
     arr[99] = 7;
     pd_free(arr);
-
-    /* huge: from 2 MiB up aligned to it (its whole length usable), smaller a plain block */
-    size_t big = ((size_t)3 << 20) + 5;
-    unsigned char *h = pd_malloc_huge(big), *s = pd_malloc_huge(100);
-    CHECK(h && s);
-    CHECK_INT((uintptr_t)h & (((uintptr_t)2 << 20) - 1), 0);
-    if (h) {
-        memset(h, 0xab, big);
-        CHECK_INT(h[big - 1], 0xab);
-    }
-    pd_free(h);
-    pd_free(s);
-    pd_alloc_fail_after(0);
-    CHECK(pd_malloc_huge(big) == NULL);
-    CHECK(strstr(pd_error_msg(), "out of memory allocating 3145733 bytes") != NULL);
-    pd_alloc_fail_after(-1);
-    CHECK(pd_malloc_huge((size_t)-1) == NULL);
-    CHECK(strstr(pd_error_msg(), "overflows") != NULL);
 }
 
 static void test_log_levels(void) {
