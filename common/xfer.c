@@ -640,35 +640,29 @@ int pd_xfer_new(uv_loop_t *loop, const struct pd_xfer_config *cfg,
         rc = pd__ucs_error(st, "creating the UCX worker");
         goto fail_ctx;
     }
-    ucp_am_handler_param_t ap = {
-        .field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
-                      UCP_AM_HANDLER_PARAM_FIELD_ARG,
-        .id = PD_XFER_AM_NOTICE,
-        .cb = pd__xfer_on_notice_am,
-        .arg = x,
+    static const struct {
+        uint16_t id;
+        ucp_am_recv_callback_t cb;
+        const char *doing;
+    } handlers[] = {
+        {PD_XFER_AM_NOTICE, pd__xfer_on_notice_am, "registering the room notice handler"},
+        {PD_XFER_AM_DATA, pd__xfer_on_data_am, "registering the page data handler"},
+        {PD_XFER_AM_CALL, pd__xfer_on_call_am, "registering the call handler"},
+        {PD_XFER_AM_ANSWER, pd__xfer_on_answer_am, "registering the call answer handler"},
     };
-    st = ucp_worker_set_am_recv_handler(x->worker, &ap);
-    if (st != UCS_OK) {
-        rc = pd__ucs_error(st, "registering the room notice handler");
-        goto fail_worker;
-    }
-    ap.id = PD_XFER_AM_DATA;
-    ap.cb = pd__xfer_on_data_am;
-    st = ucp_worker_set_am_recv_handler(x->worker, &ap);
-    if (st != UCS_OK) {
-        rc = pd__ucs_error(st, "registering the page data handler");
-        goto fail_worker;
-    }
-    ap.id = PD_XFER_AM_CALL;
-    ap.cb = pd__xfer_on_call_am;
-    if ((st = ucp_worker_set_am_recv_handler(x->worker, &ap)) == UCS_OK) {
-        ap.id = PD_XFER_AM_ANSWER;
-        ap.cb = pd__xfer_on_answer_am;
+    for (size_t k = 0; k < PD_ARRAY_LEN(handlers); k++) {
+        ucp_am_handler_param_t ap = {
+            .field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
+                          UCP_AM_HANDLER_PARAM_FIELD_ARG,
+            .id = handlers[k].id,
+            .cb = handlers[k].cb,
+            .arg = x,
+        };
         st = ucp_worker_set_am_recv_handler(x->worker, &ap);
-    }
-    if (st != UCS_OK) {
-        rc = pd__ucs_error(st, "registering the call handlers");
-        goto fail_worker;
+        if (st != UCS_OK) {
+            rc = pd__ucs_error(st, handlers[k].doing);
+            goto fail_worker;
+        }
     }
     ucp_address_t *addr;
     st = ucp_worker_get_address(x->worker, &addr, &x->worker_addr_len);
