@@ -797,9 +797,9 @@ bool jj_run_test(struct rt *r, const struct node *n, struct jv v) {
     }
     if (!strcmp(name, "equalto") || !strcmp(name, "eq") || !strcmp(name, "==") ||
         !strcmp(name, "sameas"))
-        return jj_values_equal(v, arg(&a, 0, "other", jj_v_undef()));
+        return jj_values_equal(r->e, v, arg(&a, 0, "other", jj_v_undef()));
     if (!strcmp(name, "ne") || !strcmp(name, "!="))
-        return !jj_values_equal(v, arg(&a, 0, "other", jj_v_undef()));
+        return !jj_values_equal(r->e, v, arg(&a, 0, "other", jj_v_undef()));
     if (!strcmp(name, "lt") || !strcmp(name, "<") || !strcmp(name, "lessthan"))
         return jj_cmp_values(r, v, arg(&a, 0, "other", jj_v_undef()), n->line) < 0;
     if (!strcmp(name, "gt") || !strcmp(name, ">") || !strcmp(name, "greaterthan"))

@@ -172,6 +172,10 @@ struct node {
  * calling itself) past these is an error, not a stack overflow. Real templates nest a few deep. */
 #define PARSE_DEPTH_MAX 64
 #define MACRO_DEPTH_MAX 32
+/* Lists, dicts and namespaces inside each other that printing, tojson and == walk: a namespace
+ * attribute set in a loop nests a value one level more each time. cJSON parses a client's JSON
+ * to 1000 levels (CJSON_NESTING_LIMIT), so what a request brings always fits. */
+#define VALUE_DEPTH_MAX 1000
 
 struct pd_chat_template {
     struct arena arena;
@@ -233,7 +237,7 @@ struct jv jj_v_list(struct env *e);
 struct jv jj_v_none(void);
 struct jv jj_v_str(const char *p, size_t n);
 struct jv jj_v_undef(void);
-bool jj_values_equal(struct jv a, struct jv b);
+bool jj_values_equal(struct env *e, struct jv a, struct jv b);
 
 /* lex.c: the lexer */
 void jj_lex(struct lexer *lx);

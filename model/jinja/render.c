@@ -90,7 +90,7 @@ struct jv jj_get_item(struct rt *r, struct jv obj, struct jv key, int line) {
             return get_attr(r, obj, key.u.s.p, key.u.s.n, line);
         }
         for (size_t i = 0; i < obj.u.d->n; i++)
-            if (jj_values_equal(obj.u.d->k[i], key))
+            if (jj_values_equal(r->e, obj.u.d->k[i], key))
                 return obj.u.d->v[i];
         return jj_v_undef();
     }
@@ -214,13 +214,13 @@ bool jj_contains(struct rt *r, struct jv hay, struct jv needle, int line) {
     }
     if (hay.k == V_LIST) {
         for (size_t i = 0; i < hay.u.l->n; i++)
-            if (jj_values_equal(hay.u.l->v[i], needle))
+            if (jj_values_equal(r->e, hay.u.l->v[i], needle))
                 return true;
         return false;
     }
     if (hay.k == V_DICT || hay.k == V_NS) {
         for (size_t i = 0; i < hay.u.d->n; i++)
-            if (jj_values_equal(hay.u.d->k[i], needle))
+            if (jj_values_equal(r->e, hay.u.d->k[i], needle))
                 return true;
         return false;
     }
@@ -249,7 +249,7 @@ struct jv jj_binop(struct rt *r, const struct node *n, struct jv a, struct jv b)
         return jj_sb_val(&s);
     }
     if (!strcmp(op, "==") || !strcmp(op, "!="))
-        return jj_v_bool(jj_values_equal(a, b) == (op[0] == '='));
+        return jj_v_bool(jj_values_equal(e, a, b) == (op[0] == '='));
     if (!strcmp(op, "in"))
         return jj_v_bool(jj_contains(r, b, a, line) != n->negate);
     if (!strcmp(op, "<"))

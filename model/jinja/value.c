@@ -274,11 +274,37 @@ static void put_float(struct sb *b, double f) {
     jj_sb_puts(b, out);
 }
 
-static void put_repr(struct sb *b, struct jv v);
+/* The containers a walk of a value (printing, tojson, ==) is inside, innermost first: they bound
+ * its recursion, and a container met again inside itself (a namespace holding itself) is found
+ * there. */
+struct nesting {
+    const void *c;
+    const struct nesting *up;
+    int depth;
+};
 
-/* str(v) as Python prints it. */
-void jj_put_str(struct sb *b, struct jv v) {
+/* Enters container c below up (into *in): false when c is already open above (a cycle); fails
+ * past VALUE_DEPTH_MAX levels. what names the walk in the error. */
+static bool enter(struct env *e, struct nesting *in, const void *c, const struct nesting *up,
+                  const char *what) {
+    for (const struct nesting *n = up; n; n = n->up)
+        if (n->c == c)
+            return false;
+    int depth = up ? up->depth + 1 : 1;
+    if (depth > VALUE_DEPTH_MAX)
+        jj_fail(e, PD_ERANGE, "%s: a value nested deeper than %d lists, dicts or namespaces", what,
+                VALUE_DEPTH_MAX);
+    *in = (struct nesting){.c = c, .up = up, .depth = depth};
+    return true;
+}
+
+static void put_repr(struct sb *b, struct jv v, const struct nesting *up);
+
+/* str(v) as Python prints it below the containers up; one already being printed prints as
+ * Python's repr guard does: [...] or {...}. */
+static void put_str(struct sb *b, struct jv v, const struct nesting *up) {
     char buf[32];
+    struct nesting in;
     switch (v.k) {
     case V_UNDEF: return;
     case V_NONE: jj_sb_puts(b, "None"); return;
@@ -290,23 +316,34 @@ void jj_put_str(struct sb *b, struct jv v) {
     case V_FLOAT: put_float(b, v.u.f); return;
     case V_STR: jj_sb_put(b, v.u.s.p, v.u.s.n); return;
     case V_LIST:
+        if (!enter(b->e, &in, v.u.l, up, "printing")) {
+            jj_sb_puts(b, "[...]");
+            return;
+        }
         jj_sb_puts(b, "[");
         for (size_t i = 0; i < v.u.l->n; i++) {
             if (i)
                 jj_sb_puts(b, ", ");
-            put_repr(b, v.u.l->v[i]);
+            put_repr(b, v.u.l->v[i], &in);
         }
         jj_sb_puts(b, "]");
         return;
     case V_DICT:
     case V_NS:
-        jj_sb_puts(b, v.k == V_NS ? "<Namespace {" : "{");
+        /* Jinja's Namespace prints "<Namespace " and the repr of its attribute dict */
+        if (v.k == V_NS)
+            jj_sb_puts(b, "<Namespace ");
+        if (!enter(b->e, &in, v.u.d, up, "printing")) {
+            jj_sb_puts(b, v.k == V_NS ? "{...}>" : "{...}");
+            return;
+        }
+        jj_sb_puts(b, "{");
         for (size_t i = 0; i < v.u.d->n; i++) {
             if (i)
                 jj_sb_puts(b, ", ");
-            put_repr(b, v.u.d->k[i]);
+            put_repr(b, v.u.d->k[i], &in);
             jj_sb_puts(b, ": ");
-            put_repr(b, v.u.d->v[i]);
+            put_repr(b, v.u.d->v[i], &in);
         }
         jj_sb_puts(b, v.k == V_NS ? "}>" : "}");
         return;
@@ -314,9 +351,13 @@ void jj_put_str(struct sb *b, struct jv v) {
     }
 }
 
-static void put_repr(struct sb *b, struct jv v) {
+void jj_put_str(struct sb *b, struct jv v) {
+    put_str(b, v, NULL);
+}
+
+static void put_repr(struct sb *b, struct jv v, const struct nesting *up) {
     if (v.k != V_STR) {
-        jj_put_str(b, v);
+        put_str(b, v, up);
         return;
     }
     bool has_sq = memchr(v.u.s.p, '\'', v.u.s.n) != NULL;
@@ -345,10 +386,14 @@ static void put_repr(struct sb *b, struct jv v) {
     jj_sb_put(b, &q, 1);
 }
 
-/* json.dumps(v, ensure_ascii=False, indent=indent, separators=..., sort_keys=...) */
-void jj_put_json(struct env *e, struct sb *b, struct jv v, int indent, int depth,
-                 const char *item_sep, const char *key_sep, bool sort_keys) {
+/* json.dumps(v, ensure_ascii=False, indent=indent, separators=..., sort_keys=...) below the
+ * containers up (Python refuses a circular reference; none can form without a namespace, which
+ * is no JSON either) */
+static void put_json(struct env *e, struct sb *b, struct jv v, int indent, int depth,
+                     const char *item_sep, const char *key_sep, bool sort_keys,
+                     const struct nesting *up) {
     char buf[32];
+    struct nesting in;
     switch (v.k) {
     case V_UNDEF: jj_fail(e, PD_EINVAL, "tojson: Undefined is not JSON serializable");
     case V_NONE: jj_sb_puts(b, "null"); return;
@@ -391,11 +436,13 @@ void jj_put_json(struct env *e, struct sb *b, struct jv v, int indent, int depth
         }
         jj_sb_puts(b, "\"");
         return;
+    case V_NS: jj_fail(e, PD_EINVAL, "tojson: Object of type Namespace is not JSON serializable");
     case V_LIST:
-    case V_DICT:
-    case V_NS: {
+    case V_DICT: {
         bool is_list = v.k == V_LIST;
         size_t n = is_list ? v.u.l->n : v.u.d->n;
+        if (!enter(e, &in, is_list ? (const void *)v.u.l : (const void *)v.u.d, up, "tojson"))
+            jj_fail(e, PD_EINVAL, "tojson: circular reference detected");
         jj_sb_puts(b, is_list ? "[" : "{");
         if (n == 0) {
             jj_sb_puts(b, is_list ? "]" : "}");
@@ -428,8 +475,8 @@ void jj_put_json(struct env *e, struct sb *b, struct jv v, int indent, int depth
                     jj_sb_puts(b, " ");
             }
             if (is_list) {
-                jj_put_json(e, b, v.u.l->v[order[i]], indent, depth + 1, item_sep, key_sep,
-                            sort_keys);
+                put_json(e, b, v.u.l->v[order[i]], indent, depth + 1, item_sep, key_sep, sort_keys,
+                         &in);
             } else {
                 struct jv key = v.u.d->k[order[i]];
                 if (key.k != V_STR) {
@@ -437,10 +484,10 @@ void jj_put_json(struct env *e, struct sb *b, struct jv v, int indent, int depth
                     jj_put_str(&kb, key);
                     key = jj_sb_val(&kb);
                 }
-                jj_put_json(e, b, key, indent, depth + 1, item_sep, key_sep, sort_keys);
+                put_json(e, b, key, indent, depth + 1, item_sep, key_sep, sort_keys, &in);
                 jj_sb_puts(b, key_sep);
-                jj_put_json(e, b, v.u.d->v[order[i]], indent, depth + 1, item_sep, key_sep,
-                            sort_keys);
+                put_json(e, b, v.u.d->v[order[i]], indent, depth + 1, item_sep, key_sep, sort_keys,
+                         &in);
             }
         }
         if (indent >= 0) {
@@ -453,6 +500,11 @@ void jj_put_json(struct env *e, struct sb *b, struct jv v, int indent, int depth
     }
     case V_FUNC: jj_fail(e, PD_EINVAL, "tojson: a function is not JSON serializable");
     }
+}
+
+void jj_put_json(struct env *e, struct sb *b, struct jv v, int indent, int depth,
+                 const char *item_sep, const char *key_sep, bool sort_keys) {
+    put_json(e, b, v, indent, depth, item_sep, key_sep, sort_keys, NULL);
 }
 
 bool jj_truthy(struct jv v) {
@@ -475,7 +527,10 @@ const char *jj_type_name(struct jv v) {
     return names[v.k];
 }
 
-bool jj_values_equal(struct jv a, struct jv b) {
+/* a == b below the containers up; a container equals itself at once (Python compares items by
+ * identity first), so only distinct values nested that deep are walked. */
+static bool values_equal(struct env *e, struct jv a, struct jv b, const struct nesting *up) {
+    struct nesting in;
     if ((a.k == V_INT || a.k == V_FLOAT || a.k == V_BOOL) &&
         (b.k == V_INT || b.k == V_FLOAT || b.k == V_BOOL)) {
         double x = a.k == V_INT ? (double)a.u.i : a.k == V_BOOL ? a.u.b : a.u.f;
@@ -489,23 +544,33 @@ bool jj_values_equal(struct jv a, struct jv b) {
     case V_NONE: return true;
     case V_STR: return a.u.s.n == b.u.s.n && memcmp(a.u.s.p, b.u.s.p, a.u.s.n) == 0;
     case V_LIST:
+        if (a.u.l == b.u.l)
+            return true;
         if (a.u.l->n != b.u.l->n)
             return false;
+        enter(e, &in, a.u.l, up, "=="); /* a cycle would pass a namespace: compared by identity */
         for (size_t i = 0; i < a.u.l->n; i++)
-            if (!jj_values_equal(a.u.l->v[i], b.u.l->v[i]))
+            if (!values_equal(e, a.u.l->v[i], b.u.l->v[i], &in))
                 return false;
         return true;
     case V_DICT:
+        if (a.u.d == b.u.d)
+            return true;
         if (a.u.d->n != b.u.d->n)
             return false;
+        enter(e, &in, a.u.d, up, "==");
         for (size_t i = 0; i < a.u.d->n; i++) {
             struct jv *o = a.u.d->k[i].k == V_STR
                                ? jj_dict_find(b.u.d, a.u.d->k[i].u.s.p, a.u.d->k[i].u.s.n)
                                : NULL;
-            if (!o || !jj_values_equal(a.u.d->v[i], *o))
+            if (!o || !values_equal(e, a.u.d->v[i], *o, &in))
                 return false;
         }
         return true;
     default: return a.u.d == b.u.d;
     }
+}
+
+bool jj_values_equal(struct env *e, struct jv a, struct jv b) {
+    return values_equal(e, a, b, NULL);
 }

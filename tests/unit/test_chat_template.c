@@ -226,6 +226,14 @@ static void test_deep_nesting(void) {
     pd_free(s);
 }
 
+/* ns.a and ns.b: [] wrapped in wraps more lists each, then tail */
+static void deep_src(char *src, size_t n, int wraps, const char *tail) {
+    snprintf(src, n,
+             "{%% set ns = namespace(a=[], b=[]) %%}{%% for i in range(%d) %%}{%% set ns.a = "
+             "[ns.a] %%}{%% set ns.b = [ns.b] %%}{%% endfor %%}%s",
+             wraps, tail);
+}
+
 static void test_errors(void) {
     expect_err("{{ raise_exception('Roles must alternate!') }}", PD_EINVAL,
                "Roles must alternate!");
@@ -265,6 +273,33 @@ static void test_errors(void) {
     expect_err("{% set ns = namespace(s='x') %}{% for i in range(64) %}{% set ns.s = ns.s ~ ns.s "
                "%}{% endfor %}{{ ns.s | length }}",
                PD_ERANGE, "template needs more than 256 MiB");
+    /* found by fuzz_chat_template: a namespace holding itself printed itself without end (a
+     * stack overflow), and nothing bounded how deep a loop may nest a value; outputs as jinja2
+     * 3.1.6 gives them */
+    const char *ns = "{% set ns = namespace(a=1) %}";
+    char src[512];
+    snprintf(src, sizeof(src), "%s{%% set ns.a = ns %%}{{ ns.a }}|{{ ns.a == ns }}", ns);
+    expect(src, NULL, "<Namespace {'a': <Namespace {...}>}>|True");
+    snprintf(src, sizeof(src), "%s{%% set ns.a = [ns, 2] %%}{{ ns }}|{{ ns.a == ns.a }}", ns);
+    expect(src, NULL, "<Namespace {'a': [<Namespace {...}>, 2]}>|True");
+    snprintf(src, sizeof(src), "%s{%% set ns.a = {'k': ns} %%}{{ ns.a }}", ns);
+    expect(src, NULL, "{'k': <Namespace {'a': {...}}>}");
+    snprintf(src, sizeof(src), "%s{%% set ns.a = ns %%}{{ ns | tojson }}", ns);
+    expect_err(src, PD_EINVAL, "tojson: Object of type Namespace is not JSON serializable");
+    /* 999 wraps around []: 1000 lists, the most a walk takes */
+    deep_src(src, sizeof(src), 999,
+             "{{ (ns.a | string) | length }} {{ (ns.a | tojson) | length }} {{ ns.a == ns.b }}");
+    expect(src, NULL, "2000 2000 True");
+    deep_src(src, sizeof(src), 3000, "{{ ns.a | length }} {{ ns.a == ns.a }}");
+    expect(src, NULL, "1 True");
+    deep_src(src, sizeof(src), 1000, "{{ ns.a }}");
+    expect_err(src, PD_ERANGE, "printing: a value nested deeper than 1000 lists");
+    deep_src(src, sizeof(src), 1000, "{{ ns.a | tojson }}");
+    expect_err(src, PD_ERANGE, "tojson: a value nested deeper than 1000");
+    deep_src(src, sizeof(src), 3000, "{{ ns.a == ns.b }}");
+    expect_err(src, PD_ERANGE, "==: a value nested deeper than 1000");
+    deep_src(src, sizeof(src), 3000, "{{ ns.a in [ns.b] }}");
+    expect_err(src, PD_ERANGE, "==: a value nested deeper than 1000");
     expect("{{ range(9223372036854775800, 9223372036854775807, 5) | list }}", NULL,
            "[9223372036854775800, 9223372036854775805]");
     expect("{{ 2 ** 62 }} {{ 9223372036854775806 + 1 }} {{ -7 % -1 }}", NULL,
