@@ -146,7 +146,7 @@ bool pd__bootstrap_key_ok(const uint8_t *want, size_t want_len, ProtobufCBinaryD
 
 int pd_bootstrap_encode_transfer(const uint8_t *key, size_t key_len, uint64_t room,
                                  const char *decode_id, const uint32_t *pages, uint32_t n,
-                                 uint8_t **out, size_t *len) {
+                                 uint64_t pair_id, uint8_t **out, size_t *len) {
     Pdserve__V1__TransferRequest rq = PDSERVE__V1__TRANSFER_REQUEST__INIT;
     rq.cluster_key.data = (uint8_t *)key;
     rq.cluster_key.len = key_len;
@@ -154,6 +154,7 @@ int pd_bootstrap_encode_transfer(const uint8_t *key, size_t key_len, uint64_t ro
     rq.decode_id = (char *)decode_id;
     rq.dst_pages = (uint32_t *)pages;
     rq.n_dst_pages = n;
+    rq.pair_id = pair_id;
     *len = protobuf_c_message_get_packed_size(&rq.base);
     *out = pd_malloc(*len ? *len : 1);
     if (!*out)

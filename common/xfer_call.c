@@ -194,6 +194,7 @@ int pd_xfer_call(pd_xfer_peer_t *p, uint32_t method, const void *body, size_t le
         return rc;
     }
     c->peer = p;
+    uv_update_time(x->loop); /* uv_now is when this iteration began: maybe long ago */
     c->deadline_ms = uv_now(x->loop) + (uint64_t)(deadline_ms > 0 ? deadline_ms : 1);
     c->fn = fn;
     c->ctx = ctx;

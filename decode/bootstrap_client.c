@@ -51,6 +51,7 @@ struct pd_bootstrap_client {
     bool skips_held_pages;  /* the paired prefill honours TransferRequest.held_pages */
     bool ucx_calls;         /* ... serves Transfer and Abort over the pair's endpoints */
     uint64_t pair_conn;     /* the gRPC connection known to reach that prefill (over_ucx) */
+    uint64_t pair_id;       /* PairReply.pair_id: every Transfer and Abort carries it */
     pd_xfer_peer_t *peer;   /* to the prefill: liveness, and the notices' expected sender */
     struct croom *waiting;  /* rooms queued until the pair is up */
     struct croom *inflight; /* rooms whose Transfer has not answered */
@@ -160,6 +161,7 @@ static void send_abort(pd_bootstrap_client_t *c, uint64_t room, const char *reas
     rq.room = room;
     rq.decode_id = c->decode_id;
     rq.reason = (char *)reason;
+    rq.pair_id = c->pair_id;
     if (client_call(c, PD_BOOTSTRAP_METHOD_ABORT, ucx, &rq.base, on_abort_reply, ac)) {
         pd_warn("bootstrap: room %" PRIu64 ": %s", room, pd_error_msg());
         pd_free(ac);
@@ -196,16 +198,18 @@ static void on_transfer_reply(void *ctx, int status, const uint8_t *reply, size_
                 c->pair_conn = pd_grpc_channel_connection(c->ch);
             if (r->abort_pending)
                 send_abort(c, r->room, r->reason);
-        } else if (status == PD_ETIMEDOUT && r->over_ucx && c->peer && c->peer == r->peer) {
-            /* No answer on the pair's endpoint: the prefill behind it may be gone (restarted on
-             * the same address before UCX noticed) or may have closed its side. Closing ours
-             * ends every room sent through it (no write of theirs can land after), and the next
-             * room pairs again, as after NOT_FOUND over gRPC. */
-            pd_warn("bootstrap: room %" PRIu64 ": %s", r->room, pd_error_msg());
-            forget_pairing(c);
         } else if (status == PD_ETIMEDOUT || status == PD_EPEER || status == PD_ECANCELED ||
                    status == PD_EINTERNAL || status == PD_EIO) {
-            /* The prefill may have taken the room anyway: its writes may still land. */
+            /* The prefill may have taken the room anyway: its writes may still land, even
+             * through an endpoint we closed (CUDA IPC copies go straight into our pool), so the
+             * pages wait for its "failed" notice, sent after them, or for the abort timeout. */
+            if (status == PD_ETIMEDOUT && r->over_ucx && c->peer && c->peer == r->peer) {
+                /* No answer on the pair's endpoint: the prefill behind it may be gone (restarted
+                 * on the same address before UCX noticed), or only slow. Calls go over gRPC
+                 * until one is answered there (over_ucx): a restarted prefill answers NOT_FOUND,
+                 * and we pair again. */
+                c->pair_conn = 0;
+            }
             pd_warn("bootstrap: room %" PRIu64 ": %s; aborting it", r->room, pd_error_msg());
             pd_xfer_room_abort(c->x, r->room, status, pd_error_msg());
             send_abort(c, r->room, "Transfer failed on decode's side");
@@ -251,6 +255,7 @@ static void send_transfer(pd_bootstrap_client_t *c, struct croom *r) {
     rq.n_dst_pages = r->n;
     rq.prompt_len = r->prompt_len;
     rq.held_pages = r->held_pages;
+    rq.pair_id = c->pair_id;
     rc = client_call(c, PD_BOOTSTRAP_METHOD_TRANSFER, ucx, &rq.base, on_transfer_reply, r);
     if (rc) {
         pd_xfer_room_release(c->x, r->room, rc); /* never sent: nothing can land */
@@ -304,6 +309,7 @@ static void on_pair_reply(void *ctx, int status, const uint8_t *reply, size_t le
         c->skips_held_pages = rp->skips_held_pages;
         c->ucx_calls = rp->serves_ucx_calls;
         c->pair_conn = pd_grpc_channel_connection(c->ch);
+        c->pair_id = rp->pair_id;
         pd_info("bootstrap: paired with prefill %s at %s, data lane %s", rp->prefill_id, c->target,
                 rp->data_transport);
     } else {
@@ -448,6 +454,10 @@ void pd_bootstrap_client_peer_closed(pd_bootstrap_client_t *c, pd_xfer_peer_t *p
     pd_info("bootstrap: prefill %s unpaired (endpoint closed)", c->target);
 }
 
+uint64_t pd_bootstrap_client_pair_id(const pd_bootstrap_client_t *c) {
+    return c->state == PAIRED ? c->pair_id : 0;
+}
+
 bool pd_bootstrap_client_paired(const pd_bootstrap_client_t *c) {
     return c->state == PAIRED;
 }
@@ -535,15 +545,19 @@ static void on_raw_reply(void *ctx, int status, const uint8_t *reply, size_t len
     client_maybe_done(c);
 }
 
-int pd_bootstrap_client_raw(pd_bootstrap_client_t *c, const char *method, const uint8_t *body,
-                            size_t len, pd_grpc_reply_fn fn, void *ctx) {
+int pd_bootstrap_client_raw(pd_bootstrap_client_t *c, const char *method, uint32_t ucx_method,
+                            const uint8_t *body, size_t len, pd_grpc_reply_fn fn, void *ctx) {
+    if (ucx_method && (c->state != PAIRED || !c->peer))
+        return pd_errorf(PD_EAGAIN, "calling %s over UCX: not paired", method);
     struct raw_ctx *r = pd_malloc(sizeof(*r));
     if (!r)
         return pd_error_wrap(PD_ENOMEM, "calling %s", method);
     r->c = c;
     r->fn = fn;
     r->ctx = ctx;
-    int rc = pd_grpc_call(c->ch, method, body, len, c->cfg.deadline_ms, on_raw_reply, r);
+    int rc = ucx_method
+                 ? pd_xfer_call(c->peer, ucx_method, body, len, c->cfg.deadline_ms, on_raw_reply, r)
+                 : pd_grpc_call(c->ch, method, body, len, c->cfg.deadline_ms, on_raw_reply, r);
     if (rc) {
         pd_free(r);
         return rc;
@@ -558,7 +572,7 @@ int pd_bootstrap_client_health(pd_bootstrap_client_t *c, pd_grpc_reply_fn fn, vo
     int rc = pd_bootstrap_encode_health(c->key, c->cfg.key_len, &body, &len);
     if (rc)
         return rc;
-    rc = pd_bootstrap_client_raw(c, PD_BOOTSTRAP_METHOD_HEALTH, body, len, fn, ctx);
+    rc = pd_bootstrap_client_raw(c, PD_BOOTSTRAP_METHOD_HEALTH, 0, body, len, fn, ctx);
     pd_free(body);
     return rc;
 }

@@ -53,9 +53,13 @@ int pd_bootstrap_client_transfer(pd_bootstrap_client_t *c, uint64_t room, const 
 int pd_bootstrap_client_abort(pd_bootstrap_client_t *c, uint64_t room, const char *reason);
 bool pd_bootstrap_client_paired(const pd_bootstrap_client_t *c);
 
-/* One raw call with an arbitrary body (tests: garbage bytes, wrong keys). */
-int pd_bootstrap_client_raw(pd_bootstrap_client_t *c, const char *method, const uint8_t *body,
-                            size_t len, pd_grpc_reply_fn fn, void *ctx);
+/* The pairing's id (PairReply.pair_id) while paired, else 0. */
+uint64_t pd_bootstrap_client_pair_id(const pd_bootstrap_client_t *c);
+
+/* One raw call with an arbitrary body (tests: garbage bytes, wrong keys, stale pair ids): over
+ * gRPC, or with ucx_method (PD_BOOTSTRAP_CALL_*) as a call on the pair's endpoint. */
+int pd_bootstrap_client_raw(pd_bootstrap_client_t *c, const char *method, uint32_t ucx_method,
+                            const uint8_t *body, size_t len, pd_grpc_reply_fn fn, void *ctx);
 
 /* Health(): fn gets the HealthReply bytes or the failure. */
 int pd_bootstrap_client_health(pd_bootstrap_client_t *c, pd_grpc_reply_fn fn, void *ctx);

@@ -17,6 +17,7 @@
 #include "common/base/alloc.h"
 #include "common/base/flags.h"
 #include "common/base/log.h"
+#include "common/base/rng.h"
 #include "common/base/status.h"
 #include "pdserve/v1/bootstrap.pb-c.h"
 
@@ -26,6 +27,7 @@ struct spair {
     struct spair *next;
     char decode_id[128];
     uint64_t engine_id;
+    uint64_t pair_id; /* PairReply.pair_id: its calls must carry it */
     pd_xfer_peer_t *peer;
 };
 
@@ -37,7 +39,8 @@ struct pd_bootstrap_server {
     uint8_t key[PD_CLUSTER_KEY_MAX];
     char prefill_id[128];
     struct spair *pairs;
-    uint8_t *reply; /* last reply body, owned until the next call */
+    uint64_t pair_seq; /* the next pair id is a splitmix64 step of it (seeded by the engine id) */
+    uint8_t *reply;    /* last reply body, owned until the next call */
 };
 
 static struct spair *pair_find(pd_bootstrap_server_t *s, const char *decode_id) {
@@ -223,6 +226,8 @@ static void serve_pair(pd_bootstrap_server_t *s, const char *peer, const uint8_t
         }
         snprintf(p->decode_id, sizeof(p->decode_id), "%s", rq->decode_id);
         p->engine_id = rq->engine_id;
+        while (!(p->pair_id = pd_splitmix64(&s->pair_seq))) {
+        }
         p->next = s->pairs;
         s->pairs = p;
         old = p;
@@ -243,14 +248,29 @@ static void serve_pair(pd_bootstrap_server_t *s, const char *peer, const uint8_t
     rp.engine_id = pd_xfer_id(s->x);
     rp.skips_held_pages = true; /* TransferRequest.held_pages: never sent again (role.c) */
     rp.serves_ucx_calls = true; /* pd_bootstrap_server_call */
+    rp.pair_id = old->pair_id;
     answer_message(s, a, &rp.base);
 out:
     pdserve__v1__pair_request__free_unpacked(rq, NULL);
 }
 
-/* via: the endpoint a call over UCX came in on (NULL: a gRPC call). Such a call carries no key:
- * it came from the engine of a pair that proved the key at Pair, and the room goes out through
- * that pair's endpoint, so it must come from that very endpoint. */
+/* The pairing a Transfer or Abort of decode_id names, or NULL when it names none of ours (then
+ * the decode pairs again when told NOT_FOUND). via: the endpoint a call over UCX came in on (NULL:
+ * a gRPC call). Such a call carries no key: it came from the engine of a pair that proved the key
+ * at Pair, so it must come from that pair's endpoint, under that very pairing: UCX tells us the
+ * sending engine, not which of its endpoints sent, and a call sent before the decode paired again
+ * may arrive after. A gRPC call with a pair id (every decode since v0.7) must name this pairing. */
+static struct spair *pair_of_call(pd_bootstrap_server_t *s, pd_xfer_peer_t *via,
+                                  const char *decode_id, uint64_t pair_id) {
+    struct spair *p = pair_find(s, decode_id);
+    if (p && via && (p->peer != via || p->pair_id != pair_id))
+        return NULL;
+    if (p && !via && pair_id && p->pair_id != pair_id)
+        return NULL;
+    return p;
+}
+
+/* via: as pair_of_call's. */
 static void serve_transfer(pd_bootstrap_server_t *s, const char *peer, pd_xfer_peer_t *via,
                            const uint8_t *body, size_t n, struct pd_grpc_answer *a) {
     Pdserve__V1__TransferRequest *rq = pdserve__v1__transfer_request__unpack(NULL, n, body);
@@ -262,8 +282,8 @@ static void serve_transfer(pd_bootstrap_server_t *s, const char *peer, pd_xfer_p
     }
     if (!via && refuse_key(s, "Transfer", peer, rq->cluster_key, a))
         goto out;
-    struct spair *p = pair_find(s, rq->decode_id);
-    if (!p || (via && p->peer != via)) {
+    struct spair *p = pair_of_call(s, via, rq->decode_id, rq->pair_id);
+    if (!p) {
         /* NOT_FOUND, and no other answer uses it: the decode reads it as "pair again" (it
          * closed its endpoint to us, or this prefill is a restarted one on the same address) */
         pd_warn("bootstrap: Transfer room %" PRIu64 " from decode %s refused: not paired", rq->room,
@@ -321,8 +341,16 @@ static void serve_abort(pd_bootstrap_server_t *s, const char *peer, pd_xfer_peer
         answer_code(a, PD_GRPC_INVALID_ARGUMENT, "Abort: malformed AbortRequest (%zu bytes)", n);
         return;
     }
-    if (!via && refuse_key(s, "Abort", peer, rq->cluster_key, a)) /* via: as serve_transfer */
+    if (!via && refuse_key(s, "Abort", peer, rq->cluster_key, a))
         goto out;
+    if (via && !pair_of_call(s, via, rq->decode_id, rq->pair_id)) { /* as serve_transfer's */
+        pd_warn("bootstrap: Abort room %" PRIu64 " from decode %s refused: not paired", rq->room,
+                rq->decode_id);
+        answer_code(a, PD_GRPC_NOT_FOUND,
+                    "Abort room %" PRIu64 ": decode '%s' has not paired with this prefill",
+                    rq->room, rq->decode_id);
+        goto out;
+    }
     bool found = pd_xfer_room_live(s->x, rq->room);
     char why[160];
     snprintf(why, sizeof(why), "aborted by decode %s: %s", rq->decode_id,
@@ -384,6 +412,7 @@ int pd_bootstrap_server_new(pd_grpc_bridge_t *b, pd_xfer_t *x,
     if (!s)
         return pd_error_wrap(PD_ENOMEM, "creating the bootstrap server");
     s->x = x;
+    s->pair_seq = pd_xfer_id(x); /* random: another run's pair ids are others */
     s->cfg = *cfg;
     if (cb)
         s->cb = *cb;

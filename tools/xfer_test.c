@@ -501,14 +501,19 @@ static void on_probe_rejected(void *ctx, uint64_t room, void *user, int status, 
     probe_next();
 }
 
-static void probe_raw(const char *what, int want, const char *method, const uint8_t *body,
-                      size_t len) {
+static void probe_raw_via(const char *what, int want, const char *method, uint32_t ucx_method,
+                          const uint8_t *body, size_t len) {
     probe_cur = (struct expect){what, want};
-    if (pd_bootstrap_client_raw(A.client, method, body, len, on_probe_reply, NULL)) {
+    if (pd_bootstrap_client_raw(A.client, method, ucx_method, body, len, on_probe_reply, NULL)) {
         probe_check(what, want, PD_EINTERNAL, pd_error_msg());
         A.exit_code = 1;
         shutdown_all();
     }
+}
+
+static void probe_raw(const char *what, int want, const char *method, const uint8_t *body,
+                      size_t len) {
+    probe_raw_via(what, want, method, 0, body, len);
 }
 
 static void probe_room_end_watch(uv_timer_t *t);
@@ -581,14 +586,14 @@ static void probe_next(void) {
         return;
     case 7: {
         uint32_t bad[] = {1, A.pool_pages + 5};
-        pd_bootstrap_encode_transfer(A.key, A.key_len, 0x7001, "probe", bad, 2, &body, &len);
+        pd_bootstrap_encode_transfer(A.key, A.key_len, 0x7001, "probe", bad, 2, 0, &body, &len);
         probe_raw("Transfer page out of pool", PD_ERANGE, PD_BOOTSTRAP_METHOD_TRANSFER, body, len);
         pd_free(body);
         return;
     }
     case 8: {
         uint32_t dup[] = {7, 8, 7};
-        pd_bootstrap_encode_transfer(A.key, A.key_len, 0x7002, "probe", dup, 3, &body, &len);
+        pd_bootstrap_encode_transfer(A.key, A.key_len, 0x7002, "probe", dup, 3, 0, &body, &len);
         probe_raw("Transfer duplicate page", PD_EINVAL, PD_BOOTSTRAP_METHOD_TRANSFER, body, len);
         pd_free(body);
         return;
@@ -597,7 +602,7 @@ static void probe_next(void) {
         uint32_t many[64];
         for (int i = 0; i < 64; i++)
             many[i] = 100 + (uint32_t)i;
-        pd_bootstrap_encode_transfer(A.key, A.key_len, 0x7003, "probe", many, 64, &body, &len);
+        pd_bootstrap_encode_transfer(A.key, A.key_len, 0x7003, "probe", many, 64, 0, &body, &len);
         probe_raw("Transfer truncated bytes", PD_EINVAL, PD_BOOTSTRAP_METHOD_TRANSFER, body,
                   len - 7);
         pd_free(body);
@@ -605,32 +610,69 @@ static void probe_next(void) {
     }
     case 10: {
         uint32_t p1[] = {200};
-        pd_bootstrap_encode_transfer(A.key, A.key_len, 0x7004, "probe", p1, 1, &body, &len);
+        pd_bootstrap_encode_transfer(A.key, A.key_len, 0x7004, "probe", p1, 1, 0, &body, &len);
         probe_raw("Transfer new room", PD_OK, PD_BOOTSTRAP_METHOD_TRANSFER, body, len);
         pd_free(body);
         return;
     }
     case 11: {
         uint32_t p1[] = {201};
-        pd_bootstrap_encode_transfer(A.key, A.key_len, 0x7004, "probe", p1, 1, &body, &len);
+        pd_bootstrap_encode_transfer(A.key, A.key_len, 0x7004, "probe", p1, 1, 0, &body, &len);
         probe_raw("Transfer duplicate room", PD_EINVAL, PD_BOOTSTRAP_METHOD_TRANSFER, body, len);
         pd_free(body);
         return;
     }
     case 12: {
         uint32_t p1[] = {202};
-        pd_bootstrap_encode_transfer(A.key, A.key_len, 0x7005, "stranger", p1, 1, &body, &len);
+        pd_bootstrap_encode_transfer(A.key, A.key_len, 0x7005, "stranger", p1, 1, 0, &body, &len);
         /* NOT_FOUND: the one answer that tells a decode to pair again */
         probe_raw("Transfer from unpaired id", PD_ENOENT, PD_BOOTSTRAP_METHOD_TRANSFER, body, len);
         pd_free(body);
         return;
     }
-    case 13:
+    case 13: { /* a call sent under an earlier pairing of ours names another pair id: over UCX
+                  it must not be taken as this pairing's (its pages may be others' by now) */
+        uint32_t p1[] = {203};
+        uint64_t stale = pd_bootstrap_client_pair_id(A.client) + 1;
+        pd_bootstrap_encode_transfer(NULL, 0, 0x7006, "probe", p1, 1, stale, &body, &len);
+        probe_needle = "has not paired with this prefill";
+        probe_raw_via("Transfer over UCX, stale pair", PD_ENOENT, PD_BOOTSTRAP_METHOD_TRANSFER,
+                      PD_BOOTSTRAP_CALL_TRANSFER, body, len);
+        pd_free(body);
+        return;
+    }
+    case 14: {
+        uint32_t p1[] = {204};
+        pd_bootstrap_encode_transfer(NULL, 0, 0x7007, "probe", p1, 1, 0, &body, &len);
+        probe_raw_via("Transfer over UCX, no pair id", PD_ENOENT, PD_BOOTSTRAP_METHOD_TRANSFER,
+                      PD_BOOTSTRAP_CALL_TRANSFER, body, len);
+        pd_free(body);
+        return;
+    }
+    case 15: {
+        uint32_t p1[] = {205};
+        uint64_t stale = pd_bootstrap_client_pair_id(A.client) + 1;
+        pd_bootstrap_encode_transfer(A.key, A.key_len, 0x7008, "probe", p1, 1, stale, &body, &len);
+        probe_raw("Transfer over gRPC, stale pair", PD_ENOENT, PD_BOOTSTRAP_METHOD_TRANSFER, body,
+                  len);
+        pd_free(body);
+        return;
+    }
+    case 16: {
+        uint32_t p1[] = {206};
+        pd_bootstrap_encode_transfer(NULL, 0, 0x7009, "probe", p1, 1,
+                                     pd_bootstrap_client_pair_id(A.client), &body, &len);
+        probe_raw_via("Transfer over UCX, this pair", PD_OK, PD_BOOTSTRAP_METHOD_TRANSFER,
+                      PD_BOOTSTRAP_CALL_TRANSFER, body, len);
+        pd_free(body);
+        return;
+    }
+    case 17:
         pd_bootstrap_encode_health(A.key, A.key_len, &body, &len);
         probe_raw("Health still served", PD_OK, PD_BOOTSTRAP_METHOD_HEALTH, body, len);
         pd_free(body);
         return;
-    case 14: { /* a decode of another head_dim (and tp): refused naming head_dim, not tp_size,
+    case 18: { /* a decode of another head_dim (and tp): refused naming head_dim, not tp_size,
                   which may differ */
         struct pd_bootstrap_client_config cc = {
             .key = A.key, .key_len = A.key_len, .layout = A.layout, .decode_id = "probe-head-dim"};
