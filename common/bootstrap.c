@@ -163,6 +163,22 @@ int pd_bootstrap_encode_transfer(const uint8_t *key, size_t key_len, uint64_t ro
     return PD_OK;
 }
 
+int pd_bootstrap_encode_abort(const uint8_t *key, size_t key_len, uint64_t room,
+                              const char *decode_id, uint64_t pair_id, uint8_t **out, size_t *len) {
+    Pdserve__V1__AbortRequest rq = PDSERVE__V1__ABORT_REQUEST__INIT;
+    rq.cluster_key.data = (uint8_t *)key;
+    rq.cluster_key.len = key_len;
+    rq.room = room;
+    rq.decode_id = (char *)decode_id;
+    rq.pair_id = pair_id;
+    *len = protobuf_c_message_get_packed_size(&rq.base);
+    *out = pd_malloc(*len ? *len : 1);
+    if (!*out)
+        return pd_error_wrap(PD_ENOMEM, "encoding an AbortRequest");
+    protobuf_c_message_pack(&rq.base, *out);
+    return PD_OK;
+}
+
 int pd_bootstrap_encode_health(const uint8_t *key, size_t key_len, uint8_t **out, size_t *len) {
     Pdserve__V1__HealthRequest rq = PDSERVE__V1__HEALTH_REQUEST__INIT;
     rq.cluster_key.data = (uint8_t *)key;

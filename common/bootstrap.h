@@ -67,6 +67,8 @@ int pd_cluster_key_load(const char *path, uint8_t key[PD_CLUSTER_KEY_MAX], size_
 int pd_bootstrap_encode_transfer(const uint8_t *key, size_t key_len, uint64_t room,
                                  const char *decode_id, const uint32_t *pages, uint32_t n,
                                  uint64_t pair_id, uint8_t **out, size_t *len);
+int pd_bootstrap_encode_abort(const uint8_t *key, size_t key_len, uint64_t room,
+                              const char *decode_id, uint64_t pair_id, uint8_t **out, size_t *len);
 int pd_bootstrap_encode_health(const uint8_t *key, size_t key_len, uint8_t **out, size_t *len);
 
 #define PD_BOOTSTRAP_METHOD_PAIR "/pdserve.v1.Bootstrap/Pair"

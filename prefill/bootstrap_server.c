@@ -23,6 +23,12 @@
 
 /* ---- server ---- */
 
+/* Rooms an Abort named before their Transfer came (found false): remembered so that a Transfer
+ * that comes after all (one delayed past its deadline, over either transport) is refused. The
+ * decode freed their pages on that answer; taking the room would write into pages that other
+ * requests own by then. Room ids are random 64-bit numbers, so the last so many suffice. */
+#define ABORTED_ROOMS 1024
+
 struct spair {
     struct spair *next;
     char decode_id[128];
@@ -40,7 +46,9 @@ struct pd_bootstrap_server {
     char prefill_id[128];
     struct spair *pairs;
     uint64_t pair_seq; /* the next pair id is a splitmix64 step of it (seeded by the engine id) */
-    uint8_t *reply;    /* last reply body, owned until the next call */
+    uint64_t aborted[ABORTED_ROOMS]; /* a ring; n_aborted valid */
+    uint32_t n_aborted, next_aborted;
+    uint8_t *reply; /* last reply body, owned until the next call */
 };
 
 static struct spair *pair_find(pd_bootstrap_server_t *s, const char *decode_id) {
@@ -48,6 +56,20 @@ static struct spair *pair_find(pd_bootstrap_server_t *s, const char *decode_id) 
         if (strcmp(p->decode_id, decode_id) == 0)
             return p;
     return NULL;
+}
+
+static void aborted_add(pd_bootstrap_server_t *s, uint64_t room) {
+    s->aborted[s->next_aborted] = room;
+    s->next_aborted = (s->next_aborted + 1) % ABORTED_ROOMS;
+    if (s->n_aborted < ABORTED_ROOMS)
+        s->n_aborted++;
+}
+
+static bool aborted_before(const pd_bootstrap_server_t *s, uint64_t room) {
+    for (uint32_t i = 0; i < s->n_aborted; i++)
+        if (s->aborted[i] == room)
+            return true;
+    return false;
 }
 
 static void pair_remove(pd_bootstrap_server_t *s, struct spair *dead) {
@@ -293,6 +315,18 @@ static void serve_transfer(pd_bootstrap_server_t *s, const char *peer, pd_xfer_p
                     rq->room, rq->decode_id);
         goto out;
     }
+    if (aborted_before(s, rq->room)) {
+        pd_warn("bootstrap: Transfer room %" PRIu64 " from decode %s refused: aborted before it "
+                "came",
+                rq->room, rq->decode_id);
+        /* a definite refusal, as for a live room: the decode releases the pages if it still
+         * waits (it does not: it aborted the room) */
+        answer_code(a, PD_GRPC_ALREADY_EXISTS,
+                    "Transfer room %" PRIu64 ": the decode aborted this room before its Transfer "
+                    "came",
+                    rq->room);
+        goto out;
+    }
     if (pd_xfer_room_live(s->x, rq->room)) {
         pd_warn("bootstrap: Transfer room %" PRIu64 " from decode %s refused: room already live",
                 rq->room, rq->decode_id);
@@ -357,6 +391,8 @@ static void serve_abort(pd_bootstrap_server_t *s, const char *peer, pd_xfer_peer
              rq->reason[0] ? rq->reason : "no reason given");
     if (found)
         pd_xfer_room_abort(s->x, rq->room, PD_ECANCELED, why);
+    else
+        aborted_add(s, rq->room);
     pd_info("bootstrap: room %" PRIu64 ": %s (%s)", rq->room, why, found ? "live" : "not live");
     if (s->cb.on_abort)
         s->cb.on_abort(s->cb.ctx, rq->room, found, rq->reason);

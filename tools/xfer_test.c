@@ -667,12 +667,28 @@ static void probe_next(void) {
         pd_free(body);
         return;
     }
-    case 17:
+    case 17: /* an Abort of a room whose Transfer has not come (its call timed out on the
+                decode's side, which then frees its pages when told the room is unknown) */
+        pd_bootstrap_encode_abort(A.key, A.key_len, 0x700a, "probe", 0, &body, &len);
+        probe_raw("Abort of a room not yet sent", PD_OK, PD_BOOTSTRAP_METHOD_ABORT, body, len);
+        pd_free(body);
+        return;
+    case 18: { /* ... its Transfer, late: refused, or it would write into freed pages */
+        uint32_t p1[] = {207};
+        pd_bootstrap_encode_transfer(NULL, 0, 0x700a, "probe", p1, 1,
+                                     pd_bootstrap_client_pair_id(A.client), &body, &len);
+        probe_needle = "aborted this room before its Transfer came";
+        probe_raw_via("Transfer after its Abort", PD_EINVAL, PD_BOOTSTRAP_METHOD_TRANSFER,
+                      PD_BOOTSTRAP_CALL_TRANSFER, body, len);
+        pd_free(body);
+        return;
+    }
+    case 19:
         pd_bootstrap_encode_health(A.key, A.key_len, &body, &len);
         probe_raw("Health still served", PD_OK, PD_BOOTSTRAP_METHOD_HEALTH, body, len);
         pd_free(body);
         return;
-    case 18: { /* a decode of another head_dim (and tp): refused naming head_dim, not tp_size,
+    case 20: { /* a decode of another head_dim (and tp): refused naming head_dim, not tp_size,
                   which may differ */
         struct pd_bootstrap_client_config cc = {
             .key = A.key, .key_len = A.key_len, .layout = A.layout, .decode_id = "probe-head-dim"};
