@@ -279,7 +279,8 @@ void pd_engine_get_info(const struct pd_engine *e, struct pd_engine_info *out);
 
 /* Starts the compute thread; events are delivered on loop through fn. */
 int pd_engine_start(struct pd_engine *e, uv_loop_t *loop, pd_engine_event_fn fn, void *ctx);
-/* Loop thread. PD_EFULL when the command queue is full (shed the request). */
+/* Loop thread. PD_EFULL when the command queue is full (shed the request). Also before
+ * pd_engine_start: the compute thread's first iteration takes every command queued by then. */
 int pd_engine_submit(struct pd_engine *e, const struct pd_engine_cmd *c);
 /* Any thread: the last published counters. */
 void pd_engine_stats(const struct pd_engine *e, struct pd_engine_stats *out);
