@@ -281,15 +281,28 @@ out:
  * a gRPC call). Such a call carries no key: it came from the engine of a pair that proved the key
  * at Pair, so it must come from that pair's endpoint, under that very pairing: UCX tells us the
  * sending engine, not which of its endpoints sent, and a call sent before the decode paired again
- * may arrive after. A gRPC call with a pair id (every decode since v0.7) must name this pairing. */
+ * may arrive after. A call with a pair id (every decode since v0.7) must name this pairing; one
+ * without is an older decode's, taken as before (a rolling upgrade pairs old decodes with new
+ * prefills). */
 static struct spair *pair_of_call(pd_bootstrap_server_t *s, pd_xfer_peer_t *via,
                                   const char *decode_id, uint64_t pair_id) {
     struct spair *p = pair_find(s, decode_id);
-    if (p && via && (p->peer != via || p->pair_id != pair_id))
+    if (p && via && p->peer != via)
         return NULL;
-    if (p && !via && pair_id && p->pair_id != pair_id)
+    if (p && pair_id && p->pair_id != pair_id)
         return NULL;
     return p;
+}
+
+/* NOT_FOUND, and no other answer uses it: the decode reads it as "pair again" (it closed its
+ * endpoint to us, or this prefill is a restarted one on the same address). */
+static void refuse_unpaired(struct pd_grpc_answer *a, const char *method, uint64_t room,
+                            const char *decode_id) {
+    pd_warn("bootstrap: %s room %" PRIu64 " from decode %s refused: not paired", method, room,
+            decode_id);
+    answer_code(a, PD_GRPC_NOT_FOUND,
+                "%s room %" PRIu64 ": decode '%s' has not paired with this prefill", method, room,
+                decode_id);
 }
 
 /* via: as pair_of_call's. */
@@ -306,13 +319,7 @@ static void serve_transfer(pd_bootstrap_server_t *s, const char *peer, pd_xfer_p
         goto out;
     struct spair *p = pair_of_call(s, via, rq->decode_id, rq->pair_id);
     if (!p) {
-        /* NOT_FOUND, and no other answer uses it: the decode reads it as "pair again" (it
-         * closed its endpoint to us, or this prefill is a restarted one on the same address) */
-        pd_warn("bootstrap: Transfer room %" PRIu64 " from decode %s refused: not paired", rq->room,
-                rq->decode_id);
-        answer_code(a, PD_GRPC_NOT_FOUND,
-                    "Transfer room %" PRIu64 ": decode '%s' has not paired with this prefill",
-                    rq->room, rq->decode_id);
+        refuse_unpaired(a, "Transfer", rq->room, rq->decode_id);
         goto out;
     }
     if (aborted_before(s, rq->room)) {
@@ -378,11 +385,7 @@ static void serve_abort(pd_bootstrap_server_t *s, const char *peer, pd_xfer_peer
     if (!via && refuse_key(s, "Abort", peer, rq->cluster_key, a))
         goto out;
     if (via && !pair_of_call(s, via, rq->decode_id, rq->pair_id)) { /* as serve_transfer's */
-        pd_warn("bootstrap: Abort room %" PRIu64 " from decode %s refused: not paired", rq->room,
-                rq->decode_id);
-        answer_code(a, PD_GRPC_NOT_FOUND,
-                    "Abort room %" PRIu64 ": decode '%s' has not paired with this prefill",
-                    rq->room, rq->decode_id);
+        refuse_unpaired(a, "Abort", rq->room, rq->decode_id);
         goto out;
     }
     bool found = pd_xfer_room_live(s->x, rq->room);

@@ -644,7 +644,8 @@ static void probe_next(void) {
     case 14: {
         uint32_t p1[] = {204};
         pd_bootstrap_encode_transfer(NULL, 0, 0x7007, "probe", p1, 1, 0, &body, &len);
-        probe_raw_via("Transfer over UCX, no pair id", PD_ENOENT, PD_BOOTSTRAP_METHOD_TRANSFER,
+        /* an older decode's (a rolling upgrade): served as before */
+        probe_raw_via("Transfer over UCX, no pair id", PD_OK, PD_BOOTSTRAP_METHOD_TRANSFER,
                       PD_BOOTSTRAP_CALL_TRANSFER, body, len);
         pd_free(body);
         return;
