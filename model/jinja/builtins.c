@@ -795,9 +795,10 @@ bool jj_run_test(struct rt *r, const struct node *n, struct jv v) {
                 d = jj_to_int(r->e, jj_num(r, arg(&a, 0, "num", jj_v_int(1)), n->line), n->line);
         return d != 0 && (d == -1 || x % d == 0); /* INT64_MIN % -1 overflows in C */
     }
-    if (!strcmp(name, "equalto") || !strcmp(name, "eq") || !strcmp(name, "==") ||
-        !strcmp(name, "sameas"))
+    if (!strcmp(name, "equalto") || !strcmp(name, "eq") || !strcmp(name, "=="))
         return jj_values_equal(r->e, v, arg(&a, 0, "other", jj_v_undef()));
+    if (!strcmp(name, "sameas"))
+        return jj_values_same(v, arg(&a, 0, "other", jj_v_undef()));
     if (!strcmp(name, "ne") || !strcmp(name, "!="))
         return !jj_values_equal(r->e, v, arg(&a, 0, "other", jj_v_undef()));
     if (!strcmp(name, "lt") || !strcmp(name, "<") || !strcmp(name, "lessthan"))

@@ -238,6 +238,7 @@ struct jv jj_v_none(void);
 struct jv jj_v_str(const char *p, size_t n);
 struct jv jj_v_undef(void);
 bool jj_values_equal(struct env *e, struct jv a, struct jv b);
+bool jj_values_same(struct jv a, struct jv b); /* `is sameas` */
 
 /* lex.c: the lexer */
 void jj_lex(struct lexer *lx);

@@ -281,9 +281,11 @@ static struct node *parse_filters(struct parser *ps, struct node *n) {
             if (accept_op(ps, "(")) {
                 parse_args(ps, f);
             } else {
-                /* a test takes one argument without parentheses: `is divisibleby 3` */
+                /* a test takes one argument without parentheses: `is divisibleby 3`, `is
+                 * sameas [1]` (as jinja2: a literal, a name, a list or a dict) */
                 struct tok *u = peek(ps);
                 if (u->k == T_STRING || u->k == T_INT || u->k == T_FLOAT ||
+                    (u->k == T_OP && (is_op(u, "[") || is_op(u, "{"))) ||
                     (u->k == T_NAME && !is_name(u, "and") && !is_name(u, "or") &&
                      !is_name(u, "else") && !is_name(u, "if") && !is_name(u, "in") &&
                      !is_name(u, "is") && !is_name(u, "not")))

@@ -577,3 +577,24 @@ static bool values_equal(struct env *e, struct jv a, struct jv b, const struct n
 bool jj_values_equal(struct env *e, struct jv a, struct jv b) {
     return values_equal(e, a, b, NULL);
 }
+
+/* Python's `is` as far as a value here can tell it: containers, namespaces and functions are
+ * the same object or not; None and the booleans are singletons; an int, a float or a string is
+ * taken as the same as an equal one of its own type (Python shares small ints and literal
+ * strings, and a value here has no identity of its own to tell two equal ones apart). An
+ * undefined value is a new object at each use, so never the same as anything. */
+bool jj_values_same(struct jv a, struct jv b) {
+    if (a.k != b.k)
+        return false;
+    switch (a.k) {
+    case V_UNDEF: return false;
+    case V_NONE: return true;
+    case V_BOOL: return a.u.b == b.u.b;
+    case V_INT: return a.u.i == b.u.i;
+    case V_FLOAT: return a.u.f == b.u.f;
+    case V_STR: return a.u.s.n == b.u.s.n && memcmp(a.u.s.p, b.u.s.p, a.u.s.n) == 0;
+    case V_LIST: return a.u.l == b.u.l;
+    case V_FUNC: return a.u.fn == b.u.fn;
+    default: return a.u.d == b.u.d; /* dicts and namespaces */
+    }
+}

@@ -160,6 +160,13 @@ static void test_jinja_semantics(void) {
     expect("{{ undefined_var }}|{{ undefined_var is defined }}|{{ none is none }}|{{ 'a' is "
            "string }}|{{ messages | length }}",
            NULL, "|False|True|True|1");
+    /* sameas is Python's `is`, not == (1 == True, but 1 is not True) */
+    expect("{% set ns = namespace(a=1) %}{% set a = [1] %}{% set b = a %}{{ 1 is sameas true }}|{{ "
+           "true is sameas true }}|{{ none is sameas none }}|{{ 1 is sameas 1.0 }}|{{ 'a' is "
+           "sameas 'a' }}|{{ a is sameas b }}|{{ [1] is sameas [1] }}|{{ x is sameas y }}|{{ 0 "
+           "is sameas false }}|{{ 2 is sameas 2 }}|{{ ns is sameas ns }}|{{ messages is sameas "
+           "messages }}|{{ messages[0] is sameas messages[0] }}",
+           NULL, "False|True|True|False|True|True|False|False|False|True|True|True|True");
     expect("{{ 'yes' if messages else 'no' }} {{ x | default('d') }} {{ '' or 'e' }}", NULL,
            "yes d e");
     expect("{{ messages | selectattr('role', 'equalto', 'user') | map(attribute='content') | "
