@@ -20,11 +20,21 @@
 # each PD daemon one core's share instead: it leaves a core idle whenever one role waits).
 # Nothing is left running, on success, error or Ctrl-C.
 #
-# Usage: bench/compare-pd.sh [BUILD_DIR [MODEL_DIR]]     (default build, a tiny model made here)
+# Usage: bench/compare-pd.sh [BUILD_DIR [MODEL_DIR]]     (default build, a model made here)
 # Environment (defaults in brackets):
-#   RATES [random 8,16,32,64,inf; mixed 2,4,8,12,16; multiturn 2,4,8,16,32]  request rates
-#                     (req/s) of the sweep, up to where the tiny CPU model saturates on 2 cores
-#                     with that workload (mixed: about 14 req/s colocated); inf = all at once
+#   MODEL_SHAPE [tiny]  the random llama made here when no MODEL_DIR is given:
+#                     tiny   pdserve-mkmodel --shape tiny (0.2 M parameters): a 1,024-token
+#                            prompt prefills in about 5 ms on 2 cores, so on the CPU no setup
+#                            misses a 200 ms TTFT SLO below saturation (mixed: none at 32 req/s)
+#                            and the load measures the hand-over's own cost;
+#                     small  the tiny llama widened (hidden 384, MLP 1,024, 4 layers, 6 heads of
+#                            64, 2 kv heads; 7 M parameters): a 2,048-token prompt prefills in
+#                            about 240 ms and a decode step takes about 0.6 ms on 2 cores, so a
+#                            long prompt holds the prefill as on a real deployment and short
+#                            prompts queue behind it (the load where issue 16's goodput shows)
+#   RATES [tiny: random 8,16,32,64,inf; mixed 2,4,8,12,16; multiturn 2,4,8,16,32;
+#                     small: 1,2,4,6,8]  request rates (req/s) of the sweep; inf = all at once
+#                     (small: the mixed load saturates 2 cores at about 6-8 req/s)
 #   WORKLOAD [random] random: prompts of INPUT_LEN tokens (today's load);
 #                     mixed: prompt lengths from MIX (pdserve-bench --random-mix);
 #                     multiturn: CONVERSATIONS chats of TURNS turns, each turn INPUT_LEN new
@@ -44,8 +54,8 @@
 #   DEVICE [cpu]      --device of the daemons (cuda on a GPU machine)
 #   THREADS [nproc]   CPU threads per PD daemon; COLOCATED_THREADS [THREADS]
 #   MAX_TOTAL_TOKENS [65536]  KV pool of each daemon   CHUNK [512] --chunked-prefill-size
-#   CONTEXT_LENGTH [4096 with the tiny model made here, else 0]  the daemons' --context-length
-#                     (0: the model's max_position_embeddings; the tiny model's 2,048 is less
+#   CONTEXT_LENGTH [4096 with a model made here, else 0]  the daemons' --context-length
+#                     (0: the model's max_position_embeddings; a made model's 2,048 is less
 #                     than the mixed workload's longest prompt + OUTPUT_LEN)
 #   ONLY [both]       colocated | pd: run one half only (pd: every PD variant)
 #   PD_VARIANTS [pd]  the PD runs, in order (space or comma separated; labels of the results):
@@ -70,19 +80,27 @@ set -euo pipefail
 build=${1:-build}
 model=${2:-}
 workload=${WORKLOAD:-random}
+shape=${MODEL_SHAPE:-tiny}
+case $shape in tiny | small) ;; *)
+    echo "compare-pd: MODEL_SHAPE must be tiny or small (got '$shape')" >&2
+    exit 2
+    ;;
+esac
 mix=${MIX:-0.7:32-128,0.3:1024-2048}
 conversations=${CONVERSATIONS:-8}
 turns=${TURNS:-6}
 num_prompts=${NUM_PROMPTS:-128}
 case $workload in
-random) input_len=${INPUT_LEN:-1024} flush=${FLUSH_CACHE:-1} rates=${RATES:-8,16,32,64,inf} ;;
-mixed) input_len=${INPUT_LEN:-1024} flush=${FLUSH_CACHE:-1} rates=${RATES:-2,4,8,12,16} ;;
-multiturn) input_len=${INPUT_LEN:-128} flush=${FLUSH_CACHE:-1} rates=${RATES:-2,4,8,16,32} ;;
+random) input_len=${INPUT_LEN:-1024} flush=${FLUSH_CACHE:-1} rates=8,16,32,64,inf ;;
+mixed) input_len=${INPUT_LEN:-1024} flush=${FLUSH_CACHE:-1} rates=2,4,8,12,16 ;;
+multiturn) input_len=${INPUT_LEN:-128} flush=${FLUSH_CACHE:-1} rates=2,4,8,16,32 ;;
 *)
     echo "compare-pd: WORKLOAD must be random, mixed or multiturn (got '$workload')" >&2
     exit 2
     ;;
 esac
+[ "$shape" = small ] && rates=1,2,4,6,8
+rates=${RATES:-$rates}
 output_len=${OUTPUT_LEN:-128}
 slo_ttft=${SLO_TTFT_MS:-200}
 slo_tpot=${SLO_TPOT_MS:-10}
@@ -185,10 +203,13 @@ wait_healthy() { # name, port, pid: /health 200 within 120 s, or the daemon's ex
 context_length=${CONTEXT_LENGTH:-0}
 if [ -z "$model" ]; then
     context_length=${CONTEXT_LENGTH:-4096}
-    model=$build/models/tiny-llama
-    echo "compare-pd: writing a tiny random llama model to $model"
-    "$build/tools/pdserve-mkmodel" --family llama --shape tiny --dtype bf16 --seed 1 \
-        --out "$model" >"$logs/mkmodel.log" 2>&1
+    model=$build/models/$shape-llama
+    widen=()
+    [ "$shape" = small ] && widen=(--hidden-size 384 --intermediate-size 1024 --layers 4
+        --heads 6 --kv-heads 2 --head-dim 64)
+    echo "compare-pd: writing a $shape random llama model to $model"
+    "$build/tools/pdserve-mkmodel" --family llama --shape tiny ${widen[@]+"${widen[@]}"} \
+        --dtype bf16 --seed 1 --out "$model" >"$logs/mkmodel.log" 2>&1
 fi
 
 common=(--model-path "$model" --host 127.0.0.1 --device "$device" --page-size 16
