@@ -34,6 +34,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 #include <uv.h>
 
@@ -919,6 +920,14 @@ int main(int argc, char **argv) {
         rc = pd_bootstrap_client_new(A.bridge, A.x, &cc, &ccb, &A.client);
         A.t_start = uv_now(&A.loop);
         if (!rc && o->role == ROLE_RECEIVER) {
+            /* Room ids unique across receivers run against one sender, as the router's random
+             * ones are, and newer than any earlier run's (the sender's slot rule): a sender
+             * refuses for good the id of a room aborted before its Transfer came, and a second
+             * run counting from 1 again reused an id the first had aborted in an outage
+             * (pd_netfault, once). Microseconds of the wall clock: below 2^56 until 4253. */
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            A.next_seq = (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
             receiver_fill();
             if (o->abort_every)
                 uv_timer_start(&A.tick, on_tick, 2, 2);
