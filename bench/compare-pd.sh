@@ -9,10 +9,17 @@
 # print, per rate, where PD's time to first token went and how the stages add up to it, and the
 # KV bytes the prefill moved during each rate's load (pdserve-bench --kv-bytes-url: the
 # prefill's pdserve_kv_transfer_bytes_total before and after the load, warm-up excluded).
-# The disaggregated half can run as several PD variants one after the other (PD_VARIANTS), each
-# on fresh daemons: today's PD, plain PD without the decode's prefix reuse, and PD with local
-# prefill and reuse; with `reuse` among them the goodput ratios reuse / each other setup are
-# printed per rate (and, per workload, the short prompts' TTFT and the KV bytes per request).
+# The disaggregated half can run as several PD variants (PD_VARIANTS), each on its own daemons:
+# today's PD, plain PD without the decode's prefix reuse, and PD with local prefill and reuse;
+# with `reuse` among them the goodput ratios reuse / each other setup are printed per rate (and,
+# per workload, the short prompts' TTFT and the KV bytes per request).
+# The setups take turns: every setup's daemons start first and stay up (one that waits sleeps),
+# then each rate's load runs on one setup after the other, REPEATS times, the order rotated from
+# one turn to the next. On a shared VM the same load's CPU time varies by 40 % within minutes,
+# and setups measured one after the other (each its whole sweep) compared those spells more
+# than the setups: 2 cores, small model, mixed load at 6 req/s, colocated's goodput was 5.06
+# req/s in one run and 2.24-4.30 in the hour after. With REPEATS > 1 the tables give medians
+# and each ratio the median of the ratios within a turn, with their range.
 # Both setups get the whole machine: by default every daemon (the colocated one, and each of the
 # PD prefill and decode) runs one thread per core, so a PD daemon may use every core while its
 # peer idles, as the colocated daemon does; the two PD daemons share the cores through the OS
@@ -58,6 +65,8 @@
 #                     (0: the model's max_position_embeddings; a made model's 2,048 is less
 #                     than the mixed workload's longest prompt + OUTPUT_LEN)
 #   ONLY [both]       colocated | pd: run one half only (pd: every PD variant)
+#   REPEATS [1]       loads per setup and rate, taken in turns (medians reported; runs/ keeps
+#                     each load's table, JSON Lines and CSV; plot/ the median-goodput repeat's)
 #   PD_VARIANTS [pd]  the PD runs, in order (space or comma separated; labels of the results):
 #                     pd     today's PD: the router as ROUTER_FLAGS says (its local path on
 #                            by default), the decode's prefix reuse on (its default; with one
@@ -110,6 +119,7 @@ colo_threads=${COLOCATED_THREADS:-$threads}
 max_total=${MAX_TOTAL_TOKENS:-65536}
 chunk=${CHUNK:-512}
 only=${ONLY:-both}
+repeats=${REPEATS:-1}
 read -r -a prefill_flags <<<"${PREFILL_FLAGS:-}"
 read -r -a router_flags <<<"${ROUTER_FLAGS:-}"
 # ${X-default}: the default when X is unset; X="" means no flags
@@ -129,6 +139,10 @@ case $only in both | colocated | pd) ;; *)
     exit 2
     ;;
 esac
+if ! [[ $repeats =~ ^[1-9][0-9]*$ ]]; then
+    echo "compare-pd: REPEATS must be a positive whole number (got '$repeats')" >&2
+    exit 2
+fi
 if [ ${#variants[@]} -eq 0 ]; then
     echo "compare-pd: PD_VARIANTS is empty (give pd, plain and/or reuse)" >&2
     exit 2
@@ -234,17 +248,34 @@ multiturn)
 esac
 [ "$flush" = 1 ] && dataset+=(--flush-cache)
 
-run_bench() { # label, port, then extra pdserve-bench flags
-    local label=$1 port=$2
-    shift 2
-    echo "compare-pd: [$label] pdserve-bench: $what, rates $rates"
+run_bench() { # label, rate, repeat, port, then extra pdserve-bench flags: one load, its
+    # results appended to the label's JSON Lines, CSV and table (runs/ keeps each load's own)
+    local label=$1 rate=$2 rep=$3 port=$4 run
+    shift 4
+    run=$out/runs/$label-$rate-$rep
+    echo "compare-pd: [$label] rate $rate, repeat $rep of $repeats: $what"
     "$build/bench/pdserve-bench" --backend sglang --base-url "http://127.0.0.1:$port" \
         "${dataset[@]}" --random-output-len "$output_len" --random-range-ratio 1 \
-        --request-rate-sweep "$rates" \
+        --request-rate-sweep "$rate" \
         --seed 1 --warmup-requests 2 --slo-ttft-ms "$slo_ttft" --slo-tpot-ms "$slo_tpot" \
-        --output-file "$out/$label.jsonl" --output-csv "$out/$label.csv" \
-        --plot-label "$label" "$@" | tee "$out/$label.txt"
+        --output-file "$run.jsonl" --output-csv "$run.csv" \
+        --plot-label "$label" "$@" >"$run.txt"
+    tee -a "$out/$label.txt" <"$run.txt"
+    cat "$run.jsonl" >>"$out/$label.jsonl"
+    if [ -s "$out/$label.csv" ]; then
+        tail -n +2 "$run.csv" >>"$out/$label.csv" # one header
+    else
+        cp "$run.csv" "$out/$label.csv"
+    fi
 }
+
+# Every setup's daemons start first and stay up; then each rate's load runs on one setup after
+# the other, REPEATS times, the order rotated from one turn to the next, so every setup meets
+# the machine's slow and fast spells alike (the header says why). A setup that waits is idle:
+# its daemons sleep in epoll (PD daemons waiting through a 24 s load: 0.05 CPU-seconds).
+setups=()
+declare -A port_of bench_extra
+mkdir -p "$out/runs"
 
 if [ "$only" != pd ]; then
     port=$(free_port)
@@ -252,17 +283,18 @@ if [ "$only" != pd ]; then
         "($colo_threads threads)"
     start colocated "$build/decode/pdserve-decode" "${common[@]}" --port "$port" \
         --threads "$colo_threads" --disaggregation-mode null
-    if ! wait_healthy colocated "$port" "${pids[0]}"; then
+    if ! wait_healthy colocated "$port" "$!"; then
         echo "compare-pd: colocated mode (pdserve-decode --disaggregation-mode null) is not" \
             "available in this build; run ONLY=pd for the disaggregated half alone" >&2
         exit 1
     fi
-    run_bench colocated "$port"
-    stop_all
+    setups+=(colocated)
+    port_of[colocated]=$port
+    bench_extra[colocated]=""
 fi
 
-run_pd() { # variant: 1 prefill + 1 decode + router on fresh ports, the load, all stopped
-    local label=$1 decode_extra=() router_extra=()
+start_pd() { # variant: 1 prefill + 1 decode + router on fresh ports
+    local label=$1 decode_extra=() router_extra=() pid_p pid_d
     if [ "$label" = plain ]; then
         decode_extra=(${plain_decode_flags[@]+"${plain_decode_flags[@]}"})
         router_extra=(${plain_router_flags[@]+"${plain_router_flags[@]}"})
@@ -275,11 +307,13 @@ run_pd() { # variant: 1 prefill + 1 decode + router on fresh ports, the load, al
     start "$label-prefill" "$build/prefill/pdserve-prefill" "${common[@]}" --port "$pport" \
         --threads "$threads" --disaggregation-mode prefill --disaggregation-bootstrap-port "$bport" \
         ${prefill_flags[@]+"${prefill_flags[@]}"}
+    pid_p=$!
     start "$label-decode" "$build/decode/pdserve-decode" "${common[@]}" --port "$dport" \
         --threads "$threads" --disaggregation-mode decode \
         ${decode_extra[@]+"${decode_extra[@]}"}
-    wait_healthy "$label-prefill" "$pport" "${pids[0]}"
-    wait_healthy "$label-decode" "$dport" "${pids[1]}"
+    pid_d=$!
+    wait_healthy "$label-prefill" "$pport" "$pid_p"
+    wait_healthy "$label-decode" "$dport" "$pid_d"
     # no router admission limit (its default, 256 in flight, answered 128 of 384 requests sent
     # at once with 429 on the GPU): the colocated daemon has none, so both halves take the load
     start "$label-router" "$build/router/pdserve-router" --pd-disaggregation --host 127.0.0.1 \
@@ -287,32 +321,76 @@ run_pd() { # variant: 1 prefill + 1 decode + router on fresh ports, the load, al
         --decode "http://127.0.0.1:$dport" --policy round_robin --max-concurrent-requests 0 \
         --log-level warning ${router_flags[@]+"${router_flags[@]}"} \
         ${router_extra[@]+"${router_extra[@]}"}
-    wait_healthy "$label-router" "$rport" "${pids[2]}"
-    run_bench "$label" "$rport" --timeline-url "http://127.0.0.1:$rport,http://127.0.0.1:$dport" \
-        --kv-bytes-url "http://127.0.0.1:$pport"
-    stop_all
+    wait_healthy "$label-router" "$rport" "$!"
+    setups+=("$label")
+    port_of[$label]=$rport
+    bench_extra[$label]="--timeline-url http://127.0.0.1:$rport,http://127.0.0.1:$dport"
+    bench_extra[$label]+=" --kv-bytes-url http://127.0.0.1:$pport"
 }
 
 if [ "$only" != colocated ]; then
-    for v in "${variants[@]}"; do run_pd "$v"; done
+    for v in "${variants[@]}"; do start_pd "$v"; done
 fi
 
-# Side by side, from the JSON Lines the runs wrote.
+# this run's setups start empty; another's results stay (ONLY=colocated, then ONLY=pd)
+for s in "${setups[@]}"; do rm -f "$out/$s".{jsonl,csv,txt} "$out/runs/$s"-*; done
+IFS=, read -r -a rate_list <<<"$rates"
+turn=0
+for rate in "${rate_list[@]}"; do
+    for rep in $(seq "$repeats"); do
+        n=${#setups[@]}
+        for k in $(seq 0 $((n - 1))); do
+            s=${setups[$(((k + turn) % n))]}
+            # shellcheck disable=SC2086 # bench_extra holds URL flags, no spaces inside
+            run_bench "$s" "$rate" "$rep" "${port_of[$s]}" ${bench_extra[$s]}
+        done
+        turn=$((turn + 1))
+    done
+done
+stop_all
+
+# Side by side, from the JSON Lines the runs wrote (a label's file: its loads in run order, so
+# the k-th record of a rate is its k-th repeat). With REPEATS > 1 every cell is the median over
+# the repeats, and each ratio the median of the ratios within a repeat (the setups' loads of one
+# repeat ran minutes apart at most) with their range; plot/ gets, per setup and rate, the repeat
+# of median goodput.
 files=()
 [ "$only" != pd ] && files+=("colocated=$out/colocated.jsonl")
 if [ "$only" != colocated ]; then
     for v in "${variants[@]}"; do files+=("$v=$out/$v.jsonl"); done
 fi
-python3 - "${files[@]}" <<'EOF'
-import json, sys
-runs = []
-for arg in sys.argv[1:]:
+mkdir -p "$out/plot"
+python3 - "$out/plot" "${files[@]}" <<'EOF'
+import json, statistics, sys
+plot_dir = sys.argv[1]
+runs = []   # (label, {rate: [record of each repeat]})
+rates = []
+for arg in sys.argv[2:]:
     label, path = arg.split("=", 1)
+    by_rate = {}
     with open(path) as f:
-        runs.append((label, [json.loads(x) for x in f if x.strip()]))
-slo = runs[0][1][0]
-print("\ncompare-pd: side by side (ms; goodput = req/s meeting TTFT <= %g ms and TPOT <= %g ms)"
-      % (slo["slo_ttft_ms"], slo["slo_tpot_ms"]))
+        for line in f:
+            if line.strip():
+                r = json.loads(line)
+                by_rate.setdefault(r["request_rate"], []).append(r)
+                if r["request_rate"] not in rates:
+                    rates.append(r["request_rate"])
+    runs.append((label, by_rate))
+repeats = max(len(v) for _, by in runs for v in by.values())
+slo = next(iter(runs[0][1].values()))[0]
+print("\ncompare-pd: side by side (ms; goodput = req/s meeting TTFT <= %g ms and TPOT <= %g ms%s)"
+      % (slo["slo_ttft_ms"], slo["slo_tpot_ms"],
+         "; medians of %d repeats" % repeats if repeats > 1 else ""))
+
+
+def median(vals):
+    vals = [v for v in vals if v is not None]
+    if not vals:
+        return None
+    m = statistics.median(vals)
+    return int(m) if all(isinstance(v, int) for v in vals) and m == int(m) else m
+
+
 def short_ttft(r):
     # the median TTFT of the class with the shortest prompts (--random-mix)
     cls = r.get("classes")
@@ -331,7 +409,7 @@ cols = [("TTFT p50", lambda r: r["median_ttft_ms"]), ("TTFT p99", lambda r: r["p
         ("req/s", lambda r: r["request_throughput"]),
         ("out tok/s", lambda r: r["output_throughput"]),
         ("goodput", lambda r: r["request_goodput"]), ("failed", lambda r: r["failed"])]
-every = [r for _, rs in runs for r in rs]
+every = [r for _, by in runs for rs in by.values() for r in rs]
 if any(r.get("classes") for r in every):
     cols.insert(2, ("short p50", short_ttft))
 if any(r.get("kv_transfer_bytes") is not None for r in every):
@@ -345,17 +423,12 @@ def cell(v):
 head = "%-6s %-10s" % ("rate", "setup") + "".join("%11s" % c for c, _ in cols)
 print(head)
 print("-" * len(head))
-rates = []
-for _, rs in runs:
-    for r in rs:
-        if r["request_rate"] not in rates:
-            rates.append(r["request_rate"])
-at = {(label, r["request_rate"]): r for label, rs in runs for r in rs}
 for rate in rates:
-    for label, rs in runs:
-        r = at.get((label, rate))
-        if r:
-            print("%-6s %-10s" % (rate, label) + "".join(cell(f(r)) for _, f in cols))
+    for label, by in runs:
+        rs = by.get(rate)
+        if rs:
+            print("%-6s %-10s" % (rate, label) + "".join(cell(median([f(r) for r in rs]))
+                                                         for _, f in cols))
 if any(r.get("classes") for r in every):
     print("\n(short p50: median TTFT of the prompts of the shortest --random-mix class, ms)")
 if any(r.get("kv_transfer_bytes") is not None for r in every):
@@ -363,60 +436,87 @@ if any(r.get("kv_transfer_bytes") is not None for r in every):
     print("(KV KB/req: KV bytes the prefill moved during the rate's load / its requests%s)" %
           ("; all turns together: turns of different conversations overlap, so the bytes of "
            "turns after the first cannot be told apart" if multi else ""))
-# Per turn of a multi-turn load: mean prompt tokens and median TTFT, per setup and rate.
-for label, rs in runs:
-    for r in rs:
-        if r.get("turns"):
+# Per turn of a multi-turn load: mean prompt tokens and median TTFT, per setup and rate (with
+# repeats, each figure's median over them).
+for label, by in runs:
+    for rate, rs in by.items():
+        turns = {}
+        for r in rs:
+            for t in r.get("turns") or []:
+                turns.setdefault(t["turn"], []).append(t)
+        if turns:
             print("compare-pd: [%s] rate %s turns (mean prompt tokens / median TTFT ms): %s"
-                  % (label, r["request_rate"], "  ".join(
-                      "%d: %.0f / %.1f" % (t["turn"], t["mean_prompt_len"], t["median_ttft_ms"])
-                      for t in r["turns"])))
+                  % (label, rate, "  ".join(
+                      "%d: %.0f / %.1f" % (k, median([t["mean_prompt_len"] for t in ts]),
+                                           median([t["median_ttft_ms"] for t in ts]))
+                      for k, ts in sorted(turns.items()))))
 
 
-def ratio(a, b):
-    return "%.2f" % (a / b) if a is not None and b else "-"
+def ratio(mine, other, f):
+    # the median over the repeats of mine / other, each repeat with its own; and their range
+    vals = []
+    for a, b in zip(mine, other):
+        x, y = f(a), f(b)
+        if x is not None and y:
+            vals.append(x / y)
+    if not vals:
+        return "-"
+    m = "%.2f" % statistics.median(vals)
+    return m if len(vals) == 1 else "%s (%.2f-%.2f)" % (m, min(vals), max(vals))
 
 
 # The reuse variant against each other setup, per rate: goodput (higher is better), the short
 # prompts' median TTFT and the KV bytes per request (lower is better).
 if any(label == "reuse" for label, _ in runs):
     others = [label for label, _ in runs if label != "reuse"]
-    print("\ncompare-pd: reuse (PD with local prefill and decode reuse) against %s, per rate"
-          % ", ".join(others))
+    reuse = dict(runs)["reuse"]
+    print("\ncompare-pd: reuse (PD with local prefill and decode reuse) against %s, per rate%s"
+          % (", ".join(others), "; medians of the repeats' ratios (range)" if repeats > 1 else ""))
     for rate in rates:
-        mine = at.get(("reuse", rate))
+        mine = reuse.get(rate)
         if not mine:
             continue
         parts = []
         for o in others:
-            r = at.get((o, rate))
-            if not r:
+            rs = dict(runs)[o].get(rate)
+            if not rs:
                 continue
-            p = "goodput reuse/%s %s" % (o, ratio(mine["request_goodput"],
-                                                  r["request_goodput"]))
-            if short_ttft(mine) is not None:
-                p += ", short TTFT p50 reuse/%s %s" % (o, ratio(short_ttft(mine), short_ttft(r)))
-            if kv_kb(mine) is not None and kv_kb(r) is not None:
-                p += ", KV/req reuse/%s %s" % (o, ratio(kv_kb(mine), kv_kb(r)))
+            p = "goodput reuse/%s %s" % (o, ratio(mine, rs, lambda r: r["request_goodput"]))
+            if short_ttft(mine[0]) is not None:
+                p += ", short TTFT p50 reuse/%s %s" % (o, ratio(mine, rs, short_ttft))
+            if kv_kb(mine[0]) is not None and kv_kb(rs[0]) is not None:
+                p += ", KV/req reuse/%s %s" % (o, ratio(mine, rs, kv_kb))
             parts.append(p)
         print("  rate %-6s %s" % (rate, "; ".join(parts)))
 # Where PD's first token went: the servers' stage means over each rate's load (pdserve-bench
-# --timeline-url), the stages on the first token's path summed against the client's mean TTFT.
-for label, rs in runs:
-    for r in rs:
-        h = r.get("handover")
-        if not h:
+# --timeline-url), the stages on the first token's path summed against the client's mean TTFT;
+# with repeats, each figure's median over them.
+for label, by in runs:
+    for rate, rs in by.items():
+        hs = [r["handover"] for r in rs if r.get("handover")]
+        if not hs:
             continue
-        print("\ncompare-pd: [%s] rate %s hand-over timeline (servers' means, ms; * = summed)"
-              % (label, r["request_rate"]))
-        for name, ms in h["stages_ms"].items():
-            print("  %-28s %9.3f%s" % (name, ms, " *" if name in h["summed"] else ""))
+        print("\ncompare-pd: [%s] rate %s hand-over timeline (servers' means, ms; * = summed%s)"
+              % (label, rate, "; medians of %d repeats" % len(hs) if len(hs) > 1 else ""))
+        for name in hs[0]["stages_ms"]:
+            print("  %-28s %9.3f%s" % (name, median([h["stages_ms"].get(name) for h in hs]),
+                                       " *" if name in hs[0]["summed"] else ""))
+        ratio_ = median([h["ratio"] for h in hs])
         print("  %-28s %9.3f\n  %-28s %9.3f\n  %-28s %9.3f (%s 10%%)"
-              % ("summed", h["sum_ms"], "client mean TTFT", h["mean_ttft_ms"], "summed / TTFT",
-                 h["ratio"], "within" if abs(h["ratio"] - 1) <= 0.1 else "NOT within"))
+              % ("summed", median([h["sum_ms"] for h in hs]), "client mean TTFT",
+                 median([h["mean_ttft_ms"] for h in hs]), "summed / TTFT", ratio_,
+                 "within" if abs(ratio_ - 1) <= 0.1 else "NOT within"))
+# One record per rate for the plot: the repeat of median goodput.
+for label, by in runs:
+    with open("%s/%s.jsonl" % (plot_dir, label), "w") as f:
+        for rate in rates:
+            rs = by.get(rate)
+            if rs:
+                pick = sorted(rs, key=lambda r: r["request_goodput"])[(len(rs) - 1) // 2]
+                f.write(json.dumps(pick) + "\n")
 EOF
 plot_args=()
-for f in "${files[@]}"; do plot_args+=("$f"); done
+for f in "${files[@]}"; do plot_args+=("${f%%=*}=$out/plot/${f%%=*}.jsonl"); done
 if command -v gnuplot >/dev/null 2>&1; then
     (IFS=,; "$build/bench/pdserve-bench" --plot-from "${plot_args[*]}" --plot "$out/compare.png")
 else
