@@ -259,8 +259,8 @@ run_bench() { # label, rate, repeat, port, then extra pdserve-bench flags: one l
         --request-rate-sweep "$rate" \
         --seed 1 --warmup-requests 2 --slo-ttft-ms "$slo_ttft" --slo-tpot-ms "$slo_tpot" \
         --output-file "$run.jsonl" --output-csv "$run.csv" \
-        --plot-label "$label" "$@" >"$run.txt"
-    tee -a "$out/$label.txt" <"$run.txt"
+        --plot-label "$label" "$@" | tee "$run.txt"
+    cat "$run.txt" >>"$out/$label.txt"
     cat "$run.jsonl" >>"$out/$label.jsonl"
     if [ -s "$out/$label.csv" ]; then
         tail -n +2 "$run.csv" >>"$out/$label.csv" # one header
