@@ -221,6 +221,18 @@ static void on_poll(uv_poll_t *h, int status, int events) {
     xfer_run(h->data);
 }
 
+/* pd_devmem_notify's call, on the devmem's own thread once the copies before it are done: the
+ * worker's event fd wakes the loop (ucp_worker_signal may be called from any thread), which
+ * polls the copies' events now rather than at arm_timer's next 1 ms tick. */
+static void on_copies_done(void *arg) {
+    (void)ucp_worker_signal(((pd_xfer_t *)arg)->worker);
+}
+
+void pd__xfer_wake_after_copies(pd_xfer_t *x) {
+    if (pd_devmem_notify(x->dm, on_copies_done, x) != PD_OK)
+        pd_debug("xfer: %s; the copies' events are polled every 1 ms", pd_error_msg());
+}
+
 void pd__xfer_kick(pd_xfer_t *x) {
     if (x->in_run || x->handles_closing || x->idle_armed)
         return;
@@ -756,6 +768,9 @@ static void close_handles(pd_xfer_t *x) {
     if (x->handles_closing)
         return;
     x->handles_closing = true;
+    /* a copy's pd_devmem_notify call signals the worker, which goes once the handles closed */
+    if (x->dm)
+        (void)pd_devmem_sync(x->dm);
     uv_poll_stop(&x->poll);
     uv_timer_stop(&x->timer);
     uv_idle_stop(&x->idle);

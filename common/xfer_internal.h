@@ -327,6 +327,8 @@ struct pd_xfer {
 
 /* xfer.c */
 void pd__xfer_kick(pd_xfer_t *x);
+/* After an event record on x->dm: the loop runs again once the copies before it are done. */
+void pd__xfer_wake_after_copies(pd_xfer_t *x);
 int pd__xfer_map_regions(pd_xfer_t *x, void *const *bases, int n, size_t bytes, bool cuda,
                          const char *what);
 void pd__xfer_on_data_sent(void *req, ucs_status_t st, void *user_data);

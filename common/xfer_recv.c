@@ -37,6 +37,8 @@ static void recv_flush(pd_xfer_t *x) {
     int rc = pd_devmem_copy_async(x->dm, x->rpend.dst, x->rpend.src, x->rpend.len);
     if (rc == PD_OK)
         rc = pd_devmem_event_record(x->dm, s->ev);
+    if (rc == PD_OK)
+        pd__xfer_wake_after_copies(x); /* the slot's bytes count for their rooms then */
     if (rc) {
         pd_warn("xfer: receiving pages: %s; failing the rooms of the slot", pd_error_msg());
         s->failed = true;

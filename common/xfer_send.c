@@ -169,7 +169,7 @@ static int stage_copy(pd_xfer_t *x, const struct pd_xfer_peer *p, const struct s
 
 /* The ring's step: copied slots are posted, free slots take the next queued runs. */
 bool pd__xfer_run_stage(pd_xfer_t *x) {
-    bool changed = false;
+    bool changed = false, copying = false;
     for (int i = 0; i < x->n_slots; i++) {
         struct stage_slot *sl = &x->slots[i];
         if (sl->state != SLOT_COPYING)
@@ -231,8 +231,11 @@ bool pd__xfer_run_stage(pd_xfer_t *x) {
             sl->gen++;
             sl->pending = 0;
             sl->state = SLOT_COPYING;
+            copying = true;
         }
     }
+    if (copying) /* the copied slots are posted then */
+        pd__xfer_wake_after_copies(x);
     return changed;
 }
 
@@ -263,6 +266,7 @@ int pd__xfer_ipc_wait_push(pd_xfer_t *x, struct room *r) {
         pd_devmem_event_free(x->dm, ev);
         return rc;
     }
+    pd__xfer_wake_after_copies(x); /* the room's flush and notice go then */
     x->ipc_waits[(x->ipc_head + x->n_ipc) % x->ipc_cap] =
         (struct ipc_wait){.room = r->id, .serial = r->serial, .ev = ev};
     x->n_ipc++;

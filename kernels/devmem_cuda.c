@@ -137,6 +137,16 @@ static int cd_sync(struct pd_devmem *d) {
               : pd__cuda_status(cudaStreamSynchronize(c->stream), "waiting for KV transfer copies");
 }
 
+/* fn runs on the runtime's callback thread once the stream reached it: after every copy
+ * enqueued before it. It holds the stream only while it runs (a uv_async_send: xfer.c). */
+static int cd_notify(struct pd_devmem *d, pd_devmem_done_fn fn, void *arg) {
+    struct cuda_devmem *c = (struct cuda_devmem *)d;
+    int rc = select_dev(c);
+    return rc ? rc
+              : pd__cuda_status(cudaLaunchHostFunc(c->stream, fn, arg),
+                                "asking to be told when the KV transfer copies are done");
+}
+
 /* The handle: our boot id (IPC works between processes of one node only), pid and the address
  * (a handle opened in the process that made it is the address itself: CUDA refuses to open its
  * own handles), then the cudaIpcMemHandle_t. base must be the start of its cudaMalloc
@@ -219,6 +229,7 @@ static const struct pd_devmem_ops cuda_devmem_ops = {
     .host_alloc = cd_host_alloc,
     .host_free = cd_host_free,
     .sync = cd_sync,
+    .notify = cd_notify,
     .ipc_export = cd_ipc_export,
     .ipc_open = cd_ipc_open,
     .ipc_close = cd_ipc_close,

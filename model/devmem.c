@@ -73,6 +73,10 @@ int pd_devmem_sync(struct pd_devmem *d) {
     return d->ops->sync(d);
 }
 
+int pd_devmem_notify(struct pd_devmem *d, pd_devmem_done_fn fn, void *arg) {
+    return d->ops->notify(d, fn, arg);
+}
+
 int pd_devmem_ipc_export(struct pd_devmem *d, void *base, uint8_t *handle, size_t *len) {
     return d->ops->ipc_export(d, base, handle, len);
 }
@@ -100,9 +104,15 @@ struct host_copy { /* height rows of bytes; a 1-D copy is one row */
     const void *src;
     size_t bytes;
     size_t dpitch, spitch, height;
+    pd_devmem_done_fn fn; /* non-NULL: no copy but pd_devmem_notify's call, in stream order */
+    void *arg;
 };
 
 static void host_copy_run(const struct host_copy *c) {
+    if (c->fn) {
+        c->fn(c->arg);
+        return;
+    }
     char *d = c->dst;
     const char *s = c->src;
     for (size_t i = 0; i < c->height; i++, d += c->dpitch, s += c->spitch)
@@ -142,7 +152,7 @@ static void host_free(struct pd_devmem *d) {
 
 static int host_enqueue(struct host_devmem *h, const struct host_copy *c) {
     h->enqueued++;
-    if (!h->deferred) {
+    if (!h->deferred) { /* every earlier copy is done already */
         host_copy_run(c);
         h->done++;
         return PD_OK;
@@ -202,14 +212,19 @@ static int host_event_record(struct pd_devmem *d, struct pd_devmem_event *e) {
     return PD_OK;
 }
 
-/* Runs the queued copies up to the target last-first (reverse mode). */
+/* Runs the queued copies up to the target last-first (reverse mode), then the batch's notify
+ * calls in their order: a call comes once the copies before it are done, whatever their order. */
 static void host_run_reversed(struct host_devmem *h, uint64_t target) {
     size_t n = h->q_len - h->q_head;
     if (target - h->done < n)
         n = (size_t)(target - h->done);
-    for (size_t k = n; k-- > 0;) {
-        host_copy_run(&h->q[h->q_head + k]);
-    }
+    const struct host_copy *b = &h->q[h->q_head];
+    for (size_t k = n; k-- > 0;)
+        if (!b[k].fn)
+            host_copy_run(&b[k]);
+    for (size_t k = 0; k < n; k++)
+        if (b[k].fn)
+            host_copy_run(&b[k]);
     h->q_head += n;
     h->done += n;
     if (h->q_head == h->q_len)
@@ -244,6 +259,11 @@ static int host_sync(struct pd_devmem *d) {
     while (h->q_head < h->q_len)
         host_run_one(h);
     return PD_OK;
+}
+
+static int host_notify(struct pd_devmem *d, pd_devmem_done_fn fn, void *arg) {
+    struct host_copy c = {.fn = fn, .arg = arg};
+    return host_enqueue((struct host_devmem *)d, &c);
 }
 
 /* "IPC" inside one process: the handle names the process and the address, and only that process
@@ -301,6 +321,7 @@ static const struct pd_devmem_ops host_ops = {
     .host_alloc = host_alloc,
     .host_free = host_host_free,
     .sync = host_sync,
+    .notify = host_notify,
     .ipc_export = host_ipc_export,
     .ipc_open = host_ipc_open,
     .ipc_close = host_ipc_close,

@@ -67,6 +67,14 @@ int pd_devmem_event_query(struct pd_devmem *d, struct pd_devmem_event *e);
 /* Waits until every copy enqueued so far is done. */
 int pd_devmem_sync(struct pd_devmem *d);
 
+/* Calls fn(arg) once every copy enqueued so far is done, on whichever thread learns it (cuda: the
+ * runtime's callback thread, a host function on the transfer stream; host: the thread that runs
+ * the copies, at once when they are not deferred), so a loop that polls its events can sleep
+ * until then instead of waking on a timer. fn must be quick, thread-safe and must not call
+ * devmem; arg stays valid until pd_devmem_sync (or free) returned. */
+typedef void (*pd_devmem_done_fn)(void *arg);
+int pd_devmem_notify(struct pd_devmem *d, pd_devmem_done_fn fn, void *arg);
+
 /* Same-node export of a device buffer to another process (CUDA IPC: cudaIpcGetMemHandle of
  * the allocation holding base). handle gets at most PD_DEVMEM_IPC_MAX bytes; *len its size.
  * The host implementation exports within its own process only (tests of the IPC data path). */
@@ -100,6 +108,7 @@ struct pd_devmem_ops {
     int (*host_alloc)(struct pd_devmem *d, size_t bytes, void **out);
     void (*host_free)(struct pd_devmem *d, void *p);
     int (*sync)(struct pd_devmem *d);
+    int (*notify)(struct pd_devmem *d, pd_devmem_done_fn fn, void *arg);
     int (*ipc_export)(struct pd_devmem *d, void *base, uint8_t *handle, size_t *len);
     int (*ipc_open)(struct pd_devmem *d, const uint8_t *handle, size_t len, void **base);
     void (*ipc_close)(struct pd_devmem *d, void *base);

@@ -4,7 +4,9 @@
  * really completes a batch out of order, and a stalled devmem holds its copies across any number
  * of polls until released (sync still runs them). Each is checked by what a reader of the
  * destination would see. The 2-D copy (heads of KV rows regrouped between pools of different tp)
- * moves exactly width bytes of every row between pitches, immediate and deferred.
+ * moves exactly width bytes of every row between pitches, immediate and deferred. A notify call
+ * (the transfer loop's wake-up) comes exactly once, never before the copies enqueued before it
+ * have landed, whatever their order, not while stalled, and at the latest at sync or free.
  */
 #include <string.h>
 
@@ -109,4 +111,81 @@ static void test_copy2d(void) {
     copy2d(true);
 }
 
-PD_TEST_MAIN(PD_TEST(test_deferred_order), PD_TEST(test_stall), PD_TEST(test_copy2d))
+/* What a notify call saw: how often it came, and whether the bytes it follows were there. */
+struct seen {
+    int calls;
+    const char *dst, *want;
+    size_t len;
+    bool landed;
+};
+
+static void on_done(void *arg) {
+    struct seen *s = arg;
+    s->calls++;
+    s->landed = memcmp(s->dst, s->want, s->len) == 0;
+}
+
+static void test_notify(void) {
+    /* copies that run at once: the call comes at once */
+    struct pd_devmem *d = host_new(false, false);
+    char dst[4] = "000";
+    struct seen s = {.dst = dst, .want = "xyz", .len = 3};
+    CHECK_OK(pd_devmem_copy_async(d, dst, "xyz", 3));
+    CHECK_OK(pd_devmem_notify(d, on_done, &s));
+    CHECK_INT(s.calls, 1);
+    CHECK(s.landed);
+    pd_devmem_free(d);
+
+    /* deferred, in order and reversed: two copies, the call, a third copy into the first byte;
+     * the call comes once both earlier copies landed, and only once */
+    for (int reverse = 0; reverse < 2; reverse++) {
+        d = host_new(true, reverse);
+        memcpy(dst, "000", 4);
+        s = (struct seen){.dst = dst, .want = "ab", .len = 2};
+        struct pd_devmem_event *e = NULL;
+        CHECK_OK(pd_devmem_event_new(d, &e));
+        CHECK_OK(pd_devmem_copy_async(d, dst, "a", 1));
+        CHECK_OK(pd_devmem_copy_async(d, dst + 1, "b", 1));
+        CHECK_OK(pd_devmem_notify(d, on_done, &s));
+        CHECK_OK(pd_devmem_copy_async(d, dst + 2, "c", 1));
+        CHECK_OK(pd_devmem_event_record(d, e));
+        CHECK_INT(pd_devmem_event_query(d, e), 0);
+        CHECK_INT(s.calls, 0); /* nothing ran yet */
+        while (pd_devmem_event_query(d, e) == 0) {
+        }
+        CHECK_INT(s.calls, 1);
+        CHECK(s.landed);
+        CHECK_STR(dst, "abc");
+        CHECK_OK(pd_devmem_sync(d));
+        CHECK_INT(s.calls, 1);
+        pd_devmem_event_free(d, e);
+        pd_devmem_free(d);
+    }
+
+    /* stalled: no call however often the events are polled; sync makes it, as free does */
+    d = host_new(true, false);
+    memcpy(dst, "000", 4);
+    s = (struct seen){.dst = dst, .want = "xyz", .len = 3};
+    struct pd_devmem_event *e = NULL;
+    CHECK_OK(pd_devmem_event_new(d, &e));
+    CHECK_OK(pd_devmem_host_stall(d, true));
+    CHECK_OK(pd_devmem_copy_async(d, dst, "xyz", 3));
+    CHECK_OK(pd_devmem_notify(d, on_done, &s));
+    CHECK_OK(pd_devmem_event_record(d, e));
+    for (int i = 0; i < 100; i++)
+        CHECK_INT(pd_devmem_event_query(d, e), 0);
+    CHECK_INT(s.calls, 0);
+    CHECK_OK(pd_devmem_sync(d));
+    CHECK_INT(s.calls, 1);
+    CHECK(s.landed);
+    struct seen late = {.dst = dst, .want = "uvw", .len = 3};
+    CHECK_OK(pd_devmem_copy_async(d, dst, "uvw", 3));
+    CHECK_OK(pd_devmem_notify(d, on_done, &late));
+    pd_devmem_event_free(d, e);
+    pd_devmem_free(d);
+    CHECK_INT(late.calls, 1);
+    CHECK(late.landed);
+}
+
+PD_TEST_MAIN(PD_TEST(test_deferred_order), PD_TEST(test_stall), PD_TEST(test_copy2d),
+             PD_TEST(test_notify))
