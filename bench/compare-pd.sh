@@ -12,14 +12,15 @@
 # The disaggregated half can run as several PD variants (PD_VARIANTS), each on its own daemons:
 # today's PD, plain PD without the decode's prefix reuse, and PD with local prefill and reuse;
 # with `reuse` among them the goodput ratios reuse / each other setup are printed per rate (and,
-# per workload, the short prompts' TTFT and the KV bytes per request).
+# per workload, the short prompts' TTFT and the KV bytes per request). Each PD setup's median
+# TTFT minus colocated's is printed per rate as well (issue 17: at most 1 ms at the lightest).
 # The setups take turns: every setup's daemons start first and stay up (one that waits sleeps),
 # then each rate's load runs on one setup after the other, REPEATS times, the order rotated from
 # one turn to the next. On a shared VM the same load's CPU time varies by 40 % within minutes,
 # and setups measured one after the other (each its whole sweep) compared those spells more
 # than the setups: 2 cores, small model, mixed load at 6 req/s, colocated's goodput was 5.06
 # req/s in one run and 2.24-4.30 in the hour after. With REPEATS > 1 the tables give medians
-# and each ratio the median of the ratios within a turn, with their range.
+# and each ratio (or TTFT difference) the median of those within a turn, with their range.
 # Both setups get the whole machine: by default every daemon (the colocated one, and each of the
 # PD prefill and decode) runs one thread per core, so a PD daemon may use every core while its
 # peer idles, as the colocated daemon does; the two PD daemons share the cores through the OS
@@ -464,6 +465,29 @@ def ratio(mine, other, f):
     m = "%.2f" % statistics.median(vals)
     return m if len(vals) == 1 else "%s (%.2f-%.2f)" % (m, min(vals), max(vals))
 
+
+# Each PD setup's median TTFT against colocated's, per rate (issue 17 asks for at most 1 ms more
+# at the lightest rate on the CPU): the difference within each turn, their median and range.
+def gap(mine, other, f):
+    vals = [f(a) - f(b) for a, b in zip(mine, other) if f(a) is not None and f(b) is not None]
+    if not vals:
+        return "-"
+    m = "%+.2f" % statistics.median(vals)
+    return m if len(vals) == 1 else "%s (%+.2f to %+.2f)" % (m, min(vals), max(vals))
+
+
+pd_labels = [label for label, _ in runs if label != "colocated"]
+if pd_labels and any(label == "colocated" for label, _ in runs):
+    colo = dict(runs)["colocated"]
+    print("\ncompare-pd: median TTFT minus colocated's, per rate (ms%s)"
+          % ("; medians of the turns' differences (range)" if repeats > 1 else ""))
+    for rate in rates:
+        if not colo.get(rate):
+            continue
+        parts = ["%s %s" % (label, gap(by[rate], colo[rate], lambda r: r["median_ttft_ms"]))
+                 for label, by in runs if label != "colocated" and by.get(rate)]
+        if parts:
+            print("  rate %-6s %s" % (rate, "; ".join(parts)))
 
 # The reuse variant against each other setup, per rate: goodput (higher is better), the short
 # prompts' median TTFT and the KV bytes per request (lower is better).
