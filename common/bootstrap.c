@@ -179,6 +179,15 @@ int pd_bootstrap_encode_abort(const uint8_t *key, size_t key_len, uint64_t room,
     return PD_OK;
 }
 
+int pd_bootstrap_decode_abort_reply(const uint8_t *reply, size_t len, bool *found) {
+    Pdserve__V1__AbortReply *rp = pdserve__v1__abort_reply__unpack(NULL, len, reply);
+    if (!rp)
+        return pd_errorf(PD_EINVAL, "malformed AbortReply (%zu bytes)", len);
+    *found = rp->found;
+    pdserve__v1__abort_reply__free_unpacked(rp, NULL);
+    return PD_OK;
+}
+
 int pd_bootstrap_encode_health(const uint8_t *key, size_t key_len, uint8_t **out, size_t *len) {
     Pdserve__V1__HealthRequest rq = PDSERVE__V1__HEALTH_REQUEST__INIT;
     rq.cluster_key.data = (uint8_t *)key;

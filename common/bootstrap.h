@@ -70,6 +70,8 @@ int pd_bootstrap_encode_transfer(const uint8_t *key, size_t key_len, uint64_t ro
 int pd_bootstrap_encode_abort(const uint8_t *key, size_t key_len, uint64_t room,
                               const char *decode_id, uint64_t pair_id, uint8_t **out, size_t *len);
 int pd_bootstrap_encode_health(const uint8_t *key, size_t key_len, uint8_t **out, size_t *len);
+/* An AbortReply's found (the prefill had the room live and ended it); PD_EINVAL if malformed. */
+int pd_bootstrap_decode_abort_reply(const uint8_t *reply, size_t len, bool *found);
 
 #define PD_BOOTSTRAP_METHOD_PAIR "/pdserve.v1.Bootstrap/Pair"
 #define PD_BOOTSTRAP_METHOD_TRANSFER "/pdserve.v1.Bootstrap/Transfer"

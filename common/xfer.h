@@ -390,6 +390,8 @@ int pd_xfer_room_release(pd_xfer_t *x, uint64_t room, int status);
  * the room ends with status. Receiver: mark it aborting (see above). PD_ENOENT if not live. */
 int pd_xfer_room_abort(pd_xfer_t *x, uint64_t room, int status, const char *why);
 bool pd_xfer_room_live(const pd_xfer_t *x, uint64_t room);
+/* The peer a live room moves its pages with (pd_xfer_room_add's), or NULL when it is not live. */
+pd_xfer_peer_t *pd_xfer_room_peer(const pd_xfer_t *x, uint64_t room);
 
 /* Calls over a pair's endpoints: the per-room control messages of the bootstrap protocol
  * (common/bootstrap.h) ride the endpoints the pair already holds instead of a gRPC call each.

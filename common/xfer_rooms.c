@@ -262,3 +262,8 @@ bool pd_xfer_room_live(const pd_xfer_t *x, uint64_t room) {
     const struct room *r = pd__xfer_room_find(x, room);
     return r && r->state != ROOM_ENDED;
 }
+
+pd_xfer_peer_t *pd_xfer_room_peer(const pd_xfer_t *x, uint64_t room) {
+    const struct room *r = pd__xfer_room_find(x, room);
+    return r && r->state != ROOM_ENDED ? r->peer : NULL;
+}

@@ -58,6 +58,16 @@ static struct spair *pair_find(pd_bootstrap_server_t *s, const char *decode_id) 
     return NULL;
 }
 
+/* The decode a live room's pages go to: the pairing of the peer it was added with, or NULL when
+ * that pairing is gone (its decode paired again: the room dies with the old endpoint). */
+static const char *room_decode(pd_bootstrap_server_t *s, uint64_t room) {
+    pd_xfer_peer_t *peer = pd_xfer_room_peer(s->x, room);
+    for (struct spair *p = s->pairs; peer && p; p = p->next)
+        if (p->peer == peer)
+            return p->decode_id;
+    return NULL;
+}
+
 static void aborted_add(pd_bootstrap_server_t *s, uint64_t room) {
     s->aborted[s->next_aborted] = room;
     s->next_aborted = (s->next_aborted + 1) % ABORTED_ROOMS;
@@ -389,6 +399,17 @@ static void serve_abort(pd_bootstrap_server_t *s, const char *peer, pd_xfer_peer
         goto out;
     }
     bool found = pd_xfer_room_live(s->x, rq->room);
+    const char *owner = found ? room_decode(s, rq->room) : NULL;
+    if (owner && strcmp(owner, rq->decode_id) != 0) {
+        /* another decode's room (room ids are the router's, one decode each): not this caller's
+         * to end. Answered as unknown, so a caller that holds such a room frees its own pages */
+        pd_warn("bootstrap: Abort room %" PRIu64 " from decode %s refused: the room is decode "
+                "%s's",
+                rq->room, rq->decode_id, owner);
+        Pdserve__V1__AbortReply rp = PDSERVE__V1__ABORT_REPLY__INIT;
+        answer_message(s, a, &rp.base);
+        goto out;
+    }
     char why[160];
     snprintf(why, sizeof(why), "aborted by decode %s: %s", rq->decode_id,
              rq->reason[0] ? rq->reason : "no reason given");

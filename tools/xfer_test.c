@@ -10,7 +10,9 @@
  *                    every page byte for byte and against the checksum the done notice carries.
  *   --role probe     a stranger and a clumsy decode: wrong/missing key, garbage and truncated
  *                    protobuf, mismatched layout, out-of-range and duplicate pages, duplicate
- *                    room; each must be refused with its status, and the server must still serve.
+ *                    room, an Abort of another decode's room; each must be refused with its
+ *                    status (that Abort: answered as unknown, the room kept), and the server
+ *                    must still serve.
  *
  * --shards N gives this side's pool N shards (tensor-parallel ranks, layout tp_size N), each
  * holding its share of --model-kv-heads as model.c splits them (replicated past the head count).
@@ -476,10 +478,24 @@ static void probe_check(const char *what, int want, int got, const char *msg) {
 
 static struct expect probe_cur;
 
+/* An Abort check's expected AbortReply.found: 0 or 1; -1: not an Abort, or any. */
+static int probe_want_found = -1;
+
 static void on_probe_reply(void *ctx, int status, const uint8_t *reply, size_t len) {
     (void)ctx;
-    (void)reply;
-    (void)len;
+    bool found = false;
+    if (status == PD_OK && probe_want_found >= 0 &&
+        (pd_bootstrap_decode_abort_reply(reply, len, &found) != PD_OK ||
+         found != (probe_want_found == 1))) {
+        char msg[64];
+        snprintf(msg, sizeof(msg), "found=%d, want found=%d", found, probe_want_found);
+        status = PD_EMISMATCH; /* reported as the wrong answer it is */
+        probe_want_found = -1;
+        probe_check(probe_cur.what, probe_cur.want, status, msg);
+        probe_next();
+        return;
+    }
+    probe_want_found = -1;
     probe_check(probe_cur.what, probe_cur.want, status, status ? pd_error_msg() : "");
     probe_next();
 }
@@ -711,6 +727,19 @@ static void probe_next(void) {
         pd_bootstrap_client_transfer(probe_bad_client, 997, pages, 4, 0, 64, NULL);
         return;
     }
+    case 21: /* another decode's live room (0x7004, held for "probe" since check 10): not
+                the caller's to end, answered as unknown */
+        pd_bootstrap_encode_abort(A.key, A.key_len, 0x7004, "stranger", 0, &body, &len);
+        probe_want_found = 0;
+        probe_raw("Abort of another's room", PD_OK, PD_BOOTSTRAP_METHOD_ABORT, body, len);
+        pd_free(body);
+        return;
+    case 22: /* ... which its own decode still ends */
+        pd_bootstrap_encode_abort(A.key, A.key_len, 0x7004, "probe", 0, &body, &len);
+        probe_want_found = 1;
+        probe_raw("Abort of its own room", PD_OK, PD_BOOTSTRAP_METHOD_ABORT, body, len);
+        pd_free(body);
+        return;
     default:
         printf("xfer-test: role=probe checks=%d wrong=%d result=%s\n", A.probe_step - 1,
                A.probe_fail, A.probe_fail ? "FAIL" : "PASS");

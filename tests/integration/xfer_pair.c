@@ -154,7 +154,7 @@ static void test_bootstrap_rejections(void) {
     const char *pargs[] = {"--role", "probe", "--port", port, NULL};
     spawn(&p, pargs);
     CHECK_INT(wait_exit(&p, 30000), 0);
-    CHECK(strstr(p.buf, "role=probe checks=21 wrong=0 result=PASS") != NULL);
+    CHECK(strstr(p.buf, "role=probe checks=23 wrong=0 result=PASS") != NULL);
     const char *rargs[] = {"--role", "receiver", "--port", port, "--rooms", "100", NULL};
     spawn(&r, rargs);
     CHECK_INT(wait_exit(&r, 30000), 0);
@@ -174,7 +174,7 @@ static void test_shards(void) {
     const char *pargs[] = {"--role", "probe", "--port", port, "--shards", "2", NULL};
     spawn(&p, pargs);
     CHECK_INT(wait_exit(&p, 30000), 0);
-    CHECK(strstr(p.buf, "role=probe checks=21 wrong=0 result=PASS") != NULL);
+    CHECK(strstr(p.buf, "role=probe checks=23 wrong=0 result=PASS") != NULL);
     CHECK(strstr(p.buf, "layout mismatch: head_dim: prefill 8, decode 16") != NULL);
     const char *rargs[] = {"--role", "receiver", "--port", port, "--rooms",
                            "300",    "--shards", "2",      NULL};
