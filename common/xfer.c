@@ -768,7 +768,8 @@ static void close_handles(pd_xfer_t *x) {
     if (x->handles_closing)
         return;
     x->handles_closing = true;
-    /* a copy's pd_devmem_notify call signals the worker, which goes once the handles closed */
+    /* every pd_devmem_notify call still pending comes now: each signals the worker, which is
+     * destroyed once the handles closed */
     if (x->dm)
         (void)pd_devmem_sync(x->dm);
     uv_poll_stop(&x->poll);

@@ -138,7 +138,8 @@ static int cd_sync(struct pd_devmem *d) {
 }
 
 /* fn runs on the runtime's callback thread once the stream reached it: after every copy
- * enqueued before it. It holds the stream only while it runs (a uv_async_send: xfer.c). */
+ * enqueued before it. It holds the stream only while it runs (xfer.c's: one
+ * ucp_worker_signal). */
 static int cd_notify(struct pd_devmem *d, pd_devmem_done_fn fn, void *arg) {
     struct cuda_devmem *c = (struct cuda_devmem *)d;
     int rc = select_dev(c);
