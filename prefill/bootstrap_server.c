@@ -406,20 +406,19 @@ static void serve_abort(pd_bootstrap_server_t *s, const char *peer, pd_xfer_peer
         pd_warn("bootstrap: Abort room %" PRIu64 " from decode %s refused: the room is decode "
                 "%s's",
                 rq->room, rq->decode_id, owner);
-        Pdserve__V1__AbortReply rp = PDSERVE__V1__ABORT_REPLY__INIT;
-        answer_message(s, a, &rp.base);
-        goto out;
+        found = false;
+    } else {
+        char why[160];
+        snprintf(why, sizeof(why), "aborted by decode %s: %s", rq->decode_id,
+                 rq->reason[0] ? rq->reason : "no reason given");
+        if (found)
+            pd_xfer_room_abort(s->x, rq->room, PD_ECANCELED, why);
+        else
+            aborted_add(s, rq->room);
+        pd_info("bootstrap: room %" PRIu64 ": %s (%s)", rq->room, why, found ? "live" : "not live");
+        if (s->cb.on_abort)
+            s->cb.on_abort(s->cb.ctx, rq->room, found, rq->reason);
     }
-    char why[160];
-    snprintf(why, sizeof(why), "aborted by decode %s: %s", rq->decode_id,
-             rq->reason[0] ? rq->reason : "no reason given");
-    if (found)
-        pd_xfer_room_abort(s->x, rq->room, PD_ECANCELED, why);
-    else
-        aborted_add(s, rq->room);
-    pd_info("bootstrap: room %" PRIu64 ": %s (%s)", rq->room, why, found ? "live" : "not live");
-    if (s->cb.on_abort)
-        s->cb.on_abort(s->cb.ctx, rq->room, found, rq->reason);
     Pdserve__V1__AbortReply rp = PDSERVE__V1__ABORT_REPLY__INIT;
     rp.found = found;
     answer_message(s, a, &rp.base);

@@ -483,20 +483,18 @@ static int probe_want_found = -1;
 
 static void on_probe_reply(void *ctx, int status, const uint8_t *reply, size_t len) {
     (void)ctx;
+    const char *msg = status ? pd_error_msg() : "";
+    char wrong[64];
     bool found = false;
     if (status == PD_OK && probe_want_found >= 0 &&
         (pd_bootstrap_decode_abort_reply(reply, len, &found) != PD_OK ||
          found != (probe_want_found == 1))) {
-        char msg[64];
-        snprintf(msg, sizeof(msg), "found=%d, want found=%d", found, probe_want_found);
+        snprintf(wrong, sizeof(wrong), "found=%d, want found=%d", found, probe_want_found);
         status = PD_EMISMATCH; /* reported as the wrong answer it is */
-        probe_want_found = -1;
-        probe_check(probe_cur.what, probe_cur.want, status, msg);
-        probe_next();
-        return;
+        msg = wrong;
     }
     probe_want_found = -1;
-    probe_check(probe_cur.what, probe_cur.want, status, status ? pd_error_msg() : "");
+    probe_check(probe_cur.what, probe_cur.want, status, msg);
     probe_next();
 }
 
