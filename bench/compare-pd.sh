@@ -13,7 +13,8 @@
 # today's PD, plain PD without the decode's prefix reuse, and PD with local prefill and reuse;
 # with `reuse` among them the goodput ratios reuse / each other setup are printed per rate (and,
 # per workload, the short prompts' TTFT and the KV bytes per request). Each PD setup's median
-# TTFT minus colocated's is printed per rate as well (issue 17: at most 1 ms at the lightest).
+# TTFT minus colocated's is printed per rate as well (issue 17: at most 1 ms at the lightest),
+# from REPEATS=6 on with the interval that holds its median at 95 % confidence.
 # The setups take turns: every setup's daemons start first and stay up (one that waits sleeps),
 # then each rate's load runs on one setup after the other, REPEATS times, the order rotated from
 # one turn to the next. On a shared VM the same load's CPU time varies by 40 % within minutes,
@@ -130,8 +131,8 @@ reuse_default="--local-prefill-max-tokens 256 --decode-policy cache_aware"
 read -r -a plain_decode_flags <<<"${PLAIN_DECODE_FLAGS-$plain_default}"
 read -r -a plain_router_flags <<<"${PLAIN_ROUTER_FLAGS-$plain_router_default}"
 read -r -a reuse_router_flags <<<"${REUSE_ROUTER_FLAGS-$reuse_default}"
-read -r -a variants <<<"${PD_VARIANTS:-pd}"
-variants=(${variants[@]//,/ })
+pd_variants=${PD_VARIANTS:-pd}
+read -r -a variants <<<"${pd_variants//,/ }" # space or comma separated
 out=${OUT_DIR:-$build/compare-pd}
 logs=$out/logs
 mkdir -p "$logs"
@@ -362,7 +363,7 @@ if [ "$only" != colocated ]; then
 fi
 mkdir -p "$out/plot"
 python3 - "$out/plot" "${files[@]}" <<'EOF'
-import json, statistics, sys
+import json, math, statistics, sys
 plot_dir = sys.argv[1]
 runs = []   # (label, {rate: [record of each repeat]})
 rates = []
@@ -466,21 +467,44 @@ def ratio(mine, other, f):
     return m if len(vals) == 1 else "%s (%.2f-%.2f)" % (m, min(vals), max(vals))
 
 
+# The interval between two order statistics that holds the median of the differences' own
+# distribution with at least 95 % confidence (the sign test's: the k-th smallest and k-th largest
+# of n, k as large as P(Binomial(n, 1/2) < k) <= 2.5 % allows); None below 6 values.
+def median_ci(vals):
+    n, below, k = len(vals), 0.0, 0
+    while k < n:
+        p = math.comb(n, k) / 2 ** n
+        if below + p > 0.025:
+            break
+        below, k = below + p, k + 1
+    if k == 0:
+        return None
+    x = sorted(vals)
+    return x[k - 1], x[n - k], 1 - 2 * below
+
+
 # Each PD setup's median TTFT against colocated's, per rate (issue 17 asks for at most 1 ms more
-# at the lightest rate on the CPU): the difference within each turn, their median and range.
+# at the lightest rate on the CPU): the difference within each turn, their median and range,
+# and from 6 turns on the median's confidence interval (this VM's turns spread by +-1.5 ms).
 def gap(mine, other, f):
     vals = [f(a) - f(b) for a, b in zip(mine, other) if f(a) is not None and f(b) is not None]
     if not vals:
         return "-"
     m = "%+.2f" % statistics.median(vals)
-    return m if len(vals) == 1 else "%s (%+.2f to %+.2f)" % (m, min(vals), max(vals))
+    if len(vals) == 1:
+        return m
+    ci = median_ci(vals)
+    return "%s (%+.2f to %+.2f%s)" % (m, min(vals), max(vals), "" if ci is None else
+                                      "; median within %+.2f to %+.2f at %.1f %% confidence"
+                                      % (ci[0], ci[1], 100 * ci[2]))
 
 
 pd_labels = [label for label, _ in runs if label != "colocated"]
 if pd_labels and any(label == "colocated" for label, _ in runs):
     colo = dict(runs)["colocated"]
     print("\ncompare-pd: median TTFT minus colocated's, per rate (ms%s)"
-          % ("; medians of the turns' differences (range)" if repeats > 1 else ""))
+          % ("; medians of the turns' differences (range; from 6 turns the median's interval)"
+             if repeats > 1 else ""))
     for rate in rates:
         if not colo.get(rate):
             continue
