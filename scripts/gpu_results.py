@@ -10,8 +10,9 @@ xfer.json, torch.json, disagg.json, compare/*.jsonl) into OUTDIR/results.json an
    "op | pdserve | PyTorch (same run) | ratio | target | check", ratio = pdserve's speed over
    PyTorch's (> 1: pdserve faster), check = PASS / FAIL against the issue's threshold (n/a when
    a number is missing); in results.json as "ratios";
-3. colocated vs disaggregated under load (bench/compare-pd.sh): output tokens/s at saturation
-   and goodput per request rate; in results.json as "compare".
+3. colocated vs disaggregated under load (bench/compare-pd.sh): output tokens/s at saturation,
+   goodput and median TTFT per request rate, PD's TTFT minus colocated's against issue 17's
+   3 ms at the lightest rate; in results.json as "compare".
 
 Missing files or entries are reported as missing / n/a. perf.json entries are matched by op and
 shape substrings; a perf.json cut short (the perf mode timed out) is read line by line, and the
@@ -22,6 +23,7 @@ perf.txt lines fill in what it lacks. Stdlib only.
 """
 import json
 import math
+import statistics
 import os
 import re
 import sys
@@ -379,7 +381,29 @@ def load_compare(out):
         for r in rs[:1]:
             res.update({k: r.get(k) for k in ("random_input_len", "random_output_len",
                                                "num_prompts", "slo_ttft_ms", "slo_tpot_ms")})
+    # issue 17: PD's median TTFT minus colocated's per rate, at most 3 ms at the lightest
+    res["ttft_gap_ms"] = ttft_gaps(runs.get("colocated"), runs.get("pd"))
     return res
+
+
+def ttft_gaps(colo, pd):
+    # per rate: the repeats' medians, and the median of the differences within a repeat (the
+    # k-th load of a rate on one setup against the k-th on the other), as compare-pd.sh does
+    by = {}
+    for label, rs in (("colocated", colo), ("pd", pd)):
+        for r in rs or []:
+            if r.get("median_ttft_ms") is not None:
+                by.setdefault(r.get("request_rate"), {}).setdefault(label, []).append(
+                    r["median_ttft_ms"])
+    gaps = []
+    for rate in sorted(by, key=rate_key):
+        c, p = by[rate].get("colocated"), by[rate].get("pd")
+        if c and p:
+            gaps.append({"request_rate": rate, "colocated_ms": statistics.median(c),
+                         "pd_ms": statistics.median(p),
+                         "gap_ms": statistics.median([b - a for a, b in zip(c, p)]),
+                         "repeats": min(len(c), len(p))})
+    return gaps
 
 
 def print_compare(c):
@@ -414,6 +438,15 @@ def print_compare(c):
         parts.append("rate %s: %s" % (rate, ", ".join(vals)))
     print("compare: goodput req/s (TTFT <= %s ms, TPOT <= %s ms): %s" % (
         c.get("slo_ttft_ms"), c.get("slo_tpot_ms"), "; ".join(parts)))
+    gaps = c.get("ttft_gap_ms") or []
+    if gaps:
+        print("compare: median TTFT colocated / PD (PD - colocated), ms: " + "; ".join(
+            "rate %s: %.2f / %.2f (%+.2f)" % (g["request_rate"], g["colocated_ms"], g["pd_ms"],
+                                              g["gap_ms"]) for g in gaps))
+        g = gaps[0]
+        print("compare: issue 17, at the lightest rate (%s req/s) PD's median TTFT within 3 ms of "
+              "colocated's: %+.2f ms, %s" % (g["request_rate"], g["gap_ms"],
+                                             "PASS" if g["gap_ms"] <= 3 else "FAIL"))
 
 
 # ---- everything ----
