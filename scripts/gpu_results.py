@@ -23,9 +23,9 @@ perf.txt lines fill in what it lacks. Stdlib only.
 """
 import json
 import math
-import statistics
 import os
 import re
+import statistics
 import sys
 
 
