@@ -323,7 +323,8 @@ check_theta:
 
 /* transformers 5 writes a vision-language model's language keys under "text_config": they are
  * copied over the top level (model_type and architectures stay the checkpoint's), so the rest of
- * the parser reads one object for both layouts. */
+ * the parser reads one object for both layouts. A "text_config" inside it means nothing and is
+ * skipped: copied over the top level it would replace, and free, the object being read. */
 static int merge_text_config(const char *src, cJSON *root) {
     cJSON *tc = cJSON_GetObjectItemCaseSensitive(root, "text_config");
     if (!tc || cJSON_IsNull(tc))
@@ -333,7 +334,8 @@ static int merge_text_config(const char *src, cJSON *root) {
                          pd_json_kind(tc));
     const cJSON *e;
     cJSON_ArrayForEach(e, tc) {
-        if (strcmp(e->string, "model_type") == 0 || strcmp(e->string, "architectures") == 0)
+        if (strcmp(e->string, "model_type") == 0 || strcmp(e->string, "architectures") == 0 ||
+            strcmp(e->string, "text_config") == 0)
             continue;
         cJSON *copy = cJSON_Duplicate(e, 1);
         if (!copy)
