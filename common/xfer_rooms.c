@@ -258,12 +258,12 @@ int pd_xfer_room_abort(pd_xfer_t *x, uint64_t room, int status, const char *why)
     return PD_OK;
 }
 
-bool pd_xfer_room_live(const pd_xfer_t *x, uint64_t room) {
-    const struct room *r = pd__xfer_room_find(x, room);
-    return r && r->state != ROOM_ENDED;
-}
-
+/* every room has its peer from room_new on, so a live room is one with a peer */
 pd_xfer_peer_t *pd_xfer_room_peer(const pd_xfer_t *x, uint64_t room) {
     const struct room *r = pd__xfer_room_find(x, room);
     return r && r->state != ROOM_ENDED ? r->peer : NULL;
+}
+
+bool pd_xfer_room_live(const pd_xfer_t *x, uint64_t room) {
+    return pd_xfer_room_peer(x, room) != NULL;
 }

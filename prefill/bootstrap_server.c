@@ -58,10 +58,9 @@ static struct spair *pair_find(pd_bootstrap_server_t *s, const char *decode_id) 
     return NULL;
 }
 
-/* The decode a live room's pages go to: the pairing of the peer it was added with, or NULL when
- * that pairing is gone (its decode paired again: the room dies with the old endpoint). */
-static const char *room_decode(pd_bootstrap_server_t *s, uint64_t room) {
-    pd_xfer_peer_t *peer = pd_xfer_room_peer(s->x, room);
+/* The decode a live room's pages go to (peer: the room's, pd_xfer_room_peer), or NULL when that
+ * pairing is gone (its decode paired again: the room dies with the old endpoint). */
+static const char *peer_decode(pd_bootstrap_server_t *s, const pd_xfer_peer_t *peer) {
     for (struct spair *p = s->pairs; peer && p; p = p->next)
         if (p->peer == peer)
             return p->decode_id;
@@ -398,8 +397,9 @@ static void serve_abort(pd_bootstrap_server_t *s, const char *peer, pd_xfer_peer
         refuse_unpaired(a, "Abort", rq->room, rq->decode_id);
         goto out;
     }
-    bool found = pd_xfer_room_live(s->x, rq->room);
-    const char *owner = found ? room_decode(s, rq->room) : NULL;
+    pd_xfer_peer_t *room_peer = pd_xfer_room_peer(s->x, rq->room);
+    bool found = room_peer != NULL;
+    const char *owner = peer_decode(s, room_peer);
     if (owner && strcmp(owner, rq->decode_id) != 0) {
         /* another decode's room (room ids are the router's, one decode each): not this caller's
          * to end. Answered as unknown, so a caller that holds such a room frees its own pages */
